@@ -1,0 +1,104 @@
+"""NASD: n-gram assisted speculative decoding (an n-gram storage replaces the drafter model)."""
+from typing import List, Tuple
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+
+from ngram_assisted.ngram_storage import INgramStorage
+from sampling.common import check_positive_int, check_prompt, context_window, generation_end, stop_token_set
+from sampling.speculative_decoding import check_gamma, draft_and_verify
+from sampling.stats import GenerationStats
+from utils.caching import KVCacheModel
+from utils.logits_processor import GreedyProcessor, LogitsProcessor
+
+
+class NGramDrafter:
+    """Drafts by chaining the storage's predictions; learns from every verification step.
+
+    After a step, each emitted token is counted after its context, and so are the target's
+    ``filler_top_k`` most probable tokens at that position when ``filler_top_k > 1``
+    (``filler_top_k=1`` is NAPD, Ou et al. 2024). An unknown context ends the draft when
+    ``stop_if_unknown``; otherwise a random token fills the slot, as in the reference.
+    """
+
+    def __init__(self, storage: INgramStorage, filler_top_k: int = 3, stop_if_unknown: bool = False):
+        self.storage = storage
+        self.filler_top_k = filler_top_k
+        self.stop_if_unknown = stop_if_unknown
+
+    def max_drafts(self, position: int) -> int:
+        return 1 << 30
+
+    def propose(self, ids: Tensor, tokens: List[int], k: int) -> Tuple[int, None]:
+        context = tokens[max(0, len(tokens) - self.storage.n + 1) :]
+        drafts: List[int] = []
+        for _ in range(k):
+            token = self.storage.predict(context)
+            if token is None:
+                if self.stop_if_unknown:
+                    break
+                token = int(torch.randint(self.storage.vocab_size, ()))
+            drafts.append(token)
+            context = context[1:] + [token] if len(context) >= self.storage.n - 1 else context + [token]
+        if drafts:
+            ids[0, len(tokens) : len(tokens) + len(drafts)] = torch.tensor(drafts, dtype=torch.long)
+        return len(drafts), None
+
+    def accept(self, tokens: List[int], start: int, n_accepted: int, target_probs: Tensor) -> None:
+        fillers = None
+        if self.filler_top_k > 1:
+            k = min(self.filler_top_k, target_probs.size(-1))
+            fillers = target_probs[: n_accepted + 1].topk(k, dim=-1).indices.tolist()
+        width = self.storage.n - 1
+        for i in range(n_accepted + 1):
+            position = start + i
+            context = tokens[max(0, position - width) : position]
+            self.storage.add(context, (tokens[position],))
+            if fillers is not None:
+                self.storage.add(context, fillers[i])
+
+
+@torch.no_grad()
+def ngram_assisted_speculative_generate(
+    inputs: List[int],
+    ngramstorage: INgramStorage,
+    target: Module,
+    tokenizer=None,
+    gamma: int = 5,
+    filler_top_k: int = 3,
+    logits_processor: LogitsProcessor = GreedyProcessor(),
+    max_gen_len: int = 40,
+    eos_tokens_id: int | List[int] = 1,
+    pad_token_id: int = 0,
+    use_cache: bool = False,
+    first_target: bool = True,
+    stop_if_unknown: bool = False,
+    debug: bool = False,
+    stats: GenerationStats | None = None,
+) -> Tuple[List[int], float]:
+    """N-gram assisted speculative decoding (NASD; Leviathan et al. 2023 with an n-gram drafter).
+
+    The storage (seeded with the prompt's k-grams) proposes ``gamma`` tokens by chaining its
+    predictions; the target (M_p) verifies them in one forward pass. The drafts are deterministic,
+    so acceptance compares tokens: the target draws its own token ``t_i ~ p_i`` (argmax when
+    greedy), drafts are accepted while they equal ``t_i``, and the first differing ``t_i`` is
+    emitted. Greedy output therefore equals greedy autoregressive output, and sampled output is the
+    target's own sample at every position. (The reference draws a second, fresh sample at the
+    mismatch, which biases the output toward the draft.)
+
+    Returns:
+        (new token ids, acceptance rate = accepted drafts / drafted tokens).
+    """
+    prompt = check_prompt(inputs)
+    check_gamma(gamma)
+    check_positive_int("filler_top_k", filler_top_k)
+    end = generation_end(len(prompt), max_gen_len, context_window(target))
+    stats = stats if stats is not None else GenerationStats()
+    ngramstorage.add_sequence(prompt)
+    drafter = NGramDrafter(ngramstorage, filler_top_k, stop_if_unknown)
+    out = draft_and_verify(
+        prompt, KVCacheModel(target, use_cache), drafter, logits_processor, gamma, end,
+        stop_token_set(eos_tokens_id), None, first_target, False, stats, debug, tokenizer,
+    )
+    return out, stats.acceptance_rate

@@ -1,0 +1,13 @@
+from sampling.base_decoding import autoregressive_generate, beam_search_generate
+from sampling.encoder_decoder import autoregressive_generate_encoder_decoder, speculative_generate_encoder_decoder
+from sampling.speculative_decoding import speculative_generate
+from sampling.stats import GenerationStats
+
+__all__ = [
+    "autoregressive_generate",
+    "beam_search_generate",
+    "speculative_generate",
+    "autoregressive_generate_encoder_decoder",
+    "speculative_generate_encoder_decoder",
+    "GenerationStats",
+]

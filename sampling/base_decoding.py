@@ -1,0 +1,127 @@
+"""Plain decoding with one model: autoregressive sampling and beam search."""
+import math
+from typing import List
+
+import torch
+from torch.nn import Module
+
+import utils.printing as printing
+from sampling.common import check_positive_int, check_prompt, context_window, generation_end, stop_token_set
+from sampling.stats import GenerationStats
+from utils.caching import KVCacheModel, model_device
+from utils.logits_processor import GreedyProcessor, LogitsProcessor
+
+
+@torch.no_grad()
+def generate_with(
+    prompt: List[int],
+    model: KVCacheModel,
+    end: int,
+    logits_processor: LogitsProcessor,
+    stop_tokens: frozenset,
+    stats: GenerationStats | None = None,
+    debug: bool = False,
+) -> List[int]:
+    """One token per forward pass until ``end`` tokens or a stop token; returns the new tokens."""
+    ids = torch.zeros((1, end), dtype=torch.long, device=model.device)
+    ids[0, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=model.device)
+    out: List[int] = []
+    for cur in range(len(prompt), end):
+        token = logits_processor.sample(logits_processor(model(ids[:, :cur], 1)))
+        ids[0, cur] = token[0, 0]
+        out.append(int(token))
+        if stats is not None:
+            stats.record_step(0, 0, 1)
+        if out[-1] in stop_tokens:
+            if debug:
+                printing.end_token_found(len(out) - 1)
+            break
+    return out
+
+
+@torch.no_grad()
+def autoregressive_generate(
+    inputs: List[int],
+    model: Module,
+    max_gen_len: int = 40,
+    logits_processor: LogitsProcessor = GreedyProcessor(),
+    eos_tokens_id: int | List[int] = 1,
+    pad_token_id: int = 0,
+    use_cache: bool = False,
+    debug: bool = False,
+    stats: GenerationStats | None = None,
+) -> List[int]:
+    """Sample ``max_gen_len`` new tokens at most from a decoder-only model, one forward pass each.
+
+    Stops after the first token of ``eos_tokens_id`` (included) and at the context window.
+    With ``use_cache`` only the newest token is fed each step. Returns the new token ids.
+    """
+    prompt = check_prompt(inputs)
+    end = generation_end(len(prompt), max_gen_len, context_window(model))
+    return generate_with(prompt, KVCacheModel(model, use_cache), end, logits_processor, stop_token_set(eos_tokens_id), stats, debug)
+
+
+def _length_penalty(length: int, alpha: float, min_length: float) -> float:
+    return ((min_length + length) / (min_length + 1)) ** alpha
+
+
+@torch.no_grad()
+def beam_search_generate(
+    inputs: List[int],
+    model: Module,
+    max_gen_len: int = 40,
+    num_beams: int = 4,
+    top_k: int = 3,
+    min_length: float = 5.0,
+    alpha: float = 1.2,
+    eos_tokens_id: int | List[int] = 1,
+    pad_token_id: int = 0,
+    debug: bool = False,
+    tokenizer=None,
+) -> List[int]:
+    """Beam search with the GNMT length penalty ``((min_length + len) / (min_length + 1)) ** alpha``.
+
+    Each step every unfinished beam is extended by its ``top_k`` most probable tokens; the
+    extensions and the finished beams compete on ``sum of log-probabilities / penalty`` and the
+    best ``num_beams`` are kept. A beam finishes on an end token or on ``pad_token_id``. Stops when
+    all kept beams are finished or at ``max_gen_len``; returns the best beam's new tokens.
+    The cache holds one row per unfinished beam and is reordered, never recomputed.
+    """
+    prompt = check_prompt(inputs)
+    check_positive_int("num_beams", num_beams)
+    check_positive_int("top_k", top_k)
+    end = generation_end(len(prompt), max_gen_len, context_window(model))
+    device = model_device(model)
+    stop_tokens = stop_token_set(eos_tokens_id) | {pad_token_id}
+
+    # beams: (penalised score, sum of log-probs, tokens, finished)
+    out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True)
+    cache, logits = out.past_key_values, out.logits[:, -1]
+    alive: List[tuple] = [(0.0, 0.0, [], False)]
+    beams: List[tuple] = alive
+    for step in range(1, end - len(prompt) + 1):
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        values, indices = torch.topk(logprobs, min(top_k, logprobs.size(-1)), dim=-1)
+        values, indices = values.tolist(), indices.tolist()
+        candidates = [(beam, None) for beam in beams if beam[3]]  # finished beams stay in the running
+        for row, (_, total, tokens, _) in enumerate(alive):
+            for logprob, token in zip(values[row], indices[row]):
+                new_total = total + logprob
+                score = new_total / _length_penalty(step, alpha, min_length)
+                candidates.append(((score, new_total, tokens + [token], token in stop_tokens), row))
+        candidates.sort(key=lambda c: c[0][0], reverse=True)
+        beams, parents = [], []
+        for beam, parent in candidates[:num_beams]:
+            beams.append(beam)
+            if not beam[3]:
+                parents.append(parent)
+        if debug:
+            printing.beam_search_step([(b[0], prompt + b[2]) for b in beams], len(prompt) + step, tokenizer)
+        alive = [b for b in beams if not b[3]]
+        if not alive or step == end - len(prompt):
+            break
+        cache.reorder_cache(torch.tensor(parents, device=device))
+        last = torch.tensor([[b[2][-1]] for b in alive], device=device)
+        out = model(input_ids=last, past_key_values=cache, use_cache=True)
+        cache, logits = out.past_key_values, out.logits[:, -1]
+    return beams[0][2]

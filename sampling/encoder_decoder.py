@@ -1,0 +1,90 @@
+"""Encoder-decoder variants (T5, BART, ...): the encoder reads the prompt once, the decoder generates.
+
+Both return the generated decoder tokens, without the decoder start token.
+"""
+from typing import List, Tuple
+
+import torch
+from torch.nn import Module
+
+from sampling.base_decoding import generate_with
+from sampling.common import check_prompt, common_vocab_size, context_window, generation_end, stop_token_set
+from sampling.speculative_decoding import ModelDrafter, check_gamma, draft_and_verify
+from sampling.stats import GenerationStats
+from utils.caching import KVCacheModel
+from utils.logits_processor import GreedyProcessor, LogitsProcessor
+
+
+def _decoder_start(model: Module) -> int:
+    start = getattr(model.config, "decoder_start_token_id", None)
+    if start is None:
+        start = getattr(model.generation_config, "decoder_start_token_id", None)
+    if start is None:
+        raise ValueError("the model's config has no decoder_start_token_id: is it an encoder-decoder model?")
+    return int(start)
+
+
+def _decoder_end(model: Module, prompt: List[int], max_gen_len: int) -> int:
+    """End of the decoder sequence (start token + new tokens), after checking the encoder's window."""
+    generation_end(len(prompt), 1, context_window(model))  # the encoder must hold the prompt
+    return generation_end(1, max_gen_len, context_window(model))
+
+
+@torch.no_grad()
+def autoregressive_generate_encoder_decoder(
+    inputs: List[int],
+    model: Module,
+    max_gen_len: int = 40,
+    logits_processor: LogitsProcessor = GreedyProcessor(),
+    eos_tokens_id: int | List[int] = 1,
+    pad_token_id: int = 0,
+    use_cache: bool = False,
+    debug: bool = False,
+    stats: GenerationStats | None = None,
+) -> List[int]:
+    """``autoregressive_generate`` for an encoder-decoder model; ``inputs`` go to the encoder."""
+    prompt = check_prompt(inputs)
+    end = _decoder_end(model, prompt, max_gen_len)
+    runner = KVCacheModel(model, use_cache, encoder_input_ids=prompt)
+    return generate_with([_decoder_start(model)], runner, end, logits_processor, stop_token_set(eos_tokens_id), stats, debug)
+
+
+@torch.no_grad()
+def speculative_generate_encoder_decoder(
+    inputs: List[int],
+    drafter: Module,
+    target: Module,
+    tokenizer=None,
+    gamma: int = 5,
+    logits_processor: LogitsProcessor = GreedyProcessor(),
+    max_gen_len: int = 40,
+    eos_tokens_id: int | List[int] = 1,
+    pad_token_id: int = 0,
+    use_cache: bool = False,
+    skip_sample_adjustment: bool = False,
+    first_target: bool = True,
+    debug: bool = False,
+    stats: GenerationStats | None = None,
+) -> Tuple[List[int], float]:
+    """``speculative_generate`` for encoder-decoder models sharing one decoder vocabulary.
+
+    Same algorithm and acceptance rule (Leviathan et al. 2023): both encoders read ``inputs`` once,
+    the drafter's decoder proposes ``gamma`` tokens, the target's decoder verifies them in one pass.
+    """
+    prompt = check_prompt(inputs)
+    check_gamma(gamma)
+    vocab_size = common_vocab_size(drafter, target, tokenizer)
+    end = _decoder_end(target, prompt, max_gen_len)
+    start = _decoder_start(target)
+    if _decoder_start(drafter) != start:
+        raise ValueError("drafter and target use different decoder start tokens")
+    _decoder_end(drafter, prompt, 1)
+    stats = stats if stats is not None else GenerationStats()
+    drafting = ModelDrafter(
+        KVCacheModel(drafter, use_cache, encoder_input_ids=prompt), logits_processor, vocab_size, context_window(drafter)
+    )
+    out = draft_and_verify(
+        [start], KVCacheModel(target, use_cache, encoder_input_ids=prompt), drafting, logits_processor, gamma, end,
+        stop_token_set(eos_tokens_id), vocab_size, first_target, skip_sample_adjustment, stats, debug, tokenizer,
+    )
+    return out, stats.acceptance_rate
