@@ -1,0 +1,70 @@
+"""Tiny random models built from configs (float64, offline) shared by the tests."""
+import os
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, T5Config, T5ForConditionalGeneration
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may be downloaded in tests
+
+VOCAB = 96
+
+
+def _seeded(seed: int):
+    torch.manual_seed(seed)
+
+
+def perturbed_copy(model, scale: float, seed: int):
+    """The same architecture with noisy weights: a drafter that agrees with the target only partly."""
+    drafter = type(model)(model.config).to(torch.float64)
+    drafter.load_state_dict(model.state_dict())
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * scale * (p.std() if p.numel() > 1 else 1))
+    return drafter.eval()
+
+
+def llama(vocab=VOCAB, layers=2, window=256, seed=0, init=0.02):
+    _seeded(seed)
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=window, initializer_range=init, tie_word_embeddings=False,
+    )
+    return LlamaForCausalLM(config).to(torch.float64).eval()
+
+
+def gpt2(vocab=VOCAB, layers=2, window=256, seed=0):
+    _seeded(seed)
+    config = GPT2Config(vocab_size=vocab, n_embd=32, n_layer=layers, n_head=4, n_positions=window, bos_token_id=1, eos_token_id=1)
+    return GPT2LMHeadModel(config).to(torch.float64).eval()
+
+
+def t5(vocab=VOCAB, seed=0):
+    _seeded(seed)
+    config = T5Config(
+        vocab_size=vocab, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+    )
+    return T5ForConditionalGeneration(config).to(torch.float64).eval()
+
+
+FAMILIES = {"llama": llama, "gpt2": gpt2}
+NOISE = {"llama": 0.2, "gpt2": 1.0}  # drafters that accept roughly half of their drafts
+
+
+@pytest.fixture(scope="session", params=sorted(FAMILIES))
+def pair(request):
+    """(target, drafter) of one family: the drafter is a noisy copy, so it is right only sometimes."""
+    target = FAMILIES[request.param]()
+    return target, perturbed_copy(target, NOISE[request.param], seed=1)
+
+
+@pytest.fixture(scope="session")
+def t5_pair():
+    target = t5()
+    return target, perturbed_copy(target, 0.5, seed=1)
+
+
+PROMPT = [5, 17, 33, 5, 17, 40, 2, 9, 5, 17, 33, 71]
+EOS_NEVER = []  # no stop token: every run has max_gen_len tokens
