@@ -3,6 +3,7 @@ import copy
 import importlib.util
 import os
 from pathlib import Path
+from typing import List
 
 import torch
 from torch.nn import Module, ModuleList
@@ -82,3 +83,83 @@ def load_embedded(dtype: torch.dtype = torch.float32):
     folder = embedded_model_dir()
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
     return model, AutoTokenizer.from_pretrained(folder)
+
+
+QUANTIZATIONS = ("none", "int8", "int4")
+
+
+def _quantization_config(quantize: str, device: str):
+    if quantize == "none":
+        return None
+    if device.startswith("cuda") or device == "auto":
+        try:
+            from transformers import BitsAndBytesConfig
+
+            import bitsandbytes  # noqa: F401
+
+            return BitsAndBytesConfig(load_in_8bit=True) if quantize == "int8" else BitsAndBytesConfig(load_in_4bit=True)
+        except ImportError:
+            pass
+    try:
+        import optimum.quanto  # noqa: F401
+        from transformers import QuantoConfig
+    except ImportError:
+        raise ValueError(f"--quantize {quantize} needs optimum-quanto (pip install optimum-quanto) or, on CUDA, bitsandbytes") from None
+    return QuantoConfig(weights=quantize)
+
+
+def resolve_device(device: str | None) -> str:
+    """``None`` -> cuda when available, else cpu; other values are passed on (``auto`` shards with accelerate)."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def load_model(
+    name: str | None,
+    device: str = "cpu",
+    dtype: str = "auto",
+    quantize: str = "none",
+    trust_remote_code: bool = False,
+):
+    """Load ``(model, tokenizer, description)``: the embedded model when ``name`` is None, a GGUF file
+    (converted once and cached), a local folder or a Hub id. Encoder-decoder models are detected
+    from their config. Raises OSError/ValueError with a readable message on failure."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+
+    if name is None:
+        folder, label = embedded_model_dir(), EMBEDDED_NAME
+    elif name.endswith(".gguf"):
+        path = Path(name).expanduser().resolve()
+        if not path.is_file():
+            raise OSError(f"GGUF file not found: {name}")
+        folder, label = cache_dir() / f"gguf-{path.stem}-{path.stat().st_size}", name
+        if not (folder / "config.json").is_file():
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            convert_gguf(path, folder)
+    else:
+        folder, label = name, name
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
+    torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
+    kwargs = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code}
+    quantization = _quantization_config(quantize, device)
+    if quantization is not None:
+        kwargs["quantization_config"] = quantization
+    if device == "auto" or quantization is not None:
+        kwargs["device_map"] = "auto" if device == "auto" else device
+    model = auto.from_pretrained(folder, **kwargs)
+    if "device_map" not in kwargs:
+        model = model.to(device)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    return model.eval(), tokenizer, label
+
+
+def end_tokens(model: Module, tokenizer) -> List[int]:
+    """End-of-sequence and end-of-turn ids from the generation config and the tokenizer."""
+    ids: list = []
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        ids.extend(int(v) for v in values if v is not None and int(v) not in ids)
+    return ids

@@ -1,0 +1,427 @@
+"""Interactive comparison of decoding strategies on the same prompt and seed.
+
+    python infer.py                      # the embedded SmolLM2-135M-Instruct, offline
+    python infer.py --target T --drafter D --device cuda
+    echo "a prompt" | python infer.py    # or --prompt "a prompt": one comparison, then exit
+
+Type a prompt to run every enabled strategy on it, or a /command (see /help).
+"""
+import argparse
+import os
+import sys
+from typing import Callable, Dict, List, Optional
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+PRESETS = {
+    "embedded": {"target": None, "drafter": None},
+    "reference": {  # the reference repository's setting
+        "target": "meta-llama/Llama-3.2-3B-Instruct",
+        "drafter": "meta-llama/Llama-3.2-1B-Instruct",
+        "quantize": "int8",
+        "device": "cuda",
+    },
+}
+
+console = Console(highlight=False, soft_wrap=True)
+
+
+class UsageError(ValueError):
+    """A malformed command: one line of usage, settings unchanged."""
+
+
+def _processors():
+    from utils.logits_processor import (
+        GreedyProcessor,
+        MultinomialProcessor,
+        NucleusProcessor,
+        TopKNucleusProcessor,
+        TopKProcessor,
+    )
+
+    return {
+        "greedy": (GreedyProcessor, [("temperature", float)]),
+        "multinomial": (MultinomialProcessor, [("temperature", float)]),
+        "topk": (TopKProcessor, [("temperature", float), ("top_k", int)]),
+        "nucleus": (NucleusProcessor, [("temperature", float), ("top_p", float)]),
+        "topknucleus": (TopKNucleusProcessor, [("temperature", float), ("top_k", int), ("top_p", float)]),
+    }
+
+
+def parse_processor(words: List[str]):
+    """``["topk", "0.7", "50"]`` -> a processor; UsageError with the usage line otherwise."""
+    processors = _processors()
+    usage = "usage: /processor <" + "|".join(processors) + "> <args...>"
+    if not words or words[0] not in processors:
+        raise UsageError(usage if not words else f"unknown processor '{words[0]}'; {usage}")
+    cls, params = processors[words[0]]
+    names = " ".join(f"<{name}>" for name, _ in params)
+    line = f"usage: /processor {words[0]} {names}"
+    values = words[1:]
+    if words[0] == "greedy" and not values:
+        values = ["1"]
+    if len(values) != len(params):
+        raise UsageError(line)
+    try:
+        kwargs = {name: kind(value) for (name, kind), value in zip(params, values)}
+        return cls(**kwargs), words[0], kwargs
+    except ValueError as error:
+        raise UsageError(f"{error}; {line}" if "must be" in str(error) else line) from None
+
+
+def parse_count(words: List[str], usage: str, minimum: int = 1) -> int:
+    if len(words) != 1:
+        raise UsageError(usage)
+    try:
+        value = int(words[0])
+    except ValueError:
+        raise UsageError(usage) from None
+    if value < minimum:
+        raise UsageError(f"the value must be >= {minimum}; {usage}")
+    return value
+
+
+class Repl:
+    """The REPL's state (settings and toggles) and its commands."""
+
+    def __init__(self, settings, labels: Dict[str, str], chat: bool, processor_name: str, processor_args: dict, seed: int):
+        from strategies import STRATEGIES
+
+        self.settings = settings
+        self.labels = labels
+        self.seed = seed
+        self.chat = chat and bool(getattr(settings.tokenizer, "chat_template", None))
+        self.processor_name, self.processor_args = processor_name, processor_args
+        self.enabled = {s.key: False for s in STRATEGIES}
+        self.enabled.update(speculative=settings.drafter is not None, ngram=not settings.encoder_decoder, target=True)
+        self.storage_kind, self.storage_n = "basic", 3
+        self.reset_in_between = True
+        self._new_storage()
+        self._warm_up()
+        self.commands: Dict[str, tuple] = {
+            "/quit": (self.cmd_quit, "/quit", "quit"),
+            "/clear": (self.cmd_clear, "/clear", "clear the screen"),
+            "/help": (self.cmd_help, "/help", "this list, with the current values"),
+            "/debug": (self.toggle("debug"), "/debug", "show each speculative step in color"),
+            "/speculative": (self.toggle_strategy("speculative"), "/speculative", "speculative decoding with the drafter"),
+            "/ngram": (self.toggle_strategy("ngram"), "/ngram", "n-gram assisted speculative decoding"),
+            "/target": (self.toggle_strategy("target"), "/target", "target autoregressive"),
+            "/drafter": (self.toggle_strategy("drafter"), "/drafter", "drafter autoregressive"),
+            "/cache": (self.toggle("use_cache"), "/cache", "KV cache"),
+            "/chat": (self.cmd_chat, "/chat", "apply the chat template"),
+            "/length": (self.cmd_length, "/length <n>", "most new tokens"),
+            "/gamma": (self.cmd_gamma, "/gamma <n>", "drafts per step"),
+            "/processor": (self.cmd_processor, "/processor <greedy|multinomial|topk|nucleus|topknucleus> <args...>", "sampling"),
+            "/set_ngramstorage": (self.cmd_storage, "/set_ngramstorage <basic|onelevel> <n>", "n-gram storage type and n"),
+            "/top_k_filler": (self.cmd_filler, "/top_k_filler <n>", "target top-k tokens added to the storage (1 = NAPD)"),
+            "/reset_in_between": (self.cmd_reset, "/reset_in_between", "empty the n-gram storage before each prompt"),
+        }
+
+    # ---- state ---------------------------------------------------------------------------
+    def _new_storage(self) -> None:
+        from sampling.common import output_vocab_size
+        from strategies import STORAGES
+
+        self.settings.storage = STORAGES[self.storage_kind](self.storage_n, output_vocab_size(self.settings.target))
+
+    def _warm_up(self) -> None:
+        """One short pass through each model, so that the first strategy timed pays no start-up cost."""
+        from strategies import BY_KEY, run_strategy
+
+        s = self.settings
+        saved = s.max_gen_len, s.debug
+        s.max_gen_len, s.debug = 2, False
+        try:
+            for key in ("target", "drafter") if s.drafter is not None else ("target",):
+                run_strategy(BY_KEY[key], self.encode("Hi"), s, self.seed)
+        finally:
+            s.max_gen_len, s.debug = saved
+
+    def value_of(self, command: str) -> str:
+        s = self.settings
+        values = {
+            "/debug": s.debug, "/speculative": self.enabled["speculative"], "/ngram": self.enabled["ngram"],
+            "/target": self.enabled["target"], "/drafter": self.enabled["drafter"], "/cache": s.use_cache,
+            "/chat": self.chat, "/length": s.max_gen_len, "/gamma": s.gamma,
+            "/processor": " ".join([self.processor_name] + [f"{k}={v}" for k, v in self.processor_args.items()]),
+            "/set_ngramstorage": f"{self.storage_kind} {self.storage_n}", "/top_k_filler": s.top_k_filler,
+            "/reset_in_between": self.reset_in_between,
+        }
+        value = values.get(command, "")
+        return {True: "on", False: "off"}.get(value, str(value)) if isinstance(value, bool) else str(value)
+
+    def say(self, message: str) -> None:
+        console.print(Text(message, style="bold blue"))
+
+    # ---- commands ------------------------------------------------------------------------
+    def cmd_quit(self, words):
+        raise EOFError
+
+    def cmd_clear(self, words):
+        console.clear()
+
+    def cmd_help(self, words):
+        table = Table(title="Commands", show_header=True, header_style="bold")
+        table.add_column("command")
+        table.add_column("what")
+        table.add_column("now")
+        for name, (_, usage, what) in self.commands.items():
+            table.add_row(usage, what, self.value_of(name))
+        console.print(table)
+        console.print("Anything else is a prompt (\\n and \\t become newline and tab).")
+
+    def toggle(self, attribute: str) -> Callable:
+        def run(words):
+            self._no_args(words, f"/{'cache' if attribute == 'use_cache' else attribute}")
+            setattr(self.settings, attribute, not getattr(self.settings, attribute))
+            self.say(f"{attribute.replace('use_', '')}: {'on' if getattr(self.settings, attribute) else 'off'}")
+        return run
+
+    def toggle_strategy(self, key: str) -> Callable:
+        from strategies import BY_KEY
+
+        def run(words):
+            self._no_args(words, f"/{key}")
+            strategy = BY_KEY[key]
+            if strategy.needs_drafter and self.settings.drafter is None:
+                raise UsageError("no drafter loaded: restart with --drafter MODEL (a Hub id, a local folder or a GGUF file)")
+            if strategy.decoder_only and self.settings.encoder_decoder:
+                raise UsageError(f"{strategy.title} works with decoder-only models only")
+            self.enabled[key] = not self.enabled[key]
+            self.say(f"{strategy.title}: {'on' if self.enabled[key] else 'off'}")
+        return run
+
+    @staticmethod
+    def _no_args(words, usage):
+        if words:
+            raise UsageError(f"usage: {usage}")
+
+    def cmd_chat(self, words):
+        self._no_args(words, "/chat")
+        if not self.chat and not getattr(self.settings.tokenizer, "chat_template", None):
+            raise UsageError("this tokenizer has no chat template")
+        self.chat = not self.chat
+        self.say(f"chat: {'on' if self.chat else 'off'}")
+
+    def cmd_length(self, words):
+        self.settings.max_gen_len = parse_count(words, "usage: /length <n>   (n >= 1)")
+        self.say(f"length: {self.settings.max_gen_len}")
+
+    def cmd_gamma(self, words):
+        self.settings.gamma = parse_count(words, "usage: /gamma <n>   (n >= 1)")
+        self.say(f"gamma: {self.settings.gamma}")
+
+    def cmd_processor(self, words):
+        processor, self.processor_name, self.processor_args = parse_processor(words)
+        self.settings.processor = processor
+        self.say(f"processor: {self.value_of('/processor')}")
+
+    def cmd_storage(self, words):
+        from strategies import STORAGES
+
+        usage = "usage: /set_ngramstorage <basic|onelevel> <n>   (n >= 2)"
+        if len(words) != 2 or words[0] not in STORAGES:
+            raise UsageError(usage)
+        n = parse_count(words[1:], usage, minimum=2)
+        self.storage_kind, self.storage_n = words[0], n
+        self._new_storage()
+        self.say(f"n-gram storage: {words[0]} {n}")
+
+    def cmd_filler(self, words):
+        self.settings.top_k_filler = parse_count(words, "usage: /top_k_filler <n>   (n >= 1)")
+        self.say(f"top_k_filler: {self.settings.top_k_filler}")
+
+    def cmd_reset(self, words):
+        self._no_args(words, "/reset_in_between")
+        self.reset_in_between = not self.reset_in_between
+        self.say(f"reset in between: {'on' if self.reset_in_between else 'off'}")
+
+    # ---- prompts -------------------------------------------------------------------------
+    def handle(self, line: str) -> None:
+        """One line of input: a command or a prompt. Raises EOFError on /quit."""
+        line = line.replace("\\n", "\n").replace("\\t", "\t")
+        if not line.strip():
+            return
+        if line.startswith("/"):
+            name, *words = line.split()
+            if name not in self.commands:
+                raise UsageError(f"unknown command {name}: /help lists the commands")
+            self.commands[name][0](words)
+            return
+        self.compare(line)
+
+    def encode(self, text: str) -> List[int]:
+        tokenizer = self.settings.tokenizer
+        if self.chat:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+            return tokenizer(text, add_special_tokens=False).input_ids
+        return tokenizer(text).input_ids
+
+    def compare(self, text: str) -> None:
+        from strategies import STRATEGIES, run_strategy
+
+        prompt = self.encode(text)
+        if self.reset_in_between:
+            self.settings.storage.reset()
+        results = []
+        for strategy in STRATEGIES:
+            if not self.enabled[strategy.key]:
+                continue
+            try:
+                result = run_strategy(strategy, prompt, self.settings, self.seed)
+            except KeyboardInterrupt:
+                console.print(Text(f"{strategy.title}: interrupted", style="red"))
+                return
+            except ValueError as error:
+                console.print(Text(f"{strategy.title}: {error}", style="red"))
+                return
+            results.append((strategy, result))
+            self.print_result(strategy, result)
+        if results:
+            self.print_table(results)
+        else:
+            console.print(Text("every strategy is off: /help lists the toggles", style="red"))
+
+    def print_result(self, strategy, result) -> None:
+        text = self.settings.tokenizer.decode(result.tokens, skip_special_tokens=True)
+        console.rule(Text(strategy.title, style=f"bold {strategy.color}"))
+        console.print(Text("Out: ", style=strategy.color) + Text(text))
+        line = f"{result.tokens_per_second:.1f} tokens/s · {len(result.tokens)} tokens in {result.seconds:.2f} s"
+        if strategy.speculative:
+            line += f" · acceptance {result.stats.acceptance_rate:.2f} · {result.stats.mean_accepted_tokens:.2f} tokens/step"
+        console.print(Text(line, style=strategy.color))
+
+    def print_table(self, results) -> None:
+        baseline = next((r.tokens_per_second for s, r in results if s.key == "target"), None)
+        table = Table(title=f"seed {self.seed} · gamma {self.settings.gamma} · {self.value_of('/processor')}")
+        for column in ("strategy", "tokens", "time (s)", "tokens/s", "vs target AR", "acceptance", "tokens/step"):
+            table.add_column(column, justify="left" if column == "strategy" else "right")
+        for strategy, r in results:
+            speedup = f"{r.tokens_per_second / baseline:.2f}x" if baseline else "-"
+            spec = strategy.speculative
+            table.add_row(
+                Text(strategy.title, style=strategy.color), str(len(r.tokens)), f"{r.seconds:.2f}", f"{r.tokens_per_second:.1f}",
+                speedup, f"{r.stats.acceptance_rate:.2f}" if spec else "-", f"{r.stats.mean_accepted_tokens:.2f}" if spec else "-",
+            )
+        console.print(table)
+
+    def loop(self) -> None:
+        interactive = sys.stdin.isatty()
+        while True:
+            try:
+                line = input("> ") if interactive else sys.stdin.readline()
+                if not interactive and not line:
+                    raise EOFError
+                self.handle(line.rstrip("\n"))
+            except UsageError as error:
+                console.print(Text(str(error), style="red"))
+            except KeyboardInterrupt:
+                console.print(Text("\n(Ctrl-D or /quit to exit)", style="dim"))
+            except EOFError:
+                console.print("Goodbye!")
+                return
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="Compare decoding strategies side by side (speculative, n-gram assisted, autoregressive).")
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="a known model pair; other flags override it")
+    parser.add_argument("--target", help="target model: Hub id, local folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--drafter", help="drafter model: Hub id, local folder or .gguf file (default: none)")
+    parser.add_argument("--device", help="cpu, cuda, cuda:N, or auto (shard over all GPUs); default cuda when available")
+    parser.add_argument("--drafter-device", help="device of the drafter (default: --device)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"], help="weights dtype")
+    parser.add_argument("--quantize", choices=["none", "int8", "int4"], help="quantize the target's weights (optimum-quanto, or bitsandbytes on CUDA)")
+    parser.add_argument("--drafter-quantize", choices=["none", "int8", "int4"], help="quantize the drafter's weights (default: --quantize)")
+    parser.add_argument("--trust-remote-code", action="store_true", help="allow model code from the Hub (off: it runs code you have not read)")
+    parser.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    parser.add_argument("--gamma", type=int, default=4, help="drafts per step (default 4)")
+    parser.add_argument("--length", type=int, default=35, help="most new tokens (default 35)")
+    parser.add_argument("--processor", default="greedy", help='sampling, as /processor takes it, e.g. "nucleus 0.6 0.9" (default greedy)')
+    parser.add_argument("--seed", type=int, default=42, help="seed set before each strategy (default 42)")
+    parser.add_argument("--prompt", help="run one comparison on this prompt and exit")
+    return parser
+
+
+def fail(message: str) -> None:
+    console.print(Text(f"error: {message}", style="bold red"))
+    sys.exit(1)
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    preset = PRESETS[args.preset or "embedded"]
+    for key in ("target", "drafter", "device", "quantize"):
+        if getattr(args, key) is None and key in preset:
+            setattr(args, key, preset[key])
+    args.quantize = args.quantize or "none"
+    args.drafter_quantize = args.drafter_quantize or args.quantize
+    try:
+        args.gamma = parse_count([str(args.gamma)], "--gamma must be >= 1")
+        args.length = parse_count([str(args.length)], "--length must be >= 1")
+        processor, processor_name, processor_args = parse_processor(args.processor.split())
+    except UsageError as error:
+        fail(str(error).replace("usage: /processor", "--processor"))
+
+    console.print(Text("Speculative Decoding", style="bold red"), Text(" REPL ", style="white on red"))
+    import torch
+    from sampling.common import common_vocab_size
+    from strategies import Settings
+    from utils.models import end_tokens, load_model, resolve_device
+
+    torch.set_grad_enabled(False)
+    device = resolve_device(args.device)
+    models = {}
+    for role, name, quantize, where in (
+        ("target", args.target, args.quantize, device),
+        ("drafter", args.drafter, args.drafter_quantize, resolve_device(args.drafter_device or device)),
+    ):
+        if role == "drafter" and name is None:
+            continue
+        console.print(Text(f"Loading {role}: {name or 'embedded SmolLM2-135M-Instruct'} ...", style="dim"))
+        try:
+            models[role] = load_model(name, where, args.dtype, quantize, args.trust_remote_code)
+        except (Exception, KeyboardInterrupt) as error:  # one clear line, no traceback
+            fail(f"could not load the {role} '{name or 'embedded'}': {first_line(error)}")
+    target, tokenizer, target_label = models["target"]
+    drafter = models.get("drafter", (None, None, None))[0]
+    if drafter is not None:
+        drafter_tokenizer = models["drafter"][1]
+        try:
+            common_vocab_size(drafter, target, tokenizer)
+            if drafter_tokenizer.get_vocab() != tokenizer.get_vocab():
+                raise ValueError("drafter and target tokenizers differ")
+        except ValueError as error:
+            fail(f"the drafter cannot draft for this target: {error}")
+        if drafter.config.is_encoder_decoder != target.config.is_encoder_decoder:
+            fail("drafter and target must both be decoder-only or both encoder-decoder")
+
+    for role, (model, _, label) in models.items():
+        quantize = args.quantize if role == "target" else args.drafter_quantize
+        console.print(f"[bold]{role.capitalize()}:[/bold] {label} · {next(model.parameters()).device} · {model.dtype} · quantization {quantize}")
+    if drafter is None:
+        console.print("[bold]Drafter:[/bold] none (speculative decoding off; start with --drafter MODEL to compare it)")
+
+    encoder_decoder = bool(getattr(target.config, "is_encoder_decoder", False))
+    settings = Settings(
+        target=target, tokenizer=tokenizer, drafter=drafter, processor=processor, gamma=args.gamma,
+        max_gen_len=args.length, eos_tokens_id=end_tokens(target, tokenizer), encoder_decoder=encoder_decoder,
+    )
+    repl = Repl(settings, {r: m[2] for r, m in models.items()}, not args.no_chat, processor_name, processor_args, args.seed)
+    if args.prompt is not None:
+        repl.compare(args.prompt.replace("\\n", "\n").replace("\\t", "\t"))
+        return
+    console.print("Type a prompt, or /help for the commands.")
+    repl.loop()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()

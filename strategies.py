@@ -1,0 +1,121 @@
+"""The one description of the decoding strategies, read by the REPL (and the benchmark).
+
+Each strategy has a key, a title, what it needs, and one function that runs it on a prompt
+with the current settings and returns the new tokens and their statistics.
+"""
+import time
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional
+
+import torch
+from torch.nn import Module
+
+from ngram_assisted import INgramStorage, NGramStorage, OneLevelNGramStorage, ngram_assisted_speculative_generate
+from sampling import (
+    GenerationStats,
+    autoregressive_generate,
+    autoregressive_generate_encoder_decoder,
+    speculative_generate,
+    speculative_generate_encoder_decoder,
+)
+from utils.caching import model_device
+from utils.logits_processor import GreedyProcessor, LogitsProcessor
+
+STORAGES = {"basic": NGramStorage, "onelevel": OneLevelNGramStorage}
+
+
+@dataclass
+class Settings:
+    """Everything a strategy needs besides the prompt."""
+
+    target: Module
+    tokenizer: object
+    drafter: Optional[Module] = None
+    processor: LogitsProcessor = field(default_factory=GreedyProcessor)
+    gamma: int = 4
+    max_gen_len: int = 35
+    eos_tokens_id: List[int] = field(default_factory=list)
+    use_cache: bool = True
+    debug: bool = False
+    storage: Optional[INgramStorage] = None
+    top_k_filler: int = 3
+    encoder_decoder: bool = False
+
+
+@dataclass
+class Result:
+    tokens: List[int]
+    seconds: float
+    stats: GenerationStats
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.tokens) / self.seconds if self.seconds > 0 else 0.0
+
+
+def _speculative(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    run = speculative_generate_encoder_decoder if s.encoder_decoder else speculative_generate
+    return run(prompt, s.drafter, s.target, s.tokenizer, gamma=s.gamma, logits_processor=s.processor,
+               max_gen_len=s.max_gen_len, eos_tokens_id=s.eos_tokens_id, use_cache=s.use_cache, debug=s.debug, stats=stats)[0]
+
+
+def _ngram(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    return ngram_assisted_speculative_generate(
+        prompt, s.storage, s.target, s.tokenizer, gamma=s.gamma, filler_top_k=s.top_k_filler, logits_processor=s.processor,
+        max_gen_len=s.max_gen_len, eos_tokens_id=s.eos_tokens_id, use_cache=s.use_cache, debug=s.debug, stats=stats)[0]
+
+
+def _autoregressive(model: Module, prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    run = autoregressive_generate_encoder_decoder if s.encoder_decoder else autoregressive_generate
+    return run(prompt, model, max_gen_len=s.max_gen_len, logits_processor=s.processor, eos_tokens_id=s.eos_tokens_id,
+               use_cache=s.use_cache, debug=s.debug, stats=stats)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    key: str
+    title: str
+    color: str
+    needs_drafter: bool
+    speculative: bool
+    decoder_only: bool
+    generate: Callable[[List[int], Settings, GenerationStats], List[int]]
+
+
+STRATEGIES = [
+    Strategy("speculative", "Speculative", "green", True, True, False, _speculative),
+    Strategy("ngram", "N-gram assisted", "yellow", False, True, True, _ngram),
+    Strategy("target", "Target AR", "blue", False, False, False, lambda p, s, st: _autoregressive(s.target, p, s, st)),
+    Strategy("drafter", "Drafter AR", "cyan", True, False, False, lambda p, s, st: _autoregressive(s.drafter, p, s, st)),
+]
+BY_KEY = {s.key: s for s in STRATEGIES}
+
+
+def synchronize(model: Module) -> None:
+    """Wait for the model's device, so that a clock read after it counts all the work."""
+    device = model_device(model)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def set_seed(seed: int) -> None:
+    import random
+
+    random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def run_strategy(strategy: Strategy, prompt: List[int], settings: Settings, seed: int = 42) -> Result:
+    """Run one strategy after ``seed``, timing it with the device synchronised on both ends."""
+    models = [m for m in (settings.target, settings.drafter) if m is not None]
+    set_seed(seed)
+    stats = GenerationStats()
+    for model in models:
+        synchronize(model)
+    start = time.perf_counter()
+    tokens = strategy.generate(prompt, settings, stats)
+    for model in models:
+        synchronize(model)
+    return Result(tokens, time.perf_counter() - start, stats)
