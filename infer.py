@@ -163,13 +163,11 @@ class Repl:
         console.clear()
 
     def cmd_help(self, words):
-        table = Table(title="Commands", show_header=True, header_style="bold")
-        table.add_column("command")
-        table.add_column("what")
-        table.add_column("now")
+        console.print(Text("Commands", style="bold"))
         for name, (_, usage, what) in self.commands.items():
-            table.add_row(usage, what, self.value_of(name))
-        console.print(table)
+            now = self.value_of(name)
+            line = Text(f"  {usage:<40}", style="bold") + Text(f" {what}")
+            console.print(line + Text(f"  [{now}]", style="cyan") if now else line)
         console.print("Anything else is a prompt (\\n and \\t become newline and tab).")
 
     def toggle(self, attribute: str) -> Callable:
@@ -295,8 +293,8 @@ class Repl:
 
     def print_table(self, results) -> None:
         baseline = next((r.tokens_per_second for s, r in results if s.key == "target"), None)
-        table = Table(title=f"seed {self.seed} · gamma {self.settings.gamma} · {self.value_of('/processor')}")
-        for column in ("strategy", "tokens", "time (s)", "tokens/s", "vs target AR", "acceptance", "tokens/step"):
+        table = Table(title=f"seed {self.seed} · gamma {self.settings.gamma} · {self.value_of('/processor')} · speedup over target AR")
+        for column in ("strategy", "tokens", "time (s)", "tokens/s", "speedup", "accept", "tok/step"):
             table.add_column(column, justify="left" if column == "strategy" else "right")
         for strategy, r in results:
             speedup = f"{r.tokens_per_second / baseline:.2f}x" if baseline else "-"

@@ -1,0 +1,209 @@
+"""The REPL driven as a user would: a real subprocess on a pseudo-terminal or a pipe."""
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pexpect
+import pytest
+import torch
+
+from conftest import llama, perturbed_copy
+from utils.models import embedded_model_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def save_tiny(folder: Path, model) -> str:
+    model.to(torch.float32).save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        source = embedded_model_dir() / name
+        if source.exists():
+            shutil.copy(source, folder / name)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    """A tiny random target and drafter with SmolLM2's tokenizer (and one with another vocabulary)."""
+    root = tmp_path_factory.mktemp("models")
+    target = llama(vocab=49152, window=4096, layers=1)
+    target.config.eos_token_id = 2
+    drafter = perturbed_copy(target, 0.2, seed=1)
+    other = llama(vocab=1000, window=4096, layers=1)
+    return {
+        "target": save_tiny(root / "target", target),
+        "drafter": save_tiny(root / "drafter", drafter),
+        "other": save_tiny(root / "other", other),
+    }
+
+
+def spawn(*args):
+    child = pexpect.spawn(sys.executable, ["infer.py", "--device", "cpu", *args], cwd=str(ROOT), encoding="utf-8",
+                          timeout=120, dimensions=(60, 200), env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(Path.home()),
+                                                                 "TERM": "dumb", "PYTHONUNBUFFERED": "1", "COLUMNS": "200"})
+    child.expect("Type a prompt")
+    child.expect("> ")
+    return child
+
+
+def command(child, line: str, expected: str):
+    """Send a line, wait for ``expected`` and the next prompt; returns everything printed."""
+    child.sendline(line)
+    child.expect(expected)
+    text = child.before + child.after
+    child.expect("> ")
+    return text + child.before
+
+
+@pytest.fixture(scope="module")
+def repl(tiny_models):
+    child = spawn("--target", tiny_models["target"], "--drafter", tiny_models["drafter"])
+    yield child
+    child.close(force=True)
+
+
+def test_commands_change_settings_and_help_shows_them(repl):
+    command(repl, "/gamma 6", "gamma: 6")
+    command(repl, "/length 12", "length: 12")
+    command(repl, "/processor topk 0.7 20", "processor: topk temperature=0.7 top_k=20")
+    command(repl, "/set_ngramstorage onelevel 4", "n-gram storage: onelevel 4")
+    command(repl, "/top_k_filler 1", "top_k_filler: 1")
+    command(repl, "/reset_in_between", "reset in between: off")
+    command(repl, "/cache", "cache: off")
+    command(repl, "/debug", "debug: on")
+    command(repl, "/chat", "chat: off")
+    command(repl, "/drafter", "Drafter AR: on")
+    command(repl, "/target", "Target AR: off")
+    command(repl, "/ngram", "N-gram assisted: off")
+    command(repl, "/speculative", "Speculative: off")
+    shown = command(repl, "/help", "Anything else is a prompt")
+    for expected in ("6", "12", "topk temperature=0.7 top_k=20", "onelevel 4"):
+        assert expected in shown
+    # back to the defaults for the other tests
+    for line in ("/gamma 4", "/length 35", "/processor greedy", "/set_ngramstorage basic 3", "/top_k_filler 3",
+                 "/reset_in_between", "/cache", "/debug", "/chat", "/drafter", "/target", "/ngram", "/speculative"):
+        command(repl, line, r"\S")
+
+
+BAD_INPUT = [
+    ("/gamma", "usage: /gamma"), ("/gamma x", "usage: /gamma"), ("/gamma 0", "must be >= 1"), ("/length -3", "must be >= 1"),
+    ("/length", "usage: /length"), ("/processor", "usage: /processor"), ("/processor beam 1", "unknown processor"),
+    ("/processor topk 0.5", "usage: /processor topk"), ("/processor nucleus 0.5 0.9 3", "usage: /processor nucleus"),
+    ("/processor multinomial 0", "temperature must be > 0"), ("/processor nucleus 1 1.5", r"top_p must be in \(0, 1\]"),
+    ("/processor topk 1 zero", "usage: /processor topk"), ("/set_ngramstorage basic 1", "must be >= 2"),
+    ("/set_ngramstorage trie 3", "usage: /set_ngramstorage"), ("/set_ngramstorage basic", "usage: /set_ngramstorage"),
+    ("/top_k_filler 0", "must be >= 1"), ("/frobnicate", "unknown command"), ("/cache now", "usage: /cache"),
+]
+
+
+def test_every_malformed_command_prints_usage_and_changes_nothing(repl):
+    before = command(repl, "/help", "Anything else is a prompt")
+    for line, expected in BAD_INPUT:
+        out = command(repl, line, expected)
+        assert "Traceback" not in out
+    after = command(repl, "/help", "Anything else is a prompt")
+    assert after == before
+
+
+def test_prompt_produces_every_enabled_section_and_the_table(repl):
+    command(repl, "/drafter", "Drafter AR: on")
+    repl.sendline("Hello there")
+    for section in ("Speculative", "N-gram assisted", "Target AR", "Drafter AR"):
+        repl.expect(section)
+        repl.expect("tokens/s")
+    repl.expect("speedup")
+    repl.expect("> ")
+    table = repl.before
+    assert "1.00x" in table  # target AR against itself
+    command(repl, "/drafter", "Drafter AR: off")
+
+
+def test_debug_view_shows_speculative_steps(repl):
+    command(repl, "/debug", "debug: on")
+    command(repl, "/length 6", "length: 6")
+    repl.sendline("Hi")
+    repl.expect("Speculative step")
+    repl.expect("speedup")
+    repl.expect("> ")
+    command(repl, "/debug", "debug: off")
+    command(repl, "/length 35", "length: 35")
+
+
+def test_ctrl_c_stops_the_generation_and_the_repl_goes_on(repl):
+    command(repl, "/length 3000", "length: 3000")
+    command(repl, "/cache", "cache: off")  # slow enough to be interrupted
+    repl.sendline("Tell me a long story")
+    time.sleep(3)
+    repl.sendintr()
+    repl.expect("interrupted")
+    repl.expect("> ")
+    command(repl, "/cache", "cache: on")
+    command(repl, "/length 35", "length: 35")
+
+
+def test_ctrl_d_exits_with_status_zero(tiny_models):
+    child = spawn("--target", tiny_models["target"])
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_quit_exits_with_status_zero(tiny_models):
+    child = spawn("--target", tiny_models["target"])
+    child.sendline("/quit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def run(*args, stdin: str = ""):
+    return subprocess.run([sys.executable, "infer.py", "--device", "cpu", *args], cwd=ROOT, input=stdin, capture_output=True,
+                          text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(Path.home())})
+
+
+def test_piped_prompt_runs_and_exits_at_end_of_input(tiny_models):
+    result = run("--target", tiny_models["target"], stdin="/length 5\nHello\n")
+    assert result.returncode == 0, result.stderr
+    assert "Target AR" in result.stdout and "N-gram assisted" in result.stdout and "Goodbye" in result.stdout
+
+
+def test_prompt_flag_runs_one_comparison(tiny_models):
+    result = run("--target", tiny_models["target"], "--drafter", tiny_models["drafter"], "--prompt", "Hi", "--length", "4")
+    assert result.returncode == 0, result.stderr
+    assert "Speculative" in result.stdout and "speedup" in result.stdout
+
+
+def test_speculative_without_drafter_says_how_to_get_one(tiny_models):
+    result = run("--target", tiny_models["target"], stdin="/speculative\n/drafter\n")
+    assert result.stdout.count("restart with --drafter MODEL") == 2 and result.returncode == 0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--target", "/nonexistent/model"], "could not load the target"),
+        (["--drafter", "/nonexistent/model.gguf"], "could not load the drafter"),
+        (["--gamma", "0"], "--gamma must be >= 1"),
+        (["--processor", "nucleus 1 7"], "top_p must be in"),
+    ],
+)
+def test_bad_start_up_is_one_clear_line_and_non_zero_exit(tiny_models, args, message):
+    result = run("--target", tiny_models["target"], *args)
+    assert result.returncode == 1
+    assert message in result.stdout and "Traceback" not in result.stdout + result.stderr
+
+
+def test_drafter_with_another_vocabulary_is_refused(tiny_models):
+    result = run("--target", tiny_models["target"], "--drafter", tiny_models["other"])
+    assert result.returncode == 1 and "cannot draft for this target" in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_embedded_model_smoke():
+    result = run("--prompt", "What is 2+2?", "--length", "8")
+    assert result.returncode == 0, result.stderr
+    assert "Target AR" in result.stdout and "SmolLM2-135M-Instruct" in result.stdout
