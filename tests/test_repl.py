@@ -9,7 +9,7 @@ import pexpect
 import pytest
 import torch
 
-from conftest import llama, perturbed_copy
+from conftest import llama, perturbed_copy, t5
 from utils.models import embedded_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +33,11 @@ def tiny_models(tmp_path_factory):
     target.config.eos_token_id = 2
     drafter = perturbed_copy(target, 0.2, seed=1)
     other = llama(vocab=1000, window=4096, layers=1)
+    seq2seq = t5(vocab=49152)
+    seq2seq.config.eos_token_id = 2
     return {
+        "t5": save_tiny(root / "t5", seq2seq),
+        "t5_drafter": save_tiny(root / "t5_drafter", perturbed_copy(seq2seq, 0.2, seed=1)),
         "target": save_tiny(root / "target", target),
         "drafter": save_tiny(root / "drafter", drafter),
         "other": save_tiny(root / "other", other),
@@ -207,3 +211,18 @@ def test_embedded_model_smoke():
     result = run("--prompt", "What is 2+2?", "--length", "8")
     assert result.returncode == 0, result.stderr
     assert "Target AR" in result.stdout and "SmolLM2-135M-Instruct" in result.stdout
+
+
+def test_quantized_target_loads_and_runs(tiny_models):
+    result = run("--target", tiny_models["target"], "--quantize", "int8", "--prompt", "Hi", "--length", "4")
+    assert result.returncode == 0, result.stderr
+    assert "quantization int8" in result.stdout and "Target AR" in result.stdout
+
+
+def test_encoder_decoder_models_are_detected_and_use_the_encoder_decoder_functions(tiny_models):
+    result = run("--target", tiny_models["t5"], "--drafter", tiny_models["t5_drafter"], "--no-chat", "--length", "6",
+                 stdin="/ngram\nTranslate this\n")
+    assert result.returncode == 0, result.stderr
+    assert "decoder-only models only" in result.stdout
+    assert "Speculative" in result.stdout and "Target AR" in result.stdout
+    assert "N-gram assisted ─" not in result.stdout  # no section for it
