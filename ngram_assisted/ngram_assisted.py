@@ -1,5 +1,5 @@
 """NASD: n-gram assisted speculative decoding (an n-gram storage replaces the drafter model)."""
-from typing import List, Tuple
+from typing import Callable, List, Tuple
 
 import torch
 from torch import Tensor
@@ -7,6 +7,7 @@ from torch.nn import Module
 
 from ngram_assisted.ngram_storage import INgramStorage
 from sampling.common import check_positive_int, check_prompt, context_window, generation_end, stop_token_set
+from sampling.draft_policy import DraftPolicy
 from sampling.speculative_decoding import check_gamma, draft_and_verify
 from sampling.stats import GenerationStats
 from utils.caching import KVCacheModel
@@ -76,6 +77,8 @@ def ngram_assisted_speculative_generate(
     stop_if_unknown: bool = False,
     debug: bool = False,
     stats: GenerationStats | None = None,
+    policy: DraftPolicy | None = None,
+    streamer: Callable[[List[int], int], None] | None = None,
 ) -> Tuple[List[int], float]:
     """N-gram assisted speculative decoding (NASD; Leviathan et al. 2023 with an n-gram drafter).
 
@@ -86,6 +89,8 @@ def ngram_assisted_speculative_generate(
     emitted. Greedy output therefore equals greedy autoregressive output, and sampled output is the
     target's own sample at every position. (The reference draws a second, fresh sample at the
     mismatch, which biases the output toward the draft.)
+
+    ``stats``, ``policy`` and ``streamer`` are as in ``speculative_generate``.
 
     Returns:
         (new token ids, acceptance rate = accepted drafts / drafted tokens).
@@ -99,6 +104,6 @@ def ngram_assisted_speculative_generate(
     drafter = NGramDrafter(ngramstorage, filler_top_k, stop_if_unknown)
     out = draft_and_verify(
         prompt, KVCacheModel(target, use_cache), drafter, logits_processor, gamma, end,
-        stop_token_set(eos_tokens_id), None, first_target, False, stats, debug, tokenizer,
+        stop_token_set(eos_tokens_id), None, first_target, False, stats, debug, tokenizer, policy, streamer,
     )
     return out, stats.acceptance_rate

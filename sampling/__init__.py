@@ -1,5 +1,7 @@
 from sampling.base_decoding import autoregressive_generate, beam_search_generate
 from sampling.encoder_decoder import autoregressive_generate_encoder_decoder, speculative_generate_encoder_decoder
+from sampling.draft_policy import DraftPolicy
+from sampling.prompt_lookup import prompt_lookup_generate
 from sampling.speculative_decoding import speculative_generate
 from sampling.stats import GenerationStats
 
@@ -9,5 +11,7 @@ __all__ = [
     "speculative_generate",
     "autoregressive_generate_encoder_decoder",
     "speculative_generate_encoder_decoder",
+    "prompt_lookup_generate",
+    "DraftPolicy",
     "GenerationStats",
 ]

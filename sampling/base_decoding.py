@@ -1,6 +1,6 @@
 """Plain decoding with one model: autoregressive sampling and beam search."""
 import math
-from typing import List
+from typing import Callable, List
 
 import torch
 from torch.nn import Module
@@ -21,6 +21,7 @@ def generate_with(
     stop_tokens: frozenset,
     stats: GenerationStats | None = None,
     debug: bool = False,
+    streamer: Callable[[List[int], int], None] | None = None,
 ) -> List[int]:
     """One token per forward pass until ``end`` tokens or a stop token; returns the new tokens."""
     ids = torch.zeros((1, end), dtype=torch.long, device=model.device)
@@ -32,6 +33,8 @@ def generate_with(
         out.append(int(token))
         if stats is not None:
             stats.record_step(0, 0, 1)
+        if streamer is not None:
+            streamer(out[-1:], 0)
         if out[-1] in stop_tokens:
             if debug:
                 printing.end_token_found(len(out) - 1)
@@ -50,15 +53,18 @@ def autoregressive_generate(
     use_cache: bool = False,
     debug: bool = False,
     stats: GenerationStats | None = None,
+    streamer: Callable[[List[int], int], None] | None = None,
 ) -> List[int]:
     """Sample ``max_gen_len`` new tokens at most from a decoder-only model, one forward pass each.
 
     Stops after the first token of ``eos_tokens_id`` (included) and at the context window.
-    With ``use_cache`` only the newest token is fed each step. Returns the new token ids.
+    With ``use_cache`` only the newest token is fed each step. ``streamer`` is called with each
+    new token. Returns the new token ids.
     """
     prompt = check_prompt(inputs)
     end = generation_end(len(prompt), max_gen_len, context_window(model))
-    return generate_with(prompt, KVCacheModel(model, use_cache), end, logits_processor, stop_token_set(eos_tokens_id), stats, debug)
+    runner = KVCacheModel(model, use_cache)
+    return generate_with(prompt, runner, end, logits_processor, stop_token_set(eos_tokens_id), stats, debug, streamer)
 
 
 def _length_penalty(length: int, alpha: float, min_length: float) -> float:

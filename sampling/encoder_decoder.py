@@ -2,13 +2,14 @@
 
 Both return the generated decoder tokens, without the decoder start token.
 """
-from typing import List, Tuple
+from typing import Callable, List, Tuple
 
 import torch
 from torch.nn import Module
 
 from sampling.base_decoding import generate_with
 from sampling.common import check_prompt, common_vocab_size, context_window, generation_end, stop_token_set
+from sampling.draft_policy import DraftPolicy
 from sampling.speculative_decoding import ModelDrafter, check_gamma, draft_and_verify
 from sampling.stats import GenerationStats
 from utils.caching import KVCacheModel
@@ -41,12 +42,14 @@ def autoregressive_generate_encoder_decoder(
     use_cache: bool = False,
     debug: bool = False,
     stats: GenerationStats | None = None,
+    streamer: Callable[[List[int], int], None] | None = None,
 ) -> List[int]:
     """``autoregressive_generate`` for an encoder-decoder model; ``inputs`` go to the encoder."""
     prompt = check_prompt(inputs)
     end = _decoder_end(model, prompt, max_gen_len)
     runner = KVCacheModel(model, use_cache, encoder_input_ids=prompt)
-    return generate_with([_decoder_start(model)], runner, end, logits_processor, stop_token_set(eos_tokens_id), stats, debug)
+    stops = stop_token_set(eos_tokens_id)
+    return generate_with([_decoder_start(model)], runner, end, logits_processor, stops, stats, debug, streamer)
 
 
 @torch.no_grad()
@@ -65,6 +68,8 @@ def speculative_generate_encoder_decoder(
     first_target: bool = True,
     debug: bool = False,
     stats: GenerationStats | None = None,
+    policy: DraftPolicy | None = None,
+    streamer: Callable[[List[int], int], None] | None = None,
 ) -> Tuple[List[int], float]:
     """``speculative_generate`` for encoder-decoder models sharing one decoder vocabulary.
 
@@ -81,10 +86,11 @@ def speculative_generate_encoder_decoder(
     _decoder_end(drafter, prompt, 1)
     stats = stats if stats is not None else GenerationStats()
     drafting = ModelDrafter(
-        KVCacheModel(drafter, use_cache, encoder_input_ids=prompt), logits_processor, vocab_size, context_window(drafter)
+        KVCacheModel(drafter, use_cache, encoder_input_ids=prompt), logits_processor, vocab_size, context_window(drafter),
+        policy.p_min if policy else 0.0,
     )
     out = draft_and_verify(
         [start], KVCacheModel(target, use_cache, encoder_input_ids=prompt), drafting, logits_processor, gamma, end,
-        stop_token_set(eos_tokens_id), vocab_size, first_target, skip_sample_adjustment, stats, debug, tokenizer,
+        stop_token_set(eos_tokens_id), vocab_size, first_target, skip_sample_adjustment, stats, debug, tokenizer, policy, streamer,
     )
     return out, stats.acceptance_rate

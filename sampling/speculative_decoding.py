@@ -1,5 +1,6 @@
 """Speculative decoding (Leviathan et al. 2023, arXiv:2211.17192; Chen et al. 2023, arXiv:2302.01318)."""
-from typing import List, Protocol, Tuple
+import time
+from typing import Callable, List, Protocol, Tuple
 
 import torch
 from torch import Tensor
@@ -14,6 +15,7 @@ from sampling.common import (
     generation_end,
     stop_token_set,
 )
+from sampling.draft_policy import DraftPolicy
 from sampling.stats import GenerationStats
 from utils.caching import KVCacheModel
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
@@ -56,6 +58,8 @@ def draft_and_verify(
     stats: GenerationStats | None = None,
     debug: bool = False,
     tokenizer=None,
+    policy: DraftPolicy | None = None,
+    streamer: Callable[[List[int], int], None] | None = None,
 ) -> List[int]:
     """The speculative loop shared by every drafter; returns the new tokens (prompt excluded).
 
@@ -72,6 +76,8 @@ def draft_and_verify(
 
     After ``n`` accepted drafts the bonus ``t_{n+1} ~ p_{n+1}`` is emitted too; caches keep the
     first ``len + n`` positions. ``end`` is the sequence length at which generation stops.
+    ``policy`` sets each step's draft length (fixed ``gamma`` by default); ``streamer(tokens,
+    n_drafted)`` is called with each step's emitted tokens, the first ``n_drafted`` being drafts.
     """
     device = target.device
     ids = torch.zeros((1, end), dtype=torch.long, device=device)
@@ -79,13 +85,20 @@ def draft_and_verify(
     tokens = list(prompt)
     greedy = isinstance(logits_processor, GreedyProcessor)
     drafting = not first_target
+    policy = policy if policy is not None else DraftPolicy()
+    policy.start(gamma)
+    stats = stats if stats is not None else GenerationStats()
     while len(tokens) < end:
         cur = len(tokens)
-        k = max(0, min(gamma, end - cur - 1, drafter.max_drafts(cur))) if drafting else 0
+        k = max(0, min(policy.length(), end - cur - 1, drafter.max_drafts(cur))) if drafting else 0
         drafting = True
         q = None
+        clock = time.perf_counter()
         if k > 0:
-            k, q = drafter.propose(ids, tokens, k)
+            proposed, q = drafter.propose(ids, tokens, k)
+            k = policy.keep(proposed)
+            q = q[:k] if q is not None else None
+        drafted_at = time.perf_counter()
         logits = target(ids[:, : cur + k], k + 1)
         if vocab_size is not None:
             logits = logits[:, :vocab_size]
@@ -116,19 +129,27 @@ def draft_and_verify(
         ids[0, cur + n] = own[n]
         tokens.extend(emitted)
         target.rollback(cur + n)
-        if stats is not None:
-            stats.record_step(k, min(n, len(emitted)), len(emitted))
+        policy.update(k, n)
+        stats.record_step(k, min(n, len(emitted)), len(emitted))
+        stats.draft_seconds += drafted_at - clock
+        stats.verify_seconds += time.perf_counter() - drafted_at
+        if streamer is not None:
+            streamer(emitted, min(n, len(emitted)))
         if stop_at is not None:
             break
         drafter.accept(tokens, cur, n, p)
+    stats.paused_steps += policy.paused_steps
     return tokens[len(prompt) :]
 
 
 class ModelDrafter:
     """A small language model ``M_q`` drafting with the same logits processor as the target."""
 
-    def __init__(self, model: KVCacheModel, logits_processor: LogitsProcessor, vocab_size: int, window: int | None):
+    def __init__(
+        self, model: KVCacheModel, logits_processor: LogitsProcessor, vocab_size: int, window: int | None, p_min: float = 0.0
+    ):
         self.model = model
+        self.p_min = p_min
         self.logits_processor = logits_processor
         self.vocab_size = vocab_size
         self.window = window
@@ -141,9 +162,11 @@ class ModelDrafter:
         qs = []
         for i in range(k):
             q = self.logits_processor(self.model(ids[:, : cur + i], 1)[:, : self.vocab_size])
+            if self.p_min > 0 and float(q.max()) < self.p_min:  # not confident: stop drafting here
+                break
             ids[0, cur + i] = self.logits_processor.sample(q)[0, 0]
             qs.append(q)
-        return k, torch.cat(qs)
+        return len(qs), torch.cat(qs) if qs else None
 
     def accept(self, tokens: List[int], start: int, n_accepted: int, target_probs: Tensor) -> None:
         self.model.rollback(start + n_accepted)
@@ -169,6 +192,8 @@ def speculative_generate(
     first_target: bool = True,
     debug: bool = False,
     stats: GenerationStats | None = None,
+    policy: DraftPolicy | None = None,
+    streamer: Callable[[List[int], int], None] | None = None,
 ) -> Tuple[List[int], float]:
     """Speculative decoding with a drafter model (Leviathan et al. 2023; Chen et al. 2023).
 
@@ -185,7 +210,9 @@ def speculative_generate(
         max_gen_len: most new tokens. eos_tokens_id: one id or a list; generation stops after the
             first. pad_token_id: kept for compatibility (nothing is padded). use_cache: KV caches on,
             fed only new tokens and rolled back after a rejection. first_target: start with one
-            plain target step. stats: a ``GenerationStats`` to fill.
+            plain target step. stats: a ``GenerationStats`` to fill. policy: a ``DraftPolicy``
+            (adaptive length, minimum draft, pauses, ``p_min`` confidence cutoff).
+            streamer: called with each step's emitted tokens.
 
     Returns:
         (new token ids, acceptance rate = accepted drafts / drafted tokens).
@@ -196,9 +223,11 @@ def speculative_generate(
     window = context_window(target)
     end = generation_end(len(prompt), max_gen_len, window)
     stats = stats if stats is not None else GenerationStats()
-    drafting = ModelDrafter(KVCacheModel(drafter, use_cache), logits_processor, vocab_size, context_window(drafter))
+    drafting = ModelDrafter(
+        KVCacheModel(drafter, use_cache), logits_processor, vocab_size, context_window(drafter), policy.p_min if policy else 0.0
+    )
     out = draft_and_verify(
         prompt, KVCacheModel(target, use_cache), drafting, logits_processor, gamma, end,
-        stop_token_set(eos_tokens_id), vocab_size, first_target, skip_sample_adjustment, stats, debug, tokenizer,
+        stop_token_set(eos_tokens_id), vocab_size, first_target, skip_sample_adjustment, stats, debug, tokenizer, policy, streamer,
     )
     return out, stats.acceptance_rate

@@ -16,6 +16,11 @@ class GenerationStats:
     accepted: int = 0
     drafted_at: list[int] = field(default_factory=list)  # drafts proposed at draft position i
     accepted_at: list[int] = field(default_factory=list)  # drafts accepted at draft position i
+    # host clock; verification ends with the step's one device sync, so on CUDA drafter kernels
+    # still queued when drafting returns are counted in verify_seconds
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    paused_steps: int = 0  # steps a DraftPolicy drafted nothing because drafts were not paying
 
     def record_step(self, drafted: int, accepted: int, emitted: int) -> None:
         self.target_forward_passes += 1
@@ -55,4 +60,7 @@ class GenerationStats:
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_tokens": self.mean_accepted_tokens,
             "per_position_acceptance": self.per_position_acceptance,
+            "draft_seconds": self.draft_seconds,
+            "verify_seconds": self.verify_seconds,
+            "paused_steps": self.paused_steps,
         }
