@@ -95,7 +95,11 @@ class Repl:
         self.chat = chat and bool(getattr(settings.tokenizer, "chat_template", None))
         self.processor_name, self.processor_args = processor_name, processor_args
         self.enabled = {s.key: False for s in STRATEGIES}
-        self.enabled.update(speculative=settings.drafter is not None, ngram=not settings.encoder_decoder, target=True)
+        self.enabled.update(
+            speculative=settings.drafter is not None, ngram=not settings.encoder_decoder, pld=not settings.encoder_decoder, target=True
+        )
+        self.stream = False
+        self.last: list = []  # (strategy, result) of the last prompt, for /stats
         self.storage_kind, self.storage_n = "basic", 3
         self.reset_in_between = True
         self._new_storage()
@@ -117,6 +121,18 @@ class Repl:
             "/set_ngramstorage": (self.cmd_storage, "/set_ngramstorage <basic|onelevel> <n>", "n-gram storage type and n"),
             "/top_k_filler": (self.cmd_filler, "/top_k_filler <n>", "target top-k tokens added to the storage (1 = NAPD)"),
             "/reset_in_between": (self.cmd_reset, "/reset_in_between", "empty the n-gram storage before each prompt"),
+            "/pld": (self.toggle_strategy("pld"), "/pld", "prompt lookup decoding"),
+            "/pld_params": (self.cmd_pld_params, "/pld_params <min> <max> <num_tokens>", "prompt lookup n-gram sizes, drafts"),
+            "/chained": (self.toggle_strategy("chained"), "/chained", "n-gram storage drafts, drafter model when it knows nothing"),
+            "/ngram_save": (self.cmd_ngram_save, "/ngram_save <file>", "save the n-gram storage (JSON)"),
+            "/ngram_load": (self.cmd_ngram_load, "/ngram_load <file>", "load a storage as the static fallback tier"),
+            "/ngram_build": (self.cmd_ngram_build, "/ngram_build <corpus file>", "build the static tier from a text file"),
+            "/adaptive": (self.cmd_adaptive, "/adaptive", "adaptive draft length (+2 all accepted, -1 otherwise)"),
+            "/min_draft": (self.cmd_min_draft, "/min_draft <n>", "drop drafts shorter than n (0 = off)"),
+            "/p_min": (self.cmd_p_min, "/p_min <p>", "drafter model stops below this top probability (0 = off)"),
+            "/pause": (self.cmd_pause, "/pause <after> <steps>", "stop drafting after <after> fruitless steps (0 = off)"),
+            "/stats": (self.cmd_stats, "/stats", "detailed statistics of the last prompt"),
+            "/stream": (self.cmd_stream, "/stream", "print tokens as they are accepted"),
         }
 
     # ---- state ---------------------------------------------------------------------------
@@ -147,7 +163,11 @@ class Repl:
             "/chat": self.chat, "/length": s.max_gen_len, "/gamma": s.gamma,
             "/processor": " ".join([self.processor_name] + [f"{k}={v}" for k, v in self.processor_args.items()]),
             "/set_ngramstorage": f"{self.storage_kind} {self.storage_n}", "/top_k_filler": s.top_k_filler,
-            "/reset_in_between": self.reset_in_between,
+            "/reset_in_between": self.reset_in_between, "/pld": self.enabled["pld"], "/chained": self.enabled["chained"],
+            "/pld_params": f"{s.pld_min_ngram} {s.pld_max_ngram} {s.pld_num_tokens}",
+            "/ngram_load": "static tier loaded" if s.static_storage is not None else "", "/adaptive": s.policy.adaptive,
+            "/min_draft": s.policy.min_draft, "/p_min": s.policy.p_min,
+            "/pause": f"{s.policy.pause_after} {s.policy.pause_steps}", "/stream": self.stream,
         }
         value = values.get(command, "")
         return {True: "on", False: "off"}.get(value, str(value)) if isinstance(value, bool) else str(value)
@@ -236,6 +256,113 @@ class Repl:
         self.reset_in_between = not self.reset_in_between
         self.say(f"reset in between: {'on' if self.reset_in_between else 'off'}")
 
+    def cmd_pld_params(self, words):
+        usage = "usage: /pld_params <min> <max> <num_tokens>   (1 <= min <= max, num_tokens >= 1)"
+        if len(words) != 3:
+            raise UsageError(usage)
+        low, high, count = (parse_count([w], usage) for w in words)
+        if low > high:
+            raise UsageError(usage)
+        s = self.settings
+        s.pld_min_ngram, s.pld_max_ngram, s.pld_num_tokens = low, high, count
+        self.say(f"prompt lookup: n-grams {low} to {high}, {count} tokens")
+
+    def _path(self, words, usage) -> str:
+        if len(words) != 1:
+            raise UsageError(usage)
+        return os.path.expanduser(words[0])
+
+    def cmd_ngram_save(self, words):
+        from ngram_assisted import save_storage
+
+        path = self._path(words, "usage: /ngram_save <file>")
+        try:
+            save_storage(self.settings.storage, path)
+        except (OSError, ValueError) as error:
+            raise UsageError(f"cannot save to {path}: {error}") from None
+        self.say(f"n-gram storage saved to {path}")
+
+    def _set_static(self, storage, origin: str) -> None:
+        from sampling.common import output_vocab_size
+
+        if storage.vocab_size != output_vocab_size(self.settings.target):
+            raise UsageError(f"{origin} was built for a vocabulary of {storage.vocab_size}, not this target's")
+        self.settings.static_storage = storage
+        self.say(f"static n-gram tier: {origin} ({type(storage).__name__}, n={storage.n})")
+
+    def cmd_ngram_load(self, words):
+        from ngram_assisted import load_storage
+
+        path = self._path(words, "usage: /ngram_load <file>")
+        try:
+            storage = load_storage(path)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+        self._set_static(storage, path)
+
+    def cmd_ngram_build(self, words):
+        from ngram_assisted import build_storage
+        from sampling.common import output_vocab_size
+
+        path = self._path(words, "usage: /ngram_build <corpus file>")
+        try:
+            storage = build_storage(path, self.settings.tokenizer, self.storage_n, self.storage_kind, output_vocab_size(self.settings.target))
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+        self._set_static(storage, path)
+
+    def cmd_adaptive(self, words):
+        self._no_args(words, "/adaptive")
+        self.settings.policy.adaptive = not self.settings.policy.adaptive
+        self.say(f"adaptive draft length: {'on' if self.settings.policy.adaptive else 'off'}")
+
+    def cmd_min_draft(self, words):
+        self.settings.policy.min_draft = parse_count(words, "usage: /min_draft <n>   (n >= 0)", minimum=0)
+        self.say(f"min_draft: {self.settings.policy.min_draft}")
+
+    def cmd_p_min(self, words):
+        usage = "usage: /p_min <p>   (0 <= p < 1)"
+        try:
+            value = float(words[0]) if len(words) == 1 else None
+        except ValueError:
+            value = None
+        if value is None or not 0 <= value < 1:
+            raise UsageError(usage)
+        self.settings.policy.p_min = value
+        self.say(f"p_min: {value}")
+
+    def cmd_pause(self, words):
+        usage = "usage: /pause <after> <steps>   (after >= 0, 0 = off; steps >= 1)"
+        if len(words) != 2:
+            raise UsageError(usage)
+        after, steps = parse_count(words[:1], usage, minimum=0), parse_count(words[1:], usage)
+        self.settings.policy.pause_after, self.settings.policy.pause_steps = after, steps
+        self.say(f"pause: after {after} fruitless steps, for {steps} steps" if after else "pause: off")
+
+    def cmd_stream(self, words):
+        self._no_args(words, "/stream")
+        self.stream = not self.stream
+        self.say(f"stream: {'on' if self.stream else 'off'}")
+
+    def cmd_stats(self, words):
+        self._no_args(words, "/stats")
+        if not self.last:
+            raise UsageError("no prompt yet: /stats shows the statistics of the last prompt")
+        table = Table(title="Statistics of the last prompt")
+        columns = ("strategy", "tokens", "target passes", "tok/step", "drafted", "accepted", "accept", "drafting s", "verifying s", "paused")
+        for column in columns:
+            table.add_column(column, justify="left" if column == "strategy" else "right")
+        for strategy, r in self.last:
+            st = r.stats
+            table.add_row(Text(strategy.title, style=strategy.color), str(st.generated), str(st.target_forward_passes),
+                          f"{st.mean_accepted_tokens:.2f}", str(st.drafted), str(st.accepted), f"{st.acceptance_rate:.2f}",
+                          f"{st.draft_seconds:.3f}", f"{st.verify_seconds:.3f}", str(st.paused_steps))
+        console.print(table)
+        for strategy, r in self.last:
+            if r.stats.drafted:
+                rates = " ".join(f"{rate:.2f}" for rate in r.stats.per_position_acceptance)
+                console.print(Text(f"{strategy.title}: acceptance by draft position: {rates}", style=strategy.color))
+
     # ---- prompts -------------------------------------------------------------------------
     def handle(self, line: str) -> None:
         """One line of input: a command or a prompt. Raises EOFError on /quit."""
@@ -264,9 +391,13 @@ class Repl:
         if self.reset_in_between:
             self.settings.storage.reset()
         results = []
+        self.last = results
         for strategy in STRATEGIES:
             if not self.enabled[strategy.key]:
                 continue
+            if self.stream:
+                console.rule(Text(strategy.title, style=f"bold {strategy.color}"))
+                self.settings.streamer = self._streamer()
             try:
                 result = run_strategy(strategy, prompt, self.settings, self.seed)
             except KeyboardInterrupt:
@@ -275,6 +406,8 @@ class Repl:
             except ValueError as error:
                 console.print(Text(f"{strategy.title}: {error}", style="red"))
                 return
+            finally:
+                self.settings.streamer = None
             results.append((strategy, result))
             self.print_result(strategy, result)
         if results:
@@ -282,10 +415,32 @@ class Repl:
         else:
             console.print(Text("every strategy is off: /help lists the toggles", style="red"))
 
+    def _streamer(self):
+        """Prints each step's new text; in debug mode accepted drafts green, the target's tokens blue."""
+        tokenizer, generated, shown = self.settings.tokenizer, [], [""]
+
+        def stream(tokens: List[int], n_drafted: int) -> None:
+            before = len(generated)
+            generated.extend(tokens)
+            text = tokenizer.decode(generated, skip_special_tokens=True)
+            if self.settings.debug and n_drafted:
+                drafted = tokenizer.decode(generated[: before + n_drafted], skip_special_tokens=True)
+                piece = Text(drafted[len(shown[0]) :], style="green") + Text(text[len(drafted) :], style="blue")
+            else:
+                piece = Text(text[len(shown[0]) :])
+            shown[0] = text
+            console.print(piece, end="")
+            console.file.flush()
+
+        return stream
+
     def print_result(self, strategy, result) -> None:
-        text = self.settings.tokenizer.decode(result.tokens, skip_special_tokens=True)
-        console.rule(Text(strategy.title, style=f"bold {strategy.color}"))
-        console.print(Text("Out: ", style=strategy.color) + Text(text))
+        if self.stream:
+            console.print()
+        else:
+            text = self.settings.tokenizer.decode(result.tokens, skip_special_tokens=True)
+            console.rule(Text(strategy.title, style=f"bold {strategy.color}"))
+            console.print(Text("Out: ", style=strategy.color) + Text(text))
         line = f"{result.tokens_per_second:.1f} tokens/s · {len(result.tokens)} tokens in {result.seconds:.2f} s"
         if strategy.speculative:
             line += f" · acceptance {result.stats.acceptance_rate:.2f} · {result.stats.mean_accepted_tokens:.2f} tokens/step"

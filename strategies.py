@@ -10,11 +10,20 @@ from typing import Callable, List, Optional
 import torch
 from torch.nn import Module
 
-from ngram_assisted import INgramStorage, NGramStorage, OneLevelNGramStorage, ngram_assisted_speculative_generate
+from ngram_assisted import (
+    INgramStorage,
+    NGramStorage,
+    OneLevelNGramStorage,
+    TieredStorage,
+    chained_speculative_generate,
+    ngram_assisted_speculative_generate,
+)
 from sampling import (
+    DraftPolicy,
     GenerationStats,
     autoregressive_generate,
     autoregressive_generate_encoder_decoder,
+    prompt_lookup_generate,
     speculative_generate,
     speculative_generate_encoder_decoder,
 )
@@ -40,6 +49,16 @@ class Settings:
     storage: Optional[INgramStorage] = None
     top_k_filler: int = 3
     encoder_decoder: bool = False
+    static_storage: Optional[INgramStorage] = None  # read-only fallback tier (built from a corpus or loaded)
+    pld_min_ngram: int = 1
+    pld_max_ngram: int = 3
+    pld_num_tokens: int = 10
+    policy: DraftPolicy = field(default_factory=DraftPolicy)
+    streamer: Optional[Callable[[List[int], int], None]] = None
+
+    def lookup_storage(self) -> INgramStorage:
+        """The n-gram storage a strategy drafts from: the generation's own, then the static tier."""
+        return self.storage if self.static_storage is None else TieredStorage(self.storage, self.static_storage)
 
 
 @dataclass
@@ -55,20 +74,35 @@ class Result:
 
 def _speculative(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
     run = speculative_generate_encoder_decoder if s.encoder_decoder else speculative_generate
-    return run(prompt, s.drafter, s.target, s.tokenizer, gamma=s.gamma, logits_processor=s.processor,
-               max_gen_len=s.max_gen_len, eos_tokens_id=s.eos_tokens_id, use_cache=s.use_cache, debug=s.debug, stats=stats)[0]
+    return run(prompt, s.drafter, s.target, s.tokenizer, gamma=s.gamma, **_common(s, stats), policy=s.policy)[0]
+
+
+def _common(s: Settings, stats: GenerationStats) -> dict:
+    return dict(logits_processor=s.processor, max_gen_len=s.max_gen_len, eos_tokens_id=s.eos_tokens_id, use_cache=s.use_cache,
+                debug=s.debug, stats=stats, streamer=s.streamer)
 
 
 def _ngram(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
     return ngram_assisted_speculative_generate(
-        prompt, s.storage, s.target, s.tokenizer, gamma=s.gamma, filler_top_k=s.top_k_filler, logits_processor=s.processor,
-        max_gen_len=s.max_gen_len, eos_tokens_id=s.eos_tokens_id, use_cache=s.use_cache, debug=s.debug, stats=stats)[0]
+        prompt, s.lookup_storage(), s.target, s.tokenizer, gamma=s.gamma, filler_top_k=s.top_k_filler, **_common(s, stats),
+        policy=s.policy)[0]
+
+
+def _prompt_lookup(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    return prompt_lookup_generate(
+        prompt, s.target, s.tokenizer, num_pred_tokens=s.pld_num_tokens, max_ngram_size=s.pld_max_ngram,
+        min_ngram_size=s.pld_min_ngram, **_common(s, stats), policy=s.policy)[0]
+
+
+def _chained(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    return chained_speculative_generate(
+        prompt, s.lookup_storage(), s.drafter, s.target, s.tokenizer, gamma=s.gamma, filler_top_k=s.top_k_filler,
+        **_common(s, stats), policy=s.policy)[0]
 
 
 def _autoregressive(model: Module, prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
     run = autoregressive_generate_encoder_decoder if s.encoder_decoder else autoregressive_generate
-    return run(prompt, model, max_gen_len=s.max_gen_len, logits_processor=s.processor, eos_tokens_id=s.eos_tokens_id,
-               use_cache=s.use_cache, debug=s.debug, stats=stats)
+    return run(prompt, model, **_common(s, stats))
 
 
 @dataclass(frozen=True)
@@ -85,6 +119,8 @@ class Strategy:
 STRATEGIES = [
     Strategy("speculative", "Speculative", "green", True, True, False, _speculative),
     Strategy("ngram", "N-gram assisted", "yellow", False, True, True, _ngram),
+    Strategy("pld", "Prompt lookup", "magenta", False, True, True, _prompt_lookup),
+    Strategy("chained", "Chained n-gram+drafter", "bright_green", True, True, True, _chained),
     Strategy("target", "Target AR", "blue", False, False, False, lambda p, s, st: _autoregressive(s.target, p, s, st)),
     Strategy("drafter", "Drafter AR", "cyan", True, False, False, lambda p, s, st: _autoregressive(s.drafter, p, s, st)),
 ]

@@ -1,0 +1,183 @@
+"""Prompt lookup, chained drafters and draft policies: exact when greedy, lossless when sampling."""
+import pytest
+import torch
+
+from conftest import EOS_NEVER, PROMPT, llama, perturbed_copy
+from ngram_assisted import NGramStorage, chained_speculative_generate, ngram_assisted_speculative_generate
+from sampling import DraftPolicy, GenerationStats, autoregressive_generate, prompt_lookup_generate, speculative_generate
+from sampling.prompt_lookup import lookup_continuation
+from test_lossless_sampling import LENGTH, PROCESSORS, PROMPT as TINY_PROMPT, chi_square_pvalue, exact_distribution, sample_many, tiny_pair  # noqa: F401
+
+POLICIES = {
+    "fixed": lambda: None,
+    "adaptive": lambda: DraftPolicy(adaptive=True),
+    "min_draft": lambda: DraftPolicy(min_draft=3),
+    "pause": lambda: DraftPolicy(pause_after=1, pause_steps=2),
+    "p_min": lambda: DraftPolicy(p_min=0.5),
+    "all": lambda: DraftPolicy(adaptive=True, min_draft=2, pause_after=2, pause_steps=3, p_min=0.3),
+}
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = llama()
+    return target, perturbed_copy(target, 0.2, seed=1)
+
+
+def run_all(target, drafter, policy_factory, use_cache, **kw):
+    vocab = target.config.vocab_size
+    common = dict(max_gen_len=50, eos_tokens_id=EOS_NEVER, use_cache=use_cache, **kw)
+    return {
+        "speculative": speculative_generate(PROMPT, drafter, target, gamma=3, policy=policy_factory(), **common)[0],
+        "ngram": ngram_assisted_speculative_generate(PROMPT, NGramStorage(3, vocab), target, gamma=3, policy=policy_factory(), **common)[0],
+        "pld": prompt_lookup_generate(PROMPT, target, num_pred_tokens=4, policy=policy_factory(), **common)[0],
+        "chained": chained_speculative_generate(PROMPT, NGramStorage(3, vocab), drafter, target, gamma=3, policy=policy_factory(), **common)[0],
+    }
+
+
+@pytest.mark.parametrize("use_cache", [False, True], ids=["no_cache", "cache"])
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_greedy_drafting_strategies_equal_autoregressive_under_every_policy(models, policy, use_cache):
+    target, drafter = models
+    expected = autoregressive_generate(PROMPT, target, max_gen_len=50, eos_tokens_id=EOS_NEVER, use_cache=use_cache)
+    for name, out in run_all(target, drafter, POLICIES[policy], use_cache).items():
+        assert out == expected, name
+
+
+@pytest.mark.parametrize("min_ngram, max_ngram, tokens", [(1, 1, 1), (1, 3, 10), (2, 4, 5), (3, 3, 2)])
+def test_greedy_prompt_lookup_equals_autoregressive_for_any_parameters(models, min_ngram, max_ngram, tokens):
+    target, _ = models
+    expected = autoregressive_generate(PROMPT, target, max_gen_len=60, eos_tokens_id=EOS_NEVER, use_cache=True)
+    out, rate = prompt_lookup_generate(PROMPT, target, num_pred_tokens=tokens, max_ngram_size=max_ngram, min_ngram_size=min_ngram,
+                                       max_gen_len=60, eos_tokens_id=EOS_NEVER, use_cache=True)
+    assert out == expected and 0.0 <= rate <= 1.0
+
+
+def test_lookup_finds_the_earliest_occurrence_of_the_longest_suffix():
+    tokens = [1, 2, 3, 9, 1, 2, 3, 8, 5, 2, 3]
+    assert lookup_continuation(tokens, 1, 3, 2) == [9, 1]  # "2 3" first seen at 1, followed by 9 1
+    assert lookup_continuation([4, 5, 6, 4, 5], 2, 2, 3) == [6, 4, 5]
+    assert lookup_continuation([4, 5, 6], 1, 3, 3) == []
+    assert lookup_continuation([7, 1, 7], 1, 1, 5) == [1, 7]
+
+
+def test_prompt_lookup_refuses_bad_parameters(models):
+    target, _ = models
+    for kwargs in ({"num_pred_tokens": 0}, {"min_ngram_size": 0}, {"min_ngram_size": 3, "max_ngram_size": 2}):
+        with pytest.raises(ValueError):
+            prompt_lookup_generate(PROMPT, target, **kwargs)
+
+
+def test_adaptive_length_grows_after_full_acceptance_and_shrinks_otherwise():
+    policy = DraftPolicy(adaptive=True, max_gamma=9)
+    policy.start(4)
+    policy.update(4, 4)
+    assert policy.length() == 6
+    policy.update(6, 2)
+    assert policy.length() == 5
+    for _ in range(10):
+        policy.update(policy.gamma, 0)
+    assert policy.length() == 1
+    for _ in range(10):
+        policy.update(policy.gamma, policy.gamma)
+    assert policy.length() == 9
+
+
+def test_pause_after_fruitless_steps_doubles_until_a_draft_pays():
+    policy = DraftPolicy(pause_after=2, pause_steps=3)
+    policy.start(4)
+    policy.update(4, 0)
+    policy.update(4, 0)
+    assert [policy.length() for _ in range(4)] == [0, 0, 0, 4]
+    policy.update(4, 0)
+    policy.update(4, 0)
+    assert [policy.length() for _ in range(7)] == [0] * 6 + [4]
+    policy.update(4, 1)  # a draft paid: back to the short pause
+    policy.update(4, 0)
+    policy.update(4, 0)
+    assert [policy.length() for _ in range(4)] == [0, 0, 0, 4]
+    assert policy.paused_steps == 12
+
+
+def test_min_draft_drops_short_drafts_and_bad_policies_are_refused():
+    assert DraftPolicy(min_draft=3).keep(2) == 0 and DraftPolicy(min_draft=3).keep(3) == 3
+    for bad in ({"min_draft": -1}, {"p_min": 1.0}, {"p_min": -0.1}, {"pause_after": 1.5}):
+        with pytest.raises(ValueError):
+            DraftPolicy(**bad)
+
+
+def test_pausing_keeps_a_useless_drafter_close_to_plain_decoding(models):
+    target, _ = models
+    useless = llama(seed=99)  # another random model: its drafts are almost never right
+    plain, paused = GenerationStats(), GenerationStats()
+    common = dict(gamma=4, max_gen_len=80, eos_tokens_id=EOS_NEVER, use_cache=True)
+    speculative_generate(PROMPT, useless, target, stats=plain, **common)
+    out, _ = speculative_generate(PROMPT, useless, target, stats=paused, policy=DraftPolicy(pause_after=2, pause_steps=4), **common)
+    assert out == autoregressive_generate(PROMPT, target, max_gen_len=80, eos_tokens_id=EOS_NEVER, use_cache=True)
+    assert plain.accepted <= 2 and paused.paused_steps > 30
+    assert paused.drafted < plain.drafted / 3  # far less drafting (and verifying) work wasted
+
+
+def test_p_min_stops_the_drafter_when_it_is_not_confident():
+    target = llama(init=0.2, seed=3)
+    drafter = perturbed_copy(target, 0.3, seed=1)
+    free, cut = GenerationStats(), GenerationStats()
+    common = dict(gamma=6, max_gen_len=40, eos_tokens_id=EOS_NEVER, use_cache=True)
+    expected = autoregressive_generate(PROMPT, target, max_gen_len=40, eos_tokens_id=EOS_NEVER, use_cache=True)
+    assert speculative_generate(PROMPT, drafter, target, stats=free, **common)[0] == expected
+    assert speculative_generate(PROMPT, drafter, target, stats=cut, policy=DraftPolicy(p_min=0.1), **common)[0] == expected
+    assert 0 < cut.drafted < free.drafted / 2
+    assert cut.acceptance_rate > free.acceptance_rate  # what it still drafts, it drafts well
+
+
+def test_chained_drafter_uses_the_storage_when_it_knows_and_the_model_otherwise(models):
+    target, drafter = models
+    stats = GenerationStats()
+    chained_speculative_generate(PROMPT, NGramStorage(3, 96), drafter, target, gamma=4, max_gen_len=60, eos_tokens_id=EOS_NEVER,
+                                 use_cache=True, stats=stats)
+    ngram_only, model_only = GenerationStats(), GenerationStats()
+    ngram_assisted_speculative_generate(PROMPT, NGramStorage(3, 96), target, gamma=4, max_gen_len=60, eos_tokens_id=EOS_NEVER,
+                                        use_cache=True, stop_if_unknown=True, stats=ngram_only)
+    assert stats.drafted > ngram_only.drafted  # the model filled in where the storage knew nothing
+    assert stats.accepted > 0
+
+
+@pytest.mark.parametrize("use_cache", [False, True], ids=["no_cache", "cache"])
+def test_sampled_prompt_lookup_follows_target_distribution(tiny_pair, use_cache):
+    target, _ = tiny_pair
+    processor = PROCESSORS["multinomial"]
+    samples = sample_many(lambda: prompt_lookup_generate(
+        TINY_PROMPT, target, num_pred_tokens=2, logits_processor=processor, max_gen_len=LENGTH, eos_tokens_id=[],
+        use_cache=use_cache, first_target=False)[0])
+    assert chi_square_pvalue(samples, exact_distribution(target, processor)) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["multinomial", "topk"])
+def test_sampled_chained_drafting_follows_target_distribution(tiny_pair, name):
+    target, drafter = tiny_pair
+    processor = PROCESSORS[name]
+    samples = sample_many(lambda: chained_speculative_generate(
+        TINY_PROMPT, NGramStorage(2, 4), drafter, target, gamma=2, filler_top_k=1, logits_processor=processor,
+        max_gen_len=LENGTH, eos_tokens_id=[], use_cache=True, first_target=False)[0])
+    assert chi_square_pvalue(samples, exact_distribution(target, processor)) > 1e-3
+
+
+def test_sampled_speculative_with_adaptive_length_and_p_min_follows_target_distribution(tiny_pair):
+    target, drafter = tiny_pair
+    processor = PROCESSORS["multinomial"]
+    samples = sample_many(lambda: speculative_generate(
+        TINY_PROMPT, drafter, target, gamma=1, logits_processor=processor, max_gen_len=LENGTH, eos_tokens_id=[],
+        use_cache=True, first_target=False, policy=DraftPolicy(adaptive=True, p_min=0.2))[0])
+    assert chi_square_pvalue(samples, exact_distribution(target, processor)) > 1e-3
+
+
+def test_streamer_sees_every_emitted_token_in_order(models):
+    target, drafter = models
+    seen = []
+    out, _ = speculative_generate(PROMPT, drafter, target, gamma=3, max_gen_len=30, eos_tokens_id=EOS_NEVER, use_cache=True,
+                                  streamer=lambda tokens, n_drafted: seen.append((list(tokens), n_drafted)))
+    assert [t for tokens, _ in seen for t in tokens] == out
+    assert all(0 <= n < len(tokens) for tokens, n in seen)
+    streamed = []
+    autoregressive_generate(PROMPT, target, max_gen_len=5, eos_tokens_id=EOS_NEVER, streamer=lambda t, n: streamed.extend(t))
+    assert len(streamed) == 5
