@@ -47,7 +47,7 @@ def tiny_models(tmp_path_factory):
 def spawn(*args):
     child = pexpect.spawn(sys.executable, ["infer.py", "--device", "cpu", *args], cwd=str(ROOT), encoding="utf-8",
                           timeout=120, dimensions=(60, 200), env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(Path.home()),
-                                                                 "TERM": "dumb", "PYTHONUNBUFFERED": "1", "COLUMNS": "200"})
+                                                                 "TERM": "xterm", "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"})
     child.expect("Type a prompt")
     child.expect("> ")
     return child
@@ -83,12 +83,21 @@ def test_commands_change_settings_and_help_shows_them(repl):
     command(repl, "/target", "Target AR: off")
     command(repl, "/ngram", "N-gram assisted: off")
     command(repl, "/speculative", "Speculative: off")
+    command(repl, "/pld", "Prompt lookup: off")
+    command(repl, "/chained", "Chained n-gram\\+drafter: on")
+    command(repl, "/pld_params 2 4 7", "n-grams 2 to 4, 7 tokens")
+    command(repl, "/adaptive", "adaptive draft length: on")
+    command(repl, "/min_draft 2", "min_draft: 2")
+    command(repl, "/p_min 0.25", "p_min: 0.25")
+    command(repl, "/pause 3 5", "after 3 fruitless steps, for 5 steps")
+    command(repl, "/stream", "stream: on")
     shown = command(repl, "/help", "Anything else is a prompt")
-    for expected in ("6", "12", "topk temperature=0.7 top_k=20", "onelevel 4"):
+    for expected in ("[6]", "[12]", "[topk temperature=0.7 top_k=20]", "[onelevel 4]", "[2 4 7]", "[0.25]", "[3 5]"):
         assert expected in shown
     # back to the defaults for the other tests
     for line in ("/gamma 4", "/length 35", "/processor greedy", "/set_ngramstorage basic 3", "/top_k_filler 3",
-                 "/reset_in_between", "/cache", "/debug", "/chat", "/drafter", "/target", "/ngram", "/speculative"):
+                 "/reset_in_between", "/cache", "/debug", "/chat", "/drafter", "/target", "/ngram", "/speculative", "/pld",
+                 "/chained", "/pld_params 1 3 10", "/adaptive", "/min_draft 0", "/p_min 0", "/pause 0 8", "/stream"):
         command(repl, line, r"\S")
 
 
@@ -100,6 +109,11 @@ BAD_INPUT = [
     ("/processor topk 1 zero", "usage: /processor topk"), ("/set_ngramstorage basic 1", "must be >= 2"),
     ("/set_ngramstorage trie 3", "usage: /set_ngramstorage"), ("/set_ngramstorage basic", "usage: /set_ngramstorage"),
     ("/top_k_filler 0", "must be >= 1"), ("/frobnicate", "unknown command"), ("/cache now", "usage: /cache"),
+    ("/pld_params 3 2 5", "usage: /pld_params"), ("/pld_params 1 x 5", "usage: /pld_params"), ("/pld_params 1 2", "usage: /pld_params"),
+    ("/p_min 1", "usage: /p_min"), ("/p_min", "usage: /p_min"), ("/p_min high", "usage: /p_min"), ("/min_draft -1", "must be >= 0"),
+    ("/pause 1", "usage: /pause"), ("/pause 1 0", "must be >= 1"), ("/ngram_load /nonexistent.json", "cannot read"),
+    ("/ngram_load infer.py", "not a valid n-gram storage file"), ("/ngram_save", "usage: /ngram_save"),
+    ("/ngram_build /nonexistent.txt", "cannot read the corpus"), ("/stream on", "usage: /stream"),
 ]
 
 
@@ -226,3 +240,29 @@ def test_encoder_decoder_models_are_detected_and_use_the_encoder_decoder_functio
     assert "decoder-only models only" in result.stdout
     assert "Speculative" in result.stdout and "Target AR" in result.stdout
     assert "N-gram assisted ─" not in result.stdout  # no section for it
+
+
+def test_stats_and_stream_show_the_last_prompt(repl):
+    command(repl, "/stream", "stream: on")
+    command(repl, "/length 8", "length: 8")
+    repl.sendline("Hello")
+    repl.expect("speedup")
+    repl.expect("> ")
+    out = command(repl, "/stats", "Statistics of the last prompt")
+    repl.sendline("/stats")
+    repl.expect("acceptance by draft position")
+    repl.expect("> ")
+    assert "target passes" in out and "drafted" in out
+    command(repl, "/stream", "stream: off")
+    command(repl, "/length 35", "length: 35")
+
+
+def test_ngram_storage_can_be_built_saved_and_loaded(repl, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The quick brown fox jumps over the lazy dog.\n")
+    command(repl, f"/ngram_build {corpus}", "static n-gram tier")
+    command(repl, f"/ngram_save {tmp_path / 'own.json'}", "saved to")
+    command(repl, f"/ngram_load {tmp_path / 'own.json'}", "static n-gram tier")
+    assert (tmp_path / "own.json").stat().st_size > 0
+    shown = command(repl, "/help", "Anything else is a prompt")
+    assert "[static tier loaded]" in shown
