@@ -155,3 +155,34 @@ def run_strategy(strategy: Strategy, prompt: List[int], settings: Settings, seed
     for model in models:
         synchronize(model)
     return Result(tokens, time.perf_counter() - start, stats)
+
+
+# ---- peers: transformers' own generation paths, for the benchmark ---------------------------
+def _hf_generate(prompt: List[int], s: Settings, stats: GenerationStats, **extra) -> List[int]:
+    """transformers ``generate`` (greedy), counting only new tokens."""
+    if not isinstance(s.processor, GreedyProcessor):
+        raise ValueError("the transformers peers are run greedy only")
+    ids = torch.tensor([prompt], device=model_device(s.target))
+    out = s.target.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=s.max_gen_len, do_sample=False,
+        eos_token_id=s.eos_tokens_id or None, pad_token_id=(s.eos_tokens_id or [0])[0], use_cache=s.use_cache, **extra,
+    )
+    tokens = out[0, len(prompt):].tolist()
+    stats.generated = len(tokens)
+    return tokens
+
+
+def _hf_assisted(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    return _hf_generate(prompt, s, stats, assistant_model=s.drafter, num_assistant_tokens=s.gamma,
+                        num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+
+
+def _hf_prompt_lookup(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    return _hf_generate(prompt, s, stats, prompt_lookup_num_tokens=s.pld_num_tokens, max_matching_ngram_size=s.pld_max_ngram)
+
+
+PEERS = [
+    Strategy("hf_generate", "transformers generate", "white", False, False, True, _hf_generate),
+    Strategy("hf_assisted", "transformers assisted", "white", True, False, True, _hf_assisted),
+    Strategy("hf_prompt_lookup", "transformers prompt lookup", "white", False, False, True, _hf_prompt_lookup),
+]

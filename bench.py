@@ -1,0 +1,464 @@
+"""Benchmark every strategy and transformers' own paths on Spec-Bench-format prompts.
+
+    python bench.py                                   # embedded model, shipped prompts, greedy
+    python bench.py --prompts ../shared/specbench/question.jsonl --categories summarization,rag --limit 10
+    python bench.py --drafter layers:20 --gamma 1,2,4,8 --repeats 3
+    python bench.py --replay                          # n-gram storage hit rates, no model forward pass
+
+Writes, under --out: runs.jsonl (every run), summary.csv, results.md (a table per category) and
+PNG plots. Timing: a warm-up pass per configuration first (excluded), the device synchronised
+around each run, only new tokens counted, configurations interleaved prompt by prompt and repeat
+by repeat so that machine drift hits all alike; speedups are ratios to target autoregressive
+taken within the same repeat. Every greedy run is compared with target autoregressive and any
+divergence is reported with its first diverging position.
+"""
+import argparse
+import csv
+import json
+import statistics
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parent
+DEFAULT_PROMPTS = ROOT / "bench_prompts.jsonl"
+DEFAULT_STRATEGIES = "target,ngram,pld,speculative,chained,drafter,hf_generate,hf_assisted,hf_prompt_lookup"
+
+
+@dataclass(frozen=True)
+class Config:
+    """One strategy with one set of parameters."""
+
+    key: str
+    gamma: int = 4
+    n: int = 3
+    storage: str = "basic"
+    filler: int = 3
+
+    @property
+    def label(self) -> str:
+        if self.key in ("ngram", "chained"):
+            return f"{self.key}[{self.storage} n={self.n} k={self.filler} g={self.gamma}]"
+        if self.key in ("speculative", "hf_assisted"):
+            return f"{self.key}[g={self.gamma}]"
+        return self.key
+
+
+def int_list(text: str) -> List[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("values must be >= 1")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="Spec-Bench format JSONL (default: the shipped set)")
+    p.add_argument("--categories", help="comma-separated categories to keep")
+    p.add_argument("--limit", type=int, help="at most this many prompts per category")
+    p.add_argument("--target", help="target model (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--drafter", help="drafter model, or layers:N for the first N layers of the target (default: none)")
+    p.add_argument("--device", help="cpu, cuda, cuda:N or auto (default: cuda when available)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    p.add_argument("--strategies", default=DEFAULT_STRATEGIES, help=f"comma-separated (default: {DEFAULT_STRATEGIES}); "
+                   "those needing a drafter are skipped without one")
+    p.add_argument("--gamma", type=int_list, default=[4], help="draft lengths, e.g. 1,2,4,8 (default 4)")
+    p.add_argument("--ngram-n", type=int_list, default=[3], help="n-gram sizes for NASD, e.g. 2,3,4 (default 3)")
+    p.add_argument("--storages", default="basic,onelevel", help="NASD storages (default basic,onelevel)")
+    p.add_argument("--top-k-filler", type=int_list, default=[3], help="NASD filler top-k values, e.g. 1,3,5 (default 3)")
+    p.add_argument("--processor", default="greedy", help='as the REPL\'s /processor, e.g. "nucleus 0.6 0.9" (default greedy)')
+    p.add_argument("--adaptive", action="store_true", help="adaptive draft length for every drafting strategy")
+    p.add_argument("--pause", type=int_list, help="AFTER,STEPS: pause drafting after AFTER fruitless steps for STEPS steps")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per run (default 128)")
+    p.add_argument("--repeats", type=int, default=1, help="timed repeats of every run (default 1)")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--out", default="results", help="output folder (default results/)")
+    p.add_argument("--replay", action="store_true", help="only replay the prompts (or --corpus) through n-gram storages")
+    p.add_argument("--corpus", help="with --replay: a text file to replay instead of the prompts")
+    p.add_argument("--verify-cost", action="store_true", help="also time one target pass verifying k tokens against k = 1")
+    return p
+
+
+def load_prompts(path: str, categories: Optional[str], limit: Optional[int]) -> List[dict]:
+    rows, seen = [], defaultdict(int)
+    wanted = set(categories.split(",")) if categories else None
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                turns, category = row["turns"], row.get("category", "all")
+                assert isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns)
+            except (ValueError, KeyError, AssertionError):
+                raise SystemExit(f"error: {path}:{number} is not a Spec-Bench row (question_id, category, turns)")
+            if wanted and category not in wanted:
+                continue
+            if limit and seen[category] >= limit:
+                continue
+            seen[category] += 1
+            rows.append({"question_id": row.get("question_id", number), "category": category, "turns": turns})
+    if not rows:
+        raise SystemExit("error: no prompt left after --categories/--limit")
+    return rows
+
+
+def make_configs(args, have_drafter: bool) -> List[Config]:
+    from strategies import BY_KEY, PEERS
+
+    known = {**BY_KEY, **{p.key: p for p in PEERS}}
+    configs = []
+    for key in [k.strip() for k in args.strategies.split(",") if k.strip()]:
+        if key not in known:
+            raise SystemExit(f"error: unknown strategy {key!r}; known: {', '.join(known)}")
+        if known[key].needs_drafter and not have_drafter:
+            continue
+        if key in ("ngram", "chained"):
+            storages = args.storages.split(",") if key == "ngram" else ["basic"]
+            configs += [Config(key, g, n, s, k) for g in args.gamma for n in args.ngram_n for s in storages for k in args.top_k_filler]
+        elif key in ("speculative", "hf_assisted"):
+            configs += [Config(key, g) for g in args.gamma]
+        else:
+            configs.append(Config(key))
+    if "target" not in [c.key for c in configs]:
+        configs.insert(0, Config("target"))  # the baseline of every ratio
+    return configs
+
+
+def first_divergence(a: List[int], b: List[int]) -> Optional[int]:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+class Bench:
+    def __init__(self, args):
+        import torch
+
+        from infer import parse_processor
+        from sampling import DraftPolicy
+        from sampling.common import output_vocab_size
+        from strategies import BY_KEY, PEERS, STORAGES, Settings
+        from utils.models import end_tokens, load_model, resolve_device, truncated_drafter
+
+        torch.set_grad_enabled(False)
+        self.args = args
+        self.processor, _, _ = parse_processor(args.processor.split())
+        self.greedy = args.processor.split()[0] == "greedy"
+        device = resolve_device(args.device)
+        print(f"loading target {args.target or 'embedded SmolLM2-135M-Instruct'} on {device} ...", file=sys.stderr)
+        self.target, self.tokenizer, self.target_label = load_model(args.target, device, args.dtype)
+        self.drafter, self.drafter_label = None, None
+        if args.drafter and args.drafter.startswith("layers:"):
+            self.drafter = truncated_drafter(self.target, int(args.drafter.split(":", 1)[1]))
+            self.drafter_label = f"first {args.drafter.split(':', 1)[1]} layers of the target"
+        elif args.drafter:
+            self.drafter, _, self.drafter_label = load_model(args.drafter, device, args.dtype)
+        self.strategies = {**BY_KEY, **{p.key: p for p in PEERS}}
+        self.storages = STORAGES
+        self.vocab = output_vocab_size(self.target)
+        policy = DraftPolicy(adaptive=args.adaptive, **({"pause_after": args.pause[0], "pause_steps": args.pause[1]} if args.pause else {}))
+        self.settings = Settings(target=self.target, tokenizer=self.tokenizer, drafter=self.drafter, processor=self.processor,
+                                 max_gen_len=args.max_new_tokens, eos_tokens_id=end_tokens(self.target, self.tokenizer), policy=policy)
+
+    def encode(self, messages: List[dict]) -> List[int]:
+        if self.args.no_chat or not getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer("\n".join(m["content"] for m in messages)).input_ids
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def items(self, rows: List[dict]) -> List[dict]:
+        """One item per turn; a second turn follows the target's greedy answer to the first."""
+        from strategies import run_strategy
+
+        items = []
+        for row in rows:
+            messages = []
+            for turn, text in enumerate(row["turns"]):
+                messages.append({"role": "user", "content": text})
+                prompt = self.encode(messages)
+                items.append({**row, "turn": turn, "prompt": prompt})
+                if turn + 1 < len(row["turns"]):
+                    answer = run_strategy(self.strategies["target"], prompt, replace(self.settings, processor=self._greedy()), self.args.seed)
+                    messages.append({"role": "assistant", "content": self.tokenizer.decode(answer.tokens, skip_special_tokens=True)})
+        return items
+
+    def _greedy(self):
+        from utils.logits_processor import GreedyProcessor
+
+        return GreedyProcessor()
+
+    def settings_for(self, config: Config):
+        return replace(self.settings, gamma=config.gamma, top_k_filler=config.filler,
+                       storage=self.storages[config.storage](config.n, self.vocab))
+
+    def run(self, config: Config, prompt: List[int]):
+        from strategies import run_strategy
+
+        return run_strategy(self.strategies[config.key], prompt, self.settings_for(config), self.args.seed)
+
+    def verify_cost(self, prompt: List[int], ks=(1, 2, 4, 8, 16), repeats: int = 5) -> Dict[int, float]:
+        """Seconds of one target pass over k new tokens after a cached prompt, relative to k = 1."""
+        import time
+
+        import torch
+
+        from strategies import synchronize
+        from utils.caching import KVCacheModel
+
+        ids = torch.tensor([prompt + prompt[:16]])
+        times = {}
+        for k in ks:
+            samples = []
+            for _ in range(repeats):
+                runner = KVCacheModel(self.target, True)
+                runner(ids[:, : len(prompt)], 1)
+                synchronize(self.target)
+                start = time.perf_counter()
+                runner(ids[:, : len(prompt) + k], k)
+                synchronize(self.target)
+                samples.append(time.perf_counter() - start)
+            times[k] = statistics.median(samples)
+        return {k: t / times[1] for k, t in times.items()}
+
+
+def summarize(records: List[dict]) -> List[dict]:
+    """Per category (and 'all') and configuration: tokens/s (median over repeats, spread), speedup
+    over target autoregressive within each repeat, acceptance, tokens per step, divergences."""
+    groups = defaultdict(list)
+    for r in records:
+        for category in (r["category"], "all"):
+            groups[(category, r["config"], r["repeat"])].append(r)
+    per_repeat = {}
+    for (category, config, repeat), runs in groups.items():
+        tokens = sum(r["new_tokens"] for r in runs)
+        seconds = sum(r["seconds"] for r in runs)
+        per_repeat[(category, config, repeat)] = (tokens / seconds if seconds else 0.0, runs)
+    rows = []
+    for category, config in sorted({(c, k) for c, k, _ in per_repeat}):
+        repeats = sorted(rep for c, k, rep in per_repeat if (c, k) == (category, config))
+        tps = [per_repeat[(category, config, rep)][0] for rep in repeats]
+        base = [per_repeat.get((category, "target", rep), (0.0,))[0] for rep in repeats]
+        speedups = [t / b for t, b in zip(tps, base) if b]
+        runs = [r for rep in repeats for r in per_repeat[(category, config, rep)][1]]
+        drafted = sum(r["drafted"] for r in runs)
+        steps = sum(r["target_passes"] for r in runs)
+        median = statistics.median(tps)
+        rows.append({
+            "category": category, "config": config, "key": runs[0]["key"], "gamma": runs[0]["gamma"],
+            "tokens_per_s": median, "spread_pct": 100 * (max(tps) - min(tps)) / median if median else 0.0,
+            "speedup": statistics.median(speedups) if speedups else 0.0,
+            "acceptance": sum(r["accepted"] for r in runs) / drafted if drafted else None,
+            "tokens_per_step": sum(r["new_tokens"] for r in runs) / steps if steps and drafted else None,
+            "runs": len(runs), "diverged": sum(r["diverged_at"] is not None for r in runs),
+        })
+    return rows
+
+
+def markdown(rows: List[dict], title: str) -> str:
+    lines = [f"# {title}", ""]
+    for category in sorted({r["category"] for r in rows}, key=lambda c: (c == "all", c)):
+        lines += [f"## {category}", "", "| strategy | tokens/s | speedup | tokens/step | acceptance | greedy divergences |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for r in sorted((r for r in rows if r["category"] == category), key=lambda r: -r["speedup"]):
+            step = f"{r['tokens_per_step']:.2f}" if r["tokens_per_step"] is not None else "-"
+            acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
+            lines.append(f"| {r['config']} | {r['tokens_per_s']:.1f} ± {r['spread_pct']:.0f}% | {r['speedup']:.2f}x | {step} | {acc} | "
+                         f"{r['diverged']}/{r['runs']} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def theoretical_speedup(a: float, gamma: int, c: float) -> float:
+    """Leviathan et al. (2023), eq. 1: expected speedup for acceptance rate a, draft length gamma, cost ratio c."""
+    if a >= 1.0:
+        return (gamma + 1) / (gamma * c + 1)
+    return (1 - a ** (gamma + 1)) / ((1 - a) * (gamma * c + 1))
+
+
+def plots(rows: List[dict], records: List[dict], out: Path) -> List[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    categories = sorted({r["category"] for r in rows}, key=lambda c: (c == "all", c))
+    configs = sorted({r["config"] for r in rows if r["config"] != "target"})
+    fig, ax = plt.subplots(figsize=(max(8, len(categories) * 1.4), 5))
+    width = 0.8 / max(1, len(configs))
+    for i, config in enumerate(configs):
+        values = [next((r["speedup"] for r in rows if r["category"] == c and r["config"] == config), 0) for c in categories]
+        ax.bar([x + i * width for x in range(len(categories))], values, width, label=config)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(categories))], categories, rotation=30, ha="right")
+    ax.set_ylabel("speedup over target autoregressive")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "speedup_by_category.png", dpi=120)
+    written.append("speedup_by_category.png")
+    plt.close(fig)
+
+    overall = [r for r in rows if r["category"] == "all" and r["acceptance"] is not None]
+    families = sorted({r["config"].split("[")[0] + (r["config"].split("g=")[0] if "ngram" in r["config"] else "") for r in overall})
+    if len({r["gamma"] for r in overall}) > 1:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+        for family in families:
+            points = sorted((r["gamma"], r["speedup"], r["acceptance"]) for r in overall
+                            if r["config"].split("[")[0] + (r["config"].split("g=")[0] if "ngram" in r["config"] else "") == family)
+            left.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=family)
+            right.plot([p[0] for p in points], [p[2] for p in points], marker="o", label=family)
+        left.set(xlabel="gamma", ylabel="speedup", xscale="log", title="speedup against gamma")
+        right.set(xlabel="gamma", ylabel="acceptance rate", xscale="log", title="acceptance against gamma")
+        left.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "gamma_sweep.png", dpi=120)
+        written.append("gamma_sweep.png")
+        plt.close(fig)
+
+    drafter_cost = _cost_ratio(rows)
+    fig, ax = plt.subplots(figsize=(6, 5))
+    for r in overall:
+        c = drafter_cost if r["key"] in ("speculative",) else 0.0
+        if c is None:
+            continue
+        ax.scatter(theoretical_speedup(r["acceptance"], r["gamma"], c), r["speedup"], label=r["config"])
+    lim = max([1.5] + [r["speedup"] for r in overall] + [theoretical_speedup(r["acceptance"], r["gamma"], 0) for r in overall])
+    ax.plot([0, lim], [0, lim], color="grey", linewidth=0.8)
+    ax.set(xlabel="theoretical (1 - a^(g+1)) / ((1 - a)(g c + 1))", ylabel="measured speedup", title="measured against theory")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(out / "theory.png", dpi=120)
+    written.append("theory.png")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    by_config = defaultdict(lambda: ([], []))
+    for r in records:
+        drafted, accepted = by_config[r["config"]]
+        for i, (d, a) in enumerate(zip(r["drafted_at"], r["accepted_at"])):
+            if i >= len(drafted):
+                drafted.append(0)
+                accepted.append(0)
+            drafted[i] += d
+            accepted[i] += a
+    for config, (drafted, accepted) in sorted(by_config.items()):
+        if drafted:
+            ax.plot(range(1, len(drafted) + 1), [a / d if d else 0 for a, d in zip(accepted, drafted)], marker="o", label=config)
+    ax.set(xlabel="draft position", ylabel="acceptance rate", title="acceptance by draft position", ylim=(0, 1.05))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "acceptance_by_position.png", dpi=120)
+    written.append("acceptance_by_position.png")
+    plt.close(fig)
+    return written
+
+
+def _cost_ratio(rows: List[dict]) -> Optional[float]:
+    """Drafter time per token over target time per token, from the autoregressive runs of both."""
+    target = next((r["tokens_per_s"] for r in rows if r["category"] == "all" and r["config"] == "target"), None)
+    drafter = next((r["tokens_per_s"] for r in rows if r["category"] == "all" and r["config"] == "drafter"), None)
+    return target / drafter if target and drafter else None
+
+
+def replay_report(args) -> None:
+    """llama.cpp's lookup-stats: how often each storage would have predicted the next token."""
+    from transformers import AutoTokenizer
+
+    from ngram_assisted import replay
+    from strategies import STORAGES
+    from utils.models import embedded_model_dir, load_model
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir()) if not args.target else load_model(args.target, "cpu")[1]
+    if args.corpus:
+        texts = [Path(args.corpus).read_text(encoding="utf-8")]
+    else:
+        texts = [turn for row in load_prompts(args.prompts, args.categories, args.limit) for turn in row["turns"]]
+    sequences = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+    print("| storage | n | positions | predicted | correct | precision |\n| --- | ---: | ---: | ---: | ---: | ---: |")
+    for kind in args.storages.split(","):
+        for n in args.ngram_n:
+            totals = [0, 0, 0]
+            for seq in sequences:
+                for i, value in enumerate(replay(STORAGES[kind](n, len(tokenizer)), seq)):
+                    totals[i] += value
+            positions, predicted, correct = totals
+            precision = correct / predicted if predicted else 0.0
+            print(f"| {kind} | {n} | {positions} | {predicted / positions:.1%} | {correct / positions:.1%} | {precision:.1%} |")
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.pause is not None and len(args.pause) != 2:
+        raise SystemExit("error: --pause takes AFTER,STEPS")
+    if args.replay:
+        replay_report(args)
+        return
+    from tqdm import tqdm
+
+    rows = load_prompts(args.prompts, args.categories, args.limit)
+    bench = Bench(args)
+    configs = make_configs(args, bench.drafter is not None)
+    if not bench.greedy:
+        configs = [c for c in configs if not c.key.startswith("hf_")]  # transformers peers: greedy only
+    items = bench.items(rows)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"{len(items)} prompts x {len(configs)} configurations x {args.repeats} repeats, {args.max_new_tokens} new tokens",
+          file=sys.stderr)
+    for config in configs:  # warm-up, excluded
+        bench.run(config, items[0]["prompt"][:32])
+    records = []
+    with open(out / "runs.jsonl", "w") as log, tqdm(total=len(items) * len(configs) * args.repeats, file=sys.stderr) as bar:
+        for item in items:
+            for repeat in range(args.repeats):
+                reference = None
+                for config in configs:
+                    result = bench.run(config, item["prompt"])
+                    if config.key == "target":
+                        reference = result.tokens
+                    st = result.stats
+                    record = {
+                        "question_id": item["question_id"], "category": item["category"], "turn": item["turn"],
+                        "repeat": repeat, "config": config.label, "key": config.key, "gamma": config.gamma, "n": config.n,
+                        "storage": config.storage, "filler": config.filler, "processor": args.processor,
+                        "prompt_tokens": len(item["prompt"]), "new_tokens": len(result.tokens), "seconds": result.seconds,
+                        "tokens_per_s": result.tokens_per_second, "drafted": st.drafted, "accepted": st.accepted,
+                        "target_passes": st.target_forward_passes, "drafted_at": st.drafted_at, "accepted_at": st.accepted_at,
+                        "paused_steps": st.paused_steps, "tokens": result.tokens,
+                        "diverged_at": first_divergence(result.tokens, reference)
+                        if bench.greedy and reference is not None and config.key != "drafter" else None,
+                    }
+                    if record["diverged_at"] is not None:
+                        tqdm.write(f"divergence: {config.label} on question {item['question_id']} turn {item['turn']} "
+                                   f"at token {record['diverged_at']}", file=sys.stderr)
+                    records.append(record)
+                    log.write(json.dumps(record) + "\n")
+                    bar.update(1)
+    summary = summarize(records)
+    with open(out / "summary.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(summary[0]))
+        writer.writeheader()
+        writer.writerows(summary)
+    title = (f"{bench.target_label}" + (f" + drafter {bench.drafter_label}" if bench.drafter_label else "")
+             + f" · {args.processor} · {args.max_new_tokens} new tokens · {args.repeats} repeat(s)")
+    report = markdown(summary, title)
+    if args.verify_cost:
+        costs = bench.verify_cost(items[0]["prompt"])
+        report += "\n## cost of verifying k tokens (one target pass, relative to k = 1)\n\n| k | cost |\n| ---: | ---: |\n"
+        report += "".join(f"| {k} | {v:.2f} |\n" for k, v in costs.items())
+    (out / "results.md").write_text(report)
+    written = plots(summary, records, out)
+    print(report)
+    print(f"wrote {out}/runs.jsonl, summary.csv, results.md, " + ", ".join(written), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
