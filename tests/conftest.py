@@ -1,5 +1,7 @@
 """Tiny random models built from configs (float64, offline) shared by the tests."""
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -68,3 +70,36 @@ def t5_pair():
 
 PROMPT = [5, 17, 33, 5, 17, 40, 2, 9, 5, 17, 33, 71]
 EOS_NEVER = []  # no stop token: every run has max_gen_len tokens
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def save_tiny(folder: Path, model) -> str:
+    from utils.models import embedded_model_dir
+
+    model.to(torch.float32).save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        source = embedded_model_dir() / name
+        if source.exists():
+            shutil.copy(source, folder / name)
+    return str(folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """A tiny random target and drafter with SmolLM2's tokenizer (and one with another vocabulary)."""
+    root = tmp_path_factory.mktemp("models")
+    target = llama(vocab=49152, window=4096, layers=1)
+    target.config.eos_token_id = 2
+    drafter = perturbed_copy(target, 0.2, seed=1)
+    other = llama(vocab=1000, window=4096, layers=1)
+    seq2seq = t5(vocab=49152)
+    seq2seq.config.eos_token_id = 2
+    return {
+        "t5": save_tiny(root / "t5", seq2seq),
+        "t5_drafter": save_tiny(root / "t5_drafter", perturbed_copy(seq2seq, 0.2, seed=1)),
+        "target": save_tiny(root / "target", target),
+        "drafter": save_tiny(root / "drafter", drafter),
+        "other": save_tiny(root / "other", other),
+    }

@@ -1,5 +1,4 @@
 """The REPL driven as a user would: a real subprocess on a pseudo-terminal or a pipe."""
-import shutil
 import subprocess
 import sys
 import time
@@ -7,41 +6,8 @@ from pathlib import Path
 
 import pexpect
 import pytest
-import torch
-
-from conftest import llama, perturbed_copy, t5
-from utils.models import embedded_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-
-
-def save_tiny(folder: Path, model) -> str:
-    model.to(torch.float32).save_pretrained(folder)
-    for name in TOKENIZER_FILES:
-        source = embedded_model_dir() / name
-        if source.exists():
-            shutil.copy(source, folder / name)
-    return str(folder)
-
-
-@pytest.fixture(scope="module")
-def tiny_models(tmp_path_factory):
-    """A tiny random target and drafter with SmolLM2's tokenizer (and one with another vocabulary)."""
-    root = tmp_path_factory.mktemp("models")
-    target = llama(vocab=49152, window=4096, layers=1)
-    target.config.eos_token_id = 2
-    drafter = perturbed_copy(target, 0.2, seed=1)
-    other = llama(vocab=1000, window=4096, layers=1)
-    seq2seq = t5(vocab=49152)
-    seq2seq.config.eos_token_id = 2
-    return {
-        "t5": save_tiny(root / "t5", seq2seq),
-        "t5_drafter": save_tiny(root / "t5_drafter", perturbed_copy(seq2seq, 0.2, seed=1)),
-        "target": save_tiny(root / "target", target),
-        "drafter": save_tiny(root / "drafter", drafter),
-        "other": save_tiny(root / "other", other),
-    }
 
 
 def spawn(*args):

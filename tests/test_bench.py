@@ -1,0 +1,78 @@
+"""The benchmark end to end on tiny models, and its pieces."""
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+import bench
+
+SPECBENCH = Path(__file__).resolve().parents[2] / "shared" / "specbench" / "question.jsonl"
+
+
+def test_benchmark_writes_runs_summary_tables_and_plots_with_no_greedy_divergence(tiny_models, tmp_path, capsys):
+    out = tmp_path / "results"
+    bench.main(["--target", tiny_models["target"], "--drafter", tiny_models["drafter"], "--device", "cpu", "--limit", "1",
+                "--categories", "summarization,writing", "--gamma", "1,3", "--ngram-n", "2,3", "--top-k-filler", "1,3",
+                "--max-new-tokens", "8", "--repeats", "2", "--out", str(out), "--verify-cost"])
+    for name in ("runs.jsonl", "summary.csv", "results.md", "speedup_by_category.png", "gamma_sweep.png", "theory.png",
+                 "acceptance_by_position.png"):
+        assert (out / name).stat().st_size > 0, name
+    records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    keys = {r["key"] for r in records}
+    assert keys == {"target", "ngram", "pld", "speculative", "chained", "drafter", "hf_generate", "hf_assisted", "hf_prompt_lookup"}
+    assert {r["turn"] for r in records if r["category"] == "writing"} == {0, 1}  # the two turns of the multi-turn row
+    assert {r["gamma"] for r in records if r["key"] == "speculative"} == {1, 3}
+    assert {(r["storage"], r["n"], r["filler"]) for r in records if r["key"] == "ngram"} >= {("onelevel", 2, 1), ("basic", 3, 3)}
+    assert {r["repeat"] for r in records} == {0, 1}
+    assert all(r["new_tokens"] <= 8 for r in records)
+    assert [r for r in records if r["diverged_at"] is not None] == []
+    summary = list(csv.DictReader((out / "summary.csv").open()))
+    baseline = [row for row in summary if row["config"] == "target"]
+    assert baseline and all(float(row["speedup"]) == 1.0 for row in baseline)
+    report = (out / "results.md").read_text()
+    assert "## summarization" in report and "## all" in report and "cost of verifying k tokens" in report
+    assert "## all" in capsys.readouterr().out
+
+
+def test_sampled_benchmark_skips_the_greedy_only_peers(tiny_models, tmp_path):
+    out = tmp_path / "sampled"
+    bench.main(["--target", tiny_models["target"], "--device", "cpu", "--limit", "1", "--categories", "qa", "--strategies",
+                "target,ngram,hf_generate", "--processor", "topk 0.8 20", "--max-new-tokens", "6", "--out", str(out)])
+    keys = {json.loads(line)["key"] for line in (out / "runs.jsonl").read_text().splitlines()}
+    assert keys == {"target", "ngram"}
+
+
+def test_replay_reports_hit_rates_without_running_a_model(capsys):
+    bench.main(["--replay", "--ngram-n", "2,3", "--storages", "basic,onelevel"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| basic") or line.startswith("| onelevel")]
+    assert len(lines) == 4
+
+
+def test_shipped_prompts_load_and_bad_files_are_refused(tmp_path):
+    rows = bench.load_prompts(str(bench.DEFAULT_PROMPTS), None, None)
+    assert len(rows) >= 8 and any(len(r["turns"]) == 2 for r in rows)
+    assert len(bench.load_prompts(str(bench.DEFAULT_PROMPTS), "summarization,rag", 1)) == 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "no turns"}\n')
+    with pytest.raises(SystemExit, match="not a Spec-Bench row"):
+        bench.load_prompts(str(bad), None, None)
+    with pytest.raises(SystemExit, match="no prompt left"):
+        bench.load_prompts(str(bench.DEFAULT_PROMPTS), "nonexistent", None)
+
+
+@pytest.mark.skipif(not SPECBENCH.exists(), reason="../shared/specbench is not beside this checkout")
+def test_specbench_prompt_set_loads_with_its_categories():
+    rows = bench.load_prompts(str(SPECBENCH), None, None)
+    assert len(rows) == 480 and len({r["category"] for r in rows}) == 13
+    assert len(bench.load_prompts(str(SPECBENCH), "summarization", 5)) == 5
+
+
+def test_theoretical_speedup_and_divergence_helpers():
+    assert bench.theoretical_speedup(0.0, 4, 0.0) == 1.0
+    assert bench.theoretical_speedup(1.0, 4, 0.0) == 5.0
+    assert abs(bench.theoretical_speedup(0.5, 1, 0.0) - 1.5) < 1e-12
+    assert bench.theoretical_speedup(0.5, 4, 0.25) < bench.theoretical_speedup(0.5, 4, 0.0)
+    assert bench.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert bench.first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert bench.first_divergence([1, 2], [1, 2, 3]) == 2
