@@ -11,9 +11,9 @@ class DraftPolicy:
     * ``min_draft``: a draft shorter than this is dropped and the step is a plain target step
       (llama.cpp's ``--draft-min``); the drafter may stop early (unknown context, ``p_min``).
     * ``pause_after`` / ``pause_steps``: after ``pause_after`` consecutive steps with no accepted
-      draft, draft nothing for ``pause_steps`` steps, doubling the pause each time it is needed again
-      without an accepted draft in between, so a strategy whose drafts do not pay costs about
-      what plain decoding costs. 0 disables.
+      draft, draft nothing for ``pause_steps`` steps. After a pause one more fruitless step is
+      enough to pause again, for twice as long, until a draft is accepted; so a strategy whose
+      drafts do not pay costs about what plain decoding costs. 0 disables.
     * ``p_min``: for drafter models, stop drafting when the drafter's top probability falls
       below it (llama.cpp's ``--draft-p-min``).
     """
@@ -64,5 +64,5 @@ class DraftPolicy:
             return
         self.zero_streak += 1
         if self.pause_after and self.zero_streak >= self.pause_after:
-            self.paused, self.zero_streak = self.next_pause, 0
+            self.paused, self.zero_streak = self.next_pause, self.pause_after - 1
             self.next_pause *= 2

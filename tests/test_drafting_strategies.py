@@ -89,8 +89,7 @@ def test_pause_after_fruitless_steps_doubles_until_a_draft_pays():
     policy.update(4, 0)
     policy.update(4, 0)
     assert [policy.length() for _ in range(4)] == [0, 0, 0, 4]
-    policy.update(4, 0)
-    policy.update(4, 0)
+    policy.update(4, 0)  # right after a pause, one fruitless step pauses again, twice as long
     assert [policy.length() for _ in range(7)] == [0] * 6 + [4]
     policy.update(4, 1)  # a draft paid: back to the short pause
     policy.update(4, 0)
