@@ -82,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replay", action="store_true", help="only replay the prompts (or --corpus) through n-gram storages")
     p.add_argument("--corpus", help="with --replay: a text file to replay instead of the prompts")
     p.add_argument("--verify-cost", action="store_true", help="also time one target pass verifying k tokens against k = 1")
+    p.add_argument("--from-runs", help="re-make the tables and plots from a runs.jsonl, without running anything")
     return p
 
 
@@ -262,8 +263,20 @@ def summarize(records: List[dict]) -> List[dict]:
     return rows
 
 
+def speedup_matrix(rows: List[dict]) -> List[str]:
+    """One line per configuration, one column per category: the speedups at a glance."""
+    categories = sorted({r["category"] for r in rows}, key=lambda c: (c == "all", c))
+    configs = sorted({r["config"] for r in rows}, key=lambda c: -next(r["speedup"] for r in rows if r["config"] == c and r["category"] == "all"))
+    speed = {(r["category"], r["config"]): r["speedup"] for r in rows}
+    lines = ["| strategy | " + " | ".join(categories) + " |", "| --- |" + " ---: |" * len(categories)]
+    for config in configs:
+        cells = [f"{speed[(c, config)]:.2f}x" if (c, config) in speed else "-" for c in categories]
+        lines.append(f"| {config} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def markdown(rows: List[dict], title: str) -> str:
-    lines = [f"# {title}", ""]
+    lines = [f"# {title}", "", "Speedup over target autoregressive, by category:", ""] + speedup_matrix(rows)
     for category in sorted({r["category"] for r in rows}, key=lambda c: (c == "all", c)):
         lines += [f"## {category}", "", "| strategy | tokens/s | speedup | tokens/step | acceptance | greedy divergences |",
                   "| --- | ---: | ---: | ---: | ---: | ---: |"]
@@ -401,6 +414,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     if args.replay:
         replay_report(args)
         return
+    if args.from_runs:
+        records = [json.loads(line) for line in Path(args.from_runs).read_text().splitlines() if line.strip()]
+        write_reports(records, Path(args.out), f"re-made from {args.from_runs}")
+        return
     from tqdm import tqdm
 
     rows = load_prompts(args.prompts, args.categories, args.limit)
@@ -442,23 +459,28 @@ def main(argv: Optional[List[str]] = None) -> None:
                     records.append(record)
                     log.write(json.dumps(record) + "\n")
                     bar.update(1)
+    title = (f"{bench.target_label}" + (f" + drafter {bench.drafter_label}" if bench.drafter_label else "")
+             + f" · {args.processor} · {args.max_new_tokens} new tokens · {args.repeats} repeat(s)")
+    extra = ""
+    if args.verify_cost:
+        costs = bench.verify_cost(items[0]["prompt"])
+        extra = "\n## cost of verifying k tokens (one target pass, relative to k = 1)\n\n| k | cost |\n| ---: | ---: |\n"
+        extra += "".join(f"| {k} | {v:.2f} |\n" for k, v in costs.items())
+    write_reports(records, out, title, extra)
+
+
+def write_reports(records: List[dict], out: Path, title: str, extra: str = "") -> None:
+    out.mkdir(parents=True, exist_ok=True)
     summary = summarize(records)
     with open(out / "summary.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(summary[0]))
         writer.writeheader()
         writer.writerows(summary)
-    title = (f"{bench.target_label}" + (f" + drafter {bench.drafter_label}" if bench.drafter_label else "")
-             + f" · {args.processor} · {args.max_new_tokens} new tokens · {args.repeats} repeat(s)")
-    report = markdown(summary, title)
-    if args.verify_cost:
-        costs = bench.verify_cost(items[0]["prompt"])
-        report += "\n## cost of verifying k tokens (one target pass, relative to k = 1)\n\n| k | cost |\n| ---: | ---: |\n"
-        report += "".join(f"| {k} | {v:.2f} |\n" for k, v in costs.items())
+    report = markdown(summary, title) + extra
     (out / "results.md").write_text(report)
     written = plots(summary, records, out)
     print(report)
-    print(f"wrote {out}/runs.jsonl, summary.csv, results.md, " + ", ".join(written), file=sys.stderr)
-
+    print(f"wrote {out}/summary.csv, results.md, " + ", ".join(written), file=sys.stderr)
 
 if __name__ == "__main__":
     main()

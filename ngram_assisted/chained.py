@@ -34,9 +34,17 @@ class ChainedDrafter:
                 return count, q
         return 0, None
 
-    def accept(self, tokens: List[int], start: int, n_accepted: int, target_probs: Tensor) -> None:
-        for drafter in self.drafters:
-            drafter.accept(tokens, start, n_accepted, target_probs)
+    def fetch(self, target_probs: Tensor) -> Tensor | None:
+        wanted = [d.fetch(target_probs) for d in self.drafters]
+        self._sizes = [w.numel() if w is not None else 0 for w in wanted]
+        parts = [w.reshape(-1) for w in wanted if w is not None]
+        return torch.cat(parts) if parts else None
+
+    def accept(self, tokens: List[int], start: int, n_accepted: int, fetched: List[int]) -> None:
+        offset = 0
+        for drafter, size in zip(self.drafters, self._sizes):
+            drafter.accept(tokens, start, n_accepted, fetched[offset : offset + size])
+            offset += size
 
 
 @torch.no_grad()

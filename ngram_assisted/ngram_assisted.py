@@ -46,11 +46,17 @@ class NGramDrafter:
             ids[0, len(tokens) : len(tokens) + len(drafts)] = torch.tensor(drafts, dtype=torch.long)
         return len(drafts), None
 
-    def accept(self, tokens: List[int], start: int, n_accepted: int, target_probs: Tensor) -> None:
+    def fetch(self, target_probs: Tensor) -> Tensor | None:
+        """The target's ``filler_top_k`` most probable tokens at every verified position."""
+        if self.filler_top_k <= 1:
+            return None
+        self._width = min(self.filler_top_k, target_probs.size(-1))
+        return target_probs.topk(self._width, dim=-1).indices
+
+    def accept(self, tokens: List[int], start: int, n_accepted: int, fetched: List[int]) -> None:
         fillers = None
         if self.filler_top_k > 1:
-            k = min(self.filler_top_k, target_probs.size(-1))
-            fillers = target_probs[: n_accepted + 1].topk(k, dim=-1).indices.tolist()
+            fillers = [fetched[i * self._width : (i + 1) * self._width] for i in range(n_accepted + 1)]
         width = self.storage.n - 1
         for i in range(n_accepted + 1):
             position = start + i

@@ -41,7 +41,10 @@ class PromptLookupDrafter:
             ids[0, len(tokens) : len(tokens) + len(drafts)] = torch.tensor(drafts, dtype=torch.long)
         return len(drafts), None
 
-    def accept(self, tokens: List[int], start: int, n_accepted: int, target_probs: Tensor) -> None:
+    def fetch(self, target_probs: Tensor) -> None:
+        return None
+
+    def accept(self, tokens: List[int], start: int, n_accepted: int, fetched: List[int]) -> None:
         pass
 
 

@@ -31,9 +31,13 @@ class Drafter(Protocol):
         """Write up to ``k`` drafts into ``ids[0, len(tokens):]``; return how many, and their
         probabilities ``q`` ``[count, V]`` under the drafter (None for a deterministic drafter)."""
 
-    def accept(self, tokens: List[int], start: int, n_accepted: int, target_probs: Tensor) -> None:
+    def fetch(self, target_probs: Tensor) -> Tensor | None:
+        """What the drafter needs on the host from the target's distributions ``[k + 1, V]``
+        (an int tensor, fetched in the step's single device sync), or None."""
+
+    def accept(self, tokens: List[int], start: int, n_accepted: int, fetched: List[int]) -> None:
         """Told after each step: ``tokens[start:]`` were emitted, the first ``n_accepted`` of them
-        accepted drafts; ``target_probs`` ``[k + 1, V]`` are the target's distributions there."""
+        accepted drafts; ``fetched`` is what ``fetch`` asked for, flattened."""
 
 
 def _residual(p: Tensor, q: Tensor) -> Tensor:
@@ -114,9 +118,11 @@ def draft_and_verify(
         else:
             own = logits_processor.sample(p)[:, 0]
             matches = own[:k] == drafts
+        wanted = drafter.fetch(p)
+        parts = [drafts, matches.long(), own] + ([wanted.reshape(-1).to(own.device)] if wanted is not None else [])
         # the only host-device synchronisation of the step
-        fetched = torch.cat([drafts, matches.long(), own]).tolist()
-        draft_list, match_list, own_list = fetched[:k], fetched[k : 2 * k], fetched[2 * k :]
+        fetched = torch.cat(parts).tolist()
+        draft_list, match_list, own_list = fetched[:k], fetched[k : 2 * k], fetched[2 * k : 3 * k + 1]
         n = match_list.index(0) if 0 in match_list else k
         emitted = draft_list[:n] + [own_list[n]]
         if debug:
@@ -137,7 +143,7 @@ def draft_and_verify(
             streamer(emitted, min(n, len(emitted)))
         if stop_at is not None:
             break
-        drafter.accept(tokens, cur, n, p)
+        drafter.accept(tokens, cur, n, fetched[3 * k + 1 :])
     stats.paused_steps += policy.paused_steps
     return tokens[len(prompt) :]
 
@@ -168,7 +174,10 @@ class ModelDrafter:
             qs.append(q)
         return len(qs), torch.cat(qs) if qs else None
 
-    def accept(self, tokens: List[int], start: int, n_accepted: int, target_probs: Tensor) -> None:
+    def fetch(self, target_probs: Tensor) -> None:
+        return None
+
+    def accept(self, tokens: List[int], start: int, n_accepted: int, fetched: List[int]) -> None:
         self.model.rollback(start + n_accepted)
 
 

@@ -33,6 +33,9 @@ def test_benchmark_writes_runs_summary_tables_and_plots_with_no_greedy_divergenc
     report = (out / "results.md").read_text()
     assert "## summarization" in report and "## all" in report and "cost of verifying k tokens" in report
     assert "## all" in capsys.readouterr().out
+    bench.main(["--from-runs", str(out / "runs.jsonl"), "--out", str(tmp_path / "remade")])
+    remade = (tmp_path / "remade" / "results.md").read_text()
+    assert "by category" in remade and (tmp_path / "remade" / "speedup_by_category.png").exists()
 
 
 def test_sampled_benchmark_skips_the_greedy_only_peers(tiny_models, tmp_path):
