@@ -82,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replay", action="store_true", help="only replay the prompts (or --corpus) through n-gram storages")
     p.add_argument("--corpus", help="with --replay: a text file to replay instead of the prompts")
     p.add_argument("--verify-cost", action="store_true", help="also time one target pass verifying k tokens against k = 1")
+    p.add_argument("--overhead", action="store_true", help="also report the share of each run spent outside model forward passes")
     p.add_argument("--from-runs", help="re-make the tables and plots from a runs.jsonl, without running anything")
     return p
 
@@ -204,6 +205,27 @@ class Bench:
         from strategies import run_strategy
 
         return run_strategy(self.strategies[config.key], prompt, self.settings_for(config), self.args.seed)
+
+    def overhead(self, configs: List[Config], prompt: List[int]) -> Dict[str, float]:
+        """Per configuration: the fraction of one run's wall time spent outside model forward passes
+        (drafting, acceptance, storage updates, sampling glue), timed with forward hooks."""
+        import time
+
+        models = [m for m in (self.target, self.drafter) if m is not None]
+        inside, started = [0.0], [0.0]
+        hooks = [h for m in models for h in (
+            m.register_forward_pre_hook(lambda *a: started.__setitem__(0, time.perf_counter())),
+            m.register_forward_hook(lambda *a: inside.__setitem__(0, inside[0] + time.perf_counter() - started[0])))]
+        shares = {}
+        try:
+            for config in configs:
+                inside[0] = 0.0
+                result = self.run(config, prompt)
+                shares[config.label] = 1 - inside[0] / result.seconds if result.seconds else 0.0
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return shares
 
     def verify_cost(self, prompt: List[int], ks=(1, 2, 4, 8, 16), repeats: int = 5) -> Dict[int, float]:
         """Seconds of one target pass over k new tokens after a cached prompt, relative to k = 1."""
@@ -466,6 +488,10 @@ def main(argv: Optional[List[str]] = None) -> None:
         costs = bench.verify_cost(items[0]["prompt"])
         extra = "\n## cost of verifying k tokens (one target pass, relative to k = 1)\n\n| k | cost |\n| ---: | ---: |\n"
         extra += "".join(f"| {k} | {v:.2f} |\n" for k, v in costs.items())
+    if args.overhead:
+        shares = bench.overhead(configs, items[0]["prompt"])
+        extra += "\n## time outside model forward passes (first prompt)\n\n| strategy | share |\n| --- | ---: |\n"
+        extra += "".join(f"| {label} | {share:.1%} |\n" for label, share in shares.items())
     write_reports(records, out, title, extra)
 
 

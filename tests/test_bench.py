@@ -14,7 +14,7 @@ def test_benchmark_writes_runs_summary_tables_and_plots_with_no_greedy_divergenc
     out = tmp_path / "results"
     bench.main(["--target", tiny_models["target"], "--drafter", tiny_models["drafter"], "--device", "cpu", "--limit", "1",
                 "--categories", "summarization,writing", "--gamma", "1,3", "--ngram-n", "2,3", "--top-k-filler", "1,3",
-                "--max-new-tokens", "8", "--repeats", "2", "--out", str(out), "--verify-cost"])
+                "--max-new-tokens", "8", "--repeats", "2", "--out", str(out), "--verify-cost", "--overhead"])
     for name in ("runs.jsonl", "summary.csv", "results.md", "speedup_by_category.png", "gamma_sweep.png", "theory.png",
                  "acceptance_by_position.png"):
         assert (out / name).stat().st_size > 0, name
@@ -32,6 +32,7 @@ def test_benchmark_writes_runs_summary_tables_and_plots_with_no_greedy_divergenc
     assert baseline and all(float(row["speedup"]) == 1.0 for row in baseline)
     report = (out / "results.md").read_text()
     assert "## summarization" in report and "## all" in report and "cost of verifying k tokens" in report
+    assert "time outside model forward passes" in report
     assert "## all" in capsys.readouterr().out
     bench.main(["--from-runs", str(out / "runs.jsonl"), "--out", str(tmp_path / "remade")])
     remade = (tmp_path / "remade" / "results.md").read_text()
