@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--processor", default="greedy", help='as the REPL\'s /processor, e.g. "nucleus 0.6 0.9" (default greedy)')
     p.add_argument("--adaptive", action="store_true", help="adaptive draft length for every drafting strategy")
     p.add_argument("--pause", type=int_list, help="AFTER,STEPS: pause drafting after AFTER fruitless steps for STEPS steps")
+    p.add_argument("--min-gain", type=float, default=0.0, help="cost-aware pausing: pause drafting when tokens per drafting step fall below this")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per run (default 128)")
     p.add_argument("--repeats", type=int, default=1, help="timed repeats of every run (default 1)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
@@ -166,7 +167,7 @@ class Bench:
         self.strategies = {**BY_KEY, **{p.key: p for p in PEERS}}
         self.storages = STORAGES
         self.vocab = output_vocab_size(self.target)
-        policy = DraftPolicy(adaptive=args.adaptive, **({"pause_after": args.pause[0], "pause_steps": args.pause[1]} if args.pause else {}))
+        policy = DraftPolicy(adaptive=args.adaptive, min_gain=args.min_gain, **({"pause_after": args.pause[0], "pause_steps": args.pause[1]} if args.pause else {}))
         self.settings = Settings(target=self.target, tokenizer=self.tokenizer, drafter=self.drafter, processor=self.processor,
                                  max_gen_len=args.max_new_tokens, eos_tokens_id=end_tokens(self.target, self.tokenizer), policy=policy)
 

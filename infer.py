@@ -131,6 +131,7 @@ class Repl:
             "/min_draft": (self.cmd_min_draft, "/min_draft <n>", "drop drafts shorter than n (0 = off)"),
             "/p_min": (self.cmd_p_min, "/p_min <p>", "drafter model stops below this top probability (0 = off)"),
             "/pause": (self.cmd_pause, "/pause <after> <steps>", "stop drafting after <after> fruitless steps (0 = off)"),
+            "/min_gain": (self.cmd_min_gain, "/min_gain <x>", "pause drafting while steps emit fewer than x tokens (0 = off)"),
             "/stats": (self.cmd_stats, "/stats", "detailed statistics of the last prompt"),
             "/stream": (self.cmd_stream, "/stream", "print tokens as they are accepted"),
         }
@@ -167,7 +168,7 @@ class Repl:
             "/pld_params": f"{s.pld_min_ngram} {s.pld_max_ngram} {s.pld_num_tokens}",
             "/ngram_load": "static tier loaded" if s.static_storage is not None else "", "/adaptive": s.policy.adaptive,
             "/min_draft": s.policy.min_draft, "/p_min": s.policy.p_min,
-            "/pause": f"{s.policy.pause_after} {s.policy.pause_steps}", "/stream": self.stream,
+            "/pause": f"{s.policy.pause_after} {s.policy.pause_steps}", "/stream": self.stream, "/min_gain": s.policy.min_gain,
         }
         value = values.get(command, "")
         return {True: "on", False: "off"}.get(value, str(value)) if isinstance(value, bool) else str(value)
@@ -338,6 +339,17 @@ class Repl:
         after, steps = parse_count(words[:1], usage, minimum=0), parse_count(words[1:], usage)
         self.settings.policy.pause_after, self.settings.policy.pause_steps = after, steps
         self.say(f"pause: after {after} fruitless steps, for {steps} steps" if after else "pause: off")
+
+    def cmd_min_gain(self, words):
+        usage = "usage: /min_gain <x>   (x >= 0, 0 = off; the cost of a verification pass in single-token passes)"
+        try:
+            value = float(words[0]) if len(words) == 1 else None
+        except ValueError:
+            value = None
+        if value is None or not value >= 0:
+            raise UsageError(usage)
+        self.settings.policy.min_gain = value
+        self.say(f"min_gain: {value}")
 
     def cmd_stream(self, words):
         self._no_args(words, "/stream")

@@ -14,6 +14,7 @@ POLICIES = {
     "min_draft": lambda: DraftPolicy(min_draft=3),
     "pause": lambda: DraftPolicy(pause_after=1, pause_steps=2),
     "p_min": lambda: DraftPolicy(p_min=0.5),
+    "min_gain": lambda: DraftPolicy(min_gain=1.5, pause_steps=2),
     "all": lambda: DraftPolicy(adaptive=True, min_draft=2, pause_after=2, pause_steps=3, p_min=0.3),
 }
 
@@ -98,9 +99,24 @@ def test_pause_after_fruitless_steps_doubles_until_a_draft_pays():
     assert policy.paused_steps == 12
 
 
+def test_cost_aware_pause_when_drafting_steps_emit_too_few_tokens():
+    policy = DraftPolicy(min_gain=1.5, pause_steps=2)
+    policy.start(4)
+    policy.update(4, 3)  # 4 tokens: pays
+    policy.update(4, 0)  # mean (4 + 1) / 2 = 2.5: still pays
+    assert policy.length() == 4
+    policy.update(4, 0)  # mean 1.75
+    policy.update(4, 0)  # mean 1.375 < 1.5: pause
+    assert [policy.length() for _ in range(3)] == [0, 0, 4]
+    policy.update(4, 0)  # the probe fails: (1.5 + 1) / 2 < 1.5, twice as long
+    assert [policy.length() for _ in range(5)] == [0, 0, 0, 0, 4]
+    policy.update(4, 2)  # the probe pays: back to short pauses
+    assert policy.next_pause == 2
+
+
 def test_min_draft_drops_short_drafts_and_bad_policies_are_refused():
     assert DraftPolicy(min_draft=3).keep(2) == 0 and DraftPolicy(min_draft=3).keep(3) == 3
-    for bad in ({"min_draft": -1}, {"p_min": 1.0}, {"p_min": -0.1}, {"pause_after": 1.5}):
+    for bad in ({"min_draft": -1}, {"p_min": 1.0}, {"p_min": -0.1}, {"pause_after": 1.5}, {"min_gain": -1}):
         with pytest.raises(ValueError):
             DraftPolicy(**bad)
 

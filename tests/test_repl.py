@@ -8,6 +8,7 @@ import pexpect
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "\n> "  # the REPL prompt at the start of a line (usage lines contain "<n> ")
 
 
 def spawn(*args):
@@ -15,7 +16,7 @@ def spawn(*args):
                           timeout=120, dimensions=(60, 200), env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(Path.home()),
                                                                  "TERM": "xterm", "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"})
     child.expect("Type a prompt")
-    child.expect("> ")
+    child.expect(PROMPT)
     return child
 
 
@@ -24,7 +25,7 @@ def command(child, line: str, expected: str):
     child.sendline(line)
     child.expect(expected)
     text = child.before + child.after
-    child.expect("> ")
+    child.expect(PROMPT)
     return text + child.before
 
 
@@ -57,13 +58,14 @@ def test_commands_change_settings_and_help_shows_them(repl):
     command(repl, "/p_min 0.25", "p_min: 0.25")
     command(repl, "/pause 3 5", "after 3 fruitless steps, for 5 steps")
     command(repl, "/stream", "stream: on")
+    command(repl, "/min_gain 1.4", "min_gain: 1.4")
     shown = command(repl, "/help", "Anything else is a prompt")
     for expected in ("[6]", "[12]", "[topk temperature=0.7 top_k=20]", "[onelevel 4]", "[2 4 7]", "[0.25]", "[3 5]"):
         assert expected in shown
     # back to the defaults for the other tests
     for line in ("/gamma 4", "/length 35", "/processor greedy", "/set_ngramstorage basic 3", "/top_k_filler 3",
                  "/reset_in_between", "/cache", "/debug", "/chat", "/drafter", "/target", "/ngram", "/speculative", "/pld",
-                 "/chained", "/pld_params 1 3 10", "/adaptive", "/min_draft 0", "/p_min 0", "/pause 0 8", "/stream"):
+                 "/chained", "/pld_params 1 3 10", "/adaptive", "/min_draft 0", "/p_min 0", "/pause 0 8", "/stream", "/min_gain 0"):
         command(repl, line, r"\S")
 
 
@@ -79,7 +81,7 @@ BAD_INPUT = [
     ("/p_min 1", "usage: /p_min"), ("/p_min", "usage: /p_min"), ("/p_min high", "usage: /p_min"), ("/min_draft -1", "must be >= 0"),
     ("/pause 1", "usage: /pause"), ("/pause 1 0", "must be >= 1"), ("/ngram_load /nonexistent.json", "cannot read"),
     ("/ngram_load infer.py", "not a valid n-gram storage file"), ("/ngram_save", "usage: /ngram_save"),
-    ("/ngram_build /nonexistent.txt", "cannot read the corpus"), ("/stream on", "usage: /stream"),
+    ("/ngram_build /nonexistent.txt", "cannot read the corpus"), ("/stream on", "usage: /stream"), ("/min_gain -1", "usage: /min_gain"), ("/min_gain x", "usage: /min_gain"),
 ]
 
 
@@ -99,7 +101,7 @@ def test_prompt_produces_every_enabled_section_and_the_table(repl):
         repl.expect(section)
         repl.expect("tokens/s")
     repl.expect("speedup")
-    repl.expect("> ")
+    repl.expect(PROMPT)
     table = repl.before
     assert "1.00x" in table  # target AR against itself
     command(repl, "/drafter", "Drafter AR: off")
@@ -111,7 +113,7 @@ def test_debug_view_shows_speculative_steps(repl):
     repl.sendline("Hi")
     repl.expect("Speculative step")
     repl.expect("speedup")
-    repl.expect("> ")
+    repl.expect(PROMPT)
     command(repl, "/debug", "debug: off")
     command(repl, "/length 35", "length: 35")
 
@@ -123,7 +125,7 @@ def test_ctrl_c_stops_the_generation_and_the_repl_goes_on(repl):
     time.sleep(3)
     repl.sendintr()
     repl.expect("interrupted")
-    repl.expect("> ")
+    repl.expect(PROMPT)
     command(repl, "/cache", "cache: on")
     command(repl, "/length 35", "length: 35")
 
@@ -213,11 +215,11 @@ def test_stats_and_stream_show_the_last_prompt(repl):
     command(repl, "/length 8", "length: 8")
     repl.sendline("Hello")
     repl.expect("speedup")
-    repl.expect("> ")
+    repl.expect(PROMPT)
     out = command(repl, "/stats", "Statistics of the last prompt")
     repl.sendline("/stats")
     repl.expect("acceptance by draft position")
-    repl.expect("> ")
+    repl.expect(PROMPT)
     assert "target passes" in out and "drafted" in out
     command(repl, "/stream", "stream: off")
     command(repl, "/length 35", "length: 35")
