@@ -83,14 +83,24 @@ def parse_count(words: List[str], usage: str, minimum: int = 1) -> int:
     return value
 
 
+def parse_fraction(words: List[str], usage: str, below: float = float("inf")) -> float:
+    """One number in [0, below); UsageError with the usage line otherwise."""
+    try:
+        value = float(words[0]) if len(words) == 1 else None
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value < below:
+        raise UsageError(usage)
+    return value
+
+
 class Repl:
     """The REPL's state (settings and toggles) and its commands."""
 
-    def __init__(self, settings, labels: Dict[str, str], chat: bool, processor_name: str, processor_args: dict, seed: int):
+    def __init__(self, settings, chat: bool, processor_name: str, processor_args: dict, seed: int):
         from strategies import STRATEGIES
 
         self.settings = settings
-        self.labels = labels
         self.seed = seed
         self.chat = chat and bool(getattr(settings.tokenizer, "chat_template", None))
         self.processor_name, self.processor_args = processor_name, processor_args
@@ -322,13 +332,7 @@ class Repl:
         self.say(f"min_draft: {self.settings.policy.min_draft}")
 
     def cmd_p_min(self, words):
-        usage = "usage: /p_min <p>   (0 <= p < 1)"
-        try:
-            value = float(words[0]) if len(words) == 1 else None
-        except ValueError:
-            value = None
-        if value is None or not 0 <= value < 1:
-            raise UsageError(usage)
+        value = parse_fraction(words, "usage: /p_min <p>   (0 <= p < 1)", below=1.0)
         self.settings.policy.p_min = value
         self.say(f"p_min: {value}")
 
@@ -342,12 +346,7 @@ class Repl:
 
     def cmd_min_gain(self, words):
         usage = "usage: /min_gain <x>   (x >= 0, 0 = off; the cost of a verification pass in single-token passes)"
-        try:
-            value = float(words[0]) if len(words) == 1 else None
-        except ValueError:
-            value = None
-        if value is None or not value >= 0:
-            raise UsageError(usage)
+        value = parse_fraction(words, usage)
         self.settings.policy.min_gain = value
         self.say(f"min_gain: {value}")
 
@@ -579,7 +578,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         target=target, tokenizer=tokenizer, drafter=drafter, processor=processor, gamma=args.gamma,
         max_gen_len=args.length, eos_tokens_id=end_tokens(target, tokenizer), encoder_decoder=encoder_decoder,
     )
-    repl = Repl(settings, {r: m[2] for r, m in models.items()}, not args.no_chat, processor_name, processor_args, args.seed)
+    repl = Repl(settings, not args.no_chat, processor_name, processor_args, args.seed)
     if args.prompt is not None:
         repl.compare(args.prompt.replace("\\n", "\n").replace("\\t", "\t"))
         return
