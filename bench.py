@@ -74,7 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--processor", default="greedy", help='as the REPL\'s /processor, e.g. "nucleus 0.6 0.9" (default greedy)')
     p.add_argument("--adaptive", action="store_true", help="adaptive draft length for every drafting strategy")
     p.add_argument("--pause", type=int_list, help="AFTER,STEPS: pause drafting after AFTER fruitless steps for STEPS steps")
-    p.add_argument("--min-gain", type=float, default=0.0, help="cost-aware pausing: pause drafting when tokens per drafting step fall below this")
+    p.add_argument("--min-gain", type=float, help="cost-aware pausing: pause drafting while tokens per drafting step, "
+                   "divided by the step's measured cost, fall below this (default: the REPL's, 1.0; 0 = off)")
+    p.add_argument("--no-calibrate", action="store_true", help="do not measure verification costs: no padded passes, "
+                   "and --min-gain counts plain tokens per step (the library's default policy)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per run (default 128)")
     p.add_argument("--repeats", type=int, default=1, help="timed repeats of every run (default 1)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
@@ -148,7 +151,7 @@ class Bench:
         from infer import parse_processor
         from sampling import DraftPolicy
         from sampling.common import output_vocab_size
-        from strategies import BY_KEY, PEERS, STORAGES, Settings
+        from strategies import BY_KEY, PEERS, STORAGES, Settings, calibrated_policy
         from utils.models import end_tokens, load_model, resolve_device, truncated_drafter
 
         torch.set_grad_enabled(False)
@@ -167,7 +170,15 @@ class Bench:
         self.strategies = {**BY_KEY, **{p.key: p for p in PEERS}}
         self.storages = STORAGES
         self.vocab = output_vocab_size(self.target)
-        policy = DraftPolicy(adaptive=args.adaptive, min_gain=args.min_gain, **({"pause_after": args.pause[0], "pause_steps": args.pause[1]} if args.pause else {}))
+        options = dict(adaptive=args.adaptive, **({"pause_after": args.pause[0], "pause_steps": args.pause[1]} if args.pause else {}))
+        if args.no_calibrate:
+            policy = DraftPolicy(min_gain=args.min_gain or 0.0, **options)
+        else:
+            print("measuring verification costs ...", file=sys.stderr)
+            policy = calibrated_policy(self.target, **({} if args.min_gain is None else {"min_gain": args.min_gain}), **options)
+            print(f"verification cost by rows 1..{len(policy.row_costs)}: {' '.join(f'{c:.2f}' for c in policy.row_costs)}",
+                  file=sys.stderr)
+        self.row_costs = policy.row_costs
         self.settings = Settings(target=self.target, tokenizer=self.tokenizer, drafter=self.drafter, processor=self.processor,
                                  max_gen_len=args.max_new_tokens, eos_tokens_id=end_tokens(self.target, self.tokenizer), policy=policy)
 
@@ -228,29 +239,12 @@ class Bench:
                 hook.remove()
         return shares
 
-    def verify_cost(self, prompt: List[int], ks=(1, 2, 4, 8, 16), repeats: int = 5) -> Dict[int, float]:
-        """Seconds of one target pass over k new tokens after a cached prompt, relative to k = 1."""
-        import time
+    def verify_cost(self) -> Dict[int, float]:
+        """Cost of one target pass over r positions relative to r = 1 (the calibration's, or measured now)."""
+        from sampling import measure_row_costs
 
-        import torch
-
-        from strategies import synchronize
-        from utils.caching import KVCacheModel
-
-        ids = torch.tensor([prompt + prompt[:16]])
-        times = {}
-        for k in ks:
-            samples = []
-            for _ in range(repeats):
-                runner = KVCacheModel(self.target, True)
-                runner(ids[:, : len(prompt)], 1)
-                synchronize(self.target)
-                start = time.perf_counter()
-                runner(ids[:, : len(prompt) + k], k)
-                synchronize(self.target)
-                samples.append(time.perf_counter() - start)
-            times[k] = statistics.median(samples)
-        return {k: t / times[1] for k, t in times.items()}
+        costs = self.row_costs or measure_row_costs(self.target)
+        return {rows: cost for rows, cost in enumerate(costs, 1)}
 
 
 def summarize(records: List[dict]) -> List[dict]:
@@ -486,8 +480,9 @@ def main(argv: Optional[List[str]] = None) -> None:
              + f" · {args.processor} · {args.max_new_tokens} new tokens · {args.repeats} repeat(s)")
     extra = ""
     if args.verify_cost:
-        costs = bench.verify_cost(items[0]["prompt"])
-        extra = "\n## cost of verifying k tokens (one target pass, relative to k = 1)\n\n| k | cost |\n| ---: | ---: |\n"
+        costs = bench.verify_cost()
+        extra = ("\n## cost of a verification pass over r positions (r - 1 drafts), relative to r = 1\n\n"
+                 "| r | cost |\n| ---: | ---: |\n")
         extra += "".join(f"| {k} | {v:.2f} |\n" for k, v in costs.items())
     if args.overhead:
         shares = bench.overhead(configs, items[0]["prompt"])

@@ -141,7 +141,7 @@ class Repl:
             "/min_draft": (self.cmd_min_draft, "/min_draft <n>", "drop drafts shorter than n (0 = off)"),
             "/p_min": (self.cmd_p_min, "/p_min <p>", "drafter model stops below this top probability (0 = off)"),
             "/pause": (self.cmd_pause, "/pause <after> <steps>", "stop drafting after <after> fruitless steps (0 = off)"),
-            "/min_gain": (self.cmd_min_gain, "/min_gain <x>", "pause drafting while steps emit fewer than x tokens (0 = off)"),
+            "/min_gain": (self.cmd_min_gain, "/min_gain <x>", "pause drafting while steps emit fewer than x tokens per unit of cost (0 = off)"),
             "/stats": (self.cmd_stats, "/stats", "detailed statistics of the last prompt"),
             "/stream": (self.cmd_stream, "/stream", "print tokens as they are accepted"),
         }
@@ -345,7 +345,7 @@ class Repl:
         self.say(f"pause: after {after} fruitless steps, for {steps} steps" if after else "pause: off")
 
     def cmd_min_gain(self, words):
-        usage = "usage: /min_gain <x>   (x >= 0, 0 = off; the cost of a verification pass in single-token passes)"
+        usage = "usage: /min_gain <x>   (x >= 0, 0 = off; 1 = drafting steps must pay for their verification pass)"
         value = parse_fraction(words, usage)
         self.settings.policy.min_gain = value
         self.say(f"min_gain: {value}")
@@ -505,6 +505,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--processor", default="greedy", help='sampling, as /processor takes it, e.g. "nucleus 0.6 0.9" (default greedy)')
     parser.add_argument("--seed", type=int, default=42, help="seed set before each strategy (default 42)")
     parser.add_argument("--prompt", help="run one comparison on this prompt and exit")
+    parser.add_argument("--no-calibrate", action="store_true", help="skip measuring the target's verification costs at start "
+                        "(a few seconds): no padded passes, no cost-aware pausing")
     return parser
 
 
@@ -578,6 +580,14 @@ def main(argv: Optional[List[str]] = None) -> None:
         target=target, tokenizer=tokenizer, drafter=drafter, processor=processor, gamma=args.gamma,
         max_gen_len=args.length, eos_tokens_id=end_tokens(target, tokenizer), encoder_decoder=encoder_decoder,
     )
+    if not args.no_calibrate:
+        from strategies import calibrated_policy
+
+        console.print(Text("Measuring the target's verification costs ...", style="dim"))
+        settings.policy = calibrated_policy(target)
+        costs = " ".join(f"{c:.2f}" for c in settings.policy.row_costs)
+        console.print(f"[bold]Verification cost[/bold] by positions 1..{len(settings.policy.row_costs)}: {costs} "
+                      f"· pausing below {settings.policy.min_gain} tokens per unit of cost")
     repl = Repl(settings, not args.no_chat, processor_name, processor_args, args.seed)
     if args.prompt is not None:
         repl.compare(args.prompt.replace("\\n", "\n").replace("\\t", "\t"))

@@ -20,6 +20,7 @@ from ngram_assisted import (
 )
 from sampling import (
     DraftPolicy,
+    measure_row_costs,
     GenerationStats,
     autoregressive_generate,
     autoregressive_generate_encoder_decoder,
@@ -27,10 +28,20 @@ from sampling import (
     speculative_generate,
     speculative_generate_encoder_decoder,
 )
-from utils.caching import model_device
+from utils.caching import model_device, synchronize
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 STORAGES = {"basic": NGramStorage, "onelevel": OneLevelNGramStorage}
+
+# Cost-aware pausing threshold of the calibrated policy: drafting pauses while a drafting step
+# emits fewer tokens than its verification pass costs in single-token passes (1.0 = break-even).
+DEFAULT_MIN_GAIN = 1.0
+
+
+def calibrated_policy(target: Module, min_gain: float = DEFAULT_MIN_GAIN, **policy) -> DraftPolicy:
+    """The REPL's and the benchmark's default policy: verification costs measured on ``target``
+    where it runs (``measure_row_costs``, a few seconds), cheaper padded passes, cost-aware pausing."""
+    return DraftPolicy(min_gain=min_gain, row_costs=measure_row_costs(target), **policy)
 
 
 @dataclass
@@ -125,15 +136,6 @@ STRATEGIES = [
     Strategy("drafter", "Drafter AR", "cyan", True, False, False, lambda p, s, st: _autoregressive(s.drafter, p, s, st)),
 ]
 BY_KEY = {s.key: s for s in STRATEGIES}
-
-
-def synchronize(model: Module) -> None:
-    """Wait for the model's device, so that a clock read after it counts all the work."""
-    device = model_device(model)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
 
 def set_seed(seed: int) -> None:

@@ -23,6 +23,8 @@ class NGramDrafter:
     ``stop_if_unknown``; otherwise a random token fills the slot, as in the reference.
     """
 
+    cheap = True
+
     def __init__(self, storage: INgramStorage, filler_top_k: int = 3, stop_if_unknown: bool = False):
         self.storage = storage
         self.filler_top_k = filler_top_k

@@ -1,5 +1,13 @@
 """How much to draft each step: fixed, adaptive, with a floor, and paused when drafts do not pay."""
+import statistics
+import time
 from dataclasses import dataclass
+from typing import Tuple
+
+import torch
+from torch.nn import Module
+
+from utils.caching import KVCacheModel, synchronize
 
 
 @dataclass
@@ -14,11 +22,16 @@ class DraftPolicy:
       draft, draft nothing for ``pause_steps`` steps. After a pause one more fruitless step is
       enough to pause again, for twice as long, until a draft is accepted; so a strategy whose
       drafts do not pay costs about what plain decoding costs. 0 disables.
-    * ``min_gain``: cost-aware pausing. A drafting step pays when it emits more tokens than the
-      verification pass costs in single-token passes (measure it with ``bench.py --verify-cost``;
-      about 1.4 for 5 rows on a 2-core CPU, close to 1 on a GPU). When the running mean of tokens
-      per drafting step (halved weight per step) falls below ``min_gain``, drafting pauses as
-      above. 0 disables.
+    * ``row_costs``: the measured cost of one target pass over r positions, relative to r = 1
+      (``measure_row_costs``; index r - 1). With it, a step verifying k drafts runs over more
+      positions when that is measured cheaper (on x86 CPUs 2-3 rows cost more than 4-6; the extra
+      positions are discarded, so outputs do not change), and ``min_gain`` counts tokens per unit
+      of cost instead of tokens.
+    * ``min_gain``: cost-aware pausing. A drafting step pays when it emits more tokens than its
+      verification pass costs in single-token passes. When the running mean of tokens per
+      drafting step (divided by the step's relative cost when ``row_costs`` is known; halved
+      weight per step) falls below ``min_gain``, drafting pauses as above. With ``row_costs``,
+      1.0 is break-even. 0 disables.
     * ``p_min``: for drafter models, stop drafting when the drafter's top probability falls
       below it (llama.cpp's ``--draft-p-min``).
     """
@@ -30,6 +43,7 @@ class DraftPolicy:
     p_min: float = 0.0
     max_gamma: int = 64
     min_gain: float = 0.0
+    row_costs: Tuple[float, ...] | None = None
 
     def __post_init__(self):
         for name in ("min_draft", "pause_after", "pause_steps", "max_gamma"):
@@ -38,6 +52,10 @@ class DraftPolicy:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         if not isinstance(self.min_gain, (int, float)) or self.min_gain < 0:
             raise ValueError(f"min_gain must be >= 0, got {self.min_gain!r}")
+        if self.row_costs is not None:
+            self.row_costs = tuple(float(c) for c in self.row_costs)
+            if not self.row_costs or any(not c > 0 for c in self.row_costs):
+                raise ValueError(f"row_costs must be positive relative costs, got {self.row_costs!r}")
         if not 0.0 <= self.p_min < 1.0:
             raise ValueError(f"p_min must be in [0, 1), got {self.p_min!r}")
         self.start(1)
@@ -63,13 +81,35 @@ class DraftPolicy:
         """How many of ``drafted`` proposals to verify (0 when fewer than ``min_draft``)."""
         return drafted if drafted >= self.min_draft else 0
 
-    def update(self, drafted: int, accepted: int) -> None:
+    def rows(self, drafted: int, limit: int) -> int:
+        """Positions of the pass verifying ``drafted`` drafts: ``drafted + 1``, or up to ``limit``
+        when ``row_costs`` says a longer pass is at least 5% cheaper."""
+        best = drafted + 1
+        if drafted == 0 or self.row_costs is None:
+            return best
+        for rows in range(best + 1, min(limit, len(self.row_costs)) + 1):
+            if self.row_costs[rows - 1] < 0.95 * self.row_costs[best - 1]:
+                best = rows
+        return best
+
+    def cost(self, rows: int) -> float:
+        """Relative cost of a pass over ``rows`` positions (1.0 without ``row_costs``: costs unknown)."""
+        costs = self.row_costs
+        if costs is None:
+            return 1.0
+        if rows <= len(costs):
+            return costs[rows - 1]
+        slope = (costs[-1] - costs[0]) / max(1, len(costs) - 1)  # linear beyond the measured range
+        return costs[-1] + slope * (rows - len(costs))
+
+    def update(self, drafted: int, accepted: int, rows: int | None = None) -> None:
+        """Learn from a step that verified ``drafted`` drafts in a pass over ``rows`` positions."""
         if drafted == 0:
             return
         if self.adaptive:
             self.gamma = min(self.gamma + 2, self.max_gamma) if accepted == drafted else max(1, self.gamma - 1)
         if self.min_gain:
-            tokens = accepted + 1
+            tokens = (accepted + 1) / self.cost(rows if rows is not None else drafted + 1)
             self.gain = tokens if self.gain is None else (self.gain + tokens) / 2
             if self.gain >= self.min_gain:
                 self.next_pause = self.pause_steps
@@ -84,3 +124,34 @@ class DraftPolicy:
         if self.pause_after and self.zero_streak >= self.pause_after:
             self.paused, self.zero_streak = self.next_pause, self.pause_after - 1
             self.next_pause *= 2
+
+
+@torch.no_grad()
+def measure_row_costs(model: Module, max_rows: int = 12, context: int = 128, repeats: int = 5) -> Tuple[float, ...]:
+    """Time of one cached target pass over r new positions (r = 1..max_rows) after ``context``
+    positions, relative to r = 1: the cost of verifying r - 1 drafts in single-token steps.
+
+    Medians of ``repeats`` interleaved rounds, the device synchronised around each pass. About
+    ``max_rows * (repeats + 1)`` passes: ~3 s for SmolLM2-135M on a 2-core CPU.
+    """
+    config = model.config
+    vocab = getattr(config, "vocab_size", None) or 100
+    encoder_decoder = getattr(config, "is_encoder_decoder", False)
+    window = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if window:
+        context = max(1, min(context, window - max_rows))
+    ids = torch.randint(vocab, (1, context + max_rows), generator=torch.Generator().manual_seed(0))
+    runner = KVCacheModel(model, True, encoder_input_ids=ids[0, :context].tolist() if encoder_decoder else None)
+    runner(ids[:, :context], 1)
+    samples = [[] for _ in range(max_rows)]
+    for round_ in range(repeats + 1):  # the first round warms up
+        for rows in range(1, max_rows + 1):
+            synchronize(model)
+            start = time.perf_counter()
+            runner(ids[:, : context + rows], rows)
+            synchronize(model)
+            if round_:
+                samples[rows - 1].append(time.perf_counter() - start)
+            runner.rollback(context)
+    medians = [statistics.median(s) for s in samples]
+    return tuple(round(m / medians[0], 3) for m in medians)

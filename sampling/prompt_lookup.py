@@ -29,6 +29,8 @@ def lookup_continuation(tokens: Sequence[int], min_ngram: int, max_ngram: int, c
 class PromptLookupDrafter:
     """Drafts by copying what followed the last n-gram earlier in the prompt or the generation."""
 
+    cheap = True
+
     def __init__(self, min_ngram: int = 1, max_ngram: int = 3):
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
 

@@ -22,7 +22,11 @@ from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 
 class Drafter(Protocol):
-    """What the verification loop needs from a source of drafts."""
+    """What the verification loop needs from a source of drafts.
+
+    A drafter whose ``cheap`` attribute is true (n-gram storage, prompt lookup) is asked for as many
+    drafts as the step's verification pass has room for after padding (``DraftPolicy.rows``).
+    """
 
     def max_drafts(self, position: int) -> int:
         """How many drafts it can propose for a sequence of ``position`` tokens."""
@@ -98,12 +102,15 @@ def draft_and_verify(
         drafting = True
         q = None
         clock = time.perf_counter()
+        if k > 0 and getattr(drafter, "cheap", False):  # drafting is free next to verifying: fill the padded pass
+            k = min(policy.rows(k, end - cur) - 1, drafter.max_drafts(cur))
         if k > 0:
             proposed, q = drafter.propose(ids, tokens, k)
             k = policy.keep(proposed)
             q = q[:k] if q is not None else None
         drafted_at = time.perf_counter()
-        logits = target(ids[:, : cur + k], k + 1)
+        rows = policy.rows(k, end - cur)  # positions past cur + k are padding, discarded below
+        logits = target(ids[:, : cur + rows - 1], rows)[: k + 1]
         if vocab_size is not None:
             logits = logits[:, :vocab_size]
         p = logits_processor(logits)  # [k + 1, V]
@@ -135,7 +142,7 @@ def draft_and_verify(
         ids[0, cur + n] = own[n]
         tokens.extend(emitted)
         target.rollback(cur + n)
-        policy.update(k, n)
+        policy.update(k, n, rows)
         stats.record_step(k, min(n, len(emitted)), len(emitted))
         stats.draft_seconds += drafted_at - clock
         stats.verify_seconds += time.perf_counter() - drafted_at

@@ -4,7 +4,7 @@ import torch
 
 from conftest import EOS_NEVER, PROMPT, llama, perturbed_copy
 from ngram_assisted import NGramStorage, chained_speculative_generate, ngram_assisted_speculative_generate
-from sampling import DraftPolicy, GenerationStats, autoregressive_generate, prompt_lookup_generate, speculative_generate
+from sampling import DraftPolicy, GenerationStats, measure_row_costs, autoregressive_generate, prompt_lookup_generate, speculative_generate
 from sampling.prompt_lookup import lookup_continuation
 from test_lossless_sampling import LENGTH, PROCESSORS, PROMPT as TINY_PROMPT, chi_square_pvalue, exact_distribution, sample_many, tiny_pair  # noqa: F401
 
@@ -16,6 +16,7 @@ POLICIES = {
     "p_min": lambda: DraftPolicy(p_min=0.5),
     "min_gain": lambda: DraftPolicy(min_gain=1.5, pause_steps=2),
     "all": lambda: DraftPolicy(adaptive=True, min_draft=2, pause_after=2, pause_steps=3, p_min=0.3),
+    "padded": lambda: DraftPolicy(row_costs=(1.0, 3.0, 3.0, 2.0, 1.5, 1.5, 1.5, 1.5), min_gain=0.5, pause_steps=2),
 }
 
 
@@ -114,9 +115,35 @@ def test_cost_aware_pause_when_drafting_steps_emit_too_few_tokens():
     assert policy.next_pause == 2
 
 
+def test_passes_are_padded_to_the_cheapest_measured_length():
+    policy = DraftPolicy(row_costs=(1.0, 1.6, 1.8, 1.6, 1.35, 1.4, 1.5))
+    assert [policy.rows(k, 100) for k in range(8)] == [1, 5, 5, 5, 5, 6, 7, 8]
+    assert policy.rows(1, 3) == 2  # never past the generation's end
+    assert DraftPolicy().rows(2, 100) == 3  # costs unknown: no padding
+    assert policy.cost(5) == 1.35 and policy.cost(9) == pytest.approx(1.5 + 2 * 0.5 / 6)
+
+
+def test_cost_aware_pause_counts_tokens_per_unit_of_measured_cost():
+    policy = DraftPolicy(min_gain=0.9, pause_steps=2, row_costs=(1.0, 2.0, 2.0, 2.0, 1.5))
+    policy.start(4)
+    policy.update(4, 1, rows=5)  # 2 tokens for 1.5: pays
+    assert policy.length() == 4
+    policy.update(4, 0, rows=5)  # mean (1.33 + 0.67) / 2 = 1.0: still pays
+    assert policy.length() == 4
+    policy.update(4, 0, rows=5)  # mean 0.83 < 0.9: pause
+    assert [policy.length() for _ in range(3)] == [0, 0, 4]
+
+
+def test_measured_row_costs_are_relative_to_one_position(models):
+    target, _ = models
+    costs = DraftPolicy(row_costs=measure_row_costs(target, max_rows=6, context=16, repeats=2)).row_costs
+    assert len(costs) == 6 and costs[0] == 1.0 and all(c > 0 for c in costs)
+
+
 def test_min_draft_drops_short_drafts_and_bad_policies_are_refused():
     assert DraftPolicy(min_draft=3).keep(2) == 0 and DraftPolicy(min_draft=3).keep(3) == 3
-    for bad in ({"min_draft": -1}, {"p_min": 1.0}, {"p_min": -0.1}, {"pause_after": 1.5}, {"min_gain": -1}):
+    for bad in ({"min_draft": -1}, {"p_min": 1.0}, {"p_min": -0.1}, {"pause_after": 1.5}, {"min_gain": -1},
+                {"row_costs": ()}, {"row_costs": (1.0, 0.0)}):
         with pytest.raises(ValueError):
             DraftPolicy(**bad)
 

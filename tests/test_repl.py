@@ -163,6 +163,14 @@ def test_prompt_flag_runs_one_comparison(tiny_models):
     assert "Speculative" in result.stdout and "speedup" in result.stdout
 
 
+def test_start_up_measures_verification_costs_unless_told_not_to(tiny_models):
+    measured = run("--target", tiny_models["target"], "--prompt", "Hi", "--length", "4")
+    skipped = run("--target", tiny_models["target"], "--prompt", "Hi", "--length", "4", "--no-calibrate")
+    assert measured.returncode == 0 and skipped.returncode == 0, measured.stderr + skipped.stderr
+    assert "Verification cost by positions 1..12: 1.00 " in measured.stdout
+    assert "Verification cost" not in skipped.stdout and "Target AR" in skipped.stdout
+
+
 def test_speculative_without_drafter_says_how_to_get_one(tiny_models):
     result = run("--target", tiny_models["target"], stdin="/speculative\n/drafter\n")
     assert result.stdout.count("restart with --drafter MODEL") == 2 and result.returncode == 0

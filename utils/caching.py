@@ -52,6 +52,15 @@ class PrepackedHead(Module):
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
+def synchronize(model: Module) -> None:
+    """Wait for the model's device, so that a clock read after it counts all the work."""
+    device = model_device(model)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
 _PREPACKED: "weakref.WeakKeyDictionary[Module, PrepackedHead]" = weakref.WeakKeyDictionary()
 
 
