@@ -31,7 +31,7 @@ def test_benchmark_writes_runs_summary_tables_and_plots_with_no_greedy_divergenc
     baseline = [row for row in summary if row["config"] == "target"]
     assert baseline and all(float(row["speedup"]) == 1.0 for row in baseline)
     report = (out / "results.md").read_text()
-    assert "## summarization" in report and "## all" in report and "cost of verifying k tokens" in report
+    assert "## summarization" in report and "## all" in report and "cost of a verification pass over r positions" in report
     assert "time outside model forward passes" in report
     assert "## all" in capsys.readouterr().out
     bench.main(["--from-runs", str(out / "runs.jsonl"), "--out", str(tmp_path / "remade")])
