@@ -25,8 +25,10 @@ class DraftPolicy:
     * ``row_costs``: the measured cost of one target pass over r positions, relative to r = 1
       (``measure_row_costs``; index r - 1). With it, a step verifying k drafts runs over more
       positions when that is measured cheaper (on x86 CPUs 2-3 rows cost more than 4-6; the extra
-      positions are discarded, so outputs do not change), and ``min_gain`` counts tokens per unit
-      of cost instead of tokens.
+      positions are discarded, so outputs do not change), ``min_gain`` counts tokens per unit
+      of cost instead of tokens, and each step drafts the length ``k <= gamma`` that maximises
+      expected tokens per unit of cost, ``(1 - a^(k+1)) / (1 - a) / cost(k)`` (Leviathan et al.
+      2023, section 3.5), with ``a`` the recent per-draft acceptance rate.
     * ``min_gain``: cost-aware pausing. A drafting step pays when it emits more tokens than its
       verification pass costs in single-token passes. When the running mean of tokens per
       drafting step (divided by the step's relative cost when ``row_costs`` is known; halved
@@ -68,6 +70,7 @@ class DraftPolicy:
         self.next_pause = self.pause_steps
         self.paused_steps = 0  # steps spent paused, for the statistics
         self.gain = None  # running mean of tokens emitted per drafting step
+        self.hits = self.trials = 0.0  # recent accepted drafts / drafts tried (decaying sums)
 
     def length(self) -> int:
         """Drafts to ask for in the coming step (0 while paused)."""
@@ -75,7 +78,15 @@ class DraftPolicy:
             self.paused -= 1
             self.paused_steps += 1
             return 0
-        return self.gamma
+        if self.row_costs is None or self.trials == 0:
+            return self.gamma
+        rate = self.hits / self.trials
+        return max(range(1, self.gamma + 1), key=lambda k: (self.expected_tokens(k, rate) / self.cost(self.rows(k, 1 << 30)), -k))
+
+    @staticmethod
+    def expected_tokens(drafts: int, rate: float) -> float:
+        """Tokens a step emits on average when each draft is accepted with probability ``rate``."""
+        return drafts + 1.0 if rate >= 1.0 else (1.0 - rate ** (drafts + 1)) / (1.0 - rate)
 
     def keep(self, drafted: int) -> int:
         """How many of ``drafted`` proposals to verify (0 when fewer than ``min_draft``)."""
@@ -106,6 +117,8 @@ class DraftPolicy:
         """Learn from a step that verified ``drafted`` drafts in a pass over ``rows`` positions."""
         if drafted == 0:
             return
+        self.hits = 0.7 * self.hits + accepted
+        self.trials = 0.7 * self.trials + accepted + (accepted < drafted)
         if self.adaptive:
             self.gamma = min(self.gamma + 2, self.max_gamma) if accepted == drafted else max(1, self.gamma - 1)
         if self.min_gain:

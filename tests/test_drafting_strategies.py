@@ -134,6 +134,20 @@ def test_cost_aware_pause_counts_tokens_per_unit_of_measured_cost():
     assert [policy.length() for _ in range(3)] == [0, 0, 4]
 
 
+def test_draft_length_maximises_expected_tokens_per_unit_of_cost():
+    costs = (1.0, 1.6, 1.8, 1.6, 1.35, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9)
+    policy = DraftPolicy(row_costs=costs)
+    policy.start(10)
+    assert policy.length() == 10  # nothing known yet: gamma
+    for _ in range(5):
+        policy.update(10, 0, rows=11)
+    assert policy.length() == 1  # drafts fail: the shortest of the cheapest passes (padded to 5 positions)
+    for _ in range(20):
+        policy.update(10, 10, rows=11)
+    assert policy.length() == 10  # drafts pay: all of gamma
+    assert DraftPolicy().length() == 1 and DraftPolicy.expected_tokens(3, 0.5) == 1.875
+
+
 def test_measured_row_costs_are_relative_to_one_position(models):
     target, _ = models
     costs = DraftPolicy(row_costs=measure_row_costs(target, max_rows=6, context=16, repeats=2)).row_costs
