@@ -28,7 +28,8 @@ class DraftPolicy:
       positions are discarded, so outputs do not change), ``min_gain`` counts tokens per unit
       of cost instead of tokens, and each step drafts the length ``k <= gamma`` that maximises
       expected tokens per unit of cost, ``(1 - a^(k+1)) / (1 - a) / cost(k)`` (Leviathan et al.
-      2023, section 3.5), with ``a`` the recent per-draft acceptance rate.
+      2023, section 3.5), with ``a`` the recent per-draft acceptance rate (cheap drafters may go
+      past ``gamma``, up to the longest measured pass).
     * ``min_gain``: cost-aware pausing. A drafting step pays when it emits more tokens than its
       verification pass costs in single-token passes. When the running mean of tokens per
       drafting step (divided by the step's relative cost when ``row_costs`` is known; halved
@@ -72,8 +73,9 @@ class DraftPolicy:
         self.gain = None  # running mean of tokens emitted per drafting step
         self.hits = self.trials = 0.0  # recent accepted drafts / drafts tried (decaying sums)
 
-    def length(self) -> int:
-        """Drafts to ask for in the coming step (0 while paused)."""
+    def length(self, longest: int | None = None) -> int:
+        """Drafts to ask for in the coming step (0 while paused). With ``row_costs`` and some
+        outcomes seen, the cost-optimal length up to ``longest`` (default ``gamma``)."""
         if self.paused > 0:
             self.paused -= 1
             self.paused_steps += 1
@@ -81,7 +83,7 @@ class DraftPolicy:
         if self.row_costs is None or self.trials == 0:
             return self.gamma
         rate = self.hits / self.trials
-        return max(range(1, self.gamma + 1), key=lambda k: (self.expected_tokens(k, rate) / self.cost(self.rows(k, 1 << 30)), -k))
+        return max(range(1, max(longest or 0, self.gamma) + 1), key=lambda k: (self.expected_tokens(k, rate) / self.cost(self.rows(k, 1 << 30)), -k))
 
     @staticmethod
     def expected_tokens(drafts: int, rate: float) -> float:

@@ -25,7 +25,9 @@ class Drafter(Protocol):
     """What the verification loop needs from a source of drafts.
 
     A drafter whose ``cheap`` attribute is true (n-gram storage, prompt lookup) is asked for as many
-    drafts as the step's verification pass has room for after padding (``DraftPolicy.rows``).
+    drafts as the step's verification pass has room for after padding (``DraftPolicy.rows``), and
+    with measured costs its draft length may grow past ``gamma`` to the longest measured pass when
+    its recent acceptance makes that pay.
     """
 
     def max_drafts(self, position: int) -> int:
@@ -95,14 +97,16 @@ def draft_and_verify(
     drafting = not first_target
     policy = policy if policy is not None else DraftPolicy()
     policy.start(gamma)
+    cheap = getattr(drafter, "cheap", False)
     stats = stats if stats is not None else GenerationStats()
     while len(tokens) < end:
         cur = len(tokens)
-        k = max(0, min(policy.length(), end - cur - 1, drafter.max_drafts(cur))) if drafting else 0
+        longest = len(policy.row_costs) - 1 if cheap and policy.row_costs else None
+        k = max(0, min(policy.length(longest), end - cur - 1, drafter.max_drafts(cur))) if drafting else 0
         drafting = True
         q = None
         clock = time.perf_counter()
-        if k > 0 and getattr(drafter, "cheap", False):  # drafting is free next to verifying: fill the padded pass
+        if k > 0 and cheap:  # drafting is free next to verifying: fill the padded pass
             k = min(policy.rows(k, end - cur) - 1, drafter.max_drafts(cur))
         if k > 0:
             proposed, q = drafter.propose(ids, tokens, k)

@@ -145,6 +145,10 @@ def test_draft_length_maximises_expected_tokens_per_unit_of_cost():
     for _ in range(20):
         policy.update(10, 10, rows=11)
     assert policy.length() == 10  # drafts pay: all of gamma
+    policy.start(4)
+    for _ in range(20):
+        policy.update(4, 4, rows=5)
+    assert policy.length() == 4 and policy.length(longest=10) == 10  # a cheap drafter may go past gamma
     assert DraftPolicy().length() == 1 and DraftPolicy.expected_tokens(3, 0.5) == 1.875
 
 
