@@ -2,6 +2,7 @@
 import inspect
 import os
 import weakref
+from typing import Dict, List, Tuple
 
 import torch
 from torch import Tensor
@@ -28,30 +29,6 @@ def model_device(model: Module) -> torch.device:
     return next(model.parameters()).device
 
 
-class PrepackedHead(Module):
-    """An output projection ``y = x W^T + b`` through oneDNN with a prepacked copy of ``W``.
-
-    On x86 CPUs, MKL computes the big vocabulary projection of a float32 model (49152 x 576 for
-    SmolLM2) 2-5x slower than oneDNN with a prepacked weight, and much slower for 2-3 rows than for
-    4: with it a one-token SmolLM2 step goes from ~48 to ~38 ms on the 2-core test machine. Costs
-    one extra copy of the head's weight. Same result up to float32 rounding (~1e-5).
-    """
-
-    def __init__(self, head: torch.nn.Linear):
-        super().__init__()
-        weight = head.weight.detach()
-        self.out_features = weight.shape[0]
-        self.weight = weight.to_mkldnn()
-        bias = head.bias.detach() if head.bias is not None else weight.new_zeros(self.out_features)
-        self.bias = bias.to_mkldnn()
-        self.source = (weight.data_ptr(), weight._version)
-
-    def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, x.shape[-1]).contiguous().to_mkldnn()
-        y = torch._C._nn.mkldnn_linear(rows, self.weight, self.bias).to_dense()
-        return y.reshape(*x.shape[:-1], self.out_features)
-
-
 def synchronize(model: Module) -> None:
     """Wait for the model's device, so that a clock read after it counts all the work."""
     device = model_device(model)
@@ -61,31 +38,88 @@ def synchronize(model: Module) -> None:
         torch.mps.synchronize()
 
 
-_PREPACKED: "weakref.WeakKeyDictionary[Module, PrepackedHead]" = weakref.WeakKeyDictionary()
+# oneDNN picks the blocked weight layout for this many rows; measured on the 2-core x86 machine
+# (SmolLM2-135M, ms per pass over 1 / 2 / 4 / 6 positions): hint 1: 29.7 / 36.8 / 36.0 / 37.9,
+# hint 8: 22.5 / 25.1 / 27.1 / 28.4, the model's own MKL path: 45.7 / 74.0 / 70.8 / 70.8.
+_ROW_HINT = 8
 
 
-def prepacked_head(model: Module) -> tuple[str, PrepackedHead] | None:
-    """(attribute name, prepacked head) for a float32 CPU model with a plain ``nn.Linear`` head, else None.
+class PrepackedLinear(Module):
+    """A float32 CPU ``nn.Linear`` computed by oneDNN from a copy of its weight reordered once.
 
-    Disabled by ``SPECDEC_FAST_HEAD=0``. Quantized, hooked (accelerate) or non-CPU heads keep the
-    model's own module. The prepacked copy is remade when the head's weight changes.
+    On x86 CPUs MKL repacks the weight of every ``nn.Linear`` at every call with more than one row,
+    so a pass over 2-8 positions costs 1.5x a one-position pass and a decoding step is memory
+    bound twice over. With every linear layer prepacked a SmolLM2-135M step on the 2-core test
+    machine goes from ~45 to ~23 ms and verifying 4-6 positions costs ~1.2x one. Same result up to
+    float32 rounding (~1e-5); costs one extra copy of the weights.
     """
-    if os.environ.get("SPECDEC_FAST_HEAD", "1") == "0" or not torch.backends.mkldnn.is_available():
-        return None
-    get_head = getattr(model, "get_output_embeddings", None)
-    head = get_head() if get_head is not None else None
-    if type(head) is not torch.nn.Linear or hasattr(head, "_hf_hook") or head._forward_hooks or head._forward_pre_hooks:
-        return None
-    weight = head.weight
-    if weight.device.type != "cpu" or weight.dtype != torch.float32:
-        return None
-    name = next((n for n, child in model.named_children() if child is head), None)
-    if name is None:
-        return None
-    fast = _PREPACKED.get(head)
-    if fast is None or fast.source != (weight.data_ptr(), weight._version):
-        fast = _PREPACKED[head] = PrepackedHead(head)
-    return name, fast
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        weight = linear.weight.detach()
+        self.out_features = weight.shape[0]
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, _ROW_HINT)
+        self.bias = linear.bias.detach() if linear.bias is not None else None
+        self.source = _source(linear)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, "none", [], "")
+
+
+def _source(linear: torch.nn.Linear) -> tuple:
+    """What identifies the current values of a linear layer's parameters."""
+    return tuple((p.data_ptr(), p._version) for p in (linear.weight, linear.bias) if p is not None)
+
+
+def _can_prepack() -> bool:
+    if os.environ.get("SPECDEC_PREPACK", "1") == "0" or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        return bool(torch.ops.mkldnn._reorder_linear_weight and torch.ops.mkldnn._linear_pointwise)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+_PREPACKED: "weakref.WeakKeyDictionary[Module, PrepackedLinear]" = weakref.WeakKeyDictionary()
+
+# (the parent's submodule dict, the child's name, the prepacked layer, the model's own layer)
+Swap = Tuple[Dict[str, Module], str, PrepackedLinear, torch.nn.Linear]
+
+
+def prepacked_linears(model: Module) -> List[Swap]:
+    """The model's plain float32 CPU ``nn.Linear`` layers with their prepacked copies; [] when none.
+
+    Disabled by ``SPECDEC_PREPACK=0``, without oneDNN, or when the copies would take more than a
+    quarter of the machine's memory. Quantized, hooked (accelerate) or non-CPU layers, and other
+    dtypes, keep the model's own modules. A copy is remade when its layer's parameters change.
+    """
+    if not _can_prepack():
+        return []
+    found = []
+    for parent in model.modules():
+        for name, child in parent._modules.items():
+            if type(child) is not torch.nn.Linear or hasattr(child, "_hf_hook") or child._forward_hooks or child._forward_pre_hooks:
+                continue
+            if child.weight.device.type != "cpu" or child.weight.dtype != torch.float32:
+                continue
+            found.append((parent._modules, name, child))
+    size = sum(child.weight.numel() * 4 for _, _, child in found)
+    if not found or size > _physical_memory() // 4:
+        return []
+    swaps = []
+    for modules, name, child in found:
+        packed = _PREPACKED.get(child)
+        if packed is None or packed.source != _source(child):
+            packed = _PREPACKED[child] = PrepackedLinear(child)
+        swaps.append((modules, name, packed, child))
+    return swaps
 
 
 class KVCacheModel:
@@ -97,15 +131,16 @@ class KVCacheModel:
     trace. With the cache off, the whole of ``ids`` is fed each time (the slow reference path).
 
     For an encoder-decoder model, pass the encoder's ``encoder_input_ids``: the encoder runs once
-    and ``ids`` are then decoder tokens. ``fast_head`` computes the output projection of a float32
-    CPU model with ``PrepackedHead`` (same logits up to rounding, faster).
+    and ``ids`` are then decoder tokens. With ``prepack`` (default), the float32 CPU linear layers
+    run as ``PrepackedLinear`` during this runner's passes (same logits up to rounding, about twice
+    as fast on x86 CPUs); the model's own modules are back in place after every pass.
     """
 
     def __init__(
-        self, model: Module, use_cache: bool = True, encoder_input_ids: list[int] | None = None, fast_head: bool = True
+        self, model: Module, use_cache: bool = True, encoder_input_ids: list[int] | None = None, prepack: bool = True
     ):
         self.model = model
-        self.fast_head = fast_head
+        self.swaps = prepacked_linears(model) if prepack else []
         self.device = model_device(model)
         self.use_cache = use_cache
         self.cache = None
@@ -131,17 +166,15 @@ class KVCacheModel:
             kwargs["input_ids"] = new
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = n_last
-        fast = prepacked_head(self.model) if self.fast_head else None
-        if fast is None:
+        # the model's own forward with the prepacked layers in its submodule dicts (plain dict
+        # writes: Module.__setattr__ on 200 layers would cost ~1 ms a pass)
+        for modules, name, packed, _ in self.swaps:
+            modules[name] = packed
+        try:
             out = self.model(**kwargs)
-        else:  # the model's own forward, with the prepacked head in place of its output projection
-            name, head = fast
-            own = getattr(self.model, name)
-            setattr(self.model, name, head)
-            try:
-                out = self.model(**kwargs)
-            finally:
-                setattr(self.model, name, own)
+        finally:
+            for modules, name, _, own in self.swaps:
+                modules[name] = own
         self.forward_passes += 1
         if self.use_cache:
             self.cache = out.past_key_values

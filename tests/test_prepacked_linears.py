@@ -1,0 +1,82 @@
+"""The prepacked (oneDNN) linear layers used on float32 CPU models change nothing but speed."""
+import pytest
+import torch
+
+from conftest import EOS_NEVER, PROMPT, llama, perturbed_copy
+from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
+from sampling import autoregressive_generate, prompt_lookup_generate, speculative_generate
+from utils.caching import KVCacheModel, PrepackedLinear, prepacked_linears
+
+pytestmark = pytest.mark.skipif(not prepacked_linears(llama().to(torch.float32)), reason="needs oneDNN (mkldnn)")
+
+
+@pytest.fixture(scope="module")
+def float32_pair():
+    target = llama(vocab=300, init=0.2).to(torch.float32)
+    drafter = perturbed_copy(target, 0.2, seed=1).to(torch.float32)
+    return target, drafter
+
+
+def linear_count(model):
+    return sum(type(m) is torch.nn.Linear for m in model.modules())
+
+
+def test_every_float32_linear_layer_is_prepacked(float32_pair):
+    target, _ = float32_pair
+    swaps = prepacked_linears(target)
+    assert len(swaps) == linear_count(target) > 1
+    assert all(isinstance(packed, PrepackedLinear) for _, _, packed, _ in swaps)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_prepacked_logits_match_the_models_own_over_any_number_of_rows(float32_pair, rows):
+    target, _ = float32_pair
+    ids = torch.tensor([PROMPT])
+    own = KVCacheModel(target, prepack=False)(ids, rows)
+    fast = KVCacheModel(target, prepack=True)(ids, rows)
+    torch.testing.assert_close(fast, own, rtol=1e-4, atol=1e-4)
+
+
+def test_model_keeps_its_own_layers_after_a_prepacked_pass(float32_pair):
+    target, _ = float32_pair
+    before = [(name, module) for name, module in target.named_modules()]
+    KVCacheModel(target)(torch.tensor([PROMPT]), 1)
+    assert [(name, module) for name, module in target.named_modules()] == before
+    assert not any(isinstance(m, PrepackedLinear) for m in target.modules())
+
+
+def test_model_keeps_its_own_layers_when_a_pass_fails(float32_pair):
+    target, _ = float32_pair
+    with pytest.raises(Exception):
+        KVCacheModel(target)(torch.tensor([[10**6]]), 1)  # token id outside the vocabulary
+    assert not any(isinstance(m, PrepackedLinear) for m in target.modules())
+
+
+def test_prepacked_layers_follow_a_weight_change():
+    target = llama(vocab=300).to(torch.float32)
+    ids = torch.tensor([PROMPT])
+    KVCacheModel(target)(ids, 1)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(-1)
+        target.model.layers[0].mlp.up_proj.weight.mul_(0.5)
+    torch.testing.assert_close(KVCacheModel(target)(ids, 3), KVCacheModel(target, prepack=False)(ids, 3), rtol=1e-4, atol=1e-4)
+
+
+def test_prepacking_only_for_float32_cpu_linear_layers(monkeypatch):
+    assert prepacked_linears(llama()) == []  # float64
+    model = llama().to(torch.float32)
+    assert prepacked_linears(model)
+    monkeypatch.setenv("SPECDEC_PREPACK", "0")
+    assert prepacked_linears(model) == []
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_greedy_speculative_equals_autoregressive_in_float32_with_prepacked_layers(float32_pair, use_cache):
+    target, drafter = float32_pair
+    reference = autoregressive_generate(PROMPT, target, 40, eos_tokens_id=EOS_NEVER, use_cache=use_cache)
+    out, _ = speculative_generate(PROMPT, drafter, target, gamma=4, max_gen_len=40, eos_tokens_id=EOS_NEVER, use_cache=use_cache)
+    nasd, _ = ngram_assisted_speculative_generate(
+        PROMPT, NGramStorage(3, 300), target, gamma=4, max_gen_len=40, eos_tokens_id=EOS_NEVER, use_cache=use_cache
+    )
+    pld, _ = prompt_lookup_generate(PROMPT, target, max_gen_len=40, eos_tokens_id=EOS_NEVER, use_cache=use_cache)
+    assert out == reference and nasd == reference and pld == reference
