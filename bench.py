@@ -88,7 +88,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify-cost", action="store_true", help="also time one target pass verifying k tokens against k = 1")
     p.add_argument("--overhead", action="store_true", help="also report the share of each run spent outside model forward passes")
     p.add_argument("--from-runs", help="re-make the tables and plots from a runs.jsonl, without running anything")
+    p.add_argument("--group", action="append", type=group_spec, metavar="NAME=CAT,CAT",
+                   help="also report these categories taken together (repeatable; default: "
+                   f"{DEFAULT_GROUP[0]}={','.join(DEFAULT_GROUP[1])})")
     return p
+
+
+DEFAULT_GROUP = ("input-grounded", ("summarization", "rag", "coding", "extraction"))
+
+
+def group_spec(text: str) -> tuple:
+    name, _, categories = text.partition("=")
+    members = tuple(c.strip() for c in categories.split(",") if c.strip())
+    if not name.strip() or not members:
+        raise argparse.ArgumentTypeError(f"expected NAME=CATEGORY,CATEGORY, got {text!r}")
+    return name.strip(), members
 
 
 def load_prompts(path: str, categories: Optional[str], limit: Optional[int]) -> List[dict]:
@@ -175,9 +189,10 @@ class Bench:
             policy = DraftPolicy(min_gain=args.min_gain or 0.0, **options)
         else:
             print("measuring verification costs ...", file=sys.stderr)
-            policy = calibrated_policy(self.target, **({} if args.min_gain is None else {"min_gain": args.min_gain}), **options)
-            print(f"verification cost by rows 1..{len(policy.row_costs)}: {' '.join(f'{c:.2f}' for c in policy.row_costs)}",
-                  file=sys.stderr)
+            policy = calibrated_policy(self.target, drafter=self.drafter,
+                                       **({} if args.min_gain is None else {"min_gain": args.min_gain}), **options)
+            print(f"verification cost by rows 1..{len(policy.row_costs)}: {' '.join(f'{c:.2f}' for c in policy.row_costs)}"
+                  f"; drafter pass {policy.draft_cost:.2f}", file=sys.stderr)
         self.row_costs = policy.row_costs
         self.settings = Settings(target=self.target, tokenizer=self.tokenizer, drafter=self.drafter, processor=self.processor,
                                  max_gen_len=args.max_new_tokens, eos_tokens_id=end_tokens(self.target, self.tokenizer), policy=policy)
@@ -247,12 +262,19 @@ class Bench:
         return {rows: cost for rows, cost in enumerate(costs, 1)}
 
 
-def summarize(records: List[dict]) -> List[dict]:
-    """Per category (and 'all') and configuration: tokens/s (median over repeats, spread), speedup
-    over target autoregressive within each repeat, acceptance, tokens per step, divergences."""
+def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dict]:
+    """Per category (and 'all', and each group of categories present) and configuration: tokens/s
+    (median over repeats, spread), speedup over target autoregressive within each repeat,
+    acceptance, tokens per step, divergences."""
+    present = {r["category"] for r in records}
+    memberships = defaultdict(list)
+    for name, members in groups:
+        if len(present & set(members)) > 1:
+            for category in members:
+                memberships[category].append(name)
     groups = defaultdict(list)
     for r in records:
-        for category in (r["category"], "all"):
+        for category in (r["category"], "all", *memberships[r["category"]]):
             groups[(category, r["config"], r["repeat"])].append(r)
     per_repeat = {}
     for (category, config, repeat), runs in groups.items():
@@ -270,7 +292,8 @@ def summarize(records: List[dict]) -> List[dict]:
         steps = sum(r["target_passes"] for r in runs)
         median = statistics.median(tps)
         rows.append({
-            "category": category, "config": config, "key": runs[0]["key"], "gamma": runs[0]["gamma"],
+            "category": category, "scope": "all" if category == "all" else "group" if category not in present else "category",
+            "config": config, "key": runs[0]["key"], "gamma": runs[0]["gamma"],
             "tokens_per_s": median, "spread_pct": 100 * (max(tps) - min(tps)) / median if median else 0.0,
             "speedup": statistics.median(speedups) if speedups else 0.0,
             "acceptance": sum(r["accepted"] for r in runs) / drafted if drafted else None,
@@ -280,9 +303,15 @@ def summarize(records: List[dict]) -> List[dict]:
     return rows
 
 
+def ordered_categories(rows: List[dict]) -> List[str]:
+    """Categories first, then groups of categories, then 'all'."""
+    scope = {r["category"]: r.get("scope", "all" if r["category"] == "all" else "category") for r in rows}
+    return sorted(scope, key=lambda c: (["category", "group", "all"].index(scope[c]), c))
+
+
 def speedup_matrix(rows: List[dict]) -> List[str]:
     """One line per configuration, one column per category: the speedups at a glance."""
-    categories = sorted({r["category"] for r in rows}, key=lambda c: (c == "all", c))
+    categories = ordered_categories(rows)
     configs = sorted({r["config"] for r in rows}, key=lambda c: -next(r["speedup"] for r in rows if r["config"] == c and r["category"] == "all"))
     speed = {(r["category"], r["config"]): r["speedup"] for r in rows}
     lines = ["| strategy | " + " | ".join(categories) + " |", "| --- |" + " ---: |" * len(categories)]
@@ -294,7 +323,7 @@ def speedup_matrix(rows: List[dict]) -> List[str]:
 
 def markdown(rows: List[dict], title: str) -> str:
     lines = [f"# {title}", "", "Speedup over target autoregressive, by category:", ""] + speedup_matrix(rows)
-    for category in sorted({r["category"] for r in rows}, key=lambda c: (c == "all", c)):
+    for category in ordered_categories(rows):
         lines += [f"## {category}", "", "| strategy | tokens/s | speedup | tokens/step | acceptance | greedy divergences |",
                   "| --- | ---: | ---: | ---: | ---: | ---: |"]
         for r in sorted((r for r in rows if r["category"] == category), key=lambda r: -r["speedup"]):
@@ -320,7 +349,7 @@ def plots(rows: List[dict], records: List[dict], out: Path) -> List[str]:
     import matplotlib.pyplot as plt
 
     written = []
-    categories = sorted({r["category"] for r in rows}, key=lambda c: (c == "all", c))
+    categories = ordered_categories(rows)
     configs = sorted({r["config"] for r in rows if r["config"] != "target"})
     fig, ax = plt.subplots(figsize=(max(8, len(categories) * 1.4), 5))
     width = 0.8 / max(1, len(configs))
@@ -433,7 +462,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         return
     if args.from_runs:
         records = [json.loads(line) for line in Path(args.from_runs).read_text().splitlines() if line.strip()]
-        write_reports(records, Path(args.out), f"re-made from {args.from_runs}")
+        write_reports(records, Path(args.out), f"re-made from {args.from_runs}", groups=args.group or (DEFAULT_GROUP,))
         return
     from tqdm import tqdm
 
@@ -488,12 +517,12 @@ def main(argv: Optional[List[str]] = None) -> None:
         shares = bench.overhead(configs, items[0]["prompt"])
         extra += "\n## time outside model forward passes (first prompt)\n\n| strategy | share |\n| --- | ---: |\n"
         extra += "".join(f"| {label} | {share:.1%} |\n" for label, share in shares.items())
-    write_reports(records, out, title, extra)
+    write_reports(records, out, title, extra, args.group or (DEFAULT_GROUP,))
 
 
-def write_reports(records: List[dict], out: Path, title: str, extra: str = "") -> None:
+def write_reports(records: List[dict], out: Path, title: str, extra: str = "", groups: tuple = (DEFAULT_GROUP,)) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    summary = summarize(records)
+    summary = summarize(records, groups)
     with open(out / "summary.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(summary[0]))
         writer.writeheader()

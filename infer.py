@@ -584,9 +584,10 @@ def main(argv: Optional[List[str]] = None) -> None:
         from strategies import calibrated_policy
 
         console.print(Text("Measuring the target's verification costs ...", style="dim"))
-        settings.policy = calibrated_policy(target)
+        settings.policy = calibrated_policy(target, drafter=drafter)
         costs = " ".join(f"{c:.2f}" for c in settings.policy.row_costs)
-        console.print(f"[bold]Verification cost[/bold] by positions 1..{len(settings.policy.row_costs)}: {costs} "
+        drafter_cost = f" · a drafter pass costs {settings.policy.draft_cost:.2f}" if drafter is not None else ""
+        console.print(f"[bold]Verification cost[/bold] by positions 1..{len(settings.policy.row_costs)}: {costs}{drafter_cost} "
                       f"· pausing below {settings.policy.min_gain} tokens per unit of cost")
     repl = Repl(settings, not args.no_chat, processor_name, processor_args, args.seed)
     if args.prompt is not None:

@@ -20,6 +20,7 @@ from ngram_assisted import (
 )
 from sampling import (
     DraftPolicy,
+    measure_draft_cost,
     measure_row_costs,
     GenerationStats,
     autoregressive_generate,
@@ -38,10 +39,12 @@ STORAGES = {"basic": NGramStorage, "onelevel": OneLevelNGramStorage}
 DEFAULT_MIN_GAIN = 1.0
 
 
-def calibrated_policy(target: Module, min_gain: float = DEFAULT_MIN_GAIN, **policy) -> DraftPolicy:
+def calibrated_policy(target: Module, min_gain: float = DEFAULT_MIN_GAIN, drafter: Optional[Module] = None, **policy) -> DraftPolicy:
     """The REPL's and the benchmark's default policy: verification costs measured on ``target``
-    where it runs (``measure_row_costs``, a few seconds), cheaper padded passes, cost-aware pausing."""
-    return DraftPolicy(min_gain=min_gain, row_costs=measure_row_costs(target), **policy)
+    where it runs (``measure_row_costs``, a few seconds), the cost of a ``drafter`` pass
+    (``measure_draft_cost``), cheaper padded passes, cost-aware pausing."""
+    draft_cost = measure_draft_cost(drafter, target) if drafter is not None else 0.0
+    return DraftPolicy(min_gain=min_gain, row_costs=measure_row_costs(target), draft_cost=draft_cost, **policy)
 
 
 @dataclass

@@ -35,6 +35,10 @@ class DraftPolicy:
       drafting step (divided by the step's relative cost when ``row_costs`` is known; halved
       weight per step) falls below ``min_gain``, drafting pauses as above. With ``row_costs``,
       1.0 is break-even. 0 disables.
+    * ``draft_cost``: the measured cost of one pass of a drafter model relative to a one-position
+      target pass (``measure_draft_cost``). A step of a drafter that is not cheap (a model, or a
+      chain that may use one) then costs ``cost(rows) + k * draft_cost``, which the cost-optimal
+      length and ``min_gain`` both count, so a drafter too slow for its acceptance pauses.
     * ``p_min``: for drafter models, stop drafting when the drafter's top probability falls
       below it (llama.cpp's ``--draft-p-min``).
     """
@@ -47,6 +51,7 @@ class DraftPolicy:
     max_gamma: int = 64
     min_gain: float = 0.0
     row_costs: Tuple[float, ...] | None = None
+    draft_cost: float = 0.0
 
     def __post_init__(self):
         for name in ("min_draft", "pause_after", "pause_steps", "max_gamma"):
@@ -59,13 +64,17 @@ class DraftPolicy:
             self.row_costs = tuple(float(c) for c in self.row_costs)
             if not self.row_costs or any(not c > 0 for c in self.row_costs):
                 raise ValueError(f"row_costs must be positive relative costs, got {self.row_costs!r}")
+        if isinstance(self.draft_cost, bool) or not isinstance(self.draft_cost, (int, float)) or not 0 <= self.draft_cost < 1e3:
+            raise ValueError(f"draft_cost must be >= 0, got {self.draft_cost!r}")
         if not 0.0 <= self.p_min < 1.0:
             raise ValueError(f"p_min must be in [0, 1), got {self.p_min!r}")
         self.start(1)
 
-    def start(self, gamma: int) -> None:
-        """Reset the state for a new generation that drafts ``gamma`` tokens per step."""
+    def start(self, gamma: int, cheap: bool = True) -> None:
+        """Reset the state for a new generation that drafts ``gamma`` tokens per step; ``cheap``:
+        the drafter costs nothing next to a verification pass (n-gram storage, prompt lookup)."""
         self.gamma = gamma
+        self.per_draft = 0.0 if cheap else float(self.draft_cost)
         self.zero_streak = 0
         self.paused = 0
         self.next_pause = self.pause_steps
@@ -83,7 +92,7 @@ class DraftPolicy:
         if self.row_costs is None or self.trials == 0:
             return self.gamma
         rate = self.hits / self.trials
-        return max(range(1, max(longest or 0, self.gamma) + 1), key=lambda k: (self.expected_tokens(k, rate) / self.cost(self.rows(k, 1 << 30)), -k))
+        return max(range(1, max(longest or 0, self.gamma) + 1), key=lambda k: (self.expected_tokens(k, rate) / self.step_cost(k), -k))
 
     @staticmethod
     def expected_tokens(drafts: int, rate: float) -> float:
@@ -115,6 +124,12 @@ class DraftPolicy:
         slope = (costs[-1] - costs[0]) / max(1, len(costs) - 1)  # linear beyond the measured range
         return costs[-1] + slope * (rows - len(costs))
 
+    def step_cost(self, drafted: int, rows: int | None = None) -> float:
+        """Relative cost of a step that drafts ``drafted`` tokens and verifies them over ``rows``
+        positions (default: the padded pass ``rows(drafted)``), in one-position target passes."""
+        rows = rows if rows is not None else self.rows(drafted, 1 << 30)
+        return self.cost(rows) + drafted * self.per_draft
+
     def update(self, drafted: int, accepted: int, rows: int | None = None) -> None:
         """Learn from a step that verified ``drafted`` drafts in a pass over ``rows`` positions."""
         if drafted == 0:
@@ -124,7 +139,7 @@ class DraftPolicy:
         if self.adaptive:
             self.gamma = min(self.gamma + 2, self.max_gamma) if accepted == drafted else max(1, self.gamma - 1)
         if self.min_gain:
-            tokens = (accepted + 1) / self.cost(rows if rows is not None else drafted + 1)
+            tokens = (accepted + 1) / self.step_cost(drafted, rows if rows is not None else drafted + 1)
             self.gain = tokens if self.gain is None else (self.gain + tokens) / 2
             if self.gain >= self.min_gain:
                 self.next_pause = self.pause_steps
@@ -141,6 +156,43 @@ class DraftPolicy:
             self.next_pause *= 2
 
 
+def _time_pass(runner: tuple, ids, context: int, rows: int, samples: list) -> None:
+    """Append the seconds of one cached pass over ``rows`` new positions after ``context``."""
+    runner, model = runner
+    synchronize(model)
+    start = time.perf_counter()
+    runner(ids[:, : context + rows], rows)
+    synchronize(model)
+    samples.append(time.perf_counter() - start)
+    runner.rollback(context)
+
+
+@torch.no_grad()
+def measure_draft_cost(drafter: Module, target: Module, context: int = 128, repeats: int = 7) -> float:
+    """Time of one cached one-position pass of ``drafter`` relative to one of ``target`` (medians
+    of ``repeats`` interleaved passes after one warm-up each): the ``draft_cost`` of a drafter model."""
+    ids = torch.randint(min(_vocab(drafter), _vocab(target)), (1, context + 1), generator=torch.Generator().manual_seed(0))
+    runners = [_runner(m, ids, context) for m in (drafter, target)]
+    samples = ([], [])
+    for round_ in range(repeats + 1):
+        for runner, times in zip(runners, samples):
+            _time_pass(runner, ids, context, 1, times)
+            if not round_:
+                times.clear()  # the first round warms up
+    return round(statistics.median(samples[0]) / statistics.median(samples[1]), 3)
+
+
+def _vocab(model: Module) -> int:
+    return getattr(model.config, "vocab_size", None) or 100
+
+
+def _runner(model: Module, ids, context: int) -> tuple:
+    encoder_decoder = getattr(model.config, "is_encoder_decoder", False)
+    runner = KVCacheModel(model, True, encoder_input_ids=ids[0, :context].tolist() if encoder_decoder else None)
+    runner(ids[:, :context], 1)
+    return runner, model
+
+
 @torch.no_grad()
 def measure_row_costs(model: Module, max_rows: int = 12, context: int = 128, repeats: int = 5) -> Tuple[float, ...]:
     """Time of one cached target pass over r new positions (r = 1..max_rows) after ``context``
@@ -149,24 +201,16 @@ def measure_row_costs(model: Module, max_rows: int = 12, context: int = 128, rep
     Medians of ``repeats`` interleaved rounds, the device synchronised around each pass. About
     ``max_rows * (repeats + 1)`` passes: ~3 s for SmolLM2-135M on a 2-core CPU.
     """
-    config = model.config
-    vocab = getattr(config, "vocab_size", None) or 100
-    encoder_decoder = getattr(config, "is_encoder_decoder", False)
-    window = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    window = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
     if window:
         context = max(1, min(context, window - max_rows))
-    ids = torch.randint(vocab, (1, context + max_rows), generator=torch.Generator().manual_seed(0))
-    runner = KVCacheModel(model, True, encoder_input_ids=ids[0, :context].tolist() if encoder_decoder else None)
-    runner(ids[:, :context], 1)
+    ids = torch.randint(_vocab(model), (1, context + max_rows), generator=torch.Generator().manual_seed(0))
+    runner = _runner(model, ids, context)
     samples = [[] for _ in range(max_rows)]
-    for round_ in range(repeats + 1):  # the first round warms up
+    for round_ in range(repeats + 1):
         for rows in range(1, max_rows + 1):
-            synchronize(model)
-            start = time.perf_counter()
-            runner(ids[:, : context + rows], rows)
-            synchronize(model)
-            if round_:
-                samples[rows - 1].append(time.perf_counter() - start)
-            runner.rollback(context)
+            _time_pass(runner, ids, context, rows, samples[rows - 1])
+            if not round_:
+                samples[rows - 1].clear()  # the first round warms up
     medians = [statistics.median(s) for s in samples]
     return tuple(round(m / medians[0], 3) for m in medians)

@@ -96,8 +96,8 @@ def draft_and_verify(
     greedy = isinstance(logits_processor, GreedyProcessor)
     drafting = not first_target
     policy = policy if policy is not None else DraftPolicy()
-    policy.start(gamma)
     cheap = getattr(drafter, "cheap", False)
+    policy.start(gamma, cheap)
     stats = stats if stats is not None else GenerationStats()
     while len(tokens) < end:
         cur = len(tokens)

@@ -4,7 +4,7 @@ import torch
 
 from conftest import EOS_NEVER, PROMPT, llama, perturbed_copy
 from ngram_assisted import NGramStorage, chained_speculative_generate, ngram_assisted_speculative_generate
-from sampling import DraftPolicy, GenerationStats, measure_row_costs, autoregressive_generate, prompt_lookup_generate, speculative_generate
+from sampling import DraftPolicy, GenerationStats, measure_draft_cost, measure_row_costs, autoregressive_generate, prompt_lookup_generate, speculative_generate
 from sampling.prompt_lookup import lookup_continuation
 from test_lossless_sampling import LENGTH, PROCESSORS, PROMPT as TINY_PROMPT, chi_square_pvalue, exact_distribution, sample_many, tiny_pair  # noqa: F401
 
@@ -17,6 +17,7 @@ POLICIES = {
     "min_gain": lambda: DraftPolicy(min_gain=1.5, pause_steps=2),
     "all": lambda: DraftPolicy(adaptive=True, min_draft=2, pause_after=2, pause_steps=3, p_min=0.3),
     "padded": lambda: DraftPolicy(row_costs=(1.0, 3.0, 3.0, 2.0, 1.5, 1.5, 1.5, 1.5), min_gain=0.5, pause_steps=2),
+    "draft_cost": lambda: DraftPolicy(row_costs=(1.0, 1.1, 1.2, 1.2, 1.3), draft_cost=0.4, min_gain=1.0, pause_steps=2),
 }
 
 
@@ -158,10 +159,36 @@ def test_measured_row_costs_are_relative_to_one_position(models):
     assert len(costs) == 6 and costs[0] == 1.0 and all(c > 0 for c in costs)
 
 
+def test_a_drafter_models_measured_cost_makes_a_slow_drafter_pause_and_draft_shorter():
+    costs = (1.0, 1.1, 1.1, 1.2, 1.2)
+    model, cheap = DraftPolicy(row_costs=costs, draft_cost=0.7, min_gain=1.0, pause_steps=4), DraftPolicy(row_costs=costs, draft_cost=0.7, min_gain=1.0, pause_steps=4)
+    model.start(4, cheap=False)
+    cheap.start(4, cheap=True)  # n-gram storage, prompt lookup: the drafter's cost is not counted
+    assert model.step_cost(4, rows=5) == pytest.approx(1.2 + 4 * 0.7) and cheap.step_cost(4, rows=5) == 1.2
+    for policy in (model, cheap):
+        policy.update(4, 1, rows=5)  # 2 tokens: pays for the cheap drafter, not for the model (4.0)
+    assert model.length() == 0 and cheap.length() > 0
+    outcomes = DraftPolicy(row_costs=costs, draft_cost=0.7)
+    outcomes.start(4, cheap=False)
+    for _ in range(10):
+        outcomes.update(4, 2, rows=5)  # acceptance 2/3: the drafter's passes make short drafts better
+    free = DraftPolicy(row_costs=costs)
+    free.start(4, cheap=False)
+    for _ in range(10):
+        free.update(4, 2, rows=5)
+    assert outcomes.length() < free.length() == 4
+
+
+def test_measured_draft_cost_is_relative_to_one_target_pass(models):
+    target, drafter = models
+    cost = measure_draft_cost(drafter, target, context=16, repeats=3)
+    assert 0 < cost < 10 and DraftPolicy(draft_cost=cost).draft_cost == cost
+
+
 def test_min_draft_drops_short_drafts_and_bad_policies_are_refused():
     assert DraftPolicy(min_draft=3).keep(2) == 0 and DraftPolicy(min_draft=3).keep(3) == 3
     for bad in ({"min_draft": -1}, {"p_min": 1.0}, {"p_min": -0.1}, {"pause_after": 1.5}, {"min_gain": -1},
-                {"row_costs": ()}, {"row_costs": (1.0, 0.0)}):
+                {"row_costs": ()}, {"row_costs": (1.0, 0.0)}, {"draft_cost": -0.5}, {"draft_cost": "1"}):
         with pytest.raises(ValueError):
             DraftPolicy(**bad)
 
