@@ -80,3 +80,22 @@ def test_theoretical_speedup_and_divergence_helpers():
     assert bench.first_divergence([1, 2, 3], [1, 2, 3]) is None
     assert bench.first_divergence([1, 2, 3], [1, 5, 3]) == 1
     assert bench.first_divergence([1, 2], [1, 2, 3]) == 2
+
+
+def record(category, config, repeat, tokens, seconds):
+    return {"category": category, "config": config, "key": config, "gamma": 4, "repeat": repeat, "new_tokens": tokens,
+            "seconds": seconds, "drafted": 0, "accepted": 0, "target_passes": tokens, "diverged_at": None}
+
+
+def test_groups_of_categories_are_summarised_together_between_categories_and_all():
+    records = [record(c, k, 0, 100, s) for c, k, s in (
+        ("summarization", "target", 4.0), ("summarization", "ngram", 2.0), ("rag", "target", 4.0), ("rag", "ngram", 4.0),
+        ("qa", "target", 4.0), ("qa", "ngram", 8.0))]
+    rows = bench.summarize(records, (bench.DEFAULT_GROUP, ("unused", ("translation", "writing"))))
+    speed = {(r["category"], r["config"]): r["speedup"] for r in rows}
+    assert speed[("input-grounded", "ngram")] == pytest.approx((200 / 6) / (200 / 8))  # tokens over seconds, taken together
+    assert speed[("all", "ngram")] == pytest.approx(300 / 14 / (300 / 12))
+    assert "unused" not in {r["category"] for r in rows}  # no member present
+    assert bench.ordered_categories(rows) == ["qa", "rag", "summarization", "input-grounded", "all"]
+    with pytest.raises(SystemExit):
+        bench.build_parser().parse_args(["--group", "nameonly"])
