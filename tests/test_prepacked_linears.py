@@ -26,6 +26,8 @@ def test_every_float32_linear_layer_is_prepacked(float32_pair):
     swaps = prepacked_linears(target)
     assert len(swaps) == linear_count(target) > 1
     assert all(isinstance(packed, PrepackedLinear) for _, _, packed, _ in swaps)
+    # model code that reads a layer's .weight (dtype casts, tied heads) still finds the parameter
+    assert all(packed.weight is own.weight and packed.bias is own.bias for _, _, packed, own in swaps)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5])

@@ -56,14 +56,15 @@ class PrepackedLinear(Module):
 
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
-        weight = linear.weight.detach()
-        self.out_features = weight.shape[0]
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, _ROW_HINT)
-        self.bias = linear.bias.detach() if linear.bias is not None else None
+        # the layer's own parameters stay reachable, for model code that reads .weight or .bias
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), _ROW_HINT)
+        self.packed_bias = linear.bias.detach() if linear.bias is not None else None
         self.source = _source(linear)
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.packed_bias, "none", [], "")
 
 
 def _source(linear: torch.nn.Linear) -> tuple:
