@@ -9,7 +9,8 @@ Writes, under --out: runs.jsonl (every run), summary.csv, results.md (a table pe
 PNG plots. Timing: a warm-up pass per configuration first (excluded), the device synchronised
 around each run, only new tokens counted, configurations interleaved prompt by prompt and repeat
 by repeat so that machine drift hits all alike; speedups are ratios to target autoregressive
-taken within the same repeat. Every greedy run is compared with target autoregressive and any
+taken within the same repeat; the order of the configurations rotates from one run to the next.
+Every greedy run is compared with target autoregressive and any
 divergence is reported with its first diverging position.
 """
 import argparse
@@ -191,8 +192,9 @@ class Bench:
             print("measuring verification costs ...", file=sys.stderr)
             policy = calibrated_policy(self.target, drafter=self.drafter,
                                        **({} if args.min_gain is None else {"min_gain": args.min_gain}), **options)
+            drafter_cost = f"; a drafter pass costs {policy.draft_cost:.2f}" if self.drafter is not None else ""
             print(f"verification cost by rows 1..{len(policy.row_costs)}: {' '.join(f'{c:.2f}' for c in policy.row_costs)}"
-                  f"; drafter pass {policy.draft_cost:.2f}", file=sys.stderr)
+                  + drafter_cost, file=sys.stderr)
         self.row_costs = policy.row_costs
         self.settings = Settings(target=self.target, tokenizer=self.tokenizer, drafter=self.drafter, processor=self.processor,
                                  max_gen_len=args.max_new_tokens, eos_tokens_id=end_tokens(self.target, self.tokenizer), policy=policy)
@@ -480,31 +482,32 @@ def main(argv: Optional[List[str]] = None) -> None:
         bench.run(config, items[0]["prompt"][:32])
     records = []
     with open(out / "runs.jsonl", "w") as log, tqdm(total=len(items) * len(configs) * args.repeats, file=sys.stderr) as bar:
-        for item in items:
-            for repeat in range(args.repeats):
-                reference = None
-                for config in configs:
-                    result = bench.run(config, item["prompt"])
-                    if config.key == "target":
-                        reference = result.tokens
-                    st = result.stats
-                    record = {
-                        "question_id": item["question_id"], "category": item["category"], "turn": item["turn"],
-                        "repeat": repeat, "config": config.label, "key": config.key, "gamma": config.gamma, "n": config.n,
-                        "storage": config.storage, "filler": config.filler, "processor": args.processor,
-                        "prompt_tokens": len(item["prompt"]), "new_tokens": len(result.tokens), "seconds": result.seconds,
-                        "tokens_per_s": result.tokens_per_second, "drafted": st.drafted, "accepted": st.accepted,
-                        "target_passes": st.target_forward_passes, "drafted_at": st.drafted_at, "accepted_at": st.accepted_at,
-                        "paused_steps": st.paused_steps, "tokens": result.tokens,
-                        "diverged_at": first_divergence(result.tokens, reference)
-                        if bench.greedy and reference is not None and config.key != "drafter" else None,
-                    }
-                    if record["diverged_at"] is not None:
-                        tqdm.write(f"divergence: {config.label} on question {item['question_id']} turn {item['turn']} "
-                                   f"at token {record['diverged_at']}", file=sys.stderr)
-                    records.append(record)
-                    log.write(json.dumps(record) + "\n")
-                    bar.update(1)
+        for index, (item, repeat) in enumerate((item, repeat) for item in items for repeat in range(args.repeats)):
+            # rotate the order of the configurations from one run to the next, so that none
+            # always follows the same other one (caches, clocks and the machine's drift)
+            shift = index % len(configs)
+            results = []
+            for config in configs[shift:] + configs[:shift]:
+                results.append((config, bench.run(config, item["prompt"])))
+                bar.update(1)
+            reference = next(result.tokens for config, result in results if config.key == "target")
+            for config, result in sorted(results, key=lambda pair: configs.index(pair[0])):
+                st = result.stats
+                record = {
+                    "question_id": item["question_id"], "category": item["category"], "turn": item["turn"],
+                    "repeat": repeat, "config": config.label, "key": config.key, "gamma": config.gamma, "n": config.n,
+                    "storage": config.storage, "filler": config.filler, "processor": args.processor,
+                    "prompt_tokens": len(item["prompt"]), "new_tokens": len(result.tokens), "seconds": result.seconds,
+                    "tokens_per_s": result.tokens_per_second, "drafted": st.drafted, "accepted": st.accepted,
+                    "target_passes": st.target_forward_passes, "drafted_at": st.drafted_at, "accepted_at": st.accepted_at,
+                    "paused_steps": st.paused_steps, "tokens": result.tokens,
+                    "diverged_at": first_divergence(result.tokens, reference) if bench.greedy and config.key != "drafter" else None,
+                }
+                if record["diverged_at"] is not None:
+                    tqdm.write(f"divergence: {config.label} on question {item['question_id']} turn {item['turn']} "
+                               f"at token {record['diverged_at']}", file=sys.stderr)
+                records.append(record)
+                log.write(json.dumps(record) + "\n")
     title = (f"{bench.target_label}" + (f" + drafter {bench.drafter_label}" if bench.drafter_label else "")
              + f" · {args.processor} · {args.max_new_tokens} new tokens · {args.repeats} repeat(s)")
     extra = ""

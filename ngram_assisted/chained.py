@@ -21,6 +21,7 @@ class ChainedDrafter:
 
     def __init__(self, *drafters):
         self.drafters = drafters
+        self.memory_key = ("chained",) + tuple(getattr(d, "memory_key", None) for d in drafters)
         self.used: List[int] = [0] * len(drafters)  # steps drafted by each
 
     def max_drafts(self, position: int) -> int:

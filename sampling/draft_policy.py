@@ -68,19 +68,38 @@ class DraftPolicy:
             raise ValueError(f"draft_cost must be >= 0, got {self.draft_cost!r}")
         if not 0.0 <= self.p_min < 1.0:
             raise ValueError(f"p_min must be in [0, 1), got {self.p_min!r}")
+        self._memory = {}  # drafter key -> (hits, trials, next pause, paying) at its last generation's end
         self.start(1)
 
-    def start(self, gamma: int, cheap: bool = True) -> None:
+    def start(self, gamma: int, cheap: bool = True, drafter_key=None) -> None:
         """Reset the state for a new generation that drafts ``gamma`` tokens per step; ``cheap``:
-        the drafter costs nothing next to a verification pass (n-gram storage, prompt lookup)."""
+        the drafter costs nothing next to a verification pass (n-gram storage, prompt lookup).
+
+        With ``min_gain``, a drafter that is not cheap and has a ``drafter_key`` starts from what
+        this policy saw of it in its previous generation (acceptance, pause length, and paused if
+        its drafts did not pay): its acceptance is a property of the pair, and each probe of a
+        useless drafter model costs its passes plus catching its cache up."""
         self.gamma = gamma
         self.per_draft = 0.0 if cheap else float(self.draft_cost)
+        self._step_costs = {}
         self.zero_streak = 0
         self.paused = 0
         self.next_pause = self.pause_steps
         self.paused_steps = 0  # steps spent paused, for the statistics
         self.gain = None  # running mean of tokens emitted per drafting step
         self.hits = self.trials = 0.0  # recent accepted drafts / drafts tried (decaying sums)
+        self._key = drafter_key if not cheap and self.min_gain else None
+        remembered = self._memory.get(self._key) if self._key is not None else None
+        if remembered is not None:
+            self.hits, self.trials, self.next_pause, paying = remembered
+            if not paying:
+                self.paused, self.gain = self.next_pause, self.min_gain  # probe again after the pause
+
+    def finish(self) -> None:
+        """Called after a generation: remember how a drafter model fared (see ``start``)."""
+        if self._key is not None:
+            paying = self.paused == 0 and (self.gain is None or self.gain >= self.min_gain)
+            self._memory[self._key] = (self.hits, self.trials, self.next_pause, paying)
 
     def length(self, longest: int | None = None) -> int:
         """Drafts to ask for in the coming step (0 while paused). With ``row_costs`` and some
@@ -92,7 +111,14 @@ class DraftPolicy:
         if self.row_costs is None or self.trials == 0:
             return self.gamma
         rate = self.hits / self.trials
-        return max(range(1, max(longest or 0, self.gamma) + 1), key=lambda k: (self.expected_tokens(k, rate) / self.step_cost(k), -k))
+        return max(range(1, max(longest or 0, self.gamma) + 1), key=lambda k: (self.expected_tokens(k, rate) / self._cost_of(k), -k))
+
+    def _cost_of(self, drafted: int) -> float:
+        """``step_cost(drafted)``, remembered for the generation (it is asked every step)."""
+        cost = self._step_costs.get(drafted)
+        if cost is None:
+            cost = self._step_costs[drafted] = self.step_cost(drafted)
+        return cost
 
     @staticmethod
     def expected_tokens(drafts: int, rate: float) -> float:
@@ -141,8 +167,8 @@ class DraftPolicy:
         if self.min_gain:
             tokens = (accepted + 1) / self.step_cost(drafted, rows if rows is not None else drafted + 1)
             self.gain = tokens if self.gain is None else (self.gain + tokens) / 2
-            if self.gain >= self.min_gain:
-                self.next_pause = self.pause_steps
+            if self.gain >= self.min_gain:  # an expensive drafter backs off from long pauses slowly
+                self.next_pause = self.pause_steps if not self.per_draft else max(self.pause_steps, self.next_pause // 2)
             else:
                 self.paused, self.gain = self.next_pause, self.min_gain  # probe again after the pause
                 self.next_pause = min(2 * self.next_pause, 64)

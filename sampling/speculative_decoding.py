@@ -97,7 +97,7 @@ def draft_and_verify(
     drafting = not first_target
     policy = policy if policy is not None else DraftPolicy()
     cheap = getattr(drafter, "cheap", False)
-    policy.start(gamma, cheap)
+    policy.start(gamma, cheap, getattr(drafter, "memory_key", None))
     stats = stats if stats is not None else GenerationStats()
     while len(tokens) < end:
         cur = len(tokens)
@@ -156,6 +156,7 @@ def draft_and_verify(
             break
         drafter.accept(tokens, cur, n, fetched[3 * k + 1 :])
     stats.paused_steps += policy.paused_steps
+    policy.finish()
     return tokens[len(prompt) :]
 
 
@@ -166,6 +167,7 @@ class ModelDrafter:
         self, model: KVCacheModel, logits_processor: LogitsProcessor, vocab_size: int, window: int | None, p_min: float = 0.0
     ):
         self.model = model
+        self.memory_key = ("model", id(model.model))  # what a DraftPolicy remembers it by
         self.p_min = p_min
         self.logits_processor = logits_processor
         self.vocab_size = vocab_size

@@ -179,6 +179,21 @@ def test_a_drafter_models_measured_cost_makes_a_slow_drafter_pause_and_draft_sho
     assert outcomes.length() < free.length() == 4
 
 
+def test_a_reused_policy_remembers_a_useless_drafter_model_and_starts_its_next_generation_paused(models):
+    target, _ = models
+    useless = llama(seed=99)  # another random model: its drafts are almost never right
+    policy = DraftPolicy(row_costs=(1.0, 1.1, 1.1, 1.2, 1.2), draft_cost=0.7, min_gain=1.0, pause_steps=4)
+    common = dict(gamma=4, max_gen_len=60, eos_tokens_id=EOS_NEVER, use_cache=True, policy=policy)
+    reference = autoregressive_generate(PROMPT, target, 60, eos_tokens_id=EOS_NEVER, use_cache=True)
+    first, second = GenerationStats(), GenerationStats()
+    assert speculative_generate(PROMPT, useless, target, stats=first, **common)[0] == reference
+    assert speculative_generate(PROMPT, useless, target, stats=second, **common)[0] == reference
+    assert second.paused_steps > first.paused_steps and second.drafted < first.drafted
+    fresh = GenerationStats()  # another drafter model is not judged by this one's record
+    speculative_generate(PROMPT, perturbed_copy(useless, 0.0, seed=2), target, stats=fresh, **common)
+    assert fresh.drafted >= first.drafted
+
+
 def test_measured_draft_cost_is_relative_to_one_target_pass(models):
     target, drafter = models
     cost = measure_draft_cost(drafter, target, context=16, repeats=3)
