@@ -290,6 +290,15 @@ def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dic
         base = [per_repeat.get((category, "target", rep), (0.0,))[0] for rep in repeats]
         speedups = [t / b for t, b in zip(tps, base) if b]
         runs = [r for rep in repeats for r in per_repeat[(category, config, rep)][1]]
+        versus = {}  # median over repeats of tokens/s against each transformers path run alongside
+        for peer in {c for c, _ in PEER_OF.values()}:
+            label = peer if peer != "hf_assisted" else f"hf_assisted[g={runs[0]['gamma']}]"
+            if runs[0]["key"].startswith("hf_") or not any(r["config"] == label for r in records):
+                continue
+            ratios = [t / per_repeat[(category, label, rep)][0] for t, rep in zip(tps, repeats)
+                      if per_repeat.get((category, label, rep), (0.0,))[0]]
+            if ratios and (peer != "hf_assisted" or runs[0]["key"] == "speculative"):
+                versus[peer] = statistics.median(ratios)
         drafted = sum(r["drafted"] for r in runs)
         steps = sum(r["target_passes"] for r in runs)
         median = statistics.median(tps)
@@ -300,9 +309,30 @@ def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dic
             "speedup": statistics.median(speedups) if speedups else 0.0,
             "acceptance": sum(r["accepted"] for r in runs) / drafted if drafted else None,
             "tokens_per_step": sum(r["new_tokens"] for r in runs) / steps if steps and drafted else None,
-            "runs": len(runs), "diverged": sum(r["diverged_at"] is not None for r in runs),
+            "runs": len(runs), "diverged": sum(r["diverged_at"] is not None for r in runs), "versus": versus,
         })
     return rows
+
+
+# transformers' own paths, and what each compares with
+PEER_OF = {"hf_generate": ("hf_generate", "generate"), "hf_prompt_lookup": ("hf_prompt_lookup", "prompt lookup"),
+           "hf_assisted": ("hf_assisted", "assisted, same draft length")}
+
+
+def versus_table(rows: List[dict]) -> List[str]:
+    """Each of our strategies against transformers' paths run in the same repeats (ratio of tokens/s)."""
+    peers = sorted({p for r in rows for p in r.get("versus", {})})
+    if not peers:
+        return []
+    lines = ["## against transformers' own paths", "", "Tokens/s ratio, median over repeats, against transformers "
+             + ", ".join(PEER_OF[p][1] for p in peers) + ":", "",
+             "| category | strategy | " + " | ".join(f"vs {PEER_OF[p][1]}" for p in peers) + " |",
+             "| --- | --- |" + " ---: |" * len(peers)]
+    order = ordered_categories(rows)
+    for r in sorted((r for r in rows if r.get("versus")), key=lambda r: (order.index(r["category"]), r["config"])):
+        lines.append(f"| {r['category']} | {r['config']} | "
+                     + " | ".join(f"{r['versus'][p]:.2f}x" if p in r["versus"] else "-" for p in peers) + " |")
+    return lines + [""]
 
 
 def ordered_categories(rows: List[dict]) -> List[str]:
@@ -334,7 +364,7 @@ def markdown(rows: List[dict], title: str) -> str:
             lines.append(f"| {r['config']} | {r['tokens_per_s']:.1f} ± {r['spread_pct']:.0f}% | {r['speedup']:.2f}x | {step} | {acc} | "
                          f"{r['diverged']}/{r['runs']} |")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + versus_table(rows))
 
 
 def theoretical_speedup(a: float, gamma: int, c: float) -> float:
@@ -527,9 +557,11 @@ def write_reports(records: List[dict], out: Path, title: str, extra: str = "", g
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(records, groups)
     with open(out / "summary.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(summary[0]))
+        flat = [{**{k: v for k, v in row.items() if k != "versus"}, **{f"vs_{p}": row["versus"].get(p, "") for p in PEER_OF}}
+                for row in summary]
+        writer = csv.DictWriter(handle, fieldnames=list(flat[0]))
         writer.writeheader()
-        writer.writerows(summary)
+        writer.writerows(flat)
     report = markdown(summary, title) + extra
     (out / "results.md").write_text(report)
     written = plots(summary, records, out)

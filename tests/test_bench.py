@@ -33,6 +33,8 @@ def test_benchmark_writes_runs_summary_tables_and_plots_with_no_greedy_divergenc
     report = (out / "results.md").read_text()
     assert "## summarization" in report and "## all" in report and "cost of a verification pass over r positions" in report
     assert "time outside model forward passes" in report
+    assert "| all | speculative[g=3] |" in report.split("against transformers' own paths")[1]  # vs assisted, same gamma
+    assert {"vs_hf_generate", "vs_hf_prompt_lookup", "vs_hf_assisted"} <= set(summary[0])
     assert "## all" in capsys.readouterr().out
     bench.main(["--from-runs", str(out / "runs.jsonl"), "--out", str(tmp_path / "remade")])
     remade = (tmp_path / "remade" / "results.md").read_text()
