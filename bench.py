@@ -291,13 +291,13 @@ def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dic
         speedups = [t / b for t, b in zip(tps, base) if b]
         runs = [r for rep in repeats for r in per_repeat[(category, config, rep)][1]]
         versus = {}  # median over repeats of tokens/s against each transformers path run alongside
-        for peer in {c for c, _ in PEER_OF.values()}:
-            label = peer if peer != "hf_assisted" else f"hf_assisted[g={runs[0]['gamma']}]"
-            if runs[0]["key"].startswith("hf_") or not any(r["config"] == label for r in records):
+        for peer in PEER_OF:
+            if runs[0]["key"].startswith("hf_") or (peer == "hf_assisted" and runs[0]["key"] != "speculative"):
                 continue
+            label = peer if peer != "hf_assisted" else f"hf_assisted[g={runs[0]['gamma']}]"
             ratios = [t / per_repeat[(category, label, rep)][0] for t, rep in zip(tps, repeats)
                       if per_repeat.get((category, label, rep), (0.0,))[0]]
-            if ratios and (peer != "hf_assisted" or runs[0]["key"] == "speculative"):
+            if ratios:
                 versus[peer] = statistics.median(ratios)
         drafted = sum(r["drafted"] for r in runs)
         steps = sum(r["target_passes"] for r in runs)
@@ -314,9 +314,8 @@ def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dic
     return rows
 
 
-# transformers' own paths, and what each compares with
-PEER_OF = {"hf_generate": ("hf_generate", "generate"), "hf_prompt_lookup": ("hf_prompt_lookup", "prompt lookup"),
-           "hf_assisted": ("hf_assisted", "assisted, same draft length")}
+# transformers' own paths, as the table against them names them
+PEER_OF = {"hf_generate": "generate", "hf_prompt_lookup": "prompt lookup", "hf_assisted": "assisted, same draft length"}
 
 
 def versus_table(rows: List[dict]) -> List[str]:
@@ -325,8 +324,8 @@ def versus_table(rows: List[dict]) -> List[str]:
     if not peers:
         return []
     lines = ["## against transformers' own paths", "", "Tokens/s ratio, median over repeats, against transformers "
-             + ", ".join(PEER_OF[p][1] for p in peers) + ":", "",
-             "| category | strategy | " + " | ".join(f"vs {PEER_OF[p][1]}" for p in peers) + " |",
+             + ", ".join(PEER_OF[p] for p in peers) + ":", "",
+             "| category | strategy | " + " | ".join(f"vs {PEER_OF[p]}" for p in peers) + " |",
              "| --- | --- |" + " ---: |" * len(peers)]
     order = ordered_categories(rows)
     for r in sorted((r for r in rows if r.get("versus")), key=lambda r: (order.index(r["category"]), r["config"])):
