@@ -123,6 +123,20 @@ def prepacked_linears(model: Module) -> List[Swap]:
     return swaps
 
 
+def _rollback_capable_cache(model: Module):
+    """The model's own dynamic cache (sliding-window layers included), recording past states so
+    that a rollback may reach behind a sliding window: such a layer keeps what it has seen until
+    the next ``crop``, which then cuts it back to its window. None lets the model make its own."""
+    try:
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=model.config)
+    except (ImportError, TypeError, ValueError, AttributeError):
+        return None
+    cache.activate_past_recording()
+    return cache
+
+
 class KVCacheModel:
     """A model and its KV cache, for one sequence (batch size 1).
 
@@ -160,6 +174,8 @@ class KVCacheModel:
         if length - start < n_last:
             raise RuntimeError(f"asked for {n_last} logits but only {length - start} positions are new")
         new = ids[:, start:length].to(self.device, non_blocking=True)
+        if self.use_cache and self.cache is None and self.encoder_outputs is None:
+            self.cache = _rollback_capable_cache(self.model)
         kwargs = {"past_key_values": self.cache, "use_cache": self.use_cache}
         if self.encoder_outputs is not None:
             kwargs.update(encoder_outputs=self.encoder_outputs, decoder_input_ids=new)
