@@ -33,7 +33,7 @@ class Config:
     """One strategy with one set of parameters."""
 
     key: str
-    gamma: int = 4
+    gamma: int | str = 4  # an int bounds the drafts per step; "auto" lets the calibrated policy choose
     n: int = 3
     storage: str = "basic"
     filler: int = 3
@@ -45,6 +45,15 @@ class Config:
         if self.key in ("speculative", "hf_assisted"):
             return f"{self.key}[g={self.gamma}]"
         return self.key
+
+
+def gamma_list(text: str) -> List[int | str]:
+    """``1,2,4,auto``: draft-length bounds, ``auto`` for the calibrated policy's own choice."""
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    if "auto" not in words:
+        return int_list(text)
+    rest = [w for w in words if w != "auto"]
+    return (int_list(",".join(rest)) if rest else []) + ["auto"]
 
 
 def int_list(text: str) -> List[int]:
@@ -68,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     p.add_argument("--strategies", default=DEFAULT_STRATEGIES, help=f"comma-separated (default: {DEFAULT_STRATEGIES}); "
                    "those needing a drafter are skipped without one")
-    p.add_argument("--gamma", type=int_list, default=[4], help="draft lengths, e.g. 1,2,4,8 (default 4)")
+    p.add_argument("--gamma", type=gamma_list, default=[4], help="most drafts per step, e.g. 1,2,4,8 (default 4); "
+                   "auto: the calibrated policy's cost-optimal length, up to the longest measured pass")
     p.add_argument("--ngram-n", type=int_list, default=[3], help="n-gram sizes for NASD, e.g. 2,3,4 (default 3)")
     p.add_argument("--storages", default="basic,onelevel", help="NASD storages (default basic,onelevel)")
     p.add_argument("--top-k-filler", type=int_list, default=[3], help="NASD filler top-k values, e.g. 1,3,5 (default 3)")
@@ -77,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pause", type=int_list, help="AFTER,STEPS: pause drafting after AFTER fruitless steps for STEPS steps")
     p.add_argument("--min-gain", type=float, help="cost-aware pausing: pause drafting while tokens per drafting step, "
                    "divided by the step's measured cost, fall below this (default: the REPL's, 1.0; 0 = off)")
+    p.add_argument("--policy-memory", action="store_true", help="one policy remembers each drafter model across prompts "
+                   "(a drafter that did not pay starts the next prompt paused); off: every run depends on its own prompt only")
     p.add_argument("--no-calibrate", action="store_true", help="do not measure verification costs: no padded passes, "
                    "and --min-gain counts plain tokens per step (the library's default policy)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per run (default 128)")
@@ -144,7 +156,7 @@ def make_configs(args, have_drafter: bool) -> List[Config]:
             storages = args.storages.split(",") if key == "ngram" else ["basic"]
             configs += [Config(key, g, n, s, k) for g in args.gamma for n in args.ngram_n for s in storages for k in args.top_k_filler]
         elif key in ("speculative", "hf_assisted"):
-            configs += [Config(key, g) for g in args.gamma]
+            configs += [Config(key, g) for g in args.gamma if key == "speculative" or g != "auto"]
         else:
             configs.append(Config(key))
     if "target" not in [c.key for c in configs]:
@@ -185,7 +197,8 @@ class Bench:
         self.strategies = {**BY_KEY, **{p.key: p for p in PEERS}}
         self.storages = STORAGES
         self.vocab = output_vocab_size(self.target)
-        options = dict(adaptive=args.adaptive, **({"pause_after": args.pause[0], "pause_steps": args.pause[1]} if args.pause else {}))
+        options = dict(adaptive=args.adaptive, remember=args.policy_memory,
+                       **({"pause_after": args.pause[0], "pause_steps": args.pause[1]} if args.pause else {}))
         if args.no_calibrate:
             policy = DraftPolicy(min_gain=args.min_gain or 0.0, **options)
         else:
@@ -193,9 +206,11 @@ class Bench:
             policy = calibrated_policy(self.target, drafter=self.drafter,
                                        **({} if args.min_gain is None else {"min_gain": args.min_gain}), **options)
             drafter_cost = f"; a drafter pass costs {policy.draft_cost:.2f}" if self.drafter is not None else ""
-            print(f"verification cost by rows 1..{len(policy.row_costs)}: {' '.join(f'{c:.2f}' for c in policy.row_costs)}"
-                  + drafter_cost, file=sys.stderr)
+            print(policy.calibration + drafter_cost, file=sys.stderr)
+        if "auto" in args.gamma and policy.row_costs is None:
+            raise SystemExit("error: --gamma auto needs the measured verification costs (drop --no-calibrate)")
         self.row_costs = policy.row_costs
+        self.auto_policy = replace(policy, auto=True) if policy.row_costs is not None else None
         self.settings = Settings(target=self.target, tokenizer=self.tokenizer, drafter=self.drafter, processor=self.processor,
                                  max_gen_len=args.max_new_tokens, eos_tokens_id=end_tokens(self.target, self.tokenizer), policy=policy)
 
@@ -227,7 +242,9 @@ class Bench:
         return GreedyProcessor()
 
     def settings_for(self, config: Config):
-        return replace(self.settings, gamma=config.gamma, top_k_filler=config.filler,
+        auto = config.gamma == "auto"
+        policy = self.auto_policy if auto else self.settings.policy
+        return replace(self.settings, gamma=4 if auto else config.gamma, top_k_filler=config.filler, policy=policy,
                        storage=self.storages[config.storage](config.n, self.vocab))
 
     def run(self, config: Config, prompt: List[int]):
@@ -396,7 +413,8 @@ def plots(rows: List[dict], records: List[dict], out: Path) -> List[str]:
     written.append("speedup_by_category.png")
     plt.close(fig)
 
-    overall = [r for r in rows if r["category"] == "all" and r["acceptance"] is not None]
+    # gamma auto has no number to plot against
+    overall = [r for r in rows if r["category"] == "all" and r["acceptance"] is not None and isinstance(r["gamma"], int)]
     families = sorted({r["config"].split("[")[0] + (r["config"].split("g=")[0] if "ngram" in r["config"] else "") for r in overall})
     if len({r["gamma"] for r in overall}) > 1:
         fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -538,7 +556,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                 records.append(record)
                 log.write(json.dumps(record) + "\n")
     title = (f"{bench.target_label}" + (f" + drafter {bench.drafter_label}" if bench.drafter_label else "")
-             + f" · {args.processor} · {args.max_new_tokens} new tokens · {args.repeats} repeat(s)")
+             + f" · {args.processor} · {args.max_new_tokens} new tokens · {args.repeats} repeat(s)"
+             + f" · policy: {bench.settings.policy.describe()}")
     extra = ""
     if args.verify_cost:
         costs = bench.verify_cost()

@@ -126,7 +126,7 @@ class Repl:
             "/cache": (self.toggle("use_cache"), "/cache", "KV cache"),
             "/chat": (self.cmd_chat, "/chat", "apply the chat template"),
             "/length": (self.cmd_length, "/length <n>", "most new tokens"),
-            "/gamma": (self.cmd_gamma, "/gamma <n>", "drafts per step"),
+            "/gamma": (self.cmd_gamma, "/gamma <n|auto>", "most drafts per step (auto: the calibrated policy's choice)"),
             "/processor": (self.cmd_processor, "/processor <greedy|multinomial|topk|nucleus|topknucleus> <args...>", "sampling"),
             "/set_ngramstorage": (self.cmd_storage, "/set_ngramstorage <basic|onelevel> <n>", "n-gram storage type and n"),
             "/top_k_filler": (self.cmd_filler, "/top_k_filler <n>", "target top-k tokens added to the storage (1 = NAPD)"),
@@ -142,6 +142,7 @@ class Repl:
             "/p_min": (self.cmd_p_min, "/p_min <p>", "drafter model stops below this top probability (0 = off)"),
             "/pause": (self.cmd_pause, "/pause <after> <steps>", "stop drafting after <after> fruitless steps (0 = off)"),
             "/min_gain": (self.cmd_min_gain, "/min_gain <x>", "pause drafting while steps emit fewer than x tokens per unit of cost (0 = off)"),
+            "/memory": (self.cmd_memory, "/memory", "the policy remembers drafter models across prompts (off forgets)"),
             "/stats": (self.cmd_stats, "/stats", "detailed statistics of the last prompt"),
             "/stream": (self.cmd_stream, "/stream", "print tokens as they are accepted"),
         }
@@ -171,7 +172,8 @@ class Repl:
         values = {
             "/debug": s.debug, "/speculative": self.enabled["speculative"], "/ngram": self.enabled["ngram"],
             "/target": self.enabled["target"], "/drafter": self.enabled["drafter"], "/cache": s.use_cache,
-            "/chat": self.chat, "/length": s.max_gen_len, "/gamma": s.gamma,
+            "/chat": self.chat, "/length": s.max_gen_len, "/gamma": "auto" if s.policy.auto else s.gamma,
+            "/memory": s.policy.remember,
             "/processor": " ".join([self.processor_name] + [f"{k}={v}" for k, v in self.processor_args.items()]),
             "/set_ngramstorage": f"{self.storage_kind} {self.storage_n}", "/top_k_filler": s.top_k_filler,
             "/reset_in_between": self.reset_in_between, "/pld": self.enabled["pld"], "/chained": self.enabled["chained"],
@@ -239,8 +241,26 @@ class Repl:
         self.say(f"length: {self.settings.max_gen_len}")
 
     def cmd_gamma(self, words):
-        self.settings.gamma = parse_count(words, "usage: /gamma <n>   (n >= 1)")
-        self.say(f"gamma: {self.settings.gamma}")
+        usage = "usage: /gamma <n|auto>   (n >= 1: at most n drafts per step; auto: the calibrated policy chooses)"
+        policy = self.settings.policy
+        if words == ["auto"]:
+            if policy.row_costs is None:
+                raise UsageError("/gamma auto needs the measured verification costs: restart without --no-calibrate")
+            policy.auto = True
+            self.say(f"gamma: auto (cost-optimal, up to {policy.bound()} drafts per step)")
+            return
+        self.settings.gamma = parse_count(words, usage)
+        policy.auto = False
+        self.say(f"gamma: {self.settings.gamma} (at most {self.settings.gamma} drafts per step)")
+
+    def cmd_memory(self, words):
+        self._no_args(words, "/memory")
+        policy = self.settings.policy
+        policy.remember = not policy.remember
+        if not policy.remember:
+            policy.forget()
+        self.say("policy memory: on (drafter models' records carry over to the next prompts)" if policy.remember
+                 else "policy memory: off (forgotten; every prompt starts fresh)")
 
     def cmd_processor(self, words):
         processor, self.processor_name, self.processor_args = parse_processor(words)
@@ -373,6 +393,9 @@ class Repl:
             if r.stats.drafted:
                 rates = " ".join(f"{rate:.2f}" for rate in r.stats.per_position_acceptance)
                 console.print(Text(f"{strategy.title}: acceptance by draft position: {rates}", style=strategy.color))
+        policy = self.settings.policy
+        console.print(f"policy: {policy.describe(self.settings.gamma)}"
+                      + ("" if policy.remember else " · memory off: each prompt starts fresh"))
 
     # ---- prompts -------------------------------------------------------------------------
     def handle(self, line: str) -> None:
@@ -459,7 +482,10 @@ class Repl:
 
     def print_table(self, results) -> None:
         baseline = next((r.tokens_per_second for s, r in results if s.key == "target"), None)
-        table = Table(title=f"seed {self.seed} · gamma {self.settings.gamma} · {self.value_of('/processor')} · speedup over target AR")
+        policy = self.settings.policy
+        gamma = "auto" if policy.auto else f"<= {self.settings.gamma}"
+        table = Table(title=f"seed {self.seed} · gamma {gamma} · {self.value_of('/processor')} · speedup over target AR",
+                      caption=f"policy: {policy.describe()}")
         for column in ("strategy", "tokens", "time (s)", "tokens/s", "speedup", "accept", "tok/step"):
             table.add_column(column, justify="left" if column == "strategy" else "right")
         for strategy, r in results:
@@ -500,7 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--drafter-quantize", choices=["none", "int8", "int4"], help="quantize the drafter's weights (default: --quantize)")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow model code from the Hub (off: it runs code you have not read)")
     parser.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
-    parser.add_argument("--gamma", type=int, default=4, help="drafts per step (default 4)")
+    parser.add_argument("--gamma", default="4", help="most drafts per step, or auto for the calibrated policy's choice (default 4)")
     parser.add_argument("--length", type=int, default=35, help="most new tokens (default 35)")
     parser.add_argument("--processor", default="greedy", help='sampling, as /processor takes it, e.g. "nucleus 0.6 0.9" (default greedy)')
     parser.add_argument("--seed", type=int, default=42, help="seed set before each strategy (default 42)")
@@ -530,7 +556,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     args.quantize = args.quantize or "none"
     args.drafter_quantize = args.drafter_quantize or args.quantize
     try:
-        args.gamma = parse_count([str(args.gamma)], "--gamma must be >= 1")
+        auto = args.gamma == "auto"
+        if auto and args.no_calibrate:
+            raise UsageError("--gamma auto needs the measured verification costs: drop --no-calibrate")
+        args.gamma = 4 if auto else parse_count([str(args.gamma)], "--gamma must be >= 1 or auto")
         args.length = parse_count([str(args.length)], "--length must be >= 1")
         processor, processor_name, processor_args = parse_processor(args.processor.split())
     except UsageError as error:
@@ -585,10 +614,10 @@ def main(argv: Optional[List[str]] = None) -> None:
 
         console.print(Text("Measuring the target's verification costs ...", style="dim"))
         settings.policy = calibrated_policy(target, drafter=drafter)
-        costs = " ".join(f"{c:.2f}" for c in settings.policy.row_costs)
+        settings.policy.auto = auto and settings.policy.row_costs is not None
         drafter_cost = f" · a drafter pass costs {settings.policy.draft_cost:.2f}" if drafter is not None else ""
-        console.print(f"[bold]Verification cost[/bold] by positions 1..{len(settings.policy.row_costs)}: {costs}{drafter_cost} "
-                      f"· pausing below {settings.policy.min_gain} tokens per unit of cost")
+        console.print(f"{settings.policy.calibration}{drafter_cost}")
+        console.print(f"[bold]Policy:[/bold] {settings.policy.describe(settings.gamma)}")
     repl = Repl(settings, not args.no_chat, processor_name, processor_args, args.seed)
     if args.prompt is not None:
         repl.compare(args.prompt.replace("\\n", "\n").replace("\\t", "\t"))

@@ -85,9 +85,7 @@ def chained_speculative_generate(
     end = generation_end(len(prompt), max_gen_len, context_window(target))
     stats = stats if stats is not None else GenerationStats()
     ngramstorage.add_sequence(prompt)
-    model_drafter = ModelDrafter(
-        KVCacheModel(drafter, use_cache), logits_processor, vocab_size, context_window(drafter), policy.p_min if policy else 0.0
-    )
+    model_drafter = ModelDrafter.of(drafter, use_cache, logits_processor, vocab_size, policy)
     chain = ChainedDrafter(NGramDrafter(ngramstorage, filler_top_k, stop_if_unknown=True), model_drafter)
     out = draft_and_verify(
         prompt, KVCacheModel(target, use_cache), chain, logits_processor, gamma, end, stop_token_set(eos_tokens_id),

@@ -1,6 +1,6 @@
 from sampling.base_decoding import autoregressive_generate, beam_search_generate
 from sampling.encoder_decoder import autoregressive_generate_encoder_decoder, speculative_generate_encoder_decoder
-from sampling.draft_policy import DraftPolicy, measure_draft_cost, measure_row_costs
+from sampling.draft_policy import DraftPolicy, measure_draft_cost, measure_row_costs, plausible_row_costs
 from sampling.prompt_lookup import prompt_lookup_generate
 from sampling.speculative_decoding import speculative_generate
 from sampling.stats import GenerationStats
@@ -15,5 +15,6 @@ __all__ = [
     "DraftPolicy",
     "measure_row_costs",
     "measure_draft_cost",
+    "plausible_row_costs",
     "GenerationStats",
 ]

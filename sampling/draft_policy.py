@@ -7,6 +7,7 @@ from typing import Tuple
 import torch
 from torch.nn import Module
 
+from sampling.common import context_window, output_vocab_size
 from utils.caching import KVCacheModel, synchronize
 
 
@@ -15,9 +16,12 @@ class DraftPolicy:
     """Decides the draft length of each step and learns from the outcome.
 
     * ``adaptive``: transformers' heuristic, +2 after a step whose drafts were all accepted,
-      -1 otherwise (never below 1, never above ``max_gamma``).
+      -1 otherwise (never below 1, never above ``gamma``, nor ``max_gamma``; with ``auto``
+      never above the longest measured pass).
     * ``min_draft``: a draft shorter than this is dropped and the step is a plain target step
-      (llama.cpp's ``--draft-min``); the drafter may stop early (unknown context, ``p_min``).
+      (llama.cpp's ``--draft-min``): decided before drafting when the step's length is below it,
+      and after drafting only for deterministic drafters (n-gram storage, prompt lookup), whose
+      drafts do not depend on any sample; a drafter model always drafts at least this many.
     * ``pause_after`` / ``pause_steps``: after ``pause_after`` consecutive steps with no accepted
       draft, draft nothing for ``pause_steps`` steps. After a pause one more fruitless step is
       enough to pause again, for twice as long, until a draft is accepted; so a strategy whose
@@ -40,7 +44,20 @@ class DraftPolicy:
       chain that may use one) then costs ``cost(rows) + k * draft_cost``, which the cost-optimal
       length and ``min_gain`` both count, so a drafter too slow for its acceptance pauses.
     * ``p_min``: for drafter models, stop drafting when the drafter's top probability falls
-      below it (llama.cpp's ``--draft-p-min``).
+      below it (llama.cpp's ``--draft-p-min``), but never before ``min_draft`` drafts: dropping a
+      draft after sampling it would bias sampled output (the acceptance test ``min(1, p/q)``
+      assumes each draft was drawn from ``q``, not from ``q`` given that the draft was kept).
+    * ``auto`` (the REPL's ``/gamma auto``): the length may go past ``gamma``, up to the longest
+      measured pass, and cheap drafters fill padded passes with drafts. Off, ``gamma`` is a
+      hard bound: no step drafts more than ``gamma`` tokens. Needs ``row_costs``.
+    * ``remember``: a policy reused across generations keeps each drafter model's record (with
+      ``min_gain``): a drafter whose drafts did not pay starts its next generation paused. Off
+      by default, so that a result depends only on its own prompt and settings; ``forget()``
+      clears it and ``remembered`` counts what is kept.
+
+    Every control decides from what is known before a step's drafts are drawn (earlier
+    outcomes, measured costs, the drafter's confidence in its own prefix), so each keeps greedy
+    output exact and sampled output distributed as the target's.
     """
 
     adaptive: bool = False
@@ -52,6 +69,9 @@ class DraftPolicy:
     min_gain: float = 0.0
     row_costs: Tuple[float, ...] | None = None
     draft_cost: float = 0.0
+    auto: bool = False
+    remember: bool = False
+    calibration: str = ""  # how row_costs were obtained, for the record (strategies.calibrated_policy)
 
     def __post_init__(self):
         for name in ("min_draft", "pause_after", "pause_steps", "max_gamma"):
@@ -66,8 +86,10 @@ class DraftPolicy:
                 raise ValueError(f"row_costs must be positive relative costs, got {self.row_costs!r}")
         if isinstance(self.draft_cost, bool) or not isinstance(self.draft_cost, (int, float)) or not 0 <= self.draft_cost < 1e3:
             raise ValueError(f"draft_cost must be >= 0, got {self.draft_cost!r}")
-        if not 0.0 <= self.p_min < 1.0:
+        if isinstance(self.p_min, bool) or not isinstance(self.p_min, (int, float)) or not 0.0 <= self.p_min < 1.0:
             raise ValueError(f"p_min must be in [0, 1), got {self.p_min!r}")
+        if self.auto and self.row_costs is None:
+            raise ValueError("auto draft lengths need measured row_costs (measure_row_costs)")
         self._memory = {}  # drafter key -> (hits, trials, next pause, paying) at its last generation's end
         self.start(1)
 
@@ -80,6 +102,7 @@ class DraftPolicy:
         its drafts did not pay): its acceptance is a property of the pair, and each probe of a
         useless drafter model costs its passes plus catching its cache up."""
         self.gamma = gamma
+        self.limit = min(self.max_gamma, max(gamma, self.bound() or 0))  # the most drafts a step may ask for
         self.per_draft = 0.0 if cheap else float(self.draft_cost)
         self._step_costs = {}
         self.zero_streak = 0
@@ -88,12 +111,48 @@ class DraftPolicy:
         self.paused_steps = 0  # steps spent paused, for the statistics
         self.gain = None  # running mean of tokens emitted per drafting step
         self.hits = self.trials = 0.0  # recent accepted drafts / drafts tried (decaying sums)
-        self._key = drafter_key if not cheap and self.min_gain else None
+        self._key = drafter_key if self.remember and not cheap and self.min_gain else None
         remembered = self._memory.get(self._key) if self._key is not None else None
         if remembered is not None:
             self.hits, self.trials, self.next_pause, paying = remembered
             if not paying:
                 self.paused, self.gain = self.next_pause, self.min_gain  # probe again after the pause
+
+    @property
+    def remembered(self) -> int:
+        """How many drafter models this policy remembers from earlier generations."""
+        return len(self._memory)
+
+    def forget(self) -> None:
+        """Forget every drafter's record: the next generation starts as a fresh policy's would."""
+        self._memory.clear()
+
+    def bound(self) -> int | None:
+        """The most drafts a step may ask for beyond ``gamma`` (``auto``): the longest measured
+        pass minus its bonus position; None when ``gamma`` is the bound."""
+        return len(self.row_costs) - 1 if self.auto else None
+
+    def describe(self, gamma: int | None = None) -> str:
+        """One line naming what the policy does on its own, for headers and labels (with the
+        bound on drafts per step when ``gamma`` is given)."""
+        parts = []
+        if gamma is not None:
+            parts.append(f"gamma auto ({gamma} first, up to {max(gamma, self.bound())})" if self.auto else f"gamma <= {gamma}")
+        if self.row_costs is not None:
+            parts.append("cost-optimal length, padded passes")
+        if self.adaptive:
+            parts.append("adaptive")
+        if self.min_draft:
+            parts.append(f"min_draft {self.min_draft}")
+        if self.p_min:
+            parts.append(f"p_min {self.p_min}")
+        if self.pause_after:
+            parts.append(f"pause after {self.pause_after} for {self.pause_steps}")
+        if self.min_gain:
+            parts.append(f"pausing below {self.min_gain:g} tokens per unit of cost")
+        if self.remember:
+            parts.append(f"memory on ({self.remembered} remembered)")
+        return ", ".join(parts) or "constant length"
 
     def finish(self) -> None:
         """Called after a generation: remember how a drafter model fared (see ``start``)."""
@@ -163,7 +222,7 @@ class DraftPolicy:
         self.hits = 0.7 * self.hits + accepted
         self.trials = 0.7 * self.trials + accepted + (accepted < drafted)
         if self.adaptive:
-            self.gamma = min(self.gamma + 2, self.max_gamma) if accepted == drafted else max(1, self.gamma - 1)
+            self.gamma = min(self.gamma + 2, self.limit) if accepted == drafted else max(1, self.gamma - 1)
         if self.min_gain:
             tokens = (accepted + 1) / self.step_cost(drafted, rows if rows is not None else drafted + 1)
             self.gain = tokens if self.gain is None else (self.gain + tokens) / 2
@@ -209,7 +268,7 @@ def measure_draft_cost(drafter: Module, target: Module, context: int = 128, repe
 
 
 def _vocab(model: Module) -> int:
-    return getattr(model.config, "vocab_size", None) or 100
+    return output_vocab_size(model)
 
 
 def _runner(model: Module, ids, context: int) -> tuple:
@@ -227,7 +286,7 @@ def measure_row_costs(model: Module, max_rows: int = 12, context: int = 128, rep
     Medians of ``repeats`` interleaved rounds, the device synchronised around each pass. About
     ``max_rows * (repeats + 1)`` passes: ~3 s for SmolLM2-135M on a 2-core CPU.
     """
-    window = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+    window = context_window(model)
     if window:
         context = max(1, min(context, window - max_rows))
     ids = torch.randint(_vocab(model), (1, context + max_rows), generator=torch.Generator().manual_seed(0))
@@ -240,3 +299,10 @@ def measure_row_costs(model: Module, max_rows: int = 12, context: int = 128, rep
                 samples[rows - 1].clear()  # the first round warms up
     medians = [statistics.median(s) for s in samples]
     return tuple(round(m / medians[0], 3) for m in medians)
+
+
+def plausible_row_costs(costs: Tuple[float, ...]) -> bool:
+    """Whether measured relative pass costs can be real: a pass over more positions does the
+    work of a shorter one and more, so no cost may fall well below one position's (0.8 allows
+    for noise), and none may exceed the positions' count twice over (a busy machine)."""
+    return bool(costs) and all(0.8 <= c <= 2.0 * rows for rows, c in enumerate(costs, start=1))

@@ -85,10 +85,7 @@ def speculative_generate_encoder_decoder(
         raise ValueError("drafter and target use different decoder start tokens")
     _decoder_end(drafter, prompt, 1)
     stats = stats if stats is not None else GenerationStats()
-    drafting = ModelDrafter(
-        KVCacheModel(drafter, use_cache, encoder_input_ids=prompt), logits_processor, vocab_size, context_window(drafter),
-        policy.p_min if policy else 0.0,
-    )
+    drafting = ModelDrafter.of(drafter, use_cache, logits_processor, vocab_size, policy, encoder_input_ids=prompt)
     out = draft_and_verify(
         [start], KVCacheModel(target, use_cache, encoder_input_ids=prompt), drafting, logits_processor, gamma, end,
         stop_token_set(eos_tokens_id), vocab_size, first_target, skip_sample_adjustment, stats, debug, tokenizer, policy, streamer,

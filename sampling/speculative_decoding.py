@@ -101,15 +101,18 @@ def draft_and_verify(
     stats = stats if stats is not None else GenerationStats()
     while len(tokens) < end:
         cur = len(tokens)
-        longest = len(policy.row_costs) - 1 if cheap and policy.row_costs else None
-        k = max(0, min(policy.length(longest), end - cur - 1, drafter.max_drafts(cur))) if drafting else 0
+        k = max(0, min(policy.length(policy.bound()), end - cur - 1, drafter.max_drafts(cur))) if drafting else 0
         drafting = True
         q = None
         clock = time.perf_counter()
-        if k > 0 and cheap:  # drafting is free next to verifying: fill the padded pass
+        if k > 0 and cheap and policy.auto:  # drafting is free next to verifying: fill the padded pass
             k = min(policy.rows(k, end - cur) - 1, drafter.max_drafts(cur))
+        if k < policy.min_draft:  # decided before drawing any draft, so no sample is discarded
+            k = 0
         if k > 0:
             proposed, q = drafter.propose(ids, tokens, k)
+            if q is not None and proposed < min(k, policy.min_draft):
+                raise RuntimeError("a drafter with probabilities stopped before min_draft drafts: dropping them would bias sampling")
             k = policy.keep(proposed)
             q = q[:k] if q is not None else None
         drafted_at = time.perf_counter()
@@ -121,9 +124,9 @@ def draft_and_verify(
         drafts = ids[0, cur : cur + k]
         if q is not None and k > 0 and not greedy:
             q = q.to(p.device)
-            rows = torch.arange(k, device=p.device)
+            at = torch.arange(k, device=p.device)
             r = torch.rand(k, device=p.device, dtype=p.dtype)
-            matches = r * q[rows, drafts] < p[rows, drafts]
+            matches = r * q[at, drafts] < p[at, drafts]
             corrections = p[:k] if skip_sample_adjustment else _residual(p[:k], q)
             own = torch.cat([logits_processor.sample(corrections), logits_processor.sample(p[k:])])[:, 0]
         else:
@@ -164,14 +167,25 @@ class ModelDrafter:
     """A small language model ``M_q`` drafting with the same logits processor as the target."""
 
     def __init__(
-        self, model: KVCacheModel, logits_processor: LogitsProcessor, vocab_size: int, window: int | None, p_min: float = 0.0
+        self, model: KVCacheModel, logits_processor: LogitsProcessor, vocab_size: int, window: int | None,
+        p_min: float = 0.0, min_draft: int = 0,
     ):
         self.model = model
         self.memory_key = ("model", id(model.model))  # what a DraftPolicy remembers it by
-        self.p_min = p_min
+        self.p_min, self.min_draft = p_min, min_draft
         self.logits_processor = logits_processor
         self.vocab_size = vocab_size
         self.window = window
+
+    @classmethod
+    def of(
+        cls, model: Module, use_cache: bool, logits_processor: LogitsProcessor, vocab_size: int, policy: DraftPolicy | None,
+        encoder_input_ids: List[int] | None = None,
+    ):
+        """A drafter for ``model`` with the policy's confidence cutoff and its floor."""
+        p_min, min_draft = (policy.p_min, policy.min_draft) if policy is not None else (0.0, 0)
+        runner = KVCacheModel(model, use_cache, encoder_input_ids=encoder_input_ids)
+        return cls(runner, logits_processor, vocab_size, context_window(model), p_min, min_draft)
 
     def max_drafts(self, position: int) -> int:
         return self.window - position + 1 if self.window is not None else 1 << 30
@@ -181,7 +195,8 @@ class ModelDrafter:
         qs = []
         for i in range(k):
             q = self.logits_processor(self.model(ids[:, : cur + i], 1)[:, : self.vocab_size])
-            if self.p_min > 0 and float(q.max()) < self.p_min:  # not confident: stop drafting here
+            # not confident: stop here, decided before this draft is drawn (never below min_draft)
+            if self.p_min > 0 and i >= self.min_draft and float(q.max()) < self.p_min:
                 break
             ids[0, cur + i] = self.logits_processor.sample(q)[0, 0]
             qs.append(q)
@@ -245,9 +260,7 @@ def speculative_generate(
     window = context_window(target)
     end = generation_end(len(prompt), max_gen_len, window)
     stats = stats if stats is not None else GenerationStats()
-    drafting = ModelDrafter(
-        KVCacheModel(drafter, use_cache), logits_processor, vocab_size, context_window(drafter), policy.p_min if policy else 0.0
-    )
+    drafting = ModelDrafter.of(drafter, use_cache, logits_processor, vocab_size, policy)
     out = draft_and_verify(
         prompt, KVCacheModel(target, use_cache), drafting, logits_processor, gamma, end,
         stop_token_set(eos_tokens_id), vocab_size, first_target, skip_sample_adjustment, stats, debug, tokenizer, policy, streamer,

@@ -13,7 +13,7 @@ SPECBENCH = Path(__file__).resolve().parents[2] / "shared" / "specbench" / "ques
 def test_benchmark_writes_runs_summary_tables_and_plots_with_no_greedy_divergence(tiny_models, tmp_path, capsys):
     out = tmp_path / "results"
     bench.main(["--target", tiny_models["target"], "--drafter", tiny_models["drafter"], "--device", "cpu", "--limit", "1",
-                "--categories", "summarization,writing", "--gamma", "1,3", "--ngram-n", "2,3", "--top-k-filler", "1,3",
+                "--categories", "summarization,writing", "--gamma", "1,3,auto", "--ngram-n", "2,3", "--top-k-filler", "1,3",
                 "--max-new-tokens", "8", "--repeats", "2", "--out", str(out), "--verify-cost", "--overhead"])
     for name in ("runs.jsonl", "summary.csv", "results.md", "speedup_by_category.png", "gamma_sweep.png", "theory.png",
                  "acceptance_by_position.png"):
@@ -22,7 +22,9 @@ def test_benchmark_writes_runs_summary_tables_and_plots_with_no_greedy_divergenc
     keys = {r["key"] for r in records}
     assert keys == {"target", "ngram", "pld", "speculative", "chained", "drafter", "hf_generate", "hf_assisted", "hf_prompt_lookup"}
     assert {r["turn"] for r in records if r["category"] == "writing"} == {0, 1}  # the two turns of the multi-turn row
-    assert {r["gamma"] for r in records if r["key"] == "speculative"} == {1, 3}
+    assert {r["gamma"] for r in records if r["key"] == "speculative"} == {1, 3, "auto"}
+    assert {r["gamma"] for r in records if r["key"] == "hf_assisted"} == {1, 3}  # transformers' has no auto
+    assert all(max(len(r["drafted_at"]), 0) <= r["gamma"] for r in records if r["key"] == "speculative" and r["gamma"] != "auto")
     assert {(r["storage"], r["n"], r["filler"]) for r in records if r["key"] == "ngram"} >= {("onelevel", 2, 1), ("basic", 3, 3)}
     assert {r["repeat"] for r in records} == {0, 1}
     assert all(r["new_tokens"] <= 8 for r in records)
@@ -33,6 +35,7 @@ def test_benchmark_writes_runs_summary_tables_and_plots_with_no_greedy_divergenc
     report = (out / "results.md").read_text()
     assert "## summarization" in report and "## all" in report and "cost of a verification pass over r positions" in report
     assert "time outside model forward passes" in report
+    assert "· policy: " in report  # what the policy does on its own is named in the title
     assert "| all | speculative[g=3] |" in report.split("against transformers' own paths")[1]  # vs assisted, same gamma
     assert {"vs_hf_generate", "vs_hf_prompt_lookup", "vs_hf_assisted"} <= set(summary[0])
     assert "## all" in capsys.readouterr().out

@@ -71,19 +71,27 @@ def test_prompt_lookup_refuses_bad_parameters(models):
             prompt_lookup_generate(PROMPT, target, **kwargs)
 
 
-def test_adaptive_length_grows_after_full_acceptance_and_shrinks_otherwise():
-    policy = DraftPolicy(adaptive=True, max_gamma=9)
-    policy.start(4)
-    policy.update(4, 4)
-    assert policy.length() == 6
+def test_adaptive_length_shrinks_after_a_rejection_and_regrows_up_to_gamma():
+    policy = DraftPolicy(adaptive=True)
+    policy.start(6)
     policy.update(6, 2)
     assert policy.length() == 5
     for _ in range(10):
         policy.update(policy.gamma, 0)
     assert policy.length() == 1
+    policy.update(1, 1)
+    assert policy.length() == 3
     for _ in range(10):
         policy.update(policy.gamma, policy.gamma)
-    assert policy.length() == 9
+    assert policy.length() == 6  # gamma is the bound: full acceptance never drafts past it
+
+
+def test_adaptive_length_may_grow_past_gamma_only_with_auto():
+    policy = DraftPolicy(adaptive=True, auto=True, row_costs=(1.0,) * 10, max_gamma=8)
+    policy.start(4)
+    for _ in range(10):
+        policy.update(policy.gamma, policy.gamma)
+    assert policy.gamma == 8  # the longest measured pass (9 positions) less its bonus, within max_gamma
 
 
 def test_pause_after_fruitless_steps_doubles_until_a_draft_pays():
@@ -149,7 +157,7 @@ def test_draft_length_maximises_expected_tokens_per_unit_of_cost():
     policy.start(4)
     for _ in range(20):
         policy.update(4, 4, rows=5)
-    assert policy.length() == 4 and policy.length(longest=10) == 10  # a cheap drafter may go past gamma
+    assert policy.length() == 4 and policy.length(longest=10) == 10  # with auto the loop asks past gamma
     assert DraftPolicy().length() == 1 and DraftPolicy.expected_tokens(3, 0.5) == 1.875
 
 
@@ -179,10 +187,10 @@ def test_a_drafter_models_measured_cost_makes_a_slow_drafter_pause_and_draft_sho
     assert outcomes.length() < free.length() == 4
 
 
-def test_a_reused_policy_remembers_a_useless_drafter_model_and_starts_its_next_generation_paused(models):
+def test_a_policy_with_memory_remembers_a_useless_drafter_model_and_starts_its_next_generation_paused(models):
     target, _ = models
     useless = llama(seed=99)  # another random model: its drafts are almost never right
-    policy = DraftPolicy(row_costs=(1.0, 1.1, 1.1, 1.2, 1.2), draft_cost=0.7, min_gain=1.0, pause_steps=4)
+    policy = DraftPolicy(row_costs=(1.0, 1.1, 1.1, 1.2, 1.2), draft_cost=0.7, min_gain=1.0, pause_steps=4, remember=True)
     common = dict(gamma=4, max_gen_len=60, eos_tokens_id=EOS_NEVER, use_cache=True, policy=policy)
     reference = autoregressive_generate(PROMPT, target, 60, eos_tokens_id=EOS_NEVER, use_cache=True)
     first, second = GenerationStats(), GenerationStats()

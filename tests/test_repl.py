@@ -107,6 +107,49 @@ def test_prompt_produces_every_enabled_section_and_the_table(repl):
     command(repl, "/drafter", "Drafter AR: off")
 
 
+def _table_rows(text: str) -> dict:
+    """strategy -> (tokens, accept, tok/step) from the comparison table (times left out)."""
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if len(cells) == 7 and cells[1].isdigit():
+            rows[cells[0]] = (cells[1], cells[5], cells[6])
+    return rows
+
+
+def _compare(repl, prompt: str, title: str = "speedup") -> str:
+    """Send a prompt; returns the comparison table (title, rows, policy caption)."""
+    repl.sendline(prompt)
+    repl.expect(title)
+    text = repl.after
+    repl.expect("policy:")
+    text += repl.before + repl.after
+    repl.expect(PROMPT)
+    return text + repl.before
+
+
+def test_gamma_is_a_bound_and_auto_a_choice_named_in_the_table(repl):
+    command(repl, "/gamma 2", r"at most 2 drafts per step")
+    _compare(repl, "Hello there", title="gamma <= 2")
+    command(repl, "/gamma auto", "gamma: auto")
+    assert "[auto]" in command(repl, "/help", "Anything else is a prompt")
+    _compare(repl, "Hello there", title="gamma auto")
+    command(repl, "/gamma 4", r"at most 4 drafts per step")
+
+
+def test_a_prompt_gives_the_same_result_whatever_ran_before(repl):
+    """The policy keeps nothing between prompts unless /memory is on: same tokens, acceptance, tokens per step."""
+    command(repl, "/length 20", "length: 20")
+    first = _table_rows(_compare(repl, "Repeat after me: one two three one two three"))
+    _compare(repl, "Write something unexpected about zebras")
+    again = _table_rows(_compare(repl, "Repeat after me: one two three one two three"))
+    assert first and first == again
+    command(repl, "/memory", "policy memory: on")
+    assert "memory on" in command(repl, "/stats", "policy:")
+    command(repl, "/memory", "policy memory: off")
+    command(repl, "/length 35", "length: 35")
+
+
 def test_debug_view_shows_speculative_steps(repl):
     command(repl, "/debug", "debug: on")
     command(repl, "/length 6", "length: 6")

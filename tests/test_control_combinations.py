@@ -1,0 +1,291 @@
+"""Every combination of processor, drafter, policy control, cache and model kind: never a crash,
+greedy exact, at most gamma drafts per step; each control keeps sampled output distributed as
+the target's (chi-square against exact enumeration), and the test sees a known bias."""
+import functools
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig, MistralForCausalLM
+
+from conftest import llama, perturbed_copy
+from ngram_assisted import NGramStorage, OneLevelNGramStorage, chained_speculative_generate, ngram_assisted_speculative_generate
+from sampling import (
+    DraftPolicy,
+    GenerationStats,
+    autoregressive_generate,
+    plausible_row_costs,
+    prompt_lookup_generate,
+    speculative_generate,
+)
+from sampling.speculative_decoding import ModelDrafter, draft_and_verify
+from test_lossless_sampling import LENGTH, PROMPT as TINY_PROMPT, chi_square_pvalue, exact_distribution
+from utils.caching import KVCacheModel
+from utils.logits_processor import (
+    GreedyProcessor,
+    MultinomialProcessor,
+    NucleusProcessor,
+    TopKNucleusProcessor,
+    TopKProcessor,
+)
+
+VOCAB = 24
+PROMPTS = ([3, 5, 7, 3, 5, 9, 2, 3, 5, 7, 11, 3], [1, 2, 1, 2, 1, 2, 4, 1, 2])
+GEN = 22  # past the sliding window of 8 positions: rollbacks reach behind it
+PROCESSORS = {
+    "greedy": GreedyProcessor(),
+    "multinomial": MultinomialProcessor(1.0),
+    "topk": TopKProcessor(0.8, 3),
+    "nucleus": NucleusProcessor(1.1, 0.8),
+    "topknucleus": TopKNucleusProcessor(0.9, 3, 0.9),
+}
+SAMPLING = [name for name in PROCESSORS if name != "greedy"]
+COSTS = (1.0, 1.4, 1.3, 1.2, 1.3, 1.5)  # a pass over 4 positions is cheaper than over 2 or 3: padding
+CONTROLS = {
+    "adaptive": dict(adaptive=True),
+    "min_draft": dict(min_draft=2),
+    "p_min": dict(p_min=0.6),
+    "pause": dict(pause_after=1, pause_steps=2),
+    "min_gain": dict(min_gain=1.5, pause_steps=2),
+    "row_costs": dict(row_costs=COSTS),
+    "draft_cost": dict(row_costs=COSTS, draft_cost=0.5, min_gain=1.0, pause_steps=2),
+    "auto": dict(row_costs=COSTS, auto=True),
+    "remember": dict(remember=True, min_gain=1.2, pause_steps=2),
+}
+README_POLICY = dict(adaptive=True, min_draft=2, pause_after=3, pause_steps=8, p_min=0.3)  # the README's example
+DRAFTERS = ("model", "ngram_basic", "ngram_onelevel", "pld", "chained")
+
+
+def mistral(vocab=VOCAB, window=8, seed=0):
+    """A Mistral with sliding-window attention (its cache keeps only the last ``window`` positions)."""
+    torch.manual_seed(seed)
+    config = MistralConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, sliding_window=window, tie_word_embeddings=False,
+    )
+    return MistralForCausalLM(config).to(torch.float64).eval()
+
+
+def gemma3(vocab=VOCAB, window=8, seed=0):
+    """Gemma 3's hybrid of sliding-window and full-attention layers."""
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=256, sliding_window=window,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+    )
+    return Gemma3ForCausalLM(config).to(torch.float64).eval()
+
+
+KINDS = {"llama": lambda: llama(vocab=VOCAB), "sliding": mistral, "hybrid": gemma3}
+
+
+@functools.lru_cache(maxsize=None)
+def pair(kind: str):
+    target = KINDS[kind]()
+    return target, perturbed_copy(target, 0.2, seed=1)
+
+
+@functools.lru_cache(maxsize=None)
+def reference(kind: str, prompt: int):
+    return autoregressive_generate(list(PROMPTS[prompt]), pair(kind)[0], max_gen_len=GEN, eos_tokens_id=[], use_cache=False)
+
+
+def generate(drafter: str, target, model, prompt, processor, policy, use_cache, gamma, stats, length=GEN):
+    common = dict(logits_processor=processor, max_gen_len=length, eos_tokens_id=[], use_cache=use_cache, stats=stats, policy=policy)
+    vocab = target.config.vocab_size
+    if drafter == "model":
+        return speculative_generate(prompt, model, target, gamma=gamma, **common)[0]
+    if drafter == "pld":
+        return prompt_lookup_generate(prompt, target, num_pred_tokens=gamma, **common)[0]
+    if drafter == "chained":
+        return chained_speculative_generate(prompt, NGramStorage(2, vocab), model, target, gamma=gamma, **common)[0]
+    storage = (NGramStorage if drafter == "ngram_basic" else OneLevelNGramStorage)(3, vocab)
+    return ngram_assisted_speculative_generate(prompt, storage, target, gamma=gamma, **common)[0]
+
+
+def policy_of(controls) -> DraftPolicy:
+    options = {}
+    for name in sorted(controls):
+        options.update(CONTROLS[name])
+    return DraftPolicy(**options)
+
+
+@settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kind=st.sampled_from(sorted(KINDS)),
+    drafter=st.sampled_from(DRAFTERS),
+    processor=st.sampled_from(sorted(PROCESSORS)),
+    controls=st.sets(st.sampled_from(sorted(CONTROLS)), max_size=4),
+    use_cache=st.booleans(),
+    gamma=st.integers(1, 5),
+    prompt=st.integers(0, len(PROMPTS) - 1),
+)
+def test_every_combination_runs_is_greedy_exact_and_drafts_at_most_gamma(kind, drafter, processor, controls, use_cache, gamma, prompt):
+    target, model = pair(kind)
+    policy, stats = policy_of(controls), GenerationStats()
+    torch.manual_seed(0)
+    out = generate(drafter, target, model, list(PROMPTS[prompt]), PROCESSORS[processor], policy, use_cache, gamma, stats)
+    assert len(out) == GEN and all(0 <= t < VOCAB for t in out)
+    if processor == "greedy":
+        assert out == reference(kind, prompt)
+    if not policy.auto:
+        assert len(stats.drafted_at) <= gamma, "a number means at most that many drafts per step"
+
+
+def test_auto_drafts_past_gamma_only_when_asked():
+    """The same cheap drafter and costs: gamma 2 is a bound, auto fills the cheaper padded pass."""
+    target, _ = pair("llama")
+    most = {}
+    for auto in (False, True):
+        stats = GenerationStats()
+        generate("pld", target, None, list(PROMPTS[1]), GreedyProcessor(), DraftPolicy(row_costs=COSTS, auto=auto), True, 2, stats)
+        most[auto] = len(stats.drafted_at)
+    assert most[False] <= 2 < most[True]
+
+
+def test_auto_is_refused_without_measured_costs():
+    with pytest.raises(ValueError, match="row_costs"):
+        DraftPolicy(auto=True)
+
+
+# ---- sampled output: one chi-square test per control and processor --------------------------
+RUNS = 300
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    """A 4-token target and a drafter chosen so that a draft kept or dropped after sampling biases
+    the first token strongly: at p_min 0.6 the drafter is confident after some first drafts and
+    not after others (found by computing that bias exactly over drafter seeds)."""
+    return llama(vocab=4, init=0.3, seed=3), llama(vocab=4, init=0.3, seed=27)
+
+
+def pvalue(samples, exact: dict) -> float:
+    """The smaller of two chi-square p-values: the whole continuation's, and its first token's
+    (a bias of the first step shows most clearly there)."""
+    first = {}
+    for cell, mass in exact.items():
+        first[cell[:1]] = first.get(cell[:1], 0.0) + mass
+    return min(chi_square_pvalue(samples, exact), chi_square_pvalue([s[:1] for s in samples], first))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: a second thread only adds synchronisation (and the suite runs 2.5x faster)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def sampled(tiny_pair, processor, policy_factory, drafter="model", gamma=3, runs=RUNS):  
+    """The first LENGTH tokens of ``runs`` generations of LENGTH + 2 tokens (room for every control
+    to act) from a fixed seed, and what the first quarter of them did (drafted, accepted, target
+    passes, paused steps, longest draft), summed."""
+    target, model = tiny_pair
+    stats, did = GenerationStats(), None
+    torch.manual_seed(1234)
+    samples = []
+    for run in range(runs):
+        out = generate(drafter, target, model, list(TINY_PROMPT), processor, policy_factory(), True, gamma, stats, LENGTH + 2)
+        samples.append(tuple(out[:LENGTH]))
+        if run + 1 == runs // 4:
+            did = (stats.drafted, stats.accepted, stats.target_forward_passes, stats.paused_steps, len(stats.drafted_at))
+    return samples, did
+
+
+def _single(name):
+    return lambda: DraftPolicy(**CONTROLS[name])
+
+
+def _shared(name):
+    one = DraftPolicy(**CONTROLS[name])  # reused across generations: what memory is for
+    return lambda: one
+
+
+FACTORIES = {name: (_shared(name) if name == "remember" else _single(name)) for name in CONTROLS}
+FACTORIES["readme"] = lambda: DraftPolicy(**README_POLICY)
+FACTORIES["min_draft+p_min"] = lambda: DraftPolicy(min_draft=2, p_min=0.6)
+
+
+@functools.lru_cache(maxsize=None)
+def _exact(tiny_target, name):
+    return exact_distribution(tiny_target, PROCESSORS[name])
+
+
+@pytest.mark.parametrize("processor", SAMPLING)
+@pytest.mark.parametrize("control", sorted(FACTORIES))
+def test_each_control_keeps_sampled_output_distributed_as_the_target(tiny_pair, control, processor):  
+    gamma = 1 if control in ("adaptive", "pause", "auto") else 3  # where the control has room to act
+    drafter = "ngram_basic" if control == "auto" else "model"  # auto fills padded passes for cheap drafters
+    samples, did = sampled(tiny_pair, PROCESSORS[processor], FACTORIES[control], drafter, gamma)
+    _, plain = sampled(tiny_pair, PROCESSORS[processor], lambda: None, drafter, gamma, runs=RUNS // 4)
+    assert did != plain, "the control must change what happens, or this test proves nothing"
+    assert pvalue(samples, _exact(tiny_pair[0], processor)) > 1e-4
+
+
+@pytest.mark.parametrize("processor", SAMPLING)
+@pytest.mark.parametrize("drafter", ["chained", "ngram_basic", "pld"])
+def test_the_readme_policy_keeps_every_drafters_sampled_output_distributed_as_the_target(tiny_pair, drafter, processor):  
+    samples, did = sampled(tiny_pair, PROCESSORS[processor], FACTORIES["readme"], drafter=drafter)
+    assert did[0] > 0, "some drafts must be verified for the test to mean anything"
+    assert pvalue(samples, _exact(tiny_pair[0], processor)) > 1e-4
+
+
+class DropsAfterSampling(ModelDrafter):
+    """The old, biased form of min_draft with p_min: drafts are drawn, then dropped when fewer than 2."""
+
+    def propose(self, ids, tokens, k):
+        count, q = super().propose(ids, tokens, k)
+        return (count, q) if count >= 2 else (0, None)
+
+
+def test_the_chi_square_test_rejects_dropping_drafts_after_sampling(tiny_pair):  
+    target, model = tiny_pair
+    processor = PROCESSORS["multinomial"]
+    torch.manual_seed(1234)
+    samples = []
+    for _ in range(RUNS):
+        drafter = DropsAfterSampling(KVCacheModel(model, True), processor, 4, None, p_min=0.6)
+        samples.append(tuple(draft_and_verify(list(TINY_PROMPT), KVCacheModel(target, True), drafter, processor, 3,
+                                              len(TINY_PROMPT) + LENGTH, frozenset(), 4, first_target=False)))
+    assert pvalue(samples, _exact(target, "multinomial")) < 1e-6
+
+
+# ---- state across generations ---------------------------------------------------------------
+def test_a_reused_policy_gives_the_same_result_whatever_ran_before():
+    """Without memory (the default), an easy prompt after hard ones costs what it costs fresh."""
+    target, model = pair("llama")
+    hard, easy = [7, 19, 2, 14, 21, 5, 11, 16], list(PROMPTS[1])
+    calibrated = dict(row_costs=COSTS, draft_cost=0.5, min_gain=1.0)
+
+    def passes(policy, prompt):
+        stats = GenerationStats()
+        out = generate("model", target, model, prompt, GreedyProcessor(), policy, True, 4, stats)
+        return out, stats.target_forward_passes, stats.drafted
+
+    fresh = passes(DraftPolicy(**calibrated), easy)
+    reused = DraftPolicy(**calibrated)
+    for _ in range(3):
+        passes(reused, hard)
+    assert passes(reused, easy) == fresh and reused.remembered == 0
+    remembering = DraftPolicy(remember=True, **calibrated)
+    for _ in range(3):
+        passes(remembering, hard)
+    assert remembering.remembered == 1
+    remembering.forget()
+    assert passes(remembering, easy) == fresh
+
+
+# ---- calibration ----------------------------------------------------------------------------
+def test_implausible_verification_costs_are_measured_again_then_not_used(monkeypatch):
+    import strategies
+
+    assert plausible_row_costs((1.0, 1.1, 1.3, 1.2)) and not plausible_row_costs((1.0, 1.1, 0.3, 0.13))
+    measured = iter([(1.0, 0.39, 0.13), (1.0, 0.2, 0.3)])
+    monkeypatch.setattr(strategies, "measure_row_costs", lambda model: next(measured))
+    policy = strategies.calibrated_policy(pair("llama")[0])
+    assert policy.row_costs is None and "not plausible" in policy.calibration
+    measured = iter([(1.0, 0.39, 0.13), (1.0, 1.1, 1.2)])
+    assert strategies.calibrated_policy(pair("llama")[0]).row_costs == (1.0, 1.1, 1.2)
