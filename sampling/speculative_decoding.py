@@ -192,6 +192,9 @@ class ModelDrafter:
 
     def propose(self, ids: Tensor, tokens: List[int], k: int) -> Tuple[int, Tensor]:
         cur = len(tokens)
+        k = min(k, self.max_drafts(cur))
+        if k < self.min_draft:  # known before any draft is drawn: nothing is dropped after sampling
+            return 0, None
         qs = []
         for i in range(k):
             q = self.logits_processor(self.model(ids[:, : cur + i], 1)[:, : self.vocab_size])
