@@ -597,6 +597,16 @@ def main(argv: Optional[List[str]] = None) -> None:
     repl.loop()
 
 
+class InferenceCLI:
+    """The reference's entry point, ``InferenceCLI(device="cuda")``: loads the reference's model pair
+    (``--preset reference``: Llama-3.2-3B-Instruct target, Llama-3.2-1B-Instruct drafter, int8)
+    on ``device`` and runs the REPL until /quit."""
+
+    def __init__(self, device: str = "cuda"):
+        self.device = device
+        main(["--preset", "reference", "--device", device])
+
+
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     main()

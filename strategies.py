@@ -97,9 +97,10 @@ def _common(s: Settings, stats: GenerationStats) -> dict:
 
 
 def _ngram(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    # as the reference's REPL runs NASD: a draft ends where the storage does not know the context
     return ngram_assisted_speculative_generate(
         prompt, s.lookup_storage(), s.target, s.tokenizer, gamma=s.gamma, filler_top_k=s.top_k_filler, **_common(s, stats),
-        policy=s.policy)[0]
+        first_target=True, stop_if_unknown=True, policy=s.policy)[0]
 
 
 def _prompt_lookup(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
