@@ -101,6 +101,7 @@ class Repl:
         from strategies import STRATEGIES
 
         self.settings = settings
+        settings.stop_if_unknown = True  # NASD as the reference's REPL runs it
         self.seed = seed
         self.chat = chat and bool(getattr(settings.tokenizer, "chat_template", None))
         self.processor_name, self.processor_args = processor_name, processor_args
