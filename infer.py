@@ -101,6 +101,7 @@ class Repl:
         from strategies import STRATEGIES
 
         self.settings = settings
+        settings.stop_if_unknown = True  # NASD as the reference's REPL runs it
         self.seed = seed
         self.chat = chat and bool(getattr(settings.tokenizer, "chat_template", None))
         self.processor_name, self.processor_args = processor_name, processor_args
@@ -624,6 +625,16 @@ def main(argv: Optional[List[str]] = None) -> None:
         return
     console.print("Type a prompt, or /help for the commands.")
     repl.loop()
+
+
+class InferenceCLI:
+    """The reference's entry point, ``InferenceCLI(device="cuda")``: loads the reference's model pair
+    (``--preset reference``: Llama-3.2-3B-Instruct target, Llama-3.2-1B-Instruct drafter, int8)
+    on ``device`` and runs the REPL until /quit."""
+
+    def __init__(self, device: str = "cuda"):
+        self.device = device
+        main(["--preset", "reference", "--device", device])
 
 
 if __name__ == "__main__":

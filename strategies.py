@@ -76,6 +76,7 @@ class Settings:
     debug: bool = False
     storage: Optional[INgramStorage] = None
     top_k_filler: int = 3
+    stop_if_unknown: bool = False  # NASD: end a draft where the storage does not know the context (the REPL: on)
     encoder_decoder: bool = False
     static_storage: Optional[INgramStorage] = None  # read-only fallback tier (built from a corpus or loaded)
     pld_min_ngram: int = 1
@@ -113,7 +114,7 @@ def _common(s: Settings, stats: GenerationStats) -> dict:
 def _ngram(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
     return ngram_assisted_speculative_generate(
         prompt, s.lookup_storage(), s.target, s.tokenizer, gamma=s.gamma, filler_top_k=s.top_k_filler, **_common(s, stats),
-        policy=s.policy)[0]
+        first_target=True, stop_if_unknown=s.stop_if_unknown, policy=s.policy)[0]
 
 
 def _prompt_lookup(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:

@@ -5,7 +5,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
-from ngram_assisted.ngram_assisted import NGramDrafter
+from ngram_assisted.ngram_assisted import ngram_drafter
 from ngram_assisted.ngram_storage import INgramStorage
 from sampling.common import check_positive_int, check_prompt, common_vocab_size, context_window, generation_end, stop_token_set
 from sampling.draft_policy import DraftPolicy
@@ -84,9 +84,9 @@ def chained_speculative_generate(
     vocab_size = common_vocab_size(drafter, target, tokenizer)
     end = generation_end(len(prompt), max_gen_len, context_window(target))
     stats = stats if stats is not None else GenerationStats()
-    ngramstorage.add_sequence(prompt)
+    storage_drafter = ngram_drafter(ngramstorage, prompt, filler_top_k, stop_if_unknown=True)
     model_drafter = ModelDrafter.of(drafter, use_cache, logits_processor, vocab_size, policy)
-    chain = ChainedDrafter(NGramDrafter(ngramstorage, filler_top_k, stop_if_unknown=True), model_drafter)
+    chain = ChainedDrafter(storage_drafter, model_drafter)
     out = draft_and_verify(
         prompt, KVCacheModel(target, use_cache), chain, logits_processor, gamma, end, stop_token_set(eos_tokens_id),
         vocab_size, first_target, False, stats, debug, tokenizer, policy, streamer,

@@ -5,8 +5,8 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
-from ngram_assisted.ngram_storage import INgramStorage
-from sampling.common import check_positive_int, check_prompt, context_window, generation_end, stop_token_set
+from ngram_assisted.ngram_storage import INgramStorage, has_int_path
+from sampling.common import check_positive_int, check_prompt, context_window, generation_end, reference_keywords, stop_token_set
 from sampling.draft_policy import DraftPolicy
 from sampling.speculative_decoding import check_gamma, draft_and_verify
 from sampling.stats import GenerationStats
@@ -68,6 +68,45 @@ class NGramDrafter:
                 self.storage.add(context, fillers[i])
 
 
+class TensorStorageDrafter(NGramDrafter):
+    """``NGramDrafter`` for a storage that implements only the reference's tensor interface
+    (``next_token``, ``update``, ``initialize``): the same drafting and learning, through its
+    tensor methods, with the whole sequence so far as context (``[1, L]``, as the reference
+    passes it). When the storage does not know the context, its own filler token is drafted,
+    or the draft ends with ``stop_if_unknown``."""
+
+    def propose(self, ids: Tensor, tokens: List[int], k: int) -> Tuple[int, None]:
+        cur, count = len(tokens), 0
+        for i in range(k):
+            token, known = self.storage.next_token(ids[:, : cur + i])
+            if not bool(torch.as_tensor(known).reshape(-1)[0]) and self.stop_if_unknown:
+                break
+            ids[0, cur + i] = int(torch.as_tensor(token).reshape(-1)[0])
+            count += 1
+        return count, None
+
+    def accept(self, tokens: List[int], start: int, n_accepted: int, fetched: List[int]) -> None:
+        width = getattr(self, "_width", 0)
+        for i in range(n_accepted + 1):
+            position = start + i
+            context = torch.tensor([tokens[:position]], dtype=torch.long)
+            self.storage.update(context, torch.tensor([[tokens[position]]], dtype=torch.long))
+            if self.filler_top_k > 1:
+                fillers = fetched[i * width : (i + 1) * width]
+                self.storage.update(context, torch.tensor([fillers], dtype=torch.long))
+
+
+def ngram_drafter(storage: INgramStorage, prompt: List[int], filler_top_k: int = 3, stop_if_unknown: bool = False) -> NGramDrafter:
+    """The drafter for ``storage``, seeded with the prompt's n-grams: the int path for this project's
+    storages, the tensor methods for a storage written against the reference's interface only."""
+    if has_int_path(storage):
+        storage.add_sequence(prompt)
+        return NGramDrafter(storage, filler_top_k, stop_if_unknown)
+    storage.initialize(torch.tensor([prompt], dtype=torch.long))
+    return TensorStorageDrafter(storage, filler_top_k, stop_if_unknown)
+
+
+@reference_keywords
 @torch.no_grad()
 def ngram_assisted_speculative_generate(
     inputs: List[int],
@@ -98,6 +137,8 @@ def ngram_assisted_speculative_generate(
     target's own sample at every position. (The reference draws a second, fresh sample at the
     mismatch, which biases the output toward the draft.)
 
+    ``ngramstorage`` is any ``INgramStorage``: this project's storages are read through their int
+    methods; one that implements only the reference's five tensor methods is read through those.
     ``stats``, ``policy`` and ``streamer`` are as in ``speculative_generate``.
 
     Returns:
@@ -108,8 +149,7 @@ def ngram_assisted_speculative_generate(
     check_positive_int("filler_top_k", filler_top_k)
     end = generation_end(len(prompt), max_gen_len, context_window(target))
     stats = stats if stats is not None else GenerationStats()
-    ngramstorage.add_sequence(prompt)
-    drafter = NGramDrafter(ngramstorage, filler_top_k, stop_if_unknown)
+    drafter = ngram_drafter(ngramstorage, prompt, filler_top_k, stop_if_unknown)
     out = draft_and_verify(
         prompt, KVCacheModel(target, use_cache), drafter, logits_processor, gamma, end,
         stop_token_set(eos_tokens_id), None, first_target, False, stats, debug, tokenizer, policy, streamer,

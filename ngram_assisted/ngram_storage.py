@@ -1,8 +1,9 @@
 """N-gram storages: counts of which token followed which context, on plain Python ints.
 
-The tensor methods (``next_token``, ``has_gram``, ``update``, ``initialize``) keep the
-reference's signatures; the decoding loop uses the int methods (``predict``, ``add``,
-``add_sequence``), which never touch a device.
+``INgramStorage`` is the reference's abstract interface (tensor methods ``next_token``,
+``has_gram``, ``update``, ``initialize``, ``reset``). This project's storages derive from
+``CountingNGramStorage``, which adds the int methods the decoding loop uses (``predict``,
+``add``, ``add_sequence``), never touching a device.
 """
 import abc
 from typing import Dict, Iterable, Sequence, Tuple
@@ -34,7 +35,11 @@ def _rows(input_ids: Tensor) -> list:
 
 
 class INgramStorage(abc.ABC):
-    """Interface of an n-gram storage: predicts the next token from up to ``n - 1`` previous ones."""
+    """The reference's interface of an n-gram storage, on tensors: predicts the next token from the
+    tokens before it. A storage written against it (these five methods, nothing else) drafts for
+    ``ngram_assisted_speculative_generate`` and ``chained_speculative_generate`` through its tensor
+    methods; this project's storages (``CountingNGramStorage``) are read through a faster int path.
+    """
 
     def __init__(self, n: int, vocab_size: int):
         if isinstance(n, bool) or not isinstance(n, int) or n < 2:
@@ -43,6 +48,33 @@ class INgramStorage(abc.ABC):
             raise ValueError(f"vocab_size must be an integer >= 1, got {vocab_size!r}")
         self.n = n
         self.vocab_size = vocab_size
+
+    @abc.abstractmethod
+    def next_token(self, input_ids: Tensor) -> Tuple[Tensor, Tensor]:
+        """Per row of ``input_ids`` ``[B, L]``: the predicted next token ``[B]`` and whether the
+        context was known ``[B]`` (bool; the token is then a filler of the storage's choice)."""
+
+    @abc.abstractmethod
+    def has_gram(self, ngram: Tensor) -> bool:
+        """Whether the last token of ``ngram`` ``[L]`` was seen after the tokens before it."""
+
+    @abc.abstractmethod
+    def update(self, input_ids: Tensor, next_tokens: Tensor) -> None:
+        """Count ``next_tokens[b]`` ``[B, 1 or more]`` as continuations of ``input_ids[b]`` ``[B, L]``."""
+
+    @abc.abstractmethod
+    def initialize(self, input_ids: Tensor) -> None:
+        """Count the n-grams of each row of ``input_ids`` ``[B, L]`` (the prompt)."""
+
+    @abc.abstractmethod
+    def reset(self) -> None:
+        """Forget everything."""
+
+
+class CountingNGramStorage(INgramStorage):
+    """An ``INgramStorage`` kept as plain-int counts per context, with an int API for the decoding
+    loop (``predict``, ``add``, ``add_sequence``, ``count``) that never touches a device; the
+    reference's tensor methods are written on top of it."""
 
     # --- int API, used by the decoding loop -------------------------------------------------
     @abc.abstractmethod
@@ -122,12 +154,19 @@ class INgramStorage(abc.ABC):
         for row in _rows(input_ids):
             self.add_sequence(row)
 
-    @abc.abstractmethod
-    def reset(self) -> None:
-        """Forget everything."""
+
+_TENSOR_METHODS = ("next_token", "has_gram", "update", "initialize")
 
 
-class NGramStorage(INgramStorage):
+def has_int_path(storage) -> bool:
+    """Whether ``storage`` can be read through the int API: a ``CountingNGramStorage`` whose tensor
+    methods are this project's own (a subclass that overrides them is read through them instead)."""
+    if not isinstance(storage, CountingNGramStorage):
+        return False
+    return all(getattr(type(storage), name) is getattr(CountingNGramStorage, name) for name in _TENSOR_METHODS)
+
+
+class NGramStorage(CountingNGramStorage):
     """k-grams for every k in [2, n]: contexts of 1 to n - 1 tokens, the longest known one first.
 
     Unlike the reference, whose loop stops before contexts of one token (so that ``n=2``
@@ -148,7 +187,7 @@ class NGramStorage(INgramStorage):
         self.grams = {j: {} for j in range(1, self.n)}
 
 
-class OneLevelNGramStorage(INgramStorage):
+class OneLevelNGramStorage(CountingNGramStorage):
     """Only n-grams: a prediction needs the full context of n - 1 tokens."""
 
     def __init__(self, n: int, vocab_size: int):

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Dict, Iterable, Sequence, Tuple
 
-from ngram_assisted.ngram_storage import INgramStorage, NGramStorage, OneLevelNGramStorage, _Counts
+from ngram_assisted.ngram_storage import CountingNGramStorage, INgramStorage, NGramStorage, OneLevelNGramStorage, _Counts
 
 FORMAT = "speculative-decoding/ngram-storage"
 KINDS = {"basic": NGramStorage, "onelevel": OneLevelNGramStorage}
@@ -100,13 +100,13 @@ def build_storage(corpus: str | Path, tokenizer, n: int = 3, kind: str = "basic"
     return storage
 
 
-class TieredStorage(INgramStorage):
+class TieredStorage(CountingNGramStorage):
     """The generation's own storage first, a static one (e.g. built from a corpus) as fallback.
 
     Learning and ``reset`` touch only the first; the static tier is read-only here.
     """
 
-    def __init__(self, primary: INgramStorage, fallback: INgramStorage):
+    def __init__(self, primary: CountingNGramStorage, fallback: CountingNGramStorage):
         super().__init__(max(primary.n, fallback.n), primary.vocab_size)
         self.primary, self.fallback = primary, fallback
 

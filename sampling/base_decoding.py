@@ -6,7 +6,7 @@ import torch
 from torch.nn import Module
 
 import utils.printing as printing
-from sampling.common import check_positive_int, check_prompt, context_window, generation_end, stop_token_set
+from sampling.common import check_positive_int, check_prompt, context_window, generation_end, reference_keywords, stop_token_set
 from sampling.stats import GenerationStats
 from utils.caching import KVCacheModel, model_device
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
@@ -42,6 +42,7 @@ def generate_with(
     return out
 
 
+@reference_keywords
 @torch.no_grad()
 def autoregressive_generate(
     inputs: List[int],
@@ -71,6 +72,7 @@ def _length_penalty(length: int, alpha: float, min_length: float) -> float:
     return ((min_length + length) / (min_length + 1)) ** alpha
 
 
+@reference_keywords
 @torch.no_grad()
 def beam_search_generate(
     inputs: List[int],
@@ -87,11 +89,14 @@ def beam_search_generate(
 ) -> List[int]:
     """Beam search with the GNMT length penalty ``((min_length + len) / (min_length + 1)) ** alpha``.
 
-    Each step every unfinished beam is extended by its ``top_k`` most probable tokens; the
-    extensions and the finished beams compete on ``sum of log-probabilities / penalty`` and the
-    best ``num_beams`` are kept. A beam finishes on an end token or on ``pad_token_id``. Stops when
-    all kept beams are finished or at ``max_gen_len``; returns the best beam's new tokens.
-    The cache holds one row per unfinished beam and is reordered, never recomputed.
+    The first step starts ``num_beams`` beams from the most probable first tokens (as the
+    reference does); each later step extends every unfinished beam by its ``top_k`` most probable
+    tokens. The extensions and the finished beams compete on ``sum of log-probabilities /
+    penalty(length)`` and the best ``num_beams`` are kept (ties keep the reference's order: beam by
+    beam, finished beams in their place). A beam finishes on an end token or on ``pad_token_id``,
+    also at its first token. Stops when all kept beams are finished or at ``max_gen_len``; returns
+    the best beam's new tokens. The cache holds one row per unfinished beam and is reordered,
+    never recomputed.
     """
     prompt = check_prompt(inputs)
     check_positive_int("num_beams", num_beams)
@@ -103,18 +108,23 @@ def beam_search_generate(
     # beams: (penalised score, sum of log-probs, tokens, finished)
     out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True)
     cache, logits = out.past_key_values, out.logits[:, -1]
-    alive: List[tuple] = [(0.0, 0.0, [], False)]
-    beams: List[tuple] = alive
+    beams: List[tuple] = [(0.0, 0.0, [], False)]
     for step in range(1, end - len(prompt) + 1):
         logprobs = torch.log_softmax(logits.float(), dim=-1)
-        values, indices = torch.topk(logprobs, min(top_k, logprobs.size(-1)), dim=-1)
+        width = num_beams if step == 1 else top_k
+        values, indices = torch.topk(logprobs, min(width, logprobs.size(-1)), dim=-1)
         values, indices = values.tolist(), indices.tolist()
-        candidates = [(beam, None) for beam in beams if beam[3]]  # finished beams stay in the running
-        for row, (_, total, tokens, _) in enumerate(alive):
+        penalty = _length_penalty(step, alpha, min_length)
+        candidates, row = [], 0
+        for beam in beams:
+            if beam[3]:  # finished beams stay in the running with their score
+                candidates.append((beam, None))
+                continue
+            _, total, tokens, _ = beam
             for logprob, token in zip(values[row], indices[row]):
                 new_total = total + logprob
-                score = new_total / _length_penalty(step, alpha, min_length)
-                candidates.append(((score, new_total, tokens + [token], token in stop_tokens), row))
+                candidates.append(((new_total / penalty, new_total, tokens + [token], token in stop_tokens), row))
+            row += 1
         candidates.sort(key=lambda c: c[0][0], reverse=True)
         beams, parents = [], []
         for beam, parent in candidates[:num_beams]:

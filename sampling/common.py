@@ -84,3 +84,29 @@ def generation_end(prompt_len: int, max_gen_len: int, *windows: int | None) -> i
             )
         end = min(end, window)
     return end
+
+
+def max_fn(x):
+    """``norm(max(0, x))`` over the last dimension (the reference's helper for the residual
+    distribution ``norm(max(0, p - q))`` of a rejected draft). A row with no positive entry has no
+    such distribution and comes out as NaN, as in the reference."""
+    import torch
+
+    x_max = torch.where(x > 0, x, torch.zeros_like(x))
+    return x_max / torch.sum(x_max, dim=-1, keepdim=True)
+
+
+def reference_keywords(function):
+    """Also accept ``end_tokens_id=`` for ``eos_tokens_id=``: the reference's README calls its
+    generation functions with that spelling, which its own code refuses."""
+    import functools
+
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        if "end_tokens_id" in kwargs:
+            if "eos_tokens_id" in kwargs:
+                raise TypeError(f"{function.__name__}() got both eos_tokens_id and end_tokens_id (the same argument)")
+            kwargs["eos_tokens_id"] = kwargs.pop("end_tokens_id")
+        return function(*args, **kwargs)
+
+    return call

@@ -8,7 +8,7 @@ import torch
 from torch.nn import Module
 
 from sampling.base_decoding import generate_with
-from sampling.common import check_prompt, common_vocab_size, context_window, generation_end, stop_token_set
+from sampling.common import check_prompt, common_vocab_size, context_window, generation_end, reference_keywords, stop_token_set
 from sampling.draft_policy import DraftPolicy
 from sampling.speculative_decoding import ModelDrafter, check_gamma, draft_and_verify
 from sampling.stats import GenerationStats
@@ -31,6 +31,7 @@ def _decoder_end(model: Module, prompt: List[int], max_gen_len: int) -> int:
     return generation_end(1, max_gen_len, context_window(model))
 
 
+@reference_keywords
 @torch.no_grad()
 def autoregressive_generate_encoder_decoder(
     inputs: List[int],
@@ -52,6 +53,7 @@ def autoregressive_generate_encoder_decoder(
     return generate_with([_decoder_start(model)], runner, end, logits_processor, stops, stats, debug, streamer)
 
 
+@reference_keywords
 @torch.no_grad()
 def speculative_generate_encoder_decoder(
     inputs: List[int],

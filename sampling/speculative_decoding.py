@@ -7,6 +7,7 @@ from torch import Tensor
 from torch.nn import Module
 
 import utils.printing as printing
+from sampling.common import max_fn, reference_keywords  # max_fn: the reference's public helper, importable from here
 from sampling.common import (
     check_positive_int,
     check_prompt,
@@ -140,7 +141,7 @@ def draft_and_verify(
         n = match_list.index(0) if 0 in match_list else k
         emitted = draft_list[:n] + [own_list[n]]
         if debug:
-            printing.speculative_step(tokenizer, tokens[len(prompt) :], draft_list[:n], draft_list[n:], own_list[n])
+            printing.show_step(tokenizer, tokens[len(prompt) :], draft_list[:n], draft_list[n:], own_list[n])
         stop_at = next((i for i, t in enumerate(emitted) if t in stop_tokens), None)
         if stop_at is not None:
             emitted = emitted[: stop_at + 1]
@@ -216,6 +217,7 @@ def check_gamma(gamma: int) -> int:
     return check_positive_int("gamma", gamma)
 
 
+@reference_keywords
 @torch.no_grad()
 def speculative_generate(
     inputs: List[int],
