@@ -8,6 +8,9 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, T5Config, T5ForConditionalGeneration
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may be downloaded in tests
+# tiny models: a second thread only adds synchronisation (measured: the tiny-model tests run
+# several times faster with one); SPECDEC_TEST_THREADS changes it
+torch.set_num_threads(int(os.environ.get("SPECDEC_TEST_THREADS", "1")))
 
 VOCAB = 96
 
