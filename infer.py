@@ -496,7 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", help="cpu, cuda, cuda:N, or auto (shard over all GPUs); default cuda when available")
     parser.add_argument("--drafter-device", help="device of the drafter (default: --device)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"], help="weights dtype")
-    parser.add_argument("--quantize", choices=["none", "int8", "int4"], help="quantize the target's weights (optimum-quanto, or bitsandbytes on CUDA)")
+    parser.add_argument("--quantize", choices=["none", "int8", "int4"], help="quantize the target's weights: on CPU weight-only int8/int4 kernels "
+                        "(bfloat16 activations; int4 keeps the output head int8); on CUDA bitsandbytes, else optimum-quanto")
     parser.add_argument("--drafter-quantize", choices=["none", "int8", "int4"], help="quantize the drafter's weights (default: --quantize)")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow model code from the Hub (off: it runs code you have not read)")
     parser.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
@@ -571,6 +572,8 @@ def main(argv: Optional[List[str]] = None) -> None:
 
     for role, (model, _, label) in models.items():
         quantize = args.quantize if role == "target" else args.drafter_quantize
+        if getattr(model, "_specdec_quantization", None):
+            quantize += " (CPU weight-only kernels, bfloat16 activations)"
         console.print(f"[bold]{role.capitalize()}:[/bold] {label} · {next(model.parameters()).device} · {model.dtype} · quantization {quantize}")
     if drafter is None:
         console.print("[bold]Drafter:[/bold] none (speculative decoding off; start with --drafter MODEL to compare it)")
