@@ -139,7 +139,7 @@ def _rollback_capable_cache(model: Module):
 
 CACHES = ("static", "dynamic")
 # The CPU default, chosen by measurement (README, "Static KV cache"); CUDA always defaults to static.
-DEFAULT_CPU_CACHE = "static"
+DEFAULT_CPU_CACHE = "dynamic"
 _STATIC_SLACK = 256  # positions preallocated beyond the first pass (new tokens, verification passes)
 _STATIC_ROUND = 128
 
