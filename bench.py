@@ -25,7 +25,7 @@ from typing import Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_PROMPTS = ROOT / "bench_prompts.jsonl"
-DEFAULT_STRATEGIES = "target,ngram,pld,speculative,chained,drafter,hf_generate,hf_assisted,hf_prompt_lookup"
+DEFAULT_STRATEGIES = "target,ngram,pld,speculative,chained,drafter,hf_generate,hf_generate_static,hf_assisted,hf_prompt_lookup"
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drafter", help="drafter model, or layers:N for the first N layers of the target (default: none)")
     p.add_argument("--device", help="cpu, cuda, cuda:N or auto (default: cuda when available)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    p.add_argument("--quantize", default="none", choices=["none", "int8", "int4"],
+                   help="target (and drafter) weights: on CPU weight-only int8/int4 kernels, on CUDA bitsandbytes/quanto")
+    p.add_argument("--cache", choices=["static", "dynamic"],
+                   help="KV cache of our runners (default: static on CUDA, the measured default on CPU)")
+    p.add_argument("--compile", action="store_true",
+                   help="compile transformers' static-cache generate peer (hf_generate_static), also on CPU; "
+                   "compile time falls in its excluded warm-up run")
+    p.add_argument("--llama-cpp", metavar="LLAMA_BENCH",
+                   help="path of a llama.cpp llama-bench binary: also time its plain decoding of --gguf, "
+                   "alternating with target AR, and report the ratio")
+    p.add_argument("--gguf", help="the GGUF file llama.cpp runs (default: the embedded model's)")
+    p.add_argument("--threads", type=int, help="llama.cpp threads (default: torch's thread count)")
     p.add_argument("--strategies", default=DEFAULT_STRATEGIES, help=f"comma-separated (default: {DEFAULT_STRATEGIES}); "
                    "those needing a drafter are skipped without one")
     p.add_argument("--gamma", type=gamma_list, default=[4], help="most drafts per step, e.g. 1,2,4,8 (default 4); "
@@ -187,13 +199,20 @@ class Bench:
         self.greedy = args.processor.split()[0] == "greedy"
         device = resolve_device(args.device)
         print(f"loading target {args.target or 'embedded SmolLM2-135M-Instruct'} on {device} ...", file=sys.stderr)
-        self.target, self.tokenizer, self.target_label = load_model(args.target, device, args.dtype)
+        self.target, self.tokenizer, self.target_label = load_model(args.target, device, args.dtype, args.quantize)
         self.drafter, self.drafter_label = None, None
         if args.drafter and args.drafter.startswith("layers:"):
             self.drafter = truncated_drafter(self.target, int(args.drafter.split(":", 1)[1]))
             self.drafter_label = f"first {args.drafter.split(':', 1)[1]} layers of the target"
         elif args.drafter:
-            self.drafter, _, self.drafter_label = load_model(args.drafter, device, args.dtype)
+            self.drafter, _, self.drafter_label = load_model(args.drafter, device, args.dtype, args.quantize)
+        from utils.caching import set_cache
+
+        for model in (self.target, self.drafter):
+            if model is not None:
+                set_cache(model, args.cache)
+        if args.quantize != "none":
+            self.target_label += f" · {args.quantize}"
         self.strategies = {**BY_KEY, **{p.key: p for p in PEERS}}
         self.storages = STORAGES
         self.vocab = output_vocab_size(self.target)
@@ -212,7 +231,8 @@ class Bench:
         self.row_costs = policy.row_costs
         self.auto_policy = replace(policy, auto=True) if policy.row_costs is not None else None
         self.settings = Settings(target=self.target, tokenizer=self.tokenizer, drafter=self.drafter, processor=self.processor,
-                                 max_gen_len=args.max_new_tokens, eos_tokens_id=end_tokens(self.target, self.tokenizer), policy=policy)
+                                 max_gen_len=args.max_new_tokens, eos_tokens_id=end_tokens(self.target, self.tokenizer), policy=policy,
+                                 hf_compile=args.compile)
 
     def encode(self, messages: List[dict]) -> List[int]:
         if self.args.no_chat or not getattr(self.tokenizer, "chat_template", None):
@@ -332,7 +352,7 @@ def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dic
 
 
 # transformers' own paths, as the table against them names them
-PEER_OF = {"hf_generate": "generate", "hf_prompt_lookup": "prompt lookup", "hf_assisted": "assisted, same draft length"}
+PEER_OF = {"hf_generate": "generate", "hf_generate_static": "generate (static cache)", "hf_prompt_lookup": "prompt lookup", "hf_assisted": "assisted, same draft length"}
 
 
 def versus_table(rows: List[dict]) -> List[str]:
@@ -564,11 +584,45 @@ def main(argv: Optional[List[str]] = None) -> None:
         extra = ("\n## cost of a verification pass over r positions (r - 1 drafts), relative to r = 1\n\n"
                  "| r | cost |\n| ---: | ---: |\n")
         extra += "".join(f"| {k} | {v:.2f} |\n" for k, v in costs.items())
+    if args.llama_cpp:
+        extra += llama_cpp_report(bench, args, items[0]["prompt"])
     if args.overhead:
         shares = bench.overhead(configs, items[0]["prompt"])
         extra += "\n## time outside model forward passes (first prompt)\n\n| strategy | share |\n| --- | ---: |\n"
         extra += "".join(f"| {label} | {share:.1%} |\n" for label, share in shares.items())
     write_reports(records, out, title, extra, args.group or (DEFAULT_GROUP,))
+
+
+def llama_cpp_tokens_per_s(binary: str, gguf: str, new_tokens: int, depth: int, threads: int) -> float:
+    """llama.cpp's plain decoding speed (llama-bench's text-generation test, one repetition), tokens/s."""
+    import subprocess
+
+    base = [binary, "-m", gguf, "-p", "0", "-n", str(new_tokens), "-r", "1", "-t", str(threads), "-o", "json"]
+    for command in (base + ["-d", str(depth)], base):  # -d (context depth) only in newer llama-bench
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode == 0:
+            rows = json.loads(done.stdout)
+            return float(next(r["avg_ts"] for r in rows if r.get("n_gen", 0) > 0))
+    raise SystemExit(f"error: {binary} failed: {done.stderr.strip()[-300:]}")
+
+
+def llama_cpp_report(bench, args, prompt: List[int]) -> str:
+    """Target AR and llama.cpp's decoding of the same GGUF, alternated ``--repeats`` times (at least 3)."""
+    import torch
+
+    from utils.models import embedded_gguf
+
+    gguf = args.gguf or str(embedded_gguf())
+    threads = args.threads or torch.get_num_threads()
+    ours, theirs = [], []
+    for _ in range(max(3, args.repeats)):
+        ours.append(bench.run(Config("target"), prompt).tokens_per_second)
+        theirs.append(llama_cpp_tokens_per_s(args.llama_cpp, gguf, args.max_new_tokens, len(prompt), threads))
+    ratio = statistics.median(a / b for a, b in zip(ours, theirs))
+    return (f"\n## llama.cpp, plain decoding of {Path(gguf).name} ({threads} threads), alternating with target AR\n\n"
+            "| | tokens/s |\n| --- | ---: |\n"
+            f"| llama.cpp | {statistics.median(theirs):.1f} |\n| target AR | {statistics.median(ours):.1f} |\n"
+            f"| target AR / llama.cpp | {ratio:.2f}x |\n")
 
 
 def write_reports(records: List[dict], out: Path, title: str, extra: str = "", groups: tuple = (DEFAULT_GROUP,)) -> None:

@@ -523,8 +523,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", help="cpu, cuda, cuda:N, or auto (shard over all GPUs); default cuda when available")
     parser.add_argument("--drafter-device", help="device of the drafter (default: --device)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"], help="weights dtype")
-    parser.add_argument("--quantize", choices=["none", "int8", "int4"], help="quantize the target's weights (optimum-quanto, or bitsandbytes on CUDA)")
+    parser.add_argument("--quantize", choices=["none", "int8", "int4"], help="quantize the target's weights: on CPU weight-only int8/int4 kernels "
+                        "(bfloat16 activations; int4 keeps the output head int8); on CUDA bitsandbytes, else optimum-quanto")
     parser.add_argument("--drafter-quantize", choices=["none", "int8", "int4"], help="quantize the drafter's weights (default: --quantize)")
+    parser.add_argument("--cache", choices=["static", "dynamic"], help="KV cache kind while /cache is on: static "
+                        "(preallocated, rolled back by moving the write position) or the model's dynamic cache "
+                        "(default: static on CUDA, the measured default on CPU)")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow model code from the Hub (off: it runs code you have not read)")
     parser.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     parser.add_argument("--gamma", default="4", help="most drafts per step, or auto for the calibrated policy's choice (default 4)")
@@ -599,9 +603,16 @@ def main(argv: Optional[List[str]] = None) -> None:
         if drafter.config.is_encoder_decoder != target.config.is_encoder_decoder:
             fail("drafter and target must both be decoder-only or both encoder-decoder")
 
+    from utils.caching import default_cache, set_cache
+
+    for model in (target, drafter):
+        if model is not None:
+            set_cache(model, args.cache)
     for role, (model, _, label) in models.items():
         quantize = args.quantize if role == "target" else args.drafter_quantize
-        console.print(f"[bold]{role.capitalize()}:[/bold] {label} · {next(model.parameters()).device} · {model.dtype} · quantization {quantize}")
+        if getattr(model, "_specdec_quantization", None):
+            quantize += " (CPU weight-only kernels, bfloat16 activations)"
+        console.print(f"[bold]{role.capitalize()}:[/bold] {label} · {next(model.parameters()).device} · {model.dtype} · quantization {quantize} · {default_cache(model)} KV cache")
     if drafter is None:
         console.print("[bold]Drafter:[/bold] none (speculative decoding off; start with --drafter MODEL to compare it)")
 

@@ -83,6 +83,7 @@ class Settings:
     pld_max_ngram: int = 3
     pld_num_tokens: int = 10
     policy: DraftPolicy = field(default_factory=DraftPolicy)
+    hf_compile: bool = False  # the transformers static-cache peer compiles its forward (also on CPU)
     streamer: Optional[Callable[[List[int], int], None]] = None
 
     def lookup_storage(self) -> INgramStorage:
@@ -192,6 +193,24 @@ def _hf_generate(prompt: List[int], s: Settings, stats: GenerationStats, **extra
     return tokens
 
 
+def _hf_generate_static(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    """transformers ``generate`` with its static cache; compiled with ``hf_compile`` (transformers
+    compiles it by itself on CUDA; on CPU only when asked, through ``CompileConfig``)."""
+    extra = {"cache_implementation": "static"}
+    if s.hf_compile:
+        from transformers import CompileConfig, StaticCache
+
+        config = CompileConfig(fullgraph=False, dynamic=False, mode="default")
+        config._compile_all_devices = True
+        # the cache length in buckets of 512 positions, so that the compiled decoding step is built
+        # once per bucket (in the benchmark's excluded warm-up run), not once per prompt length
+        length = -(-(len(prompt) + s.max_gen_len) // 512) * 512
+        extra = {"compile_config": config, "past_key_values": StaticCache(config=s.target.config, max_cache_len=length)}
+    else:
+        extra["disable_compile"] = model_device(s.target).type != "cuda"
+    return _hf_generate(prompt, s, stats, **extra)
+
+
 def _hf_assisted(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
     return _hf_generate(prompt, s, stats, assistant_model=s.drafter, num_assistant_tokens=s.gamma,
                         num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
@@ -203,6 +222,7 @@ def _hf_prompt_lookup(prompt: List[int], s: Settings, stats: GenerationStats) ->
 
 PEERS = [
     Strategy("hf_generate", "transformers generate", "white", False, False, True, _hf_generate),
+    Strategy("hf_generate_static", "transformers generate, static cache", "white", False, False, True, _hf_generate_static),
     Strategy("hf_assisted", "transformers assisted", "white", True, False, True, _hf_assisted),
     Strategy("hf_prompt_lookup", "transformers prompt lookup", "white", False, False, True, _hf_prompt_lookup),
 ]

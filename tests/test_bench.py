@@ -20,7 +20,8 @@ def test_benchmark_writes_runs_summary_tables_and_plots_with_no_greedy_divergenc
         assert (out / name).stat().st_size > 0, name
     records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
     keys = {r["key"] for r in records}
-    assert keys == {"target", "ngram", "pld", "speculative", "chained", "drafter", "hf_generate", "hf_assisted", "hf_prompt_lookup"}
+    assert keys == {"target", "ngram", "pld", "speculative", "chained", "drafter", "hf_generate", "hf_generate_static", "hf_assisted",
+                    "hf_prompt_lookup"}
     assert {r["turn"] for r in records if r["category"] == "writing"} == {0, 1}  # the two turns of the multi-turn row
     assert {r["gamma"] for r in records if r["key"] == "speculative"} == {1, 3, "auto"}
     assert {r["gamma"] for r in records if r["key"] == "hf_assisted"} == {1, 3}  # transformers' has no auto
@@ -42,6 +43,26 @@ def test_benchmark_writes_runs_summary_tables_and_plots_with_no_greedy_divergenc
     bench.main(["--from-runs", str(out / "runs.jsonl"), "--out", str(tmp_path / "remade")])
     remade = (tmp_path / "remade" / "results.md").read_text()
     assert "by category" in remade and (tmp_path / "remade" / "speedup_by_category.png").exists()
+
+
+def test_quantized_benchmark_with_both_caches_peers_and_an_external_llama_cpp(tiny_models, tmp_path):
+    """--quantize int4, --cache dynamic, the static-cache transformers peer, and a llama-bench binary
+    (a stand-in printing llama-bench's JSON) alternated with target AR."""
+    fake = tmp_path / "llama-bench"
+    fake.write_text("#!/bin/sh\necho '[{\"n_prompt\": 0, \"n_gen\": 8, \"avg_ts\": 100.0}]'\n")
+    fake.chmod(0o755)
+    for cache in ("dynamic", "static"):
+        out = tmp_path / cache
+        bench.main(["--target", tiny_models["target"], "--device", "cpu", "--limit", "1", "--categories", "qa",
+                    "--strategies", "target,ngram,hf_generate,hf_generate_static", "--storages", "basic", "--quantize", "int4",
+                    "--cache", cache, "--max-new-tokens", "6", "--out", str(out), "--no-calibrate",
+                    "--llama-cpp", str(fake), "--gguf", str(fake)])
+        records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+        assert {r["key"] for r in records} == {"target", "ngram", "hf_generate", "hf_generate_static"}
+        assert [r for r in records if r["diverged_at"] is not None] == []
+        report = (out / "results.md").read_text()
+        assert "llama.cpp" in report and "| target AR / llama.cpp |" in report
+        assert "vs generate (static cache)" in report
 
 
 def test_sampled_benchmark_skips_the_greedy_only_peers(tiny_models, tmp_path):

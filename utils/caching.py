@@ -171,6 +171,57 @@ def _rollback_capable_cache(model: Module):
     return cache
 
 
+CACHES = ("static", "dynamic")
+# The CPU default, chosen by measurement (README, "CPU weights that read fewer bytes, and the static
+# cache": the static cache measured no faster on CPU); CUDA defaults to static (unmeasured).
+DEFAULT_CPU_CACHE = "dynamic"
+_STATIC_SLACK = 256  # positions preallocated beyond the first pass (new tokens, verification passes)
+_STATIC_ROUND = 128
+
+
+def set_cache(model: Module, cache: str | None) -> None:
+    """Which KV cache every runner of ``model`` uses from now on: "static", "dynamic", or None (the
+    default: static on CUDA, ``DEFAULT_CPU_CACHE`` on CPU). The REPL's and the benchmark's ``--cache``."""
+    if cache is not None and cache not in CACHES:
+        raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
+    model._specdec_cache = cache
+
+
+def default_cache(model: Module) -> str:
+    """The cache a runner of ``model`` uses when none is named."""
+    chosen = getattr(model, "_specdec_cache", None)
+    if chosen is not None:
+        return chosen
+    return "static" if model_device(model).type == "cuda" else DEFAULT_CPU_CACHE
+
+
+def _static_cache(model: Module, capacity: int):
+    """transformers' ``StaticCache`` for ``capacity`` positions, or None when the model cannot take one.
+
+    Every layer is a full-length ``StaticLayer``, sliding-window layers included: the model's
+    sliding-window mask (from absolute positions) still limits what such a layer attends to,
+    while a rollback, which only moves the write position back, never needs a position that a
+    ring buffer would have overwritten."""
+    try:
+        from transformers import StaticCache
+        from transformers.cache_utils import StaticLayer
+
+        config = model.config.get_text_config(decoder=True)
+        cache = StaticCache(config=config, max_cache_len=capacity)
+    except (ImportError, TypeError, ValueError, AttributeError, KeyError):
+        return None
+    for i, layer in enumerate(cache.layers):
+        if type(layer) is not StaticLayer:
+            if not getattr(layer, "is_sliding", False):
+                return None  # linear attention, indexed layers...: not a plain K/V store
+            cache.layers[i] = StaticLayer(max_cache_len=capacity)
+    return cache
+
+
+def _round_up(value: int, step: int) -> int:
+    return -(-value // step) * step
+
+
 class KVCacheModel:
     """A model and its KV cache, for one sequence (batch size 1).
 
@@ -179,6 +230,13 @@ class KVCacheModel:
     ``rollback(length)`` forgets every position from ``length`` on, so rejected drafts leave no
     trace. With the cache off, the whole of ``ids`` is fed each time (the slow reference path).
 
+    ``cache``: "static" preallocates the keys and values (transformers' ``StaticCache``, for the
+    first pass's length plus 256 positions, regrown by doubling when a generation goes further),
+    writes each pass at its positions and rolls back by moving the write position (no crop, no
+    concatenation); "dynamic" is the model's own ``DynamicCache`` (recording past states, so a
+    rollback reaches behind a sliding window). None: ``default_cache(model)`` (``set_cache``).
+    Encoder-decoder models, and models whose cache is not a plain K/V store, use the dynamic cache.
+
     For an encoder-decoder model, pass the encoder's ``encoder_input_ids``: the encoder runs once
     and ``ids`` are then decoder tokens. With ``prepack`` (default), the float32 CPU linear layers
     run as ``PrepackedLinear`` during this runner's passes (same logits up to rounding, about twice
@@ -186,9 +244,15 @@ class KVCacheModel:
     """
 
     def __init__(
-        self, model: Module, use_cache: bool = True, encoder_input_ids: list[int] | None = None, prepack: bool = True
+        self, model: Module, use_cache: bool = True, encoder_input_ids: list[int] | None = None, prepack: bool = True,
+        cache: str | None = None,
     ):
+        if cache is not None and cache not in CACHES:
+            raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
         self.model = model
+        self.cache_kind = cache or default_cache(model)
+        if encoder_input_ids is not None:
+            self.cache_kind = "dynamic"
         self.swaps = prepacked_linears(model) if prepack else []
         self.device = model_device(model)
         self.use_cache = use_cache
@@ -201,6 +265,9 @@ class KVCacheModel:
             self.encoder_outputs = model.get_encoder()(input_ids=encoder_ids)
         params = inspect.signature(model.forward).parameters
         self._logits_to_keep = "logits_to_keep" in params
+        if "position_ids" not in params:
+            self.cache_kind = "dynamic"
+        self.capacity = 0  # positions preallocated by a static cache
 
     def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
         length = ids.shape[1]
@@ -208,9 +275,13 @@ class KVCacheModel:
         if length - start < n_last:
             raise RuntimeError(f"asked for {n_last} logits but only {length - start} positions are new")
         new = ids[:, start:length].to(self.device, non_blocking=True)
+        if self.use_cache and self.cache_kind == "static":
+            self._reserve(length)
         if self.use_cache and self.cache is None and self.encoder_outputs is None:
             self.cache = _rollback_capable_cache(self.model)
         kwargs = {"past_key_values": self.cache, "use_cache": self.use_cache}
+        if self.capacity:  # static: positions are given, the write position is the cache's own
+            kwargs["position_ids"] = torch.arange(start, length, device=self.device).unsqueeze(0)
         if self.encoder_outputs is not None:
             kwargs.update(encoder_outputs=self.encoder_outputs, decoder_input_ids=new)
         else:
@@ -232,8 +303,33 @@ class KVCacheModel:
             self.cached = length
         return out.logits[0, -n_last:]
 
+    def _reserve(self, length: int) -> None:
+        """Make the static cache hold ``length`` positions: allocate it, or regrow it (copying what it holds)."""
+        if length <= self.capacity:
+            return
+        capacity = _round_up(max(length + _STATIC_SLACK, 2 * self.capacity), _STATIC_ROUND)
+        cache = _static_cache(self.model, capacity)
+        if cache is None:
+            self.cache_kind = "dynamic"  # the model's own dynamic cache from here on
+            return
+        if self.cache is not None:
+            if self.capacity == 0:  # dynamic states from before (cannot happen with a fixed kind)
+                raise RuntimeError("a runner cannot switch to a static cache mid-generation")
+            for old, new in zip(self.cache.layers, cache.layers):
+                if old.is_initialized:
+                    new.lazy_initialization(old.keys, old.values)
+                    new.keys[:, :, : self.cached].copy_(old.keys[:, :, : self.cached])
+                    new.values[:, :, : self.cached].copy_(old.values[:, :, : self.cached])
+                    new.cumulative_length.fill_(self.cached)
+        self.cache, self.capacity = cache, capacity
+
     def rollback(self, length: int) -> None:
         """Forget the cached positions ``length`` and after (no-op when they are not cached)."""
         if self.use_cache and self.cached > length:
-            prune_cache(self.cache, self.cached - length)
+            if self.capacity:  # static: move the write position back; stale entries are masked, then overwritten
+                for layer in self.cache.layers:
+                    if layer.is_initialized:
+                        layer.cumulative_length.fill_(length)
+            else:
+                prune_cache(self.cache, self.cached - length)
             self.cached = length

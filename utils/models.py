@@ -88,8 +88,14 @@ def load_embedded(dtype: torch.dtype = torch.float32):
 QUANTIZATIONS = ("none", "int8", "int4")
 
 
+def cpu_quantization(quantize: str, device: str) -> bool:
+    """Whether ``quantize`` on ``device`` means this project's CPU weight-only kernels
+    (``utils.quantization``): int8/int4 on CPU. CUDA keeps bitsandbytes / optimum-quanto."""
+    return quantize in ("int8", "int4") and device == "cpu"
+
+
 def _quantization_config(quantize: str, device: str):
-    if quantize == "none":
+    if quantize == "none" or cpu_quantization(quantize, device):
         return None
     if device.startswith("cuda") or device == "auto":
         try:
@@ -124,7 +130,8 @@ def load_model(
 ):
     """Load ``(model, tokenizer, description)``: the embedded model when ``name`` is None, a GGUF file
     (converted once and cached), a local folder or a Hub id. Encoder-decoder models are detected
-    from their config. Raises OSError/ValueError with a readable message on failure."""
+    from their config. ``quantize`` int8/int4 on CPU: weight-only kernels (``utils.quantization``);
+    on CUDA: bitsandbytes when installed, else optimum-quanto. Raises OSError/ValueError with a readable message on failure."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
     if name is None:
@@ -151,6 +158,10 @@ def load_model(
     model = auto.from_pretrained(folder, **kwargs)
     if "device_map" not in kwargs:
         model = model.to(device)
+    if cpu_quantization(quantize, device):
+        from utils.quantization import quantize_cpu
+
+        quantize_cpu(model, quantize)
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
     return model.eval(), tokenizer, label
 

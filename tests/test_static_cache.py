@@ -1,0 +1,113 @@
+"""The static KV cache: preallocated, written by position, rolled back by moving the position; every
+strategy greedy exact with it (Llama, GPT-2, a sliding-window Mistral), regrowth included."""
+import pytest
+import torch
+from transformers import MistralConfig, MistralForCausalLM
+
+import utils.caching as caching
+from conftest import EOS_NEVER, PROMPT, gpt2, llama, perturbed_copy, t5
+from ngram_assisted import NGramStorage, chained_speculative_generate, ngram_assisted_speculative_generate
+from sampling import (
+    autoregressive_generate,
+    autoregressive_generate_encoder_decoder,
+    prompt_lookup_generate,
+    speculative_generate,
+    speculative_generate_encoder_decoder,
+)
+from utils.caching import KVCacheModel, set_cache
+
+LENGTH = 60
+
+
+def mistral(window=8):
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, sliding_window=window, max_position_embeddings=512)
+    return MistralForCausalLM(config).to(torch.float64).eval()
+
+
+MODELS = {"llama": llama, "gpt2": gpt2, "mistral_window8": mistral}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def family(request):
+    target = MODELS[request.param]()
+    return target, perturbed_copy(target, 0.2 if request.param != "gpt2" else 1.0, seed=1)
+
+
+@pytest.fixture
+def small_slack(monkeypatch):
+    """Preallocate only 8 positions beyond the first pass, so that generations regrow the cache."""
+    monkeypatch.setattr(caching, "_STATIC_SLACK", 8)
+    monkeypatch.setattr(caching, "_STATIC_ROUND", 8)
+
+
+def run_all(target, drafter, use_cache):
+    vocab = target.config.vocab_size
+    common = dict(max_gen_len=LENGTH, eos_tokens_id=EOS_NEVER, use_cache=use_cache)
+    return {
+        "target": autoregressive_generate(PROMPT, target, **common),
+        "speculative": speculative_generate(PROMPT, drafter, target, gamma=3, **common)[0],
+        "ngram": ngram_assisted_speculative_generate(PROMPT, NGramStorage(3, vocab), target, gamma=5, **common)[0],
+        "pld": prompt_lookup_generate(PROMPT, target, num_pred_tokens=6, **common)[0],
+        "chained": chained_speculative_generate(PROMPT, NGramStorage(3, vocab), drafter, target, gamma=3, **common)[0],
+    }
+
+
+def test_every_strategy_with_the_static_cache_equals_target_ar_without_cache(family, small_slack):
+    target, drafter = family
+    expected = autoregressive_generate(PROMPT, target, max_gen_len=LENGTH, eos_tokens_id=EOS_NEVER, use_cache=False)
+    try:
+        for kind in ("static", "dynamic"):
+            set_cache(target, kind)
+            set_cache(drafter, kind)
+            for name, out in run_all(target, drafter, use_cache=True).items():
+                assert out == expected, (kind, name)
+    finally:
+        set_cache(target, None)
+        set_cache(drafter, None)
+
+
+def test_static_runner_rolls_back_by_moving_the_position_and_regrows(small_slack):
+    target = mistral()
+    runner = KVCacheModel(target, use_cache=True, cache="static")
+    ids = torch.tensor([PROMPT + list(range(20, 40))])
+    runner(ids[:, : len(PROMPT)], 1)
+    assert runner.cache_kind == "static" and runner.capacity == 24  # 12 + 8, rounded up to 8
+    keys = runner.cache.layers[0].keys
+    runner(ids[:, : len(PROMPT) + 4], 4)
+    runner.rollback(len(PROMPT) + 1)
+    assert runner.cache.layers[0].keys is keys, "a rollback does not reallocate"
+    assert int(runner.cache.layers[0].cumulative_length) == len(PROMPT) + 1
+    rolled = runner(ids, 19)  # past the capacity: regrown, what it held copied
+    assert runner.capacity >= ids.shape[1]
+    fresh = KVCacheModel(target, use_cache=False)(ids, 19)
+    assert torch.allclose(rolled, fresh, atol=1e-10)
+
+
+@pytest.mark.parametrize("use_cache", [False, True], ids=["no_cache", "cache"])
+def test_encoder_decoder_models_keep_the_dynamic_cache(use_cache):
+    target = t5()
+    drafter = perturbed_copy(target, 0.5, seed=1)
+    set_cache(target, "static")
+    try:
+        runner = KVCacheModel(target, use_cache=True, encoder_input_ids=PROMPT)
+        assert runner.cache_kind == "dynamic"
+        expected = autoregressive_generate_encoder_decoder(PROMPT, target, max_gen_len=20, eos_tokens_id=EOS_NEVER, use_cache=False)
+        out, _ = speculative_generate_encoder_decoder(PROMPT, drafter, target, gamma=3, max_gen_len=20, eos_tokens_id=EOS_NEVER,
+                                                      use_cache=use_cache)
+        assert out == expected
+    finally:
+        set_cache(target, None)
+
+
+def test_cache_choice_is_validated_and_defaults_by_device():
+    target = llama()
+    with pytest.raises(ValueError):
+        KVCacheModel(target, cache="paged")
+    with pytest.raises(ValueError):
+        set_cache(target, "paged")
+    assert KVCacheModel(target).cache_kind == caching.DEFAULT_CPU_CACHE
+    set_cache(target, "dynamic")
+    assert KVCacheModel(target).cache_kind == "dynamic"
+    set_cache(target, None)
