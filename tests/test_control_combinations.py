@@ -20,7 +20,7 @@ from sampling import (
 )
 from sampling.speculative_decoding import ModelDrafter, draft_and_verify
 from test_lossless_sampling import LENGTH, PROMPT as TINY_PROMPT, chi_square_pvalue, exact_distribution
-from utils.caching import KVCacheModel
+from utils.caching import KVCacheModel, set_cache
 from utils.logits_processor import (
     GreedyProcessor,
     MultinomialProcessor,
@@ -117,15 +117,21 @@ def policy_of(controls) -> DraftPolicy:
     drafter=st.sampled_from(DRAFTERS),
     processor=st.sampled_from(sorted(PROCESSORS)),
     controls=st.sets(st.sampled_from(sorted(CONTROLS)), max_size=4),
-    use_cache=st.booleans(),
+    cache=st.sampled_from(["off", "dynamic", "static"]),
     gamma=st.integers(1, 5),
     prompt=st.integers(0, len(PROMPTS) - 1),
 )
-def test_every_combination_runs_is_greedy_exact_and_drafts_at_most_gamma(kind, drafter, processor, controls, use_cache, gamma, prompt):
+def test_every_combination_runs_is_greedy_exact_and_drafts_at_most_gamma(kind, drafter, processor, controls, cache, gamma, prompt):
     target, model = pair(kind)
     policy, stats = policy_of(controls), GenerationStats()
     torch.manual_seed(0)
-    out = generate(drafter, target, model, list(PROMPTS[prompt]), PROCESSORS[processor], policy, use_cache, gamma, stats)
+    for m in (target, model):
+        set_cache(m, None if cache == "off" else cache)
+    try:
+        out = generate(drafter, target, model, list(PROMPTS[prompt]), PROCESSORS[processor], policy, cache != "off", gamma, stats)
+    finally:
+        for m in (target, model):
+            set_cache(m, None)
     assert len(out) == GEN and all(0 <= t < VOCAB for t in out)
     if processor == "greedy":
         assert out == reference(kind, prompt)
