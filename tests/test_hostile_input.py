@@ -295,3 +295,27 @@ def test_a_pasted_prompt_longer_than_a_terminal_line_reaches_the_tokenizer_whole
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--gamma", "1,1e999"], "--gamma must be an integer from 1 to 128"),
+        (["--ngram-n", "3," + "9" * 50], "--ngram-n must be an integer"),
+        (["--top-k-filler", ",".join(["1"] * 100)], "--top-k-filler takes 1 to 64"),
+        (["--min-gain", "nan"], "--min-gain must be a number in [0, 1000]"),
+        (["--max-new-tokens", "10000000000"], "--max-new-tokens must be >= 1 and <= 1000000"),
+        (["--pause", "3"], "--pause takes AFTER,STEPS"),
+        (["--pause", "3,0"], "--pause STEPS must be >= 1"),
+        (["--seed", "4294967296"], "--seed must be >= 0 and <= 4294967295"),
+        (["--repeats", "0"], "--repeats must be >= 1"),
+        (["--processor", "topk 1 inf"], "top_k must be an integer"),
+    ],
+)
+def test_bench_flags_share_the_repls_parsers_and_refuse_in_one_line(args, message, capsys):
+    import bench
+
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(args + ["--out", "/nonexistent/never-written"])
+    text = str(exit_.value.code) + capsys.readouterr().err
+    assert exit_.value.code != 0 and message in text, text
