@@ -319,3 +319,16 @@ def test_bench_flags_share_the_repls_parsers_and_refuse_in_one_line(args, messag
         bench.main(args + ["--out", "/nonexistent/never-written"])
     text = str(exit_.value.code) + capsys.readouterr().err
     assert exit_.value.code != 0 and message in text, text
+
+
+def test_a_hub_id_in_the_local_cache_loads_offline_and_without_the_hub(tiny_models, tmp_path):
+    import shutil
+
+    snapshot_dir = tmp_path / "hub" / "models--someone--tiny" / "snapshots" / "0123abcd"
+    shutil.copytree(tiny_models["target"], snapshot_dir)
+    (tmp_path / "hub" / "models--someone--tiny" / "refs").mkdir()
+    (tmp_path / "hub" / "models--someone--tiny" / "refs" / "main").write_text("0123abcd")
+    cache = {"HF_HUB_CACHE": str(tmp_path / "hub")}
+    for env in ({"HF_HUB_OFFLINE": "1"}, {"HF_HUB_OFFLINE": None, "HF_ENDPOINT": "http://127.0.0.1:9"}):
+        result, _ = run("--target", "someone/tiny", "--no-calibrate", "--prompt", "Hi", "--length", "2", env={**cache, **env})
+        assert result.returncode == 0 and "Target AR" in result.stdout.decode(), result.stdout.decode() + result.stderr.decode()
