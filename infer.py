@@ -93,6 +93,11 @@ def parse_setting(words: List[str], usage: str, key: str, name: str | None = Non
         raise UsageError(f"{error}; {usage}") from None
 
 
+def replaced_line(count: int) -> str:
+    return f"{count} byte{'s' if count != 1 else ''} that {'are' if count != 1 else 'is'} not UTF-8 " \
+           f"{'were' if count != 1 else 'was'} replaced by \ufffd"
+
+
 def _range(key: str) -> str:
     low, high = LIMITS[key]
     return f"{low} to {high}"
@@ -396,7 +401,7 @@ class Repl:
         """One line of input: a command or a prompt. Raises EOFError on /quit."""
         line, replaced = sanitize_text(line)
         if replaced:
-            self.say(f"{replaced} bytes that are not UTF-8 were replaced by \ufffd")
+            self.say(replaced_line(replaced))
         if len(line) > MAX_LINE:
             raise UsageError(f"a line must be at most {MAX_LINE} characters, got {len(line)}: nothing done")
         line = line.replace("\\n", "\n").replace("\\t", "\t")
@@ -506,7 +511,7 @@ class Repl:
                 if line is None:
                     raise EOFError
                 if line.replaced:
-                    self.say(f"{line.replaced} bytes that are not UTF-8 were replaced by \ufffd")
+                    self.say(replaced_line(line.replaced))
                 if line.cut:
                     raise UsageError(f"a line must be at most {MAX_LINE} characters; this one had {line.cut} more: nothing done")
                 self.handle(line.text)
@@ -579,7 +584,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         if len(args.prompt) > MAX_LINE:
             fail(f"--prompt must be at most {MAX_LINE} characters, got {len(args.prompt)}")
         if replaced:
-            console.print(Text(f"{replaced} bytes of --prompt that are not UTF-8 were replaced by \ufffd", style="bold blue"))
+            console.print(Text("--prompt: " + replaced_line(replaced), style="bold blue"))
     for flag in ("target", "drafter"):
         if getattr(args, flag) is not None and not getattr(args, flag).strip():
             fail(f"--{flag} is empty: give a model folder, a .gguf file or a Hub id")

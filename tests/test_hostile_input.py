@@ -290,6 +290,17 @@ def test_a_pasted_prompt_longer_than_a_terminal_line_reaches_the_tokenizer_whole
         # typed fast, with corrections: Backspace, Ctrl-W (word), arrow keys ignored
         prompt_reached("Hx\x7fi there\x17you\x1b[D\x1b[A!\r", "Hi you!")
         prompt_reached("gone\x15kept\r", "kept")  # Ctrl-U: the whole line
+        os.write(child.child_fd, b"caf\xe9 \xff\xfe\r")  # Latin-1 bytes, as pasted from elsewhere
+        child.expect("3 bytes that are not UTF-8 were replaced")
+        child.expect(r"prompt: 7 characters")
+        child.expect(PROMPT)
+        os.write(child.child_fd, b"\xe9\r")
+        child.expect("1 byte that is not UTF-8 was replaced")
+        child.expect(PROMPT)
+        child.send("half a line")
+        child.sendintr()  # Ctrl-C at the prompt: the line is dropped, the REPL goes on
+        child.expect("Ctrl-D or /quit to exit")
+        prompt_reached("again\r", "again")
         child.sendeof()
         child.expect(pexpect.EOF)
     finally:

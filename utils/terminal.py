@@ -99,7 +99,7 @@ def _read_terminal(prompt: str, fd: int, stdout, limit: int) -> Line | None:
 
 def _writer(stdout):
     def write(text: str) -> None:
-        stdout.write(text)
+        stdout.write(_printable(text))  # what was not UTF-8 shows as U+FFFD, as it reaches the model
         stdout.flush()
 
     return write
@@ -167,7 +167,7 @@ def _edit(fd: int, write, limit: int) -> Line | None:
             chars.append(c)
             echo.append("\r\n" if c == "\n" else c)
         if echo:
-            write(_printable("".join(echo)))
+            write("".join(echo))
 
 
 def _printable(text: str) -> str:
