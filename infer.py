@@ -596,6 +596,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     from utils.models import end_tokens, load_model, resolve_device
 
     torch.set_grad_enabled(False)
+    for flag, value in (("--device", args.device), ("--drafter-device", args.drafter_device)):
+        try:
+            if value not in (None, "auto"):
+                torch.device(value)
+        except (RuntimeError, ValueError):
+            fail(f"{flag} must be cpu, cuda, cuda:N, mps or auto, got {value[:40]!r}")
     device = resolve_device(args.device)
     models = {}
     for role, name, quantize, where in (

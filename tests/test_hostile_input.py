@@ -233,6 +233,7 @@ def one_error_line(result):
         (["--prompt", "  \\n \\t "], "--prompt is empty"),
         (["--prompt", ""], "--prompt is empty"),
         (["--frobnicate"], "unrecognized arguments"),
+        (["--device", "warp9"], "--device must be cpu, cuda, cuda:N, mps or auto"),
         (["--target", "/nonexistent/model"], "no such model folder: /nonexistent/model"),
         (["--target", "infer.py"], "is a file, not a model"),
         (["--target", "someone/not-downloaded-model"], "not in the Hugging Face cache, and HF_HUB_OFFLINE is set"),
@@ -248,6 +249,12 @@ def test_an_unreachable_hub_fails_fast_in_one_line():
     result, seconds = run("--target", "someone/not-downloaded-model", env={"HF_HUB_OFFLINE": None, "HF_ENDPOINT": "http://127.0.0.1:9"})
     assert "the Hub cannot be reached" in one_error_line(result)
     assert seconds < 20
+
+
+def test_a_prompt_flag_with_bytes_that_are_not_utf8_runs_and_says_so(tiny_models):
+    result, _ = run("--target", tiny_models["target"], "--no-calibrate", "--length", "2", "--prompt", b"caf\xe9")
+    out = result.stdout.decode()
+    assert result.returncode == 0 and "--prompt: 1 byte that is not UTF-8 was replaced" in out and "Target AR" in out, out
 
 
 def test_piped_bytes_that_are_not_utf8_and_blank_lines_are_handled_and_exit_is_zero(tiny_models):
