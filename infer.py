@@ -522,6 +522,8 @@ class Repl:
             except EOFError:
                 console.print("Goodbye!")
                 return
+            except Exception as error:  # a failure no check foresaw: one line, and the session goes on
+                console.print(Text(f"failed: {first_line(error)} (a bug: please report it)", style="red"))
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -350,3 +350,21 @@ def test_a_hub_id_in_the_local_cache_loads_offline_and_without_the_hub(tiny_mode
     for env in ({"HF_HUB_OFFLINE": "1"}, {"HF_HUB_OFFLINE": None, "HF_ENDPOINT": "http://127.0.0.1:9"}):
         result, _ = run("--target", "someone/tiny", "--no-calibrate", "--prompt", "Hi", "--length", "2", env={**cache, **env})
         assert result.returncode == 0 and "Target AR" in result.stdout.decode(), result.stdout.decode() + result.stderr.decode()
+
+
+def test_an_unforeseen_failure_is_one_line_and_the_session_goes_on(repl, monkeypatch, capsys):
+    import io
+
+    handle = repl.handle
+
+    def failing(line):
+        if line == "boom":
+            raise RuntimeError("something deep\nwith a second line")
+        handle(line)
+
+    monkeypatch.setattr(repl, "handle", failing)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("boom\n/length 7\n" + "x" * (MAX_LINE + 5) + "\n/quit\n"))
+    repl.loop()
+    out = capsys.readouterr().out
+    assert "failed: RuntimeError: something deep (a bug" in out and "second line" not in out
+    assert "length: 7" in out and "5 more: nothing done" in out and "Goodbye" in out
