@@ -114,7 +114,8 @@ def within_limits(repl):
 
 SAFE_COMMANDS = ["/quit", "/help", "/debug", "/speculative", "/ngram", "/target", "/drafter", "/cache", "/chat", "/length",
                  "/gamma", "/processor", "/set_ngramstorage", "/top_k_filler", "/reset_in_between", "/pld", "/pld_params",
-                 "/chained", "/adaptive", "/min_draft", "/p_min", "/pause", "/min_gain", "/stats", "/stream", "/frobnicate", "/"]
+                 "/chained", "/adaptive", "/min_draft", "/p_min", "/pause", "/min_gain", "/stats", "/stream", "/frobnicate", "/",
+                 "/ngram_load", "/ngram_build"]  # not /ngram_save: it would write files where the test runs
 WORD = st.one_of(NUMBERISH, st.sampled_from(["greedy", "multinomial", "topk", "nucleus", "topknucleus", "basic", "onelevel", "trie"]))
 
 
