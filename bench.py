@@ -23,6 +23,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from utils.parsing import flag_list_type, flag_type, parse_limited
+
 ROOT = Path(__file__).resolve().parent
 DEFAULT_PROMPTS = ROOT / "bench_prompts.jsonl"
 DEFAULT_STRATEGIES = "target,ngram,pld,speculative,chained,drafter,hf_generate,hf_generate_static,hf_assisted,hf_prompt_lookup"
@@ -48,29 +50,29 @@ class Config:
 
 
 def gamma_list(text: str) -> List[int | str]:
-    """``1,2,4,auto``: draft-length bounds, ``auto`` for the calibrated policy's own choice."""
+    """``1,2,4,auto``: draft-length bounds (the REPL's /gamma range), ``auto`` for the calibrated policy's own choice."""
     words = [w.strip() for w in text.split(",") if w.strip()]
-    if "auto" not in words:
-        return int_list(text)
     rest = [w for w in words if w != "auto"]
-    return (int_list(",".join(rest)) if rest else []) + ["auto"]
+    numbers = flag_list_type("--gamma", "gamma")(",".join(rest)) if rest or not words else []
+    return numbers + (["auto"] if "auto" in words else [])
 
 
-def int_list(text: str) -> List[int]:
+def pause_spec(text: str) -> List[int]:
+    """``AFTER,STEPS`` with the REPL's /pause ranges."""
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"--pause takes AFTER,STEPS, got {text[:40]!r}")
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError("values must be >= 1")
-    return values
+        return [parse_limited(parts[0], "--pause AFTER", "pause_after"), parse_limited(parts[1], "--pause STEPS", "pause_steps")]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="Spec-Bench format JSONL (default: the shipped set)")
     p.add_argument("--categories", help="comma-separated categories to keep")
-    p.add_argument("--limit", type=int, help="at most this many prompts per category")
+    p.add_argument("--limit", type=flag_type("--limit", "limit"), help="at most this many prompts per category")
     p.add_argument("--target", help="target model (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--drafter", help="drafter model, or layers:N for the first N layers of the target (default: none)")
     p.add_argument("--device", help="cpu, cuda, cuda:N or auto (default: cuda when available)")
@@ -91,22 +93,22 @@ def build_parser() -> argparse.ArgumentParser:
                    "those needing a drafter are skipped without one")
     p.add_argument("--gamma", type=gamma_list, default=[4], help="most drafts per step, e.g. 1,2,4,8 (default 4); "
                    "auto: the calibrated policy's cost-optimal length, up to the longest measured pass")
-    p.add_argument("--ngram-n", type=int_list, default=[3], help="n-gram sizes for NASD, e.g. 2,3,4 (default 3)")
+    p.add_argument("--ngram-n", type=flag_list_type("--ngram-n", "n"), default=[3], help="n-gram sizes for NASD, e.g. 2,3,4 (default 3)")
     p.add_argument("--storages", default="basic,onelevel", help="NASD storages (default basic,onelevel)")
-    p.add_argument("--top-k-filler", type=int_list, default=[3], help="NASD filler top-k values, e.g. 1,3,5 (default 3)")
+    p.add_argument("--top-k-filler", type=flag_list_type("--top-k-filler", "top_k_filler"), default=[3], help="NASD filler top-k values, e.g. 1,3,5 (default 3)")
     p.add_argument("--processor", default="greedy", help='as the REPL\'s /processor, e.g. "nucleus 0.6 0.9" (default greedy)')
     p.add_argument("--adaptive", action="store_true", help="adaptive draft length for every drafting strategy")
-    p.add_argument("--pause", type=int_list, help="AFTER,STEPS: pause drafting after AFTER fruitless steps for STEPS steps")
-    p.add_argument("--min-gain", type=float, help="cost-aware pausing: pause drafting while tokens per drafting step, "
+    p.add_argument("--pause", type=pause_spec, help="AFTER,STEPS: pause drafting after AFTER fruitless steps for STEPS steps")
+    p.add_argument("--min-gain", type=flag_type("--min-gain", "min_gain"), help="cost-aware pausing: pause drafting while tokens per drafting step, "
                    "divided by the step's measured cost, fall below this (default: the REPL's, 1.0; 0 = off)")
     p.add_argument("--policy-memory", action="store_true", help="one policy remembers each drafter model across prompts "
                    "(a drafter that did not pay starts the next prompt paused); off: every run depends on its own prompt only")
     p.add_argument("--no-calibrate", action="store_true", help="do not measure verification costs: no padded passes, "
                    "and --min-gain counts plain tokens per step (the library's default policy)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per run (default 128)")
-    p.add_argument("--repeats", type=int, default=1, help="timed repeats of every run (default 1)")
+    p.add_argument("--max-new-tokens", type=flag_type("--max-new-tokens", "length"), default=128, help="new tokens per run (default 128)")
+    p.add_argument("--repeats", type=flag_type("--repeats", "repeats"), default=1, help="timed repeats of every run (default 1)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
-    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--seed", type=flag_type("--seed", "seed"), default=42)
     p.add_argument("--out", default="results", help="output folder (default results/)")
     p.add_argument("--replay", action="store_true", help="only replay the prompts (or --corpus) through n-gram storages")
     p.add_argument("--corpus", help="with --replay: a text file to replay instead of the prompts")
@@ -526,6 +528,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = build_parser().parse_args(argv)
     if args.pause is not None and len(args.pause) != 2:
         raise SystemExit("error: --pause takes AFTER,STEPS")
+    from infer import UsageError, parse_processor
+
+    try:
+        parse_processor(args.processor.split())
+    except UsageError as error:
+        raise SystemExit(f"error: {str(error).replace('usage: /processor', '--processor')}") from None
     if args.replay:
         replay_report(args)
         return

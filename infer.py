@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from utils.parsing import LIMITS, MAX_LINE, flag_type, parse_int, parse_limited, parse_path, sanitize_text
+
 PRESETS = {
     "embedded": {"target": None, "drafter": None},
     "reference": {  # the reference repository's setting
@@ -65,33 +67,40 @@ def parse_processor(words: List[str]):
     if len(values) != len(params):
         raise UsageError(line)
     try:
-        kwargs = {name: kind(value) for (name, kind), value in zip(params, values)}
+        kwargs = {name: parse_limited(value, name) for (name, _), value in zip(params, values)}
         return cls(**kwargs), words[0], kwargs
     except ValueError as error:
-        raise UsageError(f"{error}; {line}" if "must be" in str(error) else line) from None
+        raise UsageError(f"{error}; {line}") from None
 
 
-def parse_count(words: List[str], usage: str, minimum: int = 1) -> int:
+def parse_count(words: List[str], usage: str, minimum: int = 1, maximum: int = 1_000_000, name: str = "the value") -> int:
+    """One integer in [minimum, maximum]; UsageError (what is wrong; the usage line) otherwise."""
     if len(words) != 1:
         raise UsageError(usage)
     try:
-        value = int(words[0])
-    except ValueError:
-        raise UsageError(usage) from None
-    if value < minimum:
-        raise UsageError(f"the value must be >= {minimum}; {usage}")
-    return value
+        return parse_int(words[0], name, minimum, maximum)
+    except ValueError as error:
+        raise UsageError(f"{error}; {usage}") from None
 
 
-def parse_fraction(words: List[str], usage: str, below: float = float("inf")) -> float:
-    """One number in [0, below); UsageError with the usage line otherwise."""
-    try:
-        value = float(words[0]) if len(words) == 1 else None
-    except ValueError:
-        value = None
-    if value is None or not 0 <= value < below:
+def parse_setting(words: List[str], usage: str, key: str, name: str | None = None):
+    """One value of the setting ``key`` of ``utils.parsing.LIMITS``; UsageError otherwise."""
+    if len(words) != 1:
         raise UsageError(usage)
-    return value
+    try:
+        return parse_limited(words[0], name or key, key)
+    except ValueError as error:
+        raise UsageError(f"{error}; {usage}") from None
+
+
+def replaced_line(count: int) -> str:
+    return f"{count} byte{'s' if count != 1 else ''} that {'are' if count != 1 else 'is'} not UTF-8 " \
+           f"{'were' if count != 1 else 'was'} replaced by \ufffd"
+
+
+def _range(key: str) -> str:
+    low, high = LIMITS[key]
+    return f"{low} to {high}"
 
 
 class Repl:
@@ -191,12 +200,15 @@ class Repl:
 
     # ---- commands ------------------------------------------------------------------------
     def cmd_quit(self, words):
+        self._no_args(words, "/quit")
         raise EOFError
 
     def cmd_clear(self, words):
+        self._no_args(words, "/clear")
         console.clear()
 
     def cmd_help(self, words):
+        self._no_args(words, "/help")
         console.print(Text("Commands", style="bold"))
         for name, (_, usage, what) in self.commands.items():
             now = self.value_of(name)
@@ -228,7 +240,7 @@ class Repl:
     @staticmethod
     def _no_args(words, usage):
         if words:
-            raise UsageError(f"usage: {usage}")
+            raise UsageError(f"{usage} takes no argument; usage: {usage}")
 
     def cmd_chat(self, words):
         self._no_args(words, "/chat")
@@ -238,11 +250,11 @@ class Repl:
         self.say(f"chat: {'on' if self.chat else 'off'}")
 
     def cmd_length(self, words):
-        self.settings.max_gen_len = parse_count(words, "usage: /length <n>   (n >= 1)")
+        self.settings.max_gen_len = parse_setting(words, f"usage: /length <n>   (n from {_range('length')})", "length")
         self.say(f"length: {self.settings.max_gen_len}")
 
     def cmd_gamma(self, words):
-        usage = "usage: /gamma <n|auto>   (n >= 1: at most n drafts per step; auto: the calibrated policy chooses)"
+        usage = f"usage: /gamma <n|auto>   (n from {_range('gamma')}: at most n drafts per step; auto: the calibrated policy chooses)"
         policy = self.settings.policy
         if words == ["auto"]:
             if policy.row_costs is None:
@@ -250,7 +262,7 @@ class Repl:
             policy.auto = True
             self.say(f"gamma: auto (cost-optimal, up to {policy.bound()} drafts per step)")
             return
-        self.settings.gamma = parse_count(words, usage)
+        self.settings.gamma = parse_setting(words, usage, "gamma")
         policy.auto = False
         self.say(f"gamma: {self.settings.gamma} (at most {self.settings.gamma} drafts per step)")
 
@@ -271,16 +283,16 @@ class Repl:
     def cmd_storage(self, words):
         from strategies import STORAGES
 
-        usage = "usage: /set_ngramstorage <basic|onelevel> <n>   (n >= 2)"
+        usage = f"usage: /set_ngramstorage <basic|onelevel> <n>   (n from {_range('n')})"
         if len(words) != 2 or words[0] not in STORAGES:
             raise UsageError(usage)
-        n = parse_count(words[1:], usage, minimum=2)
+        n = parse_setting(words[1:], usage, "n")
         self.storage_kind, self.storage_n = words[0], n
         self._new_storage()
         self.say(f"n-gram storage: {words[0]} {n}")
 
     def cmd_filler(self, words):
-        self.settings.top_k_filler = parse_count(words, "usage: /top_k_filler <n>   (n >= 1)")
+        self.settings.top_k_filler = parse_setting(words, f"usage: /top_k_filler <n>   (n from {_range('top_k_filler')})", "top_k_filler")
         self.say(f"top_k_filler: {self.settings.top_k_filler}")
 
     def cmd_reset(self, words):
@@ -289,12 +301,14 @@ class Repl:
         self.say(f"reset in between: {'on' if self.reset_in_between else 'off'}")
 
     def cmd_pld_params(self, words):
-        usage = "usage: /pld_params <min> <max> <num_tokens>   (1 <= min <= max, num_tokens >= 1)"
+        usage = (f"usage: /pld_params <min> <max> <num_tokens>   (min <= max, both from {_range('pld_ngram')}; "
+                 f"num_tokens from {_range('pld_num_tokens')})")
         if len(words) != 3:
             raise UsageError(usage)
-        low, high, count = (parse_count([w], usage) for w in words)
+        low, high = (parse_setting([w], usage, "pld_ngram", name) for w, name in zip(words, ("min", "max")))
+        count = parse_setting(words[2:], usage, "pld_num_tokens", "num_tokens")
         if low > high:
-            raise UsageError(usage)
+            raise UsageError(f"min must be <= max, got {low} > {high}; {usage}")
         s = self.settings
         s.pld_min_ngram, s.pld_max_ngram, s.pld_num_tokens = low, high, count
         self.say(f"prompt lookup: n-grams {low} to {high}, {count} tokens")
@@ -302,16 +316,23 @@ class Repl:
     def _path(self, words, usage) -> str:
         if len(words) != 1:
             raise UsageError(usage)
-        return os.path.expanduser(words[0])
+        try:
+            return parse_path(words[0])
+        except ValueError as error:
+            raise UsageError(f"{error}; {usage}") from None
 
     def cmd_ngram_save(self, words):
         from ngram_assisted import save_storage
 
-        path = self._path(words, "usage: /ngram_save <file>")
+        usage = "usage: /ngram_save <file> [--force]   (--force: overwrite a file that is not a saved storage)"
+        force = words[1:] == ["--force"]
+        path = self._path(words[:1] if force else words, usage)
         try:
-            save_storage(self.settings.storage, path)
+            save_storage(self.settings.storage, path, overwrite=force)
         except (OSError, ValueError) as error:
-            raise UsageError(f"cannot save to {path}: {error}") from None
+            message = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+            hint = "; /ngram_save <file> --force overwrites it" if "left as it is" in message else ""
+            raise UsageError(f"cannot save to {path}: {message}{hint}") from None
         self.say(f"n-gram storage saved to {path}")
 
     def _set_static(self, storage, origin: str) -> None:
@@ -349,25 +370,26 @@ class Repl:
         self.say(f"adaptive draft length: {'on' if self.settings.policy.adaptive else 'off'}")
 
     def cmd_min_draft(self, words):
-        self.settings.policy.min_draft = parse_count(words, "usage: /min_draft <n>   (n >= 0)", minimum=0)
+        self.settings.policy.min_draft = parse_setting(words, f"usage: /min_draft <n>   (n from {_range('min_draft')}, 0 = off)", "min_draft")
         self.say(f"min_draft: {self.settings.policy.min_draft}")
 
     def cmd_p_min(self, words):
-        value = parse_fraction(words, "usage: /p_min <p>   (0 <= p < 1)", below=1.0)
+        value = parse_setting(words, "usage: /p_min <p>   (0 <= p < 1)", "p_min")
         self.settings.policy.p_min = value
         self.say(f"p_min: {value}")
 
     def cmd_pause(self, words):
-        usage = "usage: /pause <after> <steps>   (after >= 0, 0 = off; steps >= 1)"
+        usage = f"usage: /pause <after> <steps>   (after from {_range('pause_after')}, 0 = off; steps from {_range('pause_steps')})"
         if len(words) != 2:
             raise UsageError(usage)
-        after, steps = parse_count(words[:1], usage, minimum=0), parse_count(words[1:], usage)
+        after, steps = parse_setting(words[:1], usage, "pause_after", "after"), parse_setting(words[1:], usage, "pause_steps", "steps")
         self.settings.policy.pause_after, self.settings.policy.pause_steps = after, steps
         self.say(f"pause: after {after} fruitless steps, for {steps} steps" if after else "pause: off")
 
     def cmd_min_gain(self, words):
-        usage = "usage: /min_gain <x>   (x >= 0, 0 = off; 1 = drafting steps must pay for their verification pass)"
-        value = parse_fraction(words, usage)
+        usage = (f"usage: /min_gain <x>   (x from {_range('min_gain')}, 0 = off; "
+                 "1 = drafting steps must pay for their verification pass)")
+        value = parse_setting(words, usage, "min_gain")
         self.settings.policy.min_gain = value
         self.say(f"min_gain: {value}")
 
@@ -401,6 +423,11 @@ class Repl:
     # ---- prompts -------------------------------------------------------------------------
     def handle(self, line: str) -> None:
         """One line of input: a command or a prompt. Raises EOFError on /quit."""
+        line, replaced = sanitize_text(line)
+        if replaced:
+            self.say(replaced_line(replaced))
+        if len(line) > MAX_LINE:
+            raise UsageError(f"a line must be at most {MAX_LINE} characters, got {len(line)}: nothing done")
         line = line.replace("\\n", "\n").replace("\\t", "\t")
         if not line.strip():
             return
@@ -423,6 +450,10 @@ class Repl:
         from strategies import STRATEGIES, run_strategy
 
         prompt = self.encode(text)
+        if not prompt:
+            raise UsageError("the prompt is empty once tokenized: nothing to generate from")
+        if self.settings.debug:
+            self.say(f"prompt: {len(text)} characters, {len(prompt)} tokens")
         if self.reset_in_between:
             self.settings.storage.reset()
         results = []
@@ -499,13 +530,18 @@ class Repl:
         console.print(table)
 
     def loop(self) -> None:
-        interactive = sys.stdin.isatty()
+        from utils.terminal import read_line
+
         while True:
             try:
-                line = input("> ") if interactive else sys.stdin.readline()
-                if not interactive and not line:
+                line = read_line("> ")
+                if line is None:
                     raise EOFError
-                self.handle(line.rstrip("\n"))
+                if line.replaced:
+                    self.say(replaced_line(line.replaced))
+                if line.cut:
+                    raise UsageError(f"a line must be at most {MAX_LINE} characters; this one had {line.cut} more: nothing done")
+                self.handle(line.text)
             except UsageError as error:
                 console.print(Text(str(error), style="red"))
             except KeyboardInterrupt:
@@ -513,10 +549,24 @@ class Repl:
             except EOFError:
                 console.print("Goodbye!")
                 return
+            except Exception as error:  # a failure no check foresaw: one line, and the session goes on
+                console.print(Text(f"failed: {first_line(error)} (a bug: please report it)", style="red"))
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad flags: one line (what is wrong and what is accepted) and exit status 1, no usage block."""
+
+    def error(self, message):
+        fail(f"{message} (python infer.py --help lists the flags)")
+
+
+def gamma_flag(text: str):
+    """``--gamma``: ``auto``, or a number in /gamma's range."""
+    return "auto" if text == "auto" else flag_type("--gamma", "gamma")(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="Compare decoding strategies side by side (speculative, n-gram assisted, autoregressive).")
+    parser = OneLineParser(description="Compare decoding strategies side by side (speculative, n-gram assisted, autoregressive).")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="a known model pair; other flags override it")
     parser.add_argument("--target", help="target model: Hub id, local folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--drafter", help="drafter model: Hub id, local folder or .gguf file (default: none)")
@@ -531,10 +581,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: static on CUDA, the measured default on CPU)")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow model code from the Hub (off: it runs code you have not read)")
     parser.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
-    parser.add_argument("--gamma", default="4", help="most drafts per step, or auto for the calibrated policy's choice (default 4)")
-    parser.add_argument("--length", type=int, default=35, help="most new tokens (default 35)")
+    parser.add_argument("--gamma", type=gamma_flag, default=4, help="most drafts per step, or auto for the calibrated policy's choice (default 4)")
+    parser.add_argument("--length", type=flag_type("--length", "length"), default=35, help="most new tokens (default 35)")
     parser.add_argument("--processor", default="greedy", help='sampling, as /processor takes it, e.g. "nucleus 0.6 0.9" (default greedy)')
-    parser.add_argument("--seed", type=int, default=42, help="seed set before each strategy (default 42)")
+    parser.add_argument("--seed", type=flag_type("--seed", "seed"), default=42, help="seed set before each strategy (default 42)")
     parser.add_argument("--prompt", help="run one comparison on this prompt and exit")
     parser.add_argument("--no-calibrate", action="store_true", help="skip measuring the target's verification costs at start "
                         "(a few seconds): no padded passes, no cost-aware pausing")
@@ -564,11 +614,22 @@ def main(argv: Optional[List[str]] = None) -> None:
         auto = args.gamma == "auto"
         if auto and args.no_calibrate:
             raise UsageError("--gamma auto needs the measured verification costs: drop --no-calibrate")
-        args.gamma = 4 if auto else parse_count([str(args.gamma)], "--gamma must be >= 1 or auto")
-        args.length = parse_count([str(args.length)], "--length must be >= 1")
+        args.gamma = 4 if auto else args.gamma
         processor, processor_name, processor_args = parse_processor(args.processor.split())
     except UsageError as error:
         fail(str(error).replace("usage: /processor", "--processor"))
+    if args.prompt is not None:
+        args.prompt, replaced = sanitize_text(args.prompt)
+        args.prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t")
+        if not args.prompt.strip():
+            fail("--prompt is empty: give it some text, or leave it out for the interactive REPL")
+        if len(args.prompt) > MAX_LINE:
+            fail(f"--prompt must be at most {MAX_LINE} characters, got {len(args.prompt)}")
+        if replaced:
+            console.print(Text("--prompt: " + replaced_line(replaced), style="bold blue"))
+    for flag in ("target", "drafter"):
+        if getattr(args, flag) is not None and not getattr(args, flag).strip():
+            fail(f"--{flag} is empty: give a model folder, a .gguf file or a Hub id")
 
     console.print(Text("Speculative Decoding", style="bold red"), Text(" REPL ", style="white on red"))
     import torch
@@ -577,6 +638,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     from utils.models import end_tokens, load_model, resolve_device
 
     torch.set_grad_enabled(False)
+    for flag, value in (("--device", args.device), ("--drafter-device", args.drafter_device)):
+        try:
+            if value not in (None, "auto"):
+                torch.device(value)
+        except (RuntimeError, ValueError):
+            fail(f"{flag} must be cpu, cuda, cuda:N, mps or auto, got {value[:40]!r}")
     device = resolve_device(args.device)
     models = {}
     for role, name, quantize, where in (
@@ -632,7 +699,10 @@ def main(argv: Optional[List[str]] = None) -> None:
         console.print(f"[bold]Policy:[/bold] {settings.policy.describe(settings.gamma)}")
     repl = Repl(settings, not args.no_chat, processor_name, processor_args, args.seed)
     if args.prompt is not None:
-        repl.compare(args.prompt.replace("\\n", "\n").replace("\\t", "\t"))
+        try:
+            repl.compare(args.prompt)
+        except UsageError as error:
+            fail(str(error))
         return
     console.print("Type a prompt, or /help for the commands.")
     repl.loop()

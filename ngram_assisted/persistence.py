@@ -1,9 +1,15 @@
 """Persistent n-gram storages (llama.cpp's static and dynamic tiers): build from a corpus, save,
 load, merge, and look up the generation's own storage before a static one.
 
-Files are JSON data (no pickle): a corrupt or foreign file is refused with a ValueError.
+Files are JSON data (no pickle): a corrupt, foreign or hostile file is refused with a ValueError
+of one line. Only regular files are read, and only up to a size cap; a declared n or vocabulary
+is checked before anything is allocated; a save replaces a file atomically, and only a file this
+tool saved (unless told to overwrite).
 """
 import json
+import os
+import stat
+import tempfile
 from pathlib import Path
 from typing import Dict, Iterable, Sequence, Tuple
 
@@ -11,6 +17,85 @@ from ngram_assisted.ngram_storage import CountingNGramStorage, INgramStorage, NG
 
 FORMAT = "speculative-decoding/ngram-storage"
 KINDS = {"basic": NGramStorage, "onelevel": OneLevelNGramStorage}
+MAX_STORAGE_BYTES = 256 * 2**20  # a storage file; its JSON takes several times this in memory
+MAX_CORPUS_BYTES = 64 * 2**20  # a corpus for build_storage
+MAX_N = 32  # as the REPL's /set_ngramstorage accepts
+MAX_VOCAB = 2**24
+MAX_COUNT = 2**63 - 1
+_SIGNATURE = ('{"format":"%s"' % FORMAT).encode()  # how every file save_storage writes begins
+
+
+def read_regular_file(path: str | Path, limit: int, what: str = "file") -> bytes:
+    """The bytes of ``path`` if it is a regular file of at most ``limit`` bytes; ValueError (one line)
+    otherwise. A FIFO, a device or a folder is refused without reading it (no hang)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
+    except ValueError as error:  # a NUL byte in the name
+        raise ValueError(f"cannot read {path}: {error}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"cannot read {path}: not a regular file")
+        if info.st_size > limit:
+            raise ValueError(f"cannot read {path}: {what} of {info.st_size} bytes, more than the {limit} bytes accepted")
+        chunks, size = [], 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:  # grew while being read
+                raise ValueError(f"cannot read {path}: {what} larger than the {limit} bytes accepted")
+        return b"".join(chunks)
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
+    finally:
+        os.close(fd)
+
+
+def is_saved_storage(path: str | Path) -> bool:
+    """Whether ``path`` is a regular file that begins as every file ``save_storage`` writes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except (OSError, ValueError):
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, len(_SIGNATURE)) == _SIGNATURE
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, then rename it over ``path``: an
+    interrupted write leaves the old file (or none), never a partial one. A symbolic link is
+    followed (its target is replaced); the file keeps its permissions."""
+    real = os.path.realpath(path)
+    folder = os.path.dirname(real) or "."
+    try:
+        mode = stat.S_IMODE(os.stat(real).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(real) + ".", suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, real)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def storage_kind(storage: INgramStorage) -> str:
@@ -24,50 +109,62 @@ def _tables(storage: INgramStorage) -> Dict[int, dict]:
     return {j: storage.table(j) for j in range(1, storage.n)} if isinstance(storage, NGramStorage) else {storage.n - 1: storage.grams}
 
 
-def save_storage(storage: INgramStorage, path: str | Path) -> None:
-    """Write ``storage`` to ``path`` as JSON: every context with its best token and its counts."""
+def save_storage(storage: INgramStorage, path: str | Path, overwrite: bool = False) -> None:
+    """Write ``storage`` to ``path`` as JSON: every context with its best token and its counts.
+
+    An existing ``path`` is replaced only when it is a storage saved here, or with ``overwrite``;
+    never when it is not a regular file. The write is atomic (``write_atomically``)."""
+    if os.path.lexists(path):
+        real = os.path.realpath(path)
+        if os.path.exists(real) and not os.path.isfile(real):
+            raise ValueError(f"{path} exists and is not a regular file")
+        if os.path.exists(real) and not overwrite and not is_saved_storage(real):
+            raise ValueError(f"{path} exists and is not an n-gram storage saved by this tool; it is left as it is")
     tables = {
         str(j): [[list(gram), entry.best, list(entry.counts), list(entry.counts.values())] for gram, entry in table.items()]
         for j, table in _tables(storage).items()
     }
     data = {"format": FORMAT, "version": 1, "kind": storage_kind(storage), "n": storage.n, "vocab_size": storage.vocab_size, "tables": tables}
-    Path(path).write_text(json.dumps(data, separators=(",", ":")))
+    write_atomically(path, json.dumps(data, separators=(",", ":")).encode())
 
 
 def _int(value, low: int, high: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value >= high):
-        raise ValueError(f"bad value {value!r}")
+        shown = repr(value)
+        raise ValueError(f"bad value {shown if len(shown) <= 40 else shown[:37] + '...'}")
     return value
 
 
 def load_storage(path: str | Path) -> INgramStorage:
     """Read a file written by ``save_storage``; ValueError (one line) for anything else."""
+    raw = read_regular_file(path, MAX_STORAGE_BYTES, "a storage file")
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(raw.decode("utf-8"))
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError("not an n-gram storage file")
         if data.get("version") != 1 or data.get("kind") not in KINDS:
             raise ValueError("unsupported version or kind")
-        n, vocab = _int(data["n"], 2), _int(data["vocab_size"], 1)
+        n, vocab = _int(data["n"], 2, MAX_N + 1), _int(data["vocab_size"], 1, MAX_VOCAB + 1)
         storage = KINDS[data["kind"]](n, vocab)
         tables = _tables(storage)
         for key, rows in data["tables"].items():
-            j = int(key)
-            if j not in tables:
-                raise ValueError(f"unexpected context length {j}")
+            j = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 3 else -1
+            if j not in tables or not isinstance(rows, list):
+                raise ValueError(f"unexpected context length {str(key)[:20]!r}")
             for gram, best, tokens, counts in rows:
                 if len(gram) != j or len(tokens) != len(counts) or not tokens:
                     raise ValueError("malformed entry")
                 entry = _Counts(_int(best, 0, vocab))
-                entry.counts = {_int(t, 0, vocab): _int(c, 1) for t, c in zip(tokens, counts)}
+                entry.counts = {_int(t, 0, vocab): _int(c, 1, MAX_COUNT) for t, c in zip(tokens, counts)}
                 if best not in entry.counts:
                     raise ValueError("best token without a count")
                 tables[j][tuple(_int(t, 0, vocab) for t in gram)] = entry
         return storage
-    except OSError as error:
-        raise ValueError(f"cannot read {path}: {error.strerror or error}") from None
+    except RecursionError:
+        raise ValueError(f"{path} is not a valid n-gram storage file (nested too deeply)") from None
     except (ValueError, KeyError, TypeError, AttributeError) as error:
-        raise ValueError(f"{path} is not a valid n-gram storage file ({error})") from None
+        reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+        raise ValueError(f"{path} is not a valid n-gram storage file ({reason})") from None
 
 
 def merge_storages(into: INgramStorage, other: INgramStorage) -> INgramStorage:
@@ -90,9 +187,11 @@ def build_storage(corpus: str | Path, tokenizer, n: int = 3, kind: str = "basic"
     if kind not in KINDS:
         raise ValueError(f"unknown storage kind {kind!r}: basic or onelevel")
     try:
-        text = Path(corpus).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise ValueError(f"cannot read the corpus {corpus}: {error}") from None
+        text = read_regular_file(corpus, MAX_CORPUS_BYTES, "a corpus").decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"cannot read the corpus {corpus}: not UTF-8 text (byte {error.start})") from None
+    except ValueError as error:
+        raise ValueError(f"{str(error).replace('cannot read', 'cannot read the corpus', 1)}") from None
     storage = KINDS[kind](n, vocab_size or len(tokenizer))
     for block in text.split("\n\n"):
         if block.strip():

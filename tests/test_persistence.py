@@ -105,3 +105,89 @@ def test_replay_reports_how_often_the_storage_would_have_predicted_the_next_toke
     static = filled()
     assert replay(static, [1, 2, 4], learn=False) == (2, 2, 2)
     assert static.count([1, 2], 4) == filled().count([1, 2], 4)  # not learning: unchanged
+
+
+def test_save_never_replaces_a_file_it_did_not_write_unless_told(tmp_path):
+    mine = tmp_path / "mine.json"
+    mine.write_text('{"format": "speculative-decoding/ngram-storage", "mine": true}')  # JSON, but not written by save_storage
+    with pytest.raises(ValueError, match="not an n-gram storage saved by this tool"):
+        save_storage(filled(), mine)
+    assert "mine" in mine.read_text()
+    save_storage(filled(), mine, overwrite=True)
+    save_storage(filled(n=4), mine)  # a saved storage is replaced without asking
+    assert load_storage(mine).n == 4
+    with pytest.raises(ValueError, match="not a regular file"):
+        save_storage(filled(), tmp_path, overwrite=True)
+
+
+def test_an_interrupted_save_leaves_the_old_file_whole_and_no_temporary_file(tmp_path, monkeypatch):
+    import os
+
+    path = tmp_path / "s.json"
+    save_storage(filled(), path)
+    before = path.read_bytes()
+    real_fsync = os.fsync
+
+    def interrupted(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_storage(filled(n=5), path)
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["s.json"]
+
+
+def test_save_through_a_link_replaces_its_target_and_keeps_the_permissions(tmp_path):
+    import os
+
+    target = tmp_path / "real.json"
+    save_storage(filled(), target)
+    os.chmod(target, 0o640)
+    (tmp_path / "link.json").symlink_to(target)
+    save_storage(filled(n=4), tmp_path / "link.json")
+    assert (tmp_path / "link.json").is_symlink() and load_storage(target).n == 4
+    assert os.stat(target).st_mode & 0o777 == 0o640
+
+
+HEADER = '{"format": "speculative-decoding/ngram-storage", "version": 1, "kind": "basic", '
+
+
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        ("[" * 100_000 + "]" * 100_000, "not a valid n-gram storage file"),  # nested past the parser's recursion limit
+        ('{"a":' * 100_000 + "1" + "}" * 100_000, "not a valid n-gram storage file"),
+        (HEADER + '"n": 1000000000, "vocab_size": 10, "tables": {}}', "bad value 1000000000"),  # would allocate n - 1 tables
+        (HEADER + '"n": 3, "vocab_size": 1000000000000, "tables": {}}', "bad value"),
+        (HEADER + '"n": 3, "vocab_size": 10, "tables": {"' + "1" * 5000 + '": []}}', "unexpected context length"),
+        (HEADER + '"n": 3, "vocab_size": 10, "tables": {"1": [[[3], 3, [3], [' + "9" * 4000 + "]]]}}", "not a valid"),
+        (HEADER + '"n": 3, "vocab_size": 10, "tables": {"1": [[[3], 3, [3], [1e999]]]}}', "bad value inf"),
+        (HEADER + '"n": 3, "vocab_size": 10, "tables": {"1": [["ab", 3, [3], [1]]]}}', "malformed entry"),
+        (HEADER + '"n": 3, "vocab_size": 10, "tables": []}', "not a valid"),
+    ],
+)
+def test_hostile_storage_files_are_refused_in_one_line_before_allocating(tmp_path, content, reason):
+    import time
+
+    path = tmp_path / "hostile.json"
+    path.write_text(content)
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=reason) as error:
+        load_storage(path)
+    assert time.monotonic() - start < 5 and "\n" not in str(error.value) and len(str(error.value)) < 400
+
+
+def test_files_that_are_not_regular_or_too_large_are_refused_without_reading_them(tmp_path, monkeypatch):
+    import os
+
+    from ngram_assisted import persistence
+
+    os.mkfifo(tmp_path / "fifo")  # reading would wait for a writer forever
+    for path in (tmp_path / "fifo", tmp_path, "/dev/zero"):
+        with pytest.raises(ValueError, match="not a regular file"):
+            load_storage(path)
+    save_storage(filled(), tmp_path / "s.json")
+    monkeypatch.setattr(persistence, "MAX_STORAGE_BYTES", 100)
+    with pytest.raises(ValueError, match="more than the 100 bytes accepted"):
+        load_storage(tmp_path / "s.json")

@@ -73,7 +73,7 @@ BAD_INPUT = [
     ("/gamma", "usage: /gamma"), ("/gamma x", "usage: /gamma"), ("/gamma 0", "must be >= 1"), ("/length -3", "must be >= 1"),
     ("/length", "usage: /length"), ("/processor", "usage: /processor"), ("/processor beam 1", "unknown processor"),
     ("/processor topk 0.5", "usage: /processor topk"), ("/processor nucleus 0.5 0.9 3", "usage: /processor nucleus"),
-    ("/processor multinomial 0", "temperature must be > 0"), ("/processor nucleus 1 1.5", r"top_p must be in \(0, 1\]"),
+    ("/processor multinomial 0", r"temperature must be in \[0.001, 1000\]"), ("/processor nucleus 1 1.5", r"top_p must be in \(0, 1\]"),
     ("/processor topk 1 zero", "usage: /processor topk"), ("/set_ngramstorage basic 1", "must be >= 2"),
     ("/set_ngramstorage trie 3", "usage: /set_ngramstorage"), ("/set_ngramstorage basic", "usage: /set_ngramstorage"),
     ("/top_k_filler 0", "must be >= 1"), ("/frobnicate", "unknown command"), ("/cache now", "usage: /cache"),
@@ -82,6 +82,8 @@ BAD_INPUT = [
     ("/pause 1", "usage: /pause"), ("/pause 1 0", "must be >= 1"), ("/ngram_load /nonexistent.json", "cannot read"),
     ("/ngram_load infer.py", "not a valid n-gram storage file"), ("/ngram_save", "usage: /ngram_save"),
     ("/ngram_build /nonexistent.txt", "cannot read the corpus"), ("/stream on", "usage: /stream"), ("/min_gain -1", "usage: /min_gain"), ("/min_gain x", "usage: /min_gain"),
+    ("/quit now", "/quit takes no argument"), ("/gamma 1e999", "gamma must be an integer"), ("/min_gain inf", "usage: /min_gain"),
+    ("/length 99999999999999999999", "length must be >= 1 and <= 1000000"), ("/p_min nan", "usage: /p_min"),
 ]
 
 

@@ -2,6 +2,7 @@
 import copy
 import importlib.util
 import os
+import re
 from pathlib import Path
 from typing import List
 
@@ -121,6 +122,57 @@ def resolve_device(device: str | None) -> str:
     return device
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9_][A-Za-z0-9_.-]{0,95})?", re.ASCII)
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether a TCP connection to the Hub (or the HTTPS proxy in use) opens within ``timeout`` s."""
+    import socket
+    from urllib.parse import urlsplit
+
+    proxy = next((os.environ[k] for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy") if os.environ.get(k)), None)
+    url = urlsplit(proxy if proxy and "://" in proxy else f"http://{proxy}" if proxy else os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        port = url.port or (443 if url.scheme == "https" else 80)
+        with socket.create_connection((url.hostname or "", port), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def hub_local_only(name: str) -> bool:
+    """For a model ``name`` that is not a ``.gguf`` file: False when it is a local folder or a Hub id
+    the Hub can be asked for, True when it is a Hub id to be read from the local Hugging Face cache
+    only (offline, or the Hub out of reach). Raises OSError with one line, at once, for a path that
+    does not exist and for a Hub id that can be had neither from the cache nor from the Hub (no
+    retries, no waiting on a network that is not there)."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return False
+    if path.exists():
+        raise OSError(f"{name} is a file, not a model: give a model folder, a .gguf file or a Hub id")
+    if name.startswith(("/", ".", "~")) or "\\" in name or name.count("/") > 1 or not _HUB_ID.fullmatch(name):
+        raise OSError(f"no such model folder: {name} (a model is a local folder, a .gguf file or a Hub id namespace/name)")
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # an id the Hub library refuses: not cached
+        cached = False
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    if offline:
+        if cached:
+            return True
+        raise OSError(f"{name} is not a local folder and not in the Hugging Face cache, and HF_HUB_OFFLINE is set: "
+                      "give a local folder or a .gguf file, or download it once online")
+    if _hub_reachable():
+        return False
+    if cached:
+        return True
+    raise OSError(f"{name} is not a local folder, not in the Hugging Face cache, and the Hub cannot be reached (no network?): "
+                  "give a local folder or a .gguf file")
+
+
 def load_model(
     name: str | None,
     device: str = "cpu",
@@ -146,10 +198,11 @@ def load_model(
             convert_gguf(path, folder)
     else:
         folder, label = name, name
-    config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    local_only = name is not None and not name.endswith(".gguf") and hub_local_only(name)
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code, local_files_only=local_only)
     auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
     torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
-    kwargs = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code}
+    kwargs = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code, "local_files_only": local_only}
     quantization = _quantization_config(quantize, device)
     if quantization is not None:
         kwargs["quantization_config"] = quantization
@@ -162,7 +215,7 @@ def load_model(
         from utils.quantization import quantize_cpu
 
         quantize_cpu(model, quantize)
-    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code, local_files_only=local_only)
     return model.eval(), tokenizer, label
 
 
