@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from utils.parsing import LIMITS, MAX_LINE, flag_type, parse_int, parse_limited, parse_path, sanitize_text
+from utils.parsing import LIMITS, MAX_LINE, flag_type, parse_limited, parse_path, sanitize_text
 
 PRESETS = {
     "embedded": {"target": None, "drafter": None},
@@ -71,16 +71,6 @@ def parse_processor(words: List[str]):
         return cls(**kwargs), words[0], kwargs
     except ValueError as error:
         raise UsageError(f"{error}; {line}") from None
-
-
-def parse_count(words: List[str], usage: str, minimum: int = 1, maximum: int = 1_000_000, name: str = "the value") -> int:
-    """One integer in [minimum, maximum]; UsageError (what is wrong; the usage line) otherwise."""
-    if len(words) != 1:
-        raise UsageError(usage)
-    try:
-        return parse_int(words[0], name, minimum, maximum)
-    except ValueError as error:
-        raise UsageError(f"{error}; {usage}") from None
 
 
 def parse_setting(words: List[str], usage: str, key: str, name: str | None = None):
@@ -694,6 +684,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         console.print(Text("Measuring the target's verification costs ...", style="dim"))
         settings.policy = calibrated_policy(target, drafter=drafter)
         settings.policy.auto = auto and settings.policy.row_costs is not None
+        if auto and not settings.policy.auto:
+            console.print(Text(f"gamma auto needs plausible verification costs: gamma <= {settings.gamma} instead", style="red"))
         drafter_cost = f" · a drafter pass costs {settings.policy.draft_cost:.2f}" if drafter is not None else ""
         console.print(f"{settings.policy.calibration}{drafter_cost}")
         console.print(f"[bold]Policy:[/bold] {settings.policy.describe(settings.gamma)}")

@@ -7,13 +7,14 @@ from torch import Tensor
 from torch.nn import Module
 
 import utils.printing as printing
-from sampling.common import max_fn, reference_keywords  # max_fn: the reference's public helper, importable from here
-from sampling.common import (
+from sampling.common import (  # max_fn: the reference's public helper, importable from here
     check_positive_int,
     check_prompt,
     common_vocab_size,
     context_window,
     generation_end,
+    max_fn,
+    reference_keywords,
     stop_token_set,
 )
 from sampling.draft_policy import DraftPolicy
