@@ -192,7 +192,8 @@ class Bench:
         from infer import parse_processor
         from sampling import DraftPolicy
         from sampling.common import output_vocab_size
-        from strategies import BY_KEY, PEERS, STORAGES, Settings, calibrated_policy
+        from sampling import calibrated_policy
+        from strategies import BY_KEY, PEERS, STORAGES, Settings
         from utils.models import end_tokens, load_model, resolve_device, truncated_drafter
 
         torch.set_grad_enabled(False)

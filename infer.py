@@ -679,7 +679,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         max_gen_len=args.length, eos_tokens_id=end_tokens(target, tokenizer), encoder_decoder=encoder_decoder,
     )
     if not args.no_calibrate:
-        from strategies import calibrated_policy
+        from sampling import calibrated_policy
 
         console.print(Text("Measuring the target's verification costs ...", style="dim"))
         settings.policy = calibrated_policy(target, drafter=drafter)

@@ -20,9 +20,6 @@ from ngram_assisted import (
 )
 from sampling import (
     DraftPolicy,
-    measure_draft_cost,
-    measure_row_costs,
-    plausible_row_costs,
     GenerationStats,
     autoregressive_generate,
     autoregressive_generate_encoder_decoder,
@@ -34,32 +31,6 @@ from utils.caching import model_device, synchronize
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 STORAGES = {"basic": NGramStorage, "onelevel": OneLevelNGramStorage}
-
-# Cost-aware pausing threshold of the calibrated policy: drafting pauses while a drafting step
-# emits fewer tokens than its verification pass costs in single-token passes (1.0 = break-even).
-DEFAULT_MIN_GAIN = 1.0
-
-
-def calibrated_policy(target: Module, min_gain: float = DEFAULT_MIN_GAIN, drafter: Optional[Module] = None, **policy) -> DraftPolicy:
-    """The REPL's and the benchmark's default policy: verification costs measured on ``target``
-    where it runs (``measure_row_costs``, a few seconds), the cost of a ``drafter`` pass
-    (``measure_draft_cost``), cheaper padded passes, cost-aware pausing.
-
-    A measurement that cannot be real (``plausible_row_costs``) is taken again once; if it still
-    is not plausible the policy has no ``row_costs`` (constant length, no padding) and its
-    ``calibration`` says why. ``calibration`` holds the costs measured, for the record."""
-    for _ in range(2):
-        costs = measure_row_costs(target)
-        if plausible_row_costs(costs):
-            break
-    draft_cost = measure_draft_cost(drafter, target) if drafter is not None else 0.0
-    shown = " ".join(f"{c:.2f}" for c in costs)
-    if not plausible_row_costs(costs):
-        note = f"Verification costs measured twice and not plausible ({shown}): not used, constant draft length"
-        return DraftPolicy(min_gain=min_gain, draft_cost=draft_cost, calibration=note, **policy)
-    note = f"Verification cost by positions 1..{len(costs)}: {shown}"
-    return DraftPolicy(min_gain=min_gain, row_costs=costs, draft_cost=draft_cost, calibration=note, **policy)
-
 
 @dataclass
 class Settings:

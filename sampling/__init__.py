@@ -1,6 +1,7 @@
 from sampling.base_decoding import autoregressive_generate, beam_search_generate
 from sampling.encoder_decoder import autoregressive_generate_encoder_decoder, speculative_generate_encoder_decoder
-from sampling.draft_policy import DraftPolicy, measure_draft_cost, measure_row_costs, plausible_row_costs
+from sampling.calibration import calibrated_policy, measure_draft_cost, measure_row_costs, plausible_row_costs
+from sampling.draft_policy import DraftPolicy
 from sampling.prompt_lookup import prompt_lookup_generate
 from sampling.speculative_decoding import speculative_generate
 from sampling.stats import GenerationStats
@@ -16,5 +17,6 @@ __all__ = [
     "measure_row_costs",
     "measure_draft_cost",
     "plausible_row_costs",
+    "calibrated_policy",
     "GenerationStats",
 ]

@@ -1,14 +1,6 @@
 """How much to draft each step: fixed, adaptive, with a floor, and paused when drafts do not pay."""
-import statistics
-import time
 from dataclasses import dataclass
 from typing import Tuple
-
-import torch
-from torch.nn import Module
-
-from sampling.common import context_window, output_vocab_size
-from utils.caching import KVCacheModel, synchronize
 
 
 @dataclass
@@ -71,7 +63,7 @@ class DraftPolicy:
     draft_cost: float = 0.0
     auto: bool = False
     remember: bool = False
-    calibration: str = ""  # how row_costs were obtained, for the record (strategies.calibrated_policy)
+    calibration: str = ""  # how row_costs were obtained, for the record (sampling.calibration.calibrated_policy)
 
     def __post_init__(self):
         for name in ("min_draft", "pause_after", "pause_steps", "max_gamma"):
@@ -239,70 +231,3 @@ class DraftPolicy:
         if self.pause_after and self.zero_streak >= self.pause_after:
             self.paused, self.zero_streak = self.next_pause, self.pause_after - 1
             self.next_pause *= 2
-
-
-def _time_pass(runner: tuple, ids, context: int, rows: int, samples: list) -> None:
-    """Append the seconds of one cached pass over ``rows`` new positions after ``context``."""
-    runner, model = runner
-    synchronize(model)
-    start = time.perf_counter()
-    runner(ids[:, : context + rows], rows)
-    synchronize(model)
-    samples.append(time.perf_counter() - start)
-    runner.rollback(context)
-
-
-@torch.no_grad()
-def measure_draft_cost(drafter: Module, target: Module, context: int = 128, repeats: int = 7) -> float:
-    """Time of one cached one-position pass of ``drafter`` relative to one of ``target`` (medians
-    of ``repeats`` interleaved passes after one warm-up each): the ``draft_cost`` of a drafter model."""
-    ids = torch.randint(min(_vocab(drafter), _vocab(target)), (1, context + 1), generator=torch.Generator().manual_seed(0))
-    runners = [_runner(m, ids, context) for m in (drafter, target)]
-    samples = ([], [])
-    for round_ in range(repeats + 1):
-        for runner, times in zip(runners, samples):
-            _time_pass(runner, ids, context, 1, times)
-            if not round_:
-                times.clear()  # the first round warms up
-    return round(statistics.median(samples[0]) / statistics.median(samples[1]), 3)
-
-
-def _vocab(model: Module) -> int:
-    return output_vocab_size(model)
-
-
-def _runner(model: Module, ids, context: int) -> tuple:
-    encoder_decoder = getattr(model.config, "is_encoder_decoder", False)
-    runner = KVCacheModel(model, True, encoder_input_ids=ids[0, :context].tolist() if encoder_decoder else None)
-    runner(ids[:, :context], 1)
-    return runner, model
-
-
-@torch.no_grad()
-def measure_row_costs(model: Module, max_rows: int = 12, context: int = 128, repeats: int = 5) -> Tuple[float, ...]:
-    """Time of one cached target pass over r new positions (r = 1..max_rows) after ``context``
-    positions, relative to r = 1: the cost of verifying r - 1 drafts in single-token steps.
-
-    Medians of ``repeats`` interleaved rounds, the device synchronised around each pass. About
-    ``max_rows * (repeats + 1)`` passes: ~3 s for SmolLM2-135M on a 2-core CPU.
-    """
-    window = context_window(model)
-    if window:
-        context = max(1, min(context, window - max_rows))
-    ids = torch.randint(_vocab(model), (1, context + max_rows), generator=torch.Generator().manual_seed(0))
-    runner = _runner(model, ids, context)
-    samples = [[] for _ in range(max_rows)]
-    for round_ in range(repeats + 1):
-        for rows in range(1, max_rows + 1):
-            _time_pass(runner, ids, context, rows, samples[rows - 1])
-            if not round_:
-                samples[rows - 1].clear()  # the first round warms up
-    medians = [statistics.median(s) for s in samples]
-    return tuple(round(m / medians[0], 3) for m in medians)
-
-
-def plausible_row_costs(costs: Tuple[float, ...]) -> bool:
-    """Whether measured relative pass costs can be real: a pass over more positions does the
-    work of a shorter one and more, so no cost may fall well below one position's (0.8 allows
-    for noise), and none may exceed the positions' count twice over (a busy machine)."""
-    return bool(costs) and all(0.8 <= c <= 2.0 * rows for rows, c in enumerate(costs, start=1))

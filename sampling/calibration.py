@@ -1,0 +1,103 @@
+"""Measured costs for a ``DraftPolicy``: what a target pass over r positions costs against one
+position, and what a drafter model's pass costs against a target's. Timing only; the policy
+that reads the costs lives in ``sampling.draft_policy``."""
+import statistics
+import time
+from typing import List, Optional, Tuple
+
+import torch
+from torch.nn import Module
+
+from sampling.common import context_window, output_vocab_size
+from sampling.draft_policy import DraftPolicy
+from utils.caching import KVCacheModel, synchronize
+
+# Cost-aware pausing threshold of the calibrated policy: drafting pauses while a drafting step
+# emits fewer tokens than its verification pass costs in single-token passes (1.0 = break-even).
+DEFAULT_MIN_GAIN = 1.0
+
+
+class _Timer:
+    """A cached runner of ``model`` that has read ``context`` random tokens, and times passes after them.
+
+    The tokens are drawn from the model's own vocabulary, and the context is cut to leave
+    ``room`` positions inside the model's window: both asked of the model, never assumed."""
+
+    def __init__(self, model: Module, context: int, room: int, vocab: int | None = None):
+        window = context_window(model)
+        self.context = max(1, min(context, window - room)) if window else context
+        vocab = vocab or output_vocab_size(model)
+        self.ids = torch.randint(vocab, (1, self.context + room), generator=torch.Generator().manual_seed(0))
+        encoder = self.ids[0, : self.context].tolist() if getattr(model.config, "is_encoder_decoder", False) else None
+        self.model, self.runner = model, KVCacheModel(model, True, encoder_input_ids=encoder)
+        self.runner(self.ids[:, : self.context], 1)
+
+    def seconds(self, rows: int) -> float:
+        """Seconds of one cached pass over ``rows`` new positions (the device synchronised around it)."""
+        synchronize(self.model)
+        start = time.perf_counter()
+        self.runner(self.ids[:, : self.context + rows], rows)
+        synchronize(self.model)
+        self.runner.rollback(self.context)
+        return time.perf_counter() - start
+
+
+def _medians(passes: List[Tuple["_Timer", int]], repeats: int) -> List[float]:
+    """Median seconds of each ``(timer, rows)`` pass over ``repeats`` interleaved rounds, after one warm-up round."""
+    samples: List[List[float]] = [[] for _ in passes]
+    for round_ in range(repeats + 1):
+        for (timer, rows), times in zip(passes, samples):
+            seconds = timer.seconds(rows)
+            if round_:  # the first round warms up
+                times.append(seconds)
+    return [statistics.median(times) for times in samples]
+
+
+@torch.no_grad()
+def measure_row_costs(model: Module, max_rows: int = 12, context: int = 128, repeats: int = 5) -> Tuple[float, ...]:
+    """Time of one cached target pass over r new positions (r = 1..max_rows) after ``context``
+    positions, relative to r = 1: the cost of verifying r - 1 drafts in single-token steps.
+
+    Medians of ``repeats`` interleaved rounds, the device synchronised around each pass. About
+    ``max_rows * (repeats + 1)`` passes: ~3 s for SmolLM2-135M on a 2-core CPU.
+    """
+    timer = _Timer(model, context, max_rows)
+    medians = _medians([(timer, rows) for rows in range(1, max_rows + 1)], repeats)
+    return tuple(round(m / medians[0], 3) for m in medians)
+
+
+@torch.no_grad()
+def measure_draft_cost(drafter: Module, target: Module, context: int = 128, repeats: int = 7) -> float:
+    """Time of one cached one-position pass of ``drafter`` relative to one of ``target`` (medians
+    of ``repeats`` interleaved passes after one warm-up each): the ``draft_cost`` of a drafter model."""
+    vocab = min(output_vocab_size(drafter), output_vocab_size(target))
+    drafting, verifying = _medians([(_Timer(drafter, context, 1, vocab), 1), (_Timer(target, context, 1, vocab), 1)], repeats)
+    return round(drafting / verifying, 3)
+
+
+def plausible_row_costs(costs: Tuple[float, ...]) -> bool:
+    """Whether measured relative pass costs can be real: a pass over more positions does the
+    work of a shorter one and more, so no cost may fall well below one position's (0.8 allows
+    for noise), and none may exceed the positions' count twice over (a busy machine)."""
+    return bool(costs) and all(0.8 <= c <= 2.0 * rows for rows, c in enumerate(costs, start=1))
+
+
+def calibrated_policy(target: Module, min_gain: float = DEFAULT_MIN_GAIN, drafter: Optional[Module] = None, **policy) -> DraftPolicy:
+    """The REPL's and the benchmark's default policy: verification costs measured on ``target``
+    where it runs (``measure_row_costs``, a few seconds), the cost of a ``drafter`` pass
+    (``measure_draft_cost``), cheaper padded passes, cost-aware pausing.
+
+    A measurement that cannot be real (``plausible_row_costs``) is taken again once; if it still
+    is not plausible the policy has no ``row_costs`` (constant length, no padding) and its
+    ``calibration`` says why. ``calibration`` holds the costs measured, for the record."""
+    for _ in range(2):
+        costs = measure_row_costs(target)
+        if plausible_row_costs(costs):
+            break
+    draft_cost = measure_draft_cost(drafter, target) if drafter is not None else 0.0
+    shown = " ".join(f"{c:.2f}" for c in costs)
+    if not plausible_row_costs(costs):
+        note = f"Verification costs measured twice and not plausible ({shown}): not used, constant draft length"
+        return DraftPolicy(min_gain=min_gain, draft_cost=draft_cost, calibration=note, **policy)
+    note = f"Verification cost by positions 1..{len(costs)}: {shown}"
+    return DraftPolicy(min_gain=min_gain, row_costs=costs, draft_cost=draft_cost, calibration=note, **policy)
