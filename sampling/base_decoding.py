@@ -5,56 +5,39 @@ from typing import Callable, List
 import torch
 from torch.nn import Module
 
-import utils.printing as printing
 from sampling.common import check_positive_int, check_prompt, context_window, generation_end, reference_keywords, stop_token_set
+from sampling.config import GenerationConfig, Step
 from sampling.stats import GenerationStats
 from utils.caching import KVCacheModel, model_device
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 
 @torch.no_grad()
-def generate_with(
-    prompt: List[int],
-    model: KVCacheModel,
-    end: int,
-    logits_processor: LogitsProcessor,
-    stop_tokens: frozenset,
-    stats: GenerationStats | None = None,
-    debug: bool = False,
-    streamer: Callable[[List[int], int], None] | None = None,
-) -> List[int]:
-    """One token per forward pass until ``end`` tokens or a stop token; returns the new tokens."""
+def generate_with(prompt: List[int], model: KVCacheModel, config: GenerationConfig) -> List[int]:
+    """One token per forward pass until ``config.max_gen_len`` new tokens, a stop token or the
+    model's window; returns the new tokens. Observers see each token as a step with no drafts."""
+    end = generation_end(len(prompt), config.max_gen_len, context_window(model.model))
     ids = torch.zeros((1, end), dtype=torch.long, device=model.device)
     ids[0, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=model.device)
-    out: List[int] = []
+    tokens = list(prompt)
     for cur in range(len(prompt), end):
-        token = logits_processor.sample(logits_processor(model(ids[:, :cur], 1)))
+        token = config.processor.sample(config.processor(model(ids[:, :cur], 1)))
         ids[0, cur] = token[0, 0]
-        out.append(int(token))
-        if stats is not None:
-            stats.record_step(0, 0, 1)
-        if streamer is not None:
-            streamer(out[-1:], 0)
-        if out[-1] in stop_tokens:
-            if debug:
-                printing.end_token_found(len(out) - 1)
+        tokens.append(int(token))
+        config.stats.record_step(0, 0, 1)
+        stopped = tokens[-1] in config.stop_tokens
+        config.observe(Step(tokens, cur, len(prompt), [], 0, tokens[-1], stopped, speculative=False))
+        if stopped:
             break
-    return out
+    return tokens[len(prompt) :]
 
 
 @reference_keywords
 @torch.no_grad()
 def autoregressive_generate(
-    inputs: List[int],
-    model: Module,
-    max_gen_len: int = 40,
-    logits_processor: LogitsProcessor = GreedyProcessor(),
-    eos_tokens_id: int | List[int] = 1,
-    pad_token_id: int = 0,
-    use_cache: bool = False,
-    debug: bool = False,
-    stats: GenerationStats | None = None,
-    streamer: Callable[[List[int], int], None] | None = None,
+    inputs: List[int], model: Module, max_gen_len: int = 40, logits_processor: LogitsProcessor = GreedyProcessor(),
+    eos_tokens_id: int | List[int] = 1, pad_token_id: int = 0, use_cache: bool = False, debug: bool = False,
+    stats: GenerationStats | None = None, streamer: Callable[[List[int], int], None] | None = None,
 ) -> List[int]:
     """Sample ``max_gen_len`` new tokens at most from a decoder-only model, one forward pass each.
 
@@ -63,9 +46,7 @@ def autoregressive_generate(
     new token. Returns the new token ids.
     """
     prompt = check_prompt(inputs)
-    end = generation_end(len(prompt), max_gen_len, context_window(model))
-    runner = KVCacheModel(model, use_cache)
-    return generate_with(prompt, runner, end, logits_processor, stop_token_set(eos_tokens_id), stats, debug, streamer)
+    return generate_with(prompt, KVCacheModel(model, use_cache), GenerationConfig.of(locals()))
 
 
 def _length_penalty(length: int, alpha: float, min_length: float) -> float:
@@ -99,6 +80,7 @@ def beam_search_generate(
     never recomputed.
     """
     prompt = check_prompt(inputs)
+    observers = GenerationConfig.of(locals()).observers
     check_positive_int("num_beams", num_beams)
     check_positive_int("top_k", top_k)
     end = generation_end(len(prompt), max_gen_len, context_window(model))
@@ -131,8 +113,8 @@ def beam_search_generate(
             beams.append(beam)
             if not beam[3]:
                 parents.append(parent)
-        if debug:
-            printing.beam_search_step([(b[0], prompt + b[2]) for b in beams], len(prompt) + step, tokenizer)
+        for observer in observers:
+            observer.on_beams([(b[0], prompt + b[2]) for b in beams], len(prompt) + step)
         alive = [b for b in beams if not b[3]]
         if not alive or step == end - len(prompt):
             break

@@ -8,9 +8,11 @@ import torch
 from torch.nn import Module
 
 from sampling.base_decoding import generate_with
-from sampling.common import check_prompt, common_vocab_size, context_window, generation_end, reference_keywords, stop_token_set
+from sampling.common import check_prompt, common_vocab_size, context_window, generation_end, reference_keywords
+from sampling.config import GenerationConfig
 from sampling.draft_policy import DraftPolicy
-from sampling.speculative_decoding import ModelDrafter, check_gamma, draft_and_verify
+from sampling.drafters import ModelDrafter
+from sampling.speculative_decoding import speculative
 from sampling.stats import GenerationStats
 from utils.caching import KVCacheModel
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
@@ -25,52 +27,32 @@ def _decoder_start(model: Module) -> int:
     return int(start)
 
 
-def _decoder_end(model: Module, prompt: List[int], max_gen_len: int) -> int:
-    """End of the decoder sequence (start token + new tokens), after checking the encoder's window."""
-    generation_end(len(prompt), 1, context_window(model))  # the encoder must hold the prompt
-    return generation_end(1, max_gen_len, context_window(model))
+def _check_encoder_room(model: Module, prompt: List[int]) -> None:
+    """The encoder must hold the prompt (the decoder's length is checked by the loops)."""
+    generation_end(len(prompt), 1, context_window(model))
 
 
 @reference_keywords
 @torch.no_grad()
 def autoregressive_generate_encoder_decoder(
-    inputs: List[int],
-    model: Module,
-    max_gen_len: int = 40,
-    logits_processor: LogitsProcessor = GreedyProcessor(),
-    eos_tokens_id: int | List[int] = 1,
-    pad_token_id: int = 0,
-    use_cache: bool = False,
-    debug: bool = False,
-    stats: GenerationStats | None = None,
-    streamer: Callable[[List[int], int], None] | None = None,
+    inputs: List[int], model: Module, max_gen_len: int = 40, logits_processor: LogitsProcessor = GreedyProcessor(),
+    eos_tokens_id: int | List[int] = 1, pad_token_id: int = 0, use_cache: bool = False, debug: bool = False,
+    stats: GenerationStats | None = None, streamer: Callable[[List[int], int], None] | None = None,
 ) -> List[int]:
     """``autoregressive_generate`` for an encoder-decoder model; ``inputs`` go to the encoder."""
     prompt = check_prompt(inputs)
-    end = _decoder_end(model, prompt, max_gen_len)
-    runner = KVCacheModel(model, use_cache, encoder_input_ids=prompt)
-    stops = stop_token_set(eos_tokens_id)
-    return generate_with([_decoder_start(model)], runner, end, logits_processor, stops, stats, debug, streamer)
+    config = GenerationConfig.of(locals())
+    _check_encoder_room(model, prompt)
+    return generate_with([_decoder_start(model)], KVCacheModel(model, use_cache, encoder_input_ids=prompt), config)
 
 
 @reference_keywords
 @torch.no_grad()
 def speculative_generate_encoder_decoder(
-    inputs: List[int],
-    drafter: Module,
-    target: Module,
-    tokenizer=None,
-    gamma: int = 5,
-    logits_processor: LogitsProcessor = GreedyProcessor(),
-    max_gen_len: int = 40,
-    eos_tokens_id: int | List[int] = 1,
-    pad_token_id: int = 0,
-    use_cache: bool = False,
-    skip_sample_adjustment: bool = False,
-    first_target: bool = True,
-    debug: bool = False,
-    stats: GenerationStats | None = None,
-    policy: DraftPolicy | None = None,
+    inputs: List[int], drafter: Module, target: Module, tokenizer=None, gamma: int = 5,
+    logits_processor: LogitsProcessor = GreedyProcessor(), max_gen_len: int = 40, eos_tokens_id: int | List[int] = 1,
+    pad_token_id: int = 0, use_cache: bool = False, skip_sample_adjustment: bool = False, first_target: bool = True,
+    debug: bool = False, stats: GenerationStats | None = None, policy: DraftPolicy | None = None,
     streamer: Callable[[List[int], int], None] | None = None,
 ) -> Tuple[List[int], float]:
     """``speculative_generate`` for encoder-decoder models sharing one decoder vocabulary.
@@ -79,17 +61,11 @@ def speculative_generate_encoder_decoder(
     the drafter's decoder proposes ``gamma`` tokens, the target's decoder verifies them in one pass.
     """
     prompt = check_prompt(inputs)
-    check_gamma(gamma)
-    vocab_size = common_vocab_size(drafter, target, tokenizer)
-    end = _decoder_end(target, prompt, max_gen_len)
+    config = GenerationConfig.of(locals(), vocab_size=common_vocab_size(drafter, target, tokenizer))
     start = _decoder_start(target)
     if _decoder_start(drafter) != start:
         raise ValueError("drafter and target use different decoder start tokens")
-    _decoder_end(drafter, prompt, 1)
-    stats = stats if stats is not None else GenerationStats()
-    drafting = ModelDrafter.of(drafter, use_cache, logits_processor, vocab_size, policy, encoder_input_ids=prompt)
-    out = draft_and_verify(
-        [start], KVCacheModel(target, use_cache, encoder_input_ids=prompt), drafting, logits_processor, gamma, end,
-        stop_token_set(eos_tokens_id), vocab_size, first_target, skip_sample_adjustment, stats, debug, tokenizer, policy, streamer,
-    )
-    return out, stats.acceptance_rate
+    for model in (target, drafter):
+        _check_encoder_room(model, prompt)
+    drafting = ModelDrafter.of(drafter, config, encoder_input_ids=prompt)
+    return speculative([start], KVCacheModel(target, use_cache, encoder_input_ids=prompt), drafting, config)

@@ -1,51 +1,26 @@
-"""Speculative decoding (Leviathan et al. 2023, arXiv:2211.17192; Chen et al. 2023, arXiv:2302.01318)."""
+"""Speculative decoding (Leviathan et al. 2023, arXiv:2211.17192; Chen et al. 2023, arXiv:2302.01318):
+the one verification loop every drafter runs in, and the drafter-model entry point."""
 import time
-from typing import Callable, List, Protocol, Tuple
+from typing import Any, Callable, Iterator, List, Tuple
 
 import torch
 from torch import Tensor
 from torch.nn import Module
 
-import utils.printing as printing
 from sampling.common import (  # max_fn: the reference's public helper, importable from here
-    check_positive_int,
     check_prompt,
     common_vocab_size,
     context_window,
     generation_end,
     max_fn,
     reference_keywords,
-    stop_token_set,
 )
+from sampling.config import GenerationConfig, Step
 from sampling.draft_policy import DraftPolicy
+from sampling.drafters import Drafter, ModelDrafter  # noqa: F401 (ModelDrafter: importable from here, as before)
 from sampling.stats import GenerationStats
 from utils.caching import KVCacheModel
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
-
-
-class Drafter(Protocol):
-    """What the verification loop needs from a source of drafts.
-
-    A drafter whose ``cheap`` attribute is true (n-gram storage, prompt lookup) is asked for as many
-    drafts as the step's verification pass has room for after padding (``DraftPolicy.rows``), and
-    with measured costs its draft length may grow past ``gamma`` to the longest measured pass when
-    its recent acceptance makes that pay.
-    """
-
-    def max_drafts(self, position: int) -> int:
-        """How many drafts it can propose for a sequence of ``position`` tokens."""
-
-    def propose(self, ids: Tensor, tokens: List[int], k: int) -> Tuple[int, Tensor | None]:
-        """Write up to ``k`` drafts into ``ids[0, len(tokens):]``; return how many, and their
-        probabilities ``q`` ``[count, V]`` under the drafter (None for a deterministic drafter)."""
-
-    def fetch(self, target_probs: Tensor) -> Tensor | None:
-        """What the drafter needs on the host from the target's distributions ``[k + 1, V]``
-        (an int tensor, fetched in the step's single device sync), or None."""
-
-    def accept(self, tokens: List[int], start: int, n_accepted: int, fetched: List[int]) -> None:
-        """Told after each step: ``tokens[start:]`` were emitted, the first ``n_accepted`` of them
-        accepted drafts; ``fetched`` is what ``fetch`` asked for, flattened."""
 
 
 def _residual(p: Tensor, q: Tensor) -> Tensor:
@@ -55,24 +30,25 @@ def _residual(p: Tensor, q: Tensor) -> Tensor:
     return torch.where(mass > 0, r / mass.clamp(min=torch.finfo(r.dtype).tiny), p)
 
 
+def _tensors(tree: Any) -> List[Tensor]:
+    """The tensors of ``tree`` (a tensor, None, or a list of these), in order."""
+    if isinstance(tree, Tensor):
+        return [tree]
+    return [t for branch in tree for t in _tensors(branch)] if isinstance(tree, (list, tuple)) else []
+
+
+def _on_host(tree: Any, values: Iterator[int]) -> Any:
+    """``tree`` with each tensor replaced by its next values from ``values``, nested as its shape."""
+    if isinstance(tree, Tensor):
+        flat = [next(values) for _ in range(tree.numel())]
+        for size in reversed(tree.shape[1:]):
+            flat = [flat[i : i + size] for i in range(0, len(flat), size)]
+        return flat
+    return [_on_host(branch, values) for branch in tree] if isinstance(tree, (list, tuple)) else None
+
+
 @torch.no_grad()
-def draft_and_verify(
-    prompt: List[int],
-    target: KVCacheModel,
-    drafter: Drafter,
-    logits_processor: LogitsProcessor,
-    gamma: int,
-    end: int,
-    stop_tokens: frozenset,
-    vocab_size: int | None = None,
-    first_target: bool = True,
-    skip_sample_adjustment: bool = False,
-    stats: GenerationStats | None = None,
-    debug: bool = False,
-    tokenizer=None,
-    policy: DraftPolicy | None = None,
-    streamer: Callable[[List[int], int], None] | None = None,
-) -> List[int]:
+def draft_and_verify(prompt: List[int], target: KVCacheModel, drafter: Drafter, config: GenerationConfig) -> List[int]:
     """The speculative loop shared by every drafter; returns the new tokens (prompt excluded).
 
     Each step the drafter proposes ``k <= gamma`` tokens ``d_1..d_k`` and the target ``M_p`` scores
@@ -87,27 +63,25 @@ def draft_and_verify(
       ``norm(max(0, p_i - q_i))`` (from ``p_i`` if ``skip_sample_adjustment``, which is lossy).
 
     After ``n`` accepted drafts the bonus ``t_{n+1} ~ p_{n+1}`` is emitted too; caches keep the
-    first ``len + n`` positions. ``end`` is the sequence length at which generation stops.
-    ``policy`` sets each step's draft length (fixed ``gamma`` by default); ``streamer(tokens,
-    n_drafted)`` is called with each step's emitted tokens, the first ``n_drafted`` being drafts.
+    first ``len + n`` positions. Generation stops after ``config.max_gen_len`` new tokens, a stop
+    token, or at the target's window. ``config.policy`` sets each step's draft length; observers
+    see each step.
     """
-    device = target.device
-    ids = torch.zeros((1, end), dtype=torch.long, device=device)
-    ids[0, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=device)
+    end = generation_end(len(prompt), config.max_gen_len, context_window(target.model))
+    ids = torch.zeros((1, end), dtype=torch.long, device=target.device)
+    ids[0, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=target.device)
     tokens = list(prompt)
-    greedy = isinstance(logits_processor, GreedyProcessor)
-    drafting = not first_target
-    policy = policy if policy is not None else DraftPolicy()
-    cheap = getattr(drafter, "cheap", False)
-    policy.start(gamma, cheap, getattr(drafter, "memory_key", None))
-    stats = stats if stats is not None else GenerationStats()
+    processor, policy, stats = config.processor, config.policy, config.stats
+    greedy = isinstance(processor, GreedyProcessor)
+    drafting = not config.first_target
+    policy.start(config.gamma, drafter.cheap, getattr(drafter, "memory_key", None))
     while len(tokens) < end:
         cur = len(tokens)
         k = max(0, min(policy.length(policy.bound()), end - cur - 1, drafter.max_drafts(cur))) if drafting else 0
         drafting = True
         q = None
         clock = time.perf_counter()
-        if k > 0 and cheap and policy.auto:  # drafting is free next to verifying: fill the padded pass
+        if k > 0 and drafter.cheap and policy.auto:  # drafting is free next to verifying: fill the padded pass
             k = min(policy.rows(k, end - cur) - 1, drafter.max_drafts(cur))
         if k < policy.min_draft:  # decided before drawing any draft, so no sample is discarded
             k = 0
@@ -120,34 +94,30 @@ def draft_and_verify(
         drafted_at = time.perf_counter()
         rows = policy.rows(k, end - cur)  # positions past cur + k are padding, discarded below
         logits = target(ids[:, : cur + rows - 1], rows)[: k + 1]
-        if vocab_size is not None:
-            logits = logits[:, :vocab_size]
-        p = logits_processor(logits)  # [k + 1, V]
+        if config.vocab_size is not None:
+            logits = logits[:, : config.vocab_size]
+        p = processor(logits)  # [k + 1, V]
         drafts = ids[0, cur : cur + k]
         if q is not None and k > 0 and not greedy:
             q = q.to(p.device)
             at = torch.arange(k, device=p.device)
             r = torch.rand(k, device=p.device, dtype=p.dtype)
             matches = r * q[at, drafts] < p[at, drafts]
-            corrections = p[:k] if skip_sample_adjustment else _residual(p[:k], q)
-            own = torch.cat([logits_processor.sample(corrections), logits_processor.sample(p[k:])])[:, 0]
+            corrections = p[:k] if config.skip_sample_adjustment else _residual(p[:k], q)
+            own = torch.cat([processor.sample(corrections), processor.sample(p[k:])])[:, 0]
         else:
-            own = logits_processor.sample(p)[:, 0]
+            own = processor.sample(p)[:, 0]
             matches = own[:k] == drafts
         wanted = drafter.fetch(p)
-        parts = [drafts, matches.long(), own] + ([wanted.reshape(-1).to(own.device)] if wanted is not None else [])
+        parts = [drafts, matches.long(), own] + [t.reshape(-1).to(own.device) for t in _tensors(wanted)]
         # the only host-device synchronisation of the step
         fetched = torch.cat(parts).tolist()
         draft_list, match_list, own_list = fetched[:k], fetched[k : 2 * k], fetched[2 * k : 3 * k + 1]
         n = match_list.index(0) if 0 in match_list else k
         emitted = draft_list[:n] + [own_list[n]]
-        if debug:
-            printing.show_step(tokenizer, tokens[len(prompt) :], draft_list[:n], draft_list[n:], own_list[n])
-        stop_at = next((i for i, t in enumerate(emitted) if t in stop_tokens), None)
+        stop_at = next((i for i, t in enumerate(emitted) if t in config.stop_tokens), None)
         if stop_at is not None:
             emitted = emitted[: stop_at + 1]
-            if debug:
-                printing.end_token_found(cur + stop_at - len(prompt))
         ids[0, cur + n] = own[n]
         tokens.extend(emitted)
         target.rollback(cur + n)
@@ -155,87 +125,27 @@ def draft_and_verify(
         stats.record_step(k, min(n, len(emitted)), len(emitted))
         stats.draft_seconds += drafted_at - clock
         stats.verify_seconds += time.perf_counter() - drafted_at
-        if streamer is not None:
-            streamer(emitted, min(n, len(emitted)))
+        config.observe(Step(tokens, cur, len(prompt), draft_list, n, own_list[n], stop_at is not None))
         if stop_at is not None:
             break
-        drafter.accept(tokens, cur, n, fetched[3 * k + 1 :])
+        drafter.accept(tokens, cur, n, _on_host(wanted, iter(fetched[3 * k + 1 :])))
     stats.paused_steps += policy.paused_steps
     policy.finish()
     return tokens[len(prompt) :]
 
 
-class ModelDrafter:
-    """A small language model ``M_q`` drafting with the same logits processor as the target."""
-
-    def __init__(
-        self, model: KVCacheModel, logits_processor: LogitsProcessor, vocab_size: int, window: int | None,
-        p_min: float = 0.0, min_draft: int = 0,
-    ):
-        self.model = model
-        self.memory_key = ("model", id(model.model))  # what a DraftPolicy remembers it by
-        self.p_min, self.min_draft = p_min, min_draft
-        self.logits_processor = logits_processor
-        self.vocab_size = vocab_size
-        self.window = window
-
-    @classmethod
-    def of(
-        cls, model: Module, use_cache: bool, logits_processor: LogitsProcessor, vocab_size: int, policy: DraftPolicy | None,
-        encoder_input_ids: List[int] | None = None,
-    ):
-        """A drafter for ``model`` with the policy's confidence cutoff and its floor."""
-        p_min, min_draft = (policy.p_min, policy.min_draft) if policy is not None else (0.0, 0)
-        runner = KVCacheModel(model, use_cache, encoder_input_ids=encoder_input_ids)
-        return cls(runner, logits_processor, vocab_size, context_window(model), p_min, min_draft)
-
-    def max_drafts(self, position: int) -> int:
-        return self.window - position + 1 if self.window is not None else 1 << 30
-
-    def propose(self, ids: Tensor, tokens: List[int], k: int) -> Tuple[int, Tensor]:
-        cur = len(tokens)
-        k = min(k, self.max_drafts(cur))
-        if k < self.min_draft:  # known before any draft is drawn: nothing is dropped after sampling
-            return 0, None
-        qs = []
-        for i in range(k):
-            q = self.logits_processor(self.model(ids[:, : cur + i], 1)[:, : self.vocab_size])
-            # not confident: stop here, decided before this draft is drawn (never below min_draft)
-            if self.p_min > 0 and i >= self.min_draft and float(q.max()) < self.p_min:
-                break
-            ids[0, cur + i] = self.logits_processor.sample(q)[0, 0]
-            qs.append(q)
-        return len(qs), torch.cat(qs) if qs else None
-
-    def fetch(self, target_probs: Tensor) -> None:
-        return None
-
-    def accept(self, tokens: List[int], start: int, n_accepted: int, fetched: List[int]) -> None:
-        self.model.rollback(start + n_accepted)
-
-
-def check_gamma(gamma: int) -> int:
-    return check_positive_int("gamma", gamma)
+def speculative(prompt: List[int], target: KVCacheModel, drafter: Drafter, config: GenerationConfig) -> Tuple[List[int], float]:
+    """``draft_and_verify``, returned as the reference's public functions return: (new token ids, acceptance rate)."""
+    return draft_and_verify(prompt, target, drafter, config), config.stats.acceptance_rate
 
 
 @reference_keywords
 @torch.no_grad()
 def speculative_generate(
-    inputs: List[int],
-    drafter: Module,
-    target: Module,
-    tokenizer=None,
-    gamma: int = 5,
-    logits_processor: LogitsProcessor = GreedyProcessor(),
-    max_gen_len: int = 40,
-    eos_tokens_id: int | List[int] = 1,
-    pad_token_id: int = 0,
-    use_cache: bool = False,
-    skip_sample_adjustment: bool = False,
-    first_target: bool = True,
-    debug: bool = False,
-    stats: GenerationStats | None = None,
-    policy: DraftPolicy | None = None,
+    inputs: List[int], drafter: Module, target: Module, tokenizer=None, gamma: int = 5,
+    logits_processor: LogitsProcessor = GreedyProcessor(), max_gen_len: int = 40, eos_tokens_id: int | List[int] = 1,
+    pad_token_id: int = 0, use_cache: bool = False, skip_sample_adjustment: bool = False, first_target: bool = True,
+    debug: bool = False, stats: GenerationStats | None = None, policy: DraftPolicy | None = None,
     streamer: Callable[[List[int], int], None] | None = None,
 ) -> Tuple[List[int], float]:
     """Speculative decoding with a drafter model (Leviathan et al. 2023; Chen et al. 2023).
@@ -249,26 +159,18 @@ def speculative_generate(
 
     Args:
         inputs: prompt token ids (batch size 1). tokenizer: for the debug view, and to allow
-            vocabularies that differ only by padding rows. gamma: drafts per step (>= 1).
+            vocabularies that differ only by padding rows. gamma: most drafts per step (>= 1).
         max_gen_len: most new tokens. eos_tokens_id: one id or a list; generation stops after the
             first. pad_token_id: kept for compatibility (nothing is padded). use_cache: KV caches on,
             fed only new tokens and rolled back after a rejection. first_target: start with one
-            plain target step. stats: a ``GenerationStats`` to fill. policy: a ``DraftPolicy``
+            plain target step. debug: show each step (accepted drafts green, rejected red, the
+            target's token blue). stats: a ``GenerationStats`` to fill. policy: a ``DraftPolicy``
             (adaptive length, minimum draft, pauses, ``p_min`` confidence cutoff).
-            streamer: called with each step's emitted tokens.
+            streamer: called with each step's emitted tokens and how many were drafts.
 
     Returns:
         (new token ids, acceptance rate = accepted drafts / drafted tokens).
     """
     prompt = check_prompt(inputs)
-    check_gamma(gamma)
-    vocab_size = common_vocab_size(drafter, target, tokenizer)
-    window = context_window(target)
-    end = generation_end(len(prompt), max_gen_len, window)
-    stats = stats if stats is not None else GenerationStats()
-    drafting = ModelDrafter.of(drafter, use_cache, logits_processor, vocab_size, policy)
-    out = draft_and_verify(
-        prompt, KVCacheModel(target, use_cache), drafting, logits_processor, gamma, end,
-        stop_token_set(eos_tokens_id), vocab_size, first_target, skip_sample_adjustment, stats, debug, tokenizer, policy, streamer,
-    )
-    return out, stats.acceptance_rate
+    config = GenerationConfig.of(locals(), vocab_size=common_vocab_size(drafter, target, tokenizer))
+    return speculative(prompt, KVCacheModel(target, use_cache), ModelDrafter.of(drafter, config), config)

@@ -18,6 +18,7 @@ from sampling import (
     prompt_lookup_generate,
     speculative_generate,
 )
+from sampling.config import GenerationConfig
 from sampling.speculative_decoding import ModelDrafter, draft_and_verify
 from test_lossless_sampling import LENGTH, PROMPT as TINY_PROMPT, chi_square_pvalue, exact_distribution
 from utils.caching import KVCacheModel, set_cache
@@ -254,8 +255,8 @@ def test_the_chi_square_test_rejects_dropping_drafts_after_sampling(tiny_pair):
     samples = []
     for _ in range(RUNS):
         drafter = DropsAfterSampling(KVCacheModel(model, True), processor, 4, None, p_min=0.6)
-        samples.append(tuple(draft_and_verify(list(TINY_PROMPT), KVCacheModel(target, True), drafter, processor, 3,
-                                              len(TINY_PROMPT) + LENGTH, frozenset(), 4, first_target=False)))
+        config = GenerationConfig(processor=processor, gamma=3, max_gen_len=LENGTH, vocab_size=4, first_target=False)
+        samples.append(tuple(draft_and_verify(list(TINY_PROMPT), KVCacheModel(target, True), drafter, config)))
     assert pvalue(samples, _exact(target, "multinomial")) < 1e-6
 
 
