@@ -46,7 +46,8 @@ class Config:
     def of(cls, record: dict) -> "Config":
         """The configuration of a run record, from its typed fields (never from its label)."""
         config = cls(record["key"])
-        taken = (("gamma",) if config.strategy.takes_gamma else ()) + (("n", "storage", "filler") if config.strategy.takes_storage else ())
+        strategy = config.strategy
+        taken = (("gamma",) if strategy.takes_gamma else ()) + (("n", "storage", "filler") if strategy.takes_storage else ())
         return replace(config, **{name: record[name] for name in taken if name in record})
 
     @property
@@ -471,11 +472,9 @@ def plots(rows: List[dict], records: List[dict], out: Path) -> List[str]:
 
     # gamma auto has no number to plot against
     overall = [r for r in rows if r["category"] == "all" and r["acceptance"] is not None and isinstance(r["gamma"], int)]
-    families = sorted({r["setup"].family for r in overall})
     if len({r["gamma"] for r in overall}) > 1:
         fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-        for family in families:
-            points = sorted((r["gamma"], r["speedup"], r["acceptance"]) for r in overall if r["setup"].family == family)
+        for family, points in gamma_sweep(overall).items():
             left.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=family)
             right.plot([p[0] for p in points], [p[2] for p in points], marker="o", label=family)
         left.set(xlabel="gamma", ylabel="speedup", xscale="log", title="speedup against gamma")
@@ -522,6 +521,14 @@ def plots(rows: List[dict], records: List[dict], out: Path) -> List[str]:
     written.append("acceptance_by_position.png")
     plt.close(fig)
     return written
+
+
+def gamma_sweep(rows: List[dict]) -> Dict[str, List[tuple]]:
+    """Per family (a configuration but its gamma), its (gamma, speedup, acceptance) points, by gamma."""
+    families = defaultdict(list)
+    for r in rows:
+        families[r["setup"].family].append((r["gamma"], r["speedup"], r["acceptance"]))
+    return {family: sorted(points) for family, points in sorted(families.items())}
 
 
 def _cost_ratio(rows: List[dict]) -> Optional[float]:
@@ -672,8 +679,8 @@ def write_reports(records: List[dict], out: Path, title: str, extra: str = "", g
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(records, groups)
     with open(out / "summary.csv", "w", newline="") as handle:
-        flat = [{**{k: v for k, v in row.items() if k not in ("versus", "setup")}, **{f"vs_{p.key}": row["versus"].get(p.key, "") for p in PEERS}}
-                for row in summary]
+        flat = [{**{k: v for k, v in row.items() if k not in ("versus", "setup")},
+                 **{f"vs_{p.key}": row["versus"].get(p.key, "") for p in PEERS}} for row in summary]
         writer = csv.DictWriter(handle, fieldnames=list(flat[0]))
         writer.writeheader()
         writer.writerows(flat)
