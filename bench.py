@@ -22,9 +22,12 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 from utils.parsing import flag_list_type, flag_type, parse_limited
+
+if TYPE_CHECKING:
+    from strategies import Strategy  # imported when first needed: it loads torch
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_PROMPTS = ROOT / "bench_prompts.jsonl"
@@ -51,7 +54,7 @@ class Config:
         return replace(config, **{name: record[name] for name in taken if name in record})
 
     @property
-    def strategy(self):
+    def strategy(self) -> "Strategy":
         from strategies import EVERY
 
         return EVERY[self.key]
@@ -382,7 +385,7 @@ def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dic
     return rows
 
 
-def compared_peers(strategy) -> List[str]:
+def compared_peers(strategy: "Strategy") -> List[str]:
     """The transformers paths one of our strategies is compared with: those drafting nothing, and its
     own peer (run at the same gamma)."""
     from strategies import PEERS
