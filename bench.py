@@ -15,15 +15,19 @@ divergence is reported with its first diverging position.
 """
 import argparse
 import csv
+import itertools
 import json
 import statistics
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 from utils.parsing import flag_list_type, flag_type, parse_limited
+
+if TYPE_CHECKING:
+    from strategies import Strategy  # imported when first needed: it loads torch
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_PROMPTS = ROOT / "bench_prompts.jsonl"
@@ -32,7 +36,8 @@ DEFAULT_STRATEGIES = "target,ngram,pld,speculative,chained,drafter,hf_generate,h
 
 @dataclass(frozen=True)
 class Config:
-    """One strategy with one set of parameters."""
+    """One strategy (its key in ``strategies``) with one set of parameters; those it does not take
+    keep their defaults, so that equal settings make equal configurations."""
 
     key: str
     gamma: int | str = 4  # an int bounds the drafts per step; "auto" lets the calibrated policy choose
@@ -40,13 +45,40 @@ class Config:
     storage: str = "basic"
     filler: int = 3
 
+    @classmethod
+    def of(cls, record: dict) -> "Config":
+        """The configuration of a run record, from its typed fields (never from its label)."""
+        config = cls(record["key"])
+        strategy = config.strategy
+        taken = (("gamma",) if strategy.takes_gamma else ()) + (("n", "storage", "filler") if strategy.takes_storage else ())
+        return replace(config, **{name: record[name] for name in taken if name in record})
+
+    @property
+    def strategy(self) -> "Strategy":
+        from strategies import EVERY
+
+        return EVERY[self.key]
+
     @property
     def label(self) -> str:
-        if self.key in ("ngram", "chained"):
-            return f"{self.key}[{self.storage} n={self.n} k={self.filler} g={self.gamma}]"
-        if self.key in ("speculative", "hf_assisted"):
-            return f"{self.key}[g={self.gamma}]"
-        return self.key
+        return self._name(f"g={self.gamma}")
+
+    @property
+    def family(self) -> str:
+        """The label without gamma: one line of the gamma sweep."""
+        return self._name("")
+
+    def _name(self, gamma: str) -> str:
+        words = ([f"{self.storage} n={self.n} k={self.filler}"] if self.strategy.takes_storage else []) + (
+            [gamma] if gamma and self.strategy.takes_gamma else [])
+        return f"{self.key}[{' '.join(words)}]" if words else self.key
+
+
+def baseline() -> Config:
+    """Target autoregressive: every ratio's denominator."""
+    from strategies import EVERY
+
+    return Config(next(key for key, strategy in EVERY.items() if strategy.baseline))
 
 
 def gamma_list(text: str) -> List[int | str]:
@@ -157,24 +189,21 @@ def load_prompts(path: str, categories: Optional[str], limit: Optional[int]) -> 
 
 
 def make_configs(args, have_drafter: bool) -> List[Config]:
-    from strategies import BY_KEY, PEERS
+    from strategies import EVERY
 
-    known = {**BY_KEY, **{p.key: p for p in PEERS}}
     configs = []
     for key in [k.strip() for k in args.strategies.split(",") if k.strip()]:
-        if key not in known:
-            raise SystemExit(f"error: unknown strategy {key!r}; known: {', '.join(known)}")
-        if known[key].needs_drafter and not have_drafter:
+        if key not in EVERY:
+            raise SystemExit(f"error: unknown strategy {key!r}; known: {', '.join(EVERY)}")
+        strategy = EVERY[key]
+        if strategy.needs_drafter and not have_drafter:
             continue
-        if key in ("ngram", "chained"):
-            storages = args.storages.split(",") if key == "ngram" else ["basic"]
-            configs += [Config(key, g, n, s, k) for g in args.gamma for n in args.ngram_n for s in storages for k in args.top_k_filler]
-        elif key in ("speculative", "hf_assisted"):
-            configs += [Config(key, g) for g in args.gamma if key == "speculative" or g != "auto"]
-        else:
-            configs.append(Config(key))
-    if "target" not in [c.key for c in configs]:
-        configs.insert(0, Config("target"))  # the baseline of every ratio
+        grid = {"gamma": [g for g in args.gamma if g != "auto" or strategy.auto_gamma]} if strategy.takes_gamma else {}
+        if strategy.takes_storage:
+            grid.update(n=args.ngram_n, storage=strategy.storages or args.storages.split(","), filler=args.top_k_filler)
+        configs += [Config(key, **dict(zip(grid, values))) for values in itertools.product(*grid.values())]
+    if baseline() not in configs:
+        configs.insert(0, baseline())
     return configs
 
 
@@ -255,7 +284,7 @@ class Bench:
                 prompt = self.encode(messages)
                 items.append({**row, "turn": turn, "prompt": prompt})
                 if turn + 1 < len(row["turns"]):
-                    answer = run_strategy(self.strategies["target"], prompt, replace(self.settings, processor=self._greedy()), self.args.seed)
+                    answer = run_strategy(baseline().strategy, prompt, replace(self.settings, processor=self._greedy()), self.args.seed)
                     messages.append({"role": "assistant", "content": self.tokenizer.decode(answer.tokens, skip_special_tokens=True)})
         return items
 
@@ -314,6 +343,9 @@ def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dic
         if len(present & set(members)) > 1:
             for category in members:
                 memberships[category].append(name)
+    setups = {r["config"]: Config.of(r) for r in records}
+    labels = {setup: label for label, setup in setups.items()}
+    base_label = labels.get(baseline())
     groups = defaultdict(list)
     for r in records:
         for category in (r["category"], "all", *memberships[r["category"]]):
@@ -327,14 +359,13 @@ def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dic
     for category, config in sorted({(c, k) for c, k, _ in per_repeat}):
         repeats = sorted(rep for c, k, rep in per_repeat if (c, k) == (category, config))
         tps = [per_repeat[(category, config, rep)][0] for rep in repeats]
-        base = [per_repeat.get((category, "target", rep), (0.0,))[0] for rep in repeats]
+        base = [per_repeat.get((category, base_label, rep), (0.0,))[0] for rep in repeats]
         speedups = [t / b for t, b in zip(tps, base) if b]
         runs = [r for rep in repeats for r in per_repeat[(category, config, rep)][1]]
+        setup = setups[config]
         versus = {}  # median over repeats of tokens/s against each transformers path run alongside
-        for peer in PEER_OF:
-            if runs[0]["key"].startswith("hf_") or (peer == "hf_assisted" and runs[0]["key"] != "speculative"):
-                continue
-            label = peer if peer != "hf_assisted" else f"hf_assisted[g={runs[0]['gamma']}]"
+        for peer in compared_peers(setup.strategy):
+            label = labels.get(Config.of({"key": peer, "gamma": setup.gamma}))
             ratios = [t / per_repeat[(category, label, rep)][0] for t, rep in zip(tps, repeats)
                       if per_repeat.get((category, label, rep), (0.0,))[0]]
             if ratios:
@@ -349,23 +380,29 @@ def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dic
             "speedup": statistics.median(speedups) if speedups else 0.0,
             "acceptance": sum(r["accepted"] for r in runs) / drafted if drafted else None,
             "tokens_per_step": sum(r["new_tokens"] for r in runs) / steps if steps and drafted else None,
-            "runs": len(runs), "diverged": sum(r["diverged_at"] is not None for r in runs), "versus": versus,
+            "runs": len(runs), "diverged": sum(r["diverged_at"] is not None for r in runs), "versus": versus, "setup": setup,
         })
     return rows
 
 
-# transformers' own paths, as the table against them names them
-PEER_OF = {"hf_generate": "generate", "hf_generate_static": "generate (static cache)", "hf_prompt_lookup": "prompt lookup", "hf_assisted": "assisted, same draft length"}
+def compared_peers(strategy: "Strategy") -> List[str]:
+    """The transformers paths one of our strategies is compared with: those drafting nothing, and its
+    own peer (run at the same gamma)."""
+    from strategies import PEERS
+
+    return [] if strategy.peer else [p.key for p in PEERS if not p.takes_gamma or p.key == strategy.gamma_peer]
 
 
 def versus_table(rows: List[dict]) -> List[str]:
     """Each of our strategies against transformers' paths run in the same repeats (ratio of tokens/s)."""
+    from strategies import EVERY
+
     peers = sorted({p for r in rows for p in r.get("versus", {})})
     if not peers:
         return []
     lines = ["## against transformers' own paths", "", "Tokens/s ratio, median over repeats, against transformers "
-             + ", ".join(PEER_OF[p] for p in peers) + ":", "",
-             "| category | strategy | " + " | ".join(f"vs {PEER_OF[p]}" for p in peers) + " |",
+             + ", ".join(EVERY[p].peer for p in peers) + ":", "",
+             "| category | strategy | " + " | ".join(f"vs {EVERY[p].peer}" for p in peers) + " |",
              "| --- | --- |" + " ---: |" * len(peers)]
     order = ordered_categories(rows)
     for r in sorted((r for r in rows if r.get("versus")), key=lambda r: (order.index(r["category"]), r["config"])):
@@ -421,7 +458,7 @@ def plots(rows: List[dict], records: List[dict], out: Path) -> List[str]:
 
     written = []
     categories = ordered_categories(rows)
-    configs = sorted({r["config"] for r in rows if r["config"] != "target"})
+    configs = sorted({r["config"] for r in rows if not r["setup"].strategy.baseline})
     fig, ax = plt.subplots(figsize=(max(8, len(categories) * 1.4), 5))
     width = 0.8 / max(1, len(configs))
     for i, config in enumerate(configs):
@@ -438,12 +475,9 @@ def plots(rows: List[dict], records: List[dict], out: Path) -> List[str]:
 
     # gamma auto has no number to plot against
     overall = [r for r in rows if r["category"] == "all" and r["acceptance"] is not None and isinstance(r["gamma"], int)]
-    families = sorted({r["config"].split("[")[0] + (r["config"].split("g=")[0] if "ngram" in r["config"] else "") for r in overall})
     if len({r["gamma"] for r in overall}) > 1:
         fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-        for family in families:
-            points = sorted((r["gamma"], r["speedup"], r["acceptance"]) for r in overall
-                            if r["config"].split("[")[0] + (r["config"].split("g=")[0] if "ngram" in r["config"] else "") == family)
+        for family, points in gamma_sweep(overall).items():
             left.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=family)
             right.plot([p[0] for p in points], [p[2] for p in points], marker="o", label=family)
         left.set(xlabel="gamma", ylabel="speedup", xscale="log", title="speedup against gamma")
@@ -457,7 +491,7 @@ def plots(rows: List[dict], records: List[dict], out: Path) -> List[str]:
     drafter_cost = _cost_ratio(rows)
     fig, ax = plt.subplots(figsize=(6, 5))
     for r in overall:
-        c = drafter_cost if r["key"] in ("speculative",) else 0.0
+        c = drafter_cost if r["setup"].strategy.model_drafts else 0.0
         if c is None:
             continue
         ax.scatter(theoretical_speedup(r["acceptance"], r["gamma"], c), r["speedup"], label=r["config"])
@@ -492,10 +526,18 @@ def plots(rows: List[dict], records: List[dict], out: Path) -> List[str]:
     return written
 
 
+def gamma_sweep(rows: List[dict]) -> Dict[str, List[tuple]]:
+    """Per family (a configuration but its gamma), its (gamma, speedup, acceptance) points, by gamma."""
+    families = defaultdict(list)
+    for r in rows:
+        families[r["setup"].family].append((r["gamma"], r["speedup"], r["acceptance"]))
+    return {family: sorted(points) for family, points in sorted(families.items())}
+
+
 def _cost_ratio(rows: List[dict]) -> Optional[float]:
     """Drafter time per token over target time per token, from the autoregressive runs of both."""
-    target = next((r["tokens_per_s"] for r in rows if r["category"] == "all" and r["config"] == "target"), None)
-    drafter = next((r["tokens_per_s"] for r in rows if r["category"] == "all" and r["config"] == "drafter"), None)
+    target = next((r["tokens_per_s"] for r in rows if r["category"] == "all" and r["setup"].strategy.baseline), None)
+    drafter = next((r["tokens_per_s"] for r in rows if r["category"] == "all" and r["setup"].strategy.drafter_ar), None)
     return target / drafter if target and drafter else None
 
 
@@ -548,7 +590,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     bench = Bench(args)
     configs = make_configs(args, bench.drafter is not None)
     if not bench.greedy:
-        configs = [c for c in configs if not c.key.startswith("hf_")]  # transformers peers: greedy only
+        configs = [c for c in configs if not c.strategy.peer]  # transformers peers: greedy only
     items = bench.items(rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -566,7 +608,7 @@ def main(argv: Optional[List[str]] = None) -> None:
             for config in configs[shift:] + configs[:shift]:
                 results.append((config, bench.run(config, item["prompt"])))
                 bar.update(1)
-            reference = next(result.tokens for config, result in results if config.key == "target")
+            reference = next(result.tokens for config, result in results if config.strategy.baseline)
             for config, result in sorted(results, key=lambda pair: configs.index(pair[0])):
                 st = result.stats
                 record = {
@@ -577,7 +619,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                     "tokens_per_s": result.tokens_per_second, "drafted": st.drafted, "accepted": st.accepted,
                     "target_passes": st.target_forward_passes, "drafted_at": st.drafted_at, "accepted_at": st.accepted_at,
                     "paused_steps": st.paused_steps, "tokens": result.tokens,
-                    "diverged_at": first_divergence(result.tokens, reference) if bench.greedy and config.key != "drafter" else None,
+                    "diverged_at": first_divergence(result.tokens, reference) if bench.greedy and not config.strategy.drafter_ar else None,
                 }
                 if record["diverged_at"] is not None:
                     tqdm.write(f"divergence: {config.label} on question {item['question_id']} turn {item['turn']} "
@@ -625,7 +667,7 @@ def llama_cpp_report(bench, args, prompt: List[int]) -> str:
     threads = args.threads or torch.get_num_threads()
     ours, theirs = [], []
     for _ in range(max(3, args.repeats)):
-        ours.append(bench.run(Config("target"), prompt).tokens_per_second)
+        ours.append(bench.run(baseline(), prompt).tokens_per_second)
         theirs.append(llama_cpp_tokens_per_s(args.llama_cpp, gguf, args.max_new_tokens, len(prompt), threads))
     ratio = statistics.median(a / b for a, b in zip(ours, theirs))
     return (f"\n## llama.cpp, plain decoding of {Path(gguf).name} ({threads} threads), alternating with target AR\n\n"
@@ -635,11 +677,13 @@ def llama_cpp_report(bench, args, prompt: List[int]) -> str:
 
 
 def write_reports(records: List[dict], out: Path, title: str, extra: str = "", groups: tuple = (DEFAULT_GROUP,)) -> None:
+    from strategies import PEERS
+
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(records, groups)
     with open(out / "summary.csv", "w", newline="") as handle:
-        flat = [{**{k: v for k, v in row.items() if k != "versus"}, **{f"vs_{p}": row["versus"].get(p, "") for p in PEER_OF}}
-                for row in summary]
+        flat = [{**{k: v for k, v in row.items() if k not in ("versus", "setup")},
+                 **{f"vs_{p.key}": row["versus"].get(p.key, "") for p in PEERS}} for row in summary]
         writer = csv.DictWriter(handle, fieldnames=list(flat[0]))
         writer.writeheader()
         writer.writerows(flat)

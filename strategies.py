@@ -1,23 +1,24 @@
 """The one description of the decoding strategies, read by the REPL (and the benchmark).
 
-Each strategy has a key, a title, what it needs, and one function that runs it on a prompt
-with the current settings and returns the new tokens and their statistics.
+Each strategy has a key, a title, what it needs and takes (a drafter, a draft length, an n-gram
+storage), its part in the benchmark (baseline, drafter alone, transformers peer, the peer it is
+compared with), and one function that runs it on a prompt with the current settings and returns
+the new tokens and their statistics.
 """
 import time
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 from torch.nn import Module
 
 from ngram_assisted import (
     INgramStorage,
-    NGramStorage,
-    OneLevelNGramStorage,
     TieredStorage,
     chained_speculative_generate,
     ngram_assisted_speculative_generate,
 )
+from ngram_assisted.persistence import KINDS as STORAGES  # the one table of storage kinds
 from sampling import (
     DraftPolicy,
     GenerationStats,
@@ -30,7 +31,6 @@ from sampling import (
 from utils.caching import model_device, synchronize
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
-STORAGES = {"basic": NGramStorage, "onelevel": OneLevelNGramStorage}
 
 @dataclass
 class Settings:
@@ -115,15 +115,29 @@ class Strategy:
     speculative: bool
     decoder_only: bool
     generate: Callable[[List[int], Settings, GenerationStats], List[int]]
+    takes_gamma: bool = False  # drafts at most ``Settings.gamma`` tokens a step
+    auto_gamma: bool = False  # also lets the calibrated policy choose the draft length (gamma "auto")
+    model_drafts: bool = False  # every draft is the drafter model's: its cost counts in the expected speedup
+    takes_storage: bool = False  # drafts from an n-gram storage (kind, n, filler top-k)
+    storages: Tuple[str, ...] = ()  # the storage kinds the benchmark runs it with; empty: those asked for
+    baseline: bool = False  # target autoregressive: every speedup's denominator, every greedy run's reference
+    drafter_ar: bool = False  # the drafter model alone: a draft's cost against the baseline, not the target's output
+    peer: str = ""  # a transformers path (greedy only): how the benchmark names it in its table against them
+    gamma_peer: str = ""  # the transformers peer that drafts as this strategy does, compared at the same gamma
 
 
 STRATEGIES = [
-    Strategy("speculative", "Speculative", "green", True, True, False, _speculative),
-    Strategy("ngram", "N-gram assisted", "yellow", False, True, True, _ngram),
+    Strategy("speculative", "Speculative", "green", True, True, False, _speculative, takes_gamma=True, auto_gamma=True,
+             model_drafts=True, gamma_peer="hf_assisted"),
+    Strategy("ngram", "N-gram assisted", "yellow", False, True, True, _ngram, takes_gamma=True, auto_gamma=True,
+             takes_storage=True),
     Strategy("pld", "Prompt lookup", "magenta", False, True, True, _prompt_lookup),
-    Strategy("chained", "Chained n-gram+drafter", "bright_green", True, True, True, _chained),
-    Strategy("target", "Target AR", "blue", False, False, False, lambda p, s, st: _autoregressive(s.target, p, s, st)),
-    Strategy("drafter", "Drafter AR", "cyan", True, False, False, lambda p, s, st: _autoregressive(s.drafter, p, s, st)),
+    Strategy("chained", "Chained n-gram+drafter", "bright_green", True, True, True, _chained, takes_gamma=True,
+             auto_gamma=True, takes_storage=True, storages=("basic",)),
+    Strategy("target", "Target AR", "blue", False, False, False, lambda p, s, st: _autoregressive(s.target, p, s, st),
+             baseline=True),
+    Strategy("drafter", "Drafter AR", "cyan", True, False, False, lambda p, s, st: _autoregressive(s.drafter, p, s, st),
+             drafter_ar=True),
 ]
 BY_KEY = {s.key: s for s in STRATEGIES}
 
@@ -192,8 +206,12 @@ def _hf_prompt_lookup(prompt: List[int], s: Settings, stats: GenerationStats) ->
 
 
 PEERS = [
-    Strategy("hf_generate", "transformers generate", "white", False, False, True, _hf_generate),
-    Strategy("hf_generate_static", "transformers generate, static cache", "white", False, False, True, _hf_generate_static),
-    Strategy("hf_assisted", "transformers assisted", "white", True, False, True, _hf_assisted),
-    Strategy("hf_prompt_lookup", "transformers prompt lookup", "white", False, False, True, _hf_prompt_lookup),
+    Strategy("hf_generate", "transformers generate", "white", False, False, True, _hf_generate, peer="generate"),
+    Strategy("hf_generate_static", "transformers generate, static cache", "white", False, False, True, _hf_generate_static,
+             peer="generate (static cache)"),
+    Strategy("hf_prompt_lookup", "transformers prompt lookup", "white", False, False, True, _hf_prompt_lookup,
+             peer="prompt lookup"),
+    Strategy("hf_assisted", "transformers assisted", "white", True, False, True, _hf_assisted, takes_gamma=True,
+             model_drafts=True, peer="assisted, same draft length"),
 ]
+EVERY = {s.key: s for s in STRATEGIES + PEERS}  # ours and transformers' paths, by key

@@ -125,3 +125,33 @@ def test_groups_of_categories_are_summarised_together_between_categories_and_all
     assert bench.ordered_categories(rows) == ["qa", "rag", "summarization", "input-grounded", "all"]
     with pytest.raises(SystemExit):
         bench.build_parser().parse_args(["--group", "nameonly"])
+
+
+def test_reports_read_configurations_from_typed_fields_never_from_labels(tmp_path):
+    """Runs relabelled with names no parser could read land in the same rows, gamma-sweep families and
+    comparisons: the baseline, the peer at the same gamma, and chained lines apart by n."""
+    runs = [("target", {}, 10.0), ("hf_generate", {}, 9.0), ("speculative", {"gamma": 1}, 5.0),
+            ("speculative", {"gamma": 3}, 4.0), ("hf_assisted", {"gamma": 1}, 8.0), ("hf_assisted", {"gamma": 3}, 2.0)]
+    runs += [("chained", {"gamma": g, "n": n}, 5.0 + g + n / 2) for n in (2, 3) for g in (1, 3)]
+    records = []
+    for key, params, seconds in runs:
+        config = bench.Config(key, **params)
+        records.append({**record("qa", config.label, 0, 100, seconds), "key": key, "gamma": config.gamma, "n": config.n,
+                        "storage": config.storage, "filler": config.filler, "drafted": 10, "accepted": 5,
+                        "drafted_at": [10], "accepted_at": [5]})
+    names = {r["config"]: f"run #{i}" for i, r in enumerate(records)}
+    relabelled = [{**r, "config": names[r["config"]]} for r in records]
+    rows = {(r["category"], names[r["config"]]): {**r, "config": None} for r in bench.summarize(records)}
+    assert rows == {(r["category"], r["config"]): {**r, "config": None} for r in bench.summarize(relabelled)}
+    speculative = rows[("all", names["speculative[g=3]"])]
+    assert speculative["speedup"] == pytest.approx(2.5)
+    assert speculative["versus"] == pytest.approx({"hf_generate": 9 / 4, "hf_assisted": 2 / 4})  # assisted at g=3, not g=1
+    sweep = bench.gamma_sweep([r for r in bench.summarize(relabelled) if r["category"] == "all"])
+    assert [p[0] for p in sweep["chained[basic n=2 k=3]"]] == [1, 3] and [p[0] for p in sweep["speculative"]] == [1, 3]
+    runs_file = tmp_path / "runs.jsonl"
+    runs_file.write_text("".join(json.dumps(r) + "\n" for r in relabelled))
+    bench.main(["--from-runs", str(runs_file), "--out", str(tmp_path / "remade")])
+    summary = {row["config"]: row for row in csv.DictReader((tmp_path / "remade" / "summary.csv").open())}
+    assert float(summary[names["target"]]["speedup"]) == 1.0
+    assert float(summary[names["speculative[g=1]"]]["vs_hf_assisted"]) == pytest.approx(8 / 5)
+    assert (tmp_path / "remade" / "gamma_sweep.png").exists()
