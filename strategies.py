@@ -23,10 +23,8 @@ from sampling import (
     DraftPolicy,
     GenerationStats,
     autoregressive_generate,
-    autoregressive_generate_encoder_decoder,
     prompt_lookup_generate,
     speculative_generate,
-    speculative_generate_encoder_decoder,
 )
 from utils.caching import model_device, synchronize
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
@@ -74,8 +72,7 @@ class Result:
 
 
 def _speculative(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    run = speculative_generate_encoder_decoder if s.encoder_decoder else speculative_generate
-    return run(prompt, s.drafter, s.target, s.tokenizer, gamma=s.gamma, **_common(s, stats), policy=s.policy)[0]
+    return speculative_generate(prompt, s.drafter, s.target, s.tokenizer, gamma=s.gamma, **_common(s, stats), policy=s.policy)[0]
 
 
 def _common(s: Settings, stats: GenerationStats) -> dict:
@@ -102,8 +99,7 @@ def _chained(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int
 
 
 def _autoregressive(model: Module, prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    run = autoregressive_generate_encoder_decoder if s.encoder_decoder else autoregressive_generate
-    return run(prompt, model, **_common(s, stats))
+    return autoregressive_generate(prompt, model, **_common(s, stats))
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,9 @@
-from sampling.base_decoding import autoregressive_generate, beam_search_generate
-from sampling.encoder_decoder import autoregressive_generate_encoder_decoder, speculative_generate_encoder_decoder
+from sampling.base_decoding import autoregressive_generate, autoregressive_generate_encoder_decoder, beam_search_generate
 from sampling.calibration import calibrated_policy, measure_draft_cost, measure_row_costs, plausible_row_costs
 from sampling.config import GenerationConfig, Observer, Step
 from sampling.draft_policy import DraftPolicy
 from sampling.prompt_lookup import prompt_lookup_generate
-from sampling.speculative_decoding import speculative_generate
+from sampling.speculative_decoding import speculative_generate, speculative_generate_encoder_decoder
 from sampling.stats import GenerationStats
 
 __all__ = [

@@ -7,6 +7,7 @@ from torch.nn import Module
 
 from sampling.common import check_positive_int, check_prompt, context_window, generation_end, reference_keywords, stop_token_set
 from sampling.config import GenerationConfig, Step
+from sampling.encoder_decoder import decoder_inputs
 from sampling.stats import GenerationStats
 from utils.caching import KVCacheModel, model_device
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
@@ -39,14 +40,18 @@ def autoregressive_generate(
     eos_tokens_id: int | List[int] = 1, pad_token_id: int = 0, use_cache: bool = False, debug: bool = False,
     stats: GenerationStats | None = None, streamer: Callable[[List[int], int], None] | None = None,
 ) -> List[int]:
-    """Sample ``max_gen_len`` new tokens at most from a decoder-only model, one forward pass each.
+    """Sample ``max_gen_len`` new tokens at most, one forward pass each (decoder-only models, or
+    encoder-decoder models: the encoder reads ``inputs``, the decoder generates after its start token).
 
     Stops after the first token of ``eos_tokens_id`` (included) and at the context window.
     With ``use_cache`` only the newest token is fed each step. ``streamer`` is called with each
     new token. Returns the new token ids.
     """
-    prompt = check_prompt(inputs)
-    return generate_with(prompt, KVCacheModel(model, use_cache), GenerationConfig.of(locals()))
+    prompt, encoder_ids = decoder_inputs(check_prompt(inputs), model)
+    return generate_with(prompt, KVCacheModel(model, use_cache, encoder_input_ids=encoder_ids), GenerationConfig.of(locals()))
+
+
+autoregressive_generate_encoder_decoder = autoregressive_generate  # the reference's name for encoder-decoder models
 
 
 def _length_penalty(length: int, alpha: float, min_length: float) -> float:

@@ -1,21 +1,16 @@
-"""Encoder-decoder variants (T5, BART, ...): the encoder reads the prompt once, the decoder generates.
+"""Encoder-decoder models (T5, BART, ...): the encoder reads the prompt once, the decoder generates
+from its start token. ``autoregressive_generate`` and ``speculative_generate`` take both kinds of
+model; the reference's ``*_encoder_decoder`` names are the same functions. Both return the
+generated decoder tokens, without the decoder start token."""
+from typing import List, Tuple
 
-Both return the generated decoder tokens, without the decoder start token.
-"""
-from typing import Callable, List, Tuple
-
-import torch
 from torch.nn import Module
 
-from sampling.base_decoding import generate_with
-from sampling.common import check_prompt, common_vocab_size, context_window, generation_end, reference_keywords
-from sampling.config import GenerationConfig
-from sampling.draft_policy import DraftPolicy
-from sampling.drafters import ModelDrafter
-from sampling.speculative_decoding import speculative
-from sampling.stats import GenerationStats
-from utils.caching import KVCacheModel
-from utils.logits_processor import GreedyProcessor, LogitsProcessor
+from sampling.common import context_window, generation_end
+
+
+def is_encoder_decoder(model: Module) -> bool:
+    return bool(getattr(model.config, "is_encoder_decoder", False))
 
 
 def _decoder_start(model: Module) -> int:
@@ -27,45 +22,20 @@ def _decoder_start(model: Module) -> int:
     return int(start)
 
 
-def _check_encoder_room(model: Module, prompt: List[int]) -> None:
-    """The encoder must hold the prompt (the decoder's length is checked by the loops)."""
-    generation_end(len(prompt), 1, context_window(model))
-
-
-@reference_keywords
-@torch.no_grad()
-def autoregressive_generate_encoder_decoder(
-    inputs: List[int], model: Module, max_gen_len: int = 40, logits_processor: LogitsProcessor = GreedyProcessor(),
-    eos_tokens_id: int | List[int] = 1, pad_token_id: int = 0, use_cache: bool = False, debug: bool = False,
-    stats: GenerationStats | None = None, streamer: Callable[[List[int], int], None] | None = None,
-) -> List[int]:
-    """``autoregressive_generate`` for an encoder-decoder model; ``inputs`` go to the encoder."""
-    prompt = check_prompt(inputs)
-    config = GenerationConfig.of(locals())
-    _check_encoder_room(model, prompt)
-    return generate_with([_decoder_start(model)], KVCacheModel(model, use_cache, encoder_input_ids=prompt), config)
-
-
-@reference_keywords
-@torch.no_grad()
-def speculative_generate_encoder_decoder(
-    inputs: List[int], drafter: Module, target: Module, tokenizer=None, gamma: int = 5,
-    logits_processor: LogitsProcessor = GreedyProcessor(), max_gen_len: int = 40, eos_tokens_id: int | List[int] = 1,
-    pad_token_id: int = 0, use_cache: bool = False, skip_sample_adjustment: bool = False, first_target: bool = True,
-    debug: bool = False, stats: GenerationStats | None = None, policy: DraftPolicy | None = None,
-    streamer: Callable[[List[int], int], None] | None = None,
-) -> Tuple[List[int], float]:
-    """``speculative_generate`` for encoder-decoder models sharing one decoder vocabulary.
-
-    Same algorithm and acceptance rule (Leviathan et al. 2023): both encoders read ``inputs`` once,
-    the drafter's decoder proposes ``gamma`` tokens, the target's decoder verifies them in one pass.
-    """
-    prompt = check_prompt(inputs)
-    config = GenerationConfig.of(locals(), vocab_size=common_vocab_size(drafter, target, tokenizer))
+def decoder_inputs(prompt: List[int], target: Module, drafter: Module | None = None) -> Tuple[List[int], List[int] | None]:
+    """What the loops start from: for encoder-decoder models the decoder's prompt (its start token)
+    and the encoder's input ids (the prompt, checked against each encoder's window); for
+    decoder-only models the prompt itself and None."""
+    if not is_encoder_decoder(target):
+        if drafter is not None and is_encoder_decoder(drafter):
+            raise ValueError("drafter and target must both be decoder-only or both encoder-decoder")
+        return prompt, None
+    models = [m for m in (target, drafter) if m is not None]
+    if not all(is_encoder_decoder(m) for m in models):
+        raise ValueError("drafter and target must both be decoder-only or both encoder-decoder")
     start = _decoder_start(target)
-    if _decoder_start(drafter) != start:
+    if any(_decoder_start(m) != start for m in models):
         raise ValueError("drafter and target use different decoder start tokens")
-    for model in (target, drafter):
-        _check_encoder_room(model, prompt)
-    drafting = ModelDrafter.of(drafter, config, encoder_input_ids=prompt)
-    return speculative([start], KVCacheModel(target, use_cache, encoder_input_ids=prompt), drafting, config)
+    for model in models:
+        generation_end(len(prompt), 1, context_window(model))  # the encoder must hold the prompt
+    return [start], prompt

@@ -17,6 +17,7 @@ from sampling.common import (  # max_fn: the reference's public helper, importab
 )
 from sampling.config import GenerationConfig, Step
 from sampling.draft_policy import DraftPolicy
+from sampling.encoder_decoder import decoder_inputs
 from sampling.drafters import Drafter, ModelDrafter  # noqa: F401 (ModelDrafter: importable from here, as before)
 from sampling.stats import GenerationStats
 from utils.caching import KVCacheModel
@@ -148,7 +149,9 @@ def speculative_generate(
     debug: bool = False, stats: GenerationStats | None = None, policy: DraftPolicy | None = None,
     streamer: Callable[[List[int], int], None] | None = None,
 ) -> Tuple[List[int], float]:
-    """Speculative decoding with a drafter model (Leviathan et al. 2023; Chen et al. 2023).
+    """Speculative decoding with a drafter model (Leviathan et al. 2023; Chen et al. 2023), for
+    decoder-only models and for encoder-decoder models sharing one decoder vocabulary (both
+    encoders read ``inputs`` once; the decoders generate, without the decoder start token).
 
     ``drafter`` (M_q) proposes ``gamma`` tokens autoregressively; ``target`` (M_p) verifies them in
     one forward pass. Acceptance rule (see ``draft_and_verify``): greedy compares tokens, so the
@@ -171,6 +174,10 @@ def speculative_generate(
     Returns:
         (new token ids, acceptance rate = accepted drafts / drafted tokens).
     """
-    prompt = check_prompt(inputs)
+    prompt, encoder_ids = decoder_inputs(check_prompt(inputs), target, drafter)
     config = GenerationConfig.of(locals(), vocab_size=common_vocab_size(drafter, target, tokenizer))
-    return speculative(prompt, KVCacheModel(target, use_cache), ModelDrafter.of(drafter, config), config)
+    drafting = ModelDrafter.of(drafter, config, encoder_input_ids=encoder_ids)
+    return speculative(prompt, KVCacheModel(target, use_cache, encoder_input_ids=encoder_ids), drafting, config)
+
+
+speculative_generate_encoder_decoder = speculative_generate  # the reference's name for encoder-decoder models
