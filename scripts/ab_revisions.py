@@ -1,0 +1,94 @@
+"""Interleaved A/B of this working tree against another revision, on the embedded model: each round
+runs the same workload (the public functions of both revisions, greedy, the shipped prompts) in a
+fresh process per side, in ABBA order, and reports each strategy's tokens/s and the ratio of this
+tree to the other revision (median over rounds). Ratios within one run: the machine is shared.
+
+    .venv/bin/python scripts/ab_revisions.py --base HEAD~1 --rounds 4
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Runs inside the revision's checkout; uses only names both revisions export.
+WORKLOAD = r'''
+import json, sys, time
+import torch
+torch.set_grad_enabled(False)
+from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
+from sampling import autoregressive_generate, prompt_lookup_generate, speculative_generate
+from utils.models import end_tokens, load_embedded, truncated_drafter
+
+new_tokens, count = int(sys.argv[1]), int(sys.argv[2])
+model, tokenizer = load_embedded()
+drafter = truncated_drafter(model, 10)
+rows = [json.loads(line) for line in open("bench_prompts.jsonl") if line.strip()][:count]
+texts = [tokenizer.apply_chat_template([{"role": "user", "content": r["turns"][0]}], add_generation_prompt=True, tokenize=False)
+         for r in rows]
+prompts = [tokenizer(text, add_special_tokens=False).input_ids for text in texts]
+common = dict(max_gen_len=new_tokens, eos_tokens_id=end_tokens(model, tokenizer), use_cache=True)
+vocab = model.config.vocab_size
+runs = {
+    "target AR": lambda p: autoregressive_generate(p, model, **common),
+    "NASD g4": lambda p: ngram_assisted_speculative_generate(p, NGramStorage(3, vocab), model, gamma=4, **common)[0],
+    "prompt lookup": lambda p: prompt_lookup_generate(p, model, **common)[0],
+    "speculative g4 (10 layers)": lambda p: speculative_generate(p, drafter, model, gamma=4, **common)[0],
+}
+for run in runs.values():
+    run(prompts[0][:32])  # warm-up
+out = {}
+for name, run in runs.items():
+    tokens, seconds = 0, 0.0
+    for prompt in prompts:
+        torch.manual_seed(0)
+        start = time.perf_counter()
+        tokens += len(run(prompt))
+        seconds += time.perf_counter() - start
+    out[name] = tokens / seconds
+print(json.dumps(out))
+'''
+
+
+def measure(tree: Path, new_tokens: int, prompts: int) -> dict:
+    done = subprocess.run([sys.executable, "-c", WORKLOAD, str(new_tokens), str(prompts)], cwd=tree, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"error: the workload failed in {tree}:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--base", default="HEAD", help="the revision to compare with (default HEAD)")
+    p.add_argument("--rounds", type=int, default=4, help="ABBA rounds (default 4)")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--prompts", type=int, default=4, help="first prompts of bench_prompts.jsonl (default 4)")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        base = Path(scratch) / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base), args.base], cwd=ROOT, check=True)
+        try:
+            sides = {"this tree": ROOT, args.base: base}
+            samples = {side: [] for side in sides}
+            for round_ in range(args.rounds):
+                order = list(sides) if round_ % 2 == 0 else list(sides)[::-1]
+                for side in order:
+                    samples[side].append(measure(sides[side], args.new_tokens, args.prompts))
+                print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False)
+    names = list(samples["this tree"][0])
+    print(f"| strategy | this tree (tok/s) | {args.base} (tok/s) | ratio, median of rounds |\n| --- | ---: | ---: | ---: |")
+    for name in names:
+        ours = [s[name] for s in samples["this tree"]]
+        theirs = [s[name] for s in samples[args.base]]
+        ratio = statistics.median(a / b for a, b in zip(ours, theirs))
+        print(f"| {name} | {statistics.median(ours):.1f} | {statistics.median(theirs):.1f} | {ratio:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
