@@ -1,5 +1,4 @@
 """Plain decoding with one model: autoregressive sampling and beam search."""
-import math
 from typing import Callable, List
 
 import torch

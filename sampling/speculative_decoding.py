@@ -17,8 +17,8 @@ from sampling.common import (  # max_fn: the reference's public helper, importab
 )
 from sampling.config import GenerationConfig, Step
 from sampling.draft_policy import DraftPolicy
+from sampling.drafters import Drafter, ModelDrafter
 from sampling.encoder_decoder import decoder_inputs
-from sampling.drafters import Drafter, ModelDrafter  # noqa: F401 (ModelDrafter: importable from here, as before)
 from sampling.stats import GenerationStats
 from utils.caching import KVCacheModel
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
