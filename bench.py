@@ -196,8 +196,8 @@ class Bench:
         self.strategies = {**BY_KEY, **{p.key: p for p in PEERS}}
         self.storages = STORAGES
         self.vocab = output_vocab_size(self.target)
-        self.settings = build_settings(pair, self.processor, 4, args.max_new_tokens, not args.no_calibrate, args.adaptive, args.pause,
-                                       args.min_gain, args.policy_memory)
+        self.settings = build_settings(pair, self.processor, length=args.max_new_tokens, calibrate=not args.no_calibrate,
+                                       adaptive=args.adaptive, pause=args.pause, min_gain=args.min_gain, remember=args.policy_memory)
         self.settings.hf_compile = args.compile
         policy = self.settings.policy
         if "auto" in args.gamma and policy.row_costs is None:

@@ -8,9 +8,14 @@ as ``error: ...`` and exits 1, the benchmark exits with it.
 import argparse
 import sys
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 
 from utils.parsing import UsageError, flag_type, parse_int, parse_processor
+
+if TYPE_CHECKING:
+    from torch.nn import Module
+
+    from strategies import Settings
 
 # say(text, style): one line of progress; style is a rich style ("dim", "red") or ""
 Say = Callable[..., None]
@@ -67,11 +72,11 @@ def read_processor(text: str, auto: bool = False, calibrate: bool = True):
 class Pair:
     """The target, its tokenizer, and the drafter (None without one), with how to name them."""
 
-    target: object
+    target: "Module"
     tokenizer: object
     target_label: str
     quantize: str
-    drafter: Optional[object] = None
+    drafter: Optional["Module"] = None
     drafter_label: str = ""
     drafter_quantize: str = "none"
 
@@ -90,7 +95,8 @@ def _check_device(flag: str, value: Optional[str]) -> None:
         raise SetupError(f"{flag} must be cpu, cuda, cuda:N, mps or auto, got {value[:40]!r}") from None
 
 
-def _load(role: str, name: Optional[str], where: str, dtype: str, quantize: str, trust_remote_code: bool, target=None):
+def _load(role: str, name: Optional[str], where: str, dtype: str, quantize: str, trust_remote_code: bool,
+          target: Optional["Module"] = None) -> tuple:
     """``(model, tokenizer, label)``; a drafter ``layers:N`` is a copy of the first N layers of ``target``,
     where ``target`` is (its tokenizer is None: the target's)."""
     from utils.models import load_model, truncated_drafter
@@ -156,7 +162,7 @@ def load_pair(
     return pair
 
 
-def describe(model, label: str, quantize: str) -> str:
+def describe(model: "Module", label: str, quantize: str) -> str:
     """One line: the model, where it runs, its weights, its KV cache and whether its linear layers are prepacked."""
     from utils.caching import default_cache, prepacked_linears
 
@@ -169,7 +175,7 @@ def describe(model, label: str, quantize: str) -> str:
 def build_settings(
     pair: Pair, processor, gamma: int | str = 4, length: int = 35, calibrate: bool = True, adaptive: bool = False,
     pause: Optional[Tuple[int, int]] = None, min_gain: Optional[float] = None, remember: bool = False, say: Say = to_stderr,
-):
+) -> "Settings":
     """``strategies.Settings`` for ``pair``, with the policy calibrated on it (``sampling.calibrated_policy``,
     ``min_gain`` its default when None) or, without ``calibrate``, the library's default policy
     (``min_gain`` 0 when None). ``gamma`` "auto" needs plausible measured costs: without them the
