@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Optional
 
+from session import add_shared_flags
 from utils.parsing import flag_list_type, flag_type, parse_limited
 
 if TYPE_CHECKING:
@@ -105,14 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="Spec-Bench format JSONL (default: the shipped set)")
     p.add_argument("--categories", help="comma-separated categories to keep")
     p.add_argument("--limit", type=flag_type("--limit", "limit"), help="at most this many prompts per category")
-    p.add_argument("--target", help="target model (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--drafter", help="drafter model, or layers:N for the first N layers of the target (default: none)")
-    p.add_argument("--device", help="cpu, cuda, cuda:N or auto (default: cuda when available)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    add_shared_flags(p)
     p.add_argument("--quantize", default="none", choices=["none", "int8", "int4"],
                    help="target (and drafter) weights: on CPU weight-only int8/int4 kernels, on CUDA bitsandbytes/quanto")
-    p.add_argument("--cache", choices=["static", "dynamic"],
-                   help="KV cache of our runners (default: static on CUDA, the measured default on CPU)")
     p.add_argument("--compile", action="store_true",
                    help="compile transformers' static-cache generate peer (hf_generate_static), also on CPU; "
                    "compile time falls in its excluded warm-up run")
@@ -128,19 +124,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ngram-n", type=flag_list_type("--ngram-n", "n"), default=[3], help="n-gram sizes for NASD, e.g. 2,3,4 (default 3)")
     p.add_argument("--storages", default="basic,onelevel", help="NASD storages (default basic,onelevel)")
     p.add_argument("--top-k-filler", type=flag_list_type("--top-k-filler", "top_k_filler"), default=[3], help="NASD filler top-k values, e.g. 1,3,5 (default 3)")
-    p.add_argument("--processor", default="greedy", help='as the REPL\'s /processor, e.g. "nucleus 0.6 0.9" (default greedy)')
     p.add_argument("--adaptive", action="store_true", help="adaptive draft length for every drafting strategy")
     p.add_argument("--pause", type=pause_spec, help="AFTER,STEPS: pause drafting after AFTER fruitless steps for STEPS steps")
     p.add_argument("--min-gain", type=flag_type("--min-gain", "min_gain"), help="cost-aware pausing: pause drafting while tokens per drafting step, "
-                   "divided by the step's measured cost, fall below this (default: the REPL's, 1.0; 0 = off)")
+                   "divided by the step's measured cost (plain tokens per step with --no-calibrate), fall below this "
+                   "(default: the REPL's, 1.0; 0 with --no-calibrate; 0 = off)")
     p.add_argument("--policy-memory", action="store_true", help="one policy remembers each drafter model across prompts "
                    "(a drafter that did not pay starts the next prompt paused); off: every run depends on its own prompt only")
-    p.add_argument("--no-calibrate", action="store_true", help="do not measure verification costs: no padded passes, "
-                   "and --min-gain counts plain tokens per step (the library's default policy)")
     p.add_argument("--max-new-tokens", type=flag_type("--max-new-tokens", "length"), default=128, help="new tokens per run (default 128)")
     p.add_argument("--repeats", type=flag_type("--repeats", "repeats"), default=1, help="timed repeats of every run (default 1)")
-    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
-    p.add_argument("--seed", type=flag_type("--seed", "seed"), default=42)
     p.add_argument("--out", default="results", help="output folder (default results/)")
     p.add_argument("--replay", action="store_true", help="only replay the prompts (or --corpus) through n-gram storages")
     p.add_argument("--corpus", help="with --replay: a text file to replay instead of the prompts")
@@ -216,64 +208,35 @@ def first_divergence(a: List[int], b: List[int]) -> Optional[int]:
 
 class Bench:
     def __init__(self, args):
-        import torch
-
-        from infer import parse_processor
-        from sampling import DraftPolicy
+        from session import SetupError, build_settings, load_pair, read_processor
+        from strategies import BY_KEY, PEERS, STORAGES
         from sampling.common import output_vocab_size
-        from sampling import calibrated_policy
-        from strategies import BY_KEY, PEERS, STORAGES, Settings
-        from utils.models import end_tokens, load_model, resolve_device, truncated_drafter
 
-        torch.set_grad_enabled(False)
         self.args = args
-        self.processor, _, _ = parse_processor(args.processor.split())
+        try:
+            self.processor, _, _ = read_processor(args.processor, "auto" in args.gamma, not args.no_calibrate)
+            pair = load_pair(args.target, args.drafter, args.device, dtype=args.dtype, quantize=args.quantize,
+                             trust_remote_code=args.trust_remote_code, cache=args.cache, prepack=args.prepack == "on")
+        except SetupError as error:
+            raise SystemExit(f"error: {error}") from None
         self.greedy = args.processor.split()[0] == "greedy"
-        device = resolve_device(args.device)
-        print(f"loading target {args.target or 'embedded SmolLM2-135M-Instruct'} on {device} ...", file=sys.stderr)
-        self.target, self.tokenizer, self.target_label = load_model(args.target, device, args.dtype, args.quantize)
-        self.drafter, self.drafter_label = None, None
-        if args.drafter and args.drafter.startswith("layers:"):
-            self.drafter = truncated_drafter(self.target, int(args.drafter.split(":", 1)[1]))
-            self.drafter_label = f"first {args.drafter.split(':', 1)[1]} layers of the target"
-        elif args.drafter:
-            self.drafter, _, self.drafter_label = load_model(args.drafter, device, args.dtype, args.quantize)
-        from utils.caching import set_cache
-
-        for model in (self.target, self.drafter):
-            if model is not None:
-                set_cache(model, args.cache)
-        if args.quantize != "none":
-            self.target_label += f" · {args.quantize}"
+        self.target, self.tokenizer, self.drafter, self.drafter_label = pair.target, pair.tokenizer, pair.drafter, pair.drafter_label
+        self.target_label = pair.target_label + (f" · {args.quantize}" if args.quantize != "none" else "")
         self.strategies = {**BY_KEY, **{p.key: p for p in PEERS}}
         self.storages = STORAGES
         self.vocab = output_vocab_size(self.target)
-        options = dict(adaptive=args.adaptive, remember=args.policy_memory,
-                       **({"pause_after": args.pause[0], "pause_steps": args.pause[1]} if args.pause else {}))
-        if args.no_calibrate:
-            policy = DraftPolicy(min_gain=args.min_gain or 0.0, **options)
-        else:
-            print("measuring verification costs ...", file=sys.stderr)
-            policy = calibrated_policy(self.target, drafter=self.drafter,
-                                       **({} if args.min_gain is None else {"min_gain": args.min_gain}), **options)
-            drafter_cost = f"; a drafter pass costs {policy.draft_cost:.2f}" if self.drafter is not None else ""
-            print(policy.calibration + drafter_cost, file=sys.stderr)
+        self.settings = build_settings(pair, self.processor, length=args.max_new_tokens, calibrate=not args.no_calibrate,
+                                       adaptive=args.adaptive, pause=args.pause, min_gain=args.min_gain, remember=args.policy_memory)
+        self.settings.hf_compile = args.compile
+        policy = self.settings.policy
         if "auto" in args.gamma and policy.row_costs is None:
-            raise SystemExit("error: --gamma auto needs the measured verification costs (drop --no-calibrate)")
+            raise SystemExit("error: --gamma auto needs plausible verification costs, and those measured were not (see above)")
         self.row_costs = policy.row_costs
         self.auto_policy = replace(policy, auto=True) if policy.row_costs is not None else None
-        self.settings = Settings(target=self.target, tokenizer=self.tokenizer, drafter=self.drafter, processor=self.processor,
-                                 max_gen_len=args.max_new_tokens, eos_tokens_id=end_tokens(self.target, self.tokenizer), policy=policy,
-                                 hf_compile=args.compile)
-
-    def encode(self, messages: List[dict]) -> List[int]:
-        if self.args.no_chat or not getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer("\n".join(m["content"] for m in messages)).input_ids
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return self.tokenizer(text, add_special_tokens=False).input_ids
 
     def items(self, rows: List[dict]) -> List[dict]:
         """One item per turn; a second turn follows the target's greedy answer to the first."""
+        from session import encode
         from strategies import run_strategy
 
         items = []
@@ -281,7 +244,7 @@ class Bench:
             messages = []
             for turn, text in enumerate(row["turns"]):
                 messages.append({"role": "user", "content": text})
-                prompt = self.encode(messages)
+                prompt = encode(self.tokenizer, messages, not self.args.no_chat)
                 items.append({**row, "turn": turn, "prompt": prompt})
                 if turn + 1 < len(row["turns"]):
                     answer = run_strategy(baseline().strategy, prompt, replace(self.settings, processor=self._greedy()), self.args.seed)
@@ -571,12 +534,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = build_parser().parse_args(argv)
     if args.pause is not None and len(args.pause) != 2:
         raise SystemExit("error: --pause takes AFTER,STEPS")
-    from infer import UsageError, parse_processor
+    from session import SetupError, read_processor
 
     try:
-        parse_processor(args.processor.split())
-    except UsageError as error:
-        raise SystemExit(f"error: {str(error).replace('usage: /processor', '--processor')}") from None
+        read_processor(args.processor, "auto" in args.gamma, not args.no_calibrate)
+    except SetupError as error:
+        raise SystemExit(f"error: {error}") from None
     if args.replay:
         replay_report(args)
         return

@@ -5,7 +5,7 @@ import torch
 from conftest import EOS_NEVER, PROMPT, llama, perturbed_copy
 from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
 from sampling import autoregressive_generate, prompt_lookup_generate, speculative_generate
-from utils.caching import KVCacheModel, PrepackedLinear, prepacked_linears
+from utils.caching import KVCacheModel, PrepackedLinear, prepacked_linears, set_prepack
 
 pytestmark = pytest.mark.skipif(not prepacked_linears(llama().to(torch.float32)), reason="needs oneDNN (mkldnn)")
 
@@ -64,11 +64,11 @@ def test_prepacked_layers_follow_a_weight_change():
     torch.testing.assert_close(KVCacheModel(target)(ids, 3), KVCacheModel(target, prepack=False)(ids, 3), rtol=1e-4, atol=1e-4)
 
 
-def test_prepacking_only_for_float32_cpu_linear_layers(monkeypatch):
+def test_prepacking_only_for_float32_cpu_linear_layers():
     assert prepacked_linears(llama()) == []  # float64
     model = llama().to(torch.float32)
     assert prepacked_linears(model)
-    monkeypatch.setenv("SPECDEC_PREPACK", "0")
+    set_prepack(model, False)
     assert prepacked_linears(model) == []
 
 

@@ -107,7 +107,7 @@ def _source(linear: torch.nn.Linear) -> tuple:
 
 
 def _can_prepack() -> bool:
-    if os.environ.get("SPECDEC_PREPACK", "1") == "0" or not torch.backends.mkldnn.is_available():
+    if not torch.backends.mkldnn.is_available():
         return False
     try:
         return bool(torch.ops.mkldnn._reorder_linear_weight and torch.ops.mkldnn._linear_pointwise)
@@ -128,14 +128,21 @@ _PREPACKED: "weakref.WeakKeyDictionary[Module, PrepackedLinear]" = weakref.WeakK
 Swap = Tuple[Dict[str, Module], str, PrepackedLinear, torch.nn.Linear]
 
 
-def prepacked_linears(model: Module) -> List[Swap]:
+def set_prepack(model: Module, on: bool) -> None:
+    """Whether every runner of ``model`` computes its float32 CPU linear layers from prepacked
+    copies (``PrepackedLinear``) from now on; on by default. The REPL's and the benchmark's ``--prepack``."""
+    model._specdec_prepack = bool(on)
+
+
+def prepacked_linears(model: Module, on: bool | None = None) -> List[Swap]:
     """The model's plain float32 CPU ``nn.Linear`` layers with their prepacked copies; [] when none.
 
-    Disabled by ``SPECDEC_PREPACK=0``, without oneDNN, or when the copies would take more than a
-    quarter of the machine's memory. Quantized, hooked (accelerate) or non-CPU layers, and other
-    dtypes, keep the model's own modules. A copy is remade when its layer's parameters change.
+    ``on``: None follows the model's setting (``set_prepack``, default on). Disabled without
+    oneDNN, or when the copies would take more than a quarter of the machine's memory. Quantized,
+    hooked (accelerate) or non-CPU layers, and other dtypes, keep the model's own modules. A copy
+    is remade when its layer's parameters change.
     """
-    if not _can_prepack():
+    if not (getattr(model, "_specdec_prepack", True) if on is None else on) or not _can_prepack():
         return []
     found = []
     for parent in model.modules():
@@ -238,13 +245,14 @@ class KVCacheModel:
     Encoder-decoder models, and models whose cache is not a plain K/V store, use the dynamic cache.
 
     For an encoder-decoder model, pass the encoder's ``encoder_input_ids``: the encoder runs once
-    and ``ids`` are then decoder tokens. With ``prepack`` (default), the float32 CPU linear layers
-    run as ``PrepackedLinear`` during this runner's passes (same logits up to rounding, about twice
-    as fast on x86 CPUs); the model's own modules are back in place after every pass.
+    and ``ids`` are then decoder tokens. With ``prepack`` (None: the model's setting, ``set_prepack``,
+    default on), the float32 CPU linear layers run as ``PrepackedLinear`` during this runner's passes
+    (same logits up to rounding, about twice as fast on x86 CPUs); the model's own modules are back
+    in place after every pass.
     """
 
     def __init__(
-        self, model: Module, use_cache: bool = True, encoder_input_ids: list[int] | None = None, prepack: bool = True,
+        self, model: Module, use_cache: bool = True, encoder_input_ids: list[int] | None = None, prepack: bool | None = None,
         cache: str | None = None,
     ):
         if cache is not None and cache not in CACHES:
@@ -253,7 +261,7 @@ class KVCacheModel:
         self.cache_kind = cache or default_cache(model)
         if encoder_input_ids is not None:
             self.cache_kind = "dynamic"
-        self.swaps = prepacked_linears(model) if prepack else []
+        self.swaps = prepacked_linears(model, prepack)
         self.device = model_device(model)
         self.use_cache = use_cache
         self.cache = None

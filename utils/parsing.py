@@ -150,3 +150,47 @@ def flag_list_type(name: str, key: str | None = None) -> Callable:
 
     convert.__name__ = name
     return convert
+
+
+class UsageError(ValueError):
+    """A malformed command or flag: one line of usage, settings unchanged."""
+
+
+def _processors() -> dict:
+    """name -> (processor class, its parameters in the order they are typed)."""
+    from utils.logits_processor import (
+        GreedyProcessor,
+        MultinomialProcessor,
+        NucleusProcessor,
+        TopKNucleusProcessor,
+        TopKProcessor,
+    )
+
+    return {
+        "greedy": (GreedyProcessor, [("temperature", float)]),
+        "multinomial": (MultinomialProcessor, [("temperature", float)]),
+        "topk": (TopKProcessor, [("temperature", float), ("top_k", int)]),
+        "nucleus": (NucleusProcessor, [("temperature", float), ("top_p", float)]),
+        "topknucleus": (TopKNucleusProcessor, [("temperature", float), ("top_k", int), ("top_p", float)]),
+    }
+
+
+def parse_processor(words: List[str]):
+    """``["topk", "0.7", "50"]`` -> (processor, name, arguments); UsageError with the usage line otherwise."""
+    processors = _processors()
+    usage = "usage: /processor <" + "|".join(processors) + "> <args...>"
+    if not words or words[0] not in processors:
+        raise UsageError(usage if not words else f"unknown processor '{words[0]}'; {usage}")
+    cls, params = processors[words[0]]
+    names = " ".join(f"<{name}>" for name, _ in params)
+    line = f"usage: /processor {words[0]} {names}"
+    values = words[1:]
+    if words[0] == "greedy" and not values:
+        values = ["1"]
+    if len(values) != len(params):
+        raise UsageError(line)
+    try:
+        kwargs = {name: parse_limited(value, name) for (name, _), value in zip(params, values)}
+        return cls(**kwargs), words[0], kwargs
+    except ValueError as error:
+        raise UsageError(f"{error}; {line}") from None

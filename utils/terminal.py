@@ -12,7 +12,11 @@ import os
 import sys
 from dataclasses import dataclass
 
+from rich.console import Console
+
 from utils.parsing import MAX_LINE, sanitize_text
+
+console = Console(highlight=False, soft_wrap=True)  # where the REPL writes
 
 PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"
 

@@ -1,0 +1,301 @@
+"""The REPL's commands, one table: each entry says how /help shows the command, how its words
+are read, what it does and the value /help shows. ``infer.Repl`` dispatches through ``COMMANDS``;
+/help, the usage lines of refusals and the shown values are all drawn from it."""
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+
+from rich.table import Table
+from rich.text import Text
+
+from utils.parsing import LIMITS, UsageError, parse_limited, parse_path, parse_processor
+from utils.terminal import console
+
+if TYPE_CHECKING:
+    from infer import Repl
+
+
+def _range(key: str) -> str:
+    low, high = LIMITS[key]
+    return f"{low} to {high}"
+
+
+def on_off(value: bool) -> str:
+    return "on" if value else "off"
+
+
+@dataclass(frozen=True)
+class Command:
+    """One REPL command.
+
+    ``words``: one parser per word the command takes, or None to give ``run`` the words as typed.
+    ``run(repl, *values)`` applies them and returns the line to say (or None). A ValueError from a
+    parser or from ``run`` refuses the line with the usage, after the error's message when it has
+    one; a UsageError refuses it with its own message. Either way nothing has changed."""
+
+    name: str
+    args: str  # what follows the name in /help and in the usage line, e.g. "<n>"
+    what: str  # /help's description
+    run: Callable[..., Optional[str]]
+    words: Optional[Tuple[Callable[[str], Any], ...]] = ()
+    value: Callable[["Repl"], Any] = lambda repl: ""  # shown by /help
+    note: str = ""  # the accepted values, after the usage line of a refusal
+
+    @property
+    def usage(self) -> str:
+        return f"{self.name} {self.args}".strip()
+
+    def refusal(self, message: str = "") -> UsageError:
+        line = f"usage: {self.usage}" + (f"   ({self.note})" if self.note else "")
+        return UsageError(f"{message}; {line}" if message else line)
+
+    def __call__(self, repl: "Repl", words: List[str]) -> Optional[str]:
+        """Read ``words`` and apply them to ``repl``; returns the line to say."""
+        if self.words == () and words:
+            raise UsageError(f"{self.name} takes no argument; usage: {self.name}")
+        if self.words is not None and len(words) != len(self.words):
+            raise self.refusal()
+        try:
+            values = [words] if self.words is None else [parse(word) for parse, word in zip(self.words, words)]
+            return self.run(repl, *values)
+        except UsageError:
+            raise
+        except ValueError as error:
+            raise self.refusal(str(error)) from None
+
+
+SETTINGS, POLICY, REPL = attrgetter("settings"), attrgetter("settings.policy"), lambda repl: repl
+
+
+def limited(key: str, name: str | None = None) -> Callable[[str], Any]:
+    """A word parser for the setting ``key`` of ``utils.parsing.LIMITS``."""
+    return lambda word: parse_limited(word, name or key, key)
+
+
+def toggle(name: str, what: str, owner: Callable, attribute: str, label: str, check: Callable | None = None) -> Command:
+    """A command without words that turns ``owner(repl).attribute`` on or off (after ``check(repl)``)."""
+    def run(repl):
+        if check is not None:
+            check(repl)
+        box = owner(repl)
+        setattr(box, attribute, not getattr(box, attribute))
+        return f"{label}: {on_off(getattr(box, attribute))}"
+
+    return Command(name, "", what, run, value=lambda repl: getattr(owner(repl), attribute))
+
+
+def strategy_toggle(key: str, what: str) -> Command:
+    """``/key``: run the strategy ``key`` on each prompt, or not."""
+    def run(repl):
+        from strategies import BY_KEY
+
+        strategy = BY_KEY[key]
+        if strategy.needs_drafter and repl.settings.drafter is None:
+            raise UsageError("no drafter loaded: restart with --drafter MODEL (a Hub id, a local folder or a GGUF file)")
+        if strategy.decoder_only and repl.settings.encoder_decoder:
+            raise UsageError(f"{strategy.title} works with decoder-only models only")
+        repl.enabled[key] = not repl.enabled[key]
+        return f"{strategy.title}: {on_off(repl.enabled[key])}"
+
+    return Command(f"/{key}", "", what, run, value=lambda repl: repl.enabled[key])
+
+
+def number(name: str, args: str, what: str, owner: Callable, attribute: str, note: str) -> Command:
+    """``/key <value>``: one number within the range of ``key`` (the name without its slash)."""
+    key = name[1:]
+
+    def run(repl, value):
+        setattr(owner(repl), attribute, value)
+        return f"{key}: {value}"
+
+    return Command(name, args, what, run, (limited(key),), lambda repl: getattr(owner(repl), attribute), note)
+
+
+def _quit(repl):
+    raise EOFError
+
+
+def _help(repl):
+    console.print(Text("Commands", style="bold"))
+    for command in COMMANDS.values():
+        now = repl.value_of(command.name)
+        line = Text(f"  {command.usage:<40}", style="bold") + Text(f" {command.what}")
+        console.print(line + Text(f"  [{now}]", style="cyan") if now else line)
+    console.print("Anything else is a prompt (\\n and \\t become newline and tab).")
+
+
+def _no_template(repl):
+    if not repl.chat and not getattr(repl.settings.tokenizer, "chat_template", None):
+        raise UsageError("this tokenizer has no chat template")
+
+
+def _gamma_word(word: str):
+    return "auto" if word == "auto" else parse_limited(word, "gamma")
+
+
+def _gamma(repl, value):
+    policy = repl.settings.policy
+    if value == "auto":
+        if policy.row_costs is None:
+            raise UsageError("/gamma auto needs the measured verification costs: restart without --no-calibrate")
+        policy.auto = True
+        return f"gamma: auto (cost-optimal, up to {policy.bound()} drafts per step)"
+    repl.settings.gamma, policy.auto = value, False
+    return f"gamma: {value} (at most {value} drafts per step)"
+
+
+def _processor(repl, words):
+    processor, repl.processor_name, repl.processor_args = parse_processor(words)
+    repl.settings.processor = processor
+    return f"processor: {repl.value_of('/processor')}"
+
+
+def _storage_kind(word: str) -> str:
+    from strategies import STORAGES
+
+    if word not in STORAGES:
+        raise ValueError()  # the usage line alone
+    return word
+
+
+def _storage(repl, kind, n):
+    repl.storage_kind, repl.storage_n = kind, n
+    repl.new_storage()
+    return f"n-gram storage: {kind} {n}"
+
+
+def _pld_params(repl, low, high, count):
+    if low > high:
+        raise ValueError(f"min must be <= max, got {low} > {high}")
+    s = repl.settings
+    s.pld_min_ngram, s.pld_max_ngram, s.pld_num_tokens = low, high, count
+    return f"prompt lookup: n-grams {low} to {high}, {count} tokens"
+
+
+def _ngram_save(repl, words):
+    from ngram_assisted import save_storage
+
+    force = words[1:] == ["--force"]
+    if len(words) != (2 if force else 1):
+        raise ValueError()  # the usage line alone
+    path = parse_path(words[0])
+    try:
+        save_storage(repl.settings.storage, path, overwrite=force)
+    except (OSError, ValueError) as error:
+        message = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        hint = "; /ngram_save <file> --force overwrites it" if "left as it is" in message else ""
+        raise UsageError(f"cannot save to {path}: {message}{hint}") from None
+    return f"n-gram storage saved to {path}"
+
+
+def _static_tier(repl, path, make):
+    """Make the static n-gram tier with ``make(path)``; refused when it fails or fits another vocabulary."""
+    from sampling.common import output_vocab_size
+
+    try:
+        storage = make(path)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if storage.vocab_size != output_vocab_size(repl.settings.target):
+        raise UsageError(f"{path} was built for a vocabulary of {storage.vocab_size}, not this target's")
+    repl.settings.static_storage = storage
+    return f"static n-gram tier: {path} ({type(storage).__name__}, n={storage.n})"
+
+
+def _ngram_load(repl, path):
+    from ngram_assisted import load_storage
+
+    return _static_tier(repl, path, load_storage)
+
+
+def _ngram_build(repl, path):
+    from ngram_assisted import build_storage
+    from sampling.common import output_vocab_size
+
+    vocab = output_vocab_size(repl.settings.target)
+    return _static_tier(repl, path, lambda p: build_storage(p, repl.settings.tokenizer, repl.storage_n, repl.storage_kind, vocab))
+
+
+def _pause(repl, after, steps):
+    repl.settings.policy.pause_after, repl.settings.policy.pause_steps = after, steps
+    return f"pause: after {after} fruitless steps, for {steps} steps" if after else "pause: off"
+
+
+def _memory(repl):
+    policy = repl.settings.policy
+    policy.remember = not policy.remember
+    if not policy.remember:
+        policy.forget()
+    return ("policy memory: on (drafter models' records carry over to the next prompts)" if policy.remember
+            else "policy memory: off (forgotten; every prompt starts fresh)")
+
+
+def _stats(repl):
+    if not repl.last:
+        raise UsageError("no prompt yet: /stats shows the statistics of the last prompt")
+    table = Table(title="Statistics of the last prompt")
+    columns = ("strategy", "tokens", "target passes", "tok/step", "drafted", "accepted", "accept", "drafting s", "verifying s", "paused")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "strategy" else "right")
+    for strategy, r in repl.last:
+        st = r.stats
+        table.add_row(Text(strategy.title, style=strategy.color), str(st.generated), str(st.target_forward_passes),
+                      f"{st.mean_accepted_tokens:.2f}", str(st.drafted), str(st.accepted), f"{st.acceptance_rate:.2f}",
+                      f"{st.draft_seconds:.3f}", f"{st.verify_seconds:.3f}", str(st.paused_steps))
+    console.print(table)
+    for strategy, r in repl.last:
+        if r.stats.drafted:
+            rates = " ".join(f"{rate:.2f}" for rate in r.stats.per_position_acceptance)
+            console.print(Text(f"{strategy.title}: acceptance by draft position: {rates}", style=strategy.color))
+    policy = repl.settings.policy
+    console.print(f"policy: {policy.describe(repl.settings.gamma)}"
+                  + ("" if policy.remember else " · memory off: each prompt starts fresh"))
+
+
+COMMANDS: Dict[str, Command] = {command.name: command for command in [
+    Command("/quit", "", "quit", _quit),
+    Command("/clear", "", "clear the screen", lambda repl: console.clear()),
+    Command("/help", "", "this list, with the current values", _help),
+    toggle("/debug", "show each speculative step in color", SETTINGS, "debug", "debug"),
+    strategy_toggle("speculative", "speculative decoding with the drafter"),
+    strategy_toggle("ngram", "n-gram assisted speculative decoding"),
+    strategy_toggle("target", "target autoregressive"),
+    strategy_toggle("drafter", "drafter autoregressive"),
+    toggle("/cache", "KV cache", SETTINGS, "use_cache", "cache"),
+    toggle("/chat", "apply the chat template", REPL, "chat", "chat", check=_no_template),
+    number("/length", "<n>", "most new tokens", SETTINGS, "max_gen_len", f"n from {_range('length')}"),
+    Command("/gamma", "<n|auto>", "most drafts per step (auto: the calibrated policy's choice)", _gamma, (_gamma_word,),
+            lambda repl: "auto" if repl.settings.policy.auto else repl.settings.gamma,
+            f"n from {_range('gamma')}: at most n drafts per step; auto: the calibrated policy chooses"),
+    Command("/processor", "<greedy|multinomial|topk|nucleus|topknucleus> <args...>", "sampling", _processor, None,
+            lambda repl: " ".join([repl.processor_name] + [f"{k}={v}" for k, v in repl.processor_args.items()])),
+    Command("/set_ngramstorage", "<basic|onelevel> <n>", "n-gram storage type and n", _storage, (_storage_kind, limited("n")),
+            lambda repl: f"{repl.storage_kind} {repl.storage_n}", f"n from {_range('n')}"),
+    number("/top_k_filler", "<n>", "target top-k tokens added to the storage (1 = NAPD)", SETTINGS, "top_k_filler",
+           f"n from {_range('top_k_filler')}"),
+    toggle("/reset_in_between", "empty the n-gram storage before each prompt", REPL, "reset_in_between", "reset in between"),
+    strategy_toggle("pld", "prompt lookup decoding"),
+    Command("/pld_params", "<min> <max> <num_tokens>", "prompt lookup n-gram sizes, drafts", _pld_params,
+            (limited("pld_ngram", "min"), limited("pld_ngram", "max"), limited("pld_num_tokens", "num_tokens")),
+            lambda repl: f"{repl.settings.pld_min_ngram} {repl.settings.pld_max_ngram} {repl.settings.pld_num_tokens}",
+            f"min <= max, both from {_range('pld_ngram')}; num_tokens from {_range('pld_num_tokens')}"),
+    strategy_toggle("chained", "n-gram storage drafts, drafter model when it knows nothing"),
+    Command("/ngram_save", "<file> [--force]", "save the n-gram storage (JSON)", _ngram_save, None,
+            note="--force: overwrite a file that is not a saved storage"),
+    Command("/ngram_load", "<file>", "load a storage as the static fallback tier", _ngram_load, (parse_path,),
+            lambda repl: "static tier loaded" if repl.settings.static_storage is not None else ""),
+    Command("/ngram_build", "<corpus file>", "build the static tier from a text file", _ngram_build, (parse_path,)),
+    toggle("/adaptive", "adaptive draft length (+2 all accepted, -1 otherwise)", POLICY, "adaptive", "adaptive draft length"),
+    number("/min_draft", "<n>", "drop drafts shorter than n (0 = off)", POLICY, "min_draft", f"n from {_range('min_draft')}, 0 = off"),
+    number("/p_min", "<p>", "drafter model stops below this top probability (0 = off)", POLICY, "p_min", "0 <= p < 1"),
+    Command("/pause", "<after> <steps>", "stop drafting after <after> fruitless steps (0 = off)", _pause,
+            (limited("pause_after", "after"), limited("pause_steps", "steps")),
+            lambda repl: f"{repl.settings.policy.pause_after} {repl.settings.policy.pause_steps}",
+            f"after from {_range('pause_after')}, 0 = off; steps from {_range('pause_steps')}"),
+    number("/min_gain", "<x>", "pause drafting while steps emit fewer than x tokens per unit of cost (0 = off)", POLICY, "min_gain",
+           f"x from {_range('min_gain')}, 0 = off; 1 = drafting steps must pay for their verification pass"),
+    Command("/memory", "", "the policy remembers drafter models across prompts (off forgets)", _memory,
+            value=lambda repl: repl.settings.policy.remember),
+    Command("/stats", "", "detailed statistics of the last prompt", _stats),
+    toggle("/stream", "print tokens as they are accepted", REPL, "stream", "stream"),
+]}

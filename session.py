@@ -1,0 +1,214 @@
+"""What the REPL (infer.py) and the benchmark (bench.py) both set up before running strategies:
+their shared flags, the target and drafter models, the settings with the calibrated policy,
+and prompts as token ids.
+
+Anything that stops the set-up raises ``SetupError`` with one readable line; the REPL prints it
+as ``error: ...`` and exits 1, the benchmark exits with it.
+"""
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
+
+from utils.parsing import UsageError, flag_type, parse_int, parse_processor
+
+if TYPE_CHECKING:
+    from torch.nn import Module
+
+    from strategies import Settings
+
+# say(text, style): one line of progress; style is a rich style ("dim", "red") or ""
+Say = Callable[..., None]
+
+
+class SetupError(Exception):
+    """The set-up cannot proceed; the message is one line."""
+
+
+def to_stderr(text: str, style: str = "") -> None:
+    """``say`` for a program without styles: the line on stderr."""
+    print(text, file=sys.stderr)
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+def add_shared_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that mean the same in both programs."""
+    parser.add_argument("--target", help="target model: Hub id, local folder or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--drafter", help="drafter model: Hub id, local folder or .gguf file, or layers:N for the first N layers "
+                        "of the target (default: none)")
+    parser.add_argument("--device", help="cpu, cuda, cuda:N, or auto (shard over all GPUs); default cuda when available")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"], help="weights dtype")
+    parser.add_argument("--cache", choices=["static", "dynamic"], help="KV cache kind of our runners: static "
+                        "(preallocated, rolled back by moving the write position) or the model's dynamic cache "
+                        "(default: static on CUDA, the measured default on CPU)")
+    parser.add_argument("--prepack", choices=["on", "off"], default="on", help="float32 CPU linear layers run from a copy of "
+                        "their weights reordered once for oneDNN (same logits up to rounding, about twice as fast on x86); "
+                        "the copy is swapped into the model's module dicts during each pass of our runners and the model's "
+                        "own layers are put back after each pass (default on)")
+    parser.add_argument("--trust-remote-code", action="store_true", help="allow model code from the Hub (off: it runs code you have not read)")
+    parser.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    parser.add_argument("--processor", default="greedy", help='sampling, as the REPL\'s /processor takes it, e.g. "nucleus 0.6 0.9" (default greedy)')
+    parser.add_argument("--seed", type=flag_type("--seed", "seed"), default=42, help="seed set before each strategy (default 42)")
+    parser.add_argument("--no-calibrate", action="store_true", help="skip measuring the target's verification costs at start "
+                        "(a few seconds): no padded passes, no cost-aware pausing (the library's default policy)")
+
+
+def read_processor(text: str, auto: bool = False, calibrate: bool = True):
+    """``--processor`` as ``parse_processor`` returns it; SetupError for a malformed one, or for
+    ``--gamma auto`` (``auto``) without calibration."""
+    if auto and not calibrate:
+        raise SetupError("--gamma auto needs the measured verification costs: drop --no-calibrate")
+    try:
+        return parse_processor(text.split())
+    except UsageError as error:
+        raise SetupError(str(error).replace("usage: /processor", "--processor")) from None
+
+
+@dataclass
+class Pair:
+    """The target, its tokenizer, and the drafter (None without one), with how to name them."""
+
+    target: "Module"
+    tokenizer: object
+    target_label: str
+    quantize: str
+    drafter: Optional["Module"] = None
+    drafter_label: str = ""
+    drafter_quantize: str = "none"
+
+    @property
+    def encoder_decoder(self) -> bool:
+        return bool(getattr(self.target.config, "is_encoder_decoder", False))
+
+
+def _check_device(flag: str, value: Optional[str]) -> None:
+    import torch
+
+    try:
+        if value not in (None, "auto"):
+            torch.device(value)
+    except (RuntimeError, ValueError):
+        raise SetupError(f"{flag} must be cpu, cuda, cuda:N, mps or auto, got {value[:40]!r}") from None
+
+
+def _load(role: str, name: Optional[str], where: str, dtype: str, quantize: str, trust_remote_code: bool,
+          target: Optional["Module"] = None) -> tuple:
+    """``(model, tokenizer, label)``; a drafter ``layers:N`` is a copy of the first N layers of ``target``,
+    where ``target`` is (its tokenizer is None: the target's)."""
+    from utils.models import load_model, truncated_drafter
+
+    try:
+        if role == "drafter" and name.startswith("layers:"):
+            count = parse_int(name[len("layers:"):], "--drafter layers:N", 1, 1_000_000)
+            return truncated_drafter(target, count), None, f"first {count} layers of the target"
+        return load_model(name, where, dtype, quantize, trust_remote_code)
+    except (Exception, KeyboardInterrupt) as error:  # one clear line, no traceback
+        raise SetupError(f"could not load the {role} '{name or 'embedded'}': {first_line(error)}") from None
+
+
+def _check_drafter(pair: Pair, drafter_tokenizer) -> None:
+    from sampling.common import common_vocab_size
+
+    try:
+        common_vocab_size(pair.drafter, pair.target, pair.tokenizer)
+        if drafter_tokenizer is not None and drafter_tokenizer.get_vocab() != pair.tokenizer.get_vocab():
+            raise ValueError("drafter and target tokenizers differ")
+    except ValueError as error:
+        raise SetupError(f"the drafter cannot draft for this target: {error}") from None
+    if pair.drafter.config.is_encoder_decoder != pair.target.config.is_encoder_decoder:
+        raise SetupError("drafter and target must both be decoder-only or both encoder-decoder")
+
+
+def load_pair(
+    target: Optional[str], drafter: Optional[str], device: Optional[str] = None, drafter_device: Optional[str] = None,
+    dtype: str = "auto", quantize: str = "none", drafter_quantize: Optional[str] = None, trust_remote_code: bool = False,
+    cache: Optional[str] = None, prepack: bool = True, say: Say = to_stderr,
+) -> Pair:
+    """Load the target (None: the embedded model) and the drafter (None: none; ``layers:N``: the
+    first N layers of the target), check that the drafter can draft for the target, and set
+    the KV-cache kind (``set_cache``) and the prepacking (``set_prepack``) of both."""
+    import torch
+
+    from utils.caching import set_cache, set_prepack
+    from utils.models import resolve_device
+
+    torch.set_grad_enabled(False)
+    for flag, value in (("--target", target), ("--drafter", drafter)):
+        if value is not None and not value.strip():
+            raise SetupError(f"{flag} is empty: give a model folder, a .gguf file or a Hub id")
+    _check_device("--device", device)
+    _check_device("--drafter-device", drafter_device)
+    device = resolve_device(device)
+    say(f"Loading target: {target or 'embedded SmolLM2-135M-Instruct'} ...", "dim")
+    model, tokenizer, label = _load("target", target, device, dtype, quantize, trust_remote_code)
+    pair = Pair(model, tokenizer, label, quantize)
+    if drafter is not None:
+        say(f"Loading drafter: {drafter} ...", "dim")
+        layers = drafter.startswith("layers:")
+        drafter_quantize = quantize if layers else drafter_quantize or quantize
+        where = resolve_device(drafter_device or device)
+        pair.drafter, drafter_tokenizer, pair.drafter_label = _load("drafter", drafter, where, dtype, drafter_quantize,
+                                                                    trust_remote_code, model)
+        pair.drafter_quantize = drafter_quantize
+        _check_drafter(pair, drafter_tokenizer)
+    for model in (pair.target, pair.drafter):
+        if model is not None:
+            set_cache(model, cache)
+            set_prepack(model, prepack)
+    return pair
+
+
+def describe(model: "Module", label: str, quantize: str) -> str:
+    """One line: the model, where it runs, its weights, its KV cache and whether its linear layers are prepacked."""
+    from utils.caching import default_cache, prepacked_linears
+
+    if getattr(model, "_specdec_quantization", None):
+        quantize += " (CPU weight-only kernels, bfloat16 activations)"
+    line = f"{label} · {next(model.parameters()).device} · {model.dtype} · quantization {quantize} · {default_cache(model)} KV cache"
+    return line + (" · prepacked linears" if prepacked_linears(model) else "")
+
+
+def build_settings(
+    pair: Pair, processor, gamma: int | str = 4, length: int = 35, calibrate: bool = True, adaptive: bool = False,
+    pause: Optional[Tuple[int, int]] = None, min_gain: Optional[float] = None, remember: bool = False, say: Say = to_stderr,
+) -> "Settings":
+    """``strategies.Settings`` for ``pair``, with the policy calibrated on it (``sampling.calibrated_policy``,
+    ``min_gain`` its default when None) or, without ``calibrate``, the library's default policy
+    (``min_gain`` 0 when None). ``gamma`` "auto" needs plausible measured costs: without them the
+    policy bounds drafts by 4, and ``say`` says so."""
+    from sampling import DraftPolicy, calibrated_policy
+    from strategies import Settings
+    from utils.models import end_tokens
+
+    options = dict(adaptive=adaptive, remember=remember, **({"pause_after": pause[0], "pause_steps": pause[1]} if pause else {}))
+    auto = gamma == "auto"
+    if calibrate:
+        say("Measuring the target's verification costs ...", "dim")
+        policy = calibrated_policy(pair.target, drafter=pair.drafter, **({} if min_gain is None else {"min_gain": min_gain}), **options)
+        policy.auto = auto and policy.row_costs is not None
+    else:
+        policy = DraftPolicy(min_gain=min_gain or 0.0, **options)
+    settings = Settings(target=pair.target, tokenizer=pair.tokenizer, drafter=pair.drafter, processor=processor,
+                        gamma=4 if auto else gamma, max_gen_len=length, eos_tokens_id=end_tokens(pair.target, pair.tokenizer),
+                        encoder_decoder=pair.encoder_decoder, policy=policy)
+    if calibrate:
+        if auto and not policy.auto:
+            say(f"gamma auto needs plausible verification costs: gamma <= {settings.gamma} instead", "red")
+        drafter_cost = f" · a drafter pass costs {policy.draft_cost:.2f}" if pair.drafter is not None else ""
+        say(f"{policy.calibration}{drafter_cost}")
+    return settings
+
+
+def encode(tokenizer, messages: str | List[dict], chat: bool) -> List[int]:
+    """A prompt (one user message, or a conversation) as token ids: through the chat template
+    when ``chat`` and the tokenizer has one, else the messages' text joined by newlines."""
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    if not chat or not getattr(tokenizer, "chat_template", None):
+        return tokenizer("\n".join(m["content"] for m in messages)).input_ids
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False).input_ids
