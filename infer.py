@@ -18,6 +18,7 @@ from repl_commands import COMMANDS, on_off
 from session import SetupError, add_shared_flags, build_settings, describe, encode, first_line, load_pair, read_processor
 from utils.parsing import MAX_LINE, UsageError, flag_type, sanitize_text
 from utils.parsing import parse_processor  # noqa: F401 (importable as infer.parse_processor, as before)
+from utils.printing import screen
 from utils.terminal import console
 
 PRESETS = {
@@ -130,14 +131,13 @@ class Repl:
                 self.settings.streamer = self._streamer()
             try:
                 result = run_strategy(strategy, prompt, self.settings, self.seed)
-            except KeyboardInterrupt:
-                console.print(Text(f"{strategy.title}: interrupted", style="red"))
-                return
-            except ValueError as error:
-                console.print(Text(f"{strategy.title}: {error}", style="red"))
+            except (KeyboardInterrupt, ValueError) as error:
+                screen.end_line()  # a stream may have left the line open
+                console.print(Text(f"{strategy.title}: {error if isinstance(error, ValueError) else 'interrupted'}", style="red"))
                 return
             finally:
                 self.settings.streamer = None
+            screen.end_line()
             results.append((strategy, result))
             self.print_result(strategy, result)
         if results:
@@ -159,15 +159,12 @@ class Repl:
             else:
                 piece = Text(text[len(shown[0]) :])
             shown[0] = text
-            console.print(piece, end="")
-            console.file.flush()
+            screen.inline(piece)
 
         return stream
 
     def print_result(self, strategy, result) -> None:
-        if self.stream:
-            console.print()
-        else:
+        if not self.stream:
             text = self.settings.tokenizer.decode(result.tokens, skip_special_tokens=True)
             console.rule(Text(strategy.title, style=f"bold {strategy.color}"))
             console.print(Text("Out: ", style=strategy.color) + Text(text))

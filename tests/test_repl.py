@@ -163,6 +163,22 @@ def test_debug_view_shows_speculative_steps(repl):
     command(repl, "/length 35", "length: 35")
 
 
+def test_debug_view_and_stream_never_share_a_line(repl):
+    command(repl, "/debug", "debug: on")
+    command(repl, "/stream", "stream: on")
+    command(repl, "/length 8", "length: 8")
+    repl.sendline("Hi there")
+    repl.expect("speedup")
+    shown = repl.before
+    repl.expect(PROMPT)
+    command(repl, "/stream", "stream: off")
+    command(repl, "/debug", "debug: off")
+    command(repl, "/length 35", "length: 35")
+    headers = [line for line in shown.replace("\r", "").splitlines() if "Speculative step" in line]
+    assert headers and all(line.startswith("Speculative step") for line in headers)
+    assert all(" proposed, " in line or "no drafts" in line for line in headers)
+
+
 def test_ctrl_c_stops_the_generation_and_the_repl_goes_on(repl):
     command(repl, "/length 3000", "length: 3000")
     command(repl, "/cache", "cache: off")  # slow enough to be interrupted

@@ -12,11 +12,10 @@ import os
 import sys
 from dataclasses import dataclass
 
-from rich.console import Console
-
 from utils.parsing import MAX_LINE, sanitize_text
+from utils.printing import screen
 
-console = Console(highlight=False, soft_wrap=True)  # where the REPL writes
+console = screen.console  # where the REPL writes: the screen the debug view and the stream share
 
 PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"
 
