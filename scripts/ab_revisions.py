@@ -82,12 +82,14 @@ def main() -> None:
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False)
     names = list(samples["this tree"][0])
-    print(f"| strategy | this tree (tok/s) | {args.base} (tok/s) | ratio, median of rounds |\n| --- | ---: | ---: | ---: |")
+    print(f"| strategy | this tree (tok/s) | {args.base} (tok/s) | ratio, median of rounds | ratio, lowest to highest |\n"
+          "| --- | ---: | ---: | ---: | ---: |")
     for name in names:
         ours = [s[name] for s in samples["this tree"]]
         theirs = [s[name] for s in samples[args.base]]
-        ratio = statistics.median(a / b for a, b in zip(ours, theirs))
-        print(f"| {name} | {statistics.median(ours):.1f} | {statistics.median(theirs):.1f} | {ratio:.3f} |")
+        ratios = [a / b for a, b in zip(ours, theirs)]
+        print(f"| {name} | {statistics.median(ours):.1f} | {statistics.median(theirs):.1f} | {statistics.median(ratios):.3f} | "
+              f"{min(ratios):.2f} to {max(ratios):.2f} |")
 
 
 if __name__ == "__main__":
