@@ -155,3 +155,13 @@ def test_reports_read_configurations_from_typed_fields_never_from_labels(tmp_pat
     assert float(summary[names["target"]]["speedup"]) == 1.0
     assert float(summary[names["speculative[g=1]"]]["vs_hf_assisted"]) == pytest.approx(8 / 5)
     assert (tmp_path / "remade" / "gamma_sweep.png").exists()
+
+
+def test_the_benchmark_checks_the_pair_as_the_repl_does(tiny_models, tmp_path):
+    """One loader for both programs: the benchmark refuses what the REPL refuses, in one line."""
+    for drafter, message in ((tiny_models["t5_drafter"], "must both be decoder-only or both encoder-decoder"),
+                             ("layers:1", "a drafter needs fewer layers than the target")):
+        with pytest.raises(SystemExit) as refused:
+            bench.main(["--target", tiny_models["target"], "--drafter", drafter, "--device", "cpu", "--limit", "1",
+                        "--no-calibrate", "--out", str(tmp_path)])
+        assert str(refused.value).startswith("error: ") and message in str(refused.value)

@@ -264,6 +264,23 @@ def test_embedded_model_smoke():
     assert "Target AR" in result.stdout and "SmolLM2-135M-Instruct" in result.stdout
 
 
+def test_prepacking_is_the_flags_choice_and_named_on_the_target_line():
+    on = run("--prompt", "Hi", "--length", "4", "--no-calibrate")
+    off = run("--prompt", "Hi", "--length", "4", "--no-calibrate", "--prepack", "off")
+    assert on.returncode == 0 and off.returncode == 0, on.stderr + off.stderr
+    target_line = [line for line in on.stdout.splitlines() if line.startswith("Target:")]
+    assert target_line and target_line[0].endswith("prepacked linears")
+    assert "Target:" in off.stdout and "prepacked linears" not in off.stdout
+
+
+def test_a_drafter_made_of_the_targets_first_layers_drafts_in_the_repl(tiny_models):
+    result = run("--drafter", "layers:10", "--no-calibrate", "--prompt", "Hi", "--length", "6")
+    assert result.returncode == 0, result.stderr
+    assert "first 10 layers of the target" in result.stdout and "Speculative" in result.stdout
+    refused = run("--target", tiny_models["target"], "--drafter", "layers:1", "--no-calibrate", "--prompt", "Hi")
+    assert refused.returncode == 1 and "a drafter needs fewer layers than the target" in refused.stdout
+
+
 def test_quantized_target_loads_and_runs(tiny_models):
     result = run("--target", tiny_models["target"], "--quantize", "int8", "--prompt", "Hi", "--length", "4")
     assert result.returncode == 0, result.stderr

@@ -67,6 +67,8 @@ def truncated_drafter(model: Module, num_layers: int) -> Module:
     layers = getattr(inner, "layers", None)
     if not isinstance(layers, ModuleList):
         raise ValueError(f"cannot cut layers from {type(model).__name__}: no model.layers")
+    if len(layers) < 2:
+        raise ValueError(f"the target has {len(layers)} layer: a drafter needs fewer layers than the target")
     if not 1 <= num_layers < len(layers):
         raise ValueError(f"the drafter needs 1 to {len(layers) - 1} layers, got {num_layers}")
     drafter = copy.deepcopy(model)
