@@ -7,6 +7,7 @@
 Type a prompt to run every enabled strategy on it, or a /command (see /help).
 """
 import argparse
+import copy
 import os
 import sys
 from typing import List, Optional
@@ -112,7 +113,7 @@ class Repl:
         return encode(self.settings.tokenizer, text, self.chat)
 
     def compare(self, text: str) -> None:
-        from strategies import STRATEGIES, run_strategy
+        from strategies import STRATEGIES
 
         prompt = self.encode(text)
         if not prompt:
@@ -123,27 +124,42 @@ class Repl:
             self.settings.storage.reset()
         results = []
         self.last = results
-        for strategy in STRATEGIES:
-            if not self.enabled[strategy.key]:
-                continue
-            if self.stream:
-                console.rule(Text(strategy.title, style=f"bold {strategy.color}"))
-                self.settings.streamer = self._streamer()
-            try:
-                result = run_strategy(strategy, prompt, self.settings, self.seed)
-            except (KeyboardInterrupt, ValueError) as error:
-                screen.end_line()  # a stream may have left the line open
-                console.print(Text(f"{strategy.title}: {error if isinstance(error, ValueError) else 'interrupted'}", style="red"))
-                return
-            finally:
-                self.settings.streamer = None
-            screen.end_line()
-            results.append((strategy, result))
-            self.print_result(strategy, result)
+        enabled = [strategy for strategy in STRATEGIES if self.enabled[strategy.key]]
+        learning = [strategy for strategy in enabled if strategy.takes_storage]
+        own = self.settings.storage  # what the first strategy drafting from it learns is kept for the next prompt
+        before = copy.deepcopy(own) if len(learning) > 1 else None
+        try:
+            for strategy in enabled:
+                # every strategy drafting from the storage starts from it as it was before this prompt
+                self.settings.storage = copy.deepcopy(before) if strategy in learning[1:] else own
+                if not self.run(strategy, prompt, results):
+                    return
+        finally:
+            self.settings.storage = own
         if results:
             self.print_table(results)
         else:
             console.print(Text("every strategy is off: /help lists the toggles", style="red"))
+
+    def run(self, strategy, prompt: List[int], results: list) -> bool:
+        """Run one strategy, print its result and add it to ``results``; False when it was interrupted or refused."""
+        from strategies import run_strategy
+
+        if self.stream:
+            console.rule(Text(strategy.title, style=f"bold {strategy.color}"))
+            self.settings.streamer = self._streamer()
+        try:
+            result = run_strategy(strategy, prompt, self.settings, self.seed)
+        except (KeyboardInterrupt, ValueError) as error:
+            screen.end_line()  # a stream may have left the line open
+            console.print(Text(f"{strategy.title}: {error if isinstance(error, ValueError) else 'interrupted'}", style="red"))
+            return False
+        finally:
+            self.settings.streamer = None
+        screen.end_line()
+        results.append((strategy, result))
+        self.print_result(strategy, result)
+        return True
 
     def _streamer(self):
         """Prints each step's new text; in debug mode accepted drafts green, the target's tokens blue."""

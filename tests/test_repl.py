@@ -152,6 +152,20 @@ def test_a_prompt_gives_the_same_result_whatever_ran_before(repl):
     command(repl, "/length 35", "length: 35")
 
 
+def test_strategies_drafting_from_the_storage_each_start_from_it_as_it_was_before_the_prompt(repl):
+    """Chained drafting reads nothing that n-gram assisted decoding learned from the same prompt."""
+    text = "Repeat after me: one two three one two three"
+    command(repl, "/chained", "Chained n-gram\\+drafter: on")
+    command(repl, "/length 20", "length: 20")
+    with_ngram = _table_rows(_compare(repl, text))["Chained n-gram+drafter"]
+    command(repl, "/ngram", "N-gram assisted: off")
+    alone = _table_rows(_compare(repl, text))["Chained n-gram+drafter"]
+    command(repl, "/ngram", "N-gram assisted: on")
+    command(repl, "/chained", "Chained n-gram\\+drafter: off")
+    command(repl, "/length 35", "length: 35")
+    assert with_ngram == alone
+
+
 def test_debug_view_shows_speculative_steps(repl):
     command(repl, "/debug", "debug: on")
     command(repl, "/length 6", "length: 6")
