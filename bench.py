@@ -28,6 +28,7 @@ from session import add_shared_flags
 from utils.parsing import flag_list_type, flag_type, parse_limited
 
 if TYPE_CHECKING:
+    from sampling import DraftPolicy
     from strategies import Strategy  # imported when first needed: it loads torch
 
 ROOT = Path(__file__).resolve().parent
@@ -129,8 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-gain", type=flag_type("--min-gain", "min_gain"), help="cost-aware pausing: pause drafting while tokens per drafting step, "
                    "divided by the step's measured cost (plain tokens per step with --no-calibrate), fall below this "
                    "(default: the REPL's, 1.0; 0 with --no-calibrate; 0 = off)")
-    p.add_argument("--policy-memory", action="store_true", help="one policy remembers each drafter model across prompts "
-                   "(a drafter that did not pay starts the next prompt paused); off: every run depends on its own prompt only")
+    p.add_argument("--policy-memory", action="store_true", help="each configuration's policy remembers its drafter model across prompts "
+                   "(a drafter that did not pay starts the next prompt paused; the warm-up is forgotten); off: every run "
+                   "depends on its own prompt only")
     p.add_argument("--max-new-tokens", type=flag_type("--max-new-tokens", "length"), default=128, help="new tokens per run (default 128)")
     p.add_argument("--repeats", type=flag_type("--repeats", "repeats"), default=1, help="timed repeats of every run (default 1)")
     p.add_argument("--out", default="results", help="output folder (default results/)")
@@ -196,7 +198,7 @@ def make_configs(args, have_drafter: bool) -> List[Config]:
         configs += [Config(key, **dict(zip(grid, values))) for values in itertools.product(*grid.values())]
     if baseline() not in configs:
         configs.insert(0, baseline())
-    return configs
+    return list(dict.fromkeys(configs))  # a repeated flag value runs its configuration once
 
 
 def first_divergence(a: List[int], b: List[int]) -> Optional[int]:
@@ -209,7 +211,6 @@ def first_divergence(a: List[int], b: List[int]) -> Optional[int]:
 class Bench:
     def __init__(self, args):
         from session import SetupError, build_settings, load_pair, read_processor
-        from strategies import BY_KEY, PEERS, STORAGES
         from sampling.common import output_vocab_size
 
         self.args = args
@@ -222,8 +223,6 @@ class Bench:
         self.greedy = args.processor.split()[0] == "greedy"
         self.target, self.tokenizer, self.drafter, self.drafter_label = pair.target, pair.tokenizer, pair.drafter, pair.drafter_label
         self.target_label = pair.target_label + (f" · {args.quantize}" if args.quantize != "none" else "")
-        self.strategies = {**BY_KEY, **{p.key: p for p in PEERS}}
-        self.storages = STORAGES
         self.vocab = output_vocab_size(self.target)
         self.settings = build_settings(pair, self.processor, length=args.max_new_tokens, calibrate=not args.no_calibrate,
                                        adaptive=args.adaptive, pause=args.pause, min_gain=args.min_gain, remember=args.policy_memory)
@@ -232,7 +231,7 @@ class Bench:
         if "auto" in args.gamma and policy.row_costs is None:
             raise SystemExit("error: --gamma auto needs plausible verification costs, and those measured were not (see above)")
         self.row_costs = policy.row_costs
-        self.auto_policy = replace(policy, auto=True) if policy.row_costs is not None else None
+        self.policies: Dict[Config, "DraftPolicy"] = {}  # each configuration's own (its memory, with --policy-memory)
 
     def items(self, rows: List[dict]) -> List[dict]:
         """One item per turn; a second turn follows the target's greedy answer to the first."""
@@ -257,15 +256,18 @@ class Bench:
         return GreedyProcessor()
 
     def settings_for(self, config: Config):
+        from strategies import STORAGES
+
         auto = config.gamma == "auto"
-        policy = self.auto_policy if auto else self.settings.policy
-        return replace(self.settings, gamma=4 if auto else config.gamma, top_k_filler=config.filler, policy=policy,
-                       storage=self.storages[config.storage](config.n, self.vocab))
+        # a copy of the calibrated policy per configuration: what one remembers never reaches another
+        policy = self.policies.setdefault(config, replace(self.settings.policy, auto=auto))
+        return replace(self.settings, gamma=self.settings.gamma if auto else config.gamma, top_k_filler=config.filler, policy=policy,
+                       storage=STORAGES[config.storage](config.n, self.vocab))
 
     def run(self, config: Config, prompt: List[int]):
         from strategies import run_strategy
 
-        return run_strategy(self.strategies[config.key], prompt, self.settings_for(config), self.args.seed)
+        return run_strategy(config.strategy, prompt, self.settings_for(config), self.args.seed)
 
     def overhead(self, configs: List[Config], prompt: List[int]) -> Dict[str, float]:
         """Per configuration: the fraction of one run's wall time spent outside model forward passes
@@ -532,8 +534,6 @@ def replay_report(args) -> None:
 
 def main(argv: Optional[List[str]] = None) -> None:
     args = build_parser().parse_args(argv)
-    if args.pause is not None and len(args.pause) != 2:
-        raise SystemExit("error: --pause takes AFTER,STEPS")
     from session import SetupError, read_processor
 
     try:
@@ -561,6 +561,7 @@ def main(argv: Optional[List[str]] = None) -> None:
           file=sys.stderr)
     for config in configs:  # warm-up, excluded
         bench.run(config, items[0]["prompt"][:32])
+    bench.policies.clear()  # the warm-up leaves nothing in a policy's memory
     records = []
     with open(out / "runs.jsonl", "w") as log, tqdm(total=len(items) * len(configs) * args.repeats, file=sys.stderr) as bar:
         for index, (item, repeat) in enumerate((item, repeat) for item in items for repeat in range(args.repeats)):

@@ -165,3 +165,23 @@ def test_the_benchmark_checks_the_pair_as_the_repl_does(tiny_models, tmp_path):
             bench.main(["--target", tiny_models["target"], "--drafter", drafter, "--device", "cpu", "--limit", "1",
                         "--no-calibrate", "--out", str(tmp_path)])
         assert str(refused.value).startswith("error: ") and message in str(refused.value)
+
+
+def test_each_configuration_has_its_own_policy_and_the_warm_up_leaves_no_memory(tiny_models, tmp_path, monkeypatch):
+    """With --policy-memory, what one configuration's policy remembers never reaches another's."""
+    seen = {}
+    original = bench.Bench.settings_for
+
+    def recording(self, config):
+        settings = original(self, config)
+        seen.setdefault(config.label, []).append(settings.policy)
+        return settings
+
+    monkeypatch.setattr(bench.Bench, "settings_for", recording)
+    bench.main(["--target", tiny_models["target"], "--drafter", tiny_models["drafter"], "--device", "cpu", "--limit", "1",
+                "--categories", "summarization", "--strategies", "speculative,chained", "--gamma", "1,3,3", "--policy-memory",
+                "--max-new-tokens", "6", "--out", str(tmp_path)])
+    assert set(seen) == {"target", "speculative[g=1]", "speculative[g=3]", "chained[basic n=3 k=3 g=1]", "chained[basic n=3 k=3 g=3]"}
+    assert all(len(runs) == 2 for runs in seen.values())  # the warm-up, then the one timed run (g=3 given twice runs once)
+    assert all(warm_up is not timed for warm_up, timed in seen.values())
+    assert len({id(timed) for _, timed in seen.values()}) == len(seen)  # no two configurations share a policy
