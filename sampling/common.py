@@ -21,6 +21,8 @@ def context_window(model: Module) -> int | None:
 def output_vocab_size(model: Module) -> int:
     """Number of rows of the model's output layer (its logits' last dimension)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(getattr(head, "out_features", None), int):  # read before .weight, which a quantized layer rebuilds
+        return head.out_features
     if head is not None and getattr(head, "weight", None) is not None:
         return head.weight.shape[0]
     return model.config.get_text_config(decoder=True).vocab_size
