@@ -136,8 +136,10 @@ def _gamma_word(word: str):
 def _gamma(repl, value):
     policy = repl.settings.policy
     if value == "auto":
-        if policy.row_costs is None:
+        if policy.row_costs is None and not policy.calibration:
             raise UsageError("/gamma auto needs the measured verification costs: restart without --no-calibrate")
+        if policy.row_costs is None:
+            raise UsageError("/gamma auto needs plausible verification costs, and those measured at start-up were not")
         policy.auto = True
         return f"gamma: auto (cost-optimal, up to {policy.bound()} drafts per step)"
     repl.settings.gamma, policy.auto = value, False
