@@ -18,9 +18,7 @@ from rich.text import Text
 from repl_commands import COMMANDS, on_off
 from session import SetupError, add_shared_flags, build_settings, describe, encode, first_line, load_pair, read_processor
 from utils.parsing import MAX_LINE, UsageError, flag_type, sanitize_text
-from utils.parsing import parse_processor  # noqa: F401 (importable as infer.parse_processor, as before)
-from utils.printing import screen
-from utils.terminal import console
+from utils.printing import console, screen  # the one screen the REPL, the debug view and the stream share
 
 PRESETS = {
     "embedded": {"target": None, "drafter": None},

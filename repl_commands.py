@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from utils.parsing import LIMITS, UsageError, parse_limited, parse_path, parse_processor
-from utils.terminal import console
+from utils.printing import console
 
 if TYPE_CHECKING:
     from infer import Repl

@@ -13,9 +13,7 @@ import sys
 from dataclasses import dataclass
 
 from utils.parsing import MAX_LINE, sanitize_text
-from utils.printing import screen
 
-console = screen.console  # where the REPL writes: the screen the debug view and the stream share
 
 PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"
 
