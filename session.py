@@ -164,11 +164,11 @@ def load_pair(
 
 def describe(model: "Module", label: str, quantize: str) -> str:
     """One line: the model, where it runs, its weights, its KV cache and whether its linear layers are prepacked."""
-    from utils.caching import default_cache, prepacked_linears
+    from utils.caching import prepacked_linears, runner_cache
 
     if getattr(model, "_specdec_quantization", None):
         quantize += " (CPU weight-only kernels, bfloat16 activations)"
-    line = f"{label} · {next(model.parameters()).device} · {model.dtype} · quantization {quantize} · {default_cache(model)} KV cache"
+    line = f"{label} · {next(model.parameters()).device} · {model.dtype} · quantization {quantize} · {runner_cache(model)} KV cache"
     return line + (" · prepacked linears" if prepacked_linears(model) else "")
 
 

@@ -111,3 +111,13 @@ def test_cache_choice_is_validated_and_defaults_by_device():
     set_cache(target, "dynamic")
     assert KVCacheModel(target).cache_kind == "dynamic"
     set_cache(target, None)
+
+
+def test_the_header_names_the_cache_the_runners_use():
+    """session.describe prints runner_cache: a model that cannot take the static cache is said to run the dynamic one."""
+    from session import describe
+
+    for model, expected in ((t5(), "dynamic"), (llama(), "static")):
+        set_cache(model, "static")
+        assert caching.runner_cache(model) == expected == KVCacheModel(model).cache_kind
+        assert f"{expected} KV cache" in describe(model, "tiny", "none")

@@ -202,6 +202,13 @@ def default_cache(model: Module) -> str:
     return "static" if model_device(model).type == "cuda" else DEFAULT_CPU_CACHE
 
 
+def runner_cache(model: Module, cache: str | None = None) -> str:
+    """The cache a runner of ``model`` starts with: ``cache``, else ``default_cache(model)``; the
+    dynamic one for encoder-decoder models and models whose forward takes no ``position_ids``."""
+    static_possible = not getattr(model.config, "is_encoder_decoder", False) and "position_ids" in inspect.signature(model.forward).parameters
+    return (cache or default_cache(model)) if static_possible else "dynamic"
+
+
 def _static_cache(model: Module, capacity: int):
     """transformers' ``StaticCache`` for ``capacity`` positions, or None when the model cannot take one.
 
@@ -258,9 +265,7 @@ class KVCacheModel:
         if cache is not None and cache not in CACHES:
             raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
         self.model = model
-        self.cache_kind = cache or default_cache(model)
-        if encoder_input_ids is not None:
-            self.cache_kind = "dynamic"
+        self.cache_kind = runner_cache(model, cache)
         self.swaps = prepacked_linears(model, prepack)
         self.device = model_device(model)
         self.use_cache = use_cache
@@ -273,8 +278,6 @@ class KVCacheModel:
             self.encoder_outputs = model.get_encoder()(input_ids=encoder_ids)
         params = inspect.signature(model.forward).parameters
         self._logits_to_keep = "logits_to_keep" in params
-        if "position_ids" not in params:
-            self.cache_kind = "dynamic"
         self.capacity = 0  # positions preallocated by a static cache
 
     def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
