@@ -209,18 +209,17 @@ def first_divergence(a: List[int], b: List[int]) -> Optional[int]:
 
 
 class Bench:
-    def __init__(self, args):
-        from session import SetupError, build_settings, load_pair, read_processor
+    def __init__(self, args, processor, greedy: bool):
+        from session import SetupError, build_settings, load_pair
         from sampling.common import output_vocab_size
 
         self.args = args
+        self.processor, self.greedy = processor, greedy
         try:
-            self.processor, _, _ = read_processor(args.processor, "auto" in args.gamma, not args.no_calibrate)
             pair = load_pair(args.target, args.drafter, args.device, dtype=args.dtype, quantize=args.quantize,
                              trust_remote_code=args.trust_remote_code, cache=args.cache, prepack=args.prepack == "on")
         except SetupError as error:
             raise SystemExit(f"error: {error}") from None
-        self.greedy = args.processor.split()[0] == "greedy"
         self.target, self.tokenizer, self.drafter, self.drafter_label = pair.target, pair.tokenizer, pair.drafter, pair.drafter_label
         self.target_label = pair.target_label + (f" · {args.quantize}" if args.quantize != "none" else "")
         self.vocab = output_vocab_size(self.target)
@@ -537,7 +536,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     from session import SetupError, read_processor
 
     try:
-        read_processor(args.processor, "auto" in args.gamma, not args.no_calibrate)
+        processor, processor_name, _ = read_processor(args.processor, "auto" in args.gamma, not args.no_calibrate)
     except SetupError as error:
         raise SystemExit(f"error: {error}") from None
     if args.replay:
@@ -550,7 +549,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     from tqdm import tqdm
 
     rows = load_prompts(args.prompts, args.categories, args.limit)
-    bench = Bench(args)
+    bench = Bench(args, processor, greedy=processor_name == "greedy")
     configs = make_configs(args, bench.drafter is not None)
     if not bench.greedy:
         configs = [c for c in configs if not c.strategy.peer]  # transformers peers: greedy only
