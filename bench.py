@@ -210,7 +210,7 @@ def first_divergence(a: List[int], b: List[int]) -> Optional[int]:
 
 class Bench:
     def __init__(self, args, processor, greedy: bool):
-        from session import SetupError, build_settings, load_pair
+        from session import SetupError, build_settings, describe, load_pair
         from sampling.common import output_vocab_size
 
         self.args = args
@@ -221,7 +221,7 @@ class Bench:
         except SetupError as error:
             raise SystemExit(f"error: {error}") from None
         self.target, self.tokenizer, self.drafter, self.drafter_label = pair.target, pair.tokenizer, pair.drafter, pair.drafter_label
-        self.target_label = pair.target_label + (f" · {args.quantize}" if args.quantize != "none" else "")
+        self.target_label = describe(pair.target, pair.target_label, pair.quantize)  # weights, cache and prepacking, as the REPL says them
         self.vocab = output_vocab_size(self.target)
         self.settings = build_settings(pair, self.processor, length=args.max_new_tokens, calibrate=not args.no_calibrate,
                                        adaptive=args.adaptive, pause=args.pause, min_gain=args.min_gain, remember=args.policy_memory)
