@@ -245,10 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(description="Compare decoding strategies side by side (speculative, n-gram assisted, autoregressive).")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="a known model pair; other flags override it")
     add_shared_flags(parser)
-    parser.add_argument("--drafter-device", help="device of the drafter (default: --device)")
+    parser.add_argument("--drafter-device", help="device of the drafter (default: --device; a layers:N drafter stays with the target)")
     parser.add_argument("--quantize", choices=["none", "int8", "int4"], help="quantize the target's weights: on CPU weight-only int8/int4 kernels "
                         "(bfloat16 activations; int4 keeps the output head int8); on CUDA bitsandbytes, else optimum-quanto")
-    parser.add_argument("--drafter-quantize", choices=["none", "int8", "int4"], help="quantize the drafter's weights (default: --quantize)")
+    parser.add_argument("--drafter-quantize", choices=["none", "int8", "int4"], help="quantize the drafter's weights (default: --quantize; a layers:N drafter has the target's)")
     parser.add_argument("--gamma", type=gamma_flag, default=4, help="most drafts per step, or auto for the calibrated policy's choice (default 4)")
     parser.add_argument("--length", type=flag_type("--length", "length"), default=35, help="most new tokens (default 35)")
     parser.add_argument("--prompt", help="run one comparison on this prompt and exit")
