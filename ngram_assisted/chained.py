@@ -11,7 +11,6 @@ from sampling.draft_policy import DraftPolicy
 from sampling.drafters import ChainedDrafter, ModelDrafter, ngram_drafter
 from sampling.speculative_decoding import speculative
 from sampling.stats import GenerationStats
-from utils.caching import KVCacheModel
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 
@@ -21,7 +20,7 @@ def chained_speculative_generate(
     filler_top_k: int = 3, logits_processor: LogitsProcessor = GreedyProcessor(), max_gen_len: int = 40,
     eos_tokens_id: int | List[int] = 1, pad_token_id: int = 0, use_cache: bool = False, first_target: bool = True,
     debug: bool = False, stats: GenerationStats | None = None, policy: DraftPolicy | None = None,
-    streamer: Callable[[List[int], int], None] | None = None,
+    streamer: Callable[[List[int], int], None] | None = None, compile: bool | None = None,
 ) -> Tuple[List[int], float]:
     """Speculative decoding drafting from ``ngramstorage`` when it knows the context, else from ``drafter``.
 
@@ -38,4 +37,4 @@ def chained_speculative_generate(
     generation_end(len(prompt), max_gen_len, context_window(target))  # no room: refused before the storage learns the prompt
     storage = ngram_drafter(ngramstorage, prompt, check_positive_int("filler_top_k", filler_top_k), stop_if_unknown=True)
     chain = ChainedDrafter(storage, ModelDrafter.of(drafter, config))
-    return speculative(prompt, KVCacheModel(target, use_cache), chain, config)
+    return speculative(prompt, config.runner(target), chain, config)

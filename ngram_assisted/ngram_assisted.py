@@ -11,7 +11,6 @@ from sampling.draft_policy import DraftPolicy
 from sampling.drafters import NGramDrafter, TensorStorageDrafter, ngram_drafter  # noqa: F401 (importable from here, as before)
 from sampling.speculative_decoding import speculative
 from sampling.stats import GenerationStats
-from utils.caching import KVCacheModel
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 
@@ -22,7 +21,7 @@ def ngram_assisted_speculative_generate(
     logits_processor: LogitsProcessor = GreedyProcessor(), max_gen_len: int = 40, eos_tokens_id: int | List[int] = 1,
     pad_token_id: int = 0, use_cache: bool = False, first_target: bool = True, stop_if_unknown: bool = False,
     debug: bool = False, stats: GenerationStats | None = None, policy: DraftPolicy | None = None,
-    streamer: Callable[[List[int], int], None] | None = None,
+    streamer: Callable[[List[int], int], None] | None = None, compile: bool | None = None,
 ) -> Tuple[List[int], float]:
     """N-gram assisted speculative decoding (NASD; Leviathan et al. 2023 with an n-gram drafter).
 
@@ -45,4 +44,4 @@ def ngram_assisted_speculative_generate(
     config = GenerationConfig.of(locals())
     generation_end(len(prompt), max_gen_len, context_window(target))  # no room: refused before the storage learns the prompt
     drafter = ngram_drafter(ngramstorage, prompt, check_positive_int("filler_top_k", filler_top_k), stop_if_unknown)
-    return speculative(prompt, KVCacheModel(target, use_cache), drafter, config)
+    return speculative(prompt, config.runner(target), drafter, config)

@@ -38,16 +38,19 @@ def autoregressive_generate(
     inputs: List[int], model: Module, max_gen_len: int = 40, logits_processor: LogitsProcessor = GreedyProcessor(),
     eos_tokens_id: int | List[int] = 1, pad_token_id: int = 0, use_cache: bool = False, debug: bool = False,
     stats: GenerationStats | None = None, streamer: Callable[[List[int], int], None] | None = None,
+    compile: bool | None = None,
 ) -> List[int]:
     """Sample ``max_gen_len`` new tokens at most, one forward pass each (decoder-only models, or
     encoder-decoder models: the encoder reads ``inputs``, the decoder generates after its start token).
 
     Stops after the first token of ``eos_tokens_id`` (included) and at the context window.
     With ``use_cache`` only the newest token is fed each step. ``streamer`` is called with each
-    new token. Returns the new token ids.
+    new token. ``compile``: compiled passes over a static cache (``utils.compiled``; None: the
+    model's ``set_compile``). Returns the new token ids.
     """
     prompt, encoder_ids = decoder_inputs(check_prompt(inputs), model)
-    return generate_with(prompt, KVCacheModel(model, use_cache, encoder_input_ids=encoder_ids), GenerationConfig.of(locals()))
+    config = GenerationConfig.of(locals())
+    return generate_with(prompt, config.runner(model, encoder_ids), config)
 
 
 autoregressive_generate_encoder_decoder = autoregressive_generate  # the reference's name for encoder-decoder models

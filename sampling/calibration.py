@@ -10,7 +10,8 @@ from torch.nn import Module
 
 from sampling.common import context_window, output_vocab_size
 from sampling.draft_policy import DraftPolicy
-from utils.caching import KVCacheModel, synchronize
+from utils.caching import synchronize
+from utils.compiled import make_runner
 
 # Cost-aware pausing threshold of the calibrated policy: drafting pauses while a drafting step
 # emits fewer tokens than its verification pass costs in single-token passes (1.0 = break-even).
@@ -29,7 +30,7 @@ class _Timer:
         vocab = vocab or output_vocab_size(model)
         self.ids = torch.randint(vocab, (1, self.context + room), generator=torch.Generator().manual_seed(0))
         encoder = self.ids[0, : self.context].tolist() if getattr(model.config, "is_encoder_decoder", False) else None
-        self.model, self.runner = model, KVCacheModel(model, True, encoder_input_ids=encoder)
+        self.model, self.runner = model, make_runner(model, True, encoder)
         self.runner(self.ids[:, : self.context], 1)
 
     def seconds(self, rows: int) -> float:

@@ -70,13 +70,14 @@ class GenerationConfig:
     policy: DraftPolicy = field(default_factory=DraftPolicy)
     stats: GenerationStats = field(default_factory=GenerationStats)
     observers: Tuple[Observer, ...] = ()
+    compile: bool | None = None  # compiled passes (None: each model's ``set_compile``)
 
     @classmethod
     def of(cls, arguments: Mapping[str, Any], **fields) -> "GenerationConfig":
         """The configuration a public function's ``arguments`` (its ``locals()``) describe, by the
         reference's names: ``logits_processor``, ``max_gen_len``, ``eos_tokens_id``, ``use_cache``,
         ``first_target``, ``gamma``, ``skip_sample_adjustment``, ``debug`` (the debug view, with
-        ``tokenizer``), and this project's ``stats``, ``policy`` and ``streamer``. ``fields`` set
+        ``tokenizer``), and this project's ``stats``, ``policy``, ``streamer`` and ``compile``. ``fields`` set
         fields directly. Every value is checked here, once."""
         a = dict(arguments)
         observers = []
@@ -97,8 +98,16 @@ class GenerationConfig:
             policy=a["policy"] if a.get("policy") is not None else DraftPolicy(),
             stats=a["stats"] if a.get("stats") is not None else GenerationStats(),
             observers=tuple(observers),
+            compile=None if a.get("compile") is None else bool(a["compile"]),
         )
         return cls(**{**values, **fields})
+
+    def runner(self, model, encoder_input_ids: List[int] | None = None):
+        """The runner of ``model`` for this generation: compiled passes when ``compile`` (or the
+        model's ``set_compile``) asks for them and the model can take them, else the eager one."""
+        from utils.compiled import make_runner
+
+        return make_runner(model, self.use_cache, encoder_input_ids, self.compile)
 
     def observe(self, step: Step) -> None:
         for observer in self.observers:

@@ -10,7 +10,6 @@ from sampling.draft_policy import DraftPolicy
 from sampling.drafters import PromptLookupDrafter, lookup_continuation  # noqa: F401 (importable from here, as before)
 from sampling.speculative_decoding import speculative
 from sampling.stats import GenerationStats
-from utils.caching import KVCacheModel
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 
@@ -20,7 +19,7 @@ def prompt_lookup_generate(
     min_ngram_size: int = 1, logits_processor: LogitsProcessor = GreedyProcessor(), max_gen_len: int = 40,
     eos_tokens_id: int | List[int] = 1, pad_token_id: int = 0, use_cache: bool = False, first_target: bool = True,
     debug: bool = False, stats: GenerationStats | None = None, policy: DraftPolicy | None = None,
-    streamer: Callable[[List[int], int], None] | None = None,
+    streamer: Callable[[List[int], int], None] | None = None, compile: bool | None = None,
 ) -> Tuple[List[int], float]:
     """Prompt lookup decoding: speculative decoding whose drafts are copied from the context.
 
@@ -40,4 +39,4 @@ def prompt_lookup_generate(
     if low > high:
         raise ValueError(f"min_ngram_size ({low}) must be <= max_ngram_size ({high})")
     config = GenerationConfig.of(locals(), gamma=num_pred_tokens)
-    return speculative(prompt, KVCacheModel(target, use_cache), PromptLookupDrafter(low, high), config)
+    return speculative(prompt, config.runner(target), PromptLookupDrafter(low, high), config)

@@ -147,7 +147,7 @@ def speculative_generate(
     logits_processor: LogitsProcessor = GreedyProcessor(), max_gen_len: int = 40, eos_tokens_id: int | List[int] = 1,
     pad_token_id: int = 0, use_cache: bool = False, skip_sample_adjustment: bool = False, first_target: bool = True,
     debug: bool = False, stats: GenerationStats | None = None, policy: DraftPolicy | None = None,
-    streamer: Callable[[List[int], int], None] | None = None,
+    streamer: Callable[[List[int], int], None] | None = None, compile: bool | None = None,
 ) -> Tuple[List[int], float]:
     """Speculative decoding with a drafter model (Leviathan et al. 2023; Chen et al. 2023), for
     decoder-only models and for encoder-decoder models sharing one decoder vocabulary (both
@@ -170,6 +170,8 @@ def speculative_generate(
             target's token blue). stats: a ``GenerationStats`` to fill. policy: a ``DraftPolicy``
             (adaptive length, minimum draft, pauses, ``p_min`` confidence cutoff).
             streamer: called with each step's emitted tokens and how many were drafts.
+            compile: both models run compiled passes over static caches (``utils.compiled``; None:
+            each model's ``set_compile``); needs ``use_cache``.
 
     Returns:
         (new token ids, acceptance rate = accepted drafts / drafted tokens).
@@ -177,7 +179,7 @@ def speculative_generate(
     prompt, encoder_ids = decoder_inputs(check_prompt(inputs), target, drafter)
     config = GenerationConfig.of(locals(), vocab_size=common_vocab_size(drafter, target, tokenizer))
     drafting = ModelDrafter.of(drafter, config, encoder_input_ids=encoder_ids)
-    return speculative(prompt, KVCacheModel(target, use_cache, encoder_input_ids=encoder_ids), drafting, config)
+    return speculative(prompt, config.runner(target, encoder_ids), drafting, config)
 
 
 speculative_generate_encoder_decoder = speculative_generate  # the reference's name for encoder-decoder models
