@@ -125,6 +125,8 @@ def classify_divergence(
     (None when they are equal). ``passes``: the strategy's target passes (``PassRecorder.passes``).
     ``runner_factory`` makes a fresh runner for each computation (default ``KVCacheModel(model, True)``);
     any runner with the loop's interface (``runner(ids, n_last)``, ``rollback``, ``cache_kind``) fits."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError("classify_divergence replays decoder-only models only")
     j = next((i for i, (x, y) in enumerate(zip(ar_tokens, strategy_tokens)) if x != y), None)
     if j is None:
         if len(ar_tokens) == len(strategy_tokens):
