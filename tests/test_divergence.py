@@ -45,9 +45,11 @@ class Corrupting(KVCacheModel):
     """A runner whose verification passes (more than one position) put WRONG first in their first
     row: the loop then emits a token the target did not choose, as a wrong acceptance rule would."""
 
+    shortest = 2  # passes over fewer positions are left alone
+
     def __call__(self, ids, n_last=1):
         logits = super().__call__(ids, n_last)
-        if n_last > 1:
+        if n_last >= self.shortest:
             logits = logits.clone()
             logits[0, WRONG] = logits[0].max() + 10.0
         return logits
@@ -157,7 +159,7 @@ def test_the_benchmark_reports_classified_divergences_and_strict_fails_on_a_disa
     records = [json.loads(line) for line in (tmp_path / "plain" / "runs.jsonl").read_text().splitlines()]
     runs = [r for r in records if r["key"] == "ngram"]
     assert runs and all(r["divergence"]["verdict"] == DISAGREEMENT and r["divergence"]["position"] == r["diverged_at"]
-                          for r in runs)
+                        for r in runs)
     assert all(r["divergence"] is None for r in records if r["key"] == "target")
     summary = {row["config"]: row for row in csv.DictReader((tmp_path / "plain" / "summary.csv").open()) if row["category"] == "all"}
     ngram = summary[runs[0]["config"]]
@@ -167,3 +169,16 @@ def test_the_benchmark_reports_classified_divergences_and_strict_fails_on_a_disa
     assert f"{len(runs)}/{len(runs)}: {len(runs)} disagreement" in (tmp_path / "plain" / "results.md").read_text()
     with pytest.raises(SystemExit):  # --strict also gates a report re-made from runs.jsonl
         bench.main(["--from-runs", str(tmp_path / "plain" / "runs.jsonl"), "--out", str(tmp_path / "remade"), "--strict"])
+
+
+def test_the_repl_says_in_one_line_why_a_greedy_strategy_diverged(tiny_models, monkeypatch, capsys):
+    import infer
+
+    class CorruptingEvery(Corrupting):  # the REPL's n-gram drafter drafts nothing on a tiny random model
+        shortest = 1
+
+    monkeypatch.setattr("ngram_assisted.ngram_assisted.KVCacheModel", CorruptingEvery)
+    infer.main(["--target", tiny_models["target"], "--device", "cpu", "--no-calibrate", "--length", "8", "--prompt", "Hello there"])
+    shown = capsys.readouterr().out
+    assert "N-gram assisted: diverged at token " in shown and ": disagreement, margin " in shown and " vs rounding " in shown
+    assert "Prompt lookup: diverged" not in shown  # an honest strategy that matched target AR says nothing
