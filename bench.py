@@ -234,6 +234,9 @@ class Bench:
             raise SystemExit("error: --gamma auto needs plausible verification costs, and those measured were not (see above)")
         self.row_costs = policy.row_costs
         self.policies: Dict[Config, "DraftPolicy"] = {}  # each configuration's own (its memory, with --policy-memory)
+        from sampling.divergence import default_runner
+
+        self.runner_factory = default_runner  # the runner divergences are replayed with: the strategies' own kind
 
     def items(self, rows: List[dict]) -> List[dict]:
         """One item per turn; a second turn follows the target's greedy answer to the first."""
@@ -280,7 +283,7 @@ class Bench:
 
         if not passes or getattr(self.target.config, "is_encoder_decoder", False):
             return {"verdict": "unclassified", "position": first_divergence(tokens, reference)}
-        return classify_divergence(self.target, prompt, reference, tokens, passes).record()
+        return classify_divergence(self.target, prompt, reference, tokens, passes, self.runner_factory).record()
 
     def overhead(self, configs: List[Config], prompt: List[int]) -> Dict[str, float]:
         """Per configuration: the fraction of one run's wall time spent outside model forward passes
