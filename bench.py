@@ -215,6 +215,7 @@ class Bench:
     def __init__(self, args, processor, greedy: bool):
         from session import SetupError, build_settings, describe, load_pair
         from sampling.common import output_vocab_size
+        from sampling.divergence import default_runner
 
         self.args = args
         self.processor, self.greedy = processor, greedy
@@ -234,8 +235,6 @@ class Bench:
             raise SystemExit("error: --gamma auto needs plausible verification costs, and those measured were not (see above)")
         self.row_costs = policy.row_costs
         self.policies: Dict[Config, "DraftPolicy"] = {}  # each configuration's own (its memory, with --policy-memory)
-        from sampling.divergence import default_runner
-
         self.runner_factory = default_runner  # the runner divergences are replayed with: the strategies' own kind
 
     def items(self, rows: List[dict]) -> List[dict]:
