@@ -10,8 +10,9 @@ PNG plots. Timing: a warm-up pass per configuration first (excluded), the device
 around each run, only new tokens counted, configurations interleaved prompt by prompt and repeat
 by repeat so that machine drift hits all alike; speedups are ratios to target autoregressive
 taken within the same repeat; the order of the configurations rotates from one run to the next.
-Every greedy run is compared with target autoregressive and any
-divergence is reported with its first diverging position.
+Every greedy run is compared with target autoregressive; a divergence is reported with its first
+diverging position and classified (sampling.divergence) as a rounding near-tie or a disagreement,
+outside the timed runs; --strict exits with status 1 on any disagreement.
 """
 import argparse
 import csv
@@ -141,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify-cost", action="store_true", help="also time one target pass verifying k tokens against k = 1")
     p.add_argument("--overhead", action="store_true", help="also report the share of each run spent outside model forward passes")
     p.add_argument("--from-runs", help="re-make the tables and plots from a runs.jsonl, without running anything")
+    p.add_argument("--strict", action="store_true", help="exit with status 1 when any greedy divergence is a disagreement "
+                   "(not a rounding near-tie)")
     p.add_argument("--group", action="append", type=group_spec, metavar="NAME=CAT,CAT",
                    help="also report these categories taken together (repeatable; default: "
                    f"{DEFAULT_GROUP[0]}={','.join(DEFAULT_GROUP[1])})")
@@ -212,6 +215,7 @@ class Bench:
     def __init__(self, args, processor, greedy: bool):
         from session import SetupError, build_settings, describe, load_pair
         from sampling.common import output_vocab_size
+        from sampling.divergence import default_runner
 
         self.args = args
         self.processor, self.greedy = processor, greedy
@@ -231,6 +235,7 @@ class Bench:
             raise SystemExit("error: --gamma auto needs plausible verification costs, and those measured were not (see above)")
         self.row_costs = policy.row_costs
         self.policies: Dict[Config, "DraftPolicy"] = {}  # each configuration's own (its memory, with --policy-memory)
+        self.runner_factory = default_runner  # the runner divergences are replayed with: the strategies' own kind
 
     def items(self, rows: List[dict]) -> List[dict]:
         """One item per turn; a second turn follows the target's greedy answer to the first."""
@@ -263,10 +268,21 @@ class Bench:
         return replace(self.settings, gamma=self.settings.gamma if auto else config.gamma, top_k_filler=config.filler, policy=policy,
                        storage=STORAGES[config.storage](config.n, self.vocab))
 
-    def run(self, config: Config, prompt: List[int]):
+    def run(self, config: Config, prompt: List[int], observer=None):
+        """One timed run; ``observer`` (an ``Observer``) sees its steps."""
         from strategies import run_strategy
 
-        return run_strategy(config.strategy, prompt, self.settings_for(config), self.args.seed)
+        settings = self.settings_for(config)
+        return run_strategy(config.strategy, prompt, replace(settings, streamer=observer) if observer else settings, self.args.seed)
+
+    def classify(self, prompt: List[int], reference: List[int], tokens: List[int], passes: list) -> dict:
+        """A greedy divergence from target AR, classified (``sampling.divergence``); a run whose loop
+        recorded no pass (a transformers path) is "unclassified"."""
+        from sampling.divergence import classify_divergence
+
+        if not passes or getattr(self.target.config, "is_encoder_decoder", False):
+            return {"verdict": "unclassified", "position": first_divergence(tokens, reference)}
+        return classify_divergence(self.target, prompt, reference, tokens, passes, self.runner_factory).record()
 
     def overhead(self, configs: List[Config], prompt: List[int]) -> Dict[str, float]:
         """Per configuration: the fraction of one run's wall time spent outside model forward passes
@@ -300,7 +316,7 @@ class Bench:
 def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dict]:
     """Per category (and 'all', and each group of categories present) and configuration: tokens/s
     (median over repeats, spread), speedup over target autoregressive within each repeat,
-    acceptance, tokens per step, divergences."""
+    acceptance, tokens per step, divergences (classified: ``divergence_columns``)."""
     present = {r["category"] for r in records}
     memberships = defaultdict(list)
     for name, members in groups:
@@ -344,7 +360,8 @@ def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dic
             "speedup": statistics.median(speedups) if speedups else 0.0,
             "acceptance": sum(r["accepted"] for r in runs) / drafted if drafted else None,
             "tokens_per_step": sum(r["new_tokens"] for r in runs) / steps if steps and drafted else None,
-            "runs": len(runs), "diverged": sum(r["diverged_at"] is not None for r in runs), "versus": versus, "setup": setup,
+            "runs": len(runs), "diverged": sum(r["diverged_at"] is not None for r in runs), **divergence_columns(runs),
+            "versus": versus, "setup": setup,
         })
     return rows
 
@@ -402,7 +419,7 @@ def markdown(rows: List[dict], title: str) -> str:
             step = f"{r['tokens_per_step']:.2f}" if r["tokens_per_step"] is not None else "-"
             acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
             lines.append(f"| {r['config']} | {r['tokens_per_s']:.1f} ± {r['spread_pct']:.0f}% | {r['speedup']:.2f}x | {step} | {acc} | "
-                         f"{r['diverged']}/{r['runs']} |")
+                         f"{divergence_cell(r)} |")
         lines.append("")
     return "\n".join(lines + versus_table(rows))
 
@@ -545,8 +562,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     if args.from_runs:
         records = [json.loads(line) for line in Path(args.from_runs).read_text().splitlines() if line.strip()]
         write_reports(records, Path(args.out), f"re-made from {args.from_runs}", groups=args.group or (DEFAULT_GROUP,))
-        return
+        return check_strict(records, args.strict)
     from tqdm import tqdm
+
+    from sampling.divergence import PassRecorder
 
     rows = load_prompts(args.prompts, args.categories, args.limit)
     bench = Bench(args, processor, greedy=processor_name == "greedy")
@@ -569,10 +588,11 @@ def main(argv: Optional[List[str]] = None) -> None:
             shift = index % len(configs)
             results = []
             for config in configs[shift:] + configs[:shift]:
-                results.append((config, bench.run(config, item["prompt"])))
+                recorder = PassRecorder()  # one append per step: classifying waits until the timed runs are over
+                results.append((config, bench.run(config, item["prompt"], recorder), recorder))
                 bar.update(1)
-            reference = next(result.tokens for config, result in results if config.strategy.baseline)
-            for config, result in sorted(results, key=lambda pair: configs.index(pair[0])):
+            reference = next(result.tokens for config, result, _ in results if config.strategy.baseline)
+            for config, result, recorder in sorted(results, key=lambda run: configs.index(run[0])):
                 st = result.stats
                 record = {
                     "question_id": item["question_id"], "category": item["category"], "turn": item["turn"],
@@ -584,9 +604,11 @@ def main(argv: Optional[List[str]] = None) -> None:
                     "paused_steps": st.paused_steps, "tokens": result.tokens,
                     "diverged_at": first_divergence(result.tokens, reference) if bench.greedy and not config.strategy.drafter_ar else None,
                 }
+                record["divergence"] = None
                 if record["diverged_at"] is not None:
+                    record["divergence"] = bench.classify(item["prompt"], reference, result.tokens, recorder.passes)
                     tqdm.write(f"divergence: {config.label} on question {item['question_id']} turn {item['turn']} "
-                               f"at token {record['diverged_at']}", file=sys.stderr)
+                               f"at token {record['diverged_at']}: {record['divergence']['verdict']}", file=sys.stderr)
                 records.append(record)
                 log.write(json.dumps(record) + "\n")
     title = (f"{bench.target_label}" + (f" + drafter {bench.drafter_label}" if bench.drafter_label else "")
@@ -605,6 +627,40 @@ def main(argv: Optional[List[str]] = None) -> None:
         extra += "\n## time outside model forward passes (first prompt)\n\n| strategy | share |\n| --- | ---: |\n"
         extra += "".join(f"| {label} | {share:.1%} |\n" for label, share in shares.items())
     write_reports(records, out, title, extra, args.group or (DEFAULT_GROUP,))
+    check_strict(records, args.strict)
+
+
+def check_strict(records: List[dict], strict: bool) -> None:
+    """With ``--strict``: exit with status 1, in one line, when any divergence is a disagreement."""
+    bad = [r for r in records if (r.get("divergence") or {}).get("verdict") == "disagreement"]
+    if strict and bad:
+        raise SystemExit(f"error: --strict: {len(bad)} greedy divergence(s) are disagreements, not rounding near-ties "
+                         f"(first: {bad[0]['config']} on question {bad[0]['question_id']} at token {bad[0]['diverged_at']})")
+
+
+def divergence_columns(runs: List[dict]) -> dict:
+    """Near-ties, disagreements, unclassified divergences, and the largest |margin| and rounding
+    difference among the classified ones (None when there is none)."""
+    found = [r["divergence"] for r in runs if r.get("divergence")]
+    verdicts = [d["verdict"] for d in found]
+    margins = [d for d in found if d.get("margin") is not None]
+    return {"near_ties": verdicts.count("near-tie"), "disagreements": verdicts.count("disagreement"),
+            "unclassified": verdicts.count("unclassified"),
+            "max_margin": max((d["margin"] for d in margins), default=None),
+            "max_rounding": max((d["rounding"] for d in margins), default=None)}
+
+
+def divergence_cell(r: dict) -> str:
+    """The table's "greedy divergences" cell: "0/6", or "2/6: 2 near-ties, margin <= 0.004, rounding <= 0.006"."""
+    cell = f"{r['diverged']}/{r['runs']}"
+    if not r["diverged"]:
+        return cell
+    names = (("near_ties", "near-tie", "near-ties"), ("disagreements", "disagreement", "disagreements"),
+             ("unclassified", "unclassified", "unclassified"))
+    parts = [f"{r[key]} {one if r[key] == 1 else many}" for key, one, many in names if r.get(key)]
+    if r.get("max_margin") is not None:
+        parts.append(f"margin <= {r['max_margin']:.2g}, rounding <= {r['max_rounding']:.2g}")
+    return cell + (": " + ", ".join(parts) if parts else "")
 
 
 def llama_cpp_tokens_per_s(binary: str, gguf: str, new_tokens: int, depth: int, threads: int) -> float:

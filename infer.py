@@ -55,6 +55,7 @@ class Repl:
         )
         self.stream = False
         self.last: list = []  # (strategy, result) of the last prompt, for /stats
+        self.passes: dict = {}  # strategy key -> the target passes of its last run (sampling.divergence)
         self.storage_kind, self.storage_n = "basic", 3
         self.reset_in_between = True
         self.new_storage()
@@ -136,16 +137,21 @@ class Repl:
             self.settings.storage = own
         if results:
             self.print_table(results)
+            self.explain_divergences(prompt, results)
         else:
             console.print(Text("every strategy is off: /help lists the toggles", style="red"))
 
     def run(self, strategy, prompt: List[int], results: list) -> bool:
         """Run one strategy, print its result and add it to ``results``; False when it was interrupted or refused."""
+        from sampling.divergence import PassRecorder
         from strategies import run_strategy
 
+        recorder = PassRecorder()
+        self.passes[strategy.key] = recorder.passes
+        self.settings.streamer = recorder
         if self.stream:
             console.rule(Text(strategy.title, style=f"bold {strategy.color}"))
-            self.settings.streamer = self._streamer()
+            self.settings.streamer = (self._streamer(), recorder)
         try:
             result = run_strategy(strategy, prompt, self.settings, self.seed)
         except (KeyboardInterrupt, ValueError) as error:
@@ -158,6 +164,22 @@ class Repl:
         results.append((strategy, result))
         self.print_result(strategy, result)
         return True
+
+    def explain_divergences(self, prompt: List[int], results) -> None:
+        """Greedy: one line for each strategy whose tokens differ from target AR's, saying whether
+        the difference is a rounding near-tie or a disagreement (``sampling.divergence``)."""
+        from sampling.divergence import NEAR_TIE, classify_divergence
+        from utils.caching import KVCacheModel
+
+        replayed = lambda model: KVCacheModel(model, self.settings.use_cache)  # noqa: E731 (the runner the strategies ran: /cache)
+        reference = next((r.tokens for s, r in results if s.baseline), None)
+        if self.processor_name != "greedy" or self.settings.encoder_decoder or reference is None:
+            return
+        for strategy, result in results:
+            if strategy.baseline or strategy.drafter_ar or result.tokens == reference:
+                continue
+            found = classify_divergence(self.settings.target, prompt, reference, result.tokens, self.passes[strategy.key], replayed)
+            console.print(Text(f"{strategy.title}: {found.line()}", style="yellow" if found.verdict == NEAR_TIE else "bold red"))
 
     def _streamer(self):
         """Prints each step's new text; in debug mode accepted drafts green, the target's tokens blue."""

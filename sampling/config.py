@@ -22,6 +22,7 @@ class Step:
     own: int  # the target's own token after the accepted drafts
     stopped: bool  # the step emitted a stop token: the generation ends with it
     speculative: bool = True
+    rows: int = 1  # positions the step's target pass scored (drafts + 1, or more when padded)
 
     @property
     def emitted(self) -> List[int]:
@@ -85,8 +86,9 @@ class GenerationConfig:
             from utils.printing import DebugView  # the screen is imported only when a caller asks for it
 
             observers.append(DebugView(a.get("tokenizer")))
-        if a.get("streamer") is not None:
-            observers.append(Streamer(a["streamer"]))
+        streamer = a.get("streamer")  # a callback, an Observer, or a tuple of these
+        for each in streamer if isinstance(streamer, tuple) else () if streamer is None else (streamer,):
+            observers.append(each if isinstance(each, Observer) else Streamer(each))
         values = dict(
             processor=a.get("logits_processor", GreedyProcessor()),
             max_gen_len=check_positive_int("max_gen_len", a.get("max_gen_len", 40)),

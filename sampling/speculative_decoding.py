@@ -126,7 +126,7 @@ def draft_and_verify(prompt: List[int], target: KVCacheModel, drafter: Drafter, 
         stats.record_step(k, min(n, len(emitted)), len(emitted))
         stats.draft_seconds += drafted_at - clock
         stats.verify_seconds += time.perf_counter() - drafted_at
-        config.observe(Step(tokens, cur, len(prompt), draft_list, n, own_list[n], stop_at is not None))
+        config.observe(Step(tokens, cur, len(prompt), draft_list, n, own_list[n], stop_at is not None, rows=rows))
         if stop_at is not None:
             break
         drafter.accept(tokens, cur, n, _on_host(wanted, iter(fetched[3 * k + 1 :])))
