@@ -111,9 +111,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_shared_flags(p)
     p.add_argument("--quantize", default="none", choices=["none", "int8", "int4"],
                    help="target (and drafter) weights: on CPU weight-only int8/int4 kernels, on CUDA bitsandbytes/quanto")
-    p.add_argument("--compile", action="store_true",
-                   help="compile transformers' static-cache generate peer (hf_generate_static), also on CPU; "
-                   "compile time falls in its excluded warm-up run")
     p.add_argument("--llama-cpp", metavar="LLAMA_BENCH",
                    help="path of a llama.cpp llama-bench binary: also time its plain decoding of --gguf, "
                    "alternating with target AR, and report the ratio")
@@ -221,10 +218,12 @@ class Bench:
         self.processor, self.greedy = processor, greedy
         try:
             pair = load_pair(args.target, args.drafter, args.device, dtype=args.dtype, quantize=args.quantize,
-                             trust_remote_code=args.trust_remote_code, cache=args.cache, prepack=args.prepack == "on")
+                             trust_remote_code=args.trust_remote_code, cache=args.cache, prepack=args.prepack,
+                             compile=args.compile)
         except SetupError as error:
             raise SystemExit(f"error: {error}") from None
         self.target, self.tokenizer, self.drafter, self.drafter_label = pair.target, pair.tokenizer, pair.drafter, pair.drafter_label
+        self.compile_seconds = pair.compile_seconds  # role -> seconds, start-up compilation
         self.target_label = describe(pair.target, pair.target_label, pair.quantize)  # weights, cache and prepacking, as the REPL says them
         self.vocab = output_vocab_size(self.target)
         self.settings = build_settings(pair, self.processor, length=args.max_new_tokens, calibrate=not args.no_calibrate,
@@ -236,6 +235,24 @@ class Bench:
         self.row_costs = policy.row_costs
         self.policies: Dict[Config, "DraftPolicy"] = {}  # each configuration's own (its memory, with --policy-memory)
         self.runner_factory = default_runner  # the runner divergences are replayed with: the strategies' own kind
+
+    def compile_for(self, items: List[dict]) -> None:
+        """With ``--compile``: make the compiled graphs hold the longest prompt plus its new tokens,
+        before any timed run (a larger cache is a new set of graphs); counted in ``compile_seconds``."""
+        from utils.compiled import compile_wanted, prepare
+
+        longest = max(len(item["prompt"]) for item in items) + self.args.max_new_tokens
+        for role, model in (("target", self.target), ("drafter", self.drafter)):
+            if model is not None and compile_wanted(model):
+                seconds = prepare(model, longest, lambda text: print(f"{role}: {text} ...", file=sys.stderr))
+                self.compile_seconds[role] = self.compile_seconds.get(role, 0.0) + seconds
+
+    def compile_report(self) -> str:
+        """The report's line on start-up compilation (never inside a timed run); empty without ``--compile``."""
+        if not self.compile_seconds:
+            return ""
+        spent = ", ".join(f"{role} {seconds:.1f} s" for role, seconds in self.compile_seconds.items())
+        return f"\n## compilation\n\nCompiled at start-up, outside every timed run: {spent}.\n"
 
     def items(self, rows: List[dict]) -> List[dict]:
         """One item per turn; a second turn follows the target's greedy answer to the first."""
@@ -573,6 +590,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     if not bench.greedy:
         configs = [c for c in configs if not c.strategy.peer]  # transformers peers: greedy only
     items = bench.items(rows)
+    bench.compile_for(items)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"{len(items)} prompts x {len(configs)} configurations x {args.repeats} repeats, {args.max_new_tokens} new tokens",
@@ -614,7 +632,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     title = (f"{bench.target_label}" + (f" + drafter {bench.drafter_label}" if bench.drafter_label else "")
              + f" · {args.processor} · {args.max_new_tokens} new tokens · {args.repeats} repeat(s)"
              + f" · policy: {bench.settings.policy.describe()}")
-    extra = ""
+    extra = bench.compile_report()
     if args.verify_cost:
         costs = bench.verify_cost()
         extra = ("\n## cost of a verification pass over r positions (r - 1 drafts), relative to r = 1\n\n"

@@ -169,9 +169,9 @@ class Repl:
         """Greedy: one line for each strategy whose tokens differ from target AR's, saying whether
         the difference is a rounding near-tie or a disagreement (``sampling.divergence``)."""
         from sampling.divergence import NEAR_TIE, classify_divergence
-        from utils.caching import KVCacheModel
+        from utils.compiled import make_runner
 
-        replayed = lambda model: KVCacheModel(model, self.settings.use_cache)  # noqa: E731 (the runner the strategies ran: /cache)
+        replayed = lambda model: make_runner(model, self.settings.use_cache)  # noqa: E731 (the runner the strategies ran: /cache, --compile)
         reference = next((r.tokens for s, r in results if s.baseline), None)
         if self.processor_name != "greedy" or self.settings.encoder_decoder or reference is None:
             return
@@ -312,7 +312,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     console.print(Text("Speculative Decoding", style="bold red"), Text(" REPL ", style="white on red"))
     try:
         pair = load_pair(args.target, args.drafter, args.device, args.drafter_device, args.dtype, args.quantize,
-                         args.drafter_quantize, args.trust_remote_code, args.cache, args.prepack == "on", say)
+                         args.drafter_quantize, args.trust_remote_code, args.cache, args.prepack, say, args.compile)
     except SetupError as error:
         fail(str(error))
     console.print(Text("Target: ", style="bold") + Text(describe(pair.target, pair.target_label, pair.quantize)))

@@ -7,8 +7,8 @@ as ``error: ...`` and exits 1, the benchmark exits with it.
 """
 import argparse
 import sys
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from utils.parsing import UsageError, flag_type, parse_int, parse_processor
 
@@ -45,10 +45,12 @@ def add_shared_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache", choices=["static", "dynamic"], help="KV cache kind of our runners: static "
                         "(preallocated, rolled back by moving the write position) or the model's dynamic cache "
                         "(default: static on CUDA, the measured default on CPU)")
-    parser.add_argument("--prepack", choices=["on", "off"], default="on", help="float32 CPU linear layers run from a copy of "
-                        "their weights reordered once for oneDNN (same logits up to rounding, about twice as fast on x86); "
-                        "the copy is swapped into the model's module dicts during each pass of our runners and the model's "
-                        "own layers are put back after each pass (default on)")
+    parser.add_argument("--prepack", choices=["auto", "on", "off"], default="auto", help="float32 CPU linear layers of our eager "
+                        "runners run from a copy of their weights reordered once for oneDNN (same logits up to rounding; faster "
+                        "on some CPUs, slower on others); auto measures both at start-up and keeps the faster (default auto)")
+    parser.add_argument("--compile", action="store_true", help="our runners' decoding and verification passes compiled with "
+                        "torch.compile over a static cache (inductor with frozen weights on CPU, CUDA graphs on CUDA), "
+                        "compiled once at start-up and reported apart; transformers' static-cache peer is compiled too")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow model code from the Hub (off: it runs code you have not read)")
     parser.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     parser.add_argument("--processor", default="greedy", help='sampling, as the REPL\'s /processor takes it, e.g. "nucleus 0.6 0.9" (default greedy)')
@@ -79,6 +81,7 @@ class Pair:
     drafter: Optional["Module"] = None
     drafter_label: str = ""
     drafter_quantize: str = "none"
+    compile_seconds: Dict[str, float] = field(default_factory=dict)  # role -> seconds spent compiling at start-up
 
     @property
     def encoder_decoder(self) -> bool:
@@ -126,14 +129,20 @@ def _check_drafter(pair: Pair, drafter_tokenizer) -> None:
 def load_pair(
     target: Optional[str], drafter: Optional[str], device: Optional[str] = None, drafter_device: Optional[str] = None,
     dtype: str = "auto", quantize: str = "none", drafter_quantize: Optional[str] = None, trust_remote_code: bool = False,
-    cache: Optional[str] = None, prepack: bool = True, say: Say = to_stderr,
+    cache: Optional[str] = None, prepack: bool | str = "auto", say: Say = to_stderr, compile: bool = False,
+    compile_length: int = 1000,
 ) -> Pair:
     """Load the target (None: the embedded model) and the drafter (None: none; ``layers:N``: the
     first N layers of the target), check that the drafter can draft for the target, and set
-    the KV-cache kind (``set_cache``) and the prepacking (``set_prepack``) of both."""
+    the KV-cache kind (``set_cache``), the prepacking (``set_prepack``; "auto": measured,
+    ``choose_prepack``) and the compilation (``set_compile``) of both. With ``compile``, every
+    pass shape is compiled here for sequences of ``compile_length`` positions, before anything is
+    timed; ``Pair.compile_seconds`` says how long it took."""
     import torch
 
+    from sampling.calibration import choose_prepack
     from utils.caching import set_cache, set_prepack
+    from utils.compiled import prepare, set_compile, why_not_compiled
     from utils.models import resolve_device
 
     torch.set_grad_enabled(False)
@@ -155,20 +164,42 @@ def load_pair(
                                                                     trust_remote_code, model)
         pair.drafter_quantize = drafter_quantize
         _check_drafter(pair, drafter_tokenizer)
-    for model in (pair.target, pair.drafter):
-        if model is not None:
-            set_cache(model, cache)
-            set_prepack(model, prepack)
+    for role, model in (("target", pair.target), ("drafter", pair.drafter)):
+        if model is None:
+            continue
+        set_cache(model, cache)
+        reason = why_not_compiled(model) if compile else None
+        set_compile(model, compile and reason is None)
+        if reason is not None:
+            say(f"--compile: the {role} runs eagerly: {reason}", "red")
+        if compile and reason is None:
+            set_prepack(model, False)  # the compiler packs the weights for this CPU itself
+            seconds = prepare(model, compile_length, lambda text: say(f"{role}: {text} ...", "dim"))
+            pair.compile_seconds[role] = seconds
+            say(f"Compiled the {role} in {seconds:.1f} s (outside every timed run)")
+        elif prepack == "auto":
+            model._specdec_prepack_note = choose_prepack(model)
+        else:
+            set_prepack(model, prepack in (True, "on"))
     return pair
 
 
 def describe(model: "Module", label: str, quantize: str) -> str:
-    """One line: the model, where it runs, its weights, its KV cache and whether its linear layers are prepacked."""
+    """One line: the model, where it runs, its weights, its KV cache, its runner (compiled or eager)
+    and, eager, whether its linear layers are prepacked (with the measurement that chose it)."""
     from utils.caching import prepacked_linears, runner_cache
 
     if getattr(model, "_specdec_quantization", None):
         quantize += " (CPU weight-only kernels, bfloat16 activations)"
-    line = f"{label} · {next(model.parameters()).device} · {model.dtype} · quantization {quantize} · {runner_cache(model)} KV cache"
+    from utils.compiled import compile_wanted, compiled_label
+
+    line = f"{label} · {next(model.parameters()).device} · {model.dtype} · quantization {quantize} · "
+    if compile_wanted(model):
+        return line + f"static KV cache · {compiled_label(model)}"
+    line += f"{runner_cache(model)} KV cache · eager"
+    note = getattr(model, "_specdec_prepack_note", None)
+    if note is not None:
+        return line + f" · {note}"
     return line + (" · prepacked linears" if prepacked_linears(model) else "")
 
 

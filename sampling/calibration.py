@@ -10,7 +10,7 @@ from torch.nn import Module
 
 from sampling.common import context_window, output_vocab_size
 from sampling.draft_policy import DraftPolicy
-from utils.caching import synchronize
+from utils.caching import KVCacheModel, prepacked_linears, set_prepack, synchronize
 from utils.compiled import make_runner
 
 # Cost-aware pausing threshold of the calibrated policy: drafting pauses while a drafting step
@@ -102,3 +102,29 @@ def calibrated_policy(target: Module, min_gain: float = DEFAULT_MIN_GAIN, drafte
         return DraftPolicy(min_gain=min_gain, draft_cost=draft_cost, calibration=note, **policy)
     note = f"Verification cost by positions 1..{len(costs)}: {shown}"
     return DraftPolicy(min_gain=min_gain, row_costs=costs, draft_cost=draft_cost, calibration=note, **policy)
+
+
+class _PrepackTimer(_Timer):
+    """A ``_Timer`` whose runner computes the linear layers from prepacked copies or from the model's own."""
+
+    def __init__(self, model: Module, context: int, prepack: bool):
+        self.model, self.context = model, context
+        self.ids = torch.randint(output_vocab_size(model), (1, context + 1), generator=torch.Generator().manual_seed(0))
+        self.runner = KVCacheModel(model, True, prepack=prepack)
+        self.runner(self.ids[:, :context], 1)
+
+
+@torch.no_grad()
+def choose_prepack(model: Module, context: int = 64, repeats: int = 7) -> str:
+    """Measure one-position cached passes of ``model`` with its float32 CPU linear layers prepacked
+    (``utils.caching.PrepackedLinear``) and with its own, set the faster (``set_prepack``) and
+    return one line saying what was measured. Prepacking is kept only when at least 5% faster
+    (it costs a copy of the weights). Nothing to measure (other dtypes, devices): off, and says so."""
+    if not prepacked_linears(model, True):
+        set_prepack(model, False)
+        return "no float32 CPU linear layers to prepack"
+    packed, own = _medians([(_PrepackTimer(model, context, True), 1), (_PrepackTimer(model, context, False), 1)], repeats)
+    chosen = packed < 0.95 * own
+    set_prepack(model, chosen)
+    verdict = "prepacked linears" if chosen else "the model's own linears"
+    return f"{verdict} (measured {packed * 1e3:.1f} ms a pass prepacked, {own * 1e3:.1f} ms its own)"

@@ -24,7 +24,6 @@ from torch import Tensor
 from torch.nn import Module
 
 from sampling.config import Observer, Step
-from utils.caching import KVCacheModel
 
 NEAR_TIE, DISAGREEMENT = "near-tie", "disagreement"
 
@@ -32,9 +31,12 @@ NEAR_TIE, DISAGREEMENT = "near-tie", "disagreement"
 Pass = Tuple[int, int, Sequence[int], int]
 
 
-def default_runner(model: Module) -> KVCacheModel:
-    """The runner the loops use: a ``KVCacheModel`` with its cache on (the model's cache kind and prepacking)."""
-    return KVCacheModel(model, True)
+def default_runner(model: Module):
+    """The runner the loops use with the cache on: the model's cache kind, prepacking and
+    compilation (``utils.compiled.make_runner``)."""
+    from utils.compiled import make_runner
+
+    return make_runner(model, True)
 
 
 class PassRecorder(Observer):
@@ -123,7 +125,7 @@ def classify_divergence(
 ) -> Divergence | None:
     """Classify the first difference between target AR's new tokens and a greedy strategy's
     (None when they are equal). ``passes``: the strategy's target passes (``PassRecorder.passes``).
-    ``runner_factory`` makes a fresh runner for each computation (default ``KVCacheModel(model, True)``);
+    ``runner_factory`` makes a fresh runner for each computation (default: the loops' own, ``default_runner``);
     any runner with the loop's interface (``runner(ids, n_last)``, ``rollback``, ``cache_kind``) fits."""
     if getattr(model.config, "is_encoder_decoder", False):
         raise ValueError("classify_divergence replays decoder-only models only")

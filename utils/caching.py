@@ -72,20 +72,18 @@ def synchronize(model: Module) -> None:
         torch.mps.synchronize()
 
 
-# oneDNN picks the blocked weight layout for this many rows; measured on the 2-core x86 machine
-# (SmolLM2-135M, ms per pass over 1 / 2 / 4 / 6 positions): hint 1: 29.7 / 36.8 / 36.0 / 37.9,
-# hint 8: 22.5 / 25.1 / 27.1 / 28.4, the model's own MKL path: 45.7 / 74.0 / 70.8 / 70.8.
+# oneDNN's blocked weight layout is chosen for passes of this many rows (verification passes);
+# whether prepacking pays at all is measured on the machine that runs it (``choose_prepack``).
 _ROW_HINT = 8
 
 
 class PrepackedLinear(Module):
     """A float32 CPU ``nn.Linear`` computed by oneDNN from a copy of its weight reordered once.
 
-    On x86 CPUs MKL repacks the weight of every ``nn.Linear`` at every call with more than one row,
-    so a pass over 2-8 positions costs 1.5x a one-position pass and a decoding step is memory
-    bound twice over. With every linear layer prepacked a SmolLM2-135M step on the 2-core test
-    machine goes from ~45 to ~23 ms and verifying 4-6 positions costs ~1.2x one. Same result up to
-    float32 rounding (~1e-5); costs one extra copy of the weights.
+    Where MKL is slow (it repacks weights at every call on some x86 CPUs, and takes a generic path
+    on others) this halves a float32 step; where it is not, oneDNN's path is slower. So it is a
+    per-machine choice, measured at start-up (``sampling.calibration.choose_prepack``), never a
+    default. Same result up to float32 rounding (~1e-5); costs one extra copy of the weights.
     """
 
     def __init__(self, linear: torch.nn.Linear):
@@ -130,19 +128,20 @@ Swap = Tuple[Dict[str, Module], str, PrepackedLinear, torch.nn.Linear]
 
 def set_prepack(model: Module, on: bool) -> None:
     """Whether every runner of ``model`` computes its float32 CPU linear layers from prepacked
-    copies (``PrepackedLinear``) from now on; on by default. The REPL's and the benchmark's ``--prepack``."""
+    copies (``PrepackedLinear``) from now on; off by default. The REPL's and the benchmark's
+    ``--prepack`` (``auto``, their default, measures which is faster: ``choose_prepack``)."""
     model._specdec_prepack = bool(on)
 
 
 def prepacked_linears(model: Module, on: bool | None = None) -> List[Swap]:
     """The model's plain float32 CPU ``nn.Linear`` layers with their prepacked copies; [] when none.
 
-    ``on``: None follows the model's setting (``set_prepack``, default on). Disabled without
+    ``on``: None follows the model's setting (``set_prepack``, default off). Disabled without
     oneDNN, or when the copies would take more than a quarter of the machine's memory. Quantized,
     hooked (accelerate) or non-CPU layers, and other dtypes, keep the model's own modules. A copy
     is remade when its layer's parameters change.
     """
-    if not (getattr(model, "_specdec_prepack", True) if on is None else on) or not _can_prepack():
+    if not (getattr(model, "_specdec_prepack", False) if on is None else on) or not _can_prepack():
         return []
     found = []
     for parent in model.modules():
@@ -253,9 +252,9 @@ class KVCacheModel:
 
     For an encoder-decoder model, pass the encoder's ``encoder_input_ids``: the encoder runs once
     and ``ids`` are then decoder tokens. With ``prepack`` (None: the model's setting, ``set_prepack``,
-    default on), the float32 CPU linear layers run as ``PrepackedLinear`` during this runner's passes
-    (same logits up to rounding, about twice as fast on x86 CPUs); the model's own modules are back
-    in place after every pass.
+    default off), the float32 CPU linear layers run as ``PrepackedLinear`` during this runner's passes
+    (same logits up to rounding; faster on some CPUs, slower on others); the model's own modules are
+    back in place after every pass.
     """
 
     def __init__(

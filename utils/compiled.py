@@ -74,8 +74,8 @@ class _Compiled:
         import torch._dynamo
 
         # one graph per bucket and capacity, for every model of the session: past the default limit of 8
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 512)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
+        torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
         self.model = model
         self.device = model_device(model)
         self.cuda = self.device.type == "cuda"
@@ -248,6 +248,16 @@ def prepare(model: Module, length: int = MIN_CAPACITY - BUCKETS[-1], say: Callab
             runner(ids[:, :size], size)
             runner.rollback(0)
     return state.compile_seconds - before
+
+
+def compiled_label(model: Module) -> str:
+    """How ``model``'s passes run, for the header lines: "compiled (...)"."""
+    state = _STATE.get(model)
+    cuda = model_device(model).type == "cuda"
+    how = "CUDA graphs" if cuda else "inductor, frozen weights"
+    shapes = f", passes of {'/'.join(map(str, BUCKETS))} positions"
+    capacity = f", cache of {state.capacity} positions" if state is not None and state.capacity else ""
+    return f"compiled ({how}{shapes}{capacity})"
 
 
 def compiled_graphs() -> Dict[str, int]:

@@ -1,0 +1,117 @@
+"""Compiled passes (utils.compiled) change nothing but speed: every strategy greedy exact and sampled
+token for token as the eager runner in float64, rollbacks and padded buckets exact, and no graph
+is ever built in steady state. Two buckets (1 and 4) keep the compile time of the suite short;
+passes over 2-3 positions are padded to 4 and longer ones run eagerly, as prompts do."""
+import pytest
+import torch
+import torch._dynamo
+
+import utils.compiled as compiled
+from conftest import EOS_NEVER, PROMPT, llama, perturbed_copy, t5
+from ngram_assisted import NGramStorage, chained_speculative_generate, ngram_assisted_speculative_generate
+from sampling import autoregressive_generate, prompt_lookup_generate, speculative_generate
+from utils.caching import KVCacheModel
+from utils.compiled import CompiledRunner, compile_events, make_runner, prepare, set_compile, why_not_compiled
+from utils.logits_processor import NucleusProcessor
+
+LENGTH = 40
+
+
+@pytest.fixture(scope="module")
+def models():
+    """A target and a drafter, each compiled once for the whole module, with buckets 1 and 4."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compiled, "BUCKETS", (1, 4))
+        patch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
+        target = llama(layers=2, window=512)
+        drafter = perturbed_copy(target, 0.2, seed=1)
+        for model in (target, drafter):
+            prepare(model, 200)
+        yield target, drafter
+
+
+def run_all(target, drafter, compile, processor=None, prompt=PROMPT):
+    common = dict(max_gen_len=LENGTH, eos_tokens_id=EOS_NEVER, use_cache=True, compile=compile)
+    if processor is not None:
+        common["logits_processor"] = processor
+    vocab = target.config.vocab_size
+    runs = {}
+    for name, generate in {
+        "target": lambda: autoregressive_generate(prompt, target, **common),
+        "speculative": lambda: speculative_generate(prompt, drafter, target, gamma=3, **common)[0],
+        "ngram": lambda: ngram_assisted_speculative_generate(prompt, NGramStorage(2, vocab), target, gamma=3, **common)[0],
+        "pld": lambda: prompt_lookup_generate(prompt, target, num_pred_tokens=5, **common)[0],
+        "chained": lambda: chained_speculative_generate(prompt, NGramStorage(2, vocab), drafter, target, gamma=2, **common)[0],
+    }.items():
+        torch.manual_seed(7)
+        runs[name] = generate()
+    return runs
+
+
+def test_every_strategy_compiled_is_greedy_exact_and_equals_the_eager_runs(models):
+    target, drafter = models
+    compiled_runs = run_all(target, drafter, True)
+    eager_runs = run_all(target, drafter, False)
+    assert all(len(tokens) == LENGTH for tokens in compiled_runs.values())
+    assert all(tokens == compiled_runs["target"] for tokens in compiled_runs.values()), compiled_runs
+    assert compiled_runs == eager_runs
+
+
+def test_sampled_runs_compiled_draw_the_same_tokens_as_eager_ones(models):
+    """Same logits up to float64 rounding, same seed: the same samples, so the same distribution."""
+    target, drafter = models
+    processor = NucleusProcessor(temperature=1.0, top_p=0.9)
+    assert run_all(target, drafter, True, processor) == run_all(target, drafter, False, processor)
+
+
+def test_steady_state_builds_no_graph_across_prompts_strategies_and_runners(models):
+    target, drafter = models
+    run_all(target, drafter, True)
+    built = len(compile_events)
+    for prompt in (PROMPT[:3], PROMPT * 3, [9] * 30):
+        run_all(target, drafter, True, prompt=prompt)
+    assert len(compile_events) == built
+
+
+def test_logits_match_the_eager_static_runner_through_padding_rollbacks_and_eager_prompts(models):
+    target, _ = models
+    ids = torch.randint(target.config.vocab_size, (1, 120), generator=torch.Generator().manual_seed(3))
+    fast, slow = CompiledRunner(target), KVCacheModel(target, True, cache="static")
+    cached = 0
+    for length, keep in [(20, 20), (21, 21), (23, 22), (26, 24), (30, 30), (33, 31), (34, 34), (60, 41), (62, 62)]:
+        rows = length - cached
+        torch.testing.assert_close(fast(ids[:, :length], rows), slow(ids[:, :length], rows), rtol=1e-6, atol=1e-8)
+        fast.rollback(keep)
+        slow.rollback(keep)
+        cached = keep
+
+
+def test_a_dropped_runner_gives_its_cache_back_for_the_next(models):
+    target, _ = models
+    first = CompiledRunner(target)
+    first(torch.tensor([PROMPT]), 1)
+    cache = first.cache
+    del first
+    second = CompiledRunner(target)
+    second(torch.tensor([PROMPT]), 1)
+    assert second.cache is cache
+
+
+def test_compile_is_off_by_default_and_follows_set_compile(models):
+    target, _ = models
+    assert isinstance(make_runner(target), KVCacheModel)
+    assert isinstance(make_runner(target, compile=True), CompiledRunner)
+    set_compile(target, True)
+    try:
+        assert isinstance(make_runner(target), CompiledRunner)
+        assert isinstance(make_runner(target, use_cache=False), KVCacheModel)  # no cache: nothing to compile over
+    finally:
+        set_compile(target, False)
+
+
+def test_models_that_cannot_compile_say_why_and_run_eagerly():
+    model = t5()
+    assert "encoder-decoder" in why_not_compiled(model)
+    assert isinstance(make_runner(model, compile=True), KVCacheModel)
+    with pytest.raises(ValueError, match="encoder-decoder"):
+        CompiledRunner(model)
