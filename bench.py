@@ -107,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="Spec-Bench format JSONL (default: the shipped set)")
     p.add_argument("--categories", help="comma-separated categories to keep")
     p.add_argument("--limit", type=flag_type("--limit", "limit"), help="at most this many prompts per category")
+    p.add_argument("--preset", choices=["embedded", "pair"], help="a known model pair, as the REPL's; other flags override it. "
+                   "pair: Qwen2.5-Coder-1.5B-Instruct with its 0.5B sibling (install: make fetch-pair), dtype chosen by measurement")
     add_shared_flags(p)
     p.add_argument("--quantize", default="none", choices=["none", "int8", "int4"],
                    help="target (and drafter) weights: on CPU weight-only int8/int4 kernels, on CUDA bitsandbytes/quanto")
@@ -210,18 +212,21 @@ def first_divergence(a: List[int], b: List[int]) -> Optional[int]:
 
 class Bench:
     def __init__(self, args, processor, greedy: bool):
-        from session import SetupError, build_settings, describe, load_pair
+        from session import SetupError, build_settings, describe, load_pair, pair_preset
         from sampling.common import output_vocab_size
 
         self.args = args
         self.processor, self.greedy = processor, greedy
         try:
-            pair = load_pair(args.target, args.drafter, args.device, dtype=args.dtype, quantize=args.quantize,
-                             trust_remote_code=args.trust_remote_code, cache=args.cache, prepack=args.prepack == "on")
+            preset = pair_preset() if args.preset == "pair" else {}
+            pair = load_pair(args.target or preset.get("target"), args.drafter or preset.get("drafter"), args.device, dtype=args.dtype,
+                             quantize=args.quantize, trust_remote_code=args.trust_remote_code, cache=args.cache,
+                             prepack=args.prepack == "on", measure_dtype=preset.get("measure_dtype", False))
         except SetupError as error:
             raise SystemExit(f"error: {error}") from None
         self.target, self.tokenizer, self.drafter, self.drafter_label = pair.target, pair.tokenizer, pair.drafter, pair.drafter_label
-        self.target_label = describe(pair.target, pair.target_label, pair.quantize)  # weights, cache and prepacking, as the REPL says them
+        # weights, cache and prepacking, as the REPL says them
+        self.target_label = describe(pair.target, pair.target_label, pair.quantize) + (f" · {pair.dtype_note}" if pair.dtype_note else "")
         self.vocab = output_vocab_size(self.target)
         self.settings = build_settings(pair, self.processor, length=args.max_new_tokens, calibrate=not args.no_calibrate,
                                        adaptive=args.adaptive, pause=args.pause, min_gain=args.min_gain, remember=args.policy_memory)
