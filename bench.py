@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_PROMPTS = ROOT / "bench_prompts.jsonl"
+CODE_EDITING = ROOT / "prompts" / "code_editing.jsonl"  # rename, document, refactor, fix: the whole code returned
 DEFAULT_STRATEGIES = "target,ngram,pld,speculative,chained,drafter,hf_generate,hf_generate_static,hf_assisted,hf_prompt_lookup"
 
 
@@ -104,7 +105,8 @@ def pause_spec(text: str) -> List[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="Spec-Bench format JSONL (default: the shipped set)")
+    p.add_argument("--prompts", nargs="+", default=[str(DEFAULT_PROMPTS)], help="Spec-Bench format JSONL files, read in turn "
+                   f"(default: the shipped set; {CODE_EDITING.relative_to(ROOT)}: the code-editing category)")
     p.add_argument("--categories", help="comma-separated categories to keep")
     p.add_argument("--limit", type=flag_type("--limit", "limit"), help="at most this many prompts per category")
     p.add_argument("--preset", choices=["embedded", "pair"], help="a known model pair, as the REPL's; other flags override it. "
@@ -138,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=flag_type("--max-new-tokens", "length"), default=128, help="new tokens per run (default 128)")
     p.add_argument("--repeats", type=flag_type("--repeats", "repeats"), default=1, help="timed repeats of every run (default 1)")
     p.add_argument("--out", default="results", help="output folder (default results/)")
+    p.add_argument("--specbench-out", metavar="DIR", help="also write, per configuration, Spec-Bench's model-answer JSONL "
+                   "(first repeat) for its evaluation/speed.py and equal.py")
     p.add_argument("--replay", action="store_true", help="only replay the prompts (or --corpus) through n-gram storages")
     p.add_argument("--corpus", help="with --replay: a text file to replay instead of the prompts")
     p.add_argument("--verify-cost", action="store_true", help="also time one target pass verifying k tokens against k = 1")
@@ -149,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-DEFAULT_GROUP = ("input-grounded", ("summarization", "rag", "coding", "extraction"))
+DEFAULT_GROUP = ("input-grounded", ("summarization", "rag", "coding", "extraction", "code_editing"))
 
 
 def group_spec(text: str) -> tuple:
@@ -160,9 +164,18 @@ def group_spec(text: str) -> tuple:
     return name.strip(), members
 
 
-def load_prompts(path: str, categories: Optional[str], limit: Optional[int]) -> List[dict]:
+def load_prompts(paths: str | List[str], categories: Optional[str], limit: Optional[int]) -> List[dict]:
     rows, seen = [], defaultdict(int)
     wanted = set(categories.split(",")) if categories else None
+    for path in [paths] if isinstance(paths, str) else paths:
+        rows += _read_prompts(path, wanted, limit, seen)
+    if not rows:
+        raise SystemExit("error: no prompt left after --categories/--limit")
+    return rows
+
+
+def _read_prompts(path: str, wanted: Optional[set], limit: Optional[int], seen: Dict[str, int]) -> List[dict]:
+    rows = []
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
@@ -179,8 +192,6 @@ def load_prompts(path: str, categories: Optional[str], limit: Optional[int]) -> 
                 continue
             seen[category] += 1
             rows.append({"question_id": row.get("question_id", number), "category": category, "turns": turns})
-    if not rows:
-        raise SystemExit("error: no prompt left after --categories/--limit")
     return rows
 
 
@@ -586,7 +597,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                     "prompt_tokens": len(item["prompt"]), "new_tokens": len(result.tokens), "seconds": result.seconds,
                     "tokens_per_s": result.tokens_per_second, "drafted": st.drafted, "accepted": st.accepted,
                     "target_passes": st.target_forward_passes, "drafted_at": st.drafted_at, "accepted_at": st.accepted_at,
-                    "paused_steps": st.paused_steps, "tokens": result.tokens,
+                    "paused_steps": st.paused_steps, "tokens": result.tokens, "steps": st.emitted_by_step,
+                    "text": bench.tokenizer.decode(result.tokens, skip_special_tokens=True),
                     "diverged_at": first_divergence(result.tokens, reference) if bench.greedy and not config.strategy.drafter_ar else None,
                 }
                 if record["diverged_at"] is not None:
@@ -610,6 +622,11 @@ def main(argv: Optional[List[str]] = None) -> None:
         extra += "\n## time outside model forward passes (first prompt)\n\n| strategy | share |\n| --- | ---: |\n"
         extra += "".join(f"| {label} | {share:.1%} |\n" for label, share in shares.items())
     write_reports(records, out, title, extra, args.group or (DEFAULT_GROUP,))
+    if args.specbench_out:
+        from utils.specbench import write_answers
+
+        written = write_answers(records, Path(args.specbench_out), Path(bench.target_label.split(" · ")[0]).stem)
+        print(f"wrote {len(written)} Spec-Bench answer files under {args.specbench_out}", file=sys.stderr)
 
 
 def llama_cpp_tokens_per_s(binary: str, gguf: str, new_tokens: int, depth: int, threads: int) -> float:
