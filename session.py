@@ -111,18 +111,18 @@ def _load(role: str, name: Optional[str], where: str, dtype: str, quantize: str,
         raise SetupError(f"could not load the {role} '{name or 'embedded'}': {first_line(error)}") from None
 
 
-def _measured_dtype(target: str, device: str, say: Say) -> Tuple[str, str]:
+def _measured_dtype(target: str, device: str, prepack: bool, say: Say) -> Tuple[str, str]:
     """``(dtype, reason)`` for ``--dtype auto`` on a model worth measuring (``--preset pair``)."""
     from pathlib import Path
 
-    from utils.cpu_dtype import choose_cpu_dtype, model_shape
+    from utils.cpu_dtype import choose_for_folder
     from utils.models import gguf_model_dir
 
     if device != "cpu":
         return "bfloat16", "bfloat16 (--dtype auto on an accelerator)"
     try:
         folder = gguf_model_dir(Path(target), lambda text: say(text, "dim")) if target.endswith(".gguf") else target
-        return choose_cpu_dtype(*model_shape(folder))
+        return choose_for_folder(folder, prepack)
     except (Exception, KeyboardInterrupt) as error:
         raise SetupError(f"could not measure a dtype for '{target}': {first_line(error)}") from None
 
@@ -175,7 +175,7 @@ def load_pair(
     say(f"Loading target: {target or 'embedded SmolLM2-135M-Instruct'} ...", "dim")
     note = ""
     if measure_dtype and dtype == "auto" and target is not None:
-        dtype, note = _measured_dtype(target, device, say)
+        dtype, note = _measured_dtype(target, device, prepack, say)
     model, tokenizer, label = _load("target", target, device, dtype, quantize, trust_remote_code, say=say)
     pair = Pair(model, tokenizer, label, quantize, dtype_note=note)
     if drafter is not None:

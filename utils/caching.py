@@ -122,6 +122,11 @@ def _physical_memory() -> int:
         return 0
 
 
+def prepack_fits(size: int) -> bool:
+    """Whether float32 linear layers of ``size`` bytes would be prepacked (``prepacked_linears``' limits)."""
+    return _can_prepack() and 0 < size <= _physical_memory() // 4
+
+
 _PREPACKED: "weakref.WeakKeyDictionary[Module, PrepackedLinear]" = weakref.WeakKeyDictionary()
 
 # (the parent's submodule dict, the child's name, the prepacked layer, the model's own layer)
