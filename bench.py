@@ -574,6 +574,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     print(f"{len(items)} prompts x {len(configs)} configurations x {args.repeats} repeats, {args.max_new_tokens} new tokens",
           file=sys.stderr)
+    if args.compile and any(c.key == "hf_generate_static" for c in configs):
+        print("Compiling transformers' static-cache generate (in the excluded warm-up) ...", file=sys.stderr)
     for config in configs:  # warm-up, excluded
         bench.run(config, items[0]["prompt"][:32])
     bench.policies.clear()  # the warm-up leaves nothing in a policy's memory
