@@ -34,3 +34,17 @@ def test_greedy_speculative_decoding_on_the_pair_equals_target_autoregressive(qw
     assert out == reference and len(out) == LENGTH
     assert "total" in loaded.tokenizer.decode(out)
     assert stats.accepted > 0  # a real drafter of the same family: most drafts are right
+
+
+def test_the_repl_starts_on_the_pair_with_speculative_decoding_and_names_its_dtype():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "infer.py", "--preset", "pair", "--no-calibrate", "--length", "4", "--prompt", "Say hi"],
+                            cwd=root, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    target_line = next(line for line in result.stdout.splitlines() if line.startswith("Target:"))
+    assert "by measurement:" in target_line and ("torch.bfloat16" in target_line) == ("bfloat16 by measurement" in target_line)
+    assert "Speculative" in result.stdout and "\r" not in result.stdout + result.stderr  # no progress bar off a terminal
