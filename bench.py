@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_PROMPTS = ROOT / "bench_prompts.jsonl"
+CODE_EDITING = ROOT / "prompts" / "code_editing.jsonl"  # rename, document, refactor, fix: the whole code returned
 DEFAULT_STRATEGIES = "target,ngram,pld,speculative,chained,drafter,hf_generate,hf_generate_static,hf_assisted,hf_prompt_lookup"
 
 
@@ -105,9 +106,12 @@ def pause_spec(text: str) -> List[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="Spec-Bench format JSONL (default: the shipped set)")
+    p.add_argument("--prompts", nargs="+", default=[str(DEFAULT_PROMPTS)], help="Spec-Bench format JSONL files, read in turn "
+                   f"(default: the shipped set; {CODE_EDITING.relative_to(ROOT)}: the code-editing category)")
     p.add_argument("--categories", help="comma-separated categories to keep")
     p.add_argument("--limit", type=flag_type("--limit", "limit"), help="at most this many prompts per category")
+    p.add_argument("--preset", choices=["embedded", "pair"], help="a known model pair, as the REPL's; other flags override it. "
+                   "pair: Qwen2.5-Coder-1.5B-Instruct with its 0.5B sibling (install: make fetch-pair), dtype chosen by measurement")
     add_shared_flags(p)
     p.add_argument("--quantize", default="none", choices=["none", "int8", "int4"],
                    help="target (and drafter) weights: on CPU weight-only int8/int4 kernels, on CUDA bitsandbytes/quanto")
@@ -134,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=flag_type("--max-new-tokens", "length"), default=128, help="new tokens per run (default 128)")
     p.add_argument("--repeats", type=flag_type("--repeats", "repeats"), default=1, help="timed repeats of every run (default 1)")
     p.add_argument("--out", default="results", help="output folder (default results/)")
+    p.add_argument("--specbench-out", metavar="DIR", help="also write, per configuration, Spec-Bench's model-answer JSONL "
+                   "(first repeat) for its evaluation/speed.py and equal.py")
     p.add_argument("--replay", action="store_true", help="only replay the prompts (or --corpus) through n-gram storages")
     p.add_argument("--corpus", help="with --replay: a text file to replay instead of the prompts")
     p.add_argument("--verify-cost", action="store_true", help="also time one target pass verifying k tokens against k = 1")
@@ -147,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-DEFAULT_GROUP = ("input-grounded", ("summarization", "rag", "coding", "extraction"))
+DEFAULT_GROUP = ("input-grounded", ("summarization", "rag", "coding", "extraction", "code_editing"))
 
 
 def group_spec(text: str) -> tuple:
@@ -158,9 +164,18 @@ def group_spec(text: str) -> tuple:
     return name.strip(), members
 
 
-def load_prompts(path: str, categories: Optional[str], limit: Optional[int]) -> List[dict]:
+def load_prompts(paths: str | List[str], categories: Optional[str], limit: Optional[int]) -> List[dict]:
     rows, seen = [], defaultdict(int)
     wanted = set(categories.split(",")) if categories else None
+    for path in [paths] if isinstance(paths, str) else paths:
+        rows += _read_prompts(path, wanted, limit, seen)
+    if not rows:
+        raise SystemExit("error: no prompt left after --categories/--limit")
+    return rows
+
+
+def _read_prompts(path: str, wanted: Optional[set], limit: Optional[int], seen: Dict[str, int]) -> List[dict]:
+    rows = []
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
@@ -177,8 +192,6 @@ def load_prompts(path: str, categories: Optional[str], limit: Optional[int]) -> 
                 continue
             seen[category] += 1
             rows.append({"question_id": row.get("question_id", number), "category": category, "turns": turns})
-    if not rows:
-        raise SystemExit("error: no prompt left after --categories/--limit")
     return rows
 
 
@@ -210,21 +223,23 @@ def first_divergence(a: List[int], b: List[int]) -> Optional[int]:
 
 class Bench:
     def __init__(self, args, processor, greedy: bool):
-        from session import SetupError, build_settings, describe, load_pair
+        from session import SetupError, build_settings, describe, load_pair, pair_preset
         from sampling.common import output_vocab_size
         from sampling.divergence import default_runner
 
         self.args = args
         self.processor, self.greedy = processor, greedy
         try:
-            pair = load_pair(args.target, args.drafter, args.device, dtype=args.dtype, quantize=args.quantize,
-                             trust_remote_code=args.trust_remote_code, cache=args.cache, prepack=args.prepack,
-                             compile=args.compile)
+            preset = pair_preset() if args.preset == "pair" else {}
+            pair = load_pair(args.target or preset.get("target"), args.drafter or preset.get("drafter"), args.device, dtype=args.dtype,
+                             quantize=args.quantize, trust_remote_code=args.trust_remote_code, cache=args.cache,
+                             prepack=args.prepack, compile=args.compile, measure_dtype=preset.get("measure_dtype", False))
         except SetupError as error:
             raise SystemExit(f"error: {error}") from None
         self.target, self.tokenizer, self.drafter, self.drafter_label = pair.target, pair.tokenizer, pair.drafter, pair.drafter_label
         self.compile_seconds = pair.compile_seconds  # role -> seconds, start-up compilation
-        self.target_label = describe(pair.target, pair.target_label, pair.quantize)  # weights, cache and prepacking, as the REPL says them
+        # weights, cache, runner and prepacking, as the REPL says them
+        self.target_label = describe(pair.target, pair.target_label, pair.quantize) + (f" · {pair.dtype_note}" if pair.dtype_note else "")
         self.vocab = output_vocab_size(self.target)
         self.settings = build_settings(pair, self.processor, length=args.max_new_tokens, calibrate=not args.no_calibrate,
                                        adaptive=args.adaptive, pause=args.pause, min_gain=args.min_gain, remember=args.policy_memory)
@@ -595,6 +610,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     print(f"{len(items)} prompts x {len(configs)} configurations x {args.repeats} repeats, {args.max_new_tokens} new tokens",
           file=sys.stderr)
+    if args.compile and any(c.key == "hf_generate_static" for c in configs):
+        print("Compiling transformers' static-cache generate (in the excluded warm-up) ...", file=sys.stderr)
     for config in configs:  # warm-up, excluded
         bench.run(config, items[0]["prompt"][:32])
     bench.policies.clear()  # the warm-up leaves nothing in a policy's memory
@@ -619,7 +636,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                     "prompt_tokens": len(item["prompt"]), "new_tokens": len(result.tokens), "seconds": result.seconds,
                     "tokens_per_s": result.tokens_per_second, "drafted": st.drafted, "accepted": st.accepted,
                     "target_passes": st.target_forward_passes, "drafted_at": st.drafted_at, "accepted_at": st.accepted_at,
-                    "paused_steps": st.paused_steps, "tokens": result.tokens,
+                    "paused_steps": st.paused_steps, "tokens": result.tokens, "steps": st.emitted_by_step,
+                    "text": bench.tokenizer.decode(result.tokens, skip_special_tokens=True),
                     "diverged_at": first_divergence(result.tokens, reference) if bench.greedy and not config.strategy.drafter_ar else None,
                 }
                 record["divergence"] = None
@@ -645,6 +663,11 @@ def main(argv: Optional[List[str]] = None) -> None:
         extra += "\n## time outside model forward passes (first prompt)\n\n| strategy | share |\n| --- | ---: |\n"
         extra += "".join(f"| {label} | {share:.1%} |\n" for label, share in shares.items())
     write_reports(records, out, title, extra, args.group or (DEFAULT_GROUP,))
+    if args.specbench_out:
+        from utils.specbench import write_answers
+
+        written = write_answers(records, Path(args.specbench_out), Path(bench.target_label.split(" · ")[0]).stem)
+        print(f"wrote {len(written)} Spec-Bench answer files under {args.specbench_out}", file=sys.stderr)
     check_strict(records, args.strict)
 
 

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from repl_commands import COMMANDS, on_off
-from session import SetupError, add_shared_flags, build_settings, describe, encode, first_line, load_pair, read_processor
+from session import SetupError, add_shared_flags, build_settings, describe, encode, first_line, load_pair, pair_preset, read_processor
 from utils.parsing import MAX_LINE, UsageError, flag_type, sanitize_text
 from utils.printing import console, screen  # the one screen the REPL, the debug view and the stream share
 
@@ -28,6 +28,7 @@ PRESETS = {
         "quantize": "int8",
         "device": "cuda",
     },
+    "pair": {},  # Qwen2.5-Coder-1.5B-Instruct + 0.5B, once installed (session.pair_preset)
 }
 
 
@@ -265,7 +266,8 @@ def gamma_flag(text: str):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(description="Compare decoding strategies side by side (speculative, n-gram assisted, autoregressive).")
-    parser.add_argument("--preset", choices=sorted(PRESETS), help="a known model pair; other flags override it")
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="a known model pair; other flags override it. "
+                        "pair: Qwen2.5-Coder-1.5B-Instruct with its 0.5B sibling (install: make fetch-pair), dtype chosen by measurement")
     add_shared_flags(parser)
     parser.add_argument("--drafter-device", help="device of the drafter (default: --device; a layers:N drafter stays with the target)")
     parser.add_argument("--quantize", choices=["none", "int8", "int4"], help="quantize the target's weights: on CPU weight-only int8/int4 kernels "
@@ -291,6 +293,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset or "embedded"]
+    if args.preset == "pair":
+        try:
+            preset = pair_preset()
+        except SetupError as error:
+            fail(str(error))
     for key in ("target", "drafter", "device", "quantize"):
         if getattr(args, key) is None and key in preset:
             setattr(args, key, preset[key])
@@ -312,10 +319,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     console.print(Text("Speculative Decoding", style="bold red"), Text(" REPL ", style="white on red"))
     try:
         pair = load_pair(args.target, args.drafter, args.device, args.drafter_device, args.dtype, args.quantize,
-                         args.drafter_quantize, args.trust_remote_code, args.cache, args.prepack, say, args.compile)
+                         args.drafter_quantize, args.trust_remote_code, args.cache, args.prepack, say, args.compile,
+                         measure_dtype=preset.get("measure_dtype", False))
     except SetupError as error:
         fail(str(error))
-    console.print(Text("Target: ", style="bold") + Text(describe(pair.target, pair.target_label, pair.quantize)))
+    note = f" · {pair.dtype_note}" if pair.dtype_note else ""
+    console.print(Text("Target: ", style="bold") + Text(describe(pair.target, pair.target_label, pair.quantize) + note))
     if pair.drafter is None:
         console.print("[bold]Drafter:[/bold] none (speculative decoding off; start with --drafter MODEL to compare it)")
     else:

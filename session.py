@@ -82,6 +82,7 @@ class Pair:
     drafter_label: str = ""
     drafter_quantize: str = "none"
     compile_seconds: Dict[str, float] = field(default_factory=dict)  # role -> seconds spent compiling at start-up
+    dtype_note: str = ""  # why this dtype, when it was chosen by measurement (``--preset pair``)
 
     @property
     def encoder_decoder(self) -> bool:
@@ -99,7 +100,7 @@ def _check_device(flag: str, value: Optional[str]) -> None:
 
 
 def _load(role: str, name: Optional[str], where: str, dtype: str, quantize: str, trust_remote_code: bool,
-          target: Optional["Module"] = None) -> tuple:
+          target: Optional["Module"] = None, say: Say = to_stderr) -> tuple:
     """``(model, tokenizer, label)``; a drafter ``layers:N`` is a copy of the first N layers of ``target``,
     where ``target`` is (its tokenizer is None: the target's)."""
     from utils.models import load_model, truncated_drafter
@@ -108,9 +109,35 @@ def _load(role: str, name: Optional[str], where: str, dtype: str, quantize: str,
         if role == "drafter" and name.startswith("layers:"):
             count = parse_int(name[len("layers:"):], "--drafter layers:N", 1, 1_000_000)
             return truncated_drafter(target, count), None, f"first {count} layers of the target"
-        return load_model(name, where, dtype, quantize, trust_remote_code)
+        return load_model(name, where, dtype, quantize, trust_remote_code, say=lambda text: say(text, "dim"))
     except (Exception, KeyboardInterrupt) as error:  # one clear line, no traceback
         raise SetupError(f"could not load the {role} '{name or 'embedded'}': {first_line(error)}") from None
+
+
+def _measured_dtype(target: str, device: str, prepack: bool, say: Say) -> Tuple[str, str]:
+    """``(dtype, reason)`` for ``--dtype auto`` on a model worth measuring (``--preset pair``)."""
+    from pathlib import Path
+
+    from utils.cpu_dtype import choose_for_folder
+    from utils.models import gguf_model_dir
+
+    if device != "cpu":
+        return "bfloat16", "bfloat16 (--dtype auto on an accelerator)"
+    try:
+        folder = gguf_model_dir(Path(target), lambda text: say(text, "dim")) if target.endswith(".gguf") else target
+        return choose_for_folder(folder, prepack)
+    except (Exception, KeyboardInterrupt) as error:
+        raise SetupError(f"could not measure a dtype for '{target}': {first_line(error)}") from None
+
+
+def pair_preset() -> dict:
+    """``--preset pair``: the real drafter pair's GGUF files, with the dtype chosen by measurement;
+    SetupError saying how to install it when it is not installed."""
+    from utils.pair import DRAFTER, INSTALL_HINT, TARGET, gguf_path, installed
+
+    if not installed():
+        raise SetupError(f"the pair (Qwen2.5-Coder-1.5B-Instruct + 0.5B) is not installed: {INSTALL_HINT}")
+    return {"target": str(gguf_path(TARGET)), "drafter": str(gguf_path(DRAFTER)), "measure_dtype": True}
 
 
 def _check_drafter(pair: Pair, drafter_tokenizer) -> None:
@@ -130,14 +157,16 @@ def load_pair(
     target: Optional[str], drafter: Optional[str], device: Optional[str] = None, drafter_device: Optional[str] = None,
     dtype: str = "auto", quantize: str = "none", drafter_quantize: Optional[str] = None, trust_remote_code: bool = False,
     cache: Optional[str] = None, prepack: bool | str = "auto", say: Say = to_stderr, compile: bool = False,
-    compile_length: int = 1000,
+    compile_length: int = 1000, measure_dtype: bool = False,
 ) -> Pair:
     """Load the target (None: the embedded model) and the drafter (None: none; ``layers:N``: the
     first N layers of the target), check that the drafter can draft for the target, and set
     the KV-cache kind (``set_cache``), the prepacking (``set_prepack``; "auto": measured,
     ``choose_prepack``) and the compilation (``set_compile``) of both. With ``compile``, every
     pass shape is compiled here for sequences of ``compile_length`` positions, before anything is
-    timed; ``Pair.compile_seconds`` says how long it took."""
+    timed; ``Pair.compile_seconds`` says how long it took.
+    ``measure_dtype`` with ``dtype`` auto: bfloat16 on CUDA; on CPU bfloat16 only where a matmul of
+    the target's shape measures clearly faster in it (``utils.cpu_dtype``), else float32."""
     import torch
 
     from sampling.calibration import choose_prepack
@@ -153,15 +182,18 @@ def load_pair(
     _check_device("--drafter-device", drafter_device)
     device = resolve_device(device)
     say(f"Loading target: {target or 'embedded SmolLM2-135M-Instruct'} ...", "dim")
-    model, tokenizer, label = _load("target", target, device, dtype, quantize, trust_remote_code)
-    pair = Pair(model, tokenizer, label, quantize)
+    note = ""
+    if measure_dtype and dtype == "auto" and target is not None:
+        dtype, note = _measured_dtype(target, device, prepack not in (False, "off"), say)
+    model, tokenizer, label = _load("target", target, device, dtype, quantize, trust_remote_code, say=say)
+    pair = Pair(model, tokenizer, label, quantize, dtype_note=note)
     if drafter is not None:
         say(f"Loading drafter: {drafter} ...", "dim")
         layers = drafter.startswith("layers:")
         drafter_quantize = quantize if layers else drafter_quantize or quantize
         where = resolve_device(drafter_device or device)
         pair.drafter, drafter_tokenizer, pair.drafter_label = _load("drafter", drafter, where, dtype, drafter_quantize,
-                                                                    trust_remote_code, model)
+                                                                    trust_remote_code, model, say)
         pair.drafter_quantize = drafter_quantize
         _check_drafter(pair, drafter_tokenizer)
     for role, model in (("target", pair.target), ("drafter", pair.drafter)):

@@ -10,7 +10,7 @@ from torch.nn import Module
 
 from sampling.common import context_window, output_vocab_size
 from sampling.draft_policy import DraftPolicy
-from utils.caching import KVCacheModel, prepacked_linears, set_prepack, synchronize
+from utils.caching import KVCacheModel, drop_prepacked, prepacked_linears, set_prepack, synchronize
 from utils.compiled import make_runner
 
 # Cost-aware pausing threshold of the calibrated policy: drafting pauses while a drafting step
@@ -126,5 +126,7 @@ def choose_prepack(model: Module, context: int = 64, repeats: int = 7) -> str:
     packed, own = _medians([(_PrepackTimer(model, context, True), 1), (_PrepackTimer(model, context, False), 1)], repeats)
     chosen = packed < 0.95 * own
     set_prepack(model, chosen)
+    if not chosen:
+        drop_prepacked(model)  # a copy of the weights, no longer used
     verdict = "prepacked linears" if chosen else "the model's own linears"
     return f"{verdict} (measured {packed * 1e3:.1f} ms a pass prepacked, {own * 1e3:.1f} ms its own)"

@@ -21,12 +21,14 @@ class GenerationStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     paused_steps: int = 0  # steps a DraftPolicy drafted nothing because drafts were not paying
+    emitted_by_step: list[int] = field(default_factory=list)  # tokens each step emitted (Spec-Bench's accept_lengths)
 
     def record_step(self, drafted: int, accepted: int, emitted: int) -> None:
         self.target_forward_passes += 1
         self.drafted += drafted
         self.accepted += accepted
         self.generated += emitted
+        self.emitted_by_step.append(emitted)
         grow = drafted - len(self.drafted_at)
         if grow > 0:
             self.drafted_at.extend([0] * grow)

@@ -120,6 +120,11 @@ def _physical_memory() -> int:
         return 0
 
 
+def prepack_fits(size: int) -> bool:
+    """Whether float32 linear layers of ``size`` bytes would be prepacked (``prepacked_linears``' limits)."""
+    return _can_prepack() and 0 < size <= _physical_memory() // 4
+
+
 _PREPACKED: "weakref.WeakKeyDictionary[Module, PrepackedLinear]" = weakref.WeakKeyDictionary()
 
 # (the parent's submodule dict, the child's name, the prepacked layer, the model's own layer)
@@ -161,6 +166,12 @@ def prepacked_linears(model: Module, on: bool | None = None) -> List[Swap]:
             packed = _PREPACKED[child] = PrepackedLinear(child)
         swaps.append((modules, name, packed, child))
     return swaps
+
+
+def drop_prepacked(model: Module) -> None:
+    """Free the prepacked copies of ``model``'s linear layers (after a measurement chose its own)."""
+    for layer in model.modules():
+        _PREPACKED.pop(layer, None)
 
 
 def _rollback_capable_cache(model: Module):

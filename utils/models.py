@@ -1,10 +1,12 @@
 """Loading models: the embedded SmolLM2 GGUF (converted once, then cached) and derived drafters."""
 import copy
+import functools
 import importlib.util
 import os
 import re
+import sys
 from pathlib import Path
-from typing import List
+from typing import Callable, List
 
 import torch
 from torch.nn import Module, ModuleList
@@ -30,23 +32,55 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def progress_bars() -> bool:
+    """Whether loading shows transformers' progress bars: only when stdout and stderr are terminals
+    (elsewhere each bar's carriage-return updates would fill the captured output)."""
+    return sys.stdout.isatty() and sys.stderr.isatty()
+
+
+def show_progress_bars(on: bool) -> None:
+    from transformers.utils import logging as hf_logging
+
+    (hf_logging.enable_progress_bar if on else hf_logging.disable_progress_bar)()
+
+
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """De-quantize a GGUF file with transformers and save it as a plain safetensors model folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
     folder, name = str(gguf_path.parent), gguf_path.name
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
+    bars, bar = progress_bars(), gguf_utils.tqdm
+    show_progress_bars(False)  # at most the de-quantizing bar below, else gguf_model_dir's line
+    gguf_utils.tqdm = bar if bars else functools.partial(bar, disable=True)  # that bar has no switch of its own
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
+    finally:
+        gguf_utils.tqdm = bar
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the weights are plain tensors now
-    plain = AutoModelForCausalLM.from_config(config)
-    plain.load_state_dict(loaded.state_dict())
+    with torch.device("meta"):  # the plain model takes the loaded tensors: no second copy in memory
+        plain = AutoModelForCausalLM.from_config(config)
+    plain.load_state_dict(loaded.state_dict(), assign=True)
+    plain.tie_weights()
     plain.generation_config = loaded.generation_config
     tmp = out_dir.with_name(out_dir.name + ".partial")
     plain.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     tmp.rename(out_dir)
+
+
+def gguf_model_dir(gguf_path: Path, say: Callable[[str], None] = print) -> Path:
+    """Folder of the converted ``gguf_path`` in the cache, converting it the first time (saying so)."""
+    folder = cache_dir() / f"gguf-{gguf_path.stem}-{gguf_path.stat().st_size}"
+    if not (folder / "config.json").is_file():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        say(f"Converting {gguf_path.name} once into {folder} ...")
+        convert_gguf(gguf_path, folder)
+    return folder
 
 
 def embedded_model_dir() -> Path:
@@ -181,6 +215,7 @@ def load_model(
     dtype: str = "auto",
     quantize: str = "none",
     trust_remote_code: bool = False,
+    say: Callable[[str], None] = print,
 ):
     """Load ``(model, tokenizer, description)``: the embedded model when ``name`` is None, a GGUF file
     (converted once and cached), a local folder or a Hub id. Encoder-decoder models are detected
@@ -194,16 +229,14 @@ def load_model(
         path = Path(name).expanduser().resolve()
         if not path.is_file():
             raise OSError(f"GGUF file not found: {name}")
-        folder, label = cache_dir() / f"gguf-{path.stem}-{path.stat().st_size}", name
-        if not (folder / "config.json").is_file():
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            convert_gguf(path, folder)
+        folder, label = gguf_model_dir(path, say), name
     else:
         folder, label = name, name
     local_only = name is not None and not name.endswith(".gguf") and hub_local_only(name)
     config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code, local_files_only=local_only)
     auto = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else AutoModelForCausalLM
     torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
+    show_progress_bars(progress_bars())  # one bar per model on a terminal; elsewhere the caller's line per stage
     kwargs = {"dtype": torch_dtype, "trust_remote_code": trust_remote_code, "local_files_only": local_only}
     quantization = _quantization_config(quantize, device)
     if quantization is not None:

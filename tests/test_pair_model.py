@@ -1,0 +1,50 @@
+"""Speculative decoding on the real drafter pair (Qwen2.5-Coder-1.5B-Instruct with its 0.5B sibling),
+when it is installed (make fetch-pair); skipped otherwise. CI stays on tiny models and the embedded one."""
+import pytest
+
+from utils import pair
+
+pytestmark = [pytest.mark.pair,
+              pytest.mark.skipif(not pair.installed(), reason=f"the real drafter pair is not installed ({pair.INSTALL_HINT})")]
+
+LENGTH = 16
+
+
+@pytest.fixture(scope="module")
+def qwen_pair():
+    from session import encode, load_pair
+
+    loaded = load_pair(str(pair.gguf_path(pair.TARGET)), str(pair.gguf_path(pair.DRAFTER)), "cpu", dtype="float32",
+                       say=lambda *a: None)
+    request = "Rename the variable `x` to `total` and return the whole function.\n\ndef add_all(values):\n    x = 0\n" \
+              "    for value in values:\n        x += value\n    return x"
+    return loaded, encode(loaded.tokenizer, request, chat=True)
+
+
+def test_greedy_speculative_decoding_on_the_pair_equals_target_autoregressive(qwen_pair):
+    from sampling import GenerationStats, autoregressive_generate, speculative_generate
+    from utils.models import end_tokens
+
+    loaded, prompt = qwen_pair
+    ends = end_tokens(loaded.target, loaded.tokenizer)
+    reference = autoregressive_generate(prompt, loaded.target, max_gen_len=LENGTH, eos_tokens_id=ends, use_cache=True)
+    stats = GenerationStats()
+    out, acceptance = speculative_generate(prompt, loaded.drafter, loaded.target, loaded.tokenizer, gamma=4, max_gen_len=LENGTH,
+                                           eos_tokens_id=ends, use_cache=True, stats=stats)
+    assert out == reference and len(out) == LENGTH
+    assert "total" in loaded.tokenizer.decode(out)
+    assert stats.accepted > 0  # a real drafter of the same family: most drafts are right
+
+
+def test_the_repl_starts_on_the_pair_with_speculative_decoding_and_names_its_dtype():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "infer.py", "--preset", "pair", "--no-calibrate", "--length", "4", "--prompt", "Say hi"],
+                            cwd=root, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    target_line = next(line for line in result.stdout.splitlines() if line.startswith("Target:"))
+    assert "by measurement:" in target_line and ("torch.bfloat16" in target_line) == ("bfloat16 by measurement" in target_line)
+    assert "Speculative" in result.stdout and "\r" not in result.stdout + result.stderr  # no progress bar off a terminal

@@ -1,0 +1,59 @@
+"""``--dtype auto`` on CPU for a model too big to keep in float32 without asking (``--preset pair``):
+bfloat16 only where this CPU runs a bfloat16 matmul of the model's shape clearly faster than the
+float32 one the model would run (prepacked for oneDNN when it would be), measured at start-up."""
+import time
+from pathlib import Path
+from typing import Callable, Tuple
+
+import torch
+
+CLEARLY_FASTER = 0.8  # bfloat16 must take at most this share of float32's time
+Seconds = Callable[[torch.dtype, int, int, int, bool], float]
+
+
+def matmul_seconds(dtype: torch.dtype, rows: int, inner: int, outer: int, prepacked: bool = False, repeats: int = 5) -> float:
+    """Best time of a ``rows x inner`` by ``inner x outer`` product in ``dtype`` (one layer's shape);
+    ``prepacked``: float32 from a weight reordered once for oneDNN, as ``utils.caching.PrepackedLinear``."""
+    x = torch.randn(rows, inner).to(dtype)
+    w = torch.randn(outer, inner).to(dtype)
+    if prepacked and dtype == torch.float32:
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
+        run = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")  # noqa: E731
+    else:
+        run = lambda: torch.nn.functional.linear(x, w)  # noqa: E731
+    run()  # warm-up: the kernel's first call pays its set-up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def choose_cpu_dtype(inner: int, outer: int, rows: int = 4, prepacked: bool = False,
+                     seconds: Seconds = matmul_seconds) -> Tuple[str, str]:
+    """``(dtype name, reason)``: bfloat16 when its matmul of the model's shape (a few rows, as decoding
+    and verification run) takes at most ``CLEARLY_FASTER`` of float32's, else float32."""
+    fp32 = seconds(torch.float32, rows, inner, outer, prepacked)
+    bf16 = seconds(torch.bfloat16, rows, inner, outer, False)
+    ratio = bf16 / fp32 if fp32 > 0 else float("inf")
+    chosen = "bfloat16" if ratio <= CLEARLY_FASTER else "float32"
+    verdict = "clearly faster" if chosen == "bfloat16" else "not clearly faster"
+    versus = "prepacked float32's" if prepacked else "float32's"
+    return chosen, (f"{chosen} by measurement: a bfloat16 matmul of the model's shape ({rows}x{inner}x{outer}) "
+                    f"took {ratio:.2f} of {versus} time ({verdict})")
+
+
+def choose_for_folder(folder, prepack: bool = True) -> Tuple[str, str]:
+    """``choose_cpu_dtype`` for the model in ``folder``: its layers' shape from the config, and whether
+    its float32 linear layers would be prepacked (``--prepack`` on and the copy fits in memory)."""
+    from transformers import AutoConfig
+
+    from utils.caching import prepack_fits
+
+    config = AutoConfig.from_pretrained(folder)
+    hidden = config.hidden_size
+    weights = sum(f.stat().st_size for f in Path(folder).glob("*.safetensors"))  # float32: the embedding is no linear layer
+    linear_bytes = weights - 4 * hidden * getattr(config, "vocab_size", 0)
+    return choose_cpu_dtype(hidden, getattr(config, "intermediate_size", None) or 4 * hidden,
+                            prepacked=prepack and prepack_fits(linear_bytes))
