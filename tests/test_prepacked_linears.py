@@ -1,19 +1,27 @@
-"""The prepacked (oneDNN) linear layers used on float32 CPU models change nothing but speed."""
+"""The prepacked (oneDNN) linear layers of float32 CPU models change nothing but speed, and are used only
+when asked for or measured faster on the machine that runs them."""
+import re
+
 import pytest
 import torch
+
+import utils.caching as caching
 
 from conftest import EOS_NEVER, PROMPT, llama, perturbed_copy
 from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
 from sampling import autoregressive_generate, prompt_lookup_generate, speculative_generate
+from sampling.calibration import choose_prepack
 from utils.caching import KVCacheModel, PrepackedLinear, prepacked_linears, set_prepack
 
-pytestmark = pytest.mark.skipif(not prepacked_linears(llama().to(torch.float32)), reason="needs oneDNN (mkldnn)")
+pytestmark = pytest.mark.skipif(not prepacked_linears(llama().to(torch.float32), True), reason="needs oneDNN (mkldnn)")
 
 
 @pytest.fixture(scope="module")
 def float32_pair():
     target = llama(vocab=300, init=0.2).to(torch.float32)
     drafter = perturbed_copy(target, 0.2, seed=1).to(torch.float32)
+    for model in (target, drafter):
+        set_prepack(model, True)
     return target, drafter
 
 
@@ -56,6 +64,7 @@ def test_model_keeps_its_own_layers_when_a_pass_fails(float32_pair):
 
 def test_prepacked_layers_follow_a_weight_change():
     target = llama(vocab=300).to(torch.float32)
+    set_prepack(target, True)
     ids = torch.tensor([PROMPT])
     KVCacheModel(target)(ids, 1)
     with torch.no_grad():
@@ -64,9 +73,11 @@ def test_prepacked_layers_follow_a_weight_change():
     torch.testing.assert_close(KVCacheModel(target)(ids, 3), KVCacheModel(target, prepack=False)(ids, 3), rtol=1e-4, atol=1e-4)
 
 
-def test_prepacking_only_for_float32_cpu_linear_layers():
-    assert prepacked_linears(llama()) == []  # float64
+def test_prepacking_only_for_float32_cpu_linear_layers_and_off_unless_asked():
+    assert prepacked_linears(llama(), True) == []  # float64
     model = llama().to(torch.float32)
+    assert prepacked_linears(model) == []  # no default tuned to one processor
+    set_prepack(model, True)
     assert prepacked_linears(model)
     set_prepack(model, False)
     assert prepacked_linears(model) == []
@@ -82,3 +93,14 @@ def test_greedy_speculative_equals_autoregressive_in_float32_with_prepacked_laye
     )
     pld, _ = prompt_lookup_generate(PROMPT, target, max_gen_len=40, eos_tokens_id=EOS_NEVER, use_cache=use_cache)
     assert out == reference and nasd == reference and pld == reference
+
+
+def test_auto_prepacking_measures_both_keeps_its_choice_and_says_what_it_measured():
+    model = llama(vocab=300).to(torch.float32)
+    line = choose_prepack(model, context=16, repeats=2)
+    chosen = bool(prepacked_linears(model))
+    assert re.fullmatch(r"(prepacked linears|the model's own linears) \(measured [0-9.]+ ms a pass prepacked, [0-9.]+ ms its own\)", line)
+    assert line.startswith("prepacked linears") == chosen
+    if not chosen:  # the copies made for the measurement are freed
+        assert not any(layer in caching._PREPACKED for layer in model.modules())
+    assert choose_prepack(llama(vocab=300), context=16, repeats=2) == "no float32 CPU linear layers to prepack"  # float64

