@@ -115,3 +115,19 @@ def test_models_that_cannot_compile_say_why_and_run_eagerly():
     assert isinstance(make_runner(model, compile=True), KVCacheModel)
     with pytest.raises(ValueError, match="encoder-decoder"):
         CompiledRunner(model)
+
+
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_weight_only_quantized_layers_run_inside_the_compiled_graph_with_the_eager_logits(quantize):
+    from utils.quantization import cpu_kernels_available, quantize_cpu
+
+    if not cpu_kernels_available():
+        pytest.skip("this torch build has no CPU weight-only kernels")
+    model = llama(vocab=96, layers=1, window=256, seed=3).to(torch.float32)
+    quantize_cpu(model, quantize)
+    ids = torch.tensor([PROMPT * 3])
+    with pytest.MonkeyPatch.context() as patch, torch.no_grad():
+        patch.setattr(compiled, "BUCKETS", (1, 4))
+        fast, slow = CompiledRunner(model), KVCacheModel(model, True, cache="static")
+        for length, rows in [(20, 1), (21, 1), (24, 3), (25, 1)]:
+            torch.testing.assert_close(fast(ids[:, :length], rows), slow(ids[:, :length], rows), rtol=0.02, atol=0.02)
