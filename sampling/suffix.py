@@ -8,6 +8,7 @@ Defaults are the authors' (``arctic_inference`` ``SuffixDecodingCache.speculate`
 ``max_spec_factor`` 1.0, ``max_spec_offset`` 0, ``min_token_prob`` 0.1, and at most
 ``max_spec_tokens`` = ``max_tree_depth`` drafts a step.
 """
+from dataclasses import asdict, dataclass
 from typing import Callable, List, Tuple
 
 import torch
@@ -24,6 +25,28 @@ from sampling.suffix_memory import MAX_DEPTH, SuffixMemory
 from sampling.suffix_tree import ROOT, SuffixTrie, best_match_path, best_match_tree
 from utils.caching import KVCacheModel
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
+
+
+@dataclass
+class SuffixSettings:
+    """SuffixDecoding's settings, with the authors' defaults (see the module's docstring)."""
+
+    max_tree_depth: int = 24
+    max_spec_tokens: int = 24
+    max_spec_factor: float = 1.0
+    max_spec_offset: float = 0.0
+    min_token_prob: float = 0.1
+
+    def __post_init__(self):
+        check_settings(**asdict(self))
+
+    def describe(self) -> str:
+        return (f"depth {self.max_tree_depth}, <= min({self.max_spec_tokens}, {self.max_spec_factor:g} x match + "
+                f"{self.max_spec_offset:g}) drafts, min prob {self.min_token_prob:g}")
+
+    def arguments(self) -> dict:
+        """As ``suffix_generate`` takes them."""
+        return asdict(self)
 
 
 class SuffixDrafter:

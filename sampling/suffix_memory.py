@@ -60,6 +60,12 @@ class SuffixMemory:
     def reset(self) -> None:
         self._rebuild([])
 
+    def set_depth(self, max_depth: int) -> None:
+        """Rebuild the trie at another depth, from the same outputs."""
+        if max_depth != self.max_depth:
+            self.max_depth = max_depth
+            self._rebuild(self.outputs)
+
     def describe(self) -> str:
         return f"{len(self.outputs)} outputs, {self.tokens} tokens, {len(self.trie) - 1} nodes (depth {self.max_depth})"
 
