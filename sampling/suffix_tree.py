@@ -117,6 +117,12 @@ class SuffixTrie:
         out.sort(key=lambda c: (self.count[c], self.stamp[c]), reverse=True)
         return out
 
+    def bound(self, node: int, budget: int) -> float:
+        """An upper bound on the score of any draft of ``budget`` tokens from ``node``: path
+        probabilities never grow, so none exceeds that of the most frequent child."""
+        child = self.best[node]
+        return budget * self.count[child] / self.count[node] if child >= 0 else 0.0
+
     def path(self, node: int, budget: int, min_prob: float) -> Tuple[List[int], float]:
         """The most frequent continuation of ``node``'s substring: at most ``budget`` tokens, each
         while the estimated probability of the path so far (the product of child count / node
@@ -176,9 +182,14 @@ def best_match_path(trie: SuffixTrie, matches: Sequence[int], max_spec_tokens: i
     tokens (``matches[0]`` the root, unused). Each length drafts within its own budget; the highest
     score wins, ties to the longer match (as the authors' ``speculate``). Returns (tokens, score, match length)."""
     best: Tuple[List[int], float, int] = ([], 0.0, 0)
-    for j in range(1, len(matches)):
-        tokens, score = trie.path(matches[j], budget_for(j, max_spec_tokens, factor, offset), min_prob)
-        if tokens and score >= best[1]:
+    for j in range(len(matches) - 1, 0, -1):  # longest first: a shorter match must score strictly more
+        budget = budget_for(j, max_spec_tokens, factor, offset)
+        if budget <= best[1]:  # a score never exceeds its budget, and budgets shrink with the match
+            break
+        if trie.bound(matches[j], min(budget, trie.max_depth - j)) <= best[1]:  # a node at depth j has descendants to max_depth
+            continue
+        tokens, score = trie.path(matches[j], budget, min_prob)
+        if tokens and score > best[1]:
             best = (tokens, score, j)
     return best
 
@@ -187,8 +198,13 @@ def best_match_tree(trie: SuffixTrie, matches: Sequence[int], max_spec_tokens: i
                     min_prob: float) -> Tuple[List[int], List[int], float, int]:
     """``best_match_path`` in tree mode: (tokens, parents, score, match length)."""
     best: Tuple[List[int], List[int], float, int] = ([], [], 0.0, 0)
-    for j in range(1, len(matches)):
-        tokens, parents, score = trie.tree(matches[j], budget_for(j, max_spec_tokens, factor, offset), min_prob)
-        if tokens and score >= best[2]:
+    for j in range(len(matches) - 1, 0, -1):
+        budget = budget_for(j, max_spec_tokens, factor, offset)
+        if budget <= best[2]:
+            break
+        if trie.bound(matches[j], min(budget, trie.max_depth - j)) <= best[2]:
+            continue
+        tokens, parents, score = trie.tree(matches[j], budget, min_prob)
+        if tokens and score > best[2]:
             best = (tokens, parents, score, j)
     return best
