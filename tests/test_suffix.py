@@ -4,16 +4,17 @@ import json
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import EOS_NEVER, PROMPT
-from sampling import autoregressive_generate, suffix_generate
+from sampling import GenerationStats, autoregressive_generate, suffix_generate
 from sampling.suffix import SuffixDrafter
 from sampling.suffix_memory import SuffixMemory
 from sampling.suffix_tree import ROOT, SuffixTrie, best_match_path, budget_for
 from test_lossless_sampling import LENGTH, PROCESSORS, chi_square_pvalue, exact_distribution, sample_many, tiny_pair  # noqa: F401
 from test_lossless_sampling import PROMPT as TINY_PROMPT
+from test_control_combinations import CONTROLS, GEN, PROCESSORS as COMBINED, PROMPTS, VOCAB, pair as combined_pair, policy_of, reference
 from utils.caching import set_cache
 
 texts = st.lists(st.integers(0, 4), min_size=1, max_size=60)  # a small alphabet: many repeats
@@ -332,3 +333,37 @@ def test_the_authors_drafter_is_greedy_exact_through_our_loop_and_proposes_trees
     assert 0 < len(nodes) <= 4 and all(-1 <= p < i for i, p in enumerate(parents))
     ours = SuffixDrafter(text, 8, 8, 4.0, 0.0, 0.1).propose_tree(text, 4)
     assert sorted(nodes) == sorted(ours[0])  # the same top branches (ties may be ordered differently)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(kind=st.sampled_from(["llama", "sliding", "hybrid"]), processor=st.sampled_from(["greedy", "multinomial", "topk"]),
+       controls=st.sets(st.sampled_from(["adaptive", "min_draft", "pause", "min_gain", "row_costs", "auto"]), max_size=3),
+       cache=st.sampled_from(["off", "dynamic", "static"]), most=st.integers(1, 8), prompt=st.integers(0, 1),
+       remembered=st.booleans())
+def test_suffix_under_every_combination_of_controls_runs_and_greedy_is_exact(kind, processor, controls, cache, most, prompt,
+                                                                             remembered):
+    target, _ = combined_pair(kind)
+    controls = {c for c in controls if c in CONTROLS}
+    policy, stats = policy_of(controls), GenerationStats()
+    memory = SuffixMemory(24)
+    if remembered:
+        memory.add(reference(kind, 1 - prompt))  # the other prompt's output: what the global tree would hold
+    torch_seed(0)
+    set_cache(target, None if cache == "off" else cache)
+    try:
+        out, _ = suffix_generate(list(PROMPTS[prompt]), target, max_spec_tokens=most, logits_processor=COMBINED[processor],
+                                 max_gen_len=GEN, eos_tokens_id=[], use_cache=cache != "off", policy=policy, stats=stats,
+                                 memory=memory)
+    finally:
+        set_cache(target, None)
+    assert len(out) == GEN and all(0 <= t < VOCAB for t in out)
+    if processor == "greedy":
+        assert out == reference(kind, prompt)
+    if not policy.auto:
+        assert len(stats.drafted_at) <= most
+
+
+def torch_seed(seed: int) -> None:
+    import torch
+
+    torch.manual_seed(seed)
