@@ -14,6 +14,7 @@ from sampling.suffix_memory import SuffixMemory
 from sampling.suffix_tree import ROOT, SuffixTrie, best_match_path, budget_for
 from test_lossless_sampling import LENGTH, PROCESSORS, chi_square_pvalue, exact_distribution, sample_many, tiny_pair  # noqa: F401
 from test_lossless_sampling import PROMPT as TINY_PROMPT
+from test_hostile_input import NUMBERISH, repl, snapshot  # noqa: F401 (repl: the in-process REPL fixture)
 from test_control_combinations import CONTROLS, GEN, PROCESSORS as COMBINED, PROMPTS, VOCAB, pair as combined_pair, policy_of, reference
 from utils.caching import set_cache
 
@@ -367,3 +368,22 @@ def torch_seed(seed: int) -> None:
     import torch
 
     torch.manual_seed(seed)
+
+
+@given(name=st.sampled_from(["/suffix", "/suffix_params", "/suffix_global", "/suffix_reset", "/suffix_load"]),
+       words=st.lists(NUMBERISH, max_size=6))
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_suffix_command_is_done_or_refused_in_one_line_with_every_setting_unchanged(repl, name, words):  # noqa: F811
+    import infer
+
+    line = " ".join([name, *words])
+    before = snapshot(repl), repl.settings.suffix, repl.settings.suffix_memory, repl.suffix_memory.outputs
+    try:
+        repl.handle(line)
+    except infer.UsageError as error:
+        assert "\n" not in str(error).strip() and str(error)
+        assert (snapshot(repl), repl.settings.suffix, repl.settings.suffix_memory, repl.suffix_memory.outputs) == before, line
+        return
+    s = repl.settings.suffix
+    assert 1 <= s.max_tree_depth <= 64 and 1 <= s.max_spec_tokens <= 128 and 0 <= s.min_token_prob <= 1
+    assert repl.suffix_memory.max_depth == s.max_tree_depth
