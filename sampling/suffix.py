@@ -58,7 +58,9 @@ class SuffixDrafter:
     >= ``min_token_prob``, for at most ``min(max_spec_tokens, m * max_spec_factor + max_spec_offset)``
     tokens; the draft with the highest score (sum of its path probabilities) wins, ties to the
     longer match. Deterministic (no q): the target's own token decides every position, so greedy is
-    exact and sampling lossless. Pure-Python ints; the trie grows by O(depth) per emitted token."""
+    exact and sampling lossless. Pure-Python ints; the trie grows by O(depth) per emitted token, and
+    a draft costs O(depth^2) at most (every match length, each path up to the depth; an upper
+    bound on a match's score skips the hopeless ones)."""
 
     cheap = True
 
