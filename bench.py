@@ -16,6 +16,7 @@ outside the timed runs; --strict exits with status 1 on any disagreement.
 """
 import argparse
 import csv
+import importlib.util
 import itertools
 import json
 import statistics
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parent
 DEFAULT_PROMPTS = ROOT / "bench_prompts.jsonl"
 CODE_EDITING = ROOT / "prompts" / "code_editing.jsonl"  # rename, document, refactor, fix: the whole code returned
-DEFAULT_STRATEGIES = "target,ngram,pld,speculative,chained,drafter,hf_generate,hf_generate_static,hf_assisted,hf_prompt_lookup"
+DEFAULT_STRATEGIES = "target,ngram,pld,suffix,speculative,chained,drafter,hf_generate,hf_generate_static,hf_assisted,hf_prompt_lookup"
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,9 @@ def make_configs(args, have_drafter: bool) -> List[Config]:
         strategy = EVERY[key]
         if strategy.needs_drafter and not have_drafter:
             continue
+        if strategy.requires and importlib.util.find_spec(strategy.requires) is None:
+            print(f"skipped {key}: {strategy.requires} is not installed (optional)", file=sys.stderr)
+            continue
         grid = {"gamma": [g for g in args.gamma if g != "auto" or strategy.auto_gamma]} if strategy.takes_gamma else {}
         if strategy.takes_storage:
             grid.update(n=args.ngram_n, storage=strategy.storages or args.storages.split(","), filler=args.top_k_filler)
@@ -249,6 +253,7 @@ class Bench:
             raise SystemExit("error: --gamma auto needs plausible verification costs, and those measured were not (see above)")
         self.row_costs = policy.row_costs
         self.policies: Dict[Config, "DraftPolicy"] = {}  # each configuration's own (its memory, with --policy-memory)
+        self.memories: Dict[tuple, object] = {}  # (configuration, repeat): a suffix memory across the prompts, in order
         self.runner_factory = default_runner  # the runner divergences are replayed with: the strategies' own kind
 
     def compile_for(self, items: List[dict]) -> None:
@@ -300,11 +305,16 @@ class Bench:
         return replace(self.settings, gamma=self.settings.gamma if auto else config.gamma, top_k_filler=config.filler, policy=policy,
                        storage=STORAGES[config.storage](config.n, self.vocab))
 
-    def run(self, config: Config, prompt: List[int], observer=None):
+    def memory(self, config: Config, repeat: int):
+        """The global memory a strategy with one keeps across the prompts of one repeat (None for the others)."""
+        make = config.strategy.memory
+        return self.memories.setdefault((config, repeat), make(self.settings)) if make is not None else None
+
+    def run(self, config: Config, prompt: List[int], observer=None, repeat: int = 0):
         """One timed run; ``observer`` (an ``Observer``) sees its steps."""
         from strategies import run_strategy
 
-        settings = self.settings_for(config)
+        settings = replace(self.settings_for(config), suffix_memory=self.memory(config, repeat))
         return run_strategy(config.strategy, prompt, replace(settings, streamer=observer) if observer else settings, self.args.seed)
 
     def classify(self, prompt: List[int], reference: List[int], tokens: List[int], passes: list) -> dict:
@@ -615,6 +625,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     for config in configs:  # warm-up, excluded
         bench.run(config, items[0]["prompt"][:32])
     bench.policies.clear()  # the warm-up leaves nothing in a policy's memory
+    bench.memories.clear()  # nor in a suffix memory
     records = []
     with open(out / "runs.jsonl", "w") as log, tqdm(total=len(items) * len(configs) * args.repeats, file=sys.stderr) as bar:
         for index, (item, repeat) in enumerate((item, repeat) for item in items for repeat in range(args.repeats)):
@@ -624,7 +635,7 @@ def main(argv: Optional[List[str]] = None) -> None:
             results = []
             for config in configs[shift:] + configs[:shift]:
                 recorder = PassRecorder()  # one append per step: classifying waits until the timed runs are over
-                results.append((config, bench.run(config, item["prompt"], recorder), recorder))
+                results.append((config, bench.run(config, item["prompt"], recorder, repeat), recorder))
                 bar.update(1)
             reference = next(result.tokens for config, result, _ in results if config.strategy.baseline)
             for config, result, recorder in sorted(results, key=lambda run: configs.index(run[0])):
@@ -650,6 +661,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     title = (f"{bench.target_label}" + (f" + drafter {bench.drafter_label}" if bench.drafter_label else "")
              + f" · {args.processor} · {args.max_new_tokens} new tokens · {args.repeats} repeat(s)"
              + f" · policy: {bench.settings.policy.describe()}")
+    if any(config.strategy.suffix for config in configs):
+        title += f" · suffix: {bench.settings.suffix.describe()}" + (
+            ", global memory over the earlier prompts' outputs" if any(config.strategy.memory for config in configs) else "")
     extra = bench.compile_report()
     if args.verify_cost:
         costs = bench.verify_cost()

@@ -15,7 +15,7 @@ from typing import List, Optional
 from rich.table import Table
 from rich.text import Text
 
-from repl_commands import COMMANDS, on_off
+from repl_commands import COMMANDS, on_off, suffix_memory_line
 from session import SetupError, add_shared_flags, build_settings, describe, encode, first_line, load_pair, pair_preset, read_processor
 from utils.parsing import MAX_LINE, UsageError, flag_type, sanitize_text
 from utils.printing import console, screen  # the one screen the REPL, the debug view and the stream share
@@ -60,6 +60,10 @@ class Repl:
         self.storage_kind, self.storage_n = "basic", 3
         self.reset_in_between = True
         self.new_storage()
+        from sampling import SuffixMemory
+        from sampling.common import output_vocab_size
+
+        self.suffix_memory = SuffixMemory(settings.suffix.max_tree_depth, output_vocab_size(settings.target))  # /suffix_global
         self._warm_up()
 
     def new_storage(self) -> None:
@@ -215,7 +219,7 @@ class Repl:
         policy = self.settings.policy
         gamma = "auto" if policy.auto else f"<= {self.settings.gamma}"
         table = Table(title=f"seed {self.seed} · gamma {gamma} · {self.value_of('/processor')} · speedup over target AR",
-                      caption=f"policy: {policy.describe()}")
+                      caption=f"policy: {policy.describe()}" + (f" · {suffix_memory_line(self)}" if self.enabled["suffix"] else ""))
         for column in ("strategy", "tokens", "time (s)", "tokens/s", "speedup", "accept", "tok/step"):
             table.add_column(column, justify="left" if column == "strategy" else "right")
         for strategy, r in results:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 from rich.table import Table
 from rich.text import Text
 
-from utils.parsing import LIMITS, UsageError, parse_limited, parse_path, parse_processor
+from utils.parsing import LIMITS, UsageError, parse_float, parse_int, parse_limited, parse_path, parse_processor
 from utils.printing import console
 
 if TYPE_CHECKING:
@@ -218,6 +218,56 @@ def _ngram_build(repl, path):
     return _static_tier(repl, path, lambda p: build_storage(p, repl.settings.tokenizer, repl.storage_n, repl.storage_kind, vocab))
 
 
+def _suffix_params(repl, depth, most, factor, offset, min_prob):
+    from sampling.suffix import SuffixSettings
+
+    repl.settings.suffix = SuffixSettings(depth, most, factor, offset, min_prob)
+    repl.suffix_memory.set_depth(depth)
+    return f"suffix: {repl.settings.suffix.describe()}"
+
+
+def _suffix_global(repl):
+    s = repl.settings
+    s.suffix_memory = None if s.suffix_memory is not None else repl.suffix_memory
+    return f"suffix global memory: {on_off(s.suffix_memory is not None)} ({repl.suffix_memory.describe()})"
+
+
+def _suffix_reset(repl):
+    repl.suffix_memory.reset()
+    return f"suffix global memory: emptied ({repl.suffix_memory.describe()})"
+
+
+def _suffix_save(repl, words):
+    force = words[1:] == ["--force"]
+    if len(words) != (2 if force else 1):
+        raise ValueError()  # the usage line alone
+    path = parse_path(words[0])
+    try:
+        repl.suffix_memory.save(path, overwrite=force)
+    except (OSError, ValueError) as error:
+        message = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        hint = "; /suffix_save <file> --force overwrites it" if "left as it is" in message else ""
+        raise UsageError(f"cannot save to {path}: {message}{hint}") from None
+    return f"suffix global memory saved to {path} ({repl.suffix_memory.describe()})"
+
+
+def _suffix_load(repl, path):
+    try:
+        repl.suffix_memory.load(path)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    repl.settings.suffix.max_tree_depth = repl.suffix_memory.max_depth
+    state = "on" if repl.settings.suffix_memory is not None else "off: /suffix_global turns it on"
+    return f"suffix global memory loaded from {path}: {repl.suffix_memory.describe()} ({state})"
+
+
+def suffix_memory_line(repl) -> str:
+    """The global suffix memory's state, for /stats and the table's caption."""
+    if repl.settings.suffix_memory is None:
+        return "suffix global memory: off"
+    return f"suffix global memory: on, {repl.suffix_memory.describe()}"
+
+
 def _pause(repl, after, steps):
     repl.settings.policy.pause_after, repl.settings.policy.pause_steps = after, steps
     return f"pause: after {after} fruitless steps, for {steps} steps" if after else "pause: off"
@@ -252,6 +302,7 @@ def _stats(repl):
     policy = repl.settings.policy
     console.print(f"policy: {policy.describe(repl.settings.gamma)}"
                   + ("" if policy.remember else " · memory off: each prompt starts fresh"))
+    console.print(f"suffix: {repl.settings.suffix.describe()} · {suffix_memory_line(repl)}")
 
 
 COMMANDS: Dict[str, Command] = {command.name: command for command in [
@@ -287,6 +338,20 @@ COMMANDS: Dict[str, Command] = {command.name: command for command in [
     Command("/ngram_load", "<file>", "load a storage as the static fallback tier", _ngram_load, (parse_path,),
             lambda repl: "static tier loaded" if repl.settings.static_storage is not None else ""),
     Command("/ngram_build", "<corpus file>", "build the static tier from a text file", _ngram_build, (parse_path,)),
+    strategy_toggle("suffix", "suffix-tree drafting (SuffixDecoding)"),
+    Command("/suffix_params", "<depth> <max_tokens> <factor> <offset> <min_prob>",
+            "suffix tree depth; drafts <= min(max_tokens, factor x match + offset), none below min_prob", _suffix_params,
+            (lambda w: parse_int(w, "depth", 1, 64), lambda w: parse_int(w, "max_tokens", 1, 128),
+             lambda w: parse_float(w, "factor", 0.0, 64.0), lambda w: parse_float(w, "offset", -64.0, 64.0),
+             lambda w: parse_float(w, "min_prob", 0.0, 1.0)),
+            lambda repl: " ".join(f"{v:g}" for v in repl.settings.suffix.arguments().values()),
+            "depth 1 to 64, max_tokens 1 to 128, factor 0 to 64, offset -64 to 64, min_prob 0 to 1 (defaults 24 24 1 0 0.1)"),
+    Command("/suffix_global", "", "suffix drafting also matches a global tree over earlier outputs", _suffix_global,
+            value=lambda repl: repl.settings.suffix_memory is not None),
+    Command("/suffix_reset", "", "empty the global suffix memory", _suffix_reset, value=lambda repl: repl.suffix_memory.describe()),
+    Command("/suffix_save", "<file> [--force]", "save the global suffix memory (JSON)", _suffix_save, None,
+            note="--force: overwrite a file that is not a saved suffix memory"),
+    Command("/suffix_load", "<file>", "load a saved global suffix memory (replaces it)", _suffix_load, (parse_path,)),
     toggle("/adaptive", "adaptive draft length (+2 all accepted, -1 otherwise)", POLICY, "adaptive", "adaptive draft length"),
     number("/min_draft", "<n>", "drop drafts shorter than n (0 = off)", POLICY, "min_draft", f"n from {_range('min_draft')}, 0 = off"),
     number("/p_min", "<p>", "drafter model stops below this top probability (0 = off)", POLICY, "p_min", "0 <= p < 1"),

@@ -25,7 +25,9 @@ from sampling import (
     autoregressive_generate,
     prompt_lookup_generate,
     speculative_generate,
+    suffix_generate,
 )
+from sampling.suffix import SuffixSettings
 from utils.caching import model_device, synchronize
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
@@ -53,6 +55,8 @@ class Settings:
     pld_num_tokens: int = 10
     policy: DraftPolicy = field(default_factory=DraftPolicy)
     hf_compile: bool = False  # the transformers static-cache peer compiles its forward (also on CPU)
+    suffix: SuffixSettings = field(default_factory=SuffixSettings)
+    suffix_memory: Optional[object] = None  # the global tree over earlier outputs (a SuffixMemory; the arctic peer's cache); None: off
     streamer: Optional[Callable[[List[int], int], None]] = None
 
     def lookup_storage(self) -> INgramStorage:
@@ -98,6 +102,31 @@ def _chained(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int
         **_common(s, stats), policy=s.policy)[0]
 
 
+def _suffix(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    return suffix_generate(prompt, s.target, s.tokenizer, **s.suffix.arguments(), memory=s.suffix_memory, **_common(s, stats),
+                           policy=s.policy)[0]
+
+
+def _arctic(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    from sampling.suffix_arctic import arctic_suffix_generate
+
+    return arctic_suffix_generate(prompt, s.target, s.suffix_memory, s.suffix, tokenizer=s.tokenizer, **_common(s, stats),
+                                  policy=s.policy)[0]
+
+
+def _suffix_memory(s: Settings):
+    from sampling.common import output_vocab_size
+    from sampling.suffix_memory import SuffixMemory
+
+    return SuffixMemory(s.suffix.max_tree_depth, output_vocab_size(s.target))
+
+
+def _arctic_memory(s: Settings):
+    from sampling.suffix_arctic import arctic_cache
+
+    return arctic_cache(s.suffix.max_tree_depth, global_memory=True)
+
+
 def _autoregressive(model: Module, prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
     return autoregressive_generate(prompt, model, **_common(s, stats))
 
@@ -120,6 +149,9 @@ class Strategy:
     drafter_ar: bool = False  # the drafter model alone: a draft's cost against the baseline, not the target's output
     peer: str = ""  # a transformers path (greedy only): how the benchmark names it in its table against them
     gamma_peer: str = ""  # the transformers peer that drafts as this strategy does, compared at the same gamma
+    memory: Optional[Callable[[Settings], object]] = None  # the benchmark gives it this memory across prompts (``suffix_memory``)
+    suffix: bool = False  # takes ``Settings.suffix`` (the benchmark reports them)
+    requires: str = ""  # an optional package it needs: the benchmark skips it, with a line, when not installed
 
 
 STRATEGIES = [
@@ -130,6 +162,7 @@ STRATEGIES = [
     Strategy("pld", "Prompt lookup", "magenta", False, True, True, _prompt_lookup),
     Strategy("chained", "Chained n-gram+drafter", "bright_green", True, True, True, _chained, takes_gamma=True,
              auto_gamma=True, takes_storage=True, storages=("basic",)),
+    Strategy("suffix", "Suffix tree", "bright_magenta", False, True, True, _suffix, suffix=True),
     Strategy("target", "Target AR", "blue", False, False, False, lambda p, s, st: _autoregressive(s.target, p, s, st),
              baseline=True),
     Strategy("drafter", "Drafter AR", "cyan", True, False, False, lambda p, s, st: _autoregressive(s.drafter, p, s, st),
@@ -210,4 +243,15 @@ PEERS = [
     Strategy("hf_assisted", "transformers assisted", "white", True, False, True, _hf_assisted, takes_gamma=True,
              model_drafts=True, peer="assisted, same draft length"),
 ]
-EVERY = {s.key: s for s in STRATEGIES + PEERS}  # ours and transformers' paths, by key
+# run by the benchmark only (the REPL runs suffix with its /suffix_global memory): the suffix
+# drafter with a global memory across the prompts, and the authors' implementation (arctic-inference,
+# optional) through our verification loop, without and with its global tree
+SUFFIX_PEERS = [
+    Strategy("suffix_global", "Suffix tree + global memory", "bright_magenta", False, True, True, _suffix, memory=_suffix_memory,
+             suffix=True),
+    Strategy("arctic", "arctic-inference suffix", "bright_white", False, True, True, _arctic, suffix=True,
+             requires="arctic_inference"),
+    Strategy("arctic_global", "arctic-inference suffix + global tree", "bright_white", False, True, True, _arctic,
+             memory=_arctic_memory, suffix=True, requires="arctic_inference"),
+]
+EVERY = {s.key: s for s in STRATEGIES + PEERS + SUFFIX_PEERS}  # ours and transformers' paths, by key

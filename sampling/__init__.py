@@ -5,6 +5,8 @@ from sampling.draft_policy import DraftPolicy
 from sampling.prompt_lookup import prompt_lookup_generate
 from sampling.speculative_decoding import speculative_generate, speculative_generate_encoder_decoder
 from sampling.stats import GenerationStats
+from sampling.suffix import SuffixDrafter, suffix_generate
+from sampling.suffix_memory import SuffixMemory
 
 __all__ = [
     "autoregressive_generate",
@@ -13,6 +15,9 @@ __all__ = [
     "autoregressive_generate_encoder_decoder",
     "speculative_generate_encoder_decoder",
     "prompt_lookup_generate",
+    "suffix_generate",
+    "SuffixDrafter",
+    "SuffixMemory",
     "DraftPolicy",
     "measure_row_costs",
     "measure_draft_cost",

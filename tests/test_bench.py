@@ -20,7 +20,7 @@ def test_benchmark_writes_runs_summary_tables_and_plots_with_no_greedy_divergenc
         assert (out / name).stat().st_size > 0, name
     records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
     keys = {r["key"] for r in records}
-    assert keys == {"target", "ngram", "pld", "speculative", "chained", "drafter", "hf_generate", "hf_generate_static", "hf_assisted",
+    assert keys == {"target", "ngram", "pld", "suffix", "speculative", "chained", "drafter", "hf_generate", "hf_generate_static", "hf_assisted",
                     "hf_prompt_lookup"}
     assert {r["turn"] for r in records if r["category"] == "writing"} == {0, 1}  # the two turns of the multi-turn row
     assert {r["gamma"] for r in records if r["key"] == "speculative"} == {1, 3, "auto"}

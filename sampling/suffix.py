@@ -1,0 +1,172 @@
+"""Suffix-tree drafting (SuffixDecoding: Oliaro et al., NeurIPS 2025, arXiv:2411.04975; vLLM's
+``suffix`` method): drafts the most frequent continuation of the best match of the context's tail
+in a suffix trie over the prompt and the generation, and optionally in a global one over earlier
+outputs (``SuffixMemory``).
+
+Defaults are the authors' (``arctic_inference`` ``SuffixDecodingCache.speculate`` and vLLM's
+``suffix_decoding_*`` settings): ``max_tree_depth`` 24 (vLLM; the cache's own default is 64),
+``max_spec_factor`` 1.0, ``max_spec_offset`` 0, ``min_token_prob`` 0.1, and at most
+``max_spec_tokens`` = ``max_tree_depth`` drafts a step.
+"""
+from dataclasses import asdict, dataclass
+from typing import Callable, List, Tuple
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+
+from sampling.common import check_positive_int, check_prompt, context_window, generation_end
+from sampling.config import GenerationConfig
+from sampling.draft_policy import DraftPolicy
+from sampling.drafters import UNLIMITED, _write
+from sampling.speculative_decoding import speculative
+from sampling.stats import GenerationStats
+from sampling.suffix_memory import MAX_DEPTH, SuffixMemory
+from sampling.suffix_tree import ROOT, SuffixTrie, best_match_path, best_match_tree
+from utils.caching import KVCacheModel
+from utils.logits_processor import GreedyProcessor, LogitsProcessor
+
+
+@dataclass
+class SuffixSettings:
+    """SuffixDecoding's settings, with the authors' defaults (see the module's docstring)."""
+
+    max_tree_depth: int = 24
+    max_spec_tokens: int = 24
+    max_spec_factor: float = 1.0
+    max_spec_offset: float = 0.0
+    min_token_prob: float = 0.1
+
+    def __post_init__(self):
+        check_settings(**asdict(self))
+
+    def describe(self) -> str:
+        return (f"depth {self.max_tree_depth}, <= min({self.max_spec_tokens}, {self.max_spec_factor:g} x match + "
+                f"{self.max_spec_offset:g}) drafts, min prob {self.min_token_prob:g}")
+
+    def arguments(self) -> dict:
+        """As ``suffix_generate`` takes them."""
+        return asdict(self)
+
+
+class SuffixDrafter:
+    """Drafts from a suffix trie over the prompt and the tokens emitted so far (and ``memory``'s
+    trie when given; the better-scoring draft of the two wins, the request's own on a tie).
+
+    For each match length ``m`` (the context's last ``m`` tokens occur in the trie, ``m`` up to the
+    depth), the draft follows the most frequent child while the estimated path probability stays
+    >= ``min_token_prob``, for at most ``min(max_spec_tokens, m * max_spec_factor + max_spec_offset)``
+    tokens; the draft with the highest score (sum of its path probabilities) wins, ties to the
+    longer match. Deterministic (no q): the target's own token decides every position, so greedy is
+    exact and sampling lossless. Pure-Python ints; the trie grows by O(depth) per emitted token, and
+    a draft costs O(depth^2) at most (every match length, each path up to the depth; an upper
+    bound on a match's score skips the hopeless ones)."""
+
+    cheap = True
+
+    def __init__(self, prompt: List[int], max_tree_depth: int = 24, max_spec_tokens: int = 24, max_spec_factor: float = 1.0,
+                 max_spec_offset: float = 0.0, min_token_prob: float = 0.1, memory: SuffixMemory | None = None):
+        check_settings(max_tree_depth, max_spec_tokens, max_spec_factor, max_spec_offset, min_token_prob)
+        self.max_spec_tokens, self.factor, self.offset, self.min_prob = max_spec_tokens, max_spec_factor, max_spec_offset, min_token_prob
+        self.memory_key = ("suffix",)
+        self.trie = SuffixTrie(max_tree_depth)
+        self.memory = memory
+        self.matches = [ROOT]  # the context's tail in memory's trie (see SuffixTrie.follow)
+        self.seen = 0
+        self._sync(prompt)
+        self.last_match = 0  # the match length of the last draft (0: none)
+
+    def _sync(self, tokens: List[int]) -> None:
+        """Add ``tokens[self.seen:]`` to the tries' views (the tokens only ever grow)."""
+        if self.memory is not None:
+            memory = self.memory.trie
+            start = max(self.seen, len(tokens) - memory.max_depth)  # matches depend on the last max_depth tokens only
+            if start > self.seen:
+                del self.matches[1:]
+            for i in range(start, len(tokens)):
+                memory.follow(self.matches, tokens[i])
+        for i in range(self.seen, len(tokens)):
+            self.trie.append(tokens[i])
+        self.seen = len(tokens)
+
+    def draft(self, tokens: List[int], k: int) -> List[int]:
+        """The best path draft of at most ``k`` tokens after ``tokens``."""
+        self._sync(tokens)
+        limit = min(k, self.max_spec_tokens)
+        draft, score, self.last_match = best_match_path(self.trie, self.trie.active, limit, self.factor, self.offset, self.min_prob)
+        if self.memory is not None:
+            other, other_score, match = best_match_path(self.memory.trie, self.matches, limit, self.factor, self.offset, self.min_prob)
+            if other_score > score:
+                draft, self.last_match = other, match
+        return draft
+
+    def propose_tree(self, tokens: List[int], budget: int) -> Tuple[List[int], List[int]]:
+        """SuffixDecoding's tree mode after ``tokens``: up to ``budget`` node tokens and their parents
+        (-1: a child of the last context token, else the index of an earlier node), the greedy
+        best-first expansion by estimated path probability from the best-scoring match."""
+        self._sync(tokens)
+        limit = min(budget, self.max_spec_tokens)
+        nodes, parents, score, _ = best_match_tree(self.trie, self.trie.active, limit, self.factor, self.offset, self.min_prob)
+        if self.memory is not None:
+            other = best_match_tree(self.memory.trie, self.matches, limit, self.factor, self.offset, self.min_prob)
+            if other[2] > score:
+                nodes, parents = other[0], other[1]
+        return nodes, parents
+
+    def max_drafts(self, position: int) -> int:
+        return UNLIMITED
+
+    def propose(self, ids: Tensor, tokens: List[int], k: int) -> Tuple[int, None]:
+        return _write(ids, len(tokens), self.draft(tokens, k)), None
+
+    def fetch(self, target_probs: Tensor) -> None:
+        return None
+
+    def accept(self, tokens: List[int], start: int, n_accepted: int, fetched: None) -> None:
+        pass  # the next propose adds the emitted tokens
+
+
+def check_settings(max_tree_depth: int, max_spec_tokens: int, max_spec_factor: float, max_spec_offset: float,
+                   min_token_prob: float) -> None:
+    """One line for a setting out of range."""
+    check_positive_int("max_spec_tokens", max_spec_tokens)
+    if not isinstance(max_tree_depth, int) or isinstance(max_tree_depth, bool) or not 1 <= max_tree_depth <= MAX_DEPTH:
+        raise ValueError(f"max_tree_depth must be an integer from 1 to {MAX_DEPTH}, got {max_tree_depth!r}")
+    for name, value, low, high in (("max_spec_factor", max_spec_factor, 0.0, 64.0), ("max_spec_offset", max_spec_offset, -64.0, 64.0),
+                                   ("min_token_prob", min_token_prob, 0.0, 1.0)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise ValueError(f"{name} must be a number from {low} to {high}, got {value!r}")
+
+
+@torch.no_grad()
+def suffix_generate(
+    inputs: List[int], target: Module, tokenizer=None, max_spec_tokens: int = 24, max_tree_depth: int = 24,
+    max_spec_factor: float = 1.0, max_spec_offset: float = 0.0, min_token_prob: float = 0.1, memory: SuffixMemory | None = None,
+    logits_processor: LogitsProcessor = GreedyProcessor(), max_gen_len: int = 40, eos_tokens_id: int | List[int] = 1,
+    pad_token_id: int = 0, use_cache: bool = False, first_target: bool = True, debug: bool = False,
+    stats: GenerationStats | None = None, policy: DraftPolicy | None = None, streamer: Callable[[List[int], int], None] | None = None,
+) -> Tuple[List[int], float]:
+    """Suffix decoding: speculative decoding whose drafts come from a suffix trie (``SuffixDrafter``).
+
+    The trie holds the prompt and the generation (and, with ``memory``, a ``SuffixMemory`` holds
+    earlier outputs: this generation's output is added to it at the end). Each step drafts at most
+    ``max_spec_tokens`` tokens (``min(max_spec_tokens, match_len * max_spec_factor +
+    max_spec_offset)`` for a match of ``match_len`` tokens, none below the estimated probability
+    ``min_token_prob``), verified by the target (M_p) in one pass. Drafts are deterministic, so
+    acceptance compares them with the target's own token (argmax when greedy, a sample
+    otherwise): greedy is exact and sampling lossless. The other arguments are as in
+    ``speculative_generate``.
+
+    Returns:
+        (new token ids, acceptance rate = accepted drafts / drafted tokens).
+    """
+    prompt = check_prompt(inputs)
+    config = GenerationConfig.of(locals(), gamma=check_positive_int("max_spec_tokens", max_spec_tokens))
+    generation_end(len(prompt), max_gen_len, context_window(target))
+    if memory is not None and memory.max_depth != max_tree_depth:
+        raise ValueError(f"the memory's depth is {memory.max_depth}, not max_tree_depth {max_tree_depth}")
+    drafter = SuffixDrafter(prompt, max_tree_depth, max_spec_tokens, max_spec_factor, max_spec_offset, min_token_prob, memory)
+    out, rate = speculative(prompt, KVCacheModel(target, use_cache), drafter, config)
+    if memory is not None:
+        memory.add(out)
+    return out, rate
