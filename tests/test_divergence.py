@@ -55,6 +55,15 @@ class Corrupting(KVCacheModel):
         return logits
 
 
+def corrupt_ngram(monkeypatch, runner_class) -> None:
+    """N-gram assisted decoding (that strategy only) verifies with ``runner_class`` instead of its own runner."""
+    import ngram_assisted.ngram_assisted as module
+
+    real = module.speculative
+    monkeypatch.setattr(module, "speculative", lambda prompt, target, drafter, config: real(
+        prompt, runner_class(target.model, True), drafter, config))
+
+
 def target_ar(model, length):
     return generate_with(list(PROMPT), KVCacheModel(model, True), GenerationConfig(max_gen_len=length))
 
@@ -149,7 +158,7 @@ def test_recording_and_classifying_never_change_a_token():
 def test_the_benchmark_reports_classified_divergences_and_strict_fails_on_a_disagreement(tiny_models, tmp_path, monkeypatch):
     """N-gram assisted decoding whose verification passes are corrupted: runs.jsonl classifies each divergence,
     summary.csv and the table count near-ties and disagreements, and --strict exits non-zero."""
-    monkeypatch.setattr("ngram_assisted.ngram_assisted.KVCacheModel", Corrupting)
+    corrupt_ngram(monkeypatch, Corrupting)
     common = ["--target", tiny_models["target"], "--device", "cpu", "--limit", "1", "--categories", "qa", "--strategies",
               "target,ngram", "--storages", "basic", "--max-new-tokens", "8", "--no-calibrate"]
     with pytest.raises(SystemExit) as failed:
@@ -177,7 +186,7 @@ def test_the_repl_says_in_one_line_why_a_greedy_strategy_diverged(tiny_models, m
     class CorruptingEvery(Corrupting):  # the REPL's n-gram drafter drafts nothing on a tiny random model
         shortest = 1
 
-    monkeypatch.setattr("ngram_assisted.ngram_assisted.KVCacheModel", CorruptingEvery)
+    corrupt_ngram(monkeypatch, CorruptingEvery)
     infer.main(["--target", tiny_models["target"], "--device", "cpu", "--no-calibrate", "--length", "8", "--prompt", "Hello there"])
     shown = capsys.readouterr().out
     assert "N-gram assisted: diverged at token " in shown and ": disagreement, margin " in shown and " vs rounding " in shown
