@@ -23,7 +23,6 @@ from sampling.speculative_decoding import speculative
 from sampling.stats import GenerationStats
 from sampling.suffix_memory import MAX_DEPTH, SuffixMemory
 from sampling.suffix_tree import ROOT, SuffixTrie, best_match_path, best_match_tree
-from utils.caching import KVCacheModel
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 
@@ -145,6 +144,7 @@ def suffix_generate(
     logits_processor: LogitsProcessor = GreedyProcessor(), max_gen_len: int = 40, eos_tokens_id: int | List[int] = 1,
     pad_token_id: int = 0, use_cache: bool = False, first_target: bool = True, debug: bool = False,
     stats: GenerationStats | None = None, policy: DraftPolicy | None = None, streamer: Callable[[List[int], int], None] | None = None,
+    compile: bool | None = None,
 ) -> Tuple[List[int], float]:
     """Suffix decoding: speculative decoding whose drafts come from a suffix trie (``SuffixDrafter``).
 
@@ -166,7 +166,7 @@ def suffix_generate(
     if memory is not None and memory.max_depth != max_tree_depth:
         raise ValueError(f"the memory's depth is {memory.max_depth}, not max_tree_depth {max_tree_depth}")
     drafter = SuffixDrafter(prompt, max_tree_depth, max_spec_tokens, max_spec_factor, max_spec_offset, min_token_prob, memory)
-    out, rate = speculative(prompt, KVCacheModel(target, use_cache), drafter, config)
+    out, rate = speculative(prompt, config.runner(target), drafter, config)
     if memory is not None:
         memory.add(out)
     return out, rate

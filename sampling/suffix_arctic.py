@@ -13,7 +13,6 @@ from sampling.config import GenerationConfig
 from sampling.drafters import UNLIMITED, _write
 from sampling.speculative_decoding import speculative
 from sampling.suffix import SuffixSettings
-from utils.caching import KVCacheModel
 
 _REQUESTS = itertools.count()
 
@@ -84,6 +83,6 @@ def arctic_suffix_generate(inputs: List[int], target: Module, cache=None, settin
     generation_end(len(prompt), config.max_gen_len, context_window(target))
     drafter = ArcticSuffixDrafter(cache if cache is not None else arctic_cache(settings.max_tree_depth), prompt, settings)
     try:
-        return speculative(prompt, KVCacheModel(target, bool(kwargs.get("use_cache", False))), drafter, config)
+        return speculative(prompt, config.runner(target), drafter, config)
     finally:
         drafter.stop()

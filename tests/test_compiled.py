@@ -9,7 +9,7 @@ import torch._dynamo
 import utils.compiled as compiled
 from conftest import EOS_NEVER, PROMPT, llama, perturbed_copy, t5
 from ngram_assisted import NGramStorage, chained_speculative_generate, ngram_assisted_speculative_generate
-from sampling import autoregressive_generate, prompt_lookup_generate, speculative_generate
+from sampling import autoregressive_generate, prompt_lookup_generate, speculative_generate, suffix_generate
 from utils.caching import KVCacheModel
 from utils.compiled import CompiledRunner, compile_events, make_runner, prepare, set_compile, why_not_compiled
 from utils.logits_processor import NucleusProcessor
@@ -42,6 +42,7 @@ def run_all(target, drafter, compile, processor=None, prompt=PROMPT):
         "ngram": lambda: ngram_assisted_speculative_generate(prompt, NGramStorage(2, vocab), target, gamma=3, **common)[0],
         "pld": lambda: prompt_lookup_generate(prompt, target, num_pred_tokens=5, **common)[0],
         "chained": lambda: chained_speculative_generate(prompt, NGramStorage(2, vocab), drafter, target, gamma=2, **common)[0],
+        "suffix": lambda: suffix_generate(prompt, target, max_spec_tokens=3, **common)[0],
     }.items():
         torch.manual_seed(7)
         runs[name] = generate()
