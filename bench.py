@@ -423,7 +423,7 @@ def versus_table(rows: List[dict]) -> List[str]:
     peers = sorted({p for r in rows for p in r.get("versus", {})})
     if not peers:
         return []
-    lines = ["## against transformers' own paths", "", "Tokens/s ratio, median over repeats, against transformers "
+    lines = ["## against the peers run alongside", "", "Tokens/s ratio, median over repeats, against "
              + ", ".join(EVERY[p].peer for p in peers) + ":", "",
              "| category | strategy | " + " | ".join(f"vs {EVERY[p].peer}" for p in peers) + " |",
              "| --- | --- |" + " ---: |" * len(peers)]

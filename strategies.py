@@ -234,7 +234,14 @@ def _hf_prompt_lookup(prompt: List[int], s: Settings, stats: GenerationStats) ->
     return _hf_generate(prompt, s, stats, prompt_lookup_num_tokens=s.pld_num_tokens, max_matching_ngram_size=s.pld_max_ngram)
 
 
+def _target_eager(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    """Target AR on our eager runner, whatever ``--compile`` says: the compiled runner's own yardstick."""
+    return autoregressive_generate(prompt, s.target, **_common(s, stats), compile=False)
+
+
 PEERS = [
+    Strategy("target_eager", "Target AR, eager runner", "blue", False, False, False, _target_eager,
+             peer="target AR on our eager runner"),
     Strategy("hf_generate", "transformers generate", "white", False, False, True, _hf_generate, peer="generate"),
     Strategy("hf_generate_static", "transformers generate, static cache", "white", False, False, True, _hf_generate_static,
              peer="generate (static cache)"),

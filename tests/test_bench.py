@@ -37,7 +37,7 @@ def test_benchmark_writes_runs_summary_tables_and_plots_with_no_greedy_divergenc
     assert "## summarization" in report and "## all" in report and "cost of a verification pass over r positions" in report
     assert "time outside model forward passes" in report
     assert "· policy: " in report  # what the policy does on its own is named in the title
-    assert "| all | speculative[g=3] |" in report.split("against transformers' own paths")[1]  # vs assisted, same gamma
+    assert "| all | speculative[g=3] |" in report.split("against the peers run alongside")[1]  # vs assisted, same gamma
     assert {"vs_hf_generate", "vs_hf_prompt_lookup", "vs_hf_assisted"} <= set(summary[0])
     assert "## all" in capsys.readouterr().out
     bench.main(["--from-runs", str(out / "runs.jsonl"), "--out", str(tmp_path / "remade")])
@@ -185,3 +185,27 @@ def test_each_configuration_has_its_own_policy_and_the_warm_up_leaves_no_memory(
     assert all(len(runs) == 2 for runs in seen.values())  # the warm-up, then the one timed run (g=3 given twice runs once)
     assert all(warm_up is not timed for warm_up, timed in seen.values())
     assert len({id(timed) for _, timed in seen.values()}) == len(seen)  # no two configurations share a policy
+
+
+def test_compiled_benchmark_compiles_before_timing_reports_it_apart_and_runs_the_eager_yardstick(tiny_models, tmp_path,
+                                                                                                monkeypatch):
+    """--compile: our strategies run compiled passes (named in the title), the compile time is its own
+    line, target AR on the eager runner runs alongside as a peer, no greedy run diverges, and no
+    graph is built after the start-up compilation."""
+    from utils.compiled import compile_events
+
+    after_start_up = []
+    compile_for = bench.Bench.compile_for
+    monkeypatch.setattr(bench.Bench, "compile_for", lambda self, items: (compile_for(self, items), after_start_up.append(len(compile_events))))
+    out = tmp_path / "compiled"
+    bench.main(["--target", tiny_models["target"], "--device", "cpu", "--limit", "1", "--categories", "qa", "--compile",
+                "--strategies", "target,ngram,pld,target_eager", "--storages", "basic", "--max-new-tokens", "8",
+                "--no-calibrate", "--out", str(out)])
+    report = (out / "results.md").read_text()
+    assert "compiled (inductor, frozen weights" in report
+    assert "## compilation" in report and "Compiled at start-up, outside every timed run: target " in report
+    assert "vs target AR on our eager runner" in report
+    records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert {r["key"] for r in records} == {"target", "ngram", "pld", "target_eager"}
+    assert [r for r in records if r["diverged_at"] is not None] == []
+    assert after_start_up == [len(compile_events)]  # nothing compiled inside the warm-up or a timed run
