@@ -42,9 +42,10 @@ def add_shared_flags(parser: argparse.ArgumentParser) -> None:
                         "of the target (default: none)")
     parser.add_argument("--device", help="cpu, cuda, cuda:N, or auto (shard over all GPUs); default cuda when available")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"], help="weights dtype")
-    parser.add_argument("--cache", choices=["static", "dynamic"], help="KV cache kind of our runners: static "
-                        "(preallocated, rolled back by moving the write position) or the model's dynamic cache "
-                        "(default: static on CUDA, the measured default on CPU)")
+    parser.add_argument("--cache", choices=["auto", "static", "dynamic"], default="auto", help="KV cache kind of our eager "
+                        "runners: static (preallocated, rolled back by moving the write position) or the model's dynamic "
+                        "cache; auto measures both at start-up on CPU and keeps the faster, static on CUDA (default auto; "
+                        "--compile always runs over a static cache)")
     parser.add_argument("--prepack", choices=["auto", "on", "off"], default="auto", help="float32 CPU linear layers of our eager "
                         "runners run from a copy of their weights reordered once for oneDNN (same logits up to rounding; faster "
                         "on some CPUs, slower on others); auto measures both at start-up and keeps the faster (default auto)")
@@ -169,7 +170,8 @@ def load_pair(
     the target's shape measures clearly faster in it (``utils.cpu_dtype``), else float32."""
     import torch
 
-    from sampling.calibration import choose_prepack
+    from sampling.calibration import choose_cache, choose_prepack
+    from utils.caching import model_device, prepacked_linears
     from utils.caching import set_cache, set_prepack
     from utils.compiled import prepare, set_compile, why_not_compiled
     from utils.models import resolve_device
@@ -199,7 +201,7 @@ def load_pair(
     for role, model in (("target", pair.target), ("drafter", pair.drafter)):
         if model is None:
             continue
-        set_cache(model, cache)
+        set_cache(model, None if cache == "auto" else cache)
         reason = why_not_compiled(model) if compile else None
         set_compile(model, compile and reason is None)
         if reason is not None:
@@ -209,10 +211,13 @@ def load_pair(
             seconds = prepare(model, compile_length, lambda text: say(f"{role}: {text} ...", "dim"))
             pair.compile_seconds[role] = seconds
             say(f"Compiled the {role} in {seconds:.1f} s (outside every timed run)")
-        elif prepack == "auto":
+            continue
+        if prepack == "auto" and prepacked_linears(model, True):
             model._specdec_prepack_note = choose_prepack(model)
         else:
             set_prepack(model, prepack in (True, "on"))
+        if cache == "auto" and model_device(model).type == "cpu":
+            model._specdec_cache_note = choose_cache(model)
     return pair
 
 
@@ -228,7 +233,7 @@ def describe(model: "Module", label: str, quantize: str) -> str:
     line = f"{label} · {next(model.parameters()).device} · {model.dtype} · quantization {quantize} · "
     if compile_wanted(model):
         return line + f"static KV cache · {compiled_label(model)}"
-    line += f"{runner_cache(model)} KV cache · eager"
+    line += getattr(model, "_specdec_cache_note", f"{runner_cache(model)} KV cache") + " · eager"
     note = getattr(model, "_specdec_prepack_note", None)
     if note is not None:
         return line + f" · {note}"

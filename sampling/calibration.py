@@ -10,7 +10,7 @@ from torch.nn import Module
 
 from sampling.common import context_window, output_vocab_size
 from sampling.draft_policy import DraftPolicy
-from utils.caching import KVCacheModel, drop_prepacked, prepacked_linears, set_prepack, synchronize
+from utils.caching import KVCacheModel, drop_prepacked, prepacked_linears, runner_cache, set_cache, set_prepack, synchronize
 from utils.compiled import make_runner
 
 # Cost-aware pausing threshold of the calibrated policy: drafting pauses while a drafting step
@@ -104,13 +104,13 @@ def calibrated_policy(target: Module, min_gain: float = DEFAULT_MIN_GAIN, drafte
     return DraftPolicy(min_gain=min_gain, row_costs=costs, draft_cost=draft_cost, calibration=note, **policy)
 
 
-class _PrepackTimer(_Timer):
-    """A ``_Timer`` whose runner computes the linear layers from prepacked copies or from the model's own."""
+class _EagerTimer(_Timer):
+    """A ``_Timer`` over an eager runner with the given prepacking (None: the model's) and cache kind."""
 
-    def __init__(self, model: Module, context: int, prepack: bool):
+    def __init__(self, model: Module, context: int, prepack: Optional[bool] = None, cache: Optional[str] = None):
         self.model, self.context = model, context
         self.ids = torch.randint(output_vocab_size(model), (1, context + 1), generator=torch.Generator().manual_seed(0))
-        self.runner = KVCacheModel(model, True, prepack=prepack)
+        self.runner = KVCacheModel(model, True, prepack=prepack, cache=cache)
         self.runner(self.ids[:, :context], 1)
 
 
@@ -123,10 +123,26 @@ def choose_prepack(model: Module, context: int = 64, repeats: int = 7) -> str:
     if not prepacked_linears(model, True):
         set_prepack(model, False)
         return "no float32 CPU linear layers to prepack"
-    packed, own = _medians([(_PrepackTimer(model, context, True), 1), (_PrepackTimer(model, context, False), 1)], repeats)
+    packed, own = _medians([(_EagerTimer(model, context, prepack=True), 1), (_EagerTimer(model, context, prepack=False), 1)], repeats)
     chosen = packed < 0.95 * own
     set_prepack(model, chosen)
     if not chosen:
         drop_prepacked(model)  # a copy of the weights, no longer used
     verdict = "prepacked linears" if chosen else "the model's own linears"
     return f"{verdict} (measured {packed * 1e3:.1f} ms a pass prepacked, {own * 1e3:.1f} ms its own)"
+
+
+@torch.no_grad()
+def choose_cache(model: Module, context: int = 256, repeats: int = 7) -> str:
+    """Measure one-position cached passes of ``model`` after ``context`` positions with the static KV
+    cache and with the model's dynamic one, set the faster (``set_cache``; static only when at
+    least 5% faster) and return one line saying what was measured. A model that cannot take the
+    static cache keeps the dynamic one, and says so."""
+    if runner_cache(model, "static") != "static":
+        set_cache(model, "dynamic")
+        return "the model's dynamic KV cache (it cannot take the static one)"
+    static, dynamic = _medians([(_EagerTimer(model, context, cache="static"), 1), (_EagerTimer(model, context, cache="dynamic"), 1)],
+                               repeats)
+    chosen = "static" if static < 0.95 * dynamic else "dynamic"
+    set_cache(model, chosen)
+    return f"{chosen} KV cache (measured {static * 1e3:.1f} ms a pass static, {dynamic * 1e3:.1f} ms dynamic)"
