@@ -245,8 +245,12 @@ class Bench:
         # weights, cache, runner and prepacking, as the REPL says them
         self.target_label = describe(pair.target, pair.target_label, pair.quantize) + (f" · {pair.dtype_note}" if pair.dtype_note else "")
         self.vocab = output_vocab_size(self.target)
-        self.settings = build_settings(pair, self.processor, length=args.max_new_tokens, calibrate=not args.no_calibrate,
-                                       adaptive=args.adaptive, pause=args.pause, min_gain=args.min_gain, remember=args.policy_memory)
+        try:
+            self.settings = build_settings(pair, self.processor, length=args.max_new_tokens, calibrate=not args.no_calibrate,
+                                           adaptive=args.adaptive, pause=args.pause, min_gain=args.min_gain,
+                                           remember=args.policy_memory, row_costs=args.row_costs)
+        except SetupError as error:
+            raise SystemExit(f"error: {error}") from None
         self.settings.hf_compile = args.compile
         policy = self.settings.policy
         if "auto" in args.gamma and policy.row_costs is None:

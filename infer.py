@@ -333,7 +333,10 @@ def main(argv: Optional[List[str]] = None) -> None:
         console.print("[bold]Drafter:[/bold] none (speculative decoding off; start with --drafter MODEL to compare it)")
     else:
         console.print(Text("Drafter: ", style="bold") + Text(describe(pair.drafter, pair.drafter_label, pair.drafter_quantize)))
-    settings = build_settings(pair, processor, args.gamma, args.length, not args.no_calibrate, say=say)
+    try:
+        settings = build_settings(pair, processor, args.gamma, args.length, not args.no_calibrate, say=say, row_costs=args.row_costs)
+    except SetupError as error:
+        fail(str(error))
     if not args.no_calibrate:
         console.print(f"[bold]Policy:[/bold] {settings.policy.describe(settings.gamma)}")
     repl = Repl(settings, not args.no_chat, processor_name, processor_args, args.seed)

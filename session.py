@@ -56,8 +56,22 @@ def add_shared_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     parser.add_argument("--processor", default="greedy", help='sampling, as the REPL\'s /processor takes it, e.g. "nucleus 0.6 0.9" (default greedy)')
     parser.add_argument("--seed", type=flag_type("--seed", "seed"), default=42, help="seed set before each strategy (default 42)")
+    parser.add_argument("--row-costs", type=row_costs_flag, help="the target's verification costs by positions 1..N relative to "
+                        "one, e.g. 1,1.1,1.2,1.3 (costs measured before, for a run that must not depend on a busy machine's "
+                        "measurement): used instead of measuring them; the start-up line says they were given")
     parser.add_argument("--no-calibrate", action="store_true", help="skip measuring the target's verification costs at start "
                         "(a few seconds): no padded passes, no cost-aware pausing (the library's default policy)")
+
+
+def row_costs_flag(text: str) -> Tuple[float, ...]:
+    """``--row-costs``: positive numbers separated by commas, the first 1 (a pass over one position)."""
+    try:
+        costs = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--row-costs takes numbers separated by commas, e.g. 1,1.1,1.2; got {text!r}") from None
+    if not costs or costs[0] != 1.0 or any(not c > 0 for c in costs):
+        raise argparse.ArgumentTypeError(f"--row-costs must start with 1 and be positive, got {text!r}")
+    return costs
 
 
 def read_processor(text: str, auto: bool = False, calibrate: bool = True):
@@ -243,6 +257,7 @@ def describe(model: "Module", label: str, quantize: str) -> str:
 def build_settings(
     pair: Pair, processor, gamma: int | str = 4, length: int = 35, calibrate: bool = True, adaptive: bool = False,
     pause: Optional[Tuple[int, int]] = None, min_gain: Optional[float] = None, remember: bool = False, say: Say = to_stderr,
+    row_costs: Optional[Tuple[float, ...]] = None,
 ) -> "Settings":
     """``strategies.Settings`` for ``pair``, with the policy calibrated on it (``sampling.calibrated_policy``,
     ``min_gain`` its default when None) or, without ``calibrate``, the library's default policy
@@ -255,8 +270,13 @@ def build_settings(
     options = dict(adaptive=adaptive, remember=remember, **({"pause_after": pause[0], "pause_steps": pause[1]} if pause else {}))
     auto = gamma == "auto"
     if calibrate:
-        say("Measuring the target's verification costs ...", "dim")
-        policy = calibrated_policy(pair.target, drafter=pair.drafter, **({} if min_gain is None else {"min_gain": min_gain}), **options)
+        if row_costs is None:
+            say("Measuring the target's verification costs ...", "dim")
+        try:
+            policy = calibrated_policy(pair.target, drafter=pair.drafter, row_costs=row_costs,
+                                       **({} if min_gain is None else {"min_gain": min_gain}), **options)
+        except ValueError as error:
+            raise SetupError(f"--row-costs: {error}") from None
         policy.auto = auto and policy.row_costs is not None
     else:
         policy = DraftPolicy(min_gain=min_gain or 0.0, **options)

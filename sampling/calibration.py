@@ -83,15 +83,21 @@ def plausible_row_costs(costs: Tuple[float, ...]) -> bool:
     return bool(costs) and all(0.8 <= c <= 2.0 * rows for rows, c in enumerate(costs, start=1))
 
 
-def calibrated_policy(target: Module, min_gain: float = DEFAULT_MIN_GAIN, drafter: Optional[Module] = None, **policy) -> DraftPolicy:
+def calibrated_policy(target: Module, min_gain: float = DEFAULT_MIN_GAIN, drafter: Optional[Module] = None,
+                      row_costs: Optional[Tuple[float, ...]] = None, **policy) -> DraftPolicy:
     """The REPL's and the benchmark's default policy: verification costs measured on ``target``
     where it runs (``measure_row_costs``, a few seconds), the cost of a ``drafter`` pass
     (``measure_draft_cost``), cheaper padded passes, cost-aware pausing.
 
     A measurement that cannot be real (``plausible_row_costs``) is taken again once; if it still
     is not plausible the policy has no ``row_costs`` (constant length, no padding) and its
-    ``calibration`` says why. ``calibration`` holds the costs measured, for the record."""
-    for _ in range(2):
+    ``calibration`` says why. ``calibration`` holds the costs measured, for the record. ``row_costs``
+    given (costs measured before, ``--row-costs``) are used as they are, checked but not measured."""
+    if row_costs is not None:
+        costs = tuple(float(c) for c in row_costs)
+        if not plausible_row_costs(costs):
+            raise ValueError(f"row costs {costs} are not plausible: r = 1 costs 1, each r costs 0.8 to 2r")
+    for _ in range(2 if row_costs is None else 0):
         costs = measure_row_costs(target)
         if plausible_row_costs(costs):
             break
@@ -100,7 +106,7 @@ def calibrated_policy(target: Module, min_gain: float = DEFAULT_MIN_GAIN, drafte
     if not plausible_row_costs(costs):
         note = f"Verification costs measured twice and not plausible ({shown}): not used, constant draft length"
         return DraftPolicy(min_gain=min_gain, draft_cost=draft_cost, calibration=note, **policy)
-    note = f"Verification cost by positions 1..{len(costs)}: {shown}"
+    note = f"Verification cost by positions 1..{len(costs)}: {shown}" + (" (given, not measured)" if row_costs is not None else "")
     return DraftPolicy(min_gain=min_gain, row_costs=costs, draft_cost=draft_cost, calibration=note, **policy)
 
 

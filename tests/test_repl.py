@@ -31,9 +31,12 @@ def command(child, line: str, expected: str):
     return text + child.before
 
 
+GIVEN_COSTS = "1,1.1,1.15,1.2,1.3,1.4,1.5,1.6,1.7,1.8,1.9,2.0"  # /gamma auto must not depend on a busy machine's measurement
+
+
 @pytest.fixture(scope="module")
 def repl(tiny_models):
-    child = spawn("--target", tiny_models["target"], "--drafter", tiny_models["drafter"])
+    child = spawn("--target", tiny_models["target"], "--drafter", tiny_models["drafter"], "--row-costs", GIVEN_COSTS)
     yield child
     child.close(force=True)
 
@@ -247,6 +250,10 @@ def test_start_up_measures_verification_costs_unless_told_not_to(tiny_models):
     # that a measurement is made and shown, never what the clock said (a busy machine can make it implausible)
     assert "Verification cost" in measured.stdout
     assert "Verification cost" not in skipped.stdout and "Target AR" in skipped.stdout
+    given = run("--target", tiny_models["target"], "--prompt", "Hi", "--length", "4", "--row-costs", "1,1.2,1.1")
+    assert given.returncode == 0 and "Verification cost by positions 1..3: 1.00 1.20 1.10 (given, not measured)" in given.stdout
+    refused = run("--target", tiny_models["target"], "--prompt", "Hi", "--row-costs", "1,9")
+    assert refused.returncode == 1 and "--row-costs" in refused.stdout and "not plausible" in refused.stdout
 
 
 def test_speculative_without_drafter_says_how_to_get_one(tiny_models):
