@@ -3,8 +3,10 @@ from sampling.calibration import calibrated_policy, measure_draft_cost, measure_
 from sampling.config import GenerationConfig, Observer, Step
 from sampling.draft_policy import DraftPolicy
 from sampling.prompt_lookup import prompt_lookup_generate
+from sampling.recycling import token_recycling_generate
 from sampling.speculative_decoding import speculative_generate, speculative_generate_encoder_decoder
 from sampling.stats import GenerationStats
+from sampling.tree_decoding import draft_tree_and_verify, ngram_tree_generate
 
 __all__ = [
     "autoregressive_generate",
@@ -13,6 +15,9 @@ __all__ = [
     "autoregressive_generate_encoder_decoder",
     "speculative_generate_encoder_decoder",
     "prompt_lookup_generate",
+    "ngram_tree_generate",
+    "token_recycling_generate",
+    "draft_tree_and_verify",
     "DraftPolicy",
     "measure_row_costs",
     "measure_draft_cost",
