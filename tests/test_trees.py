@@ -104,3 +104,145 @@ def test_bad_trees_and_models_are_refused_in_one_line():
         KVCacheModel(mistral(), use_cache=True).tree_pass(torch.tensor([PROMPT]), len(PROMPT), [1], [-1])
     with pytest.raises(ValueError, match="encoder-decoder"):
         KVCacheModel(t5(), use_cache=True, encoder_input_ids=PROMPT).tree_pass(torch.tensor([[0]]), 1, [1], [-1])
+
+
+# ---- the tree loop: greedy exact --------------------------------------------------------------
+import functools  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate  # noqa: E402
+from sampling import (  # noqa: E402
+    DraftPolicy,
+    GenerationStats,
+    autoregressive_generate,
+    ngram_tree_generate,
+    token_recycling_generate,
+)
+from sampling.config import GenerationConfig  # noqa: E402
+from sampling.drafters import NGramDrafter  # noqa: E402
+from sampling.speculative_decoding import draft_and_verify  # noqa: E402
+from sampling.tree_decoding import draft_tree_and_verify  # noqa: E402
+from utils.caching import set_cache  # noqa: E402
+from utils.logits_processor import GreedyProcessor, MultinomialProcessor, TopKProcessor  # noqa: E402
+
+GEN = 40
+LONG_PROMPT = [5, 17, 33, 5, 17, 40, 2, 9, 5, 17, 33, 71]
+COSTS = (1.0, 1.1, 1.15, 1.2, 1.3, 1.4, 1.6, 1.8)
+
+
+@functools.lru_cache(maxsize=None)
+def reference(name: str):
+    return autoregressive_generate(LONG_PROMPT, MODELS[name](), max_gen_len=GEN, eos_tokens_id=[], use_cache=False)
+
+
+@functools.lru_cache(maxsize=None)
+def target_of(name: str):
+    return MODELS[name]()
+
+
+def run_tree_strategy(strategy, model, use_cache, policy=None, stats=None, processor=GreedyProcessor(), size=12, length=GEN, prompt=LONG_PROMPT):
+    common = dict(logits_processor=processor, max_gen_len=length, eos_tokens_id=[], use_cache=use_cache, policy=policy, stats=stats)
+    if strategy == "tree_ngram":
+        return ngram_tree_generate(list(prompt), NGramStorage(3, model.config.vocab_size), model, tree_size=size, **common)[0]
+    return token_recycling_generate(list(prompt), model, tree_size=size, **common)[0]
+
+
+@pytest.mark.parametrize("cache", ["static", "dynamic", "off"])
+@pytest.mark.parametrize("strategy", ["tree_ngram", "recycling"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_tree_strategies_are_greedy_exact(name, strategy, cache):
+    model = target_of(name)
+    set_cache(model, None if cache == "off" else cache)
+    accepted = 0
+    try:
+        for policy in (None, DraftPolicy(row_costs=COSTS, min_gain=1.0)):
+            stats = GenerationStats()
+            assert run_tree_strategy(strategy, model, cache != "off", policy, stats) == reference(name), policy
+            accepted += stats.accepted
+    finally:
+        set_cache(model, None)
+    assert accepted > 0 or name != "llama", "some drafts must be accepted for the test to mean anything"
+
+
+class OracleTree:
+    """Proposes a given tree shape whose nodes are right (the greedy continuation at their depth)
+    or wrong as told: exercises any shape, any place of the right branch among its siblings."""
+
+    cheap = True
+
+    def __init__(self, parents, right, continuation, vocab):
+        self.parents, self.right, self.continuation, self.vocab = parents, right, continuation, vocab
+        self.depths = tree_depths(parents)
+
+    def propose_tree(self, tokens, budget):
+        cur, nodes = len(tokens), []
+        for i, (parent, good, depth) in enumerate(zip(self.parents, self.right, self.depths)):
+            truth = self.continuation[cur + depth] if cur + depth < len(self.continuation) else 0
+            nodes.append(truth if good else (truth + 1 + i) % self.vocab)
+        return nodes[:budget], self.parents[:budget]
+
+    def fetch(self, target_probs):
+        return None
+
+    def accept_tree(self, tokens, start, nodes, parents, path, fetched):
+        pass
+
+
+@st.composite
+def trees(draw):
+    size = draw(st.integers(1, 10))
+    parents = [draw(st.integers(-1, i - 1)) for i in range(size)]
+    return parents, [draw(st.booleans()) for _ in range(size)]
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(tree=trees(), cache=st.sampled_from(["static", "dynamic", "off"]), costs=st.booleans())
+def test_any_tree_shape_is_greedy_exact(tree, cache, costs):
+    parents, right = tree
+    model = target_of("llama")
+    expected = reference("llama")
+    drafter = OracleTree(parents, right, LONG_PROMPT + expected, model.config.vocab_size)
+    policy = DraftPolicy(row_costs=COSTS) if costs else DraftPolicy()
+    config = GenerationConfig(max_gen_len=GEN, gamma=len(parents), use_cache=cache != "off", policy=policy)
+    runner = KVCacheModel(model, use_cache=cache != "off", cache=None if cache == "off" else cache)
+    assert draft_tree_and_verify(list(LONG_PROMPT), runner, drafter, config) == expected
+
+
+class ChainAsTree(NGramDrafter):
+    """An n-gram drafter whose tree is its chain (each node the child of the one before)."""
+
+    def propose_tree(self, tokens, budget):
+        ids = torch.zeros((1, len(tokens) + budget), dtype=torch.long)
+        count, _ = self.propose(ids, tokens, budget)
+        return ids[0, len(tokens) : len(tokens) + count].tolist(), list(range(-1, count - 1))
+
+
+@pytest.mark.parametrize("processor", [GreedyProcessor(), MultinomialProcessor(1.0)], ids=["greedy", "multinomial"])
+def test_a_tree_that_is_a_chain_gives_the_chain_loops_tokens(processor):
+    greedy = isinstance(processor, GreedyProcessor)
+    model = target_of("llama") if greedy else llama(vocab=4, init=0.3, seed=3)  # sampled drafts accepted often
+    outputs = []
+    for loop, drafter_type in ((draft_and_verify, NGramDrafter), (draft_tree_and_verify, ChainAsTree)):
+        storage = NGramStorage(3, model.config.vocab_size)
+        storage.add_sequence([t % model.config.vocab_size for t in LONG_PROMPT])
+        drafter = drafter_type(storage, filler_top_k=3 if greedy else 1, stop_if_unknown=True)
+        stats = GenerationStats()
+        config = GenerationConfig(processor=processor, max_gen_len=GEN, gamma=4, use_cache=True, stats=stats)
+        torch.manual_seed(5)
+        prompt = [t % model.config.vocab_size for t in LONG_PROMPT]
+        outputs.append((loop(prompt, KVCacheModel(model, True), drafter, config), stats.accepted, stats.target_forward_passes))
+    assert outputs[0] == outputs[1] and outputs[0][1] > 0
+
+
+def test_tree_size_never_pays_less_than_its_pass():
+    from sampling.tree_decoding import tree_size
+
+    policy = DraftPolicy(row_costs=COSTS)
+    fan = [-1] * 8
+    assert tree_size(policy, fan) == 8  # no record yet: the whole proposal
+    policy.hits, policy.trials = 0.05, 1.0  # drafts almost never accepted: no tree pays for its pass
+    assert tree_size(policy, fan) == 0
+    policy.hits, policy.trials = 0.9, 1.0  # a chain of likely drafts pays; far siblings do not
+    chain_then_fan = [-1, 0, 1, 2, -1, -1, -1, -1]
+    assert tree_size(policy, chain_then_fan) == 4
