@@ -70,18 +70,17 @@ def tree_size(policy: DraftPolicy, parents: List[int], rows_before: int = 1) -> 
     return best
 
 
-def _within(nodes: List[int], parents: List[int], depths: List[int], room: int) -> Tuple[List[int], List[int], List[int]]:
-    """The nodes at depth < ``room`` (a dropped node's descendants are deeper: dropped too), reindexed."""
-    if all(d < room for d in depths):
-        return nodes, parents, depths
-    index, kept = {-1: -1}, ([], [], [])
-    for i, (token, parent, depth) in enumerate(zip(nodes, parents, depths)):
-        if depth < room:
-            index[i] = len(kept[0])
-            kept[0].append(token)
-            kept[1].append(index[parent])
-            kept[2].append(depth)
-    return kept
+def _within(depths: List[int], room: int) -> List[int]:
+    """Indices of the nodes at depth < ``room`` (a dropped node's descendants are deeper: dropped too)."""
+    return [i for i, depth in enumerate(depths) if depth < room]
+
+
+def _subtree(nodes: List[int], parents: List[int], kept: List[int]) -> Tuple[List[int], List[int]]:
+    """The nodes ``kept`` (ascending, closed under parents) and their parents, reindexed."""
+    index = {-1: -1}
+    for new, old in enumerate(kept):
+        index[old] = new
+    return [nodes[i] for i in kept], [index[parents[i]] for i in kept]
 
 
 def _children(parents: List[int]) -> List[List[int]]:
@@ -196,14 +195,17 @@ def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, confi
                 nodes, parents, q = drafter.propose_tree_with_probs(tokens, config.gamma)
             else:
                 nodes, parents = drafter.propose_tree(tokens, config.gamma)
+            # which nodes to verify is decided from the shape only, never from a token: drafts
+            # with probabilities stay independent samples of their parents' q
             depths = tree_depths(parents)
-            if q is None:  # a prefix of a deterministic tree is a tree: keep what pays
-                nodes, parents, depths = _within(nodes, parents, depths, room)
-                count = tree_size(policy, parents)
-                count = count if count >= policy.min_draft else 0
-                nodes, parents, depths = nodes[:count], parents[:count], depths[:count]
-            elif max(depths, default=-1) >= room:  # dropping sampled drafts would bias: draw none this step
-                nodes, parents, depths, q = [], [], [], None
+            kept = _within(depths, room)
+            nodes, parents = _subtree(nodes, parents, kept)
+            count = tree_size(policy, parents)
+            count = count if count >= policy.min_draft else 0
+            kept = kept[:count]
+            nodes, parents, depths = nodes[:count], parents[:count], [depths[i] for i in kept]
+            if q is not None:
+                q = q[[0] + [1 + i for i in kept]] if kept else None
         drafted_at = time.perf_counter()
         n_nodes = len(nodes)
         if n_nodes:
