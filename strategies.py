@@ -23,8 +23,10 @@ from sampling import (
     DraftPolicy,
     GenerationStats,
     autoregressive_generate,
+    ngram_tree_generate,
     prompt_lookup_generate,
     speculative_generate,
+    token_recycling_generate,
 )
 from utils.caching import model_device, synchronize
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
@@ -54,6 +56,7 @@ class Settings:
     policy: DraftPolicy = field(default_factory=DraftPolicy)
     hf_compile: bool = False  # the transformers static-cache peer compiles its forward (also on CPU)
     streamer: Optional[Callable[[List[int], int], None]] = None
+    tree_size: int = 16  # most nodes of a draft tree (tree_ngram, recycling); the calibrated policy keeps those that pay
 
     def lookup_storage(self) -> INgramStorage:
         """The n-gram storage a strategy drafts from: the generation's own, then the static tier."""
@@ -98,6 +101,15 @@ def _chained(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int
         **_common(s, stats), policy=s.policy)[0]
 
 
+def _tree_ngram(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    return ngram_tree_generate(prompt, s.lookup_storage(), s.target, s.tokenizer, tree_size=s.tree_size,
+                               filler_top_k=s.top_k_filler, **_common(s, stats), policy=s.policy)[0]
+
+
+def _recycling(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    return token_recycling_generate(prompt, s.target, s.tokenizer, tree_size=s.tree_size, **_common(s, stats), policy=s.policy)[0]
+
+
 def _autoregressive(model: Module, prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
     return autoregressive_generate(prompt, model, **_common(s, stats))
 
@@ -120,6 +132,7 @@ class Strategy:
     drafter_ar: bool = False  # the drafter model alone: a draft's cost against the baseline, not the target's output
     peer: str = ""  # a transformers path (greedy only): how the benchmark names it in its table against them
     gamma_peer: str = ""  # the transformers peer that drafts as this strategy does, compared at the same gamma
+    trees: bool = False  # verifies draft trees (Settings.tree_size nodes at most): needs full attention (tree_unsupported)
 
 
 STRATEGIES = [
@@ -130,6 +143,9 @@ STRATEGIES = [
     Strategy("pld", "Prompt lookup", "magenta", False, True, True, _prompt_lookup),
     Strategy("chained", "Chained n-gram+drafter", "bright_green", True, True, True, _chained, takes_gamma=True,
              auto_gamma=True, takes_storage=True, storages=("basic",)),
+    Strategy("tree_ngram", "N-gram tree", "bright_yellow", False, True, True, _tree_ngram, takes_storage=True,
+             storages=("basic",), trees=True),
+    Strategy("recycling", "Token recycling", "bright_magenta", False, True, True, _recycling, trees=True),
     Strategy("target", "Target AR", "blue", False, False, False, lambda p, s, st: _autoregressive(s.target, p, s, st),
              baseline=True),
     Strategy("drafter", "Drafter AR", "cyan", True, False, False, lambda p, s, st: _autoregressive(s.drafter, p, s, st),
