@@ -42,27 +42,66 @@ class TreeDrafter(Protocol):
         root to leaf) accepted, then the target's own token; ``fetched`` as ``fetch`` returned it, on the host."""
 
 
-def tree_size(policy: DraftPolicy, parents: List[int], rows_before: int = 1) -> int:
-    """How many of the proposal's first nodes to verify: the count that maximises expected tokens
-    per unit of pass cost, 0 when no tree is expected to give more tokens than its pass costs.
+class TreeRecord:
+    """What a generation's tree steps showed, per sibling rank (the drafter's order): decaying counts
+    of the levels reached that offered a child of that rank, and of those where it was accepted."""
 
-    Estimate: ``a`` is the policy's recent rate of levels where some child was accepted
-    (``DraftPolicy.hits / trials``, fed by the tree loop); the child of rank ``s`` among its
-    siblings (the drafter's order) is taken to be accepted with ``a * (1 - a)^s``, a path with the
-    product along it, and a tree is expected to emit ``1 + sum of its nodes' path estimates``
-    tokens. The pass over ``rows_before + N`` positions costs ``policy.cost`` of that (measured
-    ``row_costs``, linear beyond). Without ``row_costs`` or any record yet, the whole proposal.
+    DECAY = 0.7  # as DraftPolicy's record: recent steps weigh most (counts saturate at 1 / (1 - 0.7))
+    PRIOR_WEIGHT = 0.5
+
+    def __init__(self):
+        self.offered: List[float] = []
+        self.taken: List[float] = []
+
+    def rate(self, rank: int) -> float:
+        """Estimated chance that the child of ``rank`` is the one accepted at a level reached. Half
+        a pseudo-observation of ``0.5^(rank + 1)`` keeps it defined, and brings a rank that is no
+        longer verified back toward that prior as its record decays, so it is tried again."""
+        prior = 0.5 ** (rank + 1)
+        if rank >= len(self.offered):
+            return prior
+        return (self.taken[rank] + self.PRIOR_WEIGHT * prior) / (self.offered[rank] + self.PRIOR_WEIGHT)
+
+    def update(self, children: List[List[int]], path: List[int]) -> None:
+        """Learn from one step: the rows the walk reached (the root, then each accepted node) and which child it took."""
+        self.offered = [c * self.DECAY for c in self.offered]
+        self.taken = [c * self.DECAY for c in self.taken]
+        for level, row in enumerate([0] + [i + 1 for i in path]):
+            kids = children[row]
+            grow = len(kids) - len(self.offered)
+            if grow > 0:
+                self.offered += [0.0] * grow
+                self.taken += [0.0] * grow
+            for rank in range(len(kids)):
+                self.offered[rank] += 1.0
+            if level < len(path):
+                self.taken[kids.index(path[level])] += 1.0
+
+    @property
+    def empty(self) -> bool:
+        return not self.offered
+
+
+def tree_size(policy: DraftPolicy, record: TreeRecord, parents: List[int], rows_before: int = 1) -> int:
+    """How many of the proposal's first nodes to verify: the count that maximises expected tokens
+    per unit of pass cost; 0 when no tree is expected to give more tokens than its pass costs.
+
+    Estimate: a node is accepted with the product, along its path, of ``record.rate`` of each
+    node's sibling rank; a tree is expected to emit ``1 + sum of its nodes' estimates`` tokens
+    (the accepted branch's length, plus the target's own token). The pass over
+    ``rows_before + N`` positions costs ``policy.cost`` of that (measured ``row_costs``, linear
+    beyond, relative to a one-position pass). Without ``row_costs``, or before any tree step of
+    the generation, the whole proposal.
     """
-    if policy.row_costs is None or policy.trials == 0 or not parents:
+    if policy.row_costs is None or record.empty or not parents:
         return len(parents)
-    rate = min(1.0, policy.hits / policy.trials)
     siblings: dict = {}
     path: List[float] = []
     expected, best, best_value = 1.0, 0, 1.0 / policy.cost(rows_before)
     for i, parent in enumerate(parents):
         rank = siblings.get(parent, 0)
         siblings[parent] = rank + 1
-        path.append(rate * (1.0 - rate) ** rank * (path[parent] if parent >= 0 else 1.0))
+        path.append(record.rate(rank) * (path[parent] if parent >= 0 else 1.0))
         expected += path[-1]
         value = expected / policy.cost(rows_before + i + 1)
         if value > best_value:
@@ -146,7 +185,7 @@ def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, confi
     """The speculative loop for draft trees; returns the new tokens (prompt excluded).
 
     Each step the drafter proposes a tree of at most ``config.gamma`` nodes (``tree_size`` keeps
-    the first ones that pay for their pass), the target scores the last accepted token and every
+    the first ones that pay for their pass, from the generation's ``TreeRecord``), the target scores the last accepted token and every
     node in one pass (``target.tree_pass``), giving ``p`` at the root and after each node.
     Acceptance:
 
@@ -183,6 +222,7 @@ def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, confi
     with_probs = hasattr(drafter, "propose_tree_with_probs")
     drafting = not config.first_target
     policy.start(config.gamma, drafter.cheap, getattr(drafter, "memory_key", None))
+    record = TreeRecord()
     while len(tokens) < end:
         cur = len(tokens)
         room = end - cur - 1  # a branch of depth d emits d + 2 tokens at most
@@ -200,7 +240,7 @@ def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, confi
             depths = tree_depths(parents)
             kept = _within(depths, room)
             nodes, parents = _subtree(nodes, parents, kept)
-            count = tree_size(policy, parents)
+            count = tree_size(policy, record, parents)
             count = count if count >= policy.min_draft else 0
             kept = kept[:count]
             nodes, parents, depths = nodes[:count], parents[:count], [depths[i] for i in kept]
@@ -243,7 +283,9 @@ def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, confi
             target.keep_branch(cur, path)
         levels = max(depths) + 1 if n_nodes else 0
         stopped_below = children[path[-1] + 1 if path else 0] != []  # a rejection at the last row reached
-        policy.update(n + stopped_below if n_nodes else 0, n, 1 + n_nodes)
+        policy.update(n + stopped_below if n_nodes else 0, n, 1 + n_nodes)  # pauses, min_gain: per pass and its cost
+        if n_nodes:
+            record.update(children, path)
         stats.record_step(levels, min(n, len(emitted)), len(emitted))
         stats.draft_seconds += drafted_at - clock
         stats.verify_seconds += time.perf_counter() - drafted_at

@@ -236,16 +236,22 @@ def test_a_tree_that_is_a_chain_gives_the_chain_loops_tokens(processor):
 
 
 def test_tree_size_never_pays_less_than_its_pass():
-    from sampling.tree_decoding import tree_size
+    from sampling.tree_decoding import TreeRecord, tree_size
 
-    policy = DraftPolicy(row_costs=COSTS)
+    policy, record = DraftPolicy(row_costs=COSTS), TreeRecord()
     fan = [-1] * 8
-    assert tree_size(policy, fan) == 8  # no record yet: the whole proposal
-    policy.hits, policy.trials = 0.05, 1.0  # drafts almost never accepted: no tree pays for its pass
-    assert tree_size(policy, fan) == 0
-    policy.hits, policy.trials = 0.9, 1.0  # a chain of likely drafts pays; far siblings do not
+    assert tree_size(policy, record, fan) == 8  # no record yet: the whole proposal
+    children = [list(range(8))] + [[] for _ in range(8)]
+    for _ in range(20):  # no child ever accepted: no tree pays for its pass
+        record.update(children, [])
+    assert tree_size(policy, record, fan) == 0
+    record = TreeRecord()
     chain_then_fan = [-1, 0, 1, 2, -1, -1, -1, -1]
-    assert tree_size(policy, chain_then_fan) == 4
+    children = [[0, 4, 5, 6, 7], [1], [2], [3]] + [[] for _ in range(5)]
+    for _ in range(20):  # the first child accepted at every level: the chain pays, its siblings do not
+        record.update(children, [0, 1, 2, 3])
+    assert tree_size(policy, record, chain_then_fan) == 4
+    assert TreeRecord().rate(0) == 0.5 and record.rate(0) > 0.9 and record.rate(1) < 0.1
 
 
 # ---- the tree loop: sampled output follows the target's distribution ------------------------

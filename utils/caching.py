@@ -356,9 +356,11 @@ class KVCacheModel:
         passes through as it is, with explicit ``position_ids``). Node ``i``'s keys and values are
         cached at slot ``cur + i`` until ``keep_branch``.
         """
-        reason = tree_unsupported(self.model)
-        if reason is not None:
-            raise ValueError(reason)
+        if not getattr(self, "_trees_checked", False):  # once per runner: it reads the forward's signature
+            reason = tree_unsupported(self.model)
+            if reason is not None:
+                raise ValueError(reason)
+            self._trees_checked = True
         depth = tree_depths(parents)
         n = len(nodes)
         if self.use_cache and self.cached >= cur:  # the root's logits need the last accepted token fed
