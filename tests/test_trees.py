@@ -386,3 +386,26 @@ def test_the_chi_square_test_rejects_the_multi_candidate_rule_without_residuals(
     target, model = tiny
     samples = sample_tree_runs(target, lambda: SampledTree(model, SAMPLING["multinomial"]), SAMPLING["multinomial"])
     assert pvalue(samples, exact(target, "multinomial")) < 1e-6
+
+
+# ---- the benchmark and the refusal of models without full attention ---------------------------
+def test_the_benchmark_runs_the_tree_strategies_greedy_exact(tiny_models, tmp_path):
+    import json
+
+    import bench
+
+    out = tmp_path / "trees"
+    bench.main(["--target", tiny_models["target"], "--device", "cpu", "--limit", "1", "--categories", "summarization",
+                "--strategies", "target,tree_ngram,recycling", "--tree-size", "8", "--max-new-tokens", "8", "--out", str(out)])
+    records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert {r["key"] for r in records} == {"target", "tree_ngram", "recycling"}
+    assert all(r["diverged_at"] is None for r in records)
+
+
+def test_tree_strategies_refuse_a_sliding_window_model_in_one_line():
+    from test_control_combinations import mistral
+
+    with pytest.raises(ValueError, match="sliding-window"):
+        token_recycling_generate(PROMPT, mistral(), max_gen_len=4, use_cache=True)
+    with pytest.raises(ValueError, match="sliding-window"):
+        ngram_tree_generate(PROMPT, NGramStorage(3, 24), mistral(), max_gen_len=4, use_cache=True)
