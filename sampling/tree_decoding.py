@@ -180,6 +180,27 @@ def walk_by_acceptance(children: List[List[int]], accepted: List[int], correctio
         row = match + 1
 
 
+def _proposal(drafter: TreeDrafter, tokens: List[int], budget: int, room: int, policy: DraftPolicy, record: TreeRecord,
+              with_probs: bool) -> Tuple[List[int], List[int], List[int], Tensor | None]:
+    """The tree to verify this step: nodes, parents, depths and, for a drafter with probabilities,
+    ``q`` ``[1 + N, V]``. Nodes deeper than ``room`` are dropped and only the first nodes that
+    pay (``tree_size``) kept: decided from the shape only, never from a token, so drafts with
+    probabilities stay independent samples of their parents' ``q``."""
+    q = None
+    if with_probs:
+        nodes, parents, q = drafter.propose_tree_with_probs(tokens, budget)
+    else:
+        nodes, parents = drafter.propose_tree(tokens, budget)
+    depths = tree_depths(parents)
+    kept = _within(depths, room)
+    nodes, parents = _subtree(nodes, parents, kept)
+    count = tree_size(policy, record, parents)
+    kept = kept[: count if count >= policy.min_draft else 0]
+    if q is not None:
+        q = q[[0] + [1 + i for i in kept]] if kept else None
+    return nodes[: len(kept)], parents[: len(kept)], [depths[i] for i in kept], q
+
+
 @torch.no_grad()
 def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, config: GenerationConfig) -> List[int]:
     """The speculative loop for draft trees; returns the new tokens (prompt excluded).
@@ -226,26 +247,10 @@ def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, confi
     while len(tokens) < end:
         cur = len(tokens)
         room = end - cur - 1  # a branch of depth d emits d + 2 tokens at most
-        wanted = policy.length(policy.bound()) > 0 and room > 0 if drafting else False
+        asked = policy.length(policy.bound()) > 0 and room > 0 if drafting else False
         drafting = True
         clock = time.perf_counter()
-        nodes, parents, q = [], [], None
-        if wanted:
-            if with_probs:
-                nodes, parents, q = drafter.propose_tree_with_probs(tokens, config.gamma)
-            else:
-                nodes, parents = drafter.propose_tree(tokens, config.gamma)
-            # which nodes to verify is decided from the shape only, never from a token: drafts
-            # with probabilities stay independent samples of their parents' q
-            depths = tree_depths(parents)
-            kept = _within(depths, room)
-            nodes, parents = _subtree(nodes, parents, kept)
-            count = tree_size(policy, record, parents)
-            count = count if count >= policy.min_draft else 0
-            kept = kept[:count]
-            nodes, parents, depths = nodes[:count], parents[:count], [depths[i] for i in kept]
-            if q is not None:
-                q = q[[0] + [1 + i for i in kept]] if kept else None
+        nodes, parents, depths, q = _proposal(drafter, tokens, config.gamma, room, policy, record, with_probs) if asked else ([], [], [], None)
         drafted_at = time.perf_counter()
         n_nodes = len(nodes)
         if n_nodes:
@@ -283,7 +288,7 @@ def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, confi
             target.keep_branch(cur, path)
         levels = max(depths) + 1 if n_nodes else 0
         stopped_below = children[path[-1] + 1 if path else 0] != []  # a rejection at the last row reached
-        policy.update(n + stopped_below if n_nodes else 0, n, 1 + n_nodes)  # pauses, min_gain: per pass and its cost
+        policy.update(n + int(stopped_below) if n_nodes else 0, n, 1 + n_nodes)  # pauses, min_gain: per pass and its cost
         if n_nodes:
             record.update(children, path)
         stats.record_step(levels, min(n, len(emitted)), len(emitted))
