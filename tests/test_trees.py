@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from conftest import llama
+from conftest import gpt2, llama
 from utils.caching import KVCacheModel, tree_depths
 
 PROMPT = [5, 17, 33, 5, 17, 40, 2, 9]
@@ -24,7 +24,7 @@ def qwen2(vocab=96, seed=0):
     return Qwen2ForCausalLM(config).to(torch.float64).eval()
 
 
-MODELS = {"llama": llama, "qwen2": qwen2}
+MODELS = {"llama": llama, "qwen2": qwen2, "gpt2": gpt2}
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
