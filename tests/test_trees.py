@@ -1,12 +1,23 @@
 """Draft trees verified in one target pass: the tree pass scores each node as a chain pass over
 its branch would, the kept branch leaves the cache a fresh one would be, and the tree loop is
 greedy exact and sampling lossless (chi-square against exact enumeration, with a power check)."""
+import functools
+
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from conftest import gpt2, llama
-from utils.caching import KVCacheModel, tree_depths
+from ngram_assisted import NGramStorage
+from sampling import DraftPolicy, GenerationStats, autoregressive_generate, ngram_tree_generate, token_recycling_generate, tree_decoding
+from sampling.config import GenerationConfig
+from sampling.drafters import NGramDrafter
+from sampling.speculative_decoding import draft_and_verify
+from sampling.tree_decoding import draft_tree_and_verify
+from test_lossless_sampling import LENGTH, PROMPT as TINY_PROMPT, chi_square_pvalue, exact_distribution
+from utils.caching import KVCacheModel, set_cache, tree_depths
+from utils.logits_processor import GreedyProcessor, MultinomialProcessor, TopKProcessor
 
 PROMPT = [5, 17, 33, 5, 17, 40, 2, 9]
 # (nodes, parents): a chain, a fan, a deep tree with siblings at every level
@@ -107,25 +118,6 @@ def test_bad_trees_and_models_are_refused_in_one_line():
 
 
 # ---- the tree loop: greedy exact --------------------------------------------------------------
-import functools  # noqa: E402
-
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
-
-from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate  # noqa: E402
-from sampling import (  # noqa: E402
-    DraftPolicy,
-    GenerationStats,
-    autoregressive_generate,
-    ngram_tree_generate,
-    token_recycling_generate,
-)
-from sampling.config import GenerationConfig  # noqa: E402
-from sampling.drafters import NGramDrafter  # noqa: E402
-from sampling.speculative_decoding import draft_and_verify  # noqa: E402
-from sampling.tree_decoding import draft_tree_and_verify  # noqa: E402
-from utils.caching import set_cache  # noqa: E402
-from utils.logits_processor import GreedyProcessor, MultinomialProcessor, TopKProcessor  # noqa: E402
-
 GEN = 40
 LONG_PROMPT = [5, 17, 33, 5, 17, 40, 2, 9, 5, 17, 33, 71]
 COSTS = (1.0, 1.1, 1.15, 1.2, 1.3, 1.4, 1.6, 1.8)
@@ -255,9 +247,6 @@ def test_tree_size_never_pays_less_than_its_pass():
 
 
 # ---- the tree loop: sampled output follows the target's distribution ------------------------
-from sampling import tree_decoding  # noqa: E402
-from test_lossless_sampling import LENGTH, PROMPT as TINY_PROMPT, chi_square_pvalue, exact_distribution  # noqa: E402
-
 RUNS = 1000
 SAMPLING = {"multinomial": MultinomialProcessor(1.0), "topk": TopKProcessor(0.8, 3)}
 
