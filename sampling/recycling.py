@@ -26,15 +26,15 @@ def tree_template(size: int, top_k: int, max_depth: int = MAX_DEPTH) -> Tuple[Tu
     then that token's third), best first by ``prod(RANK_DECAY^(rank + 1))``, so every prefix is a
     tree and the best smaller one. The paper's tree is hand-tuned (80 nodes on a GPU); this one
     has the same form, wide near the root and narrow deeper, at any size."""
-    heap = [(-RANK_DECAY ** (r + 1), (r,)) for r in range(top_k)]
+    heap = [(-RANK_DECAY ** (r + 1), 1, (r,)) for r in range(top_k)]  # ties: the shallower first (breadth first)
     heapq.heapify(heap)
     shape: List[Tuple[int, ...]] = []
     while heap and len(shape) < size:
-        negative, ranks = heapq.heappop(heap)
+        negative, depth, ranks = heapq.heappop(heap)
         shape.append(ranks)
-        if len(ranks) < max_depth:
+        if depth < max_depth:
             for r in range(top_k):
-                heapq.heappush(heap, (negative * RANK_DECAY ** (r + 1), ranks + (r,)))
+                heapq.heappush(heap, (negative * RANK_DECAY ** (r + 1), depth + 1, ranks + (r,)))
     return tuple(shape)
 
 

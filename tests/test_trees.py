@@ -410,3 +410,30 @@ def test_the_repl_toggles_the_tree_strategies_and_their_size(tiny_models):
         assert line in result.stdout, line
     table = result.stdout[result.stdout.index("Target AR") :]
     assert "N-gram tree" in table and "Token recycling" in table
+
+
+def test_ngram_trees_are_the_storages_top_branches_best_first():
+    storage = NGramStorage(2, 10)
+    for context, token, times in ((1, 2, 3), (1, 3, 1), (2, 4, 2), (3, 5, 1)):
+        for _ in range(times):
+            storage.add([context], (token,))
+    drafter = NGramDrafter(storage)
+    # 1 -> 2 (3/4) -> 4 (3/4), then 1 -> 3 (1/4) -> 5 (1/4)
+    assert drafter.propose_tree([7, 1], 4) == ([2, 4, 3, 5], [-1, 0, -1, 2])
+    assert drafter.propose_tree([7, 1], 2) == ([2, 4], [-1, 0])
+    assert drafter.propose_tree([7, 9], 4) == ([], [])
+
+
+def test_recycling_reads_its_table_into_the_static_tree_and_learns_every_row():
+    from sampling.recycling import RecyclingDrafter, tree_template
+
+    shape = tree_template(6, 3)
+    assert shape == ((0,), (1,), (0, 0), (2,), (0, 1), (1, 0))  # best first: every prefix a tree
+    drafter = RecyclingDrafter({1: [2, 3, 4], 2: [5, 6]}, top_k=3)
+    nodes, parents = drafter.propose_tree([9, 1], 6)
+    assert (nodes, parents) == ([2, 3, 5, 4, 6], [-1, -1, 0, -1, 0])  # 3 has no row: (1, 0) left out
+    drafter.accept_tree([9, 1, 2, 7], 2, nodes, parents, [0], [[2, 8, 8], [7, 1, 1], [0, 0, 0], [1, 1, 1], [4, 4, 4], [6, 6, 6]])
+    assert drafter.table[1] == [2, 8, 8] and drafter.table[2] == [7, 1, 1] and drafter.table[3] == [0, 0, 0]
+    seeded = RecyclingDrafter({5: [6]})
+    seeded.seed([5, 7, 1, 2, 1, 3])
+    assert seeded.table == {5: [6], 7: [1], 1: [3, 2], 2: [1]}  # the target's row kept, latest first
