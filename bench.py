@@ -127,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "auto: the calibrated policy's cost-optimal length, up to the longest measured pass")
     p.add_argument("--ngram-n", type=flag_list_type("--ngram-n", "n"), default=[3], help="n-gram sizes for NASD, e.g. 2,3,4 (default 3)")
     p.add_argument("--storages", default="basic,onelevel", help="NASD storages (default basic,onelevel)")
+    p.add_argument("--tree-size", type=flag_type("--tree-size", "tree_size"), default=16,
+                   help="most nodes of a draft tree for tree_ngram and recycling (default 16)")
     p.add_argument("--top-k-filler", type=flag_list_type("--top-k-filler", "top_k_filler"), default=[3], help="NASD filler top-k values, e.g. 1,3,5 (default 3)")
     p.add_argument("--adaptive", action="store_true", help="adaptive draft length for every drafting strategy")
     p.add_argument("--pause", type=pause_spec, help="AFTER,STEPS: pause drafting after AFTER fruitless steps for STEPS steps")
@@ -218,6 +220,16 @@ def make_configs(args, have_drafter: bool) -> List[Config]:
     return list(dict.fromkeys(configs))  # a repeated flag value runs its configuration once
 
 
+def refuse_trees(target, config: Config) -> bool:
+    """Whether ``target`` cannot verify the draft trees of ``config``'s strategy (said on stderr, in one line)."""
+    from utils.caching import tree_unsupported
+
+    reason = tree_unsupported(target)
+    if reason is not None:
+        print(f"{config.key} left out: {reason}", file=sys.stderr)
+    return reason is not None
+
+
 def first_divergence(a: List[int], b: List[int]) -> Optional[int]:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -252,6 +264,7 @@ class Bench:
         except SetupError as error:
             raise SystemExit(f"error: {error}") from None
         self.settings.hf_compile = args.compile
+        self.settings.tree_size = args.tree_size
         policy = self.settings.policy
         if "auto" in args.gamma and policy.row_costs is None:
             raise SystemExit("error: --gamma auto needs plausible verification costs, and those measured were not (see above)")
@@ -616,6 +629,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     rows = load_prompts(args.prompts, args.categories, args.limit)
     bench = Bench(args, processor, greedy=processor_name == "greedy")
     configs = make_configs(args, bench.drafter is not None)
+    configs = [c for c in configs if not c.strategy.trees or not refuse_trees(bench.target, c)]
     if not bench.greedy:
         configs = [c for c in configs if not c.strategy.peer]  # transformers peers: greedy only
     items = bench.items(rows)

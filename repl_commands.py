@@ -94,6 +94,12 @@ def strategy_toggle(key: str, what: str) -> Command:
             raise UsageError("no drafter loaded: restart with --drafter MODEL (a Hub id, a local folder or a GGUF file)")
         if strategy.decoder_only and repl.settings.encoder_decoder:
             raise UsageError(f"{strategy.title} works with decoder-only models only")
+        if strategy.trees and not repl.enabled[key]:
+            from utils.caching import tree_unsupported
+
+            reason = tree_unsupported(repl.settings.target)
+            if reason is not None:
+                raise UsageError(f"{strategy.title}: {reason}")
         repl.enabled[key] = not repl.enabled[key]
         return f"{strategy.title}: {on_off(repl.enabled[key])}"
 
@@ -333,6 +339,10 @@ COMMANDS: Dict[str, Command] = {command.name: command for command in [
             lambda repl: f"{repl.settings.pld_min_ngram} {repl.settings.pld_max_ngram} {repl.settings.pld_num_tokens}",
             f"min <= max, both from {_range('pld_ngram')}; num_tokens from {_range('pld_num_tokens')}"),
     strategy_toggle("chained", "n-gram storage drafts, drafter model when it knows nothing"),
+    strategy_toggle("tree_ngram", "n-gram storage drafts a tree of its top branches, verified in one pass"),
+    strategy_toggle("recycling", "token recycling: a static tree from the target's past top-k, verified in one pass"),
+    number("/tree_size", "<n>", "most nodes of a draft tree (the calibrated policy keeps those that pay)", SETTINGS, "tree_size",
+           f"n from {_range('tree_size')}"),
     Command("/ngram_save", "<file> [--force]", "save the n-gram storage (JSON)", _ngram_save, None,
             note="--force: overwrite a file that is not a saved storage"),
     Command("/ngram_load", "<file>", "load a storage as the static fallback tier", _ngram_load, (parse_path,),

@@ -23,9 +23,11 @@ from sampling import (
     DraftPolicy,
     GenerationStats,
     autoregressive_generate,
+    ngram_tree_generate,
     prompt_lookup_generate,
     speculative_generate,
     suffix_generate,
+    token_recycling_generate,
 )
 from sampling.suffix import SuffixSettings
 from utils.caching import model_device, synchronize
@@ -58,6 +60,7 @@ class Settings:
     suffix: SuffixSettings = field(default_factory=SuffixSettings)
     suffix_memory: Optional[object] = None  # the global tree over earlier outputs (a SuffixMemory; the arctic peer's cache); None: off
     streamer: Optional[Callable[[List[int], int], None]] = None
+    tree_size: int = 16  # most nodes of a draft tree (tree_ngram, recycling); the calibrated policy keeps those that pay
 
     def lookup_storage(self) -> INgramStorage:
         """The n-gram storage a strategy drafts from: the generation's own, then the static tier."""
@@ -127,6 +130,15 @@ def _arctic_memory(s: Settings):
     return arctic_cache(s.suffix.max_tree_depth, global_memory=True)
 
 
+def _tree_ngram(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    return ngram_tree_generate(prompt, s.lookup_storage(), s.target, s.tokenizer, tree_size=s.tree_size,
+                               filler_top_k=s.top_k_filler, **_common(s, stats), policy=s.policy)[0]
+
+
+def _recycling(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    return token_recycling_generate(prompt, s.target, s.tokenizer, tree_size=s.tree_size, **_common(s, stats), policy=s.policy)[0]
+
+
 def _autoregressive(model: Module, prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
     return autoregressive_generate(prompt, model, **_common(s, stats))
 
@@ -152,6 +164,7 @@ class Strategy:
     memory: Optional[Callable[[Settings], object]] = None  # the benchmark gives it this memory across prompts (``suffix_memory``)
     suffix: bool = False  # takes ``Settings.suffix`` (the benchmark reports them)
     requires: str = ""  # an optional package it needs: the benchmark skips it, with a line, when not installed
+    trees: bool = False  # verifies draft trees (Settings.tree_size nodes at most): needs full attention (tree_unsupported)
 
 
 STRATEGIES = [
@@ -163,6 +176,9 @@ STRATEGIES = [
     Strategy("chained", "Chained n-gram+drafter", "bright_green", True, True, True, _chained, takes_gamma=True,
              auto_gamma=True, takes_storage=True, storages=("basic",)),
     Strategy("suffix", "Suffix tree", "bright_magenta", False, True, True, _suffix, suffix=True),
+    Strategy("tree_ngram", "N-gram tree", "bright_yellow", False, True, True, _tree_ngram, takes_storage=True,
+             storages=("basic",), trees=True),
+    Strategy("recycling", "Token recycling", "bright_magenta", False, True, True, _recycling, trees=True),
     Strategy("target", "Target AR", "blue", False, False, False, lambda p, s, st: _autoregressive(s.target, p, s, st),
              baseline=True),
     Strategy("drafter", "Drafter AR", "cyan", True, False, False, lambda p, s, st: _autoregressive(s.drafter, p, s, st),

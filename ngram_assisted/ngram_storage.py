@@ -112,6 +112,14 @@ class CountingNGramStorage(INgramStorage):
         for i in range(1, len(tokens)):
             self.add(tokens[max(0, i - self.n + 1) : i], (tokens[i],))
 
+    def continuations(self, tokens: Sequence[int]) -> Dict[int, int]:
+        """Counts of every token seen after the longest known context ending ``tokens`` ({} if none)."""
+        for j in self.context_lengths(len(tokens)):
+            entry = self.table(j).get(tuple(tokens[len(tokens) - j :]))
+            if entry is not None:
+                return entry.counts
+        return {}
+
     def count(self, context: Sequence[int], token: int) -> int:
         """Times ``token`` followed the longest stored context ending ``context`` (0 if none)."""
         for j in self.context_lengths(len(context)):

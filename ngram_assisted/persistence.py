@@ -228,6 +228,9 @@ class TieredStorage(CountingNGramStorage):
     def count(self, context: Sequence[int], token: int) -> int:
         return self.primary.count(context, token) or self.fallback.count(context, token)
 
+    def continuations(self, tokens: Sequence[int]) -> dict:
+        return self.primary.continuations(tokens) or self.fallback.continuations(tokens)
+
     def reset(self) -> None:
         self.primary.reset()
 

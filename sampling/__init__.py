@@ -3,10 +3,12 @@ from sampling.calibration import calibrated_policy, measure_draft_cost, measure_
 from sampling.config import GenerationConfig, Observer, Step
 from sampling.draft_policy import DraftPolicy
 from sampling.prompt_lookup import prompt_lookup_generate
+from sampling.recycling import token_recycling_generate
 from sampling.speculative_decoding import speculative_generate, speculative_generate_encoder_decoder
 from sampling.stats import GenerationStats
 from sampling.suffix import SuffixDrafter, suffix_generate
 from sampling.suffix_memory import SuffixMemory
+from sampling.tree_decoding import draft_tree_and_verify, ngram_tree_generate
 
 __all__ = [
     "autoregressive_generate",
@@ -18,6 +20,9 @@ __all__ = [
     "suffix_generate",
     "SuffixDrafter",
     "SuffixMemory",
+    "ngram_tree_generate",
+    "token_recycling_generate",
+    "draft_tree_and_verify",
     "DraftPolicy",
     "measure_row_costs",
     "measure_draft_cost",

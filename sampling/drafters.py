@@ -1,5 +1,7 @@
 """Every source of drafts, behind one protocol: a drafter model, prompt lookup, an n-gram storage
 (this project's, or one written against the reference's tensor interface) and a chain of them."""
+import heapq
+import itertools
 from typing import Any, List, Protocol, Sequence, Tuple
 
 import torch
@@ -12,6 +14,7 @@ from utils.caching import KVCacheModel
 from utils.logits_processor import LogitsProcessor
 
 UNLIMITED = 1 << 30
+TREE_CHILDREN = 4  # continuations an n-gram tree considers after each node: the most frequent ones
 
 
 class Drafter(Protocol):
@@ -163,6 +166,36 @@ class NGramDrafter:
             drafts.append(token)
             context = context[1:] + [token] if len(context) >= self.storage.n - 1 else context + [token]
         return _write(ids, len(tokens), drafts), None
+
+    def propose_tree(self, tokens: List[int], budget: int) -> Tuple[List[int], List[int]]:
+        """Up to ``budget`` nodes and their parents (-1: the root): the most probable branches by the
+        storage's counts, best first (a node's estimate is the product of its path's count
+        fractions), so every prefix of the nodes is the best smaller tree. [] when the context is unknown."""
+        width = self.storage.n - 1
+        nodes: List[int] = []
+        parents: List[int] = []
+        heap: list = []
+        order = itertools.count()  # ties: the earlier candidate first
+
+        def push(parent: int, context: List[int], mass: float) -> None:
+            counts = self.storage.continuations(context)
+            total = sum(counts.values())
+            for token, count in heapq.nlargest(TREE_CHILDREN, counts.items(), key=lambda item: item[1]):
+                heapq.heappush(heap, (-mass * count / total, next(order), parent, token, context))
+
+        push(-1, list(tokens[max(0, len(tokens) - width) :]), 1.0)
+        while heap and len(nodes) < budget:
+            negative, _, parent, token, context = heapq.heappop(heap)
+            nodes.append(token)
+            parents.append(parent)
+            push(len(nodes) - 1, (context + [token])[max(0, len(context) + 1 - width) :], -negative)
+        return nodes, parents
+
+    def accept_tree(self, tokens: List[int], start: int, nodes: List[int], parents: List[int], path: List[int], fetched) -> None:
+        """Told after a tree step: learn as after a chain of the accepted branch ``path`` (the
+        target's top-k of the root's row and of the branch's rows)."""
+        rows = None if fetched is None else [fetched[0]] + [fetched[1 + i] for i in path]
+        self.accept(tokens, start, len(path), rows)
 
     def fetch(self, target_probs: Tensor) -> Tensor | None:
         """The target's ``filler_top_k`` most probable tokens at every verified position ``[k + 1, top_k]``."""

@@ -354,3 +354,121 @@ class KVCacheModel:
             else:
                 prune_cache(self.cache, self.cached - length)
             self.cached = length
+
+    # ---- draft trees: one pass over many branches, then keep the accepted one ------------------
+    def tree_pass(self, ids: Tensor, cur: int, nodes: List[int], parents: List[int]) -> Tensor:
+        """Score a draft tree in one forward pass; returns logits ``[1 + N, V]``.
+
+        ``ids[:, :cur]`` is the accepted sequence; every uncached position of it and the ``N`` nodes
+        are fed together. Row 0 is the distribution after ``ids[0, cur - 1]`` (the root), row
+        ``1 + i`` the one after node ``i``. Node ``i`` sits at position ``cur + depth(i)`` and attends
+        to the accepted prefix, its ancestors and itself (a 4D additive mask, which transformers
+        passes through as it is, with explicit ``position_ids``). Node ``i``'s keys and values are
+        cached at slot ``cur + i`` until ``keep_branch``.
+        """
+        if not getattr(self, "_trees_checked", False):  # once per runner: it reads the forward's signature
+            reason = tree_unsupported(self.model)
+            if reason is not None:
+                raise ValueError(reason)
+            self._trees_checked = True
+        depth = tree_depths(parents)
+        n = len(nodes)
+        if self.use_cache and self.cached >= cur:  # the root's logits need the last accepted token fed
+            self.rollback(cur - 1)
+        start = self.cached if self.use_cache else 0
+        if self.use_cache and self.cache_kind == "static":
+            self._reserve(cur + n)
+        if self.use_cache and self.cache is None:
+            self.cache = _rollback_capable_cache(self.model)
+        node_ids = torch.tensor(nodes, dtype=torch.long, device=self.device)
+        new = torch.cat([ids[0, start:cur].to(self.device), node_ids]).unsqueeze(0)
+        positions = torch.cat([torch.arange(start, cur), cur + torch.tensor(depth, dtype=torch.long)]).to(self.device)
+        kv_length = self.capacity if self.use_cache and self.capacity else cur + n
+        mask = _tree_mask(start, cur, parents, kv_length, _compute_dtype(self.model), self.device)
+        kwargs = {"input_ids": new, "position_ids": positions.unsqueeze(0), "attention_mask": mask,
+                  "past_key_values": self.cache, "use_cache": self.use_cache}
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = n + 1
+        out = self._forward(kwargs)
+        if self.use_cache:
+            self.cache = out.past_key_values
+            self.cached = cur + n
+        return out.logits[0, -(n + 1) :]
+
+    def keep_branch(self, cur: int, path: List[int]) -> None:
+        """After a tree pass at ``cur``: keep positions ``< cur`` and the nodes of ``path`` (node
+        indices, root to leaf), moved to positions ``cur, cur + 1, ...``; the cache then holds
+        ``cur + len(path)`` positions. Static cache: the branch's rows are gathered into place and
+        the write position moved; dynamic cache: gathered into place, then cropped."""
+        if not self.use_cache or self.cache is None:
+            return
+        keep = cur + len(path)
+        if path and list(path) != list(range(len(path))):  # the first nodes already sit in place
+            source = torch.tensor([cur + i for i in path], dtype=torch.long, device=self.device)
+            for layer in self.cache.layers:
+                if layer.is_initialized:
+                    layer.keys[:, :, cur:keep] = layer.keys.index_select(2, source)
+                    layer.values[:, :, cur:keep] = layer.values.index_select(2, source)
+        self.rollback(keep)
+
+    def _forward(self, kwargs: dict):
+        """The model's forward with the prepacked layers in place (see ``__call__``)."""
+        for modules, name, packed, _ in self.swaps:
+            modules[name] = packed
+        try:
+            out = self.model(**kwargs)
+        finally:
+            for modules, name, _, own in self.swaps:
+                modules[name] = own
+        self.forward_passes += 1
+        return out
+
+
+def tree_depths(parents: List[int]) -> List[int]:
+    """Depth of every node (0 for children of the root); refuses parents out of topological order."""
+    depth: List[int] = []
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"node {i} has parent {parent}: parents must be -1 or an earlier node")
+        depth.append(0 if parent < 0 else depth[parent] + 1)
+    return depth
+
+
+def _tree_mask(start: int, cur: int, parents: List[int], kv_length: int, dtype: torch.dtype, device) -> Tensor:
+    """Additive mask ``[1, 1, cur - start + N, kv_length]``: 0 where a query attends, the dtype's
+    minimum elsewhere. Prefix rows are causal; node ``i`` (slot ``cur + i``) sees slots ``< cur``,
+    its ancestors and itself."""
+    n = len(parents)
+    sees = torch.zeros((cur - start + n, kv_length), dtype=torch.bool)
+    prefix = torch.arange(start, cur)
+    sees[: cur - start] = torch.arange(kv_length) <= prefix.unsqueeze(1)
+    sees[cur - start :, :cur] = True
+    node_rows = sees[cur - start :, cur : cur + n]
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            node_rows[i] = node_rows[parent]
+        node_rows[i, i] = True
+    mask = torch.zeros(sees.shape, dtype=dtype).masked_fill_(~sees, torch.finfo(dtype).min)
+    return mask[None, None].to(device)
+
+
+def _compute_dtype(model: Module) -> torch.dtype:
+    dtype = getattr(model, "dtype", torch.float32)
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
+
+
+def tree_unsupported(model: Module) -> str | None:
+    """Why ``model`` cannot verify draft trees (one line), or None when it can: a tree pass needs a
+    decoder-only model with ``position_ids`` and full attention in every layer (a sliding window
+    would have to be drawn into the tree mask, and a dynamic sliding layer keeps only its window)."""
+    name = type(model).__name__
+    if getattr(model.config, "is_encoder_decoder", False):
+        return f"draft trees need a decoder-only model; {name} is encoder-decoder"
+    if "position_ids" not in inspect.signature(model.forward).parameters:
+        return f"draft trees need per-node positions; {name}'s forward takes no position_ids"
+    config = model.config.get_text_config(decoder=True)
+    layer_types = getattr(config, "layer_types", None)
+    sliding = any(t != "full_attention" for t in layer_types) if layer_types else getattr(config, "sliding_window", None) is not None
+    if sliding:
+        return f"draft trees need full attention in every layer; {name} has sliding-window (or other) layers"
+    return None

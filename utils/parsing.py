@@ -18,6 +18,7 @@ LIMITS = {
     "top_k_filler": (1, 1000),
     "pld_ngram": (1, 64),
     "pld_num_tokens": (1, 128),
+    "tree_size": (1, 256),  # nodes of a draft tree: one pass over all of them
     "min_draft": (0, 128),
     "pause_after": (0, 1_000_000),
     "pause_steps": (1, 1_000_000),

@@ -1,0 +1,343 @@
+"""Draft trees verified in one target pass: the tree loop, its acceptance rules, and how big a tree pays.
+
+A tree drafter proposes ``(nodes, parents)`` (``propose_tree``; parent -1 is the root, the last
+accepted token; parents come before their children). The target scores every node in one pass
+(``tree_pass``), the loop walks down the tree by one of the rules below, and the runner keeps
+only the accepted branch (``keep_branch``).
+"""
+import time
+from typing import Any, List, Protocol, Tuple
+
+import torch
+from torch import Tensor
+
+from sampling.common import context_window, generation_end
+from sampling.config import GenerationConfig, Step
+from sampling.draft_policy import DraftPolicy
+from sampling.speculative_decoding import _on_host, _residual, _tensors
+from utils.caching import tree_depths, tree_unsupported
+from utils.logits_processor import GreedyProcessor, LogitsProcessor
+
+
+class TreeDrafter(Protocol):
+    """What the tree loop needs from a source of draft trees (``cheap``, ``fetch`` as in ``Drafter``).
+
+    A drafter with probabilities also has ``propose_tree_with_probs(tokens, budget)`` returning
+    ``(nodes, parents, q)``: ``q`` ``[1 + N, V]``, row 0 the distribution the root's children were
+    drawn from, row ``1 + i`` the one node ``i``'s children were drawn from, each child drawn
+    independently (siblings may repeat)."""
+
+    cheap: bool
+
+    def propose_tree(self, tokens: List[int], budget: int) -> Tuple[List[int], List[int]]:
+        """Up to ``budget`` node tokens and their parents, most promising first: any prefix of the
+        nodes must be a tree too (the loop may verify only the first ones)."""
+
+    def fetch(self, target_probs: Tensor) -> Any:
+        """What the drafter needs on the host from the target's distributions ``[1 + N, V]``
+        (rows: the root, then each node), fetched in the step's single device sync."""
+
+    def accept_tree(self, tokens: List[int], start: int, nodes: List[int], parents: List[int], path: List[int], fetched: Any) -> None:
+        """Told after each step: ``tokens[start:]`` were emitted, the branch ``path`` (node indices,
+        root to leaf) accepted, then the target's own token; ``fetched`` as ``fetch`` returned it, on the host."""
+
+
+class TreeRecord:
+    """What a generation's tree steps showed, per sibling rank (the drafter's order): decaying counts
+    of the levels reached that offered a child of that rank, and of those where it was accepted."""
+
+    DECAY = 0.7  # as DraftPolicy's record: recent steps weigh most (counts saturate at 1 / (1 - 0.7))
+    PRIOR_WEIGHT = 0.5
+
+    def __init__(self):
+        self.offered: List[float] = []
+        self.taken: List[float] = []
+
+    def rate(self, rank: int) -> float:
+        """Estimated chance that the child of ``rank`` is the one accepted at a level reached. Half
+        a pseudo-observation of ``0.5^(rank + 1)`` keeps it defined, and brings a rank that is no
+        longer verified back toward that prior as its record decays, so it is tried again."""
+        prior = 0.5 ** (rank + 1)
+        if rank >= len(self.offered):
+            return prior
+        return (self.taken[rank] + self.PRIOR_WEIGHT * prior) / (self.offered[rank] + self.PRIOR_WEIGHT)
+
+    def update(self, children: List[List[int]], path: List[int]) -> None:
+        """Learn from one step: the rows the walk reached (the root, then each accepted node) and which child it took."""
+        self.offered = [c * self.DECAY for c in self.offered]
+        self.taken = [c * self.DECAY for c in self.taken]
+        for level, row in enumerate([0] + [i + 1 for i in path]):
+            kids = children[row]
+            grow = len(kids) - len(self.offered)
+            if grow > 0:
+                self.offered += [0.0] * grow
+                self.taken += [0.0] * grow
+            for rank in range(len(kids)):
+                self.offered[rank] += 1.0
+            if level < len(path):
+                self.taken[kids.index(path[level])] += 1.0
+
+    @property
+    def empty(self) -> bool:
+        return not self.offered
+
+
+def tree_size(policy: DraftPolicy, record: TreeRecord, parents: List[int], rows_before: int = 1) -> int:
+    """How many of the proposal's first nodes to verify: the count that maximises expected tokens
+    per unit of pass cost; 0 when no tree is expected to give more tokens than its pass costs.
+
+    Estimate: a node is accepted with the product, along its path, of ``record.rate`` of each
+    node's sibling rank; a tree is expected to emit ``1 + sum of its nodes' estimates`` tokens
+    (the accepted branch's length, plus the target's own token). The pass over
+    ``rows_before + N`` positions costs ``policy.cost`` of that (measured ``row_costs``, linear
+    beyond, relative to a one-position pass). Without ``row_costs``, or before any tree step of
+    the generation, the whole proposal.
+    """
+    if policy.row_costs is None or record.empty or not parents:
+        return len(parents)
+    siblings: dict = {}
+    path: List[float] = []
+    expected, best, best_value = 1.0, 0, 1.0 / policy.cost(rows_before)
+    for i, parent in enumerate(parents):
+        rank = siblings.get(parent, 0)
+        siblings[parent] = rank + 1
+        path.append(record.rate(rank) * (path[parent] if parent >= 0 else 1.0))
+        expected += path[-1]
+        value = expected / policy.cost(rows_before + i + 1)
+        if value > best_value:
+            best, best_value = i + 1, value
+    return best
+
+
+def _within(depths: List[int], room: int) -> List[int]:
+    """Indices of the nodes at depth < ``room`` (a dropped node's descendants are deeper: dropped too)."""
+    return [i for i, depth in enumerate(depths) if depth < room]
+
+
+def _subtree(nodes: List[int], parents: List[int], kept: List[int]) -> Tuple[List[int], List[int]]:
+    """The nodes ``kept`` (ascending, closed under parents) and their parents, reindexed."""
+    index = {-1: -1}
+    for new, old in enumerate(kept):
+        index[old] = new
+    return [nodes[i] for i in kept], [index[parents[i]] for i in kept]
+
+
+def _children(parents: List[int]) -> List[List[int]]:
+    """Children of the root (index 0) and of each node (index 1 + i), in node order."""
+    children: List[List[int]] = [[] for _ in range(len(parents) + 1)]
+    for i, parent in enumerate(parents):
+        children[parent + 1].append(i)
+    return children
+
+
+def walk_by_tokens(nodes: List[int], children: List[List[int]], own: List[int]) -> List[int]:
+    """The accepted branch when the target's own token at each row (``own[0]`` at the root,
+    ``own[1 + i]`` after node ``i``; argmax or a sample) walks down the tree: descend into the
+    child holding that token, stop where none does."""
+    path, row = [], 0
+    while True:
+        match = next((c for c in children[row] if nodes[c] == own[row]), None)
+        if match is None:
+            return path
+        path.append(match)
+        row = match + 1
+
+
+def multi_candidate_draws(p: Tensor, q: Tensor, nodes: List[int], children: List[List[int]], processor: LogitsProcessor) -> Tuple[Tensor, Tensor]:
+    """On the device, for SpecInfer's multi-step speculative sampling: whether each node would be
+    accepted if its parent's turn reached it ``[N]`` (bool), and each row's correction token
+    ``[1 + N]``, drawn from what is left of ``p`` after all its children are rejected (``p`` itself
+    at a leaf). ``p``, ``q``: ``[1 + N, V]`` target and draft distributions by row.
+
+    The residual of a row after its first ``s`` children were rejected does not depend on any
+    draw, so every sibling rank is done for all rows at once, ``max children`` rounds in all."""
+    n = len(nodes)
+    residual = p.clone()
+    accepted = torch.zeros(n, dtype=torch.bool, device=p.device)
+    node_ids = torch.tensor(nodes, dtype=torch.long, device=p.device)
+    for rank in range(max((len(c) for c in children), default=0)):
+        rows = [row for row, c in enumerate(children) if len(c) > rank]
+        kids = [children[row][rank] for row in rows]
+        at_rows = torch.tensor(rows, dtype=torch.long, device=p.device)
+        at_kids = torch.tensor(kids, dtype=torch.long, device=p.device)
+        tokens = node_ids[at_kids]
+        draws = torch.rand(len(rows), device=p.device, dtype=p.dtype)
+        accepted[at_kids] = draws * q[at_rows, tokens] < residual[at_rows, tokens]
+        residual[at_rows] = _residual(residual[at_rows], q[at_rows])
+    return accepted, processor.sample(residual)[:, 0]
+
+
+def walk_by_acceptance(children: List[List[int]], accepted: List[int], corrections: List[int]) -> Tuple[List[int], int]:
+    """The accepted branch and the token emitted after it under multi-step speculative sampling:
+    at each row the children are tried in order, the first accepted one is descended into; when
+    all are rejected, the row's correction token is emitted."""
+    path, row = [], 0
+    while True:
+        match = next((c for c in children[row] if accepted[c]), None)
+        if match is None:
+            return path, corrections[row]
+        path.append(match)
+        row = match + 1
+
+
+def _proposal(drafter: TreeDrafter, tokens: List[int], budget: int, room: int, policy: DraftPolicy, record: TreeRecord,
+              with_probs: bool) -> Tuple[List[int], List[int], List[int], Tensor | None]:
+    """The tree to verify this step: nodes, parents, depths and, for a drafter with probabilities,
+    ``q`` ``[1 + N, V]``. Nodes deeper than ``room`` are dropped and only the first nodes that
+    pay (``tree_size``) kept: decided from the shape only, never from a token, so drafts with
+    probabilities stay independent samples of their parents' ``q``."""
+    q = None
+    if with_probs:
+        nodes, parents, q = drafter.propose_tree_with_probs(tokens, budget)
+    else:
+        nodes, parents = drafter.propose_tree(tokens, budget)
+    depths = tree_depths(parents)
+    kept = _within(depths, room)
+    nodes, parents = _subtree(nodes, parents, kept)
+    count = tree_size(policy, record, parents)
+    kept = kept[: count if count >= policy.min_draft else 0]
+    if q is not None:
+        q = q[[0] + [1 + i for i in kept]] if kept else None
+    return nodes[: len(kept)], parents[: len(kept)], [depths[i] for i in kept], q
+
+
+@torch.no_grad()
+def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, config: GenerationConfig) -> List[int]:
+    """The speculative loop for draft trees; returns the new tokens (prompt excluded).
+
+    Each step the drafter proposes a tree of at most ``config.gamma`` nodes (``tree_size`` keeps
+    the first ones that pay for their pass, from the generation's ``TreeRecord``), the target scores the last accepted token and every
+    node in one pass (``target.tree_pass``), giving ``p`` at the root and after each node.
+    Acceptance:
+
+    * greedy processor: the target's argmax walks down the tree (descend into the child whose token
+      is the target's own, stop where none is) and the target's token after the last accepted
+      node is emitted. Output equals greedy autoregressive decoding exactly.
+    * sampling, deterministic drafts: the same walk with the target's own sample ``t ~ p`` at each
+      row (one independent draw per row). Lossless: every emitted token is the target's own
+      sample given the tokens before it (whether a row's draw is used depends only on the draws
+      of its ancestors' rows, which are independent of it).
+    * sampling, drafts with probabilities (``propose_tree_with_probs``, each child drawn
+      independently from ``q`` of its parent's row): multi-step speculative sampling (SpecInfer,
+      Miao et al. 2024, ASPLOS, arXiv:2305.09781, Algorithm 2 / Theorem 4.2): at a row with
+      target distribution ``r = p``, the children ``c_1..c_k`` are tried in order; ``c_j`` is
+      accepted with probability ``min(1, r(c_j) / q(c_j))`` and descended into, else
+      ``r <- norm(max(0, r - q))``; when every child is rejected a token is drawn from ``r`` and
+      emitted. For k = 1 this is the chain rule of Leviathan et al. 2023; for any k the emitted
+      token follows ``p``.
+
+    After the walk the runner keeps the accepted branch (``target.keep_branch``). Generation stops
+    after ``config.max_gen_len`` new tokens, a stop token, or at the target's window; one
+    host-device sync per step. Statistics count a step's *levels* (its deepest branch) as drafts,
+    so per-position acceptance reads per depth.
+    """
+    reason = tree_unsupported(target.model)
+    if reason is not None:
+        raise ValueError(reason)
+    end = generation_end(len(prompt), config.max_gen_len, context_window(target.model))
+    ids = torch.zeros((1, end), dtype=torch.long, device=target.device)
+    ids[0, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=target.device)
+    tokens = list(prompt)
+    processor, policy, stats = config.processor, config.policy, config.stats
+    greedy = isinstance(processor, GreedyProcessor)
+    with_probs = hasattr(drafter, "propose_tree_with_probs")
+    drafting = not config.first_target
+    policy.start(config.gamma, drafter.cheap, getattr(drafter, "memory_key", None))
+    record = TreeRecord()
+    while len(tokens) < end:
+        cur = len(tokens)
+        room = end - cur - 1  # a branch of depth d emits d + 2 tokens at most
+        asked = policy.length(policy.bound()) > 0 and room > 0 if drafting else False
+        drafting = True
+        clock = time.perf_counter()
+        nodes, parents, depths, q = _proposal(drafter, tokens, config.gamma, room, policy, record, with_probs) if asked else ([], [], [], None)
+        drafted_at = time.perf_counter()
+        n_nodes = len(nodes)
+        if n_nodes:
+            logits = target.tree_pass(ids, cur, nodes, parents)
+        else:
+            logits = target(ids[:, :cur], 1)
+        if config.vocab_size is not None:
+            logits = logits[:, : config.vocab_size]
+        p = processor(logits)  # [1 + N, V]
+        children = _children(parents)
+        if q is not None and not greedy:
+            accepted, corrections = multi_candidate_draws(p, q.to(p.device), nodes, children, processor)
+            decided = [accepted.long(), corrections]
+        else:
+            decided = [processor.sample(p)[:, 0]]
+        wanted_back = drafter.fetch(p)
+        parts = decided + [t.reshape(-1).to(p.device) for t in _tensors(wanted_back)]
+        # the only host-device synchronisation of the step
+        fetched = torch.cat(parts).tolist()
+        if q is not None and not greedy:
+            path, own = walk_by_acceptance(children, fetched[:n_nodes], fetched[n_nodes : 2 * n_nodes + 1])
+            rest = fetched[2 * n_nodes + 1 :]
+        else:
+            own_rows = fetched[: n_nodes + 1]
+            path = walk_by_tokens(nodes, children, own_rows)
+            own, rest = own_rows[path[-1] + 1 if path else 0], fetched[n_nodes + 1 :]
+        n = len(path)
+        emitted = [nodes[i] for i in path] + [own]
+        stop_at = next((i for i, t in enumerate(emitted) if t in config.stop_tokens), None)
+        if stop_at is not None:
+            emitted = emitted[: stop_at + 1]
+        ids[0, cur : cur + len(emitted)] = torch.tensor(emitted, dtype=torch.long)
+        tokens.extend(emitted)
+        if n_nodes:
+            target.keep_branch(cur, path)
+        levels = max(depths) + 1 if n_nodes else 0
+        stopped_below = children[path[-1] + 1 if path else 0] != []  # a rejection at the last row reached
+        policy.update(n + int(stopped_below) if n_nodes else 0, n, 1 + n_nodes)  # pauses, min_gain: per pass and its cost
+        if n_nodes:
+            record.update(children, path)
+        stats.record_step(levels, min(n, len(emitted)), len(emitted))
+        stats.draft_seconds += drafted_at - clock
+        stats.verify_seconds += time.perf_counter() - drafted_at
+        shown = [nodes[i] for i in path] + ([nodes[children[path[-1] + 1 if path else 0][0]]] if stopped_below else [])
+        config.observe(Step(tokens, cur, len(prompt), shown, n, own, stop_at is not None))
+        if stop_at is not None:
+            break
+        drafter.accept_tree(tokens, cur, nodes, parents, path, _on_host(wanted_back, iter(rest)))
+    stats.paused_steps += policy.paused_steps
+    policy.finish()
+    return tokens[len(prompt) :]
+
+
+def tree_speculative(prompt: List[int], target, drafter: TreeDrafter, config: GenerationConfig) -> Tuple[List[int], float]:
+    """``draft_tree_and_verify``, returned as the public functions return: (new token ids, acceptance rate)."""
+    return draft_tree_and_verify(prompt, target, drafter, config), config.stats.acceptance_rate
+
+
+@torch.no_grad()
+def ngram_tree_generate(
+    inputs: List[int], ngramstorage, target, tokenizer=None, tree_size: int = 16, filler_top_k: int = 3,
+    logits_processor: LogitsProcessor = GreedyProcessor(), max_gen_len: int = 40, eos_tokens_id: int | List[int] = 1,
+    pad_token_id: int = 0, use_cache: bool = False, first_target: bool = True, debug: bool = False, stats=None,
+    policy: DraftPolicy | None = None, streamer=None,
+) -> Tuple[List[int], float]:
+    """NASD with draft trees: the n-gram storage proposes its most probable branches by count (up
+    to ``tree_size`` nodes, best first, ``NGramDrafter.propose_tree``), the target verifies them in
+    one pass and the longest branch its own tokens walk down is accepted (``draft_tree_and_verify``:
+    greedy exact, sampling lossless). With a calibrated ``policy`` only the first nodes whose
+    expected tokens pay for the pass are verified. The storage learns as in
+    ``ngram_assisted_speculative_generate`` (emitted tokens, and the target's ``filler_top_k``
+    most probable tokens along the accepted branch). Needs a storage with this project's int
+    methods, and a decoder-only target with full attention. Returns (new tokens, acceptance rate:
+    accepted drafts / tree levels verified).
+    """
+    from ngram_assisted.ngram_storage import has_int_path
+    from sampling.common import check_positive_int, check_prompt
+    from sampling.drafters import ngram_drafter
+    from utils.caching import KVCacheModel
+
+    prompt = check_prompt(inputs)
+    if not has_int_path(ngramstorage):
+        raise ValueError("draft trees need a storage with this project's int methods (a CountingNGramStorage)")
+    reason = tree_unsupported(target)
+    if reason is not None:
+        raise ValueError(reason)
+    config = GenerationConfig.of(locals(), gamma=check_positive_int("tree_size", tree_size))
+    generation_end(len(prompt), max_gen_len, context_window(target))  # no room: refused before the storage learns
+    drafter = ngram_drafter(ngramstorage, prompt, check_positive_int("filler_top_k", filler_top_k))
+    return tree_speculative(prompt, KVCacheModel(target, use_cache), drafter, config)
