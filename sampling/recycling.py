@@ -13,7 +13,7 @@ from sampling.config import GenerationConfig
 from sampling.draft_policy import DraftPolicy
 from sampling.stats import GenerationStats
 from sampling.tree_decoding import tree_speculative
-from utils.caching import KVCacheModel, tree_unsupported
+from utils.caching import tree_unsupported
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 RANK_DECAY = 0.5  # the template's estimate: rank r of a row is right with weight RANK_DECAY^(r + 1)
@@ -107,6 +107,7 @@ def token_recycling_generate(
     pad_token_id: int = 0, use_cache: bool = False, first_target: bool = True, debug: bool = False,
     stats: GenerationStats | None = None, policy: DraftPolicy | None = None,
     streamer: Callable[[List[int], int], None] | None = None, table: Dict[int, List[int]] | None = None,
+    compile: bool | None = None,
 ) -> Tuple[List[int], float]:
     """Token Recycling (Luo et al. 2025): the target's ``top_k`` next tokens of every token it has
     scored, kept in an adjacency table (``table``: pass a dict to keep it across generations),
@@ -127,4 +128,4 @@ def token_recycling_generate(
     generation_end(len(prompt), max_gen_len, context_window(target))
     drafter = RecyclingDrafter(table, top_k)
     drafter.seed(prompt)
-    return tree_speculative(prompt, KVCacheModel(target, use_cache), drafter, config)
+    return tree_speculative(prompt, config.runner(target), drafter, config)

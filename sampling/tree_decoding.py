@@ -314,7 +314,7 @@ def ngram_tree_generate(
     inputs: List[int], ngramstorage, target, tokenizer=None, tree_size: int = 16, filler_top_k: int = 3,
     logits_processor: LogitsProcessor = GreedyProcessor(), max_gen_len: int = 40, eos_tokens_id: int | List[int] = 1,
     pad_token_id: int = 0, use_cache: bool = False, first_target: bool = True, debug: bool = False, stats=None,
-    policy: DraftPolicy | None = None, streamer=None,
+    policy: DraftPolicy | None = None, streamer=None, compile: bool | None = None,
 ) -> Tuple[List[int], float]:
     """NASD with draft trees: the n-gram storage proposes its most probable branches by count (up
     to ``tree_size`` nodes, best first, ``NGramDrafter.propose_tree``), the target verifies them in
@@ -329,7 +329,6 @@ def ngram_tree_generate(
     from ngram_assisted.ngram_storage import has_int_path
     from sampling.common import check_positive_int, check_prompt
     from sampling.drafters import ngram_drafter
-    from utils.caching import KVCacheModel
 
     prompt = check_prompt(inputs)
     if not has_int_path(ngramstorage):
@@ -340,4 +339,4 @@ def ngram_tree_generate(
     config = GenerationConfig.of(locals(), gamma=check_positive_int("tree_size", tree_size))
     generation_end(len(prompt), max_gen_len, context_window(target))  # no room: refused before the storage learns
     drafter = ngram_drafter(ngramstorage, prompt, check_positive_int("filler_top_k", filler_top_k))
-    return tree_speculative(prompt, KVCacheModel(target, use_cache), drafter, config)
+    return tree_speculative(prompt, config.runner(target), drafter, config)

@@ -1,7 +1,8 @@
 """Compiled passes (utils.compiled) change nothing but speed: every strategy greedy exact and sampled
 token for token as the eager runner in float64, rollbacks and padded buckets exact, and no graph
 is ever built in steady state. Two buckets (1 and 4) keep the compile time of the suite short;
-passes over 2-3 positions are padded to 4 and longer ones run eagerly, as prompts do."""
+passes over 2-3 positions are padded to 4 and longer ones run eagerly, as prompts do; draft trees
+are verified eagerly into the compiled runner's static cache, between compiled chain passes."""
 import pytest
 import torch
 import torch._dynamo
@@ -9,7 +10,14 @@ import torch._dynamo
 import utils.compiled as compiled
 from conftest import EOS_NEVER, PROMPT, llama, perturbed_copy, t5
 from ngram_assisted import NGramStorage, chained_speculative_generate, ngram_assisted_speculative_generate
-from sampling import autoregressive_generate, prompt_lookup_generate, speculative_generate, suffix_generate
+from sampling import (
+    autoregressive_generate,
+    ngram_tree_generate,
+    prompt_lookup_generate,
+    speculative_generate,
+    suffix_generate,
+    token_recycling_generate,
+)
 from utils.caching import KVCacheModel
 from utils.compiled import CompiledRunner, compile_events, make_runner, prepare, set_compile, why_not_compiled
 from utils.logits_processor import NucleusProcessor
@@ -43,6 +51,8 @@ def run_all(target, drafter, compile, processor=None, prompt=PROMPT):
         "pld": lambda: prompt_lookup_generate(prompt, target, num_pred_tokens=5, **common)[0],
         "chained": lambda: chained_speculative_generate(prompt, NGramStorage(2, vocab), drafter, target, gamma=2, **common)[0],
         "suffix": lambda: suffix_generate(prompt, target, max_spec_tokens=3, **common)[0],
+        "tree_ngram": lambda: ngram_tree_generate(prompt, NGramStorage(2, vocab), target, tree_size=6, **common)[0],
+        "recycling": lambda: token_recycling_generate(prompt, target, tree_size=6, **common)[0],
     }.items():
         torch.manual_seed(7)
         runs[name] = generate()

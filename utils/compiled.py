@@ -216,6 +216,42 @@ class CompiledRunner:
             _set_length(self.cache, length)
             self.cached = length
 
+    def tree_pass(self, ids: Tensor, cur: int, nodes: List[int], parents: List[int]) -> Tensor:
+        """``KVCacheModel.tree_pass`` into this runner's static cache: logits ``[1 + N, V]`` of the root
+        and every node of a draft tree, in one pass. The pass runs eagerly (a tree's mask is an input
+        the compiled graphs do not take); the chain passes around it stay compiled."""
+        from utils.caching import _compute_dtype, _tree_mask, tree_depths, tree_unsupported
+
+        reason = tree_unsupported(self.model)
+        if reason is not None:
+            raise ValueError(reason)
+        depth, n = tree_depths(parents), len(nodes)
+        if self.cached >= cur:  # the root's logits need the last accepted token fed
+            self.rollback(cur - 1)
+        start = self.cached
+        self._reserve(cur + n)
+        new = torch.cat([ids[0, start:cur].to(self.device), torch.tensor(nodes, dtype=torch.long, device=self.device)])
+        positions = torch.cat([torch.arange(start, cur), cur + torch.tensor(depth, dtype=torch.long)]).to(self.device)
+        capacity = self.cache.layers[0].max_cache_len
+        mask = _tree_mask(start, cur, parents, capacity, _compute_dtype(self.model), self.device)
+        logits = self.model(input_ids=new.unsqueeze(0), position_ids=positions.unsqueeze(0), attention_mask=mask,
+                            past_key_values=self.cache, use_cache=True, logits_to_keep=n + 1).logits[0]
+        self.forward_passes += 1
+        self.cached = cur + n
+        return logits
+
+    def keep_branch(self, cur: int, path: List[int]) -> None:
+        """After a tree pass at ``cur``: the branch ``path`` (node indices, root to leaf) gathered into
+        positions ``cur, cur + 1, ...``; the cache then holds ``cur + len(path)`` positions."""
+        keep = cur + len(path)
+        if path and list(path) != list(range(len(path))):
+            source = torch.tensor([cur + i for i in path], dtype=torch.long, device=self.device)
+            for layer in self.cache.layers:
+                if layer.is_initialized:
+                    layer.keys[:, :, cur:keep] = layer.keys.index_select(2, source)
+                    layer.values[:, :, cur:keep] = layer.values.index_select(2, source)
+        self.rollback(keep)
+
 
 def make_runner(model: Module, use_cache: bool = True, encoder_input_ids: Optional[List[int]] = None,
                 compile: Optional[bool] = None):
