@@ -132,14 +132,20 @@ class Repl:
         learning = [strategy for strategy in enabled if strategy.takes_storage]
         own = self.settings.storage  # what the first strategy drafting from it learns is kept for the next prompt
         before = copy.deepcopy(own) if len(learning) > 1 else None
+        # the same for the global suffix memory (/suffix_global), which suffix and tree_suffix both read and extend
+        suffixes = [strategy for strategy in enabled if strategy.suffix]
+        memory = self.settings.suffix_memory
+        memory_before = copy.deepcopy(memory) if memory is not None and len(suffixes) > 1 else None
         try:
             for strategy in enabled:
                 # every strategy drafting from the storage starts from it as it was before this prompt
                 self.settings.storage = copy.deepcopy(before) if strategy in learning[1:] else own
+                self.settings.suffix_memory = copy.deepcopy(memory_before) if strategy in suffixes[1:] and memory is not None else memory
                 if not self.run(strategy, prompt, results):
                     return
         finally:
             self.settings.storage = own
+            self.settings.suffix_memory = memory
         if results:
             self.print_table(results)
             self.explain_divergences(prompt, results)
@@ -219,7 +225,7 @@ class Repl:
         policy = self.settings.policy
         gamma = "auto" if policy.auto else f"<= {self.settings.gamma}"
         table = Table(title=f"seed {self.seed} · gamma {gamma} · {self.value_of('/processor')} · speedup over target AR",
-                      caption=f"policy: {policy.describe()}" + (f" · {suffix_memory_line(self)}" if self.enabled["suffix"] else ""))
+                      caption=f"policy: {policy.describe()}" + (f" · {suffix_memory_line(self)}" if self.enabled["suffix"] or self.enabled["tree_suffix"] else ""))
         for column in ("strategy", "tokens", "time (s)", "tokens/s", "speedup", "accept", "tok/step"):
             table.add_column(column, justify="left" if column == "strategy" else "right")
         for strategy, r in results:

@@ -341,6 +341,7 @@ COMMANDS: Dict[str, Command] = {command.name: command for command in [
     strategy_toggle("chained", "n-gram storage drafts, drafter model when it knows nothing"),
     strategy_toggle("tree_ngram", "n-gram storage drafts a tree of its top branches, verified in one pass"),
     strategy_toggle("recycling", "token recycling: a static tree from the target's past top-k, verified in one pass"),
+    strategy_toggle("tree_suffix", "suffix tree drafts a tree of its most frequent branches, verified in one pass"),
     number("/tree_size", "<n>", "most nodes of a draft tree (the calibrated policy keeps those that pay)", SETTINGS, "tree_size",
            f"n from {_range('tree_size')}"),
     Command("/ngram_save", "<file> [--force]", "save the n-gram storage (JSON)", _ngram_save, None,

@@ -110,6 +110,11 @@ def _suffix(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]
                            policy=s.policy)[0]
 
 
+def _tree_suffix(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    return suffix_generate(prompt, s.target, s.tokenizer, **s.suffix.arguments(), memory=s.suffix_memory, **_common(s, stats),
+                           policy=s.policy, trees=True)[0]
+
+
 def _arctic(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
     from sampling.suffix_arctic import arctic_suffix_generate
 
@@ -179,6 +184,7 @@ STRATEGIES = [
     Strategy("tree_ngram", "N-gram tree", "bright_yellow", False, True, True, _tree_ngram, takes_storage=True,
              storages=("basic",), trees=True),
     Strategy("recycling", "Token recycling", "bright_magenta", False, True, True, _recycling, trees=True),
+    Strategy("tree_suffix", "Suffix tree, draft trees", "magenta", False, True, True, _tree_suffix, suffix=True, trees=True),
     Strategy("target", "Target AR", "blue", False, False, False, lambda p, s, st: _autoregressive(s.target, p, s, st),
              baseline=True),
     Strategy("drafter", "Drafter AR", "cyan", True, False, False, lambda p, s, st: _autoregressive(s.drafter, p, s, st),

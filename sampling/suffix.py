@@ -124,6 +124,9 @@ class SuffixDrafter:
     def accept(self, tokens: List[int], start: int, n_accepted: int, fetched: None) -> None:
         pass  # the next propose adds the emitted tokens
 
+    def accept_tree(self, tokens: List[int], start: int, nodes: List[int], parents: List[int], path: List[int], fetched: None) -> None:
+        pass  # as after a chain: the next proposal adds the emitted tokens
+
 
 def check_settings(max_tree_depth: int, max_spec_tokens: int, max_spec_factor: float, max_spec_offset: float,
                    min_token_prob: float) -> None:
@@ -144,7 +147,7 @@ def suffix_generate(
     logits_processor: LogitsProcessor = GreedyProcessor(), max_gen_len: int = 40, eos_tokens_id: int | List[int] = 1,
     pad_token_id: int = 0, use_cache: bool = False, first_target: bool = True, debug: bool = False,
     stats: GenerationStats | None = None, policy: DraftPolicy | None = None, streamer: Callable[[List[int], int], None] | None = None,
-    compile: bool | None = None,
+    compile: bool | None = None, trees: bool = False,
 ) -> Tuple[List[int], float]:
     """Suffix decoding: speculative decoding whose drafts come from a suffix trie (``SuffixDrafter``).
 
@@ -154,8 +157,10 @@ def suffix_generate(
     max_spec_offset)`` for a match of ``match_len`` tokens, none below the estimated probability
     ``min_token_prob``), verified by the target (M_p) in one pass. Drafts are deterministic, so
     acceptance compares them with the target's own token (argmax when greedy, a sample
-    otherwise): greedy is exact and sampling lossless. The other arguments are as in
-    ``speculative_generate``.
+    otherwise): greedy is exact and sampling lossless. ``trees``: each step proposes a tree of up to
+    ``max_spec_tokens`` nodes (the best match's most frequent branches, ``SuffixDrafter.propose_tree``)
+    verified in one target pass (``sampling.tree_decoding``; needs full attention). The other
+    arguments are as in ``speculative_generate``.
 
     Returns:
         (new token ids, acceptance rate = accepted drafts / drafted tokens).
@@ -166,7 +171,16 @@ def suffix_generate(
     if memory is not None and memory.max_depth != max_tree_depth:
         raise ValueError(f"the memory's depth is {memory.max_depth}, not max_tree_depth {max_tree_depth}")
     drafter = SuffixDrafter(prompt, max_tree_depth, max_spec_tokens, max_spec_factor, max_spec_offset, min_token_prob, memory)
-    out, rate = speculative(prompt, config.runner(target), drafter, config)
+    if trees:  # up to max_spec_tokens nodes, best first, verified in one pass (sampling.tree_decoding)
+        from sampling.tree_decoding import tree_speculative
+        from utils.caching import tree_unsupported
+
+        reason = tree_unsupported(target)
+        if reason is not None:
+            raise ValueError(reason)
+        out, rate = tree_speculative(prompt, config.runner(target), drafter, config)
+    else:
+        out, rate = speculative(prompt, config.runner(target), drafter, config)
     if memory is not None:
         memory.add(out)
     return out, rate

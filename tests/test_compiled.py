@@ -53,6 +53,7 @@ def run_all(target, drafter, compile, processor=None, prompt=PROMPT):
         "suffix": lambda: suffix_generate(prompt, target, max_spec_tokens=3, **common)[0],
         "tree_ngram": lambda: ngram_tree_generate(prompt, NGramStorage(2, vocab), target, tree_size=6, **common)[0],
         "recycling": lambda: token_recycling_generate(prompt, target, tree_size=6, **common)[0],
+        "tree_suffix": lambda: suffix_generate(prompt, target, max_spec_tokens=6, trees=True, **common)[0],
     }.items():
         torch.manual_seed(7)
         runs[name] = generate()

@@ -437,3 +437,20 @@ def test_recycling_reads_its_table_into_the_static_tree_and_learns_every_row():
     seeded = RecyclingDrafter({5: [6]})
     seeded.seed([5, 7, 1, 2, 1, 3])
     assert seeded.table == {5: [6], 7: [1], 1: [3, 2], 2: [1]}  # the target's row kept, latest first
+
+
+def test_suffix_trees_are_greedy_exact_with_both_caches():
+    """Suffix decoding proposing trees (its most frequent branches) verified in one pass: greedy
+    output equals target AR with the dynamic and the static cache (its sampled output is lossless by
+    the same argument as every deterministic tree: the target's own sample walks down the tree)."""
+    from conftest import llama as tiny_llama
+    from sampling import autoregressive_generate, suffix_generate
+    from utils.caching import set_cache
+
+    target = tiny_llama(layers=2, window=512)
+    prompt = [5, 17, 33, 5, 17, 40, 2, 9, 5, 17, 33, 71] * 2
+    for cache in ("dynamic", "static"):
+        set_cache(target, cache)
+        reference = autoregressive_generate(prompt, target, max_gen_len=40, eos_tokens_id=[], use_cache=True)
+        trees, _ = suffix_generate(prompt, target, max_spec_tokens=8, max_gen_len=40, eos_tokens_id=[], use_cache=True, trees=True)
+        assert trees == reference
