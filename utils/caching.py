@@ -309,16 +309,7 @@ class KVCacheModel:
             kwargs["input_ids"] = new
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = n_last
-        # the model's own forward with the prepacked layers in its submodule dicts (plain dict
-        # writes: Module.__setattr__ on 200 layers would cost ~1 ms a pass)
-        for modules, name, packed, _ in self.swaps:
-            modules[name] = packed
-        try:
-            out = self.model(**kwargs)
-        finally:
-            for modules, name, _, own in self.swaps:
-                modules[name] = own
-        self.forward_passes += 1
+        out = self._forward(kwargs)
         if self.use_cache:
             self.cache = out.past_key_values
             self.cached = length
@@ -402,17 +393,12 @@ class KVCacheModel:
         the write position moved; dynamic cache: gathered into place, then cropped."""
         if not self.use_cache or self.cache is None:
             return
-        keep = cur + len(path)
-        if path and list(path) != list(range(len(path))):  # the first nodes already sit in place
-            source = torch.tensor([cur + i for i in path], dtype=torch.long, device=self.device)
-            for layer in self.cache.layers:
-                if layer.is_initialized:
-                    layer.keys[:, :, cur:keep] = layer.keys.index_select(2, source)
-                    layer.values[:, :, cur:keep] = layer.values.index_select(2, source)
-        self.rollback(keep)
+        gather_branch(self.cache, cur, path)
+        self.rollback(cur + len(path))
 
     def _forward(self, kwargs: dict):
-        """The model's forward with the prepacked layers in place (see ``__call__``)."""
+        """The model's forward with the prepacked layers in its submodule dicts (plain dict writes:
+        Module.__setattr__ on 200 layers would cost ~1 ms a pass), put back after the pass."""
         for modules, name, packed, _ in self.swaps:
             modules[name] = packed
         try:
@@ -422,6 +408,18 @@ class KVCacheModel:
                 modules[name] = own
         self.forward_passes += 1
         return out
+
+
+def gather_branch(cache, cur: int, path: List[int]) -> None:
+    """Move the keys and values of the tree nodes ``path`` (slots ``cur + i``) to slots ``cur, cur + 1, ...``."""
+    if not path or list(path) == list(range(len(path))):  # the first nodes already sit in place
+        return
+    keep = cur + len(path)
+    source = torch.tensor([cur + i for i in path], dtype=torch.long, device=cache.layers[0].keys.device)
+    for layer in cache.layers:
+        if layer.is_initialized:
+            layer.keys[:, :, cur:keep] = layer.keys.index_select(2, source)
+            layer.values[:, :, cur:keep] = layer.values.index_select(2, source)
 
 
 def tree_depths(parents: List[int]) -> List[int]:

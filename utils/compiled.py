@@ -243,14 +243,10 @@ class CompiledRunner:
     def keep_branch(self, cur: int, path: List[int]) -> None:
         """After a tree pass at ``cur``: the branch ``path`` (node indices, root to leaf) gathered into
         positions ``cur, cur + 1, ...``; the cache then holds ``cur + len(path)`` positions."""
-        keep = cur + len(path)
-        if path and list(path) != list(range(len(path))):
-            source = torch.tensor([cur + i for i in path], dtype=torch.long, device=self.device)
-            for layer in self.cache.layers:
-                if layer.is_initialized:
-                    layer.keys[:, :, cur:keep] = layer.keys.index_select(2, source)
-                    layer.values[:, :, cur:keep] = layer.values.index_select(2, source)
-        self.rollback(keep)
+        from utils.caching import gather_branch
+
+        gather_branch(self.cache, cur, path)
+        self.rollback(cur + len(path))
 
 
 def make_runner(model: Module, use_cache: bool = True, encoder_input_ids: Optional[List[int]] = None,
