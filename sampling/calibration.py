@@ -116,7 +116,8 @@ class _EagerTimer(_Timer):
     def __init__(self, model: Module, context: int, prepack: Optional[bool] = None, cache: Optional[str] = None):
         self.model, self.context = model, context
         self.ids = torch.randint(output_vocab_size(model), (1, context + 1), generator=torch.Generator().manual_seed(0))
-        self.runner = KVCacheModel(model, True, prepack=prepack, cache=cache)
+        encoder = self.ids[0, :context].tolist() if getattr(model.config, "is_encoder_decoder", False) else None
+        self.runner = KVCacheModel(model, True, encoder_input_ids=encoder, prepack=prepack, cache=cache)
         self.runner(self.ids[:, :context], 1)
 
 
