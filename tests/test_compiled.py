@@ -143,3 +143,26 @@ def test_weight_only_quantized_layers_run_inside_the_compiled_graph_with_the_eag
         fast, slow = CompiledRunner(model), KVCacheModel(model, True, cache="static")
         for length, rows in [(20, 1), (21, 1), (24, 3), (25, 1)]:
             torch.testing.assert_close(fast(ids[:, :length], rows), slow(ids[:, :length], rows), rtol=0.02, atol=0.02)
+
+
+def test_two_runners_alive_at_once_each_get_their_own_cache_and_the_eager_logits(models):
+    """A second cache object of the same capacity is an input of the same graphs, not a constant."""
+    target, _ = models
+    ids = torch.randint(target.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(5))
+    first, second, eager = CompiledRunner(target), CompiledRunner(target), KVCacheModel(target, True, cache="static")
+    first(ids[:, :30], 1)
+    for runner in (second, eager):
+        runner(ids[:, :20], 1)
+    assert second.cache is not first.cache
+    for length in (21, 24, 25):
+        expected = eager(ids[:, :length], length - eager.cached)
+        torch.testing.assert_close(second(ids[:, :length], length - second.cached), expected, rtol=1e-6, atol=1e-8)
+    torch.testing.assert_close(first(ids[:, :31], 1), KVCacheModel(target, True)(ids[:, :31], 1), rtol=1e-6, atol=1e-8)
+
+
+def test_freezing_applies_to_our_graphs_only(models):
+    """Inductor's freezing is on while our graphs build and off around them: transformers' own
+    compiled generate takes its static cache for a constant when it is left on."""
+    import torch._inductor.config
+
+    assert torch._inductor.config.freezing is False

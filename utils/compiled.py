@@ -13,6 +13,7 @@ over a static KV cache kept per model (gpt-fast's ``prefill`` / ``decode_one_tok
   power of two chosen once (``prepare``), so that steady state never compiles anything new.
   ``compile_events`` counts every graph built; a graph built after ``prepare`` is a bug the tests catch.
 """
+import contextlib
 import inspect
 import time
 import weakref
@@ -79,11 +80,6 @@ class _Compiled:
         self.model = model
         self.device = model_device(model)
         self.cuda = self.device.type == "cuda"
-        if not self.cuda:
-            import torch._inductor.config
-
-            # weights as constants, packed for this CPU (``options={"freezing": True}`` is not read)
-            torch._inductor.config.freezing = True
         mode = "reduce-overhead" if self.cuda else None
         self.forward = torch.compile(self._forward, fullgraph=True, dynamic=False, mode=mode)
         self.capacity = 0
@@ -130,7 +126,8 @@ class _Compiled:
         key = (size, self.capacity)
         first = key not in self.built
         clock = time.perf_counter()
-        logits = self.forward(buffer, positions, cache)[0]
+        with _frozen(not self.cuda):
+            logits = self.forward(buffer, positions, cache)[0]
         if self.cuda:
             logits = logits.clone()  # the graph's output buffer is overwritten by its next replay
         if first:
@@ -142,6 +139,20 @@ class _Compiled:
         if size != rows:
             _set_length(cache, start + rows)
         return logits[:rows]
+
+
+@contextlib.contextmanager
+def _frozen(on: bool):
+    """Inductor's ``freezing`` (weights as constants, packed for this CPU) while our graphs are built,
+    and only then: ``options={"freezing": True}`` is not read, and set globally it broke transformers'
+    own compiled static-cache ``generate`` (its cache was taken for a constant)."""
+    if not on:
+        yield
+        return
+    import torch._inductor.config
+
+    with torch._inductor.config.patch(freezing=True):
+        yield
 
 
 compile_events: List[Tuple[str, int, int]] = []  # (model class, bucket, capacity) of every graph built
