@@ -20,6 +20,7 @@ import weakref
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
+import torch._dynamo
 from torch import Tensor
 from torch.nn import Module
 
@@ -109,6 +110,12 @@ class _Compiled:
         one = torch.zeros((1, 1), dtype=torch.long, device=self.device)
         self.model(input_ids=one, position_ids=one, past_key_values=cache, use_cache=True, logits_to_keep=1)
         _set_length(cache, 0)
+        # transformers marks them static and unguarded: a graph (frozen on CPU, replayed on CUDA)
+        # would keep reading the first cache's tensors for any later cache; guarded, a graph
+        # belongs to one cache, and another cache of the pool gets graphs of its own
+        for layer in cache.layers:
+            for tensor in (layer.keys, layer.values, layer.cumulative_length):
+                torch._dynamo.mark_static_address(tensor, guard=True)
         return cache
 
     def give_back(self, cache) -> None:
@@ -123,7 +130,7 @@ class _Compiled:
         buffer, positions = self.ids[size], self.positions[size]
         buffer[:, :rows].copy_(ids)
         torch.add(self.steps[:, :size], start, out=positions)
-        key = (size, self.capacity)
+        key = (size, self.capacity, cache.layers[0].keys.data_ptr())  # a graph per pass length and cache
         first = key not in self.built
         clock = time.perf_counter()
         with _frozen(not self.cuda):
@@ -279,7 +286,8 @@ def prepare(model: Module, length: int = MIN_CAPACITY - BUCKETS[-1], say: Callab
     state = compiled(model)
     runner = CompiledRunner(model)
     runner._reserve(length)
-    todo = [b for b in BUCKETS if (b, state.capacity) not in state.built]
+    pointer = runner.cache.layers[0].keys.data_ptr()
+    todo = [b for b in BUCKETS if (b, state.capacity, pointer) not in state.built]
     if not todo:
         return 0.0
     say(f"compiling {type(model).__name__}: passes over {', '.join(map(str, todo))} positions, "
