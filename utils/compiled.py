@@ -133,7 +133,7 @@ class _Compiled:
         key = (size, self.capacity, cache.layers[0].keys.data_ptr())  # a graph per pass length and cache
         first = key not in self.built
         clock = time.perf_counter()
-        with _frozen(not self.cuda):
+        with _frozen(first and not self.cuda):  # the build reads it; a replay does not need the patch
             logits = self.forward(buffer, positions, cache)[0]
         if self.cuda:
             logits = logits.clone()  # the graph's output buffer is overwritten by its next replay
