@@ -239,7 +239,7 @@ def first_divergence(a: List[int], b: List[int]) -> Optional[int]:
 
 class Bench:
     def __init__(self, args, processor, greedy: bool):
-        from session import SetupError, build_settings, describe, load_pair, pair_preset
+        from session import SetupError, build_settings, load_pair, pair_preset
         from sampling.common import output_vocab_size
         from sampling.divergence import default_runner
 
@@ -255,7 +255,8 @@ class Bench:
         self.target, self.tokenizer, self.drafter, self.drafter_label = pair.target, pair.tokenizer, pair.drafter, pair.drafter_label
         self.compile_seconds = pair.compile_seconds  # role -> seconds, start-up compilation
         # weights, cache, runner and prepacking, as the REPL says them
-        self.target_label = describe(pair.target, pair.target_label, pair.quantize) + (f" · {pair.dtype_note}" if pair.dtype_note else "")
+        self.target_label = pair.describe("target")
+        self.kernel_line = pair.notes.get("target", {}).get("kernels") or f"--prepack {args.prepack}"
         self.vocab = output_vocab_size(self.target)
         try:
             self.settings = build_settings(pair, self.processor, length=args.max_new_tokens, calibrate=not args.no_calibrate,
@@ -666,6 +667,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                     "tokens_per_s": result.tokens_per_second, "drafted": st.drafted, "accepted": st.accepted,
                     "target_passes": st.target_forward_passes, "drafted_at": st.drafted_at, "accepted_at": st.accepted_at,
                     "paused_steps": st.paused_steps, "tokens": result.tokens, "steps": st.emitted_by_step,
+                    "kernels": result.kernels,
                     "text": bench.tokenizer.decode(result.tokens, skip_special_tokens=True),
                     "diverged_at": first_divergence(result.tokens, reference) if bench.greedy and not config.strategy.drafter_ar else None,
                 }
@@ -682,7 +684,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     if any(config.strategy.suffix for config in configs):
         title += f" · suffix: {bench.settings.suffix.describe()}" + (
             ", global memory over the earlier prompts' outputs" if any(config.strategy.memory for config in configs) else "")
-    extra = bench.compile_report()
+    extra = kernels_report(records, bench.kernel_line) + bench.compile_report()
     if args.verify_cost:
         costs = bench.verify_cost()
         extra = ("\n## cost of a verification pass over r positions (r - 1 drafts), relative to r = 1\n\n"
@@ -701,6 +703,19 @@ def main(argv: Optional[List[str]] = None) -> None:
         written = write_answers(records, Path(args.specbench_out), Path(bench.target_label.split(" · ")[0]).stem)
         print(f"wrote {len(written)} Spec-Bench answer files under {args.specbench_out}", file=sys.stderr)
     check_strict(records, args.strict)
+
+
+def kernels_report(records: List[dict], measured: str) -> str:
+    """The report's section on the target's linear layers: one line when every row ran the same, else
+    one row each (a transformers peer on those of the row it is compared with); empty when nothing chose."""
+    ran = {r["config"]: r.get("kernels", "") for r in records}
+    if not any(ran.values()):
+        return ""
+    lines = ["", "## kernels", "", f"The target's linear layers, each row on those its passes run fastest on ({measured}).", ""]
+    if len(set(ran.values())) == 1:
+        return "\n".join(lines + [f"Every row: {next(iter(ran.values()))} linear layers.", ""])
+    lines += ["| row | linear layers |", "| --- | --- |"] + [f"| {config} | {kernels} |" for config, kernels in sorted(ran.items())]
+    return "\n".join(lines + [""])
 
 
 def check_strict(records: List[dict], strict: bool) -> None:

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from repl_commands import COMMANDS, on_off, suffix_memory_line
-from session import SetupError, add_shared_flags, build_settings, describe, encode, first_line, load_pair, pair_preset, read_processor
+from session import SetupError, add_shared_flags, build_settings, encode, first_line, load_pair, pair_preset, read_processor
 from utils.parsing import MAX_LINE, UsageError, flag_type, sanitize_text
 from utils.printing import console, screen  # the one screen the REPL, the debug view and the stream share
 
@@ -226,7 +226,8 @@ class Repl:
         gamma = "auto" if policy.auto else f"<= {self.settings.gamma}"
         table = Table(title=f"seed {self.seed} · gamma {gamma} · {self.value_of('/processor')} · speedup over target AR",
                       caption=f"policy: {policy.describe()}" + (f" · {suffix_memory_line(self)}" if self.enabled["suffix"] or self.enabled["tree_suffix"] else ""))
-        for column in ("strategy", "tokens", "time (s)", "tokens/s", "speedup", "accept", "tok/step"):
+        mixed = len({r.kernels for _, r in results}) > 1  # rows on different kernels (--prepack auto): each names its own
+        for column in ("strategy", "tokens", "time (s)", "tokens/s", "speedup", "accept", "tok/step") + (("linears",) if mixed else ()):
             table.add_column(column, justify="left" if column == "strategy" else "right")
         for strategy, r in results:
             speedup = f"{r.tokens_per_second / baseline:.2f}x" if baseline else "-"
@@ -234,6 +235,7 @@ class Repl:
             table.add_row(
                 Text(strategy.title, style=strategy.color), str(len(r.tokens)), f"{r.seconds:.2f}", f"{r.tokens_per_second:.1f}",
                 speedup, f"{r.stats.acceptance_rate:.2f}" if spec else "-", f"{r.stats.mean_accepted_tokens:.2f}" if spec else "-",
+                *((r.kernels or "-",) if mixed else ()),
             )
         console.print(table)
 
@@ -333,12 +335,11 @@ def main(argv: Optional[List[str]] = None) -> None:
                          measure_dtype=preset.get("measure_dtype", False))
     except SetupError as error:
         fail(str(error))
-    note = f" · {pair.dtype_note}" if pair.dtype_note else ""
-    console.print(Text("Target: ", style="bold") + Text(describe(pair.target, pair.target_label, pair.quantize) + note))
+    console.print(Text("Target: ", style="bold") + Text(pair.describe("target")))
     if pair.drafter is None:
         console.print("[bold]Drafter:[/bold] none (speculative decoding off; start with --drafter MODEL to compare it)")
     else:
-        console.print(Text("Drafter: ", style="bold") + Text(describe(pair.drafter, pair.drafter_label, pair.drafter_quantize)))
+        console.print(Text("Drafter: ", style="bold") + Text(pair.describe("drafter")))
     try:
         settings = build_settings(pair, processor, args.gamma, args.length, not args.no_calibrate, say=say, row_costs=args.row_costs)
     except SetupError as error:

@@ -46,9 +46,10 @@ def add_shared_flags(parser: argparse.ArgumentParser) -> None:
                         "runners: static (preallocated, rolled back by moving the write position) or the model's dynamic "
                         "cache; auto measures both at start-up on CPU and keeps the faster, static on CUDA (default auto; "
                         "--compile always runs over a static cache)")
-    parser.add_argument("--prepack", choices=["auto", "on", "off"], default="auto", help="float32 CPU linear layers of our eager "
-                        "runners run from a copy of their weights reordered once for oneDNN (same logits up to rounding; faster "
-                        "on some CPUs, slower on others); auto measures both at start-up and keeps the faster (default auto)")
+    parser.add_argument("--prepack", choices=["auto", "on", "off"], default="auto", help="float32 CPU linear layers of the model "
+                        "(for every row, transformers' peers included) run from a copy of their weights reordered once for "
+                        "oneDNN (same logits up to rounding; faster on some CPUs, slower on others); auto measures both over "
+                        "1-12 positions at start-up and gives each row the faster for the passes it makes (default auto)")
     parser.add_argument("--compile", action="store_true", help="our runners' decoding and verification passes compiled with "
                         "torch.compile over a static cache (inductor with frozen weights on CPU, CUDA graphs on CUDA), "
                         "compiled once at start-up and reported apart; transformers' static-cache peer is compiled too")
@@ -98,6 +99,15 @@ class Pair:
     drafter_quantize: str = "none"
     compile_seconds: Dict[str, float] = field(default_factory=dict)  # role -> seconds spent compiling at start-up
     dtype_note: str = ""  # why this dtype, when it was chosen by measurement (``--preset pair``)
+    notes: Dict[str, Dict[str, str]] = field(default_factory=dict)  # role -> {"cache" | "kernels": how it was chosen}
+    kernel_choice: Dict[str, object] = field(default_factory=dict)  # role -> KernelChoice measured at start-up
+
+    def describe(self, role: str) -> str:
+        """One line for the target or the drafter: ``describe`` with how its settings were chosen."""
+        model, label, quantize = ((self.target, self.target_label, self.quantize) if role == "target"
+                                  else (self.drafter, self.drafter_label, self.drafter_quantize))
+        line = describe(model, label, quantize, self.notes.get(role, {}))
+        return line + (f" · {self.dtype_note}" if role == "target" and self.dtype_note else "")
 
     @property
     def encoder_decoder(self) -> bool:
@@ -177,16 +187,15 @@ def load_pair(
     """Load the target (None: the embedded model) and the drafter (None: none; ``layers:N``: the
     first N layers of the target), check that the drafter can draft for the target, and set
     the KV-cache kind (``set_cache``), the prepacking (``set_prepack``; "auto": measured,
-    ``choose_prepack``) and the compilation (``set_compile``) of both. With ``compile``, every
+    ``choose_kernels``: each row later runs on its own best option) and the compilation (``set_compile``) of both. With ``compile``, every
     pass shape is compiled here for sequences of ``compile_length`` positions, before anything is
     timed; ``Pair.compile_seconds`` says how long it took.
     ``measure_dtype`` with ``dtype`` auto: bfloat16 on CUDA; on CPU bfloat16 only where a matmul of
     the target's shape measures clearly faster in it (``utils.cpu_dtype``), else float32."""
     import torch
 
-    from sampling.calibration import choose_cache, choose_prepack
-    from utils.caching import model_device, prepacked_linears
-    from utils.caching import set_cache, set_prepack
+    from sampling.calibration import choose_cache, choose_kernels
+    from utils.caching import model_device, prepackable, set_cache, set_prepack
     from utils.compiled import prepare, set_compile, why_not_compiled
     from utils.models import resolve_device
 
@@ -226,19 +235,23 @@ def load_pair(
             pair.compile_seconds[role] = seconds
             say(f"Compiled the {role} in {seconds:.1f} s (outside every timed run)")
             continue
-        if prepack == "auto" and prepacked_linears(model, True):
-            model._specdec_prepack_note = choose_prepack(model)
+        notes = pair.notes.setdefault(role, {})
+        if prepack == "auto" and prepackable(model):
+            pair.kernel_choice[role], notes["kernels"] = choose_kernels(model)
         else:
             set_prepack(model, prepack in (True, "on"))
         if cache == "auto" and model_device(model).type == "cpu":
-            model._specdec_cache_note = choose_cache(model)
+            notes["cache"] = choose_cache(model)
     return pair
 
 
-def describe(model: "Module", label: str, quantize: str) -> str:
+def describe(model: "Module", label: str, quantize: str, notes: Optional[Dict[str, str]] = None) -> str:
     """One line: the model, where it runs, its weights, its KV cache, its runner (compiled or eager)
-    and, eager, whether its linear layers are prepacked (with the measurement that chose it)."""
-    from utils.caching import prepacked_linears, runner_cache
+    and, eager, whether its linear layers are prepacked; ``notes`` say how the cache and the
+    kernels were chosen (the measurements), where they were."""
+    from utils.caching import prepacked, runner_cache
+
+    notes = notes or {}
 
     if getattr(model, "_specdec_quantization", None):
         quantize += " (CPU weight-only kernels, bfloat16 activations)"
@@ -247,11 +260,10 @@ def describe(model: "Module", label: str, quantize: str) -> str:
     line = f"{label} · {next(model.parameters()).device} · {model.dtype} · quantization {quantize} · "
     if compile_wanted(model):
         return line + f"static KV cache · {compiled_label(model)}"
-    line += getattr(model, "_specdec_cache_note", f"{runner_cache(model)} KV cache") + " · eager"
-    note = getattr(model, "_specdec_prepack_note", None)
-    if note is not None:
-        return line + f" · {note}"
-    return line + (" · prepacked linears" if prepacked_linears(model) else "")
+    line += notes.get("cache", f"{runner_cache(model)} KV cache") + " · eager"
+    if "kernels" in notes:
+        return line + f" · {notes['kernels']}"
+    return line + (" · prepacked linears" if prepacked(model) else "")
 
 
 def build_settings(
@@ -274,6 +286,7 @@ def build_settings(
             say("Measuring the target's verification costs ...", "dim")
         try:
             policy = calibrated_policy(pair.target, drafter=pair.drafter, row_costs=row_costs,
+                                       kernel_choice=pair.kernel_choice.get("target"),
                                        **({} if min_gain is None else {"min_gain": min_gain}), **options)
         except ValueError as error:
             raise SetupError(f"--row-costs: {error}") from None
@@ -282,7 +295,7 @@ def build_settings(
         policy = DraftPolicy(min_gain=min_gain or 0.0, **options)
     settings = Settings(target=pair.target, tokenizer=pair.tokenizer, drafter=pair.drafter, processor=processor,
                         gamma=4 if auto else gamma, max_gen_len=length, eos_tokens_id=end_tokens(pair.target, pair.tokenizer),
-                        encoder_decoder=pair.encoder_decoder, policy=policy)
+                        encoder_decoder=pair.encoder_decoder, policy=policy, kernel_choice=pair.kernel_choice.get("target"))
     if calibrate:
         if auto and not policy.auto:
             say(f"gamma auto needs plausible verification costs: gamma <= {settings.gamma} instead", "red")

@@ -30,7 +30,8 @@ from sampling import (
     token_recycling_generate,
 )
 from sampling.suffix import SuffixSettings
-from utils.caching import model_device, synchronize
+from sampling.calibration import PREPACKED, KernelChoice
+from utils.caching import kernels, model_device, prepacked, synchronize
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 
@@ -61,6 +62,9 @@ class Settings:
     suffix_memory: Optional[object] = None  # the global tree over earlier outputs (a SuffixMemory; the arctic peer's cache); None: off
     streamer: Optional[Callable[[List[int], int], None]] = None
     tree_size: int = 16  # most nodes of a draft tree (tree_ngram, recycling); the calibrated policy keeps those that pay
+    # the target's kernels per row: measured options (``choose_kernels``; None: the model's as they
+    # are), each row on the option that gives it the most tokens per second (``row_kernels``)
+    kernel_choice: Optional[KernelChoice] = None
 
     def lookup_storage(self) -> INgramStorage:
         """The n-gram storage a strategy drafts from: the generation's own, then the static tier."""
@@ -72,6 +76,7 @@ class Result:
     tokens: List[int]
     seconds: float
     stats: GenerationStats
+    kernels: str = ""  # the target's linear layers during the run: "prepacked", "own" ("": not a choice here)
 
     @property
     def tokens_per_second(self) -> float:
@@ -200,18 +205,45 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
+def pass_rows(strategy: Strategy, s: Settings) -> Optional[int]:
+    """Positions of the target passes a row makes (1: plain decoding; a draft of g: g + 1); None
+    when the length varies (the calibrated policy's own, suffix drafts)."""
+    if not (strategy.speculative or strategy.takes_gamma or strategy.key == "hf_prompt_lookup"):
+        return 1
+    if strategy.takes_gamma:
+        return None if s.policy.auto and strategy.auto_gamma else s.gamma + 1
+    if strategy.key in ("pld", "hf_prompt_lookup"):
+        return s.pld_num_tokens + 1
+    return s.tree_size + 1 if strategy.trees else None
+
+
+def row_kernels(strategy: Strategy, s: Settings) -> Optional[str]:
+    """The target's kernels for ``strategy``'s row: those that give it the most tokens per second by
+    the measured pass costs (``KernelChoice``); a transformers peer gets those of the row it is
+    compared with, by the same rule (it makes the same passes). None: no choice to make."""
+    if s.kernel_choice is None:
+        return None
+    rows = pass_rows(strategy, s)
+    return s.kernel_choice.for_auto() if rows is None else s.kernel_choice.for_width(rows)
+
+
 def run_strategy(strategy: Strategy, prompt: List[int], settings: Settings, seed: int = 42) -> Result:
-    """Run one strategy after ``seed``, timing it with the device synchronised on both ends."""
+    """Run one strategy after ``seed`` on its row's kernels (``row_kernels``), timing it with the
+    device synchronised on both ends."""
     models = [m for m in (settings.target, settings.drafter) if m is not None]
-    set_seed(seed)
-    stats = GenerationStats()
-    for model in models:
-        synchronize(model)
-    start = time.perf_counter()
-    tokens = strategy.generate(prompt, settings, stats)
-    for model in models:
-        synchronize(model)
-    return Result(tokens, time.perf_counter() - start, stats)
+    option = row_kernels(strategy, settings)
+    with kernels(settings.target, None if option is None else option == PREPACKED):
+        set_seed(seed)
+        stats = GenerationStats()
+        for model in models:
+            synchronize(model)
+        start = time.perf_counter()
+        tokens = strategy.generate(prompt, settings, stats)
+        for model in models:
+            synchronize(model)
+        seconds = time.perf_counter() - start
+        used = ("prepacked" if prepacked(settings.target) else "own") if option is not None or prepacked(settings.target) else ""
+    return Result(tokens, seconds, stats, used)
 
 
 # ---- peers: transformers' own generation paths, for the benchmark ---------------------------

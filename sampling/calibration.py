@@ -3,14 +3,15 @@ position, and what a drafter model's pass costs against a target's. Timing only;
 that reads the costs lives in ``sampling.draft_policy``."""
 import statistics
 import time
-from typing import List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch.nn import Module
 
 from sampling.common import context_window, output_vocab_size
 from sampling.draft_policy import DraftPolicy
-from utils.caching import KVCacheModel, drop_prepacked, prepacked_linears, runner_cache, set_cache, set_prepack, synchronize
+from utils.caching import KVCacheModel, drop_prepacked, kernels, prepackable, runner_cache, set_cache, set_prepack, synchronize
 from utils.compiled import make_runner
 
 # Cost-aware pausing threshold of the calibrated policy: drafting pauses while a drafting step
@@ -84,7 +85,8 @@ def plausible_row_costs(costs: Tuple[float, ...]) -> bool:
 
 
 def calibrated_policy(target: Module, min_gain: float = DEFAULT_MIN_GAIN, drafter: Optional[Module] = None,
-                      row_costs: Optional[Tuple[float, ...]] = None, **policy) -> DraftPolicy:
+                      row_costs: Optional[Tuple[float, ...]] = None, kernel_choice: Optional["KernelChoice"] = None,
+                      **policy) -> DraftPolicy:
     """The REPL's and the benchmark's default policy: verification costs measured on ``target``
     where it runs (``measure_row_costs``, a few seconds), the cost of a ``drafter`` pass
     (``measure_draft_cost``), cheaper padded passes, cost-aware pausing.
@@ -92,51 +94,149 @@ def calibrated_policy(target: Module, min_gain: float = DEFAULT_MIN_GAIN, drafte
     A measurement that cannot be real (``plausible_row_costs``) is taken again once; if it still
     is not plausible the policy has no ``row_costs`` (constant length, no padding) and its
     ``calibration`` says why. ``calibration`` holds the costs measured, for the record. ``row_costs``
-    given (costs measured before, ``--row-costs``) are used as they are, checked but not measured."""
+    given (costs measured before, ``--row-costs``) are used as they are, checked but not measured.
+    ``kernel_choice`` (``choose_kernels``, measured just before): the costs of the kernels that drafting
+    rows run on are taken from it, not measured again."""
+    source = " (given, not measured)"
     if row_costs is not None:
         costs = tuple(float(c) for c in row_costs)
         if not plausible_row_costs(costs):
             raise ValueError(f"row costs {costs} are not plausible: r = 1 costs 1, each r costs 0.8 to 2r")
-    for _ in range(2 if row_costs is None else 0):
-        costs = measure_row_costs(target)
-        if plausible_row_costs(costs):
-            break
+    elif kernel_choice is not None and plausible_row_costs(kernel_choice.row_costs(kernel_choice.for_auto())):
+        option = kernel_choice.for_auto()
+        costs, source = kernel_choice.row_costs(option), f" ({option} linears, from the kernel measurement)"
+    else:
+        source = ""
+        option = kernel_choice.for_auto() if kernel_choice is not None else None
+        with kernels(target, None if option is None else option == PREPACKED):
+            for _ in range(2):
+                costs = measure_row_costs(target)
+                if plausible_row_costs(costs):
+                    break
     draft_cost = measure_draft_cost(drafter, target) if drafter is not None else 0.0
     shown = " ".join(f"{c:.2f}" for c in costs)
     if not plausible_row_costs(costs):
         note = f"Verification costs measured twice and not plausible ({shown}): not used, constant draft length"
         return DraftPolicy(min_gain=min_gain, draft_cost=draft_cost, calibration=note, **policy)
-    note = f"Verification cost by positions 1..{len(costs)}: {shown}" + (" (given, not measured)" if row_costs is not None else "")
+    note = f"Verification cost by positions 1..{len(costs)}: {shown}" + source
     return DraftPolicy(min_gain=min_gain, row_costs=costs, draft_cost=draft_cost, calibration=note, **policy)
 
 
-class _EagerTimer(_Timer):
-    """A ``_Timer`` over an eager runner with the given prepacking (None: the model's) and cache kind."""
+PREPACKED, OWN = "prepacked", "own"  # the kernel options of a float32 CPU model's linear layers
+PREPACK_MARGIN = 0.95  # prepacking costs a copy of the weights: made only where some pass runs at least 5% faster
+TYPICAL_ACCEPTANCE = 0.7  # per-draft acceptance assumed when a row's draft length is not fixed
 
-    def __init__(self, model: Module, context: int, prepack: Optional[bool] = None, cache: Optional[str] = None):
-        self.model, self.context = model, context
-        self.ids = torch.randint(output_vocab_size(model), (1, context + 1), generator=torch.Generator().manual_seed(0))
-        encoder = self.ids[0, :context].tolist() if getattr(model.config, "is_encoder_decoder", False) else None
-        self.runner = KVCacheModel(model, True, encoder_input_ids=encoder, prepack=prepack, cache=cache)
-        self.runner(self.ids[:, :context], 1)
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """Seconds of one cached pass of a model over r = 1..R new positions under each kernel option
+    (``PREPACKED`` / ``OWN`` linear layers), measured on this machine: what decides, per row of a
+    comparison, the kernels that give it the most tokens per second."""
+
+    seconds: Dict[str, Tuple[float, ...]]
+
+    def _better(self, rate: Callable[[str], float]) -> str:
+        """The option with the higher ``rate`` (tokens per second); own layers when prepacking
+        never pays clearly (``uses``): then its copy of the weights is not worth keeping."""
+        return PREPACKED if self.pays() and rate(PREPACKED) > rate(OWN) else OWN
+
+    def pays(self) -> bool:
+        """Whether prepacking is clearly faster (``PREPACK_MARGIN``) for some pass length."""
+        return any(p < PREPACK_MARGIN * o for p, o in zip(self.seconds[PREPACKED], self.seconds[OWN]))
+
+    def for_width(self, rows: int) -> str:
+        """The kernels for passes over ``rows`` positions (plain decoding: 1; a draft of g: g + 1)."""
+        rows = max(1, min(rows, len(self.seconds[OWN])))
+        return self._better(lambda option: 1.0 / self.seconds[option][rows - 1])
+
+    def for_auto(self, acceptance: float = TYPICAL_ACCEPTANCE) -> str:
+        """The kernels for a row whose draft length varies: the option whose best pass length gives
+        the most expected tokens per second at ``acceptance`` (Leviathan et al. 2023, section 3.5)."""
+        def rate(option: str) -> float:
+            return max((1 - acceptance ** r) / (1 - acceptance) / t for r, t in enumerate(self.seconds[option], 1))
+
+        return self._better(rate)
+
+    def uses(self, option: str) -> bool:
+        """Whether some row (a pass length, or a varying one) would run on ``option``."""
+        return option == self.for_auto() or any(self.for_width(r) == option for r in range(1, len(self.seconds[OWN]) + 1))
+
+    def row_costs(self, option: str) -> Tuple[float, ...]:
+        """Relative pass costs under ``option`` (r = 1 costs 1), as ``measure_row_costs`` gives them."""
+        first = self.seconds[option][0]
+        return tuple(round(t / first, 3) for t in self.seconds[option])
+
+    def line(self) -> str:
+        """One line: the plain-decoding choice and both options' costs."""
+        one = {option: times[0] * 1e3 for option, times in self.seconds.items()}
+        costs = " · ".join(f"{option} {' '.join(f'{c:.2f}' for c in self.row_costs(option)[:8])}" for option in (PREPACKED, OWN))
+        return (f"kernels by measurement: decoding {one[PREPACKED]:.1f} ms a pass prepacked, {one[OWN]:.1f} ms own; "
+                f"decoding on {self.for_width(1)}, drafting rows on {self.for_auto()} (costs by positions 1..8: {costs})")
+
+
+def _timed_under(model: Module, option: str, timer: "_Timer", rows: int) -> float:
+    with kernels(model, option == PREPACKED):
+        return timer.seconds(rows)
 
 
 @torch.no_grad()
-def choose_prepack(model: Module, context: int = 64, repeats: int = 7) -> str:
-    """Measure one-position cached passes of ``model`` with its float32 CPU linear layers prepacked
-    (``utils.caching.PrepackedLinear``) and with its own, set the faster (``set_prepack``) and
-    return one line saying what was measured. Prepacking is kept only when at least 5% faster
-    (it costs a copy of the weights). Nothing to measure (other dtypes, devices): off, and says so."""
-    if not prepacked_linears(model, True):
-        set_prepack(model, False)
-        return "no float32 CPU linear layers to prepack"
-    packed, own = _medians([(_EagerTimer(model, context, prepack=True), 1), (_EagerTimer(model, context, prepack=False), 1)], repeats)
-    chosen = packed < 0.95 * own
-    set_prepack(model, chosen)
-    if not chosen:
-        drop_prepacked(model)  # a copy of the weights, no longer used
-    verdict = "prepacked linears" if chosen else "the model's own linears"
-    return f"{verdict} (measured {packed * 1e3:.1f} ms a pass prepacked, {own * 1e3:.1f} ms its own)"
+def measure_kernels(model: Module, max_rows: int = 12, context: int = 64, repeats: int = 3) -> Optional[KernelChoice]:
+    """Time cached passes over 1..``max_rows`` positions with the model's float32 CPU linear layers
+    prepacked and with its own (interleaved rounds, medians after one warm-up round); None when
+    nothing can be prepacked (other dtypes, devices, no oneDNN). The model's kernels are as before."""
+    if not prepackable(model):
+        return None
+    timer = _Timer(model, context, max_rows)
+    samples = {option: [[] for _ in range(max_rows)] for option in (PREPACKED, OWN)}
+    for round_ in range(repeats + 1):
+        for rows in range(1, max_rows + 1):
+            for option in (PREPACKED, OWN):
+                seconds = _timed_under(model, option, timer, rows)
+                if round_:  # the first round warms up
+                    samples[option][rows - 1].append(seconds)
+    return KernelChoice({option: tuple(statistics.median(t) for t in times) for option, times in samples.items()})
+
+
+def apply_kernels(model: Module, choice: Optional[KernelChoice], rows: int = 1) -> str:
+    """Give ``model`` the kernels ``choice`` picks for passes over ``rows`` positions; the option's
+    name ("" when nothing can be prepacked). The prepacked copies are freed when no row would use them."""
+    if choice is None:
+        return ""
+    option = choice.for_width(rows)
+    if choice.uses(PREPACKED):
+        set_prepack(model, option == PREPACKED)
+    else:
+        drop_prepacked(model)
+    return option
+
+
+@torch.no_grad()
+def choose_kernels(model: Module) -> Tuple[Optional[KernelChoice], str]:
+    """Measure the kernel options of ``model`` (``measure_kernels``), give it the faster for plain
+    decoding, and return the measurement with one line saying what was measured and chosen.
+    A notebook calls this once per model to run what the REPL and the benchmark run."""
+    choice = measure_kernels(model)
+    if choice is None:
+        return None, "no float32 CPU linear layers to prepack"
+    apply_kernels(model, choice, 1)
+    return choice, choice.line()
+
+
+@torch.no_grad()
+def choose_prepack(model: Module) -> str:
+    """``choose_kernels`` for one model, its line only: the model gets the kernels that decode fastest."""
+    return choose_kernels(model)[1]
+
+
+class _EagerTimer(_Timer):
+    """A ``_Timer`` over an eager runner with the given cache kind."""
+
+    def __init__(self, model: Module, context: int, cache: Optional[str] = None):
+        self.model, self.context = model, context
+        self.ids = torch.randint(output_vocab_size(model), (1, context + 1), generator=torch.Generator().manual_seed(0))
+        encoder = self.ids[0, :context].tolist() if getattr(model.config, "is_encoder_decoder", False) else None
+        self.runner = KVCacheModel(model, True, encoder_input_ids=encoder, cache=cache)
+        self.runner(self.ids[:, :context], 1)
 
 
 @torch.no_grad()

@@ -27,8 +27,15 @@ def test_the_real_measurement_chooses_one_and_says_which():
     assert dtype in ("bfloat16", "float32") and reason.startswith(f"{dtype} by measurement")
 
 
-def test_float32_is_timed_as_the_model_would_run_it():
+def test_float32_is_timed_under_both_kernels_and_the_faster_counts():
+    """Each row of a comparison runs float32 on its faster kernel, so bfloat16 must beat that one."""
     asked = []
     choose_cpu_dtype(64, 128, prepacked=True, seconds=lambda *a: asked.append(a) or 1e-3)
-    assert asked == [(torch.float32, 4, 64, 128, True), (torch.bfloat16, 4, 64, 128, False)]
-    assert "prepacked float32's" in choose_cpu_dtype(64, 128, prepacked=True, seconds=clock(0.5))[1]
+    assert asked == [(torch.float32, 4, 64, 128, False), (torch.float32, 4, 64, 128, True), (torch.bfloat16, 4, 64, 128, False)]
+
+    def slow_own(dtype, rows, inner, outer, prepacked):  # own float32 2x slower than prepacked; bfloat16 between
+        return {torch.bfloat16: 1.0, torch.float32: 1.0 if prepacked else 2.0}[dtype] * 1e-3 * (0.9 if dtype == torch.bfloat16 else 1)
+
+    dtype, reason = choose_cpu_dtype(64, 128, prepacked=True, seconds=slow_own)
+    assert dtype == "float32" and "0.90 of the faster float32 kernel's (prepacked) time" in reason
+    assert choose_cpu_dtype(64, 128, prepacked=False, seconds=slow_own)[0] == "bfloat16"  # against own float32 only

@@ -10,10 +10,10 @@ import utils.caching as caching
 from conftest import EOS_NEVER, PROMPT, llama, perturbed_copy
 from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
 from sampling import autoregressive_generate, prompt_lookup_generate, speculative_generate
-from sampling.calibration import choose_prepack
-from utils.caching import KVCacheModel, PrepackedLinear, prepacked_linears, set_prepack
+from sampling.calibration import OWN, PREPACKED, KernelChoice, choose_kernels, choose_prepack
+from utils.caching import KVCacheModel, PrepackedLinear, kernels, prepackable, prepacked, set_prepack
 
-pytestmark = pytest.mark.skipif(not prepacked_linears(llama().to(torch.float32), True), reason="needs oneDNN (mkldnn)")
+pytestmark = pytest.mark.skipif(not prepackable(llama().to(torch.float32)), reason="needs oneDNN (mkldnn)")
 
 
 @pytest.fixture(scope="module")
@@ -29,37 +29,53 @@ def linear_count(model):
     return sum(type(m) is torch.nn.Linear for m in model.modules())
 
 
-def test_every_float32_linear_layer_is_prepacked(float32_pair):
+def test_every_float32_linear_layer_of_the_model_itself_is_prepacked(float32_pair):
     target, _ = float32_pair
-    swaps = prepacked_linears(target)
-    assert len(swaps) == linear_count(target) > 1
-    assert all(isinstance(packed, PrepackedLinear) for _, _, packed, _ in swaps)
+    swaps = prepackable(target)
+    assert len(swaps) == sum(type(m) is PrepackedLinear for m in target.modules()) > 1 and linear_count(target) == 0
+    assert all(modules[name] is packed for modules, name, packed, _ in swaps)
     # model code that reads a layer's .weight (dtype casts, tied heads) still finds the parameter
     assert all(packed.weight is own.weight and packed.bias is own.bias for _, _, packed, own in swaps)
+    assert set(target.state_dict()) == set(type(target)(target.config).state_dict())  # no extra entries
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5])
 def test_prepacked_logits_match_the_models_own_over_any_number_of_rows(float32_pair, rows):
     target, _ = float32_pair
     ids = torch.tensor([PROMPT])
-    own = KVCacheModel(target, prepack=False)(ids, rows)
-    fast = KVCacheModel(target, prepack=True)(ids, rows)
+    with kernels(target, False):
+        own = KVCacheModel(target)(ids, rows)
+    fast = KVCacheModel(target)(ids, rows)
     torch.testing.assert_close(fast, own, rtol=1e-4, atol=1e-4)
 
 
-def test_model_keeps_its_own_layers_after_a_prepacked_pass(float32_pair):
+def test_kernels_are_restored_after_a_block_even_when_it_fails(float32_pair):
     target, _ = float32_pair
     before = [(name, module) for name, module in target.named_modules()]
-    KVCacheModel(target)(torch.tensor([PROMPT]), 1)
+    with pytest.raises(IndexError):
+        with kernels(target, False):
+            assert not prepacked(target)
+            KVCacheModel(target)(torch.tensor([[10**6]]), 1)  # token id outside the vocabulary
     assert [(name, module) for name, module in target.named_modules()] == before
-    assert not any(isinstance(m, PrepackedLinear) for m in target.modules())
 
 
-def test_model_keeps_its_own_layers_when_a_pass_fails(float32_pair):
+def count_prepacked_calls(model):
+    """A spy: how many times a prepacked layer of ``model`` runs."""
+    calls = [0]
+    hooks = [m.register_forward_hook(lambda *a: calls.__setitem__(0, calls[0] + 1)) for m in model.modules() if type(m) is PrepackedLinear]
+    return calls, hooks
+
+
+def test_transformers_generate_runs_the_same_prepacked_kernels_as_our_runner(float32_pair):
+    """Like for like: the kernels are the model's, so a transformers peer on the same model runs them too."""
     target, _ = float32_pair
-    with pytest.raises(Exception):
-        KVCacheModel(target)(torch.tensor([[10**6]]), 1)  # token id outside the vocabulary
-    assert not any(isinstance(m, PrepackedLinear) for m in target.modules())
+    calls, hooks = count_prepacked_calls(target)
+    try:
+        target.generate(torch.tensor([PROMPT]), max_new_tokens=3, do_sample=False, pad_token_id=0)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert calls[0] >= 3 * len(prepackable(target))
 
 
 def test_prepacked_layers_follow_a_weight_change():
@@ -70,17 +86,17 @@ def test_prepacked_layers_follow_a_weight_change():
     with torch.no_grad():
         target.lm_head.weight.mul_(-1)
         target.model.layers[0].mlp.up_proj.weight.mul_(0.5)
-    torch.testing.assert_close(KVCacheModel(target)(ids, 3), KVCacheModel(target, prepack=False)(ids, 3), rtol=1e-4, atol=1e-4)
+    fast = KVCacheModel(target)(ids, 3)
+    with kernels(target, False):
+        torch.testing.assert_close(fast, KVCacheModel(target)(ids, 3), rtol=1e-4, atol=1e-4)
 
 
 def test_prepacking_only_for_float32_cpu_linear_layers_and_off_unless_asked():
-    assert prepacked_linears(llama(), True) == []  # float64
+    assert prepackable(llama()) == [] and not set_prepack(llama(), True)  # float64
     model = llama().to(torch.float32)
-    assert prepacked_linears(model) == []  # no default tuned to one processor
-    set_prepack(model, True)
-    assert prepacked_linears(model)
-    set_prepack(model, False)
-    assert prepacked_linears(model) == []
+    assert not prepacked(model)  # no default tuned to one processor
+    assert set_prepack(model, True) and prepacked(model)
+    assert not set_prepack(model, False) and not prepacked(model) and linear_count(model) > 1
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
@@ -95,12 +111,56 @@ def test_greedy_speculative_equals_autoregressive_in_float32_with_prepacked_laye
     assert out == reference and nasd == reference and pld == reference
 
 
-def test_auto_prepacking_measures_both_keeps_its_choice_and_says_what_it_measured():
+def test_choose_kernels_measures_both_gives_the_model_its_decoding_choice_and_says_so():
     model = llama(vocab=300).to(torch.float32)
-    line = choose_prepack(model, context=16, repeats=2)
-    chosen = bool(prepacked_linears(model))
-    assert re.fullmatch(r"(prepacked linears|the model's own linears) \(measured [0-9.]+ ms a pass prepacked, [0-9.]+ ms its own\)", line)
-    assert line.startswith("prepacked linears") == chosen
-    if not chosen:  # the copies made for the measurement are freed
+    choice, line = choose_kernels(model)
+    assert set(choice.seconds) == {PREPACKED, OWN} and all(len(t) == 12 and min(t) > 0 for t in choice.seconds.values())
+    assert re.match(r"kernels by measurement: decoding [0-9.]+ ms a pass prepacked, [0-9.]+ ms own; decoding on (prepacked|own), "
+                    r"drafting rows on (prepacked|own)", line)
+    assert prepacked(model) == (choice.for_width(1) == PREPACKED)
+    if not choice.uses(PREPACKED):  # the copies made for the measurement are freed
         assert not any(layer in caching._PREPACKED for layer in model.modules())
-    assert choose_prepack(llama(vocab=300), context=16, repeats=2) == "no float32 CPU linear layers to prepack"  # float64
+    assert choose_prepack(llama(vocab=300)) == "no float32 CPU linear layers to prepack"  # float64
+
+
+def test_each_row_gets_the_kernels_its_passes_run_fastest_on():
+    """The Intel CPU's pair: own layers win one position, prepacked ones win verification passes."""
+    own = (1.00, 1.01, 0.97, 1.75, 1.85, 1.96, 2.52)
+    packed = (1.03, 1.14, 1.21, 1.25, 1.29, 1.29, 1.43)
+    choice = KernelChoice({OWN: own, PREPACKED: packed})
+    assert choice.for_width(1) == OWN and choice.for_width(2) == OWN and choice.for_width(5) == PREPACKED
+    assert choice.for_width(99) == PREPACKED  # past the measured passes: the longest one's
+    assert choice.uses(PREPACKED) and choice.uses(OWN)
+    # a varying draft length: the option whose best pass length gives the most expected tokens a second
+    assert KernelChoice({OWN: own, PREPACKED: (1.03, 1.10, 1.12, 1.15, 1.18, 1.2, 1.3)}).for_auto() == PREPACKED
+    assert KernelChoice({OWN: own, PREPACKED: (1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9)}).for_auto() == OWN
+    # prepacking must be clearly faster somewhere (it costs a copy of the weights): 3% is not enough
+    close = KernelChoice({OWN: (1.0, 1.1), PREPACKED: (0.97, 1.07)})
+    assert close.for_width(1) == OWN and close.for_auto() == OWN and not close.uses(PREPACKED)
+    assert choice.row_costs(PREPACKED)[:2] == (1.0, round(1.14 / 1.03, 3))
+
+
+def test_every_row_and_its_transformers_peer_run_the_kernels_the_row_names(float32_pair):
+    """A spy on the prepacked layers: target AR and transformers generate decode on the own layers
+    (faster at one position here), speculative decoding and transformers' assisted generation at the
+    same draft length on the prepacked ones; the model is as before after each row."""
+    from strategies import EVERY, Settings, run_strategy
+
+    target, drafter = float32_pair
+    choice = KernelChoice({OWN: (1.0, 1.01, 0.97, 1.75, 1.85, 1.96), PREPACKED: (1.03, 1.14, 1.21, 1.25, 1.29, 1.29)})
+    settings = Settings(target=target, tokenizer=None, drafter=drafter, gamma=4, max_gen_len=8, eos_tokens_id=[],
+                        kernel_choice=choice)
+    calls, hooks = count_prepacked_calls(target)
+    ran = {}
+    try:
+        for key in ("target", "hf_generate", "speculative", "hf_assisted"):
+            calls[0] = 0
+            before = prepacked(target)
+            result = run_strategy(EVERY[key], PROMPT, settings)
+            ran[key] = (result.kernels, calls[0] > 0)
+            assert prepacked(target) == before
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert ran == {"target": ("own", False), "hf_generate": ("own", False),
+                   "speculative": ("prepacked", True), "hf_assisted": ("prepacked", True)}

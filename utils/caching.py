@@ -1,4 +1,5 @@
 """KV-cache handling: feed a model only the tokens it has not seen, roll the cache back in place."""
+import contextlib
 import inspect
 import os
 import weakref
@@ -73,7 +74,7 @@ def synchronize(model: Module) -> None:
 
 
 # oneDNN's blocked weight layout is chosen for passes of this many rows (verification passes);
-# whether prepacking pays at all is measured on the machine that runs it (``choose_prepack``).
+# whether prepacking pays at all is measured on the machine that runs it (``choose_kernels``).
 _ROW_HINT = 8
 
 
@@ -82,8 +83,10 @@ class PrepackedLinear(Module):
 
     Where MKL is slow (it repacks weights at every call on some x86 CPUs, and takes a generic path
     on others) this halves a float32 step; where it is not, oneDNN's path is slower. So it is a
-    per-machine choice, measured at start-up (``sampling.calibration.choose_prepack``), never a
+    per-machine choice, measured at start-up (``sampling.calibration.choose_kernels``), never a
     default. Same result up to float32 rounding (~1e-5); costs one extra copy of the weights.
+    ``set_prepack`` makes it the model's own module, so every caller (our runners and
+    transformers' ``generate``) runs the same kernel.
     """
 
     def __init__(self, linear: torch.nn.Linear):
@@ -91,11 +94,17 @@ class PrepackedLinear(Module):
         # the layer's own parameters stay reachable, for model code that reads .weight or .bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), _ROW_HINT)
-        self.packed_bias = linear.bias.detach() if linear.bias is not None else None
-        self.source = _source(linear)
+        self.linear = [linear]  # the module it replaces (a list: not a submodule, no second state_dict entry)
+        self._pack()
+
+    def _pack(self) -> None:
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), _ROW_HINT)
+        self.packed_bias = self.bias.detach() if self.bias is not None else None
+        self.source = _source(self.linear[0])
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.weight._version != self.source[0][1]:  # the weights were changed in place since packing
+            self._pack()
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.packed_bias, "none", [], "")
 
 
@@ -121,7 +130,7 @@ def _physical_memory() -> int:
 
 
 def prepack_fits(size: int) -> bool:
-    """Whether float32 linear layers of ``size`` bytes would be prepacked (``prepacked_linears``' limits)."""
+    """Whether float32 linear layers of ``size`` bytes would be prepacked (``prepackable``'s limits)."""
     return _can_prepack() and 0 < size <= _physical_memory() // 4
 
 
@@ -131,45 +140,68 @@ _PREPACKED: "weakref.WeakKeyDictionary[Module, PrepackedLinear]" = weakref.WeakK
 Swap = Tuple[Dict[str, Module], str, PrepackedLinear, torch.nn.Linear]
 
 
-def set_prepack(model: Module, on: bool) -> None:
-    """Whether every runner of ``model`` computes its float32 CPU linear layers from prepacked
-    copies (``PrepackedLinear``) from now on; off by default. The REPL's and the benchmark's
-    ``--prepack`` (``auto``, their default, measures which is faster: ``choose_prepack``)."""
-    model._specdec_prepack = bool(on)
-
-
-def prepacked_linears(model: Module, on: bool | None = None) -> List[Swap]:
-    """The model's plain float32 CPU ``nn.Linear`` layers with their prepacked copies; [] when none.
-
-    ``on``: None follows the model's setting (``set_prepack``, default off). Disabled without
-    oneDNN, or when the copies would take more than a quarter of the machine's memory. Quantized,
-    hooked (accelerate) or non-CPU layers, and other dtypes, keep the model's own modules. A copy
-    is remade when its layer's parameters change.
-    """
-    if not (getattr(model, "_specdec_prepack", False) if on is None else on) or not _can_prepack():
+def prepackable(model: Module) -> List[Swap]:
+    """The model's float32 CPU linear layers (its own or already prepacked) with their prepacked
+    copies; [] when none could be prepacked: without oneDNN, or when the copies would take more
+    than a quarter of the machine's memory. Quantized, hooked (accelerate) or non-CPU layers, and
+    other dtypes, never are. A copy is remade when its layer's parameters change."""
+    if not _can_prepack():
         return []
     found = []
     for parent in model.modules():
         for name, child in parent._modules.items():
-            if type(child) is not torch.nn.Linear or hasattr(child, "_hf_hook") or child._forward_hooks or child._forward_pre_hooks:
+            own = child.linear[0] if type(child) is PrepackedLinear else child
+            if type(own) is not torch.nn.Linear or hasattr(own, "_hf_hook") or own._forward_hooks or own._forward_pre_hooks:
                 continue
-            if child.weight.device.type != "cpu" or child.weight.dtype != torch.float32:
+            if own.weight.device.type != "cpu" or own.weight.dtype != torch.float32:
                 continue
-            found.append((parent._modules, name, child))
-    size = sum(child.weight.numel() * 4 for _, _, child in found)
+            found.append((parent._modules, name, own))
+    size = sum(own.weight.numel() * 4 for _, _, own in found)
     if not found or size > _physical_memory() // 4:
         return []
     swaps = []
-    for modules, name, child in found:
-        packed = _PREPACKED.get(child)
-        if packed is None or packed.source != _source(child):
-            packed = _PREPACKED[child] = PrepackedLinear(child)
-        swaps.append((modules, name, packed, child))
+    for modules, name, own in found:
+        packed = modules[name] if type(modules[name]) is PrepackedLinear else _PREPACKED.get(own)
+        if packed is None or packed.source != _source(own):
+            packed = PrepackedLinear(own)
+        _PREPACKED[own] = packed
+        swaps.append((modules, name, packed, own))
     return swaps
 
 
+def set_prepack(model: Module, on: bool) -> bool:
+    """Make the model's float32 CPU linear layers ``PrepackedLinear`` (``on``) or its own
+    ``nn.Linear`` again; returns whether they are prepacked now (False where ``prepackable`` finds
+    nothing). The modules themselves change: every caller of the model, transformers' ``generate``
+    included, runs what this chose, and ``prepacked(model)`` reads it back. Plain dict writes:
+    ``Module.__setattr__`` on 200 layers costs about a millisecond."""
+    swaps = prepackable(model) if on or prepacked(model) else []
+    for modules, name, packed, own in swaps:
+        modules[name] = packed if on else own
+    return bool(on and swaps)
+
+
+def prepacked(model: Module) -> bool:
+    """Whether ``model``'s linear layers are prepacked (``set_prepack``): read from its modules."""
+    return any(type(m) is PrepackedLinear for m in model.modules())
+
+
+@contextlib.contextmanager
+def kernels(model: Module, prepack: bool | None):
+    """``model`` with its linear layers prepacked or its own (None: as they are) for the block, then as before."""
+    before = prepacked(model) if prepack is not None else None
+    if prepack is not None and prepack != before:
+        set_prepack(model, prepack)
+    try:
+        yield model
+    finally:
+        if prepack is not None and prepack != before:
+            set_prepack(model, before)
+
+
 def drop_prepacked(model: Module) -> None:
-    """Free the prepacked copies of ``model``'s linear layers (after a measurement chose its own)."""
+    """Put the model's own linear layers back and free their prepacked copies (after a measurement chose them)."""
+    set_prepack(model, False)
     for layer in model.modules():
         _PREPACKED.pop(layer, None)
 
@@ -262,21 +294,18 @@ class KVCacheModel:
     Encoder-decoder models, and models whose cache is not a plain K/V store, use the dynamic cache.
 
     For an encoder-decoder model, pass the encoder's ``encoder_input_ids``: the encoder runs once
-    and ``ids`` are then decoder tokens. With ``prepack`` (None: the model's setting, ``set_prepack``,
-    default off), the float32 CPU linear layers run as ``PrepackedLinear`` during this runner's passes
-    (same logits up to rounding; faster on some CPUs, slower on others); the model's own modules are
-    back in place after every pass.
+    and ``ids`` are then decoder tokens. The runner runs the model's modules as they are: its
+    kernels (``set_prepack``, quantization) are the model's, the same for every caller.
     """
 
     def __init__(
-        self, model: Module, use_cache: bool = True, encoder_input_ids: list[int] | None = None, prepack: bool | None = None,
+        self, model: Module, use_cache: bool = True, encoder_input_ids: list[int] | None = None,
         cache: str | None = None,
     ):
         if cache is not None and cache not in CACHES:
             raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
         self.model = model
         self.cache_kind = runner_cache(model, cache)
-        self.swaps = prepacked_linears(model, prepack)
         self.device = model_device(model)
         self.use_cache = use_cache
         self.cache = None
@@ -397,15 +426,7 @@ class KVCacheModel:
         self.rollback(cur + len(path))
 
     def _forward(self, kwargs: dict):
-        """The model's forward with the prepacked layers in its submodule dicts (plain dict writes:
-        Module.__setattr__ on 200 layers would cost ~1 ms a pass), put back after the pass."""
-        for modules, name, packed, _ in self.swaps:
-            modules[name] = packed
-        try:
-            out = self.model(**kwargs)
-        finally:
-            for modules, name, _, own in self.swaps:
-                modules[name] = own
+        out = self.model(**kwargs)
         self.forward_passes += 1
         return out
 

@@ -33,13 +33,17 @@ def matmul_seconds(dtype: torch.dtype, rows: int, inner: int, outer: int, prepac
 def choose_cpu_dtype(inner: int, outer: int, rows: int = 4, prepacked: bool = False,
                      seconds: Seconds = matmul_seconds) -> Tuple[str, str]:
     """``(dtype name, reason)``: bfloat16 when its matmul of the model's shape (a few rows, as decoding
-    and verification run) takes at most ``CLEARLY_FASTER`` of float32's, else float32."""
-    fp32 = seconds(torch.float32, rows, inner, outer, prepacked)
+    and verification run) takes at most ``CLEARLY_FASTER`` of float32's, else float32. ``prepacked``:
+    float32 layers could be prepacked, and each row of a comparison gets the faster of the two
+    kernels (``sampling.calibration.KernelChoice``), so float32 is timed both ways and the faster counts."""
+    own = seconds(torch.float32, rows, inner, outer, False)
+    packed = seconds(torch.float32, rows, inner, outer, True) if prepacked else float("inf")
+    fp32 = min(own, packed)
     bf16 = seconds(torch.bfloat16, rows, inner, outer, False)
     ratio = bf16 / fp32 if fp32 > 0 else float("inf")
     chosen = "bfloat16" if ratio <= CLEARLY_FASTER else "float32"
     verdict = "clearly faster" if chosen == "bfloat16" else "not clearly faster"
-    versus = "prepacked float32's" if prepacked else "float32's"
+    versus = "the faster float32 kernel's (prepacked)" if packed < own else "the faster float32 kernel's (own)" if prepacked else "float32's"
     return chosen, (f"{chosen} by measurement: a bfloat16 matmul of the model's shape ({rows}x{inner}x{outer}) "
                     f"took {ratio:.2f} of {versus} time ({verdict})")
 
