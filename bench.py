@@ -75,7 +75,7 @@ class Config:
 
     def _name(self, gamma: str) -> str:
         words = ([f"{self.storage} n={self.n} k={self.filler}"] if self.strategy.takes_storage else []) + (
-            [gamma] if gamma and self.strategy.takes_gamma else [])
+            [gamma] if gamma and self.strategy.takes_gamma else []) + ([self.strategy.label_words] if self.strategy.label_words else [])
         return f"{self.key}[{' '.join(words)}]" if words else self.key
 
 
@@ -666,6 +666,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                     "tokens_per_s": result.tokens_per_second, "drafted": st.drafted, "accepted": st.accepted,
                     "target_passes": st.target_forward_passes, "drafted_at": st.drafted_at, "accepted_at": st.accepted_at,
                     "paused_steps": st.paused_steps, "tokens": result.tokens, "steps": st.emitted_by_step,
+                    "drafts": st.drafted_by_step, "peer_settings": st.peer_settings or None,
                     "text": bench.tokenizer.decode(result.tokens, skip_special_tokens=True),
                     "diverged_at": first_divergence(result.tokens, reference) if bench.greedy and not config.strategy.drafter_ar else None,
                 }
