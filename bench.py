@@ -783,10 +783,11 @@ def main(argv: Optional[List[str]] = None) -> None:
         extra += "".join(f"| {label} | {share:.1%} |\n" for label, share in shares.items())
     write_reports(records, out, title, extra, args.group or (DEFAULT_GROUP,))
     if args.specbench_out:
-        from utils.specbench import write_answers
+        from utils.specbench import baseline_count_check, write_answers
 
-        written = write_answers(records, Path(args.specbench_out), Path(bench.target_label.split(" · ")[0]).stem)
+        written = write_answers(records, Path(args.specbench_out), Path(bench.target_label.split(" · ")[0]).stem, bench.tokenizer)
         print(f"wrote {len(written)} Spec-Bench answer files under {args.specbench_out}", file=sys.stderr)
+        print(baseline_count_check(records, bench.tokenizer, baseline().label), file=sys.stderr)
     check_strict(records, args.strict)
 
 
