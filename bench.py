@@ -482,11 +482,12 @@ def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dic
 
 
 def compared_peers(strategy: "Strategy") -> List[str]:
-    """The transformers paths one of our strategies is compared with: those drafting nothing, and its
-    own peer (run at the same gamma)."""
+    """The transformers paths one of our strategies is compared with: those taking no gamma (a drafter
+    model's only for a strategy with one), and its own peer (run at the same gamma)."""
     from strategies import PEERS
 
-    return [] if strategy.peer else [p.key for p in PEERS if not p.takes_gamma or p.key == strategy.gamma_peer]
+    return [] if strategy.peer else [p.key for p in PEERS if p.key == strategy.gamma_peer or (
+        not p.takes_gamma and (not p.needs_drafter or strategy.needs_drafter))]
 
 
 def versus_table(rows: List[dict]) -> List[str]:
