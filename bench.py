@@ -75,7 +75,7 @@ class Config:
 
     def _name(self, gamma: str) -> str:
         words = ([f"{self.storage} n={self.n} k={self.filler}"] if self.strategy.takes_storage else []) + (
-            [gamma] if gamma and self.strategy.takes_gamma else [])
+            [gamma] if gamma and self.strategy.takes_gamma else []) + ([self.strategy.label_words] if self.strategy.label_words else [])
         return f"{self.key}[{' '.join(words)}]" if words else self.key
 
 
@@ -373,10 +373,56 @@ class Bench:
         return {rows: cost for rows, cost in enumerate(costs, 1)}
 
 
+RESAMPLES = 2000  # bootstrap resamples per interval
+NO_DIFFERENCE = "~"  # a ratio whose 95% interval includes 1.0
+
+
+def ratio_interval(mine: Dict[tuple, List[float]], theirs: Dict[tuple, List[float]], resamples: int = RESAMPLES,
+                   seed: int = 0) -> Optional[tuple]:
+    """95% percentile bootstrap interval of the ratio ``summarize`` reports: the median over repeats of
+    (tokens/s of ``mine``) / (tokens/s of ``theirs``), each tokens/s summed tokens over summed seconds.
+
+    ``mine`` and ``theirs`` map (item, repeat) -> [tokens, seconds]. Each resample draws the items
+    and the repeats with replacement, the same draws for both sides (the pairing is kept), from a
+    generator seeded with ``seed``. None when only one (item, repeat) pair is shared: no spread to
+    resample (the table says "n=1")."""
+    import numpy as np
+
+    shared = mine.keys() & theirs.keys()
+    repeats = sorted({repeat for _, repeat in shared})
+    items = sorted({item for item, _ in shared if all((item, repeat) in shared for repeat in repeats)}, key=repr)
+    if len(items) * len(repeats) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    counts = rng.multinomial(len(items), [1 / len(items)] * len(items), size=resamples).astype(float)  # items drawn
+    drawn = rng.integers(0, len(repeats), size=(resamples, len(repeats)))  # repeats drawn
+
+    def rates(cells: Dict[tuple, List[float]]):
+        tokens, seconds = (np.array([[cells[(item, repeat)][k] for repeat in repeats] for item in items]) for k in (0, 1))
+        per_repeat = (counts @ tokens) / (counts @ seconds)  # resample x repeat
+        return np.take_along_axis(per_repeat, drawn, axis=1)
+
+    ratios = np.median(rates(mine) / rates(theirs), axis=1)
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def ratio_cell(value: float, interval: Optional[tuple], exact: bool = False) -> str:
+    """``1.52x [1.40-1.66]``, ``1.02x [0.97-1.08] ~`` (the interval includes 1.0), ``1.52x (n=1)``
+    (one run: no interval); ``exact``: the baseline against itself, ``1.00x``."""
+    if exact:
+        return f"{value:.2f}x"
+    if interval is None:
+        return f"{value:.2f}x (n=1)"
+    low, high = interval
+    return f"{value:.2f}x [{low:.2f}-{high:.2f}]" + (f" {NO_DIFFERENCE}" if low <= 1.0 <= high else "")
+
+
 def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dict]:
     """Per category (and 'all', and each group of categories present) and configuration: tokens/s
-    (median over repeats, spread), speedup over target autoregressive within each repeat,
-    acceptance, tokens per step, divergences (classified: ``divergence_columns``)."""
+    (median over repeats, spread), speedup over target autoregressive within each repeat and against
+    each peer run alongside, each with its bootstrap interval (``ratio_interval``), acceptance,
+    tokens and drafts per step, divergences (classified: ``divergence_columns``)."""
     present = {r["category"] for r in records}
     memberships = defaultdict(list)
     for name, members in groups:
@@ -387,9 +433,13 @@ def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dic
     labels = {setup: label for label, setup in setups.items()}
     base_label = labels.get(baseline())
     groups = defaultdict(list)
+    cells = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))  # (category, config) -> (item, repeat) -> [tokens, seconds]
     for r in records:
         for category in (r["category"], "all", *memberships[r["category"]]):
             groups[(category, r["config"], r["repeat"])].append(r)
+            cell = cells[(category, r["config"])][((r["category"], r.get("question_id"), r.get("turn", 0)), r["repeat"])]
+            cell[0] += r["new_tokens"]
+            cell[1] += r["seconds"]
     per_repeat = {}
     for (category, config, repeat), runs in groups.items():
         tokens = sum(r["new_tokens"] for r in runs)
@@ -403,13 +453,16 @@ def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dic
         speedups = [t / b for t, b in zip(tps, base) if b]
         runs = [r for rep in repeats for r in per_repeat[(category, config, rep)][1]]
         setup = setups[config]
-        versus = {}  # median over repeats of tokens/s against each transformers path run alongside
+        versus, versus_ci = {}, {}  # median over repeats of tokens/s against each transformers path run alongside
         for peer in compared_peers(setup.strategy):
             label = labels.get(Config.of({"key": peer, "gamma": setup.gamma}))
             ratios = [t / per_repeat[(category, label, rep)][0] for t, rep in zip(tps, repeats)
                       if per_repeat.get((category, label, rep), (0.0,))[0]]
             if ratios:
                 versus[peer] = statistics.median(ratios)
+                versus_ci[peer] = ratio_interval(cells[(category, config)], cells[(category, label)])
+        speedup_ci = None if setup.strategy.baseline or not speedups else ratio_interval(
+            cells[(category, config)], cells[(category, base_label)])
         drafted = sum(r["drafted"] for r in runs)
         steps = sum(r["target_passes"] for r in runs)
         median = statistics.median(tps)
@@ -418,20 +471,24 @@ def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dic
             "config": config, "key": runs[0]["key"], "gamma": runs[0]["gamma"],
             "tokens_per_s": median, "spread_pct": 100 * (max(tps) - min(tps)) / median if median else 0.0,
             "speedup": statistics.median(speedups) if speedups else 0.0,
+            "speedup_low": speedup_ci[0] if speedup_ci else None, "speedup_high": speedup_ci[1] if speedup_ci else None,
+            "drafts_per_step": drafted / steps if steps and drafted else None,
+            "max_draft": max((len(r.get("drafted_at") or []) for r in runs), default=0) if drafted else None,
             "acceptance": sum(r["accepted"] for r in runs) / drafted if drafted else None,
             "tokens_per_step": sum(r["new_tokens"] for r in runs) / steps if steps and drafted else None,
             "runs": len(runs), "diverged": sum(r["diverged_at"] is not None for r in runs), **divergence_columns(runs),
-            "versus": versus, "setup": setup,
+            "versus": versus, "versus_ci": versus_ci, "setup": setup,
         })
     return rows
 
 
 def compared_peers(strategy: "Strategy") -> List[str]:
-    """The transformers paths one of our strategies is compared with: those drafting nothing, and its
-    own peer (run at the same gamma)."""
+    """The transformers paths one of our strategies is compared with: those taking no gamma (a drafter
+    model's only for a strategy with one), and its own peer (run at the same gamma)."""
     from strategies import PEERS
 
-    return [] if strategy.peer else [p.key for p in PEERS if not p.takes_gamma or p.key == strategy.gamma_peer]
+    return [] if strategy.peer else [p.key for p in PEERS if p.key == strategy.gamma_peer or (
+        not p.takes_gamma and (not p.needs_drafter or strategy.needs_drafter))]
 
 
 def versus_table(rows: List[dict]) -> List[str]:
@@ -441,14 +498,15 @@ def versus_table(rows: List[dict]) -> List[str]:
     peers = sorted({p for r in rows for p in r.get("versus", {})})
     if not peers:
         return []
-    lines = ["## against the peers run alongside", "", "Tokens/s ratio, median over repeats, against "
-             + ", ".join(EVERY[p].peer for p in peers) + ":", "",
+    lines = ["## against the peers run alongside", "", "Tokens/s ratio, median over repeats, with its 95% bootstrap interval, "
+             "against " + ", ".join(f"{EVERY[p].peer} ({EVERY[p].title})" for p in peers) + ":", "",
              "| category | strategy | " + " | ".join(f"vs {EVERY[p].peer}" for p in peers) + " |",
              "| --- | --- |" + " ---: |" * len(peers)]
     order = ordered_categories(rows)
     for r in sorted((r for r in rows if r.get("versus")), key=lambda r: (order.index(r["category"]), r["config"])):
         lines.append(f"| {r['category']} | {r['config']} | "
-                     + " | ".join(f"{r['versus'][p]:.2f}x" if p in r["versus"] else "-" for p in peers) + " |")
+                     + " | ".join(ratio_cell(r["versus"][p], r.get("versus_ci", {}).get(p)) if p in r["versus"] else "-"
+                                  for p in peers) + " |")
     return lines + [""]
 
 
@@ -462,24 +520,37 @@ def speedup_matrix(rows: List[dict]) -> List[str]:
     """One line per configuration, one column per category: the speedups at a glance."""
     categories = ordered_categories(rows)
     configs = sorted({r["config"] for r in rows}, key=lambda c: -next(r["speedup"] for r in rows if r["config"] == c and r["category"] == "all"))
-    speed = {(r["category"], r["config"]): r["speedup"] for r in rows}
+    speed = {(r["category"], r["config"]): speedup_cell(r) for r in rows}
     lines = ["| strategy | " + " | ".join(categories) + " |", "| --- |" + " ---: |" * len(categories)]
     for config in configs:
-        cells = [f"{speed[(c, config)]:.2f}x" if (c, config) in speed else "-" for c in categories]
+        cells = [speed.get((c, config), "-") for c in categories]
         lines.append(f"| {config} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 
+def speedup_cell(r: dict) -> str:
+    """A summary row's speedup over target AR with its interval (``ratio_cell``)."""
+    interval = (r["speedup_low"], r["speedup_high"]) if r.get("speedup_low") is not None else None
+    return ratio_cell(r["speedup"], interval, exact=r["setup"].strategy.baseline)
+
+
+LEGEND = (f"Ratios: median over repeats [95% bootstrap interval over prompts and repeats, {RESAMPLES} resamples]; "
+          f"{NO_DIFFERENCE}: no measurable difference (the interval includes 1.00x); n=1: one prompt, one repeat, no interval. "
+          "Drafts/step: mean drafted tokens per target pass (the longest draft).")
+
+
 def markdown(rows: List[dict], title: str) -> str:
-    lines = [f"# {title}", "", "Speedup over target autoregressive, by category:", ""] + speedup_matrix(rows)
+    lines = [f"# {title}", "", LEGEND, "", "Speedup over target autoregressive, by category:", ""] + speedup_matrix(rows)
     for category in ordered_categories(rows):
-        lines += [f"## {category}", "", "| strategy | tokens/s | speedup | tokens/step | acceptance | greedy divergences |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [f"## {category}", "",
+                  "| strategy | tokens/s | speedup | tokens/step | drafts/step | acceptance | greedy divergences |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in sorted((r for r in rows if r["category"] == category), key=lambda r: -r["speedup"]):
             step = f"{r['tokens_per_step']:.2f}" if r["tokens_per_step"] is not None else "-"
+            drafts = f"{r['drafts_per_step']:.1f} (max {r['max_draft']})" if r.get("drafts_per_step") is not None else "-"
             acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
-            lines.append(f"| {r['config']} | {r['tokens_per_s']:.1f} ± {r['spread_pct']:.0f}% | {r['speedup']:.2f}x | {step} | {acc} | "
-                         f"{divergence_cell(r)} |")
+            lines.append(f"| {r['config']} | {r['tokens_per_s']:.1f} ± {r['spread_pct']:.0f}% | {speedup_cell(r)} | {step} | {drafts} | "
+                         f"{acc} | {divergence_cell(r)} |")
         lines.append("")
     return "\n".join(lines + versus_table(rows))
 
@@ -502,9 +573,12 @@ def plots(rows: List[dict], records: List[dict], out: Path) -> List[str]:
     configs = sorted({r["config"] for r in rows if not r["setup"].strategy.baseline})
     fig, ax = plt.subplots(figsize=(max(8, len(categories) * 1.4), 5))
     width = 0.8 / max(1, len(configs))
+    by_cell = {(r["category"], r["config"]): r for r in rows}
     for i, config in enumerate(configs):
-        values = [next((r["speedup"] for r in rows if r["category"] == c and r["config"] == config), 0) for c in categories]
-        ax.bar([x + i * width for x in range(len(categories))], values, width, label=config)
+        cells = [by_cell.get((c, config)) for c in categories]
+        values = [r["speedup"] if r else 0 for r in cells]
+        ax.bar([x + i * width for x in range(len(categories))], values, width, label=config,
+               yerr=error_bars(cells), capsize=2, error_kw={"linewidth": 0.8})
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(categories))], categories, rotation=30, ha="right")
     ax.set_ylabel("speedup over target autoregressive")
@@ -519,7 +593,9 @@ def plots(rows: List[dict], records: List[dict], out: Path) -> List[str]:
     if len({r["gamma"] for r in overall}) > 1:
         fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
         for family, points in gamma_sweep(overall).items():
-            left.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=family)
+            members = {r["gamma"]: r for r in overall if r["setup"].family == family}
+            left.errorbar([p[0] for p in points], [p[1] for p in points], yerr=error_bars([members[p[0]] for p in points]),
+                          marker="o", capsize=2, label=family)
             right.plot([p[0] for p in points], [p[2] for p in points], marker="o", label=family)
         left.set(xlabel="gamma", ylabel="speedup", xscale="log", title="speedup against gamma")
         right.set(xlabel="gamma", ylabel="acceptance rate", xscale="log", title="acceptance against gamma")
@@ -535,7 +611,8 @@ def plots(rows: List[dict], records: List[dict], out: Path) -> List[str]:
         c = drafter_cost if r["setup"].strategy.model_drafts else 0.0
         if c is None:
             continue
-        ax.scatter(theoretical_speedup(r["acceptance"], r["gamma"], c), r["speedup"], label=r["config"])
+        ax.errorbar(theoretical_speedup(r["acceptance"], r["gamma"], c), r["speedup"], yerr=error_bars([r]), fmt="o", capsize=2,
+                    label=r["config"])
     lim = max([1.5] + [r["speedup"] for r in overall] + [theoretical_speedup(r["acceptance"], r["gamma"], 0) for r in overall])
     ax.plot([0, lim], [0, lim], color="grey", linewidth=0.8)
     ax.set(xlabel="theoretical (1 - a^(g+1)) / ((1 - a)(g c + 1))", ylabel="measured speedup", title="measured against theory")
@@ -565,6 +642,16 @@ def plots(rows: List[dict], records: List[dict], out: Path) -> List[str]:
     written.append("acceptance_by_position.png")
     plt.close(fig)
     return written
+
+
+def error_bars(rows: List[Optional[dict]]) -> List[List[float]]:
+    """matplotlib's yerr (below, above) for each row's speedup interval; 0 where there is none (n=1, baseline)."""
+    below, above = [], []
+    for r in rows:
+        has = r is not None and r.get("speedup_low") is not None
+        below.append(max(0.0, r["speedup"] - r["speedup_low"]) if has else 0.0)
+        above.append(max(0.0, r["speedup_high"] - r["speedup"]) if has else 0.0)
+    return [below, above]
 
 
 def gamma_sweep(rows: List[dict]) -> Dict[str, List[tuple]]:
@@ -667,7 +754,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                     "tokens_per_s": result.tokens_per_second, "drafted": st.drafted, "accepted": st.accepted,
                     "target_passes": st.target_forward_passes, "drafted_at": st.drafted_at, "accepted_at": st.accepted_at,
                     "paused_steps": st.paused_steps, "tokens": result.tokens, "steps": st.emitted_by_step,
-                    "kernels": result.kernels,
+                    "kernels": result.kernels, "drafts": st.drafted_by_step, "peer_settings": st.peer_settings or None,
                     "text": bench.tokenizer.decode(result.tokens, skip_special_tokens=True),
                     "diverged_at": first_divergence(result.tokens, reference) if bench.greedy and not config.strategy.drafter_ar else None,
                 }
@@ -698,10 +785,11 @@ def main(argv: Optional[List[str]] = None) -> None:
         extra += "".join(f"| {label} | {share:.1%} |\n" for label, share in shares.items())
     write_reports(records, out, title, extra, args.group or (DEFAULT_GROUP,))
     if args.specbench_out:
-        from utils.specbench import write_answers
+        from utils.specbench import baseline_count_check, write_answers
 
-        written = write_answers(records, Path(args.specbench_out), Path(bench.target_label.split(" · ")[0]).stem)
+        written = write_answers(records, Path(args.specbench_out), Path(bench.target_label.split(" · ")[0]).stem, bench.tokenizer)
         print(f"wrote {len(written)} Spec-Bench answer files under {args.specbench_out}", file=sys.stderr)
+        print(baseline_count_check(records, bench.tokenizer, baseline().label), file=sys.stderr)
     check_strict(records, args.strict)
 
 
@@ -783,14 +871,23 @@ def llama_cpp_report(bench, args, prompt: List[int]) -> str:
             f"| target AR / llama.cpp | {ratio:.2f}x |\n")
 
 
+def versus_column(row: dict, peer: str, end: str) -> object:
+    """summary.csv's vs_PEER, vs_PEER_low and vs_PEER_high cells (empty: not run, or no interval at n=1)."""
+    if end == "":
+        return row["versus"].get(peer, "")
+    interval = row["versus_ci"].get(peer)
+    return "" if interval is None else interval[end == "_high"]
+
+
 def write_reports(records: List[dict], out: Path, title: str, extra: str = "", groups: tuple = (DEFAULT_GROUP,)) -> None:
     from strategies import PEERS
 
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(records, groups)
     with open(out / "summary.csv", "w", newline="") as handle:
-        flat = [{**{k: v for k, v in row.items() if k not in ("versus", "setup")},
-                 **{f"vs_{p.key}": row["versus"].get(p.key, "") for p in PEERS}} for row in summary]
+        flat = [{**{k: v for k, v in row.items() if k not in ("versus", "versus_ci", "setup")},
+                 **{f"vs_{p.key}{end}": versus_column(row, p.key, end) for p in PEERS for end in ("", "_low", "_high")}}
+                for row in summary]
         writer = csv.DictWriter(handle, fieldnames=list(flat[0]))
         writer.writeheader()
         writer.writerows(flat)

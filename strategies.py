@@ -6,6 +6,7 @@ compared with), and one function that runs it on a prompt with the current setti
 the new tokens and their statistics.
 """
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple
 
@@ -175,6 +176,7 @@ class Strategy:
     suffix: bool = False  # takes ``Settings.suffix`` (the benchmark reports them)
     requires: str = ""  # an optional package it needs: the benchmark skips it, with a line, when not installed
     trees: bool = False  # verifies draft trees (Settings.tree_size nodes at most): needs full attention (tree_unsupported)
+    label_words: str = ""  # what else its benchmark label says it ran (a transformers peer's settings)
 
 
 STRATEGIES = [
@@ -279,13 +281,99 @@ def _hf_generate_static(prompt: List[int], s: Settings, stats: GenerationStats) 
     return _hf_generate(prompt, s, stats, **extra)
 
 
+# transformers 5.23 reads these from the *assistant's* generation config (AssistedCandidateGenerator.__init__,
+# its None fields filled with the library defaults), never from generate's arguments
+ASSISTANT_FIELDS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+
+
+def transformers_assisted_defaults() -> dict:
+    """What transformers' assisted generation runs when the assistant's config leaves ASSISTANT_FIELDS unset."""
+    from transformers import GenerationConfig
+
+    defaults = GenerationConfig()._get_default_generation_params()
+    return {name: defaults[name] for name in ASSISTANT_FIELDS}
+
+
+@contextmanager
+def _assistant_config(assistant: Module, **values):
+    """``values`` on the assistant's generation config for one run, every ASSISTANT_FIELDS value put back
+    afterwards (the "heuristic" schedule writes its last draft length back into it)."""
+    config = assistant.generation_config
+    saved = {name: getattr(config, name) for name in ASSISTANT_FIELDS}
+    try:
+        for name, value in values.items():
+            setattr(config, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(config, name, value)
+
+
+def _settings_in_force(generator) -> dict:
+    """The candidate generator's draft settings as it starts (transformers may adapt some as it runs)."""
+    if hasattr(generator, "num_output_tokens"):  # PromptLookupCandidateGenerator
+        return {"prompt_lookup_num_tokens": generator.num_output_tokens, "max_matching_ngram_size": generator.max_matching_ngram_size}
+    return {"num_assistant_tokens": int(generator.num_assistant_tokens),
+            "num_assistant_tokens_schedule": generator.assistant_generation_config.num_assistant_tokens_schedule,
+            "assistant_confidence_threshold": generator.generation_config.assistant_confidence_threshold}
+
+
+@contextmanager
+def _observed_steps(model: Module, stats: GenerationStats):
+    """Each step of transformers' assisted loop into ``stats``: its drafts (``get_candidates``) and how
+    many the target accepted (``update_candidate_strategy``'s ``num_matches``, after transformers' own
+    crop at EOS and max length), on this model's candidate generator only."""
+    own = "_get_candidate_generator" in vars(model)
+    make = model._get_candidate_generator
+
+    def observed(*args, **kwargs):
+        generator = make(*args, **kwargs)
+        get, update, drafted = generator.get_candidates, generator.update_candidate_strategy, [0]
+
+        def get_candidates(input_ids, **more):
+            candidates, logits = get(input_ids, **more)
+            drafted[0] = candidates.shape[-1] - input_ids.shape[-1]
+            return candidates, logits
+
+        def update_candidate_strategy(input_ids, scores, num_matches):
+            update(input_ids, scores, num_matches)
+            stats.record_step(drafted[0], int(num_matches), int(num_matches) + 1)
+
+        generator.get_candidates, generator.update_candidate_strategy = get_candidates, update_candidate_strategy
+        stats.peer_settings = _settings_in_force(generator)
+        return generator
+
+    model._get_candidate_generator = observed
+    try:
+        yield
+    finally:
+        if own:
+            model._get_candidate_generator = make
+        else:
+            del model._get_candidate_generator
+
+
 def _hf_assisted(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    return _hf_generate(prompt, s, stats, assistant_model=s.drafter, num_assistant_tokens=s.gamma,
-                        num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+    """transformers assisted generation drafting ``s.gamma`` tokens every step: constant schedule, no
+    confidence stop (threshold 0: its ``ConfidenceCriteria`` needs > 0, and None would become 0.4)."""
+    with _assistant_config(s.drafter, num_assistant_tokens=s.gamma, num_assistant_tokens_schedule="constant",
+                           assistant_confidence_threshold=0.0), _observed_steps(s.target, stats):
+        return _hf_generate(prompt, s, stats, assistant_model=s.drafter)
+
+
+def _hf_assisted_default(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    """transformers assisted generation with its own defaults (``transformers_assisted_defaults``),
+    whatever the drafter's generation config says."""
+    with _assistant_config(s.drafter, **dict.fromkeys(ASSISTANT_FIELDS)), _observed_steps(s.target, stats):
+        return _hf_generate(prompt, s, stats, assistant_model=s.drafter)
 
 
 def _hf_prompt_lookup(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    return _hf_generate(prompt, s, stats, prompt_lookup_num_tokens=s.pld_num_tokens, max_matching_ngram_size=s.pld_max_ngram)
+    """transformers prompt lookup with our ``pld`` row's settings: ``pld_num_tokens`` drafts, n-grams of
+    ``pld_max_ngram`` tokens down to 1 (transformers' floor; ``pld_min_ngram`` is 1 by default)."""
+    with _observed_steps(s.target, stats):
+        return _hf_generate(prompt, s, stats, prompt_lookup_num_tokens=s.pld_num_tokens,
+                            max_matching_ngram_size=s.pld_max_ngram)
 
 
 def _target_eager(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
@@ -293,16 +381,22 @@ def _target_eager(prompt: List[int], s: Settings, stats: GenerationStats) -> Lis
     return autoregressive_generate(prompt, s.target, **_common(s, stats), compile=False)
 
 
+_HF_DEFAULTS = transformers_assisted_defaults()
 PEERS = [
     Strategy("target_eager", "Target AR, eager runner", "blue", False, False, False, _target_eager,
              peer="target AR on our eager runner"),
     Strategy("hf_generate", "transformers generate", "white", False, False, True, _hf_generate, peer="generate"),
     Strategy("hf_generate_static", "transformers generate, static cache", "white", False, False, True, _hf_generate_static,
              peer="generate (static cache)"),
-    Strategy("hf_prompt_lookup", "transformers prompt lookup", "white", False, False, True, _hf_prompt_lookup,
-             peer="prompt lookup"),
-    Strategy("hf_assisted", "transformers assisted", "white", True, False, True, _hf_assisted, takes_gamma=True,
-             model_drafts=True, peer="assisted, same draft length"),
+    Strategy("hf_prompt_lookup", "transformers prompt lookup, our pld's settings", "white", False, False, True, _hf_prompt_lookup,
+             peer="prompt lookup", label_words=f"g={Settings.pld_num_tokens} n<={Settings.pld_max_ngram}"),
+    Strategy("hf_assisted", "transformers assisted, same draft length, constant, no confidence stop", "white", True, False, True,
+             _hf_assisted, takes_gamma=True, model_drafts=True, peer="assisted, same draft length", label_words="constant"),
+    Strategy("hf_assisted_default", "transformers assisted, its defaults ({num_assistant_tokens} tokens, "
+             "{num_assistant_tokens_schedule}, confidence stop {assistant_confidence_threshold})".format(**_HF_DEFAULTS),
+             "white", True, False, True, _hf_assisted_default, model_drafts=True, peer="assisted, transformers' defaults",
+             label_words="{num_assistant_tokens} {num_assistant_tokens_schedule} conf={assistant_confidence_threshold}".format(
+                 **_HF_DEFAULTS)),
 ]
 # run by the benchmark only (the REPL runs suffix with its /suffix_global memory): the suffix
 # drafter with a global memory across the prompts, and the authors' implementation (arctic-inference,

@@ -22,6 +22,8 @@ class GenerationStats:
     verify_seconds: float = 0.0
     paused_steps: int = 0  # steps a DraftPolicy drafted nothing because drafts were not paying
     emitted_by_step: list[int] = field(default_factory=list)  # tokens each step emitted (Spec-Bench's accept_lengths)
+    drafted_by_step: list[int] = field(default_factory=list)  # drafts each step verified
+    peer_settings: dict = field(default_factory=dict)  # a transformers peer: its candidate generator's settings in force
 
     def record_step(self, drafted: int, accepted: int, emitted: int) -> None:
         self.target_forward_passes += 1
@@ -29,6 +31,7 @@ class GenerationStats:
         self.accepted += accepted
         self.generated += emitted
         self.emitted_by_step.append(emitted)
+        self.drafted_by_step.append(drafted)
         grow = drafted - len(self.drafted_at)
         if grow > 0:
             self.drafted_at.extend([0] * grow)
