@@ -209,14 +209,14 @@ def set_seed(seed: int) -> None:
 
 def pass_rows(strategy: Strategy, s: Settings) -> Optional[int]:
     """Positions of the target passes a row makes (1: plain decoding; a draft of g: g + 1); None
-    when the length varies (the calibrated policy's own, suffix drafts)."""
-    if not (strategy.speculative or strategy.takes_gamma or strategy.key == "hf_prompt_lookup"):
-        return 1
+    when the length varies (the calibrated policy's own, suffix drafts, transformers' confidence stop)."""
     if strategy.takes_gamma:
         return None if s.policy.auto and strategy.auto_gamma else s.gamma + 1
     if strategy.key in ("pld", "hf_prompt_lookup"):
         return s.pld_num_tokens + 1
-    return s.tree_size + 1 if strategy.trees else None
+    if strategy.trees:
+        return s.tree_size + 1
+    return None if strategy.speculative or strategy.model_drafts else 1
 
 
 def row_kernels(strategy: Strategy, s: Settings) -> Optional[str]:
