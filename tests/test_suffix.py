@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import EOS_NEVER, PROMPT
+from conftest import EOS_NEVER, PROMPT, examples
 from sampling import GenerationStats, autoregressive_generate, suffix_generate
 from sampling.suffix import SuffixDrafter
 from sampling.suffix_memory import SuffixMemory
@@ -41,7 +41,7 @@ def contains(text, part):
     return any(text[i : i + len(part)] == part for i in range(len(text) - len(part) + 1))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150))
 @given(texts, depths, st.integers(1, 59))
 def test_counts_are_occurrences_and_growing_in_pieces_equals_building_at_once(text, depth, cut):
     whole, pieces = SuffixTrie(depth), SuffixTrie(depth)
@@ -53,7 +53,7 @@ def test_counts_are_occurrences_and_growing_in_pieces_equals_building_at_once(te
     assert all(whole.active[j] == whole.find(text[len(text) - j :]) for j in range(len(whole.active)))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150))
 @given(texts, depths, st.integers(1, 12), st.sampled_from([0.5, 1.0, 2.0]), st.sampled_from([0.0, 1.0]),
        st.sampled_from([0.0, 0.1, 0.3, 0.6]))
 def test_a_draft_occurs_after_its_match_within_its_budget_and_above_the_probability_cut(text, depth, most, factor, offset, cut):
@@ -82,7 +82,7 @@ def test_the_most_frequent_continuation_is_drafted_and_stops_below_min_token_pro
     assert best_match_path(trie, trie.active, 8, 1.0, 0.0, 0.9)[0] == []  # 3 follows "1 2" with 2/4 < 0.9
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100))
 @given(texts, depths, st.integers(1, 16), st.sampled_from([0.0, 0.1, 0.3]))
 def test_a_proposed_tree_is_topological_within_budget_best_first_and_occurs_in_the_text(text, depth, budget, cut):
     drafter = SuffixDrafter(text, max_tree_depth=depth, max_spec_factor=4.0, min_token_prob=cut)
@@ -116,7 +116,7 @@ def test_a_tree_takes_the_top_branches_by_count():
     assert parents[:2] == [-1, 0]
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80))
 @given(texts, st.integers(1, 12), st.sampled_from([0.0, 0.1, 0.4]))
 def test_path_drafts_equal_the_authors_implementation(text, most, cut):
     cache_module = pytest.importorskip("arctic_inference.suffix_decoding")
@@ -336,7 +336,7 @@ def test_the_authors_drafter_is_greedy_exact_through_our_loop_and_proposes_trees
     assert sorted(nodes) == sorted(ours[0])  # the same top branches (ties may be ordered differently)
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), suppress_health_check=[HealthCheck.too_slow])
 @given(kind=st.sampled_from(["llama", "sliding", "hybrid"]), processor=st.sampled_from(["greedy", "multinomial", "topk"]),
        controls=st.sets(st.sampled_from(["adaptive", "min_draft", "pause", "min_gain", "row_costs", "auto"]), max_size=3),
        cache=st.sampled_from(["off", "dynamic", "static"]), most=st.integers(1, 8), prompt=st.integers(0, 1),
@@ -372,7 +372,7 @@ def torch_seed(seed: int) -> None:
 
 @given(name=st.sampled_from(["/suffix", "/suffix_params", "/suffix_global", "/suffix_reset", "/suffix_load"]),
        words=st.lists(NUMBERISH, max_size=6))
-@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(200), suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_any_suffix_command_is_done_or_refused_in_one_line_with_every_setting_unchanged(repl, name, words):  # noqa: F811
     import infer
 
