@@ -102,14 +102,16 @@ class SuffixDrafter:
     def propose_tree(self, tokens: List[int], budget: int) -> Tuple[List[int], List[int]]:
         """SuffixDecoding's tree mode after ``tokens``: up to ``budget`` node tokens and their parents
         (-1: a child of the last context token, else the index of an earlier node), the greedy
-        best-first expansion by estimated path probability from the best-scoring match."""
+        best-first expansion by estimated path probability from the best-scoring match (its length
+        in ``last_match``, as after ``draft``)."""
         self._sync(tokens)
         limit = min(budget, self.max_spec_tokens)
-        nodes, parents, score, _ = best_match_tree(self.trie, self.trie.active, limit, self.factor, self.offset, self.min_prob)
+        nodes, parents, score, self.last_match = best_match_tree(self.trie, self.trie.active, limit, self.factor, self.offset,
+                                                                 self.min_prob)
         if self.memory is not None:
             other = best_match_tree(self.memory.trie, self.matches, limit, self.factor, self.offset, self.min_prob)
             if other[2] > score:
-                nodes, parents = other[0], other[1]
+                nodes, parents, self.last_match = other[0], other[1], other[3]
         return nodes, parents
 
     def max_drafts(self, position: int) -> int:

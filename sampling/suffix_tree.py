@@ -202,7 +202,9 @@ def best_match_tree(trie: SuffixTrie, matches: Sequence[int], max_spec_tokens: i
         budget = budget_for(j, max_spec_tokens, factor, offset)
         if budget <= best[2]:
             break
-        if trie.bound(matches[j], min(budget, trie.max_depth - j)) <= best[2]:
+        # a tree may be wider than deep: each of its max_depth - j levels holds disjoint
+        # continuations, whose probabilities sum to 1 at most
+        if min(trie.bound(matches[j], budget), trie.max_depth - j) <= best[2]:
             continue
         tokens, parents, score = trie.tree(matches[j], budget, min_prob)
         if tokens and score > best[2]:

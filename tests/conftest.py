@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, T5Config, T5ForConditionalGeneration
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may be downloaded in tests
@@ -13,6 +14,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may be downloaded in tes
 torch.set_num_threads(int(os.environ.get("SPECDEC_TEST_THREADS", "1")))
 
 VOCAB = 96
+
+# Hypothesis profiles. "ci" (the default): the same examples on every run (derandomize), no
+# example database, so a commit's result depends on the commit alone. "dev": random and 20 times as
+# many examples, to hunt for new counterexamples; select it with HYPOTHESIS_PROFILE=dev or
+# `pytest --hypothesis-profile=dev`. A test's own @settings must not pass derandomize, database or
+# a bare max_examples (they would override the profile): it passes max_examples=examples(n).
+DEV_SCALE = 20
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True, database=None)
+settings.register_profile("dev", derandomize=False, deadline=None, print_blob=True, max_examples=100 * DEV_SCALE)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def examples(n: int) -> int:
+    """A property test's number of examples: ``n`` under the "ci" profile, ``n * DEV_SCALE`` under "dev"."""
+    return n * DEV_SCALE if settings.get_current_profile_name() == "dev" else n
 
 
 def _seeded(seed: int):

@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig, MistralForCausalLM
 
-from conftest import llama, perturbed_copy
+from conftest import examples, llama, perturbed_copy
 from ngram_assisted import NGramStorage, OneLevelNGramStorage, chained_speculative_generate, ngram_assisted_speculative_generate
 from sampling import (
     DraftPolicy,
@@ -112,7 +112,7 @@ def policy_of(controls) -> DraftPolicy:
     return DraftPolicy(**options)
 
 
-@settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(120), suppress_health_check=[HealthCheck.too_slow])
 @given(
     kind=st.sampled_from(sorted(KINDS)),
     drafter=st.sampled_from(DRAFTERS),

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import infer
+from conftest import examples
 from utils.parsing import LIMITS, MAX_LINE, decode_bytes, parse_int, parse_limited, sanitize_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +35,7 @@ NUMBERISH = st.one_of(
 
 
 @given(key=st.sampled_from(sorted(LIMITS)), text=NUMBERISH)
-@settings(max_examples=600, deadline=None, derandomize=True)
+@settings(max_examples=examples(600))
 def test_every_numeric_parser_returns_a_finite_value_in_its_range_or_one_line_naming_it(key, text):
     low, high = LIMITS[key]
     try:
@@ -59,7 +60,7 @@ def test_parsers_accept_the_plain_notations():
 
 
 @given(st.binary(max_size=64))
-@settings(max_examples=300, deadline=None, derandomize=True)
+@settings(max_examples=examples(300))
 def test_bytes_that_are_not_utf8_become_replacement_characters_and_are_counted(data):
     text, replaced = decode_bytes(data)
     text.encode("utf-8")  # strict: what reaches the tokenizer is valid text
@@ -120,7 +121,7 @@ WORD = st.one_of(NUMBERISH, st.sampled_from(["greedy", "multinomial", "topk", "n
 
 
 @given(name=st.sampled_from(SAFE_COMMANDS), words=st.lists(WORD, max_size=4))
-@settings(max_examples=500, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(500), suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_any_command_is_done_or_refused_in_one_line_with_every_setting_unchanged(repl, name, words):
     line = " ".join([name, *words])
     before = snapshot(repl)

@@ -19,8 +19,8 @@ def test_a_gguf_is_converted_once_saying_so_in_one_line(tmp_path, monkeypatch):
 
     def convert(path, folder):  # a stand-in for transformers' de-quantization
         converted.append(path)
-        folder.mkdir()
         (folder / "config.json").write_text("{}")
+        (folder / "model.safetensors").write_bytes(b"weights")
 
     monkeypatch.setattr(models, "convert_gguf", convert)
     lines = []

@@ -4,10 +4,10 @@ import json
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import EOS_NEVER, PROMPT
+from conftest import EOS_NEVER, PROMPT, examples
 from sampling import GenerationStats, autoregressive_generate, suffix_generate
 from sampling.suffix import SuffixDrafter
 from sampling.suffix_memory import SuffixMemory
@@ -41,7 +41,7 @@ def contains(text, part):
     return any(text[i : i + len(part)] == part for i in range(len(text) - len(part) + 1))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150))
 @given(texts, depths, st.integers(1, 59))
 def test_counts_are_occurrences_and_growing_in_pieces_equals_building_at_once(text, depth, cut):
     whole, pieces = SuffixTrie(depth), SuffixTrie(depth)
@@ -53,7 +53,7 @@ def test_counts_are_occurrences_and_growing_in_pieces_equals_building_at_once(te
     assert all(whole.active[j] == whole.find(text[len(text) - j :]) for j in range(len(whole.active)))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150))
 @given(texts, depths, st.integers(1, 12), st.sampled_from([0.5, 1.0, 2.0]), st.sampled_from([0.0, 1.0]),
        st.sampled_from([0.0, 0.1, 0.3, 0.6]))
 def test_a_draft_occurs_after_its_match_within_its_budget_and_above_the_probability_cut(text, depth, most, factor, offset, cut):
@@ -82,31 +82,50 @@ def test_the_most_frequent_continuation_is_drafted_and_stops_below_min_token_pro
     assert best_match_path(trie, trie.active, 8, 1.0, 0.0, 0.9)[0] == []  # 3 follows "1 2" with 2/4 < 0.9
 
 
-@settings(max_examples=100, deadline=None)
+def best_tree_score(text, depth, match, budget, cut) -> float:
+    """By brute force, the score of the best tree of ``budget`` nodes after the last ``match`` tokens:
+    path probabilities never grow along a branch, so the greedy best-first tree holds the ``budget``
+    most probable continuations (those >= ``cut``, within the depth) and scores their sum."""
+    counts = occurrences(text, depth)
+    context = tuple(text[len(text) - match :])
+    probs = sorted((n / counts[context] for s, n in counts.items() if len(s) > match and s[:match] == context), reverse=True)
+    return sum(p for p in probs[:budget] if p >= cut)
+
+
+TREE_FACTOR = 4.0
+
+
+@settings(max_examples=examples(100))
 @given(texts, depths, st.integers(1, 16), st.sampled_from([0.0, 0.1, 0.3]))
-def test_a_proposed_tree_is_topological_within_budget_best_first_and_occurs_in_the_text(text, depth, budget, cut):
-    drafter = SuffixDrafter(text, max_tree_depth=depth, max_spec_factor=4.0, min_token_prob=cut)
+@example(text=[2, 2, 0, 2, 2, 2, 0, 2, 2], depth=3, budget=1, cut=0.3)  # a shorter match ("2") outscores a longer one
+@example(text=[0, 1, 0, 1, 2, 0, 1], depth=3, budget=3, cut=0.0)  # the best tree ("1": 3 x 1/3) is wider than deep
+def test_a_proposed_tree_is_topological_within_budget_best_first_and_from_the_best_scoring_match(text, depth, budget, cut):
+    drafter = SuffixDrafter(text, max_tree_depth=depth, max_spec_factor=TREE_FACTOR, min_token_prob=cut)
     nodes, parents = drafter.propose_tree(text, budget)
     assert len(nodes) == len(parents) <= budget
     assert all(-1 <= p < i for i, p in enumerate(parents))
+    longest = min(len(text), depth)
+    scores = {j: best_tree_score(text, depth, j, budget_for(j, budget, TREE_FACTOR, 0.0), cut) for j in range(1, longest + 1)}
     if not nodes:
+        assert max(scores.values()) == 0
         return
     counts = occurrences(text, depth)
 
     def branch(i):
         return branch(parents[i]) + [nodes[i]] if i >= 0 else []
 
-    # the match length is the one whose tree scores best: find a context for which every branch occurs
-    for match in range(min(len(text), depth), 0, -1):
-        context = text[len(text) - match :]
-        if all(tuple(context + branch(i)) in counts for i in range(len(nodes))):
-            break
-    else:
-        raise AssertionError("a branch that never occurs after any match")
+    # as the authors' speculate: the match length whose tree scores best (ties: the longer match here)
+    match = drafter.last_match
+    context = text[len(text) - match :]
+    assert all(tuple(context + branch(i)) in counts for i in range(len(nodes)))
     probs = [counts[tuple(context + branch(i))] / counts[tuple(context)] for i in range(len(nodes))]
     assert all(p >= cut for p in probs)
     assert all(a >= b - 1e-12 for a, b in zip(probs, probs[1:]))  # greedy by estimated path probability
     assert len({tuple(branch(i)) for i in range(len(nodes))}) == len(nodes)  # no node twice
+    assert len(nodes) <= budget_for(match, budget, TREE_FACTOR, 0.0)
+    assert sum(probs) == pytest.approx(scores[match])
+    assert all(score <= scores[match] + 1e-9 for score in scores.values())
+    assert all(scores[j] < scores[match] - 1e-9 for j in range(match + 1, longest + 1))
 
 
 def test_a_tree_takes_the_top_branches_by_count():
@@ -116,7 +135,7 @@ def test_a_tree_takes_the_top_branches_by_count():
     assert parents[:2] == [-1, 0]
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80))
 @given(texts, st.integers(1, 12), st.sampled_from([0.0, 0.1, 0.4]))
 def test_path_drafts_equal_the_authors_implementation(text, most, cut):
     cache_module = pytest.importorskip("arctic_inference.suffix_decoding")
@@ -336,7 +355,7 @@ def test_the_authors_drafter_is_greedy_exact_through_our_loop_and_proposes_trees
     assert sorted(nodes) == sorted(ours[0])  # the same top branches (ties may be ordered differently)
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), suppress_health_check=[HealthCheck.too_slow])
 @given(kind=st.sampled_from(["llama", "sliding", "hybrid"]), processor=st.sampled_from(["greedy", "multinomial", "topk"]),
        controls=st.sets(st.sampled_from(["adaptive", "min_draft", "pause", "min_gain", "row_costs", "auto"]), max_size=3),
        cache=st.sampled_from(["off", "dynamic", "static"]), most=st.integers(1, 8), prompt=st.integers(0, 1),
@@ -372,7 +391,7 @@ def torch_seed(seed: int) -> None:
 
 @given(name=st.sampled_from(["/suffix", "/suffix_params", "/suffix_global", "/suffix_reset", "/suffix_load"]),
        words=st.lists(NUMBERISH, max_size=6))
-@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(200), suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_any_suffix_command_is_done_or_refused_in_one_line_with_every_setting_unchanged(repl, name, words):  # noqa: F811
     import infer
 

@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from conftest import gpt2, llama
+from conftest import examples, gpt2, llama
 from ngram_assisted import NGramStorage
 from sampling import DraftPolicy, GenerationStats, autoregressive_generate, ngram_tree_generate, token_recycling_generate, tree_decoding
 from sampling.config import GenerationConfig
@@ -188,7 +188,7 @@ def trees(draw):
     return parents, [draw(st.booleans()) for _ in range(size)]
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(40), suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(tree=trees(), cache=st.sampled_from(["static", "dynamic", "off"]), costs=st.booleans())
 def test_any_tree_shape_is_greedy_exact(tree, cache, costs):
     parents, right = tree

