@@ -10,12 +10,14 @@ from torch.nn import Module
 
 from sampling.common import context_window, output_vocab_size
 from sampling.draft_policy import DraftPolicy
-from utils.caching import KVCacheModel, drop_prepacked, prepacked_linears, runner_cache, set_cache, set_prepack, synchronize
+from utils.caching import DEFAULT_CPU_CACHE, KVCacheModel, drop_prepacked, prepacked_linears, runner_cache, set_cache, set_prepack, synchronize
 from utils.compiled import make_runner
+from utils.measurements import Budget
 
 # Cost-aware pausing threshold of the calibrated policy: drafting pauses while a drafting step
 # emits fewer tokens than its verification pass costs in single-token passes (1.0 = break-even).
 DEFAULT_MIN_GAIN = 1.0
+MIN_ROUNDS = 2  # timed rounds a comparison needs before its budget may cut it short
 
 
 class _Timer:
@@ -43,37 +45,87 @@ class _Timer:
         return time.perf_counter() - start
 
 
-def _medians(passes: List[Tuple["_Timer", int]], repeats: int) -> List[float]:
-    """Median seconds of each ``(timer, rows)`` pass over ``repeats`` interleaved rounds, after one warm-up round."""
+def _samples(passes: List[Tuple["_Timer", int]], repeats: int, budget: Optional[Budget] = None) -> List[List[float]]:
+    """Seconds of each ``(timer, rows)`` pass in ``repeats`` interleaved rounds, after one warm-up
+    round. With a ``budget``, asked before every pass: once it is spent the rounds stop there,
+    so the passes measured are a prefix of the last round (fewer samples, never a pass cut short)."""
     samples: List[List[float]] = [[] for _ in passes]
+    total = len(passes) * (repeats + 1)
     for round_ in range(repeats + 1):
-        for (timer, rows), times in zip(passes, samples):
+        for i, ((timer, rows), times) in enumerate(zip(passes, samples)):
+            if budget is not None and budget.exhausted():
+                return samples
             seconds = timer.seconds(rows)
             if round_:  # the first round warms up
                 times.append(seconds)
-    return [statistics.median(times) for times in samples]
+            if budget is not None:
+                budget.tick(round_ * len(passes) + i + 1, total)
+    return samples
+
+
+def _medians(passes: List[Tuple["_Timer", int]], repeats: int) -> List[float]:
+    """Median seconds of each ``(timer, rows)`` pass over ``repeats`` interleaved rounds, after one warm-up round."""
+    return [statistics.median(times) for times in _samples(passes, repeats)]
+
+
+def _compared(passes: List[Tuple["_Timer", int]], repeats: int, budget: Optional[Budget]) -> Tuple[Optional[List[float]], str]:
+    """``_medians`` within ``budget``: ``(medians, "")``, ``(medians, "k of n rounds")`` from the
+    complete rounds when the budget ran out after ``MIN_ROUNDS`` of them, or ``(None, "")`` before."""
+    samples = _samples(passes, repeats, budget)
+    rounds = min(len(times) for times in samples)
+    if rounds < min(MIN_ROUNDS, repeats):
+        return None, ""
+    return [statistics.median(times[:rounds]) for times in samples], "" if rounds == repeats else f"{rounds} of {repeats} rounds"
+
+
+def _extrapolated(costs: List[float], max_rows: int) -> List[float]:
+    """``costs`` of positions 1..n continued to ``max_rows`` along their least-squares line."""
+    n = len(costs)
+    mean_r, mean_c = (n + 1) / 2, sum(costs) / n
+    slope = sum((r - mean_r) * (c - mean_c) for r, c in enumerate(costs, 1)) / sum((r - mean_r) ** 2 for r in range(1, n + 1))
+    return costs + [max(costs[-1], mean_c + slope * (r - mean_r)) for r in range(n + 1, max_rows + 1)]
 
 
 @torch.no_grad()
-def measure_row_costs(model: Module, max_rows: int = 12, context: int = 128, repeats: int = 5) -> Tuple[float, ...]:
+def measure_row_costs(model: Module, max_rows: int = 12, context: int = 128, repeats: int = 5,
+                      budget: Optional[Budget] = None) -> Tuple[float, ...]:
     """Time of one cached target pass over r new positions (r = 1..max_rows) after ``context``
     positions, relative to r = 1: the cost of verifying r - 1 drafts in single-token steps.
 
     Medians of ``repeats`` interleaved rounds, the device synchronised around each pass. About
     ``max_rows * (repeats + 1)`` passes: ~3 s for SmolLM2-135M on a 2-core CPU.
+
+    With a ``budget`` that runs out: the positions timed at least once (1..n, n >= 2) from the
+    samples they have, the rest extrapolated along their line, and ``budget.note`` says which;
+    () when fewer than 2 positions were timed (not plausible: the caller's fallback).
     """
     timer = _Timer(model, context, max_rows)
-    medians = _medians([(timer, rows) for rows in range(1, max_rows + 1)], repeats)
-    return tuple(round(m / medians[0], 3) for m in medians)
+    samples = _samples([(timer, rows) for rows in range(1, max_rows + 1)], repeats, budget)
+    timed = [statistics.median(times) for times in samples if times]
+    if len(timed) < 2:
+        return ()
+    costs = [m / timed[0] for m in timed]
+    if budget is not None and len(timed) < max_rows:
+        budget.note = f"positions 1-{len(timed)} measured, {len(timed) + 1}-{max_rows} extrapolated"
+        costs = _extrapolated(costs, max_rows)
+    elif budget is not None and budget.stopped:
+        budget.note = f"{min(len(t) for t in samples)} of {repeats} rounds"
+    return tuple(round(c, 3) for c in costs)
 
 
 @torch.no_grad()
-def measure_draft_cost(drafter: Module, target: Module, context: int = 128, repeats: int = 7) -> float:
+def measure_draft_cost(drafter: Module, target: Module, context: int = 128, repeats: int = 7,
+                       budget: Optional[Budget] = None) -> Optional[float]:
     """Time of one cached one-position pass of ``drafter`` relative to one of ``target`` (medians
-    of ``repeats`` interleaved passes after one warm-up each): the ``draft_cost`` of a drafter model."""
+    of ``repeats`` interleaved passes after one warm-up each): the ``draft_cost`` of a drafter model.
+    With a ``budget``: from the rounds that fit (``budget.note``), None when fewer than 2 did."""
     vocab = min(output_vocab_size(drafter), output_vocab_size(target))
-    drafting, verifying = _medians([(_Timer(drafter, context, 1, vocab), 1), (_Timer(target, context, 1, vocab), 1)], repeats)
-    return round(drafting / verifying, 3)
+    medians, rounds = _compared([(_Timer(drafter, context, 1, vocab), 1), (_Timer(target, context, 1, vocab), 1)], repeats, budget)
+    if medians is None:
+        return None
+    if budget is not None:
+        budget.note = rounds
+    return round(medians[0] / medians[1], 3)
 
 
 def plausible_row_costs(costs: Tuple[float, ...]) -> bool:
@@ -84,7 +136,8 @@ def plausible_row_costs(costs: Tuple[float, ...]) -> bool:
 
 
 def calibrated_policy(target: Module, min_gain: float = DEFAULT_MIN_GAIN, drafter: Optional[Module] = None,
-                      row_costs: Optional[Tuple[float, ...]] = None, **policy) -> DraftPolicy:
+                      row_costs: Optional[Tuple[float, ...]] = None, draft_cost: Optional[float] = None,
+                      source: str = "given, not measured", **policy) -> DraftPolicy:
     """The REPL's and the benchmark's default policy: verification costs measured on ``target``
     where it runs (``measure_row_costs``, a few seconds), the cost of a ``drafter`` pass
     (``measure_draft_cost``), cheaper padded passes, cost-aware pausing.
@@ -92,7 +145,8 @@ def calibrated_policy(target: Module, min_gain: float = DEFAULT_MIN_GAIN, drafte
     A measurement that cannot be real (``plausible_row_costs``) is taken again once; if it still
     is not plausible the policy has no ``row_costs`` (constant length, no padding) and its
     ``calibration`` says why. ``calibration`` holds the costs measured, for the record. ``row_costs``
-    given (costs measured before, ``--row-costs``) are used as they are, checked but not measured."""
+    given (costs measured before, ``--row-costs``) are used as they are, checked but not measured, and
+    named with ``source`` (none when ""). ``draft_cost`` given: not measured either."""
     if row_costs is not None:
         costs = tuple(float(c) for c in row_costs)
         if not plausible_row_costs(costs):
@@ -101,12 +155,13 @@ def calibrated_policy(target: Module, min_gain: float = DEFAULT_MIN_GAIN, drafte
         costs = measure_row_costs(target)
         if plausible_row_costs(costs):
             break
-    draft_cost = measure_draft_cost(drafter, target) if drafter is not None else 0.0
+    if draft_cost is None:
+        draft_cost = measure_draft_cost(drafter, target) if drafter is not None else 0.0
     shown = " ".join(f"{c:.2f}" for c in costs)
     if not plausible_row_costs(costs):
         note = f"Verification costs measured twice and not plausible ({shown}): not used, constant draft length"
         return DraftPolicy(min_gain=min_gain, draft_cost=draft_cost, calibration=note, **policy)
-    note = f"Verification cost by positions 1..{len(costs)}: {shown}" + (" (given, not measured)" if row_costs is not None else "")
+    note = f"Verification cost by positions 1..{len(costs)}: {shown}" + (f" ({source})" if row_costs is not None and source else "")
     return DraftPolicy(min_gain=min_gain, row_costs=costs, draft_cost=draft_cost, calibration=note, **policy)
 
 
@@ -122,34 +177,51 @@ class _EagerTimer(_Timer):
 
 
 @torch.no_grad()
-def choose_prepack(model: Module, context: int = 64, repeats: int = 7) -> str:
+def choose_prepack(model: Module, context: int = 64, repeats: int = 7, budget: Optional[Budget] = None) -> str:
     """Measure one-position cached passes of ``model`` with its float32 CPU linear layers prepacked
     (``utils.caching.PrepackedLinear``) and with its own, set the faster (``set_prepack``) and
     return one line saying what was measured. Prepacking is kept only when at least 5% faster
-    (it costs a copy of the weights). Nothing to measure (other dtypes, devices): off, and says so."""
+    (it costs a copy of the weights). Nothing to measure (other dtypes, devices): off, and says so.
+    A ``budget`` spent before 2 rounds: off, the safe default, and the line says it fell back."""
     if not prepacked_linears(model, True):
         set_prepack(model, False)
         return "no float32 CPU linear layers to prepack"
-    packed, own = _medians([(_EagerTimer(model, context, prepack=True), 1), (_EagerTimer(model, context, prepack=False), 1)], repeats)
+    medians, rounds = _compared([(_EagerTimer(model, context, prepack=True), 1), (_EagerTimer(model, context, prepack=False), 1)],
+                                repeats, budget)
+    if medians is None:
+        set_prepack(model, False)
+        drop_prepacked(model)
+        return f"the model's own linears (fallback: {budget.reason})"
+    packed, own = medians
     chosen = packed < 0.95 * own
     set_prepack(model, chosen)
     if not chosen:
         drop_prepacked(model)  # a copy of the weights, no longer used
     verdict = "prepacked linears" if chosen else "the model's own linears"
-    return f"{verdict} (measured {packed * 1e3:.1f} ms a pass prepacked, {own * 1e3:.1f} ms its own)"
+    return f"{verdict} (measured {packed * 1e3:.1f} ms a pass prepacked, {own * 1e3:.1f} ms its own{_cut(rounds, budget)})"
 
 
 @torch.no_grad()
-def choose_cache(model: Module, context: int = 256, repeats: int = 7) -> str:
+def choose_cache(model: Module, context: int = 256, repeats: int = 7, budget: Optional[Budget] = None) -> str:
     """Measure one-position cached passes of ``model`` after ``context`` positions with the static KV
     cache and with the model's dynamic one, set the faster (``set_cache``; static only when at
     least 5% faster) and return one line saying what was measured. A model that cannot take the
-    static cache keeps the dynamic one, and says so."""
+    static cache keeps the dynamic one, and says so. A ``budget`` spent before 2 rounds: the CPU
+    default (``DEFAULT_CPU_CACHE``), and the line says it fell back."""
     if runner_cache(model, "static") != "static":
         set_cache(model, "dynamic")
         return "the model's dynamic KV cache (it cannot take the static one)"
-    static, dynamic = _medians([(_EagerTimer(model, context, cache="static"), 1), (_EagerTimer(model, context, cache="dynamic"), 1)],
-                               repeats)
+    medians, rounds = _compared([(_EagerTimer(model, context, cache="static"), 1), (_EagerTimer(model, context, cache="dynamic"), 1)],
+                                repeats, budget)
+    if medians is None:
+        set_cache(model, DEFAULT_CPU_CACHE)
+        return f"{DEFAULT_CPU_CACHE} KV cache (fallback: {budget.reason})"
+    static, dynamic = medians
     chosen = "static" if static < 0.95 * dynamic else "dynamic"
     set_cache(model, chosen)
-    return f"{chosen} KV cache (measured {static * 1e3:.1f} ms a pass static, {dynamic * 1e3:.1f} ms dynamic)"
+    return f"{chosen} KV cache (measured {static * 1e3:.1f} ms a pass static, {dynamic * 1e3:.1f} ms dynamic{_cut(rounds, budget)})"
+
+
+def _cut(rounds: str, budget: Optional[Budget]) -> str:
+    """What a comparison's line adds when its budget cut it short: ``; 3 of 7 rounds: <reason>``."""
+    return f"; {rounds}: {budget.reason}" if rounds else ""
