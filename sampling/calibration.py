@@ -26,14 +26,14 @@ class _Timer:
     The tokens are drawn from the model's own vocabulary, and the context is cut to leave
     ``room`` positions inside the model's window: both asked of the model, never assumed."""
 
-    def __init__(self, model: Module, context: int, room: int, vocab: int | None = None):
+    def __init__(self, model: Module, context: int, room: int, vocab: int | None = None, budget: Optional[Budget] = None):
         window = context_window(model)
         self.context = max(1, min(context, window - room)) if window else context
         vocab = vocab or output_vocab_size(model)
         self.ids = torch.randint(vocab, (1, self.context + room), generator=torch.Generator().manual_seed(0))
         encoder = self.ids[0, : self.context].tolist() if getattr(model.config, "is_encoder_decoder", False) else None
         self.model, self.runner = model, make_runner(model, True, encoder)
-        self.runner(self.ids[:, : self.context], 1)
+        _prefill(self, budget)
 
     def seconds(self, rows: int) -> float:
         """Seconds of one cached pass over ``rows`` new positions (the device synchronised around it)."""
@@ -45,21 +45,30 @@ class _Timer:
         return time.perf_counter() - start
 
 
+def _prefill(timer: "_Timer", budget: Optional[Budget]) -> None:
+    """The context's pass, unless ``budget`` is already spent (then the timer is never timed)."""
+    if budget is None or not budget.exhausted():
+        timer.runner(timer.ids[:, : timer.context], 1)
+
+
 def _samples(passes: List[Tuple["_Timer", int]], repeats: int, budget: Optional[Budget] = None) -> List[List[float]]:
-    """Seconds of each ``(timer, rows)`` pass in ``repeats`` interleaved rounds, after one warm-up
-    round. With a ``budget``, asked before every pass: once it is spent the rounds stop there,
-    so the passes measured are a prefix of the last round (fewer samples, never a pass cut short)."""
+    """Seconds of each ``(timer, rows)`` pass in ``repeats`` interleaved rounds, each pass warmed up
+    once just before its first timing. With a ``budget``, asked before every pass: once it is spent
+    the rounds stop there, so the passes timed are a prefix of the last round (fewer samples, never
+    a pass cut short; a busy machine still gets the first passes of the first round)."""
     samples: List[List[float]] = [[] for _ in passes]
-    total = len(passes) * (repeats + 1)
-    for round_ in range(repeats + 1):
-        for i, ((timer, rows), times) in enumerate(zip(passes, samples)):
-            if budget is not None and budget.exhausted():
-                return samples
-            seconds = timer.seconds(rows)
-            if round_:  # the first round warms up
-                times.append(seconds)
-            if budget is not None:
-                budget.tick(round_ * len(passes) + i + 1, total)
+    total, done = len(passes) * (repeats + 1), 0
+    for round_ in range(repeats):
+        for (timer, rows), times in zip(passes, samples):
+            for warm_up in (True, False) if round_ == 0 else (False,):
+                if budget is not None and budget.exhausted():
+                    return samples
+                seconds = timer.seconds(rows)
+                if not warm_up:
+                    times.append(seconds)
+                done += 1
+                if budget is not None:
+                    budget.tick(done, total)
     return samples
 
 
@@ -99,7 +108,7 @@ def measure_row_costs(model: Module, max_rows: int = 12, context: int = 128, rep
     samples they have, the rest extrapolated along their line, and ``budget.note`` says which;
     () when fewer than 2 positions were timed (not plausible: the caller's fallback).
     """
-    timer = _Timer(model, context, max_rows)
+    timer = _Timer(model, context, max_rows, budget=budget)
     samples = _samples([(timer, rows) for rows in range(1, max_rows + 1)], repeats, budget)
     timed = [statistics.median(times) for times in samples if times]
     if len(timed) < 2:
@@ -120,7 +129,8 @@ def measure_draft_cost(drafter: Module, target: Module, context: int = 128, repe
     of ``repeats`` interleaved passes after one warm-up each): the ``draft_cost`` of a drafter model.
     With a ``budget``: from the rounds that fit (``budget.note``), None when fewer than 2 did."""
     vocab = min(output_vocab_size(drafter), output_vocab_size(target))
-    medians, rounds = _compared([(_Timer(drafter, context, 1, vocab), 1), (_Timer(target, context, 1, vocab), 1)], repeats, budget)
+    medians, rounds = _compared([(_Timer(drafter, context, 1, vocab, budget), 1), (_Timer(target, context, 1, vocab, budget), 1)],
+                                repeats, budget)
     if medians is None:
         return None
     if budget is not None:
@@ -168,12 +178,13 @@ def calibrated_policy(target: Module, min_gain: float = DEFAULT_MIN_GAIN, drafte
 class _EagerTimer(_Timer):
     """A ``_Timer`` over an eager runner with the given prepacking (None: the model's) and cache kind."""
 
-    def __init__(self, model: Module, context: int, prepack: Optional[bool] = None, cache: Optional[str] = None):
+    def __init__(self, model: Module, context: int, prepack: Optional[bool] = None, cache: Optional[str] = None,
+                 budget: Optional[Budget] = None):
         self.model, self.context = model, context
         self.ids = torch.randint(output_vocab_size(model), (1, context + 1), generator=torch.Generator().manual_seed(0))
         encoder = self.ids[0, :context].tolist() if getattr(model.config, "is_encoder_decoder", False) else None
         self.runner = KVCacheModel(model, True, encoder_input_ids=encoder, prepack=prepack, cache=cache)
-        self.runner(self.ids[:, :context], 1)
+        _prefill(self, budget)
 
 
 @torch.no_grad()
@@ -186,8 +197,8 @@ def choose_prepack(model: Module, context: int = 64, repeats: int = 7, budget: O
     if not prepacked_linears(model, True):
         set_prepack(model, False)
         return "no float32 CPU linear layers to prepack"
-    medians, rounds = _compared([(_EagerTimer(model, context, prepack=True), 1), (_EagerTimer(model, context, prepack=False), 1)],
-                                repeats, budget)
+    medians, rounds = _compared([(_EagerTimer(model, context, prepack=True, budget=budget), 1),
+                                 (_EagerTimer(model, context, prepack=False, budget=budget), 1)], repeats, budget)
     if medians is None:
         set_prepack(model, False)
         drop_prepacked(model)
@@ -211,8 +222,8 @@ def choose_cache(model: Module, context: int = 256, repeats: int = 7, budget: Op
     if runner_cache(model, "static") != "static":
         set_cache(model, "dynamic")
         return "the model's dynamic KV cache (it cannot take the static one)"
-    medians, rounds = _compared([(_EagerTimer(model, context, cache="static"), 1), (_EagerTimer(model, context, cache="dynamic"), 1)],
-                                repeats, budget)
+    medians, rounds = _compared([(_EagerTimer(model, context, cache="static", budget=budget), 1),
+                                 (_EagerTimer(model, context, cache="dynamic", budget=budget), 1)], repeats, budget)
     if medians is None:
         set_cache(model, DEFAULT_CPU_CACHE)
         return f"{DEFAULT_CPU_CACHE} KV cache (fallback: {budget.reason})"
