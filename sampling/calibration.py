@@ -18,6 +18,7 @@ from utils.measurements import Budget
 # emits fewer tokens than its verification pass costs in single-token passes (1.0 = break-even).
 DEFAULT_MIN_GAIN = 1.0
 MIN_ROUNDS = 2  # timed rounds a comparison needs before its budget may cut it short
+_PREFILL_STEP = 32  # positions a budgeted timer feeds its context in, between checks of its budget
 
 
 class _Timer:
@@ -46,9 +47,14 @@ class _Timer:
 
 
 def _prefill(timer: "_Timer", budget: Optional[Budget]) -> None:
-    """The context's pass, unless ``budget`` is already spent (then the timer is never timed)."""
-    if budget is None or not budget.exhausted():
-        timer.runner(timer.ids[:, : timer.context], 1)
+    """Feed the timer's context. With a ``budget``: in passes of ``_PREFILL_STEP`` positions, asked
+    before each, so that a busy machine stops after one short pass rather than a long one (a timer
+    left unfed is never timed: the budget stays spent)."""
+    step = timer.context if budget is None else _PREFILL_STEP
+    for end in range(min(step, timer.context), timer.context + step, step):
+        if budget is not None and budget.exhausted():
+            return
+        timer.runner(timer.ids[:, : min(end, timer.context)], 1)
 
 
 def _samples(passes: List[Tuple["_Timer", int]], repeats: int, budget: Optional[Budget] = None) -> List[List[float]]:

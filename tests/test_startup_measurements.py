@@ -59,13 +59,13 @@ def test_a_measurement_past_its_budget_falls_back_and_says_so(model):
 
 def test_a_verification_curve_cut_short_keeps_the_positions_timed_and_extrapolates_the_rest(model, monkeypatch):
     fake_passes(monkeypatch)
-    # 0.3 s a reading: the budget of 5 s is spent at the 17th check (the first before the context's pass,
-    # then one before each pass: position 1 warmed up and timed, 2 warmed up and timed, ... 7, then 8 warmed up)
+    # 0.3 s a reading: the budget of 5 s is spent at the 17th check (4 before the context's passes of 32
+    # positions, then one before each pass: position 1 warmed up and timed, 2 warmed up and timed, ... 6)
     costs, note = startup.verification_costs(model, clock=slow_clock(0.3), say=lambda text: None)
-    assert note == "positions 1-7 measured, 8-12 extrapolated: measurement over its 5 s budget"
-    assert costs[:7] == (1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6) and costs[7:] == pytest.approx([1.7, 1.8, 1.9, 2.0, 2.1])
+    assert note == "positions 1-6 measured, 7-12 extrapolated: measurement over its 5 s budget"
+    assert costs[:6] == (1.0, 1.1, 1.2, 1.3, 1.4, 1.5) and costs[6:] == pytest.approx([1.6, 1.7, 1.8, 1.9, 2.0, 2.1])
     policy, _ = startup.startup_policy(model, remeasure=True, clock=slow_clock(0.3), say=lambda text: None)
-    assert policy.row_costs == costs and policy.calibration.endswith("(positions 1-7 measured, 8-12 extrapolated: "
+    assert policy.row_costs == costs and policy.calibration.endswith("(positions 1-6 measured, 7-12 extrapolated: "
                                                                      "measurement over its 5 s budget)")
 
 
