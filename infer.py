@@ -333,12 +333,14 @@ def main(argv: Optional[List[str]] = None) -> None:
                          measure_dtype=preset.get("measure_dtype", False), remeasure=args.remeasure)
     except SetupError as error:
         fail(str(error))
-    note = pair.header_note()
+    note = f" · {pair.dtype_note}" if pair.dtype_note else ""
     console.print(Text("Target: ", style="bold") + Text(describe(pair.target, pair.target_label, pair.quantize) + note))
     if pair.drafter is None:
         console.print("[bold]Drafter:[/bold] none (speculative decoding off; start with --drafter MODEL to compare it)")
     else:
         console.print(Text("Drafter: ", style="bold") + Text(describe(pair.drafter, pair.drafter_label, pair.drafter_quantize)))
+    if pair.busy_note:  # a line of its own: the target's line ends with its runner, as scripts read it
+        console.print(Text("Load: ", style="bold") + Text(pair.busy_note, style="yellow"))
     try:
         settings = build_settings(pair, processor, args.gamma, args.length, not args.no_calibrate, say=say, row_costs=args.row_costs,
                                   remeasure=args.remeasure)
