@@ -275,7 +275,6 @@ def build_settings(
     reused from an earlier start unless ``remeasure`` (``sampling.startup.startup_policy``)."""
     from sampling import DraftPolicy
     from sampling.startup import startup_policy
-    from utils.measurements import busy_note
     from strategies import Settings
     from utils.models import end_tokens
 
@@ -284,7 +283,7 @@ def build_settings(
     drafter_note = ""
     if calibrate:
         try:
-            policy, drafter_note = startup_policy(pair.target, pair.drafter, row_costs, remeasure, busy=bool(busy_note()),
+            policy, drafter_note = startup_policy(pair.target, pair.drafter, row_costs, remeasure, busy=bool(pair.busy_note),
                                                   **({} if min_gain is None else {"min_gain": min_gain}), **options)
         except ValueError as error:
             raise SetupError(f"--row-costs: {error}") from None
