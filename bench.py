@@ -249,19 +249,20 @@ class Bench:
             preset = pair_preset() if args.preset == "pair" else {}
             pair = load_pair(args.target or preset.get("target"), args.drafter or preset.get("drafter"), args.device, dtype=args.dtype,
                              quantize=args.quantize, trust_remote_code=args.trust_remote_code, cache=args.cache,
-                             prepack=args.prepack, compile=args.compile, measure_dtype=preset.get("measure_dtype", False))
+                             prepack=args.prepack, compile=args.compile, measure_dtype=preset.get("measure_dtype", False),
+                             remeasure=args.remeasure)
         except SetupError as error:
             raise SystemExit(f"error: {error}") from None
         self.target, self.tokenizer, self.drafter, self.drafter_label = pair.target, pair.tokenizer, pair.drafter, pair.drafter_label
         self.compile_seconds = pair.compile_seconds  # role -> seconds, start-up compilation
         # weights, cache, runner and prepacking, as the REPL says them
-        self.target_label = pair.describe("target")
+        self.target_label = pair.describe("target") + pair.header_note()
         self.kernel_line = pair.notes.get("target", {}).get("kernels") or f"--prepack {args.prepack}"
         self.vocab = output_vocab_size(self.target)
         try:
             self.settings = build_settings(pair, self.processor, length=args.max_new_tokens, calibrate=not args.no_calibrate,
                                            adaptive=args.adaptive, pause=args.pause, min_gain=args.min_gain,
-                                           remember=args.policy_memory, row_costs=args.row_costs)
+                                           remember=args.policy_memory, row_costs=args.row_costs, remeasure=args.remeasure)
         except SetupError as error:
             raise SystemExit(f"error: {error}") from None
         self.settings.hf_compile = args.compile

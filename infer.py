@@ -332,16 +332,19 @@ def main(argv: Optional[List[str]] = None) -> None:
     try:
         pair = load_pair(args.target, args.drafter, args.device, args.drafter_device, args.dtype, args.quantize,
                          args.drafter_quantize, args.trust_remote_code, args.cache, args.prepack, say, args.compile,
-                         measure_dtype=preset.get("measure_dtype", False))
+                         measure_dtype=preset.get("measure_dtype", False), remeasure=args.remeasure)
     except SetupError as error:
         fail(str(error))
-    console.print(Text("Target: ", style="bold") + Text(pair.describe("target")))
+    console.print(Text("Target: ", style="bold") + Text(pair.describe("target") + (f" · {pair.dtype_note}" if pair.dtype_note else "")))
     if pair.drafter is None:
         console.print("[bold]Drafter:[/bold] none (speculative decoding off; start with --drafter MODEL to compare it)")
     else:
         console.print(Text("Drafter: ", style="bold") + Text(pair.describe("drafter")))
+    if pair.busy_note:  # a line of its own: the target's line ends with its runner, as scripts read it
+        console.print(Text("Load: ", style="bold") + Text(pair.busy_note, style="yellow"))
     try:
-        settings = build_settings(pair, processor, args.gamma, args.length, not args.no_calibrate, say=say, row_costs=args.row_costs)
+        settings = build_settings(pair, processor, args.gamma, args.length, not args.no_calibrate, say=say, row_costs=args.row_costs,
+                                  remeasure=args.remeasure)
     except SetupError as error:
         fail(str(error))
     if not args.no_calibrate:

@@ -60,6 +60,8 @@ def add_shared_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--row-costs", type=row_costs_flag, help="the target's verification costs by positions 1..N relative to "
                         "one, e.g. 1,1.1,1.2,1.3 (costs measured before, for a run that must not depend on a busy machine's "
                         "measurement): used instead of measuring them; the start-up line says they were given")
+    parser.add_argument("--remeasure", action="store_true", help="measure the cache kind, kernels, dtype and costs again "
+                        "instead of reusing those saved for this machine, model and settings (in the cache folder's measurements/)")
     parser.add_argument("--no-calibrate", action="store_true", help="skip measuring the target's verification costs at start "
                         "(a few seconds): no padded passes, no cost-aware pausing (the library's default policy)")
 
@@ -101,13 +103,17 @@ class Pair:
     dtype_note: str = ""  # why this dtype, when it was chosen by measurement (``--preset pair``)
     notes: Dict[str, Dict[str, str]] = field(default_factory=dict)  # role -> {"cache" | "kernels": how it was chosen}
     kernel_choice: Dict[str, object] = field(default_factory=dict)  # role -> KernelChoice measured at start-up
+    busy_note: str = ""  # the machine's load made start-up figures noisy (``utils.measurements.busy_note``)
 
     def describe(self, role: str) -> str:
         """One line for the target or the drafter: ``describe`` with how its settings were chosen."""
         model, label, quantize = ((self.target, self.target_label, self.quantize) if role == "target"
                                   else (self.drafter, self.drafter_label, self.drafter_quantize))
-        line = describe(model, label, quantize, self.notes.get(role, {}))
-        return line + (f" · {self.dtype_note}" if role == "target" and self.dtype_note else "")
+        return describe(model, label, quantize, self.notes.get(role, {}))
+
+    def header_note(self) -> str:
+        """What the target's header line adds after ``describe``: the dtype's reason, the machine's load."""
+        return "".join(f" · {note}" for note in (self.dtype_note, self.busy_note) if note)
 
     @property
     def encoder_decoder(self) -> bool:
@@ -139,18 +145,18 @@ def _load(role: str, name: Optional[str], where: str, dtype: str, quantize: str,
         raise SetupError(f"could not load the {role} '{name or 'embedded'}': {first_line(error)}") from None
 
 
-def _measured_dtype(target: str, device: str, prepack: bool, say: Say) -> Tuple[str, str]:
+def _measured_dtype(target: str, device: str, prepack: bool, say: Say, remeasure: bool = False, busy: bool = False) -> Tuple[str, str]:
     """``(dtype, reason)`` for ``--dtype auto`` on a model worth measuring (``--preset pair``)."""
     from pathlib import Path
 
-    from utils.cpu_dtype import choose_for_folder
+    from sampling.startup import startup_dtype
     from utils.models import gguf_model_dir
 
     if device != "cpu":
         return "bfloat16", "bfloat16 (--dtype auto on an accelerator)"
     try:
         folder = gguf_model_dir(Path(target), lambda text: say(text, "dim")) if target.endswith(".gguf") else target
-        return choose_for_folder(folder, prepack)
+        return startup_dtype(folder, prepack, remeasure, busy=busy)
     except (Exception, KeyboardInterrupt) as error:
         raise SetupError(f"could not measure a dtype for '{target}': {first_line(error)}") from None
 
@@ -182,7 +188,7 @@ def load_pair(
     target: Optional[str], drafter: Optional[str], device: Optional[str] = None, drafter_device: Optional[str] = None,
     dtype: str = "auto", quantize: str = "none", drafter_quantize: Optional[str] = None, trust_remote_code: bool = False,
     cache: Optional[str] = None, prepack: bool | str = "auto", say: Say = to_stderr, compile: bool = False,
-    compile_length: int = 1000, measure_dtype: bool = False,
+    compile_length: int = 1000, measure_dtype: bool = False, remeasure: bool = False,
 ) -> Pair:
     """Load the target (None: the embedded model) and the drafter (None: none; ``layers:N``: the
     first N layers of the target), check that the drafter can draft for the target, and set
@@ -191,11 +197,13 @@ def load_pair(
     pass shape is compiled here for sequences of ``compile_length`` positions, before anything is
     timed; ``Pair.compile_seconds`` says how long it took.
     ``measure_dtype`` with ``dtype`` auto: bfloat16 on CUDA; on CPU bfloat16 only where a matmul of
-    the target's shape measures clearly faster in it (``utils.cpu_dtype``), else float32."""
+    the target's shape measures clearly faster in it (``utils.cpu_dtype``), else float32. Measurements
+    run within their budgets and are reused from earlier starts unless ``remeasure`` (``sampling.startup``)."""
     import torch
 
-    from sampling.calibration import choose_cache, choose_kernels
+    from sampling.startup import startup_cache, startup_kernels
     from utils.caching import model_device, prepackable, set_cache, set_prepack
+    from utils.measurements import busy_note
     from utils.compiled import prepare, set_compile, why_not_compiled
     from utils.models import resolve_device
 
@@ -207,11 +215,11 @@ def load_pair(
     _check_device("--drafter-device", drafter_device)
     device = resolve_device(device)
     say(f"Loading target: {target or 'embedded SmolLM2-135M-Instruct'} ...", "dim")
-    note = ""
+    note, busy = "", busy_note()  # before anything of ours loads the machine
     if measure_dtype and dtype == "auto" and target is not None:
-        dtype, note = _measured_dtype(target, device, prepack not in (False, "off"), say)
+        dtype, note = _measured_dtype(target, device, prepack not in (False, "off"), say, remeasure, bool(busy))
     model, tokenizer, label = _load("target", target, device, dtype, quantize, trust_remote_code, say=say)
-    pair = Pair(model, tokenizer, label, quantize, dtype_note=note)
+    pair = Pair(model, tokenizer, label, quantize, dtype_note=note, busy_note=busy)
     if drafter is not None:
         say(f"Loading drafter: {drafter} ...", "dim")
         layers = drafter.startswith("layers:")
@@ -237,11 +245,11 @@ def load_pair(
             continue
         notes = pair.notes.setdefault(role, {})
         if prepack == "auto" and prepackable(model):
-            pair.kernel_choice[role], notes["kernels"] = choose_kernels(model)
+            pair.kernel_choice[role], notes["kernels"] = startup_kernels(model, role, remeasure, busy=bool(busy))
         else:
             set_prepack(model, prepack in (True, "on"))
         if cache == "auto" and model_device(model).type == "cpu":
-            notes["cache"] = choose_cache(model)
+            notes["cache"] = startup_cache(model, role, remeasure, busy=bool(busy))
     return pair
 
 
@@ -269,25 +277,26 @@ def describe(model: "Module", label: str, quantize: str, notes: Optional[Dict[st
 def build_settings(
     pair: Pair, processor, gamma: int | str = 4, length: int = 35, calibrate: bool = True, adaptive: bool = False,
     pause: Optional[Tuple[int, int]] = None, min_gain: Optional[float] = None, remember: bool = False, say: Say = to_stderr,
-    row_costs: Optional[Tuple[float, ...]] = None,
+    row_costs: Optional[Tuple[float, ...]] = None, remeasure: bool = False,
 ) -> "Settings":
     """``strategies.Settings`` for ``pair``, with the policy calibrated on it (``sampling.calibrated_policy``,
     ``min_gain`` its default when None) or, without ``calibrate``, the library's default policy
     (``min_gain`` 0 when None). ``gamma`` "auto" needs plausible measured costs: without them the
-    policy bounds drafts by 4, and ``say`` says so."""
-    from sampling import DraftPolicy, calibrated_policy
+    policy bounds drafts by 4, and ``say`` says so. The costs are measured within their budgets, or
+    reused from an earlier start unless ``remeasure`` (``sampling.startup.startup_policy``)."""
+    from sampling import DraftPolicy
+    from sampling.startup import startup_policy
     from strategies import Settings
     from utils.models import end_tokens
 
     options = dict(adaptive=adaptive, remember=remember, **({"pause_after": pause[0], "pause_steps": pause[1]} if pause else {}))
     auto = gamma == "auto"
+    drafter_note = ""
     if calibrate:
-        if row_costs is None:
-            say("Measuring the target's verification costs ...", "dim")
         try:
-            policy = calibrated_policy(pair.target, drafter=pair.drafter, row_costs=row_costs,
-                                       kernel_choice=pair.kernel_choice.get("target"),
-                                       **({} if min_gain is None else {"min_gain": min_gain}), **options)
+            policy, drafter_note = startup_policy(pair.target, pair.drafter, row_costs, remeasure, busy=bool(pair.busy_note),
+                                                  kernel_choice=pair.kernel_choice.get("target"),
+                                                  **({} if min_gain is None else {"min_gain": min_gain}), **options)
         except ValueError as error:
             raise SetupError(f"--row-costs: {error}") from None
         policy.auto = auto and policy.row_costs is not None
@@ -299,7 +308,7 @@ def build_settings(
     if calibrate:
         if auto and not policy.auto:
             say(f"gamma auto needs plausible verification costs: gamma <= {settings.gamma} instead", "red")
-        drafter_cost = f" · a drafter pass costs {policy.draft_cost:.2f}" if pair.drafter is not None else ""
+        drafter_cost = f" · a drafter pass costs {policy.draft_cost:.2f}{drafter_note}" if pair.drafter is not None else ""
         say(f"{policy.calibration}{drafter_cost}")
     return settings
 

@@ -3,9 +3,12 @@ bfloat16 only where this CPU runs a bfloat16 matmul of the model's shape clearly
 float32 one the model would run (prepacked for oneDNN when it would be), measured at start-up."""
 import time
 from pathlib import Path
-from typing import Callable, Tuple
+from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 import torch
+
+if TYPE_CHECKING:
+    from utils.measurements import Budget
 
 CLEARLY_FASTER = 0.8  # bfloat16 must take at most this share of float32's time
 Seconds = Callable[[torch.dtype, int, int, int, bool], float]
@@ -31,14 +34,17 @@ def matmul_seconds(dtype: torch.dtype, rows: int, inner: int, outer: int, prepac
 
 
 def choose_cpu_dtype(inner: int, outer: int, rows: int = 4, prepacked: bool = False,
-                     seconds: Seconds = matmul_seconds) -> Tuple[str, str]:
+                     seconds: Seconds = matmul_seconds, budget: Optional["Budget"] = None) -> Tuple[str, str]:
     """``(dtype name, reason)``: bfloat16 when its matmul of the model's shape (a few rows, as decoding
     and verification run) takes at most ``CLEARLY_FASTER`` of float32's, else float32. ``prepacked``:
     float32 layers could be prepacked, and each row of a comparison gets the faster of the two
-    kernels (``sampling.calibration.KernelChoice``), so float32 is timed both ways and the faster counts."""
+    kernels (``sampling.calibration.KernelChoice``), so float32 is timed both ways and the faster counts.
+    A ``budget`` spent after the float32 timing: float32, the safe default, and the reason says it fell back."""
     own = seconds(torch.float32, rows, inner, outer, False)
     packed = seconds(torch.float32, rows, inner, outer, True) if prepacked else float("inf")
     fp32 = min(own, packed)
+    if budget is not None and budget.exhausted():
+        return "float32", f"float32 (fallback: {budget.reason})"
     bf16 = seconds(torch.bfloat16, rows, inner, outer, False)
     ratio = bf16 / fp32 if fp32 > 0 else float("inf")
     chosen = "bfloat16" if ratio <= CLEARLY_FASTER else "float32"
@@ -48,7 +54,7 @@ def choose_cpu_dtype(inner: int, outer: int, rows: int = 4, prepacked: bool = Fa
                     f"took {ratio:.2f} of {versus} time ({verdict})")
 
 
-def choose_for_folder(folder, prepack: bool = True) -> Tuple[str, str]:
+def choose_for_folder(folder, prepack: bool = True, budget: Optional["Budget"] = None) -> Tuple[str, str]:
     """``choose_cpu_dtype`` for the model in ``folder``: its layers' shape from the config, and whether
     its float32 linear layers would be prepacked (``--prepack`` on and the copy fits in memory)."""
     from transformers import AutoConfig
@@ -60,4 +66,4 @@ def choose_for_folder(folder, prepack: bool = True) -> Tuple[str, str]:
     weights = sum(f.stat().st_size for f in Path(folder).glob("*.safetensors"))  # float32: the embedding is no linear layer
     linear_bytes = weights - 4 * hidden * getattr(config, "vocab_size", 0)
     return choose_cpu_dtype(hidden, getattr(config, "intermediate_size", None) or 4 * hidden,
-                            prepacked=prepack and prepack_fits(linear_bytes))
+                            prepacked=prepack and prepack_fits(linear_bytes), budget=budget)
