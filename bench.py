@@ -336,14 +336,22 @@ class Bench:
         settings = replace(self.settings_for(config), suffix_memory=self.memory(config, repeat))
         return run_strategy(config.strategy, prompt, replace(settings, streamer=observer) if observer else settings, self.args.seed)
 
-    def classify(self, prompt: List[int], reference: List[int], tokens: List[int], passes: list) -> dict:
-        """A greedy divergence from target AR, classified (``sampling.divergence``); a run whose loop
-        recorded no pass (a transformers path) is "unclassified"."""
+    def classify(self, prompt: List[int], reference: List[int], tokens: List[int], passes: list,
+                 kernels: str = "", reference_kernels: str = "") -> dict:
+        """A greedy divergence from target AR, classified (``sampling.divergence``), each computation
+        replayed on the kernels its run had (``kernels``, ``reference_kernels``: "prepacked", "own",
+        "": as the model is); a run whose loop recorded no pass (a transformers path) is "unclassified"."""
         from sampling.divergence import classify_divergence
 
         if not passes or getattr(self.target.config, "is_encoder_decoder", False):
             return {"verdict": "unclassified", "position": first_divergence(tokens, reference)}
-        return classify_divergence(self.target, prompt, reference, tokens, passes, self.runner_factory).record()
+        return classify_divergence(self.target, prompt, reference, tokens, passes, self._on(reference_kernels),
+                                   self._on(kernels)).record()
+
+    def _on(self, option: str):
+        from sampling.divergence import on_kernels
+
+        return on_kernels(self.runner_factory, option)
 
     def overhead(self, configs: List[Config], prompt: List[int]) -> Dict[str, float]:
         """Per configuration: the fraction of one run's wall time spent outside model forward passes
@@ -744,7 +752,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                 recorder = PassRecorder()  # one append per step: classifying waits until the timed runs are over
                 results.append((config, bench.run(config, item["prompt"], recorder, repeat), recorder))
                 bar.update(1)
-            reference = next(result.tokens for config, result, _ in results if config.strategy.baseline)
+            reference, reference_kernels = next((result.tokens, result.kernels) for config, result, _ in results
+                                                if config.strategy.baseline)
             for config, result, recorder in sorted(results, key=lambda run: configs.index(run[0])):
                 st = result.stats
                 record = {
@@ -761,7 +770,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                 }
                 record["divergence"] = None
                 if record["diverged_at"] is not None:
-                    record["divergence"] = bench.classify(item["prompt"], reference, result.tokens, recorder.passes)
+                    record["divergence"] = bench.classify(item["prompt"], reference, result.tokens, recorder.passes,
+                                                          result.kernels, reference_kernels)
                     tqdm.write(f"divergence: {config.label} on question {item['question_id']} turn {item['turn']} "
                                f"at token {record['diverged_at']}: {record['divergence']['verdict']}", file=sys.stderr)
                 records.append(record)

@@ -179,17 +179,18 @@ class Repl:
     def explain_divergences(self, prompt: List[int], results) -> None:
         """Greedy: one line for each strategy whose tokens differ from target AR's, saying whether
         the difference is a rounding near-tie or a disagreement (``sampling.divergence``)."""
-        from sampling.divergence import NEAR_TIE, classify_divergence
+        from sampling.divergence import NEAR_TIE, classify_divergence, on_kernels
         from utils.compiled import make_runner
 
         replayed = lambda model: make_runner(model, self.settings.use_cache)  # noqa: E731 (the runner the strategies ran: /cache, --compile)
-        reference = next((r.tokens for s, r in results if s.baseline), None)
+        reference, kernels = next(((r.tokens, r.kernels) for s, r in results if s.baseline), (None, ""))
         if self.processor_name != "greedy" or self.settings.encoder_decoder or reference is None:
             return
         for strategy, result in results:
             if strategy.baseline or strategy.drafter_ar or result.tokens == reference:
                 continue
-            found = classify_divergence(self.settings.target, prompt, reference, result.tokens, self.passes[strategy.key], replayed)
+            found = classify_divergence(self.settings.target, prompt, reference, result.tokens, self.passes[strategy.key],
+                                        on_kernels(replayed, kernels), on_kernels(replayed, result.kernels))
             console.print(Text(f"{strategy.title}: {found.line()}", style="yellow" if found.verdict == NEAR_TIE else "bold red"))
 
     def _streamer(self):

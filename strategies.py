@@ -264,20 +264,25 @@ def _hf_generate(prompt: List[int], s: Settings, stats: GenerationStats, **extra
 
 
 def _hf_generate_static(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    """transformers ``generate`` with its static cache; compiled with ``hf_compile`` (transformers
-    compiles it by itself on CUDA; on CPU only when asked, through ``CompileConfig``)."""
-    extra = {"cache_implementation": "static"}
-    if s.hf_compile:
-        from transformers import CompileConfig, StaticCache
+    """transformers ``generate`` with its static cache, compiled as transformers does it: by itself,
+    with its own settings, on CUDA; on CPU only with ``hf_compile`` (``--compile``), through a
+    ``CompileConfig``. The cache's length comes in buckets of 512 positions, so that a compiled
+    decoding step is built once per bucket (in the benchmark's excluded warm-up run), not once per
+    prompt length (a build inside a timed run would time the compiler)."""
+    from transformers import StaticCache
+
+    length = -(-(len(prompt) + s.max_gen_len) // 512) * 512
+    extra = {"past_key_values": StaticCache(config=s.target.config, max_cache_len=length)}
+    if model_device(s.target).type == "cuda":
+        pass  # transformers compiles the static-cache step by itself, with its defaults
+    elif s.hf_compile:
+        from transformers import CompileConfig
 
         config = CompileConfig(fullgraph=False, dynamic=False, mode="default")
         config._compile_all_devices = True
-        # the cache length in buckets of 512 positions, so that the compiled decoding step is built
-        # once per bucket (in the benchmark's excluded warm-up run), not once per prompt length
-        length = -(-(len(prompt) + s.max_gen_len) // 512) * 512
-        extra = {"compile_config": config, "past_key_values": StaticCache(config=s.target.config, max_cache_len=length)}
+        extra["compile_config"] = config
     else:
-        extra["disable_compile"] = model_device(s.target).type != "cuda"
+        extra["disable_compile"] = True
     return _hf_generate(prompt, s, stats, **extra)
 
 
@@ -386,8 +391,8 @@ PEERS = [
     Strategy("target_eager", "Target AR, eager runner", "blue", False, False, False, _target_eager,
              peer="target AR on our eager runner"),
     Strategy("hf_generate", "transformers generate", "white", False, False, True, _hf_generate, peer="generate"),
-    Strategy("hf_generate_static", "transformers generate, static cache", "white", False, False, True, _hf_generate_static,
-             peer="generate (static cache)"),
+    Strategy("hf_generate_static", "transformers generate, static cache (compiled by transformers on CUDA; on CPU with --compile)",
+             "white", False, False, True, _hf_generate_static, peer="generate (static cache)"),
     Strategy("hf_prompt_lookup", "transformers prompt lookup, our pld's settings", "white", False, False, True, _hf_prompt_lookup,
              peer="prompt lookup", label_words=f"g={Settings.pld_num_tokens} n<={Settings.pld_max_ngram}"),
     Strategy("hf_assisted", "transformers assisted, same draft length, constant, no confidence stop", "white", True, False, True,

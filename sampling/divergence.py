@@ -39,6 +39,31 @@ def default_runner(model: Module):
     return make_runner(model, True)
 
 
+class _OnKernels:
+    """A runner whose passes run on given kernels (the prepacked or the model's own linear layers)."""
+
+    def __init__(self, runner, model: Module, prepack: bool):
+        self.runner, self.model, self.prepack = runner, model, prepack
+        self.cache_kind, self.device = getattr(runner, "cache_kind", "?"), getattr(runner, "device", "cpu")
+
+    def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
+        from utils.caching import kernels
+
+        with kernels(self.model, self.prepack):
+            return self.runner(ids, n_last)
+
+    def rollback(self, length: int) -> None:
+        self.runner.rollback(length)
+
+
+def on_kernels(runner_factory: Callable[[Module], object], option: str) -> Callable[[Module], object]:
+    """``runner_factory`` whose runners pass on the kernels ``option`` ("prepacked", "own"; "": as the
+    model is), for replaying a run that had other kernels than the model has now."""
+    if not option:
+        return runner_factory
+    return lambda model: _OnKernels(runner_factory(model), model, option == "prepacked")
+
+
 class PassRecorder(Observer):
     """Records the target passes of one generation, for ``classify_divergence``: one tuple per step."""
 
@@ -121,12 +146,15 @@ def replay(runner, tokens: List[int], passes: Sequence[Pass], position: int) -> 
 
 def classify_divergence(
     model: Module, prompt: List[int], ar_tokens: List[int], strategy_tokens: List[int], passes: Sequence[Pass],
-    runner_factory: Callable[[Module], object] = default_runner,
+    runner_factory: Callable[[Module], object] = default_runner, pass_runner_factory: Callable[[Module], object] | None = None,
 ) -> Divergence | None:
     """Classify the first difference between target AR's new tokens and a greedy strategy's
     (None when they are equal). ``passes``: the strategy's target passes (``PassRecorder.passes``).
     ``runner_factory`` makes a fresh runner for each computation (default: the loops' own, ``default_runner``);
-    any runner with the loop's interface (``runner(ids, n_last)``, ``rollback``, ``cache_kind``) fits."""
+    any runner with the loop's interface (``runner(ids, n_last)``, ``rollback``, ``cache_kind``) fits.
+    ``pass_runner_factory`` (default: ``runner_factory``) makes the strategy's runner where it ran
+    other kernels than target AR (a benchmark row on prepacked linears against AR on the model's own):
+    then the rounding compared is the one between the two computations as they really ran."""
     if getattr(model.config, "is_encoder_decoder", False):
         raise ValueError("classify_divergence replays decoder-only models only")
     j = next((i for i, (x, y) in enumerate(zip(ar_tokens, strategy_tokens)) if x != y), None)
@@ -143,7 +171,7 @@ def classify_divergence(
         return Divergence(j, token(ar_tokens), token(strategy_tokens), None, None, None, None, None, 0, cache, DISAGREEMENT)
     one_position = [(start, 1, (), 0) for start in range(len(prompt), position + 1)]
     ar_row, _ = replay(runner, common, one_position, position)
-    pass_row, rows = replay(runner_factory(model), common, passes, position)
+    pass_row, rows = replay((pass_runner_factory or runner_factory)(model), common, passes, position)
     a, b = ar_tokens[j], strategy_tokens[j]
     kind, ar_margin, pass_margin, rounding = verdict(ar_row, pass_row, a, b)
     return Divergence(j, a, b, (float(ar_row[a]), float(ar_row[b])), (float(pass_row[a]), float(pass_row[b])),

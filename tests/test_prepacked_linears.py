@@ -164,3 +164,21 @@ def test_every_row_and_its_transformers_peer_run_the_kernels_the_row_names(float
             hook.remove()
     assert ran == {"target": ("own", False), "hf_generate": ("own", False),
                    "speculative": ("prepacked", True), "hf_assisted": ("prepacked", True)}
+
+
+def test_a_divergence_is_replayed_on_the_kernels_each_run_had(float32_pair):
+    """A row on prepacked linears against target AR on the model's own: each computation replayed as it
+    ran, so the rounding weighed is the one between the kernels, whatever the model has now."""
+    from sampling.divergence import default_runner, on_kernels
+
+    target, _ = float32_pair
+    ids = torch.tensor([PROMPT])
+    with kernels(target, False):
+        own = KVCacheModel(target)(ids, 3)
+    with kernels(target, True):
+        packed = KVCacheModel(target)(ids, 3)
+    for now in (True, False):
+        with kernels(target, now):
+            assert torch.equal(on_kernels(default_runner, "own")(target)(ids, 3), own)
+            assert torch.equal(on_kernels(default_runner, "prepacked")(target)(ids, 3), packed)
+            assert prepacked(target) == now
