@@ -1,5 +1,6 @@
 """Tiny random models built from configs (float64, offline) shared by the tests."""
 import os
+import tempfile
 import shutil
 from pathlib import Path
 
@@ -9,6 +10,10 @@ from hypothesis import settings
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, T5Config, T5ForConditionalGeneration
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may be downloaded in tests
+# start-up measurements saved by this run only (utils.measurements): a run never reuses what an
+# earlier run (or a REPL) saved, so the suite takes the same paths every time; subprocesses get it too
+MEASUREMENTS_ENV = {"SPECDEC_MEASUREMENTS": tempfile.mkdtemp(prefix="specdec-test-measurements-")}
+os.environ.update(MEASUREMENTS_ENV)
 # tiny models: a second thread only adds synchronisation (measured: the tiny-model tests run
 # several times faster with one); SPECDEC_TEST_THREADS changes it
 torch.set_num_threads(int(os.environ.get("SPECDEC_TEST_THREADS", "1")))

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import infer
-from conftest import examples
+from conftest import MEASUREMENTS_ENV, examples
 from utils.parsing import LIMITS, MAX_LINE, decode_bytes, parse_int, parse_limited, sanitize_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -221,7 +221,7 @@ def _refusal(repl, line: str):
 # ---- start-up: flags, prompts and models (a subprocess each) ------------------------------------
 
 def run(*args, stdin: bytes = b"", env=None):
-    environment = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(Path.home())}
+    environment = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(Path.home()), **MEASUREMENTS_ENV}
     environment.update(env or {})
     environment = {k: v for k, v in environment.items() if v is not None}
     start = time.monotonic()

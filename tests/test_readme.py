@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import MEASUREMENTS_ENV
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -13,5 +15,5 @@ def test_readme_python_examples_run_as_written(tmp_path):
     script = tmp_path / "examples.py"
     script.write_text("\n".join(blocks))
     result = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                            env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)})
+                            env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), **MEASUREMENTS_ENV, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr[-2000:]

@@ -9,13 +9,15 @@ import pexpect
 
 import pytest
 
+from conftest import MEASUREMENTS_ENV
+
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "\n> "  # the REPL prompt at the start of a line (usage lines contain "<n> ")
 
 
 def spawn(*args):
     child = pexpect.spawn(sys.executable, ["infer.py", "--device", "cpu", *args], cwd=str(ROOT), encoding="utf-8",
-                          timeout=120, dimensions=(60, 200), env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(Path.home()),
+                          timeout=120, dimensions=(60, 200), env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(Path.home()), **MEASUREMENTS_ENV,
                                                                  "TERM": "xterm", "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"})
     child.expect("Type a prompt")
     child.expect(PROMPT)
@@ -228,7 +230,7 @@ def test_quit_exits_with_status_zero(tiny_models):
 
 def run(*args, stdin: str = ""):
     return subprocess.run([sys.executable, "infer.py", "--device", "cpu", *args], cwd=ROOT, input=stdin, capture_output=True,
-                          text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(Path.home())})
+                          text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(Path.home()), **MEASUREMENTS_ENV})
 
 
 def test_piped_prompt_runs_and_exits_at_end_of_input(tiny_models):

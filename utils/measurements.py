@@ -140,9 +140,11 @@ def model_identity(model) -> dict:
 
 # ---- saved results --------------------------------------------------------------------------------
 def measurements_dir() -> Path:
+    """``$SPECDEC_MEASUREMENTS``, else ``cache_dir()/measurements`` (the test suite keeps its own,
+    emptied at every run, so that a run never depends on what an earlier one saved)."""
     from utils.models import cache_dir
 
-    return cache_dir() / "measurements"
+    return Path(os.environ.get("SPECDEC_MEASUREMENTS") or cache_dir() / "measurements")
 
 
 def saved_path(kind: str, key: dict) -> Path:
