@@ -28,6 +28,7 @@ def slow_clock(step: float = 10.0):
 def cache(tmp_path, monkeypatch):
     """A private cache folder: the real one is never read or written."""
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setenv("SPECDEC_MEASUREMENTS", str(tmp_path / "measurements"))
     return tmp_path / "measurements"
 
 
