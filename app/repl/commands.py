@@ -1,18 +1,17 @@
 """The REPL's commands, one table: each entry says how /help shows the command, how its words
-are read, what it does and the value /help shows. ``infer.Repl`` dispatches through ``COMMANDS``;
-/help, the usage lines of refusals and the shown values are all drawn from it."""
+are read, what it does and the value /help shows. ``app.repl.repl.Repl`` dispatches through ``COMMANDS``;
+/help, the usage lines of refusals and the shown values are all drawn from it. A command sees the
+REPL as a ``ReplState`` (``app.repl.state``): this module does not import the REPL."""
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from rich.table import Table
 from rich.text import Text
 
+from app.repl.state import ReplState
 from utils.parsing import LIMITS, UsageError, parse_float, parse_int, parse_limited, parse_path, parse_processor
 from utils.printing import console
-
-if TYPE_CHECKING:
-    from infer import Repl
 
 
 def _range(key: str) -> str:
@@ -38,7 +37,7 @@ class Command:
     what: str  # /help's description
     run: Callable[..., Optional[str]]
     words: Optional[Tuple[Callable[[str], Any], ...]] = ()
-    value: Callable[["Repl"], Any] = lambda repl: ""  # shown by /help
+    value: Callable[[ReplState], Any] = lambda repl: ""  # shown by /help
     note: str = ""  # the accepted values, after the usage line of a refusal
 
     @property
@@ -49,7 +48,7 @@ class Command:
         line = f"usage: {self.usage}" + (f"   ({self.note})" if self.note else "")
         return UsageError(f"{message}; {line}" if message else line)
 
-    def __call__(self, repl: "Repl", words: List[str]) -> Optional[str]:
+    def __call__(self, repl: ReplState, words: List[str]) -> Optional[str]:
         """Read ``words`` and apply them to ``repl``; returns the line to say."""
         if self.words == () and words:
             raise UsageError(f"{self.name} takes no argument; usage: {self.name}")

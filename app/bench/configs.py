@@ -1,0 +1,88 @@
+"""The benchmark's configurations: a strategy with one set of parameters, and the grid the flags ask for."""
+import importlib.util
+import itertools
+import sys
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, List
+
+if TYPE_CHECKING:
+    from strategies import Strategy  # imported when first needed: it loads torch
+
+
+@dataclass(frozen=True)
+class Config:
+    """One strategy (its key in ``strategies``) with one set of parameters; those it does not take
+    keep their defaults, so that equal settings make equal configurations."""
+
+    key: str
+    gamma: int | str = 4  # an int bounds the drafts per step; "auto" lets the calibrated policy choose
+    n: int = 3
+    storage: str = "basic"
+    filler: int = 3
+
+    @classmethod
+    def of(cls, record: dict) -> "Config":
+        """The configuration of a run record, from its typed fields (never from its label)."""
+        config = cls(record["key"])
+        strategy = config.strategy
+        taken = (("gamma",) if strategy.takes_gamma else ()) + (("n", "storage", "filler") if strategy.takes_storage else ())
+        return replace(config, **{name: record[name] for name in taken if name in record})
+
+    @property
+    def strategy(self) -> "Strategy":
+        from strategies import EVERY
+
+        return EVERY[self.key]
+
+    @property
+    def label(self) -> str:
+        return self._name(f"g={self.gamma}")
+
+    @property
+    def family(self) -> str:
+        """The label without gamma: one line of the gamma sweep."""
+        return self._name("")
+
+    def _name(self, gamma: str) -> str:
+        words = ([f"{self.storage} n={self.n} k={self.filler}"] if self.strategy.takes_storage else []) + (
+            [gamma] if gamma and self.strategy.takes_gamma else []) + ([self.strategy.label_words] if self.strategy.label_words else [])
+        return f"{self.key}[{' '.join(words)}]" if words else self.key
+
+
+def baseline() -> Config:
+    """Target autoregressive: every ratio's denominator."""
+    from strategies import EVERY
+
+    return Config(next(key for key, strategy in EVERY.items() if strategy.baseline))
+
+
+def make_configs(args, have_drafter: bool) -> List[Config]:
+    from strategies import EVERY
+
+    configs = []
+    for key in [k.strip() for k in args.strategies.split(",") if k.strip()]:
+        if key not in EVERY:
+            raise SystemExit(f"error: unknown strategy {key!r}; known: {', '.join(EVERY)}")
+        strategy = EVERY[key]
+        if strategy.needs_drafter and not have_drafter:
+            continue
+        if strategy.requires and importlib.util.find_spec(strategy.requires) is None:
+            print(f"skipped {key}: {strategy.requires} is not installed (optional)", file=sys.stderr)
+            continue
+        grid = {"gamma": [g for g in args.gamma if g != "auto" or strategy.auto_gamma]} if strategy.takes_gamma else {}
+        if strategy.takes_storage:
+            grid.update(n=args.ngram_n, storage=strategy.storages or args.storages.split(","), filler=args.top_k_filler)
+        configs += [Config(key, **dict(zip(grid, values))) for values in itertools.product(*grid.values())]
+    if baseline() not in configs:
+        configs.insert(0, baseline())
+    return list(dict.fromkeys(configs))  # a repeated flag value runs its configuration once
+
+
+def refuse_trees(target, config: Config) -> bool:
+    """Whether ``target`` cannot verify the draft trees of ``config``'s strategy (said on stderr, in one line)."""
+    from utils.caching import tree_unsupported
+
+    reason = tree_unsupported(target)
+    if reason is not None:
+        print(f"{config.key} left out: {reason}", file=sys.stderr)
+    return reason is not None

@@ -1,0 +1,204 @@
+"""The benchmark's summary and tables: statistics per category and configuration (with bootstrap
+intervals), the markdown report, the kernels section, the table against the peers, the divergence
+columns, and the ``--strict`` gate."""
+import statistics
+from collections import defaultdict
+from typing import TYPE_CHECKING, List
+
+from app.bench.configs import Config, baseline
+from app.bench.intervals import NO_DIFFERENCE, RESAMPLES, ratio_cell, ratio_interval
+from app.bench.prompts import DEFAULT_GROUP
+
+if TYPE_CHECKING:
+    from strategies import Strategy
+
+
+def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dict]:
+    """Per category (and 'all', and each group of categories present) and configuration: tokens/s
+    (median over repeats, spread), speedup over target autoregressive within each repeat and against
+    each peer run alongside, each with its bootstrap interval (``ratio_interval``), acceptance,
+    tokens and drafts per step, divergences (classified: ``divergence_columns``)."""
+    present = {r["category"] for r in records}
+    memberships = defaultdict(list)
+    for name, members in groups:
+        if len(present & set(members)) > 1:
+            for category in members:
+                memberships[category].append(name)
+    setups = {r["config"]: Config.of(r) for r in records}
+    labels = {setup: label for label, setup in setups.items()}
+    base_label = labels.get(baseline())
+    groups = defaultdict(list)
+    cells = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))  # (category, config) -> (item, repeat) -> [tokens, seconds]
+    for r in records:
+        for category in (r["category"], "all", *memberships[r["category"]]):
+            groups[(category, r["config"], r["repeat"])].append(r)
+            cell = cells[(category, r["config"])][((r["category"], r.get("question_id"), r.get("turn", 0)), r["repeat"])]
+            cell[0] += r["new_tokens"]
+            cell[1] += r["seconds"]
+    per_repeat = {}
+    for (category, config, repeat), runs in groups.items():
+        tokens = sum(r["new_tokens"] for r in runs)
+        seconds = sum(r["seconds"] for r in runs)
+        per_repeat[(category, config, repeat)] = (tokens / seconds if seconds else 0.0, runs)
+    rows = []
+    for category, config in sorted({(c, k) for c, k, _ in per_repeat}):
+        repeats = sorted(rep for c, k, rep in per_repeat if (c, k) == (category, config))
+        tps = [per_repeat[(category, config, rep)][0] for rep in repeats]
+        base = [per_repeat.get((category, base_label, rep), (0.0,))[0] for rep in repeats]
+        speedups = [t / b for t, b in zip(tps, base) if b]
+        runs = [r for rep in repeats for r in per_repeat[(category, config, rep)][1]]
+        setup = setups[config]
+        versus, versus_ci = {}, {}  # median over repeats of tokens/s against each transformers path run alongside
+        for peer in compared_peers(setup.strategy):
+            label = labels.get(Config.of({"key": peer, "gamma": setup.gamma}))
+            ratios = [t / per_repeat[(category, label, rep)][0] for t, rep in zip(tps, repeats)
+                      if per_repeat.get((category, label, rep), (0.0,))[0]]
+            if ratios:
+                versus[peer] = statistics.median(ratios)
+                versus_ci[peer] = ratio_interval(cells[(category, config)], cells[(category, label)])
+        speedup_ci = None if setup.strategy.baseline or not speedups else ratio_interval(
+            cells[(category, config)], cells[(category, base_label)])
+        drafted = sum(r["drafted"] for r in runs)
+        steps = sum(r["target_passes"] for r in runs)
+        median = statistics.median(tps)
+        rows.append({
+            "category": category, "scope": "all" if category == "all" else "group" if category not in present else "category",
+            "config": config, "key": runs[0]["key"], "gamma": runs[0]["gamma"],
+            "tokens_per_s": median, "spread_pct": 100 * (max(tps) - min(tps)) / median if median else 0.0,
+            "speedup": statistics.median(speedups) if speedups else 0.0,
+            "speedup_low": speedup_ci[0] if speedup_ci else None, "speedup_high": speedup_ci[1] if speedup_ci else None,
+            "drafts_per_step": drafted / steps if steps and drafted else None,
+            "max_draft": max((len(r.get("drafted_at") or []) for r in runs), default=0) if drafted else None,
+            "acceptance": sum(r["accepted"] for r in runs) / drafted if drafted else None,
+            "tokens_per_step": sum(r["new_tokens"] for r in runs) / steps if steps and drafted else None,
+            "runs": len(runs), "diverged": sum(r["diverged_at"] is not None for r in runs), **divergence_columns(runs),
+            "versus": versus, "versus_ci": versus_ci, "setup": setup,
+        })
+    return rows
+
+
+def compared_peers(strategy: "Strategy") -> List[str]:
+    """The transformers paths one of our strategies is compared with: those taking no gamma (a drafter
+    model's only for a strategy with one), and its own peer (run at the same gamma)."""
+    from strategies import PEERS
+
+    return [] if strategy.peer else [p.key for p in PEERS if p.key == strategy.gamma_peer or (
+        not p.takes_gamma and (not p.needs_drafter or strategy.needs_drafter))]
+
+
+def divergence_columns(runs: List[dict]) -> dict:
+    """Near-ties, disagreements, unclassified divergences, and the largest |margin| and rounding
+    difference among the classified ones (None when there is none)."""
+    found = [r["divergence"] for r in runs if r.get("divergence")]
+    verdicts = [d["verdict"] for d in found]
+    margins = [d for d in found if d.get("margin") is not None]
+    return {"near_ties": verdicts.count("near-tie"), "disagreements": verdicts.count("disagreement"),
+            "unclassified": verdicts.count("unclassified"),
+            "max_margin": max((d["margin"] for d in margins), default=None),
+            "max_rounding": max((d["rounding"] for d in margins), default=None)}
+
+
+def divergence_cell(r: dict) -> str:
+    """The table's "greedy divergences" cell: "0/6", or "2/6: 2 near-ties, margin <= 0.004, rounding <= 0.006"."""
+    cell = f"{r['diverged']}/{r['runs']}"
+    if not r["diverged"]:
+        return cell
+    names = (("near_ties", "near-tie", "near-ties"), ("disagreements", "disagreement", "disagreements"),
+             ("unclassified", "unclassified", "unclassified"))
+    parts = [f"{r[key]} {one if r[key] == 1 else many}" for key, one, many in names if r.get(key)]
+    if r.get("max_margin") is not None:
+        parts.append(f"margin <= {r['max_margin']:.2g}, rounding <= {r['max_rounding']:.2g}")
+    return cell + (": " + ", ".join(parts) if parts else "")
+
+
+def versus_column(row: dict, peer: str, end: str) -> object:
+    """summary.csv's vs_PEER, vs_PEER_low and vs_PEER_high cells (empty: not run, or no interval at n=1)."""
+    if end == "":
+        return row["versus"].get(peer, "")
+    interval = row["versus_ci"].get(peer)
+    return "" if interval is None else interval[end == "_high"]
+
+
+def versus_table(rows: List[dict]) -> List[str]:
+    """Each of our strategies against transformers' paths run in the same repeats (ratio of tokens/s)."""
+    from strategies import EVERY
+
+    peers = sorted({p for r in rows for p in r.get("versus", {})})
+    if not peers:
+        return []
+    lines = ["## against the peers run alongside", "", "Tokens/s ratio, median over repeats, with its 95% bootstrap interval, "
+             "against " + ", ".join(f"{EVERY[p].peer} ({EVERY[p].title})" for p in peers) + ":", "",
+             "| category | strategy | " + " | ".join(f"vs {EVERY[p].peer}" for p in peers) + " |",
+             "| --- | --- |" + " ---: |" * len(peers)]
+    order = ordered_categories(rows)
+    for r in sorted((r for r in rows if r.get("versus")), key=lambda r: (order.index(r["category"]), r["config"])):
+        lines.append(f"| {r['category']} | {r['config']} | "
+                     + " | ".join(ratio_cell(r["versus"][p], r.get("versus_ci", {}).get(p)) if p in r["versus"] else "-"
+                                  for p in peers) + " |")
+    return lines + [""]
+
+
+def ordered_categories(rows: List[dict]) -> List[str]:
+    """Categories first, then groups of categories, then 'all'."""
+    scope = {r["category"]: r.get("scope", "all" if r["category"] == "all" else "category") for r in rows}
+    return sorted(scope, key=lambda c: (["category", "group", "all"].index(scope[c]), c))
+
+
+def speedup_matrix(rows: List[dict]) -> List[str]:
+    """One line per configuration, one column per category: the speedups at a glance."""
+    categories = ordered_categories(rows)
+    configs = sorted({r["config"] for r in rows}, key=lambda c: -next(r["speedup"] for r in rows if r["config"] == c and r["category"] == "all"))
+    speed = {(r["category"], r["config"]): speedup_cell(r) for r in rows}
+    lines = ["| strategy | " + " | ".join(categories) + " |", "| --- |" + " ---: |" * len(categories)]
+    for config in configs:
+        cells = [speed.get((c, config), "-") for c in categories]
+        lines.append(f"| {config} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def speedup_cell(r: dict) -> str:
+    """A summary row's speedup over target AR with its interval (``ratio_cell``)."""
+    interval = (r["speedup_low"], r["speedup_high"]) if r.get("speedup_low") is not None else None
+    return ratio_cell(r["speedup"], interval, exact=r["setup"].strategy.baseline)
+
+
+LEGEND = (f"Ratios: median over repeats [95% bootstrap interval over prompts and repeats, {RESAMPLES} resamples]; "
+          f"{NO_DIFFERENCE}: no measurable difference (the interval includes 1.00x); n=1: one prompt, one repeat, no interval. "
+          "Drafts/step: mean drafted tokens per target pass (the longest draft).")
+
+
+def markdown(rows: List[dict], title: str) -> str:
+    lines = [f"# {title}", "", LEGEND, "", "Speedup over target autoregressive, by category:", ""] + speedup_matrix(rows)
+    for category in ordered_categories(rows):
+        lines += [f"## {category}", "",
+                  "| strategy | tokens/s | speedup | tokens/step | drafts/step | acceptance | greedy divergences |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in sorted((r for r in rows if r["category"] == category), key=lambda r: -r["speedup"]):
+            step = f"{r['tokens_per_step']:.2f}" if r["tokens_per_step"] is not None else "-"
+            drafts = f"{r['drafts_per_step']:.1f} (max {r['max_draft']})" if r.get("drafts_per_step") is not None else "-"
+            acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
+            lines.append(f"| {r['config']} | {r['tokens_per_s']:.1f} ± {r['spread_pct']:.0f}% | {speedup_cell(r)} | {step} | {drafts} | "
+                         f"{acc} | {divergence_cell(r)} |")
+        lines.append("")
+    return "\n".join(lines + versus_table(rows))
+
+
+def kernels_report(records: List[dict], measured: str) -> str:
+    """The report's section on the target's linear layers: one line when every row ran the same, else
+    one row each (a transformers peer on those of the row it is compared with); empty when nothing chose."""
+    ran = {r["config"]: r.get("kernels", "") for r in records}
+    if not any(ran.values()):
+        return ""
+    lines = ["", "## kernels", "", f"The target's linear layers, each row on those its passes run fastest on ({measured}).", ""]
+    if len(set(ran.values())) == 1:
+        return "\n".join(lines + [f"Every row: {next(iter(ran.values()))} linear layers.", ""])
+    lines += ["| row | linear layers |", "| --- | --- |"] + [f"| {config} | {kernels} |" for config, kernels in sorted(ran.items())]
+    return "\n".join(lines + [""])
+
+
+def check_strict(records: List[dict], strict: bool) -> None:
+    """With ``--strict``: exit with status 1, in one line, when any divergence is a disagreement."""
+    bad = [r for r in records if (r.get("divergence") or {}).get("verdict") == "disagreement"]
+    if strict and bad:
+        raise SystemExit(f"error: --strict: {len(bad)} greedy divergence(s) are disagreements, not rounding near-ties "
+                         f"(first: {bad[0]['config']} on question {bad[0]['question_id']} at token {bad[0]['diverged_at']})")

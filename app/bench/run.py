@@ -1,0 +1,251 @@
+"""The benchmark's runs: ``Bench`` (the pair, the settings, one timed run of a configuration), the
+interleaved timed loop over prompts, repeats and configurations, and the record of each run."""
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, List, Optional
+
+from app.bench.configs import Config, baseline
+from app.bench.llama_cpp import llama_cpp_report
+from app.bench.report import kernels_report
+
+if TYPE_CHECKING:
+    from sampling import DraftPolicy
+
+
+def first_divergence(a: List[int], b: List[int]) -> Optional[int]:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+class Bench:
+    def __init__(self, args, processor, greedy: bool):
+        from app.session import SetupError, build_settings, load_pair, pair_preset
+        from sampling.common import output_vocab_size
+        from sampling.divergence import default_runner
+
+        self.args = args
+        self.processor, self.greedy = processor, greedy
+        try:
+            preset = pair_preset() if args.preset == "pair" else {}
+            pair = load_pair(args.target or preset.get("target"), args.drafter or preset.get("drafter"), args.device, dtype=args.dtype,
+                             quantize=args.quantize, trust_remote_code=args.trust_remote_code, cache=args.cache,
+                             prepack=args.prepack, compile=args.compile, measure_dtype=preset.get("measure_dtype", False),
+                             remeasure=args.remeasure)
+        except SetupError as error:
+            raise SystemExit(f"error: {error}") from None
+        self.target, self.tokenizer, self.drafter, self.drafter_label = pair.target, pair.tokenizer, pair.drafter, pair.drafter_label
+        self.compile_seconds = pair.compile_seconds  # role -> seconds, start-up compilation
+        # weights, cache, runner and prepacking, as the REPL says them
+        self.target_label = pair.describe("target") + pair.header_note()
+        self.kernel_line = pair.notes.get("target", {}).get("kernels") or f"--prepack {args.prepack}"
+        self.vocab = output_vocab_size(self.target)
+        try:
+            self.settings = build_settings(pair, self.processor, length=args.max_new_tokens, calibrate=not args.no_calibrate,
+                                           adaptive=args.adaptive, pause=args.pause, min_gain=args.min_gain,
+                                           remember=args.policy_memory, row_costs=args.row_costs, remeasure=args.remeasure)
+        except SetupError as error:
+            raise SystemExit(f"error: {error}") from None
+        self.settings.hf_compile = args.compile
+        self.settings.tree_size = args.tree_size
+        policy = self.settings.policy
+        if "auto" in args.gamma and policy.row_costs is None:
+            raise SystemExit("error: --gamma auto needs plausible verification costs, and those measured were not (see above)")
+        self.row_costs = policy.row_costs
+        self.policies: Dict[Config, "DraftPolicy"] = {}  # each configuration's own (its memory, with --policy-memory)
+        self.memories: Dict[tuple, object] = {}  # (configuration, repeat): a suffix memory across the prompts, in order
+        self.runner_factory = default_runner  # the runner divergences are replayed with: the strategies' own kind
+
+    def compile_for(self, items: List[dict]) -> None:
+        """With ``--compile``: make the compiled graphs hold the longest prompt plus its new tokens,
+        before any timed run (a larger cache is a new set of graphs); counted in ``compile_seconds``."""
+        from utils.compiled import compile_wanted, prepare
+
+        longest = max(len(item["prompt"]) for item in items) + self.args.max_new_tokens
+        for role, model in (("target", self.target), ("drafter", self.drafter)):
+            if model is not None and compile_wanted(model):
+                seconds = prepare(model, longest, lambda text: print(f"{role}: {text} ...", file=sys.stderr))
+                self.compile_seconds[role] = self.compile_seconds.get(role, 0.0) + seconds
+
+    def compile_report(self) -> str:
+        """The report's line on start-up compilation (never inside a timed run); empty without ``--compile``."""
+        if not self.compile_seconds:
+            return ""
+        spent = ", ".join(f"{role} {seconds:.1f} s" for role, seconds in self.compile_seconds.items())
+        return f"\n## compilation\n\nCompiled at start-up, outside every timed run: {spent}.\n"
+
+    def items(self, rows: List[dict]) -> List[dict]:
+        """One item per turn; a second turn follows the target's greedy answer to the first."""
+        from app.session import encode
+        from strategies import run_strategy
+
+        items = []
+        for row in rows:
+            messages = []
+            for turn, text in enumerate(row["turns"]):
+                messages.append({"role": "user", "content": text})
+                prompt = encode(self.tokenizer, messages, not self.args.no_chat)
+                items.append({**row, "turn": turn, "prompt": prompt})
+                if turn + 1 < len(row["turns"]):
+                    answer = run_strategy(baseline().strategy, prompt, replace(self.settings, processor=self._greedy()), self.args.seed)
+                    messages.append({"role": "assistant", "content": self.tokenizer.decode(answer.tokens, skip_special_tokens=True)})
+        return items
+
+    def _greedy(self):
+        from utils.logits_processor import GreedyProcessor
+
+        return GreedyProcessor()
+
+    def settings_for(self, config: Config):
+        from strategies import STORAGES
+
+        auto = config.gamma == "auto"
+        # a copy of the calibrated policy per configuration: what one remembers never reaches another
+        policy = self.policies.setdefault(config, replace(self.settings.policy, auto=auto))
+        return replace(self.settings, gamma=self.settings.gamma if auto else config.gamma, top_k_filler=config.filler, policy=policy,
+                       storage=STORAGES[config.storage](config.n, self.vocab))
+
+    def memory(self, config: Config, repeat: int):
+        """The global memory a strategy with one keeps across the prompts of one repeat (None for the others)."""
+        make = config.strategy.memory
+        return self.memories.setdefault((config, repeat), make(self.settings)) if make is not None else None
+
+    def run(self, config: Config, prompt: List[int], observer=None, repeat: int = 0):
+        """One timed run; ``observer`` (an ``Observer``) sees its steps."""
+        from strategies import run_strategy
+
+        settings = replace(self.settings_for(config), suffix_memory=self.memory(config, repeat))
+        return run_strategy(config.strategy, prompt, replace(settings, streamer=observer) if observer else settings, self.args.seed)
+
+    def classify(self, prompt: List[int], reference: List[int], tokens: List[int], passes: list,
+                 kernels: str = "", reference_kernels: str = "") -> dict:
+        """A greedy divergence from target AR, classified (``sampling.divergence``), each computation
+        replayed on the kernels its run had (``kernels``, ``reference_kernels``: "prepacked", "own",
+        "": as the model is); a run whose loop recorded no pass (a transformers path) is "unclassified"."""
+        from sampling.divergence import classify_divergence, on_kernels
+
+        if not passes or getattr(self.target.config, "is_encoder_decoder", False):
+            return {"verdict": "unclassified", "position": first_divergence(tokens, reference)}
+        return classify_divergence(self.target, prompt, reference, tokens, passes, on_kernels(self.runner_factory, reference_kernels),
+                                   on_kernels(self.runner_factory, kernels)).record()
+
+    def overhead(self, configs: List[Config], prompt: List[int]) -> Dict[str, float]:
+        """Per configuration: the fraction of one run's wall time spent outside model forward passes
+        (drafting, acceptance, storage updates, sampling glue), timed with forward hooks."""
+        import time
+
+        models = [m for m in (self.target, self.drafter) if m is not None]
+        inside, started = [0.0], [0.0]
+        hooks = [h for m in models for h in (
+            m.register_forward_pre_hook(lambda *a: started.__setitem__(0, time.perf_counter())),
+            m.register_forward_hook(lambda *a: inside.__setitem__(0, inside[0] + time.perf_counter() - started[0])))]
+        shares = {}
+        try:
+            for config in configs:
+                inside[0] = 0.0
+                result = self.run(config, prompt)
+                shares[config.label] = 1 - inside[0] / result.seconds if result.seconds else 0.0
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return shares
+
+    def verify_cost(self) -> Dict[int, float]:
+        """Cost of one target pass over r positions relative to r = 1 (the calibration's, or measured now)."""
+        from sampling import measure_row_costs
+
+        costs = self.row_costs or measure_row_costs(self.target)
+        return {rows: cost for rows, cost in enumerate(costs, 1)}
+
+
+def warm_up(bench: Bench, configs: List[Config], prompt: List[int]) -> None:
+    """One run of each configuration, excluded from the timings, which leaves nothing in a policy's
+    memory nor in a suffix memory."""
+    for config in configs:
+        bench.run(config, prompt[:32])
+    bench.policies.clear()
+    bench.memories.clear()
+
+
+def timed_runs(bench: Bench, configs: List[Config], items: List[dict], out: Path) -> List[dict]:
+    """Every item, repeat and configuration, interleaved; each run's record is also written to ``out/runs.jsonl``."""
+    from tqdm import tqdm
+
+    from sampling.divergence import PassRecorder
+
+    repeats = bench.args.repeats
+    records = []
+    with open(out / "runs.jsonl", "w") as log, tqdm(total=len(items) * len(configs) * repeats, file=sys.stderr) as bar:
+        for index, (item, repeat) in enumerate((item, repeat) for item in items for repeat in range(repeats)):
+            # rotate the order of the configurations from one run to the next, so that none
+            # always follows the same other one (caches, clocks and the machine's drift)
+            shift = index % len(configs)
+            results = []
+            for config in configs[shift:] + configs[:shift]:
+                recorder = PassRecorder()  # one append per step: classifying waits until the timed runs are over
+                results.append((config, bench.run(config, item["prompt"], recorder, repeat), recorder))
+                bar.update(1)
+            reference, reference_kernels = next((result.tokens, result.kernels) for config, result, _ in results
+                                                if config.strategy.baseline)
+            for config, result, recorder in sorted(results, key=lambda run: configs.index(run[0])):
+                record = run_record(bench, item, repeat, config, result, reference)
+                if record["diverged_at"] is not None:
+                    record["divergence"] = bench.classify(item["prompt"], reference, result.tokens, recorder.passes,
+                                                          result.kernels, reference_kernels)
+                    tqdm.write(f"divergence: {config.label} on question {item['question_id']} turn {item['turn']} "
+                               f"at token {record['diverged_at']}: {record['divergence']['verdict']}", file=sys.stderr)
+                records.append(record)
+                log.write(json.dumps(record) + "\n")
+    return records
+
+
+def run_record(bench: Bench, item: dict, repeat: int, config: Config, result, reference: List[int]) -> dict:
+    """One line of runs.jsonl (its divergence not classified yet: None)."""
+    st = result.stats
+    return {
+        "question_id": item["question_id"], "category": item["category"], "turn": item["turn"],
+        "repeat": repeat, "config": config.label, "key": config.key, "gamma": config.gamma, "n": config.n,
+        "storage": config.storage, "filler": config.filler, "processor": bench.args.processor,
+        "prompt_tokens": len(item["prompt"]), "new_tokens": len(result.tokens), "seconds": result.seconds,
+        "tokens_per_s": result.tokens_per_second, "drafted": st.drafted, "accepted": st.accepted,
+        "target_passes": st.target_forward_passes, "drafted_at": st.drafted_at, "accepted_at": st.accepted_at,
+        "paused_steps": st.paused_steps, "tokens": result.tokens, "steps": st.emitted_by_step,
+        "kernels": result.kernels, "drafts": st.drafted_by_step, "peer_settings": st.peer_settings or None,
+        "text": bench.tokenizer.decode(result.tokens, skip_special_tokens=True),
+        "diverged_at": first_divergence(result.tokens, reference) if bench.greedy and not config.strategy.drafter_ar else None,
+        "divergence": None,
+    }
+
+
+def report_title(bench: Bench, configs: List[Config]) -> str:
+    """The report's title: the pair, the processor, the lengths, the policy (and the suffix settings)."""
+    args = bench.args
+    title = (f"{bench.target_label}" + (f" + drafter {bench.drafter_label}" if bench.drafter_label else "")
+             + f" · {args.processor} · {args.max_new_tokens} new tokens · {args.repeats} repeat(s)"
+             + f" · policy: {bench.settings.policy.describe()}")
+    if any(config.strategy.suffix for config in configs):
+        title += f" · suffix: {bench.settings.suffix.describe()}" + (
+            ", global memory over the earlier prompts' outputs" if any(config.strategy.memory for config in configs) else "")
+    return title
+
+
+def extra_sections(bench: Bench, configs: List[Config], records: List[dict], prompt: List[int]) -> str:
+    """The report's sections after the tables: kernels, compilation, and those the flags ask for
+    (--verify-cost, --llama-cpp, --overhead), the last three measured now on ``prompt``."""
+    args = bench.args
+    extra = kernels_report(records, bench.kernel_line) + bench.compile_report()
+    if args.verify_cost:
+        costs = bench.verify_cost()
+        extra = ("\n## cost of a verification pass over r positions (r - 1 drafts), relative to r = 1\n\n"
+                 "| r | cost |\n| ---: | ---: |\n")
+        extra += "".join(f"| {k} | {v:.2f} |\n" for k, v in costs.items())
+    if args.llama_cpp:
+        extra += llama_cpp_report(bench, args, prompt)
+    if args.overhead:
+        shares = bench.overhead(configs, prompt)
+        extra += "\n## time outside model forward passes (first prompt)\n\n| strategy | share |\n| --- | ---: |\n"
+        extra += "".join(f"| {label} | {share:.1%} |\n" for label, share in shares.items())
+    return extra

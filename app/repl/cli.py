@@ -1,0 +1,119 @@
+"""``python infer.py``: the REPL's flags, the presets, loading the pair and the settings, then the REPL
+(``app.repl.repl``) on one ``--prompt`` or interactively."""
+import argparse
+import sys
+from typing import List, Optional
+
+from rich.text import Text
+
+from app.repl.repl import Repl, replaced_line
+from app.session import SetupError, add_shared_flags, build_settings, load_pair, pair_preset, read_processor
+from utils.parsing import MAX_LINE, UsageError, flag_type, sanitize_text
+from utils.printing import console
+
+PRESETS = {
+    "embedded": {"target": None, "drafter": None},
+    "reference": {  # the reference repository's setting
+        "target": "meta-llama/Llama-3.2-3B-Instruct",
+        "drafter": "meta-llama/Llama-3.2-1B-Instruct",
+        "quantize": "int8",
+        "device": "cuda",
+    },
+    "pair": {},  # Qwen2.5-Coder-1.5B-Instruct + 0.5B, once installed (session.pair_preset)
+}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad flags: one line (what is wrong and what is accepted) and exit status 1, no usage block."""
+
+    def error(self, message):
+        fail(f"{message} (python infer.py --help lists the flags)")
+
+
+def gamma_flag(text: str):
+    """``--gamma``: ``auto``, or a number in /gamma's range."""
+    return "auto" if text == "auto" else flag_type("--gamma", "gamma")(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(description="Compare decoding strategies side by side (speculative, n-gram assisted, autoregressive).")
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="a known model pair; other flags override it. "
+                        "pair: Qwen2.5-Coder-1.5B-Instruct with its 0.5B sibling (install: make fetch-pair), dtype chosen by measurement")
+    add_shared_flags(parser)
+    parser.add_argument("--drafter-device", help="device of the drafter (default: --device; a layers:N drafter stays with the target)")
+    parser.add_argument("--quantize", choices=["none", "int8", "int4"], help="quantize the target's weights: on CPU weight-only int8/int4 kernels "
+                        "(bfloat16 activations; int4 keeps the output head int8); on CUDA bitsandbytes, else optimum-quanto")
+    parser.add_argument("--drafter-quantize", choices=["none", "int8", "int4"], help="quantize the drafter's weights (default: --quantize; a layers:N drafter has the target's)")
+    parser.add_argument("--gamma", type=gamma_flag, default=4, help="most drafts per step, or auto for the calibrated policy's choice (default 4)")
+    parser.add_argument("--length", type=flag_type("--length", "length"), default=35, help="most new tokens (default 35)")
+    parser.add_argument("--prompt", help="run one comparison on this prompt and exit")
+    return parser
+
+
+def fail(message: str) -> None:
+    console.print(Text(f"error: {message}", style="bold red"))
+    sys.exit(1)
+
+
+def say(text: str, style: str = "") -> None:
+    """A start-up line, for ``session``."""
+    console.print(Text(text, style=style))
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    preset = PRESETS[args.preset or "embedded"]
+    if args.preset == "pair":
+        try:
+            preset = pair_preset()
+        except SetupError as error:
+            fail(str(error))
+    for key in ("target", "drafter", "device", "quantize"):
+        if getattr(args, key) is None and key in preset:
+            setattr(args, key, preset[key])
+    args.quantize = args.quantize or "none"
+    try:
+        processor, processor_name, processor_args = read_processor(args.processor, args.gamma == "auto", not args.no_calibrate)
+    except SetupError as error:
+        fail(str(error))
+    if args.prompt is not None:
+        args.prompt, replaced = sanitize_text(args.prompt)
+        args.prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t")
+        if not args.prompt.strip():
+            fail("--prompt is empty: give it some text, or leave it out for the interactive REPL")
+        if len(args.prompt) > MAX_LINE:
+            fail(f"--prompt must be at most {MAX_LINE} characters, got {len(args.prompt)}")
+        if replaced:
+            console.print(Text("--prompt: " + replaced_line(replaced), style="bold blue"))
+
+    console.print(Text("Speculative Decoding", style="bold red"), Text(" REPL ", style="white on red"))
+    try:
+        pair = load_pair(args.target, args.drafter, args.device, args.drafter_device, args.dtype, args.quantize,
+                         args.drafter_quantize, args.trust_remote_code, args.cache, args.prepack, say, args.compile,
+                         measure_dtype=preset.get("measure_dtype", False), remeasure=args.remeasure)
+    except SetupError as error:
+        fail(str(error))
+    console.print(Text("Target: ", style="bold") + Text(pair.describe("target") + (f" · {pair.dtype_note}" if pair.dtype_note else "")))
+    if pair.drafter is None:
+        console.print("[bold]Drafter:[/bold] none (speculative decoding off; start with --drafter MODEL to compare it)")
+    else:
+        console.print(Text("Drafter: ", style="bold") + Text(pair.describe("drafter")))
+    if pair.busy_note:  # a line of its own: the target's line ends with its runner, as scripts read it
+        console.print(Text("Load: ", style="bold") + Text(pair.busy_note, style="yellow"))
+    try:
+        settings = build_settings(pair, processor, args.gamma, args.length, not args.no_calibrate, say=say, row_costs=args.row_costs,
+                                  remeasure=args.remeasure)
+    except SetupError as error:
+        fail(str(error))
+    if not args.no_calibrate:
+        console.print(f"[bold]Policy:[/bold] {settings.policy.describe(settings.gamma)}")
+    repl = Repl(settings, not args.no_chat, processor_name, processor_args, args.seed)
+    if args.prompt is not None:
+        try:
+            repl.compare(args.prompt)
+        except UsageError as error:
+            fail(str(error))
+        return
+    console.print("Type a prompt, or /help for the commands.")
+    repl.loop()

@@ -1,0 +1,244 @@
+"""The REPL: its state (settings and toggles), one line at a time (a /command or a prompt), each
+enabled strategy run on a prompt, their results, the table, and the divergences explained."""
+import copy
+from typing import List
+
+from rich.table import Table
+from rich.text import Text
+
+from app.repl.commands import COMMANDS, on_off, suffix_memory_line
+from app.session import encode, first_line
+from utils.parsing import MAX_LINE, UsageError, sanitize_text
+from utils.printing import console, screen  # the one screen the REPL, the debug view and the stream share
+
+
+def replaced_line(count: int) -> str:
+    return f"{count} byte{'s' if count != 1 else ''} that {'are' if count != 1 else 'is'} not UTF-8 " \
+           f"{'were' if count != 1 else 'was'} replaced by \ufffd"
+
+
+class Repl:
+    """The REPL's state (settings and toggles); its commands are ``COMMANDS``."""
+
+    commands = COMMANDS
+
+    def __init__(self, settings, chat: bool, processor_name: str, processor_args: dict, seed: int):
+        from strategies import STRATEGIES
+
+        self.settings = settings
+        settings.stop_if_unknown = True  # NASD as the reference's REPL runs it
+        self.seed = seed
+        self.chat = chat and bool(getattr(settings.tokenizer, "chat_template", None))
+        self.processor_name, self.processor_args = processor_name, processor_args
+        self.enabled = {s.key: False for s in STRATEGIES}
+        self.enabled.update(
+            speculative=settings.drafter is not None, ngram=not settings.encoder_decoder, pld=not settings.encoder_decoder, target=True
+        )
+        self.stream = False
+        self.last: list = []  # (strategy, result) of the last prompt, for /stats
+        self.passes: dict = {}  # strategy key -> the target passes of its last run (sampling.divergence)
+        self.storage_kind, self.storage_n = "basic", 3
+        self.reset_in_between = True
+        self.new_storage()
+        from sampling import SuffixMemory
+        from sampling.common import output_vocab_size
+
+        self.suffix_memory = SuffixMemory(settings.suffix.max_tree_depth, output_vocab_size(settings.target))  # /suffix_global
+        self._warm_up()
+
+    def new_storage(self) -> None:
+        from sampling.common import output_vocab_size
+        from strategies import STORAGES
+
+        self.settings.storage = STORAGES[self.storage_kind](self.storage_n, output_vocab_size(self.settings.target))
+
+    def _warm_up(self) -> None:
+        """One short pass through each model, so that the first strategy timed pays no start-up cost."""
+        from strategies import BY_KEY, run_strategy
+
+        s = self.settings
+        saved = s.max_gen_len, s.debug
+        s.max_gen_len, s.debug = 2, False
+        try:
+            for key in ("target", "drafter") if s.drafter is not None else ("target",):
+                run_strategy(BY_KEY[key], self.encode("Hi"), s, self.seed)
+        finally:
+            s.max_gen_len, s.debug = saved
+
+    def value_of(self, name: str) -> str:
+        """The current value of the command ``name``, as /help shows it ("" for none)."""
+        value = COMMANDS[name].value(self)
+        return on_off(value) if isinstance(value, bool) else str(value)
+
+    def say(self, message: str) -> None:
+        console.print(Text(message, style="bold blue"))
+
+    def handle(self, line: str) -> None:
+        """One line of input: a command or a prompt. Raises EOFError on /quit."""
+        line, replaced = sanitize_text(line)
+        if replaced:
+            self.say(replaced_line(replaced))
+        if len(line) > MAX_LINE:
+            raise UsageError(f"a line must be at most {MAX_LINE} characters, got {len(line)}: nothing done")
+        line = line.replace("\\n", "\n").replace("\\t", "\t")
+        if not line.strip():
+            return
+        if line.startswith("/"):
+            name, *words = line.split()
+            if name not in COMMANDS:
+                raise UsageError(f"unknown command {name}: /help lists the commands")
+            message = COMMANDS[name](self, words)
+            if message:
+                self.say(message)
+            return
+        self.compare(line)
+
+    def encode(self, text: str) -> List[int]:
+        return encode(self.settings.tokenizer, text, self.chat)
+
+    def compare(self, text: str) -> None:
+        from strategies import STRATEGIES
+
+        prompt = self.encode(text)
+        if not prompt:
+            raise UsageError("the prompt is empty once tokenized: nothing to generate from")
+        if self.settings.debug:
+            self.say(f"prompt: {len(text)} characters, {len(prompt)} tokens")
+        if self.reset_in_between:
+            self.settings.storage.reset()
+        results = []
+        self.last = results
+        enabled = [strategy for strategy in STRATEGIES if self.enabled[strategy.key]]
+        learning = [strategy for strategy in enabled if strategy.takes_storage]
+        own = self.settings.storage  # what the first strategy drafting from it learns is kept for the next prompt
+        before = copy.deepcopy(own) if len(learning) > 1 else None
+        # the same for the global suffix memory (/suffix_global), which suffix and tree_suffix both read and extend
+        suffixes = [strategy for strategy in enabled if strategy.suffix]
+        memory = self.settings.suffix_memory
+        memory_before = copy.deepcopy(memory) if memory is not None and len(suffixes) > 1 else None
+        try:
+            for strategy in enabled:
+                # every strategy drafting from the storage starts from it as it was before this prompt
+                self.settings.storage = copy.deepcopy(before) if strategy in learning[1:] else own
+                self.settings.suffix_memory = copy.deepcopy(memory_before) if strategy in suffixes[1:] and memory is not None else memory
+                if not self.run(strategy, prompt, results):
+                    return
+        finally:
+            self.settings.storage = own
+            self.settings.suffix_memory = memory
+        if results:
+            self.print_table(results)
+            self.explain_divergences(prompt, results)
+        else:
+            console.print(Text("every strategy is off: /help lists the toggles", style="red"))
+
+    def run(self, strategy, prompt: List[int], results: list) -> bool:
+        """Run one strategy, print its result and add it to ``results``; False when it was interrupted or refused."""
+        from sampling.divergence import PassRecorder
+        from strategies import run_strategy
+
+        recorder = PassRecorder()
+        self.passes[strategy.key] = recorder.passes
+        self.settings.streamer = recorder
+        if self.stream:
+            console.rule(Text(strategy.title, style=f"bold {strategy.color}"))
+            self.settings.streamer = (self._streamer(), recorder)
+        try:
+            result = run_strategy(strategy, prompt, self.settings, self.seed)
+        except (KeyboardInterrupt, ValueError) as error:
+            screen.end_line()  # a stream may have left the line open
+            console.print(Text(f"{strategy.title}: {error if isinstance(error, ValueError) else 'interrupted'}", style="red"))
+            return False
+        finally:
+            self.settings.streamer = None
+        screen.end_line()
+        results.append((strategy, result))
+        self.print_result(strategy, result)
+        return True
+
+    def explain_divergences(self, prompt: List[int], results) -> None:
+        """Greedy: one line for each strategy whose tokens differ from target AR's, saying whether
+        the difference is a rounding near-tie or a disagreement (``sampling.divergence``)."""
+        from sampling.divergence import NEAR_TIE, classify_divergence, on_kernels
+        from utils.compiled import make_runner
+
+        replayed = lambda model: make_runner(model, self.settings.use_cache)  # noqa: E731 (the runner the strategies ran: /cache, --compile)
+        reference, kernels = next(((r.tokens, r.kernels) for s, r in results if s.baseline), (None, ""))
+        if self.processor_name != "greedy" or self.settings.encoder_decoder or reference is None:
+            return
+        for strategy, result in results:
+            if strategy.baseline or strategy.drafter_ar or result.tokens == reference:
+                continue
+            found = classify_divergence(self.settings.target, prompt, reference, result.tokens, self.passes[strategy.key],
+                                        on_kernels(replayed, kernels), on_kernels(replayed, result.kernels))
+            console.print(Text(f"{strategy.title}: {found.line()}", style="yellow" if found.verdict == NEAR_TIE else "bold red"))
+
+    def _streamer(self):
+        """Prints each step's new text; in debug mode accepted drafts green, the target's tokens blue."""
+        tokenizer, generated, shown = self.settings.tokenizer, [], [""]
+
+        def stream(tokens: List[int], n_drafted: int) -> None:
+            before = len(generated)
+            generated.extend(tokens)
+            text = tokenizer.decode(generated, skip_special_tokens=True)
+            if self.settings.debug and n_drafted:
+                drafted = tokenizer.decode(generated[: before + n_drafted], skip_special_tokens=True)
+                piece = Text(drafted[len(shown[0]) :], style="green") + Text(text[len(drafted) :], style="blue")
+            else:
+                piece = Text(text[len(shown[0]) :])
+            shown[0] = text
+            screen.inline(piece)
+
+        return stream
+
+    def print_result(self, strategy, result) -> None:
+        if not self.stream:
+            text = self.settings.tokenizer.decode(result.tokens, skip_special_tokens=True)
+            console.rule(Text(strategy.title, style=f"bold {strategy.color}"))
+            console.print(Text("Out: ", style=strategy.color) + Text(text))
+        line = f"{result.tokens_per_second:.1f} tokens/s · {len(result.tokens)} tokens in {result.seconds:.2f} s"
+        if strategy.speculative:
+            line += f" · acceptance {result.stats.acceptance_rate:.2f} · {result.stats.mean_accepted_tokens:.2f} tokens/step"
+        console.print(Text(line, style=strategy.color))
+
+    def print_table(self, results) -> None:
+        baseline = next((r.tokens_per_second for s, r in results if s.key == "target"), None)
+        policy = self.settings.policy
+        gamma = "auto" if policy.auto else f"<= {self.settings.gamma}"
+        table = Table(title=f"seed {self.seed} · gamma {gamma} · {self.value_of('/processor')} · speedup over target AR",
+                      caption=f"policy: {policy.describe()}" + (f" · {suffix_memory_line(self)}" if self.enabled["suffix"] or self.enabled["tree_suffix"] else ""))
+        mixed = len({r.kernels for _, r in results}) > 1  # rows on different kernels (--prepack auto): each names its own
+        for column in ("strategy", "tokens", "time (s)", "tokens/s", "speedup", "accept", "tok/step") + (("linears",) if mixed else ()):
+            table.add_column(column, justify="left" if column == "strategy" else "right")
+        for strategy, r in results:
+            speedup = f"{r.tokens_per_second / baseline:.2f}x" if baseline else "-"
+            spec = strategy.speculative
+            table.add_row(
+                Text(strategy.title, style=strategy.color), str(len(r.tokens)), f"{r.seconds:.2f}", f"{r.tokens_per_second:.1f}",
+                speedup, f"{r.stats.acceptance_rate:.2f}" if spec else "-", f"{r.stats.mean_accepted_tokens:.2f}" if spec else "-",
+                *((r.kernels or "-",) if mixed else ()),
+            )
+        console.print(table)
+
+    def loop(self) -> None:
+        from utils.terminal import read_line
+
+        while True:
+            try:
+                line = read_line("> ")
+                if line is None:
+                    raise EOFError
+                if line.replaced:
+                    self.say(replaced_line(line.replaced))
+                if line.cut:
+                    raise UsageError(f"a line must be at most {MAX_LINE} characters; this one had {line.cut} more: nothing done")
+                self.handle(line.text)
+            except UsageError as error:
+                console.print(Text(str(error), style="red"))
+            except KeyboardInterrupt:
+                console.print(Text("\n(Ctrl-D or /quit to exit)", style="dim"))
+            except EOFError:
+                console.print("Goodbye!")
+                return
+            except Exception as error:  # a failure no check foresaw: one line, and the session goes on
+                console.print(Text(f"failed: {first_line(error)} (a bug: please report it)", style="red"))
