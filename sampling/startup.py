@@ -18,9 +18,22 @@ from utils.measurements import (BUDGETS, Budget, Clock, Say, announce, finish_pr
                                 remembered, to_stderr)
 
 
-def _budget(kind: str, what: str, clock: Clock, say: Say) -> Budget:
-    """The budget of one measurement, announced: "Measuring <what>, budget 3 s) ..."."""
-    seconds = BUDGETS[kind]
+EMBEDDED_PARAMETERS = 135e6  # the budgets are set for the embedded SmolLM2-135M
+MAX_SCALE = 8.0
+
+
+def budget_scale(model: Optional[Module]) -> float:
+    """How many times the budgets a model gets: its parameters against the embedded model's (a pass
+    of a 1.5B model costs about ten of SmolLM2's), at least 1, at most ``MAX_SCALE``."""
+    if model is None:
+        return 1.0
+    return min(MAX_SCALE, max(1.0, sum(p.numel() for p in model.parameters()) / EMBEDDED_PARAMETERS))
+
+
+def _budget(kind: str, what: str, clock: Clock, say: Say, model: Optional[Module] = None) -> Budget:
+    """The budget of one measurement (``BUDGETS``, scaled by ``budget_scale(model)``), announced:
+    "Measuring <what>, budget 3 s) ..."."""
+    seconds = round(BUDGETS[kind] * budget_scale(model), 1)
     return Budget(seconds, clock, announce(f"Measuring {what}, budget {seconds:g} s) ...", say))
 
 
@@ -67,7 +80,7 @@ def startup_kernels(model: Module, role: str = "target", remeasure: bool = False
     key = {**machine_key(), "model": model_identity(model), "context": 64, "repeats": 3, "max_rows": 12}
 
     def measure() -> Tuple[dict, bool]:
-        budget = _budget("prepack", f"the {role}'s kernels (prepacked and own linears, 1-12 positions, 3 rounds", clock, say)
+        budget = _budget("prepack", f"the {role}'s kernels (prepacked and own linears, 1-12 positions, 3 rounds", clock, say, model)
         choice, line = calibration.choose_kernels(model, budget=budget)
         finish_progress(budget.progress)
         seconds = {o: list(t) for o, t in choice.seconds.items()} if choice is not None else None
@@ -101,7 +114,7 @@ def startup_cache(model: Module, role: str = "target", remeasure: bool = False, 
     key = {**machine_key(), "model": model_identity(model), **_kernels(model), "context": 256, "repeats": 7}
 
     def measure() -> Tuple[dict, bool]:
-        budget = _budget("cache", f"the {role}'s KV cache (static and dynamic, 7 rounds", clock, say)
+        budget = _budget("cache", f"the {role}'s KV cache (static and dynamic, 7 rounds", clock, say, model)
         line = calibration.choose_cache(model, budget=budget)
         finish_progress(budget.progress)
         return {"cache": runner_cache(model), "line": line}, budget.stopped
@@ -135,7 +148,7 @@ def verification_costs(target: Module, max_rows: int = 12, remeasure: bool = Fal
     key = {**machine_key(), **_policy_key(target), "max_rows": max_rows}
 
     def measure() -> Tuple[dict, bool]:
-        budget = _budget("verification", f"verification costs (1-{max_rows} positions", clock, say)
+        budget = _budget("verification", f"verification costs (1-{max_rows} positions", clock, say, target)
         costs: Tuple[float, ...] = ()
         for _ in range(2):
             costs = calibration.measure_row_costs(target, max_rows=max_rows, budget=budget)
@@ -172,7 +185,7 @@ def draft_cost(drafter: Module, target: Module, remeasure: bool = False, clock: 
     key = {**machine_key(), "drafter": _policy_key(drafter), "target": _policy_key(target)}
 
     def measure() -> Tuple[dict, bool]:
-        budget = _budget("drafter", "the drafter's cost (7 rounds against the target", clock, say)
+        budget = _budget("drafter", "the drafter's cost (7 rounds against the target", clock, say, target)
         cost = calibration.measure_draft_cost(drafter, target, budget=budget)
         finish_progress(budget.progress)
         if cost is None:

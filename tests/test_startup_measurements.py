@@ -248,3 +248,13 @@ def test_an_unreadable_saved_kernel_measurement_is_named_and_measured_again(cach
     said, say = lines()
     choice, _ = startup.startup_kernels(model, say=say)
     assert any(text.startswith(f"ignoring unreadable measurement {saved}") for text in said) and len(choice.seconds["own"]) == 12
+
+
+def test_a_larger_model_gets_proportionally_larger_budgets_up_to_a_ceiling():
+    small, tiny = llama(window=512), torch.nn.Linear(2, 2)
+    assert startup.budget_scale(None) == startup.budget_scale(tiny) == 1.0  # never below the embedded model's
+    big = torch.nn.Linear(1, 1)
+    big.weight = torch.nn.Parameter(torch.empty(int(4 * startup.EMBEDDED_PARAMETERS), 1, device="meta"))
+    assert startup.budget_scale(big) == pytest.approx(4.0, rel=1e-3)
+    big.weight = torch.nn.Parameter(torch.empty(int(100 * startup.EMBEDDED_PARAMETERS), 1, device="meta"))
+    assert startup.budget_scale(big) == startup.MAX_SCALE and startup.budget_scale(small) == 1.0
