@@ -128,7 +128,7 @@ class Repl:
             self.settings.storage.reset()
         results = []
         self.last = results
-        enabled = [strategy for strategy in STRATEGIES if self.enabled[strategy.key]]
+        enabled = [strategy for strategy in STRATEGIES if self.enabled.get(strategy.key, False)]
         learning = [strategy for strategy in enabled if strategy.takes_storage]
         own = self.settings.storage  # what the first strategy drafting from it learns is kept for the next prompt
         before = copy.deepcopy(own) if len(learning) > 1 else None
