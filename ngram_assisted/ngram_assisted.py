@@ -9,6 +9,7 @@ from ngram_assisted.ngram_storage import INgramStorage
 from sampling.common import check_positive_int, reference_keywords
 from sampling.draft_policy import DraftPolicy
 from sampling.entry import generate
+from sampling.speculative_decoding import speculative  # the loop, looked up at each call (tests verify through another runner)
 from sampling.stats import GenerationStats
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
@@ -40,4 +41,5 @@ def ngram_assisted_speculative_generate(
         (new token ids, acceptance rate = accepted drafts / drafted tokens).
     """
     filler = check_positive_int("filler_top_k", filler_top_k)
-    return generate(inputs, target, lambda prompt, config: ngram_drafter(ngramstorage, prompt, filler, stop_if_unknown), locals())
+    return generate(inputs, target, lambda prompt, config: ngram_drafter(ngramstorage, prompt, filler, stop_if_unknown), locals(),
+                    loop=lambda *run: speculative(*run)[0])

@@ -17,7 +17,7 @@ MakeDrafter = Callable[[List[int], GenerationConfig], Drafter]
 
 @torch.no_grad()
 def generate(inputs, target: Module, drafter: Drafter | MakeDrafter, arguments: Mapping[str, Any] = (), trees: bool = False,
-             **fields) -> Tuple[List[int], float]:
+             loop: Callable | None = None, **fields) -> Tuple[List[int], float]:
     """Speculative decoding of ``inputs`` on ``target`` with ``drafter``; returns (new token ids,
     acceptance rate), as the reference's public functions do.
 
@@ -27,8 +27,8 @@ def generate(inputs, target: Module, drafter: Drafter | MakeDrafter, arguments: 
     ``GenerationConfig.of``); ``fields`` set configuration fields directly (``gamma``,
     ``vocab_size``). ``trees``: the tree loop (``draft_tree_and_verify``), refused here, in one
     line, for a target without full attention; else the chain loop (``draft_and_verify``). Both
-    keep greedy exact and sampling lossless. The drafter's ``finish`` hears the output (None on
-    failure).
+    keep greedy exact and sampling lossless. ``loop``: another loop with their signature (a
+    test's). The drafter's ``finish`` hears the output (None on failure).
     """
     prompt = check_prompt(inputs)
     config = GenerationConfig.of(dict(arguments), **fields)
@@ -42,7 +42,8 @@ def generate(inputs, target: Module, drafter: Drafter | MakeDrafter, arguments: 
         raise ValueError(f"{type(made).__name__} does not draft trees")
     output = None
     try:
-        output = (draft_tree_and_verify if trees else draft_and_verify)(prompt, config.runner(target), made, config)
+        loop = loop or (draft_tree_and_verify if trees else draft_and_verify)
+        output = loop(prompt, config.runner(target), made, config)
     finally:
         made.finish(output)
     return output, config.stats.acceptance_rate
