@@ -6,9 +6,8 @@ compared with), and one function that runs it on a prompt with the current setti
 the new tokens and their statistics.
 """
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch.nn import Module
@@ -30,9 +29,18 @@ from sampling import (
     suffix_generate,
     token_recycling_generate,
 )
+from peers import (  # transformers' paths, the benchmark's peers
+    ASSISTANT_FIELDS,  # noqa: F401 (importable from here, as before)
+    _hf_assisted,
+    _hf_assisted_default,
+    _hf_generate,
+    _hf_generate_static,
+    _hf_prompt_lookup,
+    transformers_assisted_defaults,
+)
 from sampling.suffix import SuffixSettings
 from sampling.calibration import PREPACKED, KernelChoice
-from utils.caching import kernels, model_device, prepacked, synchronize
+from utils.caching import kernels, prepacked, synchronize
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 
@@ -66,6 +74,11 @@ class Settings:
     # the target's kernels per row: measured options (``choose_kernels``; None: the model's as they
     # are), each row on the option that gives it the most tokens per second (``row_kernels``)
     kernel_choice: Optional[KernelChoice] = None
+    params: Dict[str, Any] = field(default_factory=dict)  # a registered row's parameters by name (``Param``; unset: its default)
+
+    def param(self, name: str) -> Any:
+        """The value of the registered parameter ``name``: as set (the REPL's ``/name``), else its default."""
+        return self.params[name] if name in self.params else PARAMS[name].default
 
     def lookup_storage(self) -> INgramStorage:
         """The n-gram storage a strategy drafts from: the generation's own, then the static tier."""
@@ -155,6 +168,26 @@ def _autoregressive(model: Module, prompt: List[int], s: Settings, stats: Genera
 
 
 @dataclass(frozen=True)
+class Param:
+    """One parameter of a strategy row: the REPL's ``/name <value>`` command, its limits in
+    ``utils.parsing.LIMITS``, its line in /help, and ``Settings.param(name)``."""
+
+    name: str
+    type: type  # int or float
+    default: Any
+    low: Any
+    high: Any
+    help: str = ""
+
+    def __post_init__(self):
+        if self.type not in (int, float) or not self.low <= self.default <= self.high:
+            raise ValueError(f"parameter {self.name}: an int or float type, and low <= default <= high")
+
+
+PARAMS: Dict[str, Param] = {}  # every registered row's parameters, by name
+
+
+@dataclass(frozen=True)
 class Strategy:
     key: str
     title: str
@@ -162,7 +195,8 @@ class Strategy:
     needs_drafter: bool
     speculative: bool
     decoder_only: bool
-    generate: Callable[[List[int], Settings, GenerationStats], List[int]]
+    # runs the row; None for a row that gives ``drafter`` instead (run by ``sampling.generate``)
+    generate: Optional[Callable[[List[int], Settings, GenerationStats], List[int]]] = None
     takes_gamma: bool = False  # drafts at most ``Settings.gamma`` tokens a step
     auto_gamma: bool = False  # also lets the calibrated policy choose the draft length (gamma "auto")
     model_drafts: bool = False  # every draft is the drafter model's: its cost counts in the expected speedup
@@ -177,6 +211,30 @@ class Strategy:
     requires: str = ""  # an optional package it needs: the benchmark skips it, with a line, when not installed
     trees: bool = False  # verifies draft trees (Settings.tree_size nodes at most): needs full attention (tree_unsupported)
     label_words: str = ""  # what else its benchmark label says it ran (a transformers peer's settings)
+    drafter: Optional[Callable[[List[int], Settings], Any]] = None  # make(prompt, settings) -> a drafters.Drafter
+    params: Tuple[Param, ...] = ()  # its own settings (``Param``): REPL commands, limits, /help, benchmark label
+    help: str = ""  # its REPL toggle's line in /help (default: the title)
+
+    def __post_init__(self):
+        if self.generate is None and self.drafter is None:
+            raise ValueError(f"strategy {self.key}: give generate or drafter")
+        if self.generate is None:
+            object.__setattr__(self, "generate", _drafter_row(self))
+        if self.params and not self.label_words:
+            object.__setattr__(self, "label_words", " ".join(f"{p.name}={p.default}" for p in self.params))
+
+
+def _drafter_row(strategy: "Strategy") -> Callable[[List[int], Settings, GenerationStats], List[int]]:
+    """A row's ``generate`` from its ``drafter``: ``sampling.generate`` with the settings, at most
+    ``Settings.gamma`` drafts a step (``tree_size`` nodes for a tree row)."""
+    from sampling import generate
+
+    def run(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+        arguments = dict(tokenizer=s.tokenizer, **_common(s, stats), policy=s.policy)
+        return generate(prompt, s.target, lambda p, config: strategy.drafter(p, s), arguments, trees=strategy.trees,
+                        gamma=s.tree_size if strategy.trees else s.gamma)[0]
+
+    return run
 
 
 STRATEGIES = [
@@ -198,6 +256,48 @@ STRATEGIES = [
              drafter_ar=True),
 ]
 BY_KEY = {s.key: s for s in STRATEGIES}
+
+
+class Registration:
+    """What ``register`` added, removed by ``unregister()`` (or on leaving its ``with`` block)."""
+
+    def __init__(self, strategy: Strategy):
+        self.strategy = strategy
+
+    def unregister(self) -> None:
+        from utils.parsing import LIMITS
+
+        key = self.strategy.key
+        if BY_KEY.get(key) is self.strategy:
+            STRATEGIES.remove(self.strategy)
+            del BY_KEY[key], EVERY[key]
+            for param in self.strategy.params:
+                PARAMS.pop(param.name, None)
+                LIMITS.pop(param.name, None)
+
+    def __enter__(self) -> Strategy:
+        return self.strategy
+
+    def __exit__(self, *exc) -> None:
+        self.unregister()
+
+
+def register(strategy: Strategy) -> Registration:
+    """Add a row: the REPL shows its toggle ``/key`` and a command per parameter, the benchmark runs
+    it by key (``--strategies``), ``utils.parsing.LIMITS`` holds its parameters' ranges."""
+    from utils.parsing import LIMITS
+
+    if strategy.key in EVERY:
+        raise ValueError(f"a strategy {strategy.key!r} exists already")
+    taken = [p.name for p in strategy.params if p.name in LIMITS or p.name in PARAMS]
+    if taken:
+        raise ValueError(f"parameter names taken already: {', '.join(taken)}")
+    STRATEGIES.append(strategy)
+    BY_KEY[strategy.key] = EVERY[strategy.key] = strategy
+    for param in strategy.params:
+        PARAMS[param.name] = param
+        LIMITS[param.name] = (param.type(param.low), param.type(param.high))
+    return Registration(strategy)
 
 
 def set_seed(seed: int) -> None:
@@ -248,139 +348,7 @@ def run_strategy(strategy: Strategy, prompt: List[int], settings: Settings, seed
     return Result(tokens, seconds, stats, used)
 
 
-# ---- peers: transformers' own generation paths, for the benchmark ---------------------------
-def _hf_generate(prompt: List[int], s: Settings, stats: GenerationStats, **extra) -> List[int]:
-    """transformers ``generate`` (greedy), counting only new tokens."""
-    if not isinstance(s.processor, GreedyProcessor):
-        raise ValueError("the transformers peers are run greedy only")
-    ids = torch.tensor([prompt], device=model_device(s.target))
-    out = s.target.generate(
-        ids, attention_mask=torch.ones_like(ids), max_new_tokens=s.max_gen_len, do_sample=False,
-        eos_token_id=s.eos_tokens_id or None, pad_token_id=(s.eos_tokens_id or [0])[0], use_cache=s.use_cache, **extra,
-    )
-    tokens = out[0, len(prompt):].tolist()
-    stats.generated = len(tokens)
-    return tokens
-
-
-def _hf_generate_static(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    """transformers ``generate`` with its static cache, compiled as transformers does it: by itself,
-    with its own settings, on CUDA; on CPU only with ``hf_compile`` (``--compile``), through a
-    ``CompileConfig``. The cache's length comes in buckets of 512 positions, so that a compiled
-    decoding step is built once per bucket (in the benchmark's excluded warm-up run), not once per
-    prompt length (a build inside a timed run would time the compiler)."""
-    from transformers import StaticCache
-
-    length = -(-(len(prompt) + s.max_gen_len) // 512) * 512
-    extra = {"past_key_values": StaticCache(config=s.target.config, max_cache_len=length)}
-    if model_device(s.target).type == "cuda":
-        pass  # transformers compiles the static-cache step by itself, with its defaults
-    elif s.hf_compile:
-        from transformers import CompileConfig
-
-        config = CompileConfig(fullgraph=False, dynamic=False, mode="default")
-        config._compile_all_devices = True
-        extra["compile_config"] = config
-    else:
-        extra["disable_compile"] = True
-    return _hf_generate(prompt, s, stats, **extra)
-
-
-# transformers 5.23 reads these from the *assistant's* generation config (AssistedCandidateGenerator.__init__,
-# its None fields filled with the library defaults), never from generate's arguments
-ASSISTANT_FIELDS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
-
-
-def transformers_assisted_defaults() -> dict:
-    """What transformers' assisted generation runs when the assistant's config leaves ASSISTANT_FIELDS unset."""
-    from transformers import GenerationConfig
-
-    defaults = GenerationConfig()._get_default_generation_params()
-    return {name: defaults[name] for name in ASSISTANT_FIELDS}
-
-
-@contextmanager
-def _assistant_config(assistant: Module, **values):
-    """``values`` on the assistant's generation config for one run, every ASSISTANT_FIELDS value put back
-    afterwards (the "heuristic" schedule writes its last draft length back into it)."""
-    config = assistant.generation_config
-    saved = {name: getattr(config, name) for name in ASSISTANT_FIELDS}
-    try:
-        for name, value in values.items():
-            setattr(config, name, value)
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(config, name, value)
-
-
-def _settings_in_force(generator) -> dict:
-    """The candidate generator's draft settings as it starts (transformers may adapt some as it runs)."""
-    if hasattr(generator, "num_output_tokens"):  # PromptLookupCandidateGenerator
-        return {"prompt_lookup_num_tokens": generator.num_output_tokens, "max_matching_ngram_size": generator.max_matching_ngram_size}
-    return {"num_assistant_tokens": int(generator.num_assistant_tokens),
-            "num_assistant_tokens_schedule": generator.assistant_generation_config.num_assistant_tokens_schedule,
-            "assistant_confidence_threshold": generator.generation_config.assistant_confidence_threshold}
-
-
-@contextmanager
-def _observed_steps(model: Module, stats: GenerationStats):
-    """Each step of transformers' assisted loop into ``stats``: its drafts (``get_candidates``) and how
-    many the target accepted (``update_candidate_strategy``'s ``num_matches``, after transformers' own
-    crop at EOS and max length), on this model's candidate generator only."""
-    own = "_get_candidate_generator" in vars(model)
-    make = model._get_candidate_generator
-
-    def observed(*args, **kwargs):
-        generator = make(*args, **kwargs)
-        get, update, drafted = generator.get_candidates, generator.update_candidate_strategy, [0]
-
-        def get_candidates(input_ids, **more):
-            candidates, logits = get(input_ids, **more)
-            drafted[0] = candidates.shape[-1] - input_ids.shape[-1]
-            return candidates, logits
-
-        def update_candidate_strategy(input_ids, scores, num_matches):
-            update(input_ids, scores, num_matches)
-            stats.record_step(drafted[0], int(num_matches), int(num_matches) + 1)
-
-        generator.get_candidates, generator.update_candidate_strategy = get_candidates, update_candidate_strategy
-        stats.peer_settings = _settings_in_force(generator)
-        return generator
-
-    model._get_candidate_generator = observed
-    try:
-        yield
-    finally:
-        if own:
-            model._get_candidate_generator = make
-        else:
-            del model._get_candidate_generator
-
-
-def _hf_assisted(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    """transformers assisted generation drafting ``s.gamma`` tokens every step: constant schedule, no
-    confidence stop (threshold 0: its ``ConfidenceCriteria`` needs > 0, and None would become 0.4)."""
-    with _assistant_config(s.drafter, num_assistant_tokens=s.gamma, num_assistant_tokens_schedule="constant",
-                           assistant_confidence_threshold=0.0), _observed_steps(s.target, stats):
-        return _hf_generate(prompt, s, stats, assistant_model=s.drafter)
-
-
-def _hf_assisted_default(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    """transformers assisted generation with its own defaults (``transformers_assisted_defaults``),
-    whatever the drafter's generation config says."""
-    with _assistant_config(s.drafter, **dict.fromkeys(ASSISTANT_FIELDS)), _observed_steps(s.target, stats):
-        return _hf_generate(prompt, s, stats, assistant_model=s.drafter)
-
-
-def _hf_prompt_lookup(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    """transformers prompt lookup with our ``pld`` row's settings: ``pld_num_tokens`` drafts, n-grams of
-    ``pld_max_ngram`` tokens down to 1 (transformers' floor; ``pld_min_ngram`` is 1 by default)."""
-    with _observed_steps(s.target, stats):
-        return _hf_generate(prompt, s, stats, prompt_lookup_num_tokens=s.pld_num_tokens,
-                            max_matching_ngram_size=s.pld_max_ngram)
-
-
+# ---- peers: transformers' own generation paths, for the benchmark (their code: ``peers.py``) ----
 def _target_eager(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
     """Target AR on our eager runner, whatever ``--compile`` says: the compiled runner's own yardstick."""
     return autoregressive_generate(prompt, s.target, **_common(s, stats), compile=False)

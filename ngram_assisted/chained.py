@@ -4,12 +4,11 @@ from typing import Callable, List, Tuple
 import torch
 from torch.nn import Module
 
+from drafters import ChainedDrafter, ModelDrafter, ngram_drafter
 from ngram_assisted.ngram_storage import INgramStorage
-from sampling.common import check_positive_int, check_prompt, common_vocab_size, context_window, generation_end
-from sampling.config import GenerationConfig
+from sampling.common import check_positive_int, common_vocab_size
 from sampling.draft_policy import DraftPolicy
-from sampling.drafters import ChainedDrafter, ModelDrafter, ngram_drafter
-from sampling.speculative_decoding import speculative
+from sampling.entry import generate
 from sampling.stats import GenerationStats
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
@@ -32,9 +31,9 @@ def chained_speculative_generate(
     Returns:
         (new token ids, acceptance rate = accepted drafts / drafted tokens).
     """
-    prompt = check_prompt(inputs)
-    config = GenerationConfig.of(locals(), vocab_size=common_vocab_size(drafter, target, tokenizer))
-    generation_end(len(prompt), max_gen_len, context_window(target))  # no room: refused before the storage learns the prompt
-    storage = ngram_drafter(ngramstorage, prompt, check_positive_int("filler_top_k", filler_top_k), stop_if_unknown=True)
-    chain = ChainedDrafter(storage, ModelDrafter.of(drafter, config))
-    return speculative(prompt, config.runner(target), chain, config)
+    filler = check_positive_int("filler_top_k", filler_top_k)
+
+    def make(prompt, config):
+        return ChainedDrafter(ngram_drafter(ngramstorage, prompt, filler, stop_if_unknown=True), ModelDrafter.of(drafter, config))
+
+    return generate(inputs, target, make, locals(), vocab_size=common_vocab_size(drafter, target, tokenizer))

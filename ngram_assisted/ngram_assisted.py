@@ -4,12 +4,12 @@ from typing import Callable, List, Tuple
 import torch
 from torch.nn import Module
 
+from drafters.ngram import NGramDrafter, TensorStorageDrafter, ngram_drafter  # noqa: F401 (importable from here, as before)
 from ngram_assisted.ngram_storage import INgramStorage
-from sampling.common import check_positive_int, check_prompt, context_window, generation_end, reference_keywords
-from sampling.config import GenerationConfig
+from sampling.common import check_positive_int, reference_keywords
 from sampling.draft_policy import DraftPolicy
-from sampling.drafters import NGramDrafter, TensorStorageDrafter, ngram_drafter  # noqa: F401 (importable from here, as before)
-from sampling.speculative_decoding import speculative
+from sampling.entry import generate
+from sampling.speculative_decoding import speculative  # the loop, looked up at each call (tests verify through another runner)
 from sampling.stats import GenerationStats
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
@@ -40,8 +40,6 @@ def ngram_assisted_speculative_generate(
     Returns:
         (new token ids, acceptance rate = accepted drafts / drafted tokens).
     """
-    prompt = check_prompt(inputs)
-    config = GenerationConfig.of(locals())
-    generation_end(len(prompt), max_gen_len, context_window(target))  # no room: refused before the storage learns the prompt
-    drafter = ngram_drafter(ngramstorage, prompt, check_positive_int("filler_top_k", filler_top_k), stop_if_unknown)
-    return speculative(prompt, config.runner(target), drafter, config)
+    filler = check_positive_int("filler_top_k", filler_top_k)
+    return generate(inputs, target, lambda prompt, config: ngram_drafter(ngramstorage, prompt, filler, stop_if_unknown), locals(),
+                    loop=lambda *run: speculative(*run)[0])

@@ -1,35 +1,49 @@
-from sampling.base_decoding import autoregressive_generate, autoregressive_generate_encoder_decoder, beam_search_generate
-from sampling.calibration import calibrated_policy, measure_draft_cost, measure_row_costs, plausible_row_costs
-from sampling.config import GenerationConfig, Observer, Step
-from sampling.draft_policy import DraftPolicy
-from sampling.prompt_lookup import prompt_lookup_generate
-from sampling.recycling import token_recycling_generate
-from sampling.speculative_decoding import speculative_generate, speculative_generate_encoder_decoder
-from sampling.stats import GenerationStats
-from sampling.suffix import SuffixDrafter, suffix_generate
-from sampling.suffix_memory import SuffixMemory
-from sampling.tree_decoding import draft_tree_and_verify, ngram_tree_generate
+"""Generation loops and their public entry points. Names load on first use (PEP 562), so that a
+module of this package (``sampling.common``, ``sampling.config``) imports without the rest: the
+drafters (``drafters``) build on those, and the entry points here build on the drafters."""
+import importlib
 
-__all__ = [
-    "autoregressive_generate",
-    "beam_search_generate",
-    "speculative_generate",
-    "autoregressive_generate_encoder_decoder",
-    "speculative_generate_encoder_decoder",
-    "prompt_lookup_generate",
-    "suffix_generate",
-    "SuffixDrafter",
-    "SuffixMemory",
-    "ngram_tree_generate",
-    "token_recycling_generate",
-    "draft_tree_and_verify",
-    "DraftPolicy",
-    "measure_row_costs",
-    "measure_draft_cost",
-    "plausible_row_costs",
-    "calibrated_policy",
-    "GenerationStats",
-    "GenerationConfig",
-    "Observer",
-    "Step",
-]
+_NAMES = {
+    "autoregressive_generate": "sampling.base_decoding",
+    "autoregressive_generate_encoder_decoder": "sampling.base_decoding",
+    "beam_search_generate": "sampling.base_decoding",
+    "calibrated_policy": "sampling.calibration",
+    "measure_draft_cost": "sampling.calibration",
+    "measure_row_costs": "sampling.calibration",
+    "plausible_row_costs": "sampling.calibration",
+    "GenerationConfig": "sampling.config",
+    "Observer": "sampling.config",
+    "Step": "sampling.config",
+    "DraftPolicy": "sampling.draft_policy",
+    "generate": "sampling.entry",
+    "ngram_tree_generate": "sampling.ngram_tree",
+    "prompt_lookup_generate": "sampling.prompt_lookup",
+    "token_recycling_generate": "sampling.recycling",
+    "speculative_generate": "sampling.speculative_decoding",
+    "speculative_generate_encoder_decoder": "sampling.speculative_decoding",
+    "GenerationStats": "sampling.stats",
+    "SuffixDrafter": "sampling.suffix",
+    "suffix_generate": "sampling.suffix",
+    "SuffixMemory": "sampling.suffix_memory",
+    "draft_tree_and_verify": "sampling.tree_decoding",
+}
+
+
+def __getattr__(name: str):
+    if name in _NAMES:
+        value = getattr(importlib.import_module(_NAMES[name]), name)
+        globals()[name] = value
+        return value
+    try:
+        return importlib.import_module(f"sampling.{name}")  # a submodule: ``sampling.tree_decoding``
+    except ModuleNotFoundError as error:
+        if error.name != f"sampling.{name}":
+            raise
+        raise AttributeError(f"module 'sampling' has no attribute {name!r}") from None
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_NAMES))
+
+
+__all__ = list(_NAMES)

@@ -4,11 +4,10 @@ from typing import Callable, List, Tuple
 import torch
 from torch.nn import Module
 
+from drafters.prompt_lookup import PromptLookupDrafter, lookup_continuation  # noqa: F401 (importable from here, as before)
 from sampling.common import check_positive_int, check_prompt
-from sampling.config import GenerationConfig
 from sampling.draft_policy import DraftPolicy
-from sampling.drafters import PromptLookupDrafter, lookup_continuation  # noqa: F401 (importable from here, as before)
-from sampling.speculative_decoding import speculative
+from sampling.entry import generate
 from sampling.stats import GenerationStats
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
@@ -38,5 +37,4 @@ def prompt_lookup_generate(
     low, high = check_positive_int("min_ngram_size", min_ngram_size), check_positive_int("max_ngram_size", max_ngram_size)
     if low > high:
         raise ValueError(f"min_ngram_size ({low}) must be <= max_ngram_size ({high})")
-    config = GenerationConfig.of(locals(), gamma=num_pred_tokens)
-    return speculative(prompt, config.runner(target), PromptLookupDrafter(low, high), config)
+    return generate(prompt, target, PromptLookupDrafter(low, high), locals(), gamma=num_pred_tokens)

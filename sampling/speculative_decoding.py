@@ -7,6 +7,8 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
+from drafters.base import Drafter, as_drafter
+from drafters.model import ModelDrafter
 from sampling.common import (  # max_fn: the reference's public helper, importable from here
     check_prompt,
     common_vocab_size,
@@ -17,7 +19,6 @@ from sampling.common import (  # max_fn: the reference's public helper, importab
 )
 from sampling.config import GenerationConfig, Step
 from sampling.draft_policy import DraftPolicy
-from sampling.drafters import Drafter, ModelDrafter
 from sampling.encoder_decoder import decoder_inputs
 from sampling.stats import GenerationStats
 from utils.caching import KVCacheModel
@@ -68,6 +69,7 @@ def draft_and_verify(prompt: List[int], target: KVCacheModel, drafter: Drafter, 
     token, or at the target's window. ``config.policy`` sets each step's draft length; observers
     see each step.
     """
+    drafter = as_drafter(drafter)
     end = generation_end(len(prompt), config.max_gen_len, context_window(target.model))
     ids = torch.zeros((1, end), dtype=torch.long, device=target.device)
     ids[0, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=target.device)
@@ -75,7 +77,7 @@ def draft_and_verify(prompt: List[int], target: KVCacheModel, drafter: Drafter, 
     processor, policy, stats = config.processor, config.policy, config.stats
     greedy = isinstance(processor, GreedyProcessor)
     drafting = not config.first_target
-    policy.start(config.gamma, drafter.cheap, getattr(drafter, "memory_key", None))
+    policy.start(config.gamma, drafter.cheap, drafter.memory_key)
     while len(tokens) < end:
         cur = len(tokens)
         k = max(0, min(policy.length(policy.bound()), end - cur - 1, drafter.max_drafts(cur))) if drafting else 0

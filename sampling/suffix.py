@@ -8,138 +8,18 @@ Defaults are the authors' (``arctic_inference`` ``SuffixDecodingCache.speculate`
 ``max_spec_factor`` 1.0, ``max_spec_offset`` 0, ``min_token_prob`` 0.1, and at most
 ``max_spec_tokens`` = ``max_tree_depth`` drafts a step.
 """
-from dataclasses import asdict, dataclass
 from typing import Callable, List, Tuple
 
 import torch
-from torch import Tensor
 from torch.nn import Module
 
-from sampling.common import check_positive_int, check_prompt, context_window, generation_end
-from sampling.config import GenerationConfig
+from drafters.suffix import SuffixDrafter, SuffixSettings, check_settings  # noqa: F401 (importable from here, as before)
+from sampling.common import check_positive_int
 from sampling.draft_policy import DraftPolicy
-from sampling.drafters import UNLIMITED, _write
-from sampling.speculative_decoding import speculative
+from sampling.entry import generate
 from sampling.stats import GenerationStats
-from sampling.suffix_memory import MAX_DEPTH, SuffixMemory
-from sampling.suffix_tree import ROOT, SuffixTrie, best_match_path, best_match_tree
+from sampling.suffix_memory import SuffixMemory
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
-
-
-@dataclass
-class SuffixSettings:
-    """SuffixDecoding's settings, with the authors' defaults (see the module's docstring)."""
-
-    max_tree_depth: int = 24
-    max_spec_tokens: int = 24
-    max_spec_factor: float = 1.0
-    max_spec_offset: float = 0.0
-    min_token_prob: float = 0.1
-
-    def __post_init__(self):
-        check_settings(**asdict(self))
-
-    def describe(self) -> str:
-        return (f"depth {self.max_tree_depth}, <= min({self.max_spec_tokens}, {self.max_spec_factor:g} x match + "
-                f"{self.max_spec_offset:g}) drafts, min prob {self.min_token_prob:g}")
-
-    def arguments(self) -> dict:
-        """As ``suffix_generate`` takes them."""
-        return asdict(self)
-
-
-class SuffixDrafter:
-    """Drafts from a suffix trie over the prompt and the tokens emitted so far (and ``memory``'s
-    trie when given; the better-scoring draft of the two wins, the request's own on a tie).
-
-    For each match length ``m`` (the context's last ``m`` tokens occur in the trie, ``m`` up to the
-    depth), the draft follows the most frequent child while the estimated path probability stays
-    >= ``min_token_prob``, for at most ``min(max_spec_tokens, m * max_spec_factor + max_spec_offset)``
-    tokens; the draft with the highest score (sum of its path probabilities) wins, ties to the
-    longer match. Deterministic (no q): the target's own token decides every position, so greedy is
-    exact and sampling lossless. Pure-Python ints; the trie grows by O(depth) per emitted token, and
-    a draft costs O(depth^2) at most (every match length, each path up to the depth; an upper
-    bound on a match's score skips the hopeless ones)."""
-
-    cheap = True
-
-    def __init__(self, prompt: List[int], max_tree_depth: int = 24, max_spec_tokens: int = 24, max_spec_factor: float = 1.0,
-                 max_spec_offset: float = 0.0, min_token_prob: float = 0.1, memory: SuffixMemory | None = None):
-        check_settings(max_tree_depth, max_spec_tokens, max_spec_factor, max_spec_offset, min_token_prob)
-        self.max_spec_tokens, self.factor, self.offset, self.min_prob = max_spec_tokens, max_spec_factor, max_spec_offset, min_token_prob
-        self.memory_key = ("suffix",)
-        self.trie = SuffixTrie(max_tree_depth)
-        self.memory = memory
-        self.matches = [ROOT]  # the context's tail in memory's trie (see SuffixTrie.follow)
-        self.seen = 0
-        self._sync(prompt)
-        self.last_match = 0  # the match length of the last draft (0: none)
-
-    def _sync(self, tokens: List[int]) -> None:
-        """Add ``tokens[self.seen:]`` to the tries' views (the tokens only ever grow)."""
-        if self.memory is not None:
-            memory = self.memory.trie
-            start = max(self.seen, len(tokens) - memory.max_depth)  # matches depend on the last max_depth tokens only
-            if start > self.seen:
-                del self.matches[1:]
-            for i in range(start, len(tokens)):
-                memory.follow(self.matches, tokens[i])
-        for i in range(self.seen, len(tokens)):
-            self.trie.append(tokens[i])
-        self.seen = len(tokens)
-
-    def draft(self, tokens: List[int], k: int) -> List[int]:
-        """The best path draft of at most ``k`` tokens after ``tokens``."""
-        self._sync(tokens)
-        limit = min(k, self.max_spec_tokens)
-        draft, score, self.last_match = best_match_path(self.trie, self.trie.active, limit, self.factor, self.offset, self.min_prob)
-        if self.memory is not None:
-            other, other_score, match = best_match_path(self.memory.trie, self.matches, limit, self.factor, self.offset, self.min_prob)
-            if other_score > score:
-                draft, self.last_match = other, match
-        return draft
-
-    def propose_tree(self, tokens: List[int], budget: int) -> Tuple[List[int], List[int]]:
-        """SuffixDecoding's tree mode after ``tokens``: up to ``budget`` node tokens and their parents
-        (-1: a child of the last context token, else the index of an earlier node), the greedy
-        best-first expansion by estimated path probability from the best-scoring match (its length
-        in ``last_match``, as after ``draft``)."""
-        self._sync(tokens)
-        limit = min(budget, self.max_spec_tokens)
-        nodes, parents, score, self.last_match = best_match_tree(self.trie, self.trie.active, limit, self.factor, self.offset,
-                                                                 self.min_prob)
-        if self.memory is not None:
-            other = best_match_tree(self.memory.trie, self.matches, limit, self.factor, self.offset, self.min_prob)
-            if other[2] > score:
-                nodes, parents, self.last_match = other[0], other[1], other[3]
-        return nodes, parents
-
-    def max_drafts(self, position: int) -> int:
-        return UNLIMITED
-
-    def propose(self, ids: Tensor, tokens: List[int], k: int) -> Tuple[int, None]:
-        return _write(ids, len(tokens), self.draft(tokens, k)), None
-
-    def fetch(self, target_probs: Tensor) -> None:
-        return None
-
-    def accept(self, tokens: List[int], start: int, n_accepted: int, fetched: None) -> None:
-        pass  # the next propose adds the emitted tokens
-
-    def accept_tree(self, tokens: List[int], start: int, nodes: List[int], parents: List[int], path: List[int], fetched: None) -> None:
-        pass  # as after a chain: the next proposal adds the emitted tokens
-
-
-def check_settings(max_tree_depth: int, max_spec_tokens: int, max_spec_factor: float, max_spec_offset: float,
-                   min_token_prob: float) -> None:
-    """One line for a setting out of range."""
-    check_positive_int("max_spec_tokens", max_spec_tokens)
-    if not isinstance(max_tree_depth, int) or isinstance(max_tree_depth, bool) or not 1 <= max_tree_depth <= MAX_DEPTH:
-        raise ValueError(f"max_tree_depth must be an integer from 1 to {MAX_DEPTH}, got {max_tree_depth!r}")
-    for name, value, low, high in (("max_spec_factor", max_spec_factor, 0.0, 64.0), ("max_spec_offset", max_spec_offset, -64.0, 64.0),
-                                   ("min_token_prob", min_token_prob, 0.0, 1.0)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-            raise ValueError(f"{name} must be a number from {low} to {high}, got {value!r}")
 
 
 @torch.no_grad()
@@ -167,22 +47,8 @@ def suffix_generate(
     Returns:
         (new token ids, acceptance rate = accepted drafts / drafted tokens).
     """
-    prompt = check_prompt(inputs)
-    config = GenerationConfig.of(locals(), gamma=check_positive_int("max_spec_tokens", max_spec_tokens))
-    generation_end(len(prompt), max_gen_len, context_window(target))
     if memory is not None and memory.max_depth != max_tree_depth:
         raise ValueError(f"the memory's depth is {memory.max_depth}, not max_tree_depth {max_tree_depth}")
-    drafter = SuffixDrafter(prompt, max_tree_depth, max_spec_tokens, max_spec_factor, max_spec_offset, min_token_prob, memory)
-    if trees:  # up to max_spec_tokens nodes, best first, verified in one pass (sampling.tree_decoding)
-        from sampling.tree_decoding import tree_speculative
-        from utils.caching import tree_unsupported
-
-        reason = tree_unsupported(target)
-        if reason is not None:
-            raise ValueError(reason)
-        out, rate = tree_speculative(prompt, config.runner(target), drafter, config)
-    else:
-        out, rate = speculative(prompt, config.runner(target), drafter, config)
-    if memory is not None:
-        memory.add(out)
-    return out, rate
+    settings = (max_tree_depth, max_spec_tokens, max_spec_factor, max_spec_offset, min_token_prob)
+    return generate(inputs, target, lambda prompt, config: SuffixDrafter(prompt, *settings, memory), locals(), trees=trees,
+                    gamma=check_positive_int("max_spec_tokens", max_spec_tokens))

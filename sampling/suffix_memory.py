@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from sampling.suffix_tree import SuffixTrie
+from utils.files import read_regular_file, write_atomically
 
 FORMAT = "speculative-decoding/suffix-memory"
 MAX_DEPTH = 64  # the authors' default max_tree_depth, and the highest accepted here
@@ -71,8 +72,6 @@ class SuffixMemory:
 
     def save(self, path: str | Path, overwrite: bool = False) -> None:
         """Write the outputs as JSON, atomically; an existing file only if this tool saved it (or ``overwrite``)."""
-        from ngram_assisted.persistence import write_atomically  # ngram_assisted imports sampling: not at import time
-
         if os.path.lexists(path):
             real = os.path.realpath(path)
             if os.path.exists(real) and not os.path.isfile(real):
@@ -84,8 +83,6 @@ class SuffixMemory:
 
     def load(self, path: str | Path) -> None:
         """Replace this memory by the file's (its depth too); ValueError (one line), nothing changed, for a bad file."""
-        from ngram_assisted.persistence import read_regular_file
-
         raw = read_regular_file(path, MAX_FILE_BYTES, "a suffix memory file")
         try:
             data = json.loads(raw.decode("utf-8"))

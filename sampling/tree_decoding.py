@@ -6,7 +6,7 @@ accepted token; parents come before their children). The target scores every nod
 only the accepted branch (``keep_branch``).
 """
 import time
-from typing import Any, List, Protocol, Tuple
+from typing import List, Tuple
 
 import torch
 from torch import Tensor
@@ -15,31 +15,12 @@ from sampling.common import context_window, generation_end
 from sampling.config import GenerationConfig, Step
 from sampling.draft_policy import DraftPolicy
 from sampling.speculative_decoding import _on_host, _residual, _tensors
-from utils.caching import tree_depths, tree_unsupported
+from drafters.base import Drafter, as_drafter
+from utils.caching import tree_depths
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 
-class TreeDrafter(Protocol):
-    """What the tree loop needs from a source of draft trees (``cheap``, ``fetch`` as in ``Drafter``).
-
-    A drafter with probabilities also has ``propose_tree_with_probs(tokens, budget)`` returning
-    ``(nodes, parents, q)``: ``q`` ``[1 + N, V]``, row 0 the distribution the root's children were
-    drawn from, row ``1 + i`` the one node ``i``'s children were drawn from, each child drawn
-    independently (siblings may repeat)."""
-
-    cheap: bool
-
-    def propose_tree(self, tokens: List[int], budget: int) -> Tuple[List[int], List[int]]:
-        """Up to ``budget`` node tokens and their parents, most promising first: any prefix of the
-        nodes must be a tree too (the loop may verify only the first ones)."""
-
-    def fetch(self, target_probs: Tensor) -> Any:
-        """What the drafter needs on the host from the target's distributions ``[1 + N, V]``
-        (rows: the root, then each node), fetched in the step's single device sync."""
-
-    def accept_tree(self, tokens: List[int], start: int, nodes: List[int], parents: List[int], path: List[int], fetched: Any) -> None:
-        """Told after each step: ``tokens[start:]`` were emitted, the branch ``path`` (node indices,
-        root to leaf) accepted, then the target's own token; ``fetched`` as ``fetch`` returned it, on the host."""
+TreeDrafter = Drafter  # what the tree loop needs from a source of draft trees: ``Drafter`` with ``supports_trees``
 
 
 class TreeRecord:
@@ -231,18 +212,16 @@ def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, confi
     host-device sync per step. Statistics count a step's *levels* (its deepest branch) as drafts,
     so per-position acceptance reads per depth.
     """
-    reason = tree_unsupported(target.model)
-    if reason is not None:
-        raise ValueError(reason)
+    drafter = as_drafter(drafter)
     end = generation_end(len(prompt), config.max_gen_len, context_window(target.model))
     ids = torch.zeros((1, end), dtype=torch.long, device=target.device)
     ids[0, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=target.device)
     tokens = list(prompt)
     processor, policy, stats = config.processor, config.policy, config.stats
     greedy = isinstance(processor, GreedyProcessor)
-    with_probs = hasattr(drafter, "propose_tree_with_probs")
+    with_probs = drafter.tree_probs
     drafting = not config.first_target
-    policy.start(config.gamma, drafter.cheap, getattr(drafter, "memory_key", None))
+    policy.start(config.gamma, drafter.cheap, drafter.memory_key)
     record = TreeRecord()
     while len(tokens) < end:
         cur = len(tokens)
@@ -307,36 +286,3 @@ def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, confi
 def tree_speculative(prompt: List[int], target, drafter: TreeDrafter, config: GenerationConfig) -> Tuple[List[int], float]:
     """``draft_tree_and_verify``, returned as the public functions return: (new token ids, acceptance rate)."""
     return draft_tree_and_verify(prompt, target, drafter, config), config.stats.acceptance_rate
-
-
-@torch.no_grad()
-def ngram_tree_generate(
-    inputs: List[int], ngramstorage, target, tokenizer=None, tree_size: int = 16, filler_top_k: int = 3,
-    logits_processor: LogitsProcessor = GreedyProcessor(), max_gen_len: int = 40, eos_tokens_id: int | List[int] = 1,
-    pad_token_id: int = 0, use_cache: bool = False, first_target: bool = True, debug: bool = False, stats=None,
-    policy: DraftPolicy | None = None, streamer=None, compile: bool | None = None,
-) -> Tuple[List[int], float]:
-    """NASD with draft trees: the n-gram storage proposes its most probable branches by count (up
-    to ``tree_size`` nodes, best first, ``NGramDrafter.propose_tree``), the target verifies them in
-    one pass and the longest branch its own tokens walk down is accepted (``draft_tree_and_verify``:
-    greedy exact, sampling lossless). With a calibrated ``policy`` only the first nodes whose
-    expected tokens pay for the pass are verified. The storage learns as in
-    ``ngram_assisted_speculative_generate`` (emitted tokens, and the target's ``filler_top_k``
-    most probable tokens along the accepted branch). Needs a storage with this project's int
-    methods, and a decoder-only target with full attention. Returns (new tokens, acceptance rate:
-    accepted drafts / tree levels verified).
-    """
-    from ngram_assisted.ngram_storage import has_int_path
-    from sampling.common import check_positive_int, check_prompt
-    from sampling.drafters import ngram_drafter
-
-    prompt = check_prompt(inputs)
-    if not has_int_path(ngramstorage):
-        raise ValueError("draft trees need a storage with this project's int methods (a CountingNGramStorage)")
-    reason = tree_unsupported(target)
-    if reason is not None:
-        raise ValueError(reason)
-    config = GenerationConfig.of(locals(), gamma=check_positive_int("tree_size", tree_size))
-    generation_end(len(prompt), max_gen_len, context_window(target))  # no room: refused before the storage learns
-    drafter = ngram_drafter(ngramstorage, prompt, check_positive_int("filler_top_k", filler_top_k))
-    return tree_speculative(prompt, config.runner(target), drafter, config)

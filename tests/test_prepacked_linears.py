@@ -182,3 +182,14 @@ def test_a_divergence_is_replayed_on_the_kernels_each_run_had(float32_pair):
             assert torch.equal(on_kernels(default_runner, "own")(target)(ids, 3), own)
             assert torch.equal(on_kernels(default_runner, "prepacked")(target)(ids, 3), packed)
             assert prepacked(target) == now
+
+
+def test_the_repl_table_names_each_rows_kernels_when_they_differ_and_says_nothing_when_they_agree():
+    from types import SimpleNamespace as Row
+
+    from app.repl.repl import kernels_caption
+
+    target, ngram, pld = Row(title="Target AR"), Row(title="N-gram assisted"), Row(title="Prompt lookup")
+    mixed = [(target, Row(kernels="own")), (ngram, Row(kernels="prepacked")), (pld, Row(kernels="prepacked"))]
+    assert kernels_caption(mixed) == " · linears: own (Target AR) · prepacked (N-gram assisted, Prompt lookup)"
+    assert kernels_caption([(target, Row(kernels="own")), (ngram, Row(kernels="own"))]) == ""

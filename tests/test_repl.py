@@ -121,7 +121,7 @@ def _table_rows(text: str) -> dict:
     rows = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.split("│")[1:-1]]
-        if len(cells) in (7, 8) and cells[1].isdigit():  # 8: a "linears" column when rows ran different kernels
+        if len(cells) == 7 and cells[1].isdigit():
             rows[cells[0]] = (cells[1], cells[5], cells[6])
     return rows
 

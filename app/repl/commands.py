@@ -2,6 +2,7 @@
 are read, what it does and the value /help shows. ``app.repl.repl.Repl`` dispatches through ``COMMANDS``;
 /help, the usage lines of refusals and the shown values are all drawn from it. A command sees the
 REPL as a ``ReplState`` (``app.repl.state``): this module does not import the REPL."""
+from collections.abc import Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -10,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from app.repl.state import ReplState
+from app.repl.stats import _stats, suffix_memory_line  # noqa: F401 (suffix_memory_line: importable from here, as before)
 from utils.parsing import LIMITS, UsageError, parse_float, parse_int, parse_limited, parse_path, parse_processor
 from utils.printing import console
 
@@ -93,16 +95,16 @@ def strategy_toggle(key: str, what: str) -> Command:
             raise UsageError("no drafter loaded: restart with --drafter MODEL (a Hub id, a local folder or a GGUF file)")
         if strategy.decoder_only and repl.settings.encoder_decoder:
             raise UsageError(f"{strategy.title} works with decoder-only models only")
-        if strategy.trees and not repl.enabled[key]:
+        if strategy.trees and not repl.enabled.get(key, False):
             from utils.caching import tree_unsupported
 
             reason = tree_unsupported(repl.settings.target)
             if reason is not None:
                 raise UsageError(f"{strategy.title}: {reason}")
-        repl.enabled[key] = not repl.enabled[key]
+        repl.enabled[key] = not repl.enabled.get(key, False)
         return f"{strategy.title}: {on_off(repl.enabled[key])}"
 
-    return Command(f"/{key}", "", what, run, value=lambda repl: repl.enabled[key])
+    return Command(f"/{key}", "", what, run, value=lambda repl: repl.enabled.get(key, False))
 
 
 def number(name: str, args: str, what: str, owner: Callable, attribute: str, note: str) -> Command:
@@ -266,13 +268,6 @@ def _suffix_load(repl, path):
     return f"suffix global memory loaded from {path}: {repl.suffix_memory.describe()} ({state})"
 
 
-def suffix_memory_line(repl) -> str:
-    """The global suffix memory's state, for /stats and the table's caption."""
-    if repl.settings.suffix_memory is None:
-        return "suffix global memory: off"
-    return f"suffix global memory: on, {repl.suffix_memory.describe()}"
-
-
 def _pause(repl, after, steps):
     repl.settings.policy.pause_after, repl.settings.policy.pause_steps = after, steps
     return f"pause: after {after} fruitless steps, for {steps} steps" if after else "pause: off"
@@ -287,30 +282,49 @@ def _memory(repl):
             else "policy memory: off (forgotten; every prompt starts fresh)")
 
 
-def _stats(repl):
-    if not repl.last:
-        raise UsageError("no prompt yet: /stats shows the statistics of the last prompt")
-    table = Table(title="Statistics of the last prompt")
-    columns = ("strategy", "tokens", "target passes", "tok/step", "drafted", "accepted", "accept", "drafting s", "verifying s", "paused")
-    for column in columns:
-        table.add_column(column, justify="left" if column == "strategy" else "right")
-    for strategy, r in repl.last:
-        st = r.stats
-        table.add_row(Text(strategy.title, style=strategy.color), str(st.generated), str(st.target_forward_passes),
-                      f"{st.mean_accepted_tokens:.2f}", str(st.drafted), str(st.accepted), f"{st.acceptance_rate:.2f}",
-                      f"{st.draft_seconds:.3f}", f"{st.verify_seconds:.3f}", str(st.paused_steps))
-    console.print(table)
-    for strategy, r in repl.last:
-        if r.stats.drafted:
-            rates = " ".join(f"{rate:.2f}" for rate in r.stats.per_position_acceptance)
-            console.print(Text(f"{strategy.title}: acceptance by draft position: {rates}", style=strategy.color))
-    policy = repl.settings.policy
-    console.print(f"policy: {policy.describe(repl.settings.gamma)}"
-                  + ("" if policy.remember else " · memory off: each prompt starts fresh"))
-    console.print(f"suffix: {repl.settings.suffix.describe()} · {suffix_memory_line(repl)}")
+def param_command(param) -> Command:
+    """``/name <value>`` for a strategy row's ``Param``: within ``LIMITS[name]``, into ``Settings.params``."""
+    def run(repl, value):
+        repl.settings.params[param.name] = value
+        return f"{param.name}: {value}"
+
+    return Command(f"/{param.name}", "<n>" if param.type is int else "<x>", param.help or param.name, run,
+                   (limited(param.name),), lambda repl: repl.settings.param(param.name),
+                   f"{'n' if param.type is int else 'x'} from {_range(param.name)} (default {param.default})")
 
 
-COMMANDS: Dict[str, Command] = {command.name: command for command in [
+def row_commands(strategy) -> List[Command]:
+    """A row's commands: its toggle ``/key`` and one command per parameter."""
+    return [strategy_toggle(strategy.key, strategy.help or strategy.title)] + [param_command(p) for p in strategy.params]
+
+
+class CommandTable(Mapping):
+    """The built-in commands, then those of every strategy row without a built-in toggle (a row
+    added by ``strategies.register``), read from the strategies' table at each lookup."""
+
+    def __init__(self, built_in: Dict[str, Command]):
+        self.built_in = built_in
+
+    def _all(self) -> Dict[str, Command]:
+        from strategies import STRATEGIES
+
+        table = dict(self.built_in)
+        for strategy in STRATEGIES:
+            if f"/{strategy.key}" not in self.built_in:
+                table.update((command.name, command) for command in row_commands(strategy))
+        return table
+
+    def __getitem__(self, name: str) -> Command:
+        return self.built_in[name] if name in self.built_in else self._all()[name]
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+BUILT_IN: Dict[str, Command] = {command.name: command for command in [
     Command("/quit", "", "quit", _quit),
     Command("/clear", "", "clear the screen", lambda repl: console.clear()),
     Command("/help", "", "this list, with the current values", _help),
@@ -376,3 +390,4 @@ COMMANDS: Dict[str, Command] = {command.name: command for command in [
     Command("/stats", "", "detailed statistics of the last prompt", _stats),
     toggle("/stream", "print tokens as they are accepted", REPL, "stream", "stream"),
 ]}
+COMMANDS = CommandTable(BUILT_IN)

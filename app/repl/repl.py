@@ -12,6 +12,17 @@ from utils.parsing import MAX_LINE, UsageError, sanitize_text
 from utils.printing import console, screen  # the one screen the REPL, the debug view and the stream share
 
 
+def kernels_caption(results) -> str:
+    """What the table's caption adds when rows ran on different kernels (``--prepack auto``): each
+    option with its rows, e.g. " · linears: own (Target AR) · prepacked (N-gram assisted, Prompt lookup)"."""
+    by_option: dict = {}
+    for strategy, r in results:
+        by_option.setdefault(r.kernels or "-", []).append(strategy.title)
+    if len(by_option) < 2:
+        return ""
+    return " · linears: " + " · ".join(f"{option} ({', '.join(titles)})" for option, titles in by_option.items())
+
+
 def replaced_line(count: int) -> str:
     return f"{count} byte{'s' if count != 1 else ''} that {'are' if count != 1 else 'is'} not UTF-8 " \
            f"{'were' if count != 1 else 'was'} replaced by \ufffd"
@@ -108,7 +119,7 @@ class Repl:
             self.settings.storage.reset()
         results = []
         self.last = results
-        enabled = [strategy for strategy in STRATEGIES if self.enabled[strategy.key]]
+        enabled = [strategy for strategy in STRATEGIES if self.enabled.get(strategy.key, False)]
         learning = [strategy for strategy in enabled if strategy.takes_storage]
         own = self.settings.storage  # what the first strategy drafting from it learns is kept for the next prompt
         before = copy.deepcopy(own) if len(learning) > 1 else None
@@ -205,10 +216,10 @@ class Repl:
         baseline = next((r.tokens_per_second for s, r in results if s.key == "target"), None)
         policy = self.settings.policy
         gamma = "auto" if policy.auto else f"<= {self.settings.gamma}"
+        caption = f"policy: {policy.describe()}" + (f" · {suffix_memory_line(self)}" if self.enabled["suffix"] or self.enabled["tree_suffix"] else "")
         table = Table(title=f"seed {self.seed} · gamma {gamma} · {self.value_of('/processor')} · speedup over target AR",
-                      caption=f"policy: {policy.describe()}" + (f" · {suffix_memory_line(self)}" if self.enabled["suffix"] or self.enabled["tree_suffix"] else ""))
-        mixed = len({r.kernels for _, r in results}) > 1  # rows on different kernels (--prepack auto): each names its own
-        for column in ("strategy", "tokens", "time (s)", "tokens/s", "speedup", "accept", "tok/step") + (("linears",) if mixed else ()):
+                      caption=caption + kernels_caption(results))
+        for column in ("strategy", "tokens", "time (s)", "tokens/s", "speedup", "accept", "tok/step"):
             table.add_column(column, justify="left" if column == "strategy" else "right")
         for strategy, r in results:
             speedup = f"{r.tokens_per_second / baseline:.2f}x" if baseline else "-"
@@ -216,7 +227,6 @@ class Repl:
             table.add_row(
                 Text(strategy.title, style=strategy.color), str(len(r.tokens)), f"{r.seconds:.2f}", f"{r.tokens_per_second:.1f}",
                 speedup, f"{r.stats.acceptance_rate:.2f}" if spec else "-", f"{r.stats.mean_accepted_tokens:.2f}" if spec else "-",
-                *((r.kernels or "-",) if mixed else ()),
             )
         console.print(table)
 

@@ -1,0 +1,36 @@
+"""The REPL's /stats: the last prompt's statistics per strategy, and the global suffix memory's state."""
+from rich.table import Table
+from rich.text import Text
+
+from utils.parsing import UsageError
+from utils.printing import console
+
+
+def suffix_memory_line(repl) -> str:
+    """The global suffix memory's state, for /stats and the table's caption."""
+    if repl.settings.suffix_memory is None:
+        return "suffix global memory: off"
+    return f"suffix global memory: on, {repl.suffix_memory.describe()}"
+
+
+def _stats(repl):
+    if not repl.last:
+        raise UsageError("no prompt yet: /stats shows the statistics of the last prompt")
+    table = Table(title="Statistics of the last prompt")
+    columns = ("strategy", "tokens", "target passes", "tok/step", "drafted", "accepted", "accept", "drafting s", "verifying s", "paused")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "strategy" else "right")
+    for strategy, r in repl.last:
+        st = r.stats
+        table.add_row(Text(strategy.title, style=strategy.color), str(st.generated), str(st.target_forward_passes),
+                      f"{st.mean_accepted_tokens:.2f}", str(st.drafted), str(st.accepted), f"{st.acceptance_rate:.2f}",
+                      f"{st.draft_seconds:.3f}", f"{st.verify_seconds:.3f}", str(st.paused_steps))
+    console.print(table)
+    for strategy, r in repl.last:
+        if r.stats.drafted:
+            rates = " ".join(f"{rate:.2f}" for rate in r.stats.per_position_acceptance)
+            console.print(Text(f"{strategy.title}: acceptance by draft position: {rates}", style=strategy.color))
+    policy = repl.settings.policy
+    console.print(f"policy: {policy.describe(repl.settings.gamma)}"
+                  + ("" if policy.remember else " · memory off: each prompt starts fresh"))
+    console.print(f"suffix: {repl.settings.suffix.describe()} · {suffix_memory_line(repl)}")

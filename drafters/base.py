@@ -1,0 +1,117 @@
+"""The ``Drafter`` base class: what the verification loops (``sampling.speculative_decoding``'s
+chain loop, ``sampling.tree_decoding``'s tree loop) ask of a source of drafts, each optional
+capability a method or attribute with a default here, so the loops never probe.
+
+A drafter keeps no state between its calls within a step: what it asks of the target's
+distributions (``fetch``) comes back to it whole (``accept`` / ``accept_tree``).
+"""
+from typing import Any, List, Tuple
+
+import torch
+from torch import Tensor
+
+UNLIMITED = 1 << 30
+
+
+class Drafter:
+    """A source of drafts. Override ``propose`` for chains, ``propose_tree`` (with
+    ``supports_trees = True``) for trees, or both; everything else has a default.
+
+    ``cheap``: drafting costs nothing next to a verification pass (n-grams, lookups); with
+    ``DraftPolicy.auto`` such a drafter is asked to fill padded passes. ``memory_key``: what a
+    ``DraftPolicy`` with ``remember`` knows it by across generations (None: nothing remembered).
+    ``tree_probs``: ``propose_tree_with_probs`` is what the tree loop calls (drafts sampled from
+    a distribution, verified by multi-step speculative sampling).
+    """
+
+    cheap: bool = True
+    memory_key: Any = None
+    supports_trees: bool = False
+    tree_probs: bool = False
+
+    def max_drafts(self, position: int) -> int:
+        """How many drafts it can propose for a sequence of ``position`` tokens."""
+        return UNLIMITED
+
+    def propose(self, ids: Tensor, tokens: List[int], k: int) -> Tuple[int, Tensor | None]:
+        """Write up to ``k`` drafts into ``ids[0, len(tokens):]``; return how many, and their
+        probabilities ``q`` ``[count, V]`` under the drafter (None for a deterministic drafter)."""
+        raise NotImplementedError(f"{type(self).__name__} drafts trees only")
+
+    def propose_tree(self, tokens: List[int], budget: int) -> Tuple[List[int], List[int]]:
+        """Up to ``budget`` node tokens and their parents (-1: the root, the last token; parents
+        before children), most promising first: any prefix of the nodes must be a tree too."""
+        raise NotImplementedError(f"{type(self).__name__} does not draft trees")
+
+    def propose_tree_with_probs(self, tokens: List[int], budget: int) -> Tuple[List[int], List[int], Tensor]:
+        """As ``propose_tree``, with ``q`` ``[1 + N, V]``: row 0 the distribution the root's children
+        were drawn from, row ``1 + i`` node ``i``'s, each child drawn independently."""
+        raise NotImplementedError(f"{type(self).__name__} has no tree probabilities")
+
+    def fetch(self, target_probs: Tensor) -> Any:
+        """What it needs on the host from the target's distributions (``[k + 1, V]``, or ``[1 + N, V]``
+        for a tree): a tensor, None, or a list of these, fetched in the step's single device sync."""
+        return None
+
+    def accept(self, tokens: List[int], start: int, n_accepted: int, fetched: Any) -> None:
+        """After a chain step: ``tokens[start:]`` were emitted, the first ``n_accepted`` of them
+        accepted drafts; ``fetched`` is what ``fetch`` returned, each tensor as nested lists."""
+
+    def accept_tree(self, tokens: List[int], start: int, nodes: List[int], parents: List[int], path: List[int], fetched: Any) -> None:
+        """After a tree step: ``tokens[start:]`` were emitted, the branch ``path`` (node indices, root
+        to leaf) accepted, then the target's own token; ``fetched`` as ``fetch`` returned it."""
+
+    def finish(self, output: List[int] | None) -> None:
+        """After the generation (``sampling.generate``): its new tokens, or None when it failed."""
+
+
+def write_drafts(ids: Tensor, at: int, drafts: List[int]) -> int:
+    """Put ``drafts`` into ``ids[0, at:]``; returns how many."""
+    if drafts:
+        ids[0, at : at + len(drafts)] = torch.tensor(drafts, dtype=torch.long)
+    return len(drafts)
+
+
+class Structural(Drafter):
+    """A drafter written against the earlier structural protocol (no base class, optional methods
+    probed): its methods, and this base's defaults for what it lacks. The one place that probes."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.cheap = inner.cheap
+        self.memory_key = getattr(inner, "memory_key", None)
+        self.tree_probs = hasattr(inner, "propose_tree_with_probs")
+        self.supports_trees = self.tree_probs or hasattr(inner, "propose_tree")
+
+    def _call(self, name: str, *args):
+        method = getattr(self.inner, name, None)
+        return method(*args) if method is not None else getattr(Drafter, name)(self, *args)
+
+    def max_drafts(self, position):
+        return self._call("max_drafts", position)
+
+    def propose(self, ids, tokens, k):
+        return self._call("propose", ids, tokens, k)
+
+    def propose_tree(self, tokens, budget):
+        return self._call("propose_tree", tokens, budget)
+
+    def propose_tree_with_probs(self, tokens, budget):
+        return self._call("propose_tree_with_probs", tokens, budget)
+
+    def fetch(self, target_probs):
+        return self._call("fetch", target_probs)
+
+    def accept(self, tokens, start, n_accepted, fetched):
+        return self._call("accept", tokens, start, n_accepted, fetched)
+
+    def accept_tree(self, tokens, start, nodes, parents, path, fetched):
+        return self._call("accept_tree", tokens, start, nodes, parents, path, fetched)
+
+    def finish(self, output):
+        return self._call("finish", output)
+
+
+def as_drafter(drafter: Any) -> Drafter:
+    """``drafter`` itself when it derives from ``Drafter``, else wrapped as ``Structural``."""
+    return drafter if isinstance(drafter, Drafter) else Structural(drafter)

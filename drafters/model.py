@@ -1,0 +1,59 @@
+"""A small language model ``M_q`` drafting for the target (Leviathan et al. 2023; Chen et al. 2023)."""
+from typing import List, Tuple
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+
+from drafters.base import UNLIMITED, Drafter
+from sampling.common import context_window
+from sampling.config import GenerationConfig
+from utils.caching import KVCacheModel
+from utils.logits_processor import LogitsProcessor
+
+
+class ModelDrafter(Drafter):
+    """A small language model ``M_q`` drafting with the target's logits processor. It owns its
+    confidence cutoff ``p_min`` (llama.cpp's ``--draft-p-min``) and never stops below ``min_draft``."""
+
+    cheap = False
+
+    def __init__(
+        self, model: KVCacheModel, logits_processor: LogitsProcessor, vocab_size: int, window: int | None,
+        p_min: float = 0.0, min_draft: int = 0,
+    ):
+        self.model = model
+        self.memory_key = ("model", id(model.model))
+        self.p_min, self.min_draft = p_min, min_draft
+        self.logits_processor = logits_processor
+        self.vocab_size = vocab_size
+        self.window = window
+
+    @classmethod
+    def of(cls, model: Module, config: GenerationConfig, encoder_input_ids: List[int] | None = None) -> "ModelDrafter":
+        """A drafter for ``model`` under ``config``: its processor, cache setting, shared
+        vocabulary, and the policy's confidence cutoff and floor."""
+        runner = config.runner(model, encoder_input_ids)
+        policy = config.policy
+        return cls(runner, config.processor, config.vocab_size, context_window(model), policy.p_min, policy.min_draft)
+
+    def max_drafts(self, position: int) -> int:
+        return self.window - position + 1 if self.window is not None else UNLIMITED
+
+    def propose(self, ids: Tensor, tokens: List[int], k: int) -> Tuple[int, Tensor | None]:
+        cur = len(tokens)
+        k = min(k, self.max_drafts(cur))
+        if k < self.min_draft:  # known before any draft is drawn: nothing is dropped after sampling
+            return 0, None
+        qs = []
+        for i in range(k):
+            q = self.logits_processor(self.model(ids[:, : cur + i], 1)[:, : self.vocab_size])
+            # not confident: stop here, decided before this draft is drawn (never below min_draft)
+            if self.p_min > 0 and i >= self.min_draft and float(q.max()) < self.p_min:
+                break
+            ids[0, cur + i] = self.logits_processor.sample(q)[0, 0]
+            qs.append(q)
+        return len(qs), torch.cat(qs) if qs else None
+
+    def accept(self, tokens: List[int], start: int, n_accepted: int, fetched: None) -> None:
+        self.model.rollback(start + n_accepted)

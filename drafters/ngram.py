@@ -1,0 +1,134 @@
+"""NASD's drafter (n-gram assisted speculative decoding): drafts by chaining an n-gram storage's
+predictions (``ngram_assisted.ngram_storage``), chains or trees, and learns from every step."""
+import heapq
+import itertools
+from typing import List, Tuple
+
+import torch
+from torch import Tensor
+
+from drafters.base import Drafter, write_drafts
+from ngram_assisted.ngram_storage import has_int_path
+
+TREE_CHILDREN = 4  # continuations an n-gram tree considers after each node: the most frequent ones
+
+
+class NGramDrafter(Drafter):
+    """Drafts by chaining an n-gram storage's predictions; learns from every verification step.
+
+    After a step, each emitted token is counted after its context, and so are the target's
+    ``filler_top_k`` most probable tokens at that position when ``filler_top_k > 1``
+    (``filler_top_k=1`` is NAPD, Ou et al. 2024). An unknown context ends the draft when
+    ``stop_if_unknown``; otherwise a random token fills the slot, as in the reference.
+    """
+
+    supports_trees = True
+
+    def __init__(self, storage, filler_top_k: int = 3, stop_if_unknown: bool = False):
+        self.storage = storage
+        self.filler_top_k = filler_top_k
+        self.stop_if_unknown = stop_if_unknown
+
+    def propose(self, ids: Tensor, tokens: List[int], k: int) -> Tuple[int, None]:
+        context = tokens[max(0, len(tokens) - self.storage.n + 1) :]
+        drafts: List[int] = []
+        for _ in range(k):
+            token = self.storage.predict(context)
+            if token is None:
+                if self.stop_if_unknown:
+                    break
+                token = int(torch.randint(self.storage.vocab_size, ()))
+            drafts.append(token)
+            context = context[1:] + [token] if len(context) >= self.storage.n - 1 else context + [token]
+        return write_drafts(ids, len(tokens), drafts), None
+
+    def propose_tree(self, tokens: List[int], budget: int) -> Tuple[List[int], List[int]]:
+        """Up to ``budget`` nodes and their parents (-1: the root): the most probable branches by the
+        storage's counts, best first (a node's estimate is the product of its path's count
+        fractions), so every prefix of the nodes is the best smaller tree. [] when the context is unknown."""
+        width = self.storage.n - 1
+        nodes: List[int] = []
+        parents: List[int] = []
+        heap: list = []
+        order = itertools.count()  # ties: the earlier candidate first
+
+        def push(parent: int, context: List[int], mass: float) -> None:
+            counts = self.storage.continuations(context)
+            total = sum(counts.values())
+            for token, count in heapq.nlargest(TREE_CHILDREN, counts.items(), key=lambda item: item[1]):
+                heapq.heappush(heap, (-mass * count / total, next(order), parent, token, context))
+
+        push(-1, list(tokens[max(0, len(tokens) - width) :]), 1.0)
+        while heap and len(nodes) < budget:
+            negative, _, parent, token, context = heapq.heappop(heap)
+            nodes.append(token)
+            parents.append(parent)
+            push(len(nodes) - 1, (context + [token])[max(0, len(context) + 1 - width) :], -negative)
+        return nodes, parents
+
+    def accept_tree(self, tokens: List[int], start: int, nodes: List[int], parents: List[int], path: List[int], fetched) -> None:
+        """Told after a tree step: learn as after a chain of the accepted branch ``path`` (the
+        target's top-k of the root's row and of the branch's rows)."""
+        rows = None if fetched is None else [fetched[0]] + [fetched[1 + i] for i in path]
+        self.accept(tokens, start, len(path), rows)
+
+    def fetch(self, target_probs: Tensor) -> Tensor | None:
+        """The target's ``filler_top_k`` most probable tokens at every verified position ``[k + 1, top_k]``."""
+        if self.filler_top_k <= 1:
+            return None
+        return target_probs.topk(min(self.filler_top_k, target_probs.size(-1)), dim=-1).indices
+
+    def accept(self, tokens: List[int], start: int, n_accepted: int, fetched: List[List[int]] | None) -> None:
+        width = self.storage.n - 1
+        for i in range(n_accepted + 1):
+            position = start + i
+            context = tokens[max(0, position - width) : position]
+            self.storage.add(context, (tokens[position],))
+            if fetched is not None:
+                self.storage.add(context, fetched[i])
+
+
+class TensorStorageDrafter(NGramDrafter):
+    """``NGramDrafter`` for a storage that implements only the reference's tensor interface
+    (``next_token``, ``update``, ``initialize``): the same drafting and learning, through its
+    tensor methods, with the whole sequence so far as context (``[1, L]``, as the reference
+    passes it). When the storage does not know the context, its own filler token is drafted,
+    or the draft ends with ``stop_if_unknown``. No trees: they need the storage's counts."""
+
+    supports_trees = False
+
+    def propose(self, ids: Tensor, tokens: List[int], k: int) -> Tuple[int, None]:
+        cur, count = len(tokens), 0
+        for i in range(k):
+            token, known = self.storage.next_token(ids[:, : cur + i])
+            if not bool(torch.as_tensor(known).reshape(-1)[0]) and self.stop_if_unknown:
+                break
+            ids[0, cur + i] = int(torch.as_tensor(token).reshape(-1)[0])
+            count += 1
+        return count, None
+
+    def accept(self, tokens: List[int], start: int, n_accepted: int, fetched: List[List[int]] | None) -> None:
+        for i in range(n_accepted + 1):
+            position = start + i
+            context = torch.tensor([tokens[:position]], dtype=torch.long)
+            self.storage.update(context, torch.tensor([[tokens[position]]], dtype=torch.long))
+            if fetched is not None:
+                self.storage.update(context, torch.tensor([fetched[i]], dtype=torch.long))
+
+
+def ngram_drafter(storage, prompt: List[int], filler_top_k: int = 3, stop_if_unknown: bool = False) -> NGramDrafter:
+    """The drafter for ``storage`` (an ``INgramStorage``), seeded with the prompt's n-grams: the int
+    path for this project's storages, the tensor methods for a storage written against the
+    reference's interface only."""
+    if has_int_path(storage):
+        storage.add_sequence(prompt)
+        return NGramDrafter(storage, filler_top_k, stop_if_unknown)
+    storage.initialize(torch.tensor([prompt], dtype=torch.long))
+    return TensorStorageDrafter(storage, filler_top_k, stop_if_unknown)
+
+
+def ngram_tree_drafter(storage, prompt: List[int], filler_top_k: int = 3) -> NGramDrafter:
+    """``ngram_drafter`` for draft trees: refused (one line) for a storage without this project's int methods."""
+    if not has_int_path(storage):
+        raise ValueError("draft trees need a storage with this project's int methods (a CountingNGramStorage)")
+    return ngram_drafter(storage, prompt, filler_top_k)

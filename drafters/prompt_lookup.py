@@ -1,0 +1,29 @@
+"""Prompt lookup (Saxena 2023; transformers' ``prompt_lookup_num_tokens``, vLLM's ``ngram``)."""
+from typing import List, Sequence, Tuple
+
+from torch import Tensor
+
+from drafters.base import Drafter, write_drafts
+
+
+def lookup_continuation(tokens: Sequence[int], min_ngram: int, max_ngram: int, count: int) -> List[int]:
+    """Up to ``count`` tokens that followed the earliest earlier occurrence of the sequence's last
+    n-gram, trying n from ``max_ngram`` down to ``min_ngram``; [] when none occurs."""
+    length = len(tokens)
+    for size in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        tail = list(tokens[length - size :])
+        first = tail[0]
+        for start in range(length - size):
+            if tokens[start] == first and list(tokens[start : start + size]) == tail:
+                return list(tokens[start + size : start + size + count])
+    return []
+
+
+class PromptLookupDrafter(Drafter):
+    """Drafts by copying what followed the last n-gram earlier in the prompt or the generation."""
+
+    def __init__(self, min_ngram: int = 1, max_ngram: int = 3):
+        self.min_ngram, self.max_ngram = min_ngram, max_ngram
+
+    def propose(self, ids: Tensor, tokens: List[int], k: int) -> Tuple[int, None]:
+        return write_drafts(ids, len(tokens), lookup_continuation(tokens, self.min_ngram, self.max_ngram, k)), None

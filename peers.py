@@ -1,0 +1,148 @@
+"""transformers' own generation paths, the benchmark's peers: their rows are in ``strategies.PEERS``.
+Each runs greedy on ``strategies.Settings`` and fills ``GenerationStats`` as ours do.
+
+``Settings`` below names ``strategies.Settings``; it is not imported, not even for type checking,
+so that ``strategies`` (which reads these functions) and this module form no import cycle."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import List
+
+import torch
+from torch.nn import Module
+
+from sampling.stats import GenerationStats
+from utils.caching import model_device
+from utils.logits_processor import GreedyProcessor
+
+
+def _hf_generate(prompt: List[int], s: Settings, stats: GenerationStats, **extra) -> List[int]:
+    """transformers ``generate`` (greedy), counting only new tokens."""
+    if not isinstance(s.processor, GreedyProcessor):
+        raise ValueError("the transformers peers are run greedy only")
+    ids = torch.tensor([prompt], device=model_device(s.target))
+    out = s.target.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=s.max_gen_len, do_sample=False,
+        eos_token_id=s.eos_tokens_id or None, pad_token_id=(s.eos_tokens_id or [0])[0], use_cache=s.use_cache, **extra,
+    )
+    tokens = out[0, len(prompt):].tolist()
+    stats.generated = len(tokens)
+    return tokens
+
+
+def _hf_generate_static(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    """transformers ``generate`` with its static cache, compiled as transformers does it: by itself,
+    with its own settings, on CUDA; on CPU only with ``hf_compile`` (``--compile``), through a
+    ``CompileConfig``. The cache's length comes in buckets of 512 positions, so that a compiled
+    decoding step is built once per bucket (in the benchmark's excluded warm-up run), not once per
+    prompt length (a build inside a timed run would time the compiler)."""
+    from transformers import StaticCache
+
+    length = -(-(len(prompt) + s.max_gen_len) // 512) * 512
+    extra = {"past_key_values": StaticCache(config=s.target.config, max_cache_len=length)}
+    if model_device(s.target).type == "cuda":
+        pass  # transformers compiles the static-cache step by itself, with its defaults
+    elif s.hf_compile:
+        from transformers import CompileConfig
+
+        config = CompileConfig(fullgraph=False, dynamic=False, mode="default")
+        config._compile_all_devices = True
+        extra["compile_config"] = config
+    else:
+        extra["disable_compile"] = True
+    return _hf_generate(prompt, s, stats, **extra)
+
+
+# transformers 5.23 reads these from the *assistant's* generation config (AssistedCandidateGenerator.__init__,
+# its None fields filled with the library defaults), never from generate's arguments
+ASSISTANT_FIELDS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+
+
+def transformers_assisted_defaults() -> dict:
+    """What transformers' assisted generation runs when the assistant's config leaves ASSISTANT_FIELDS unset."""
+    from transformers import GenerationConfig
+
+    defaults = GenerationConfig()._get_default_generation_params()
+    return {name: defaults[name] for name in ASSISTANT_FIELDS}
+
+
+@contextmanager
+def _assistant_config(assistant: Module, **values):
+    """``values`` on the assistant's generation config for one run, every ASSISTANT_FIELDS value put back
+    afterwards (the "heuristic" schedule writes its last draft length back into it)."""
+    config = assistant.generation_config
+    saved = {name: getattr(config, name) for name in ASSISTANT_FIELDS}
+    try:
+        for name, value in values.items():
+            setattr(config, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(config, name, value)
+
+
+def _settings_in_force(generator) -> dict:
+    """The candidate generator's draft settings as it starts (transformers may adapt some as it runs)."""
+    if hasattr(generator, "num_output_tokens"):  # PromptLookupCandidateGenerator
+        return {"prompt_lookup_num_tokens": generator.num_output_tokens, "max_matching_ngram_size": generator.max_matching_ngram_size}
+    return {"num_assistant_tokens": int(generator.num_assistant_tokens),
+            "num_assistant_tokens_schedule": generator.assistant_generation_config.num_assistant_tokens_schedule,
+            "assistant_confidence_threshold": generator.generation_config.assistant_confidence_threshold}
+
+
+@contextmanager
+def _observed_steps(model: Module, stats: GenerationStats):
+    """Each step of transformers' assisted loop into ``stats``: its drafts (``get_candidates``) and how
+    many the target accepted (``update_candidate_strategy``'s ``num_matches``, after transformers' own
+    crop at EOS and max length), on this model's candidate generator only."""
+    own = "_get_candidate_generator" in vars(model)
+    make = model._get_candidate_generator
+
+    def observed(*args, **kwargs):
+        generator = make(*args, **kwargs)
+        get, update, drafted = generator.get_candidates, generator.update_candidate_strategy, [0]
+
+        def get_candidates(input_ids, **more):
+            candidates, logits = get(input_ids, **more)
+            drafted[0] = candidates.shape[-1] - input_ids.shape[-1]
+            return candidates, logits
+
+        def update_candidate_strategy(input_ids, scores, num_matches):
+            update(input_ids, scores, num_matches)
+            stats.record_step(drafted[0], int(num_matches), int(num_matches) + 1)
+
+        generator.get_candidates, generator.update_candidate_strategy = get_candidates, update_candidate_strategy
+        stats.peer_settings = _settings_in_force(generator)
+        return generator
+
+    model._get_candidate_generator = observed
+    try:
+        yield
+    finally:
+        if own:
+            model._get_candidate_generator = make
+        else:
+            del model._get_candidate_generator
+
+
+def _hf_assisted(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    """transformers assisted generation drafting ``s.gamma`` tokens every step: constant schedule, no
+    confidence stop (threshold 0: its ``ConfidenceCriteria`` needs > 0, and None would become 0.4)."""
+    with _assistant_config(s.drafter, num_assistant_tokens=s.gamma, num_assistant_tokens_schedule="constant",
+                           assistant_confidence_threshold=0.0), _observed_steps(s.target, stats):
+        return _hf_generate(prompt, s, stats, assistant_model=s.drafter)
+
+
+def _hf_assisted_default(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    """transformers assisted generation with its own defaults (``transformers_assisted_defaults``),
+    whatever the drafter's generation config says."""
+    with _assistant_config(s.drafter, **dict.fromkeys(ASSISTANT_FIELDS)), _observed_steps(s.target, stats):
+        return _hf_generate(prompt, s, stats, assistant_model=s.drafter)
+
+
+def _hf_prompt_lookup(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    """transformers prompt lookup with our ``pld`` row's settings: ``pld_num_tokens`` drafts, n-grams of
+    ``pld_max_ngram`` tokens down to 1 (transformers' floor; ``pld_min_ngram`` is 1 by default)."""
+    with _observed_steps(s.target, stats):
+        return _hf_generate(prompt, s, stats, prompt_lookup_num_tokens=s.pld_num_tokens,
+                            max_matching_ngram_size=s.pld_max_ngram)
