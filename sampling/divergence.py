@@ -33,8 +33,8 @@ Pass = Tuple[int, int, Sequence[int], int]
 
 def default_runner(model: Module):
     """The runner the loops use with the cache on: the model's cache kind, prepacking and
-    compilation (``utils.compiled.make_runner``)."""
-    from utils.compiled import make_runner
+    compilation (``runners.make_runner``)."""
+    from runners import make_runner
 
     return make_runner(model, True)
 

@@ -10,7 +10,7 @@ from torch.nn import Module
 
 from sampling.common import context_window
 from sampling.config import GenerationConfig
-from utils.caching import KVCacheModel
+from runners import Runner
 from utils.logits_processor import LogitsProcessor
 
 UNLIMITED = 1 << 30
@@ -51,7 +51,7 @@ class ModelDrafter:
     cheap = False
 
     def __init__(
-        self, model: KVCacheModel, logits_processor: LogitsProcessor, vocab_size: int, window: int | None,
+        self, model: Runner, logits_processor: LogitsProcessor, vocab_size: int, window: int | None,
         p_min: float = 0.0, min_draft: int = 0,
     ):
         self.model = model

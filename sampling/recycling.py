@@ -13,7 +13,7 @@ from sampling.config import GenerationConfig
 from sampling.draft_policy import DraftPolicy
 from sampling.stats import GenerationStats
 from sampling.tree_decoding import tree_speculative
-from utils.caching import tree_unsupported
+from runners import tree_unsupported
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 RANK_DECAY = 0.5  # the template's estimate: rank r of a row is right with weight RANK_DECAY^(r + 1)

@@ -175,7 +175,7 @@ def suffix_generate(
     drafter = SuffixDrafter(prompt, max_tree_depth, max_spec_tokens, max_spec_factor, max_spec_offset, min_token_prob, memory)
     if trees:  # up to max_spec_tokens nodes, best first, verified in one pass (sampling.tree_decoding)
         from sampling.tree_decoding import tree_speculative
-        from utils.caching import tree_unsupported
+        from runners import tree_unsupported
 
         reason = tree_unsupported(target)
         if reason is not None:

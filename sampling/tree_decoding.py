@@ -15,7 +15,7 @@ from sampling.common import context_window, generation_end
 from sampling.config import GenerationConfig, Step
 from sampling.draft_policy import DraftPolicy
 from sampling.speculative_decoding import _on_host, _residual, _tensors
-from utils.caching import tree_depths, tree_unsupported
+from runners import tree_depths, tree_unsupported
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 
