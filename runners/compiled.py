@@ -195,7 +195,7 @@ class CompiledRunner:
     def _reserve(self, length: int) -> None:
         """Hold a cache of the pool with room for ``length`` positions plus one pass of the largest
         bucket: a regrowth mid-generation carries what the old cache holds (``static.carry``)."""
-        if self.cache is not None and length + BUCKETS[-1] <= static.capacity(self.cache):
+        if self.cache is not None and length + BUCKETS[-1] <= self.cache.layers[0].max_cache_len:  # per pass: inline
             return
         old, self.cache = self.cache, self.state.take_cache(length)
         if old is not None and self.cached:
