@@ -12,7 +12,7 @@ import torch
 from torch.nn import Module
 
 from sampling.stats import GenerationStats
-from utils.caching import model_device
+from runners import model_device
 from utils.logits_processor import GreedyProcessor
 
 

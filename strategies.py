@@ -40,7 +40,7 @@ from peers import (  # transformers' paths, the benchmark's peers
 )
 from sampling.suffix import SuffixSettings
 from sampling.calibration import PREPACKED, KernelChoice
-from utils.caching import kernels, prepacked, synchronize
+from runners import kernels, prepacked, synchronize
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 

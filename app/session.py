@@ -202,9 +202,9 @@ def load_pair(
     import torch
 
     from sampling.startup import startup_cache, startup_kernels
-    from utils.caching import model_device, prepackable, set_cache, set_prepack
+    from runners import model_device, prepackable, set_cache, set_prepack
     from utils.measurements import busy_note
-    from utils.compiled import prepare, set_compile, why_not_compiled
+    from runners import prepare, set_compile, why_not_compiled
     from utils.models import resolve_device
 
     torch.set_grad_enabled(False)
@@ -257,13 +257,13 @@ def describe(model: "Module", label: str, quantize: str, notes: Optional[Dict[st
     """One line: the model, where it runs, its weights, its KV cache, its runner (compiled or eager)
     and, eager, whether its linear layers are prepacked; ``notes`` say how the cache and the
     kernels were chosen (the measurements), where they were."""
-    from utils.caching import prepacked, runner_cache
+    from runners import prepacked, runner_cache
 
     notes = notes or {}
 
     if getattr(model, "_specdec_quantization", None):
         quantize += " (CPU weight-only kernels, bfloat16 activations)"
-    from utils.compiled import compile_wanted, compiled_label
+    from runners import compile_wanted, compiled_label
 
     line = f"{label} · {next(model.parameters()).device} · {model.dtype} · quantization {quantize} · "
     if compile_wanted(model):

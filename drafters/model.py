@@ -8,7 +8,7 @@ from torch.nn import Module
 from drafters.base import UNLIMITED, Drafter
 from sampling.common import context_window
 from sampling.config import GenerationConfig
-from utils.caching import KVCacheModel
+from runners import KVCacheModel
 from utils.logits_processor import LogitsProcessor
 
 

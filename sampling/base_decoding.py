@@ -8,12 +8,12 @@ from sampling.common import check_positive_int, check_prompt, context_window, ge
 from sampling.config import GenerationConfig, Step
 from sampling.encoder_decoder import decoder_inputs
 from sampling.stats import GenerationStats
-from utils.caching import KVCacheModel, model_device
+from runners import BeamRunner, Runner
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 
 @torch.no_grad()
-def generate_with(prompt: List[int], model: KVCacheModel, config: GenerationConfig) -> List[int]:
+def generate_with(prompt: List[int], model: Runner, config: GenerationConfig) -> List[int]:
     """One token per forward pass until ``config.max_gen_len`` new tokens, a stop token or the
     model's window; returns the new tokens. Observers see each token as a step with no drafts."""
     end = generation_end(len(prompt), config.max_gen_len, context_window(model.model))
@@ -45,7 +45,7 @@ def autoregressive_generate(
 
     Stops after the first token of ``eos_tokens_id`` (included) and at the context window.
     With ``use_cache`` only the newest token is fed each step. ``streamer`` is called with each
-    new token. ``compile``: compiled passes over a static cache (``utils.compiled``; None: the
+    new token. ``compile``: compiled passes over a static cache (``runners.compiled``; None: the
     model's ``set_compile``). Returns the new token ids.
     """
     prompt, encoder_ids = decoder_inputs(check_prompt(inputs), model)
@@ -84,19 +84,18 @@ def beam_search_generate(
     beam, finished beams in their place). A beam finishes on an end token or on ``pad_token_id``,
     also at its first token. Stops when all kept beams are finished or at ``max_gen_len``; returns
     the best beam's new tokens. The cache holds one row per unfinished beam and is reordered,
-    never recomputed.
+    never recomputed (``runners.BeamRunner``).
     """
     prompt = check_prompt(inputs)
     observers = GenerationConfig.of(locals()).observers
     check_positive_int("num_beams", num_beams)
     check_positive_int("top_k", top_k)
     end = generation_end(len(prompt), max_gen_len, context_window(model))
-    device = model_device(model)
     stop_tokens = stop_token_set(eos_tokens_id) | {pad_token_id}
 
     # beams: (penalised score, sum of log-probs, tokens, finished)
-    out = model(input_ids=torch.tensor([prompt], device=device), use_cache=True)
-    cache, logits = out.past_key_values, out.logits[:, -1]
+    runner = BeamRunner(model)
+    logits = runner.start(prompt)
     beams: List[tuple] = [(0.0, 0.0, [], False)]
     for step in range(1, end - len(prompt) + 1):
         logprobs = torch.log_softmax(logits.float(), dim=-1)
@@ -125,8 +124,5 @@ def beam_search_generate(
         alive = [b for b in beams if not b[3]]
         if not alive or step == end - len(prompt):
             break
-        cache.reorder_cache(torch.tensor(parents, device=device))
-        last = torch.tensor([[b[2][-1]] for b in alive], device=device)
-        out = model(input_ids=last, past_key_values=cache, use_cache=True)
-        cache, logits = out.past_key_values, out.logits[:, -1]
+        logits = runner.extend(parents, [b[2][-1] for b in alive])
     return beams[0][2]

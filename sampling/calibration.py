@@ -11,8 +11,7 @@ from torch.nn import Module
 
 from sampling.common import context_window, output_vocab_size
 from sampling.draft_policy import DraftPolicy
-from utils.caching import DEFAULT_CPU_CACHE, KVCacheModel, drop_prepacked, kernels, prepackable, runner_cache, set_cache, set_prepack, synchronize
-from utils.compiled import make_runner
+from runners import DEFAULT_CPU_CACHE, KVCacheModel, drop_prepacked, kernels, make_runner, prepackable, runner_cache, set_cache, set_prepack, synchronize
 from utils.measurements import Budget
 
 # Cost-aware pausing threshold of the calibrated policy: drafting pauses while a drafting step

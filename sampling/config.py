@@ -107,7 +107,7 @@ class GenerationConfig:
     def runner(self, model, encoder_input_ids: List[int] | None = None):
         """The runner of ``model`` for this generation: compiled passes when ``compile`` (or the
         model's ``set_compile``) asks for them and the model can take them, else the eager one."""
-        from utils.compiled import make_runner
+        from runners import make_runner
 
         return make_runner(model, self.use_cache, encoder_input_ids, self.compile)
 

@@ -33,8 +33,8 @@ Pass = Tuple[int, int, Sequence[int], int]
 
 def default_runner(model: Module):
     """The runner the loops use with the cache on: the model's cache kind, prepacking and
-    compilation (``utils.compiled.make_runner``)."""
-    from utils.compiled import make_runner
+    compilation (``runners.make_runner``)."""
+    from runners import make_runner
 
     return make_runner(model, True)
 
@@ -47,7 +47,7 @@ class _OnKernels:
         self.cache_kind, self.device = getattr(runner, "cache_kind", "?"), getattr(runner, "device", "cpu")
 
     def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
-        from utils.caching import kernels
+        from runners import kernels
 
         with kernels(self.model, self.prepack):
             return self.runner(ids, n_last)

@@ -10,7 +10,7 @@ from sampling.common import check_prompt, context_window, generation_end
 from sampling.config import GenerationConfig
 from sampling.speculative_decoding import draft_and_verify
 from sampling.tree_decoding import draft_tree_and_verify
-from utils.caching import tree_unsupported
+from runners import tree_unsupported
 
 MakeDrafter = Callable[[List[int], GenerationConfig], Drafter]
 

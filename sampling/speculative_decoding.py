@@ -21,7 +21,7 @@ from sampling.config import GenerationConfig, Step
 from sampling.draft_policy import DraftPolicy
 from sampling.encoder_decoder import decoder_inputs
 from sampling.stats import GenerationStats
-from utils.caching import KVCacheModel
+from runners import Runner
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 
@@ -50,7 +50,7 @@ def _on_host(tree: Any, values: Iterator[int]) -> Any:
 
 
 @torch.no_grad()
-def draft_and_verify(prompt: List[int], target: KVCacheModel, drafter: Drafter, config: GenerationConfig) -> List[int]:
+def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config: GenerationConfig) -> List[int]:
     """The speculative loop shared by every drafter; returns the new tokens (prompt excluded).
 
     Each step the drafter proposes ``k <= gamma`` tokens ``d_1..d_k`` and the target ``M_p`` scores
@@ -137,7 +137,7 @@ def draft_and_verify(prompt: List[int], target: KVCacheModel, drafter: Drafter, 
     return tokens[len(prompt) :]
 
 
-def speculative(prompt: List[int], target: KVCacheModel, drafter: Drafter, config: GenerationConfig) -> Tuple[List[int], float]:
+def speculative(prompt: List[int], target: Runner, drafter: Drafter, config: GenerationConfig) -> Tuple[List[int], float]:
     """``draft_and_verify``, returned as the reference's public functions return: (new token ids, acceptance rate)."""
     return draft_and_verify(prompt, target, drafter, config), config.stats.acceptance_rate
 
@@ -172,7 +172,7 @@ def speculative_generate(
             target's token blue). stats: a ``GenerationStats`` to fill. policy: a ``DraftPolicy``
             (adaptive length, minimum draft, pauses, ``p_min`` confidence cutoff).
             streamer: called with each step's emitted tokens and how many were drafts.
-            compile: both models run compiled passes over static caches (``utils.compiled``; None:
+            compile: both models run compiled passes over static caches (``runners.compiled``; None:
             each model's ``set_compile``); needs ``use_cache``.
 
     Returns:

@@ -39,8 +39,7 @@ def _budget(kind: str, what: str, clock: Clock, say: Say, model: Optional[Module
 
 def _kernels(model: Module) -> dict:
     """What runs the model's passes besides its weights: prepacked linears, quantization, compilation."""
-    from utils.caching import prepacked
-    from utils.compiled import compile_wanted
+    from runners import compile_wanted, prepacked
 
     quantization = getattr(model, "_specdec_quantization", None) or getattr(
         getattr(model.config, "quantization_config", None), "quant_method", None)
@@ -75,7 +74,7 @@ def startup_kernels(model: Module, role: str = "target", remeasure: bool = False
     """``calibration.choose_kernels`` within its budget, or its saved measurement: ``(choice, line)``
     (choice None: the model keeps its own linears, the line says why). The model gets the kernels
     that decode fastest; each row of a comparison then gets its own (``strategies.row_kernels``)."""
-    from utils.caching import drop_prepacked
+    from runners import drop_prepacked
 
     key = {**machine_key(), "model": model_identity(model), "context": 64, "repeats": 3, "max_rows": 12}
 
@@ -107,7 +106,7 @@ def startup_kernels(model: Module, role: str = "target", remeasure: bool = False
 def startup_cache(model: Module, role: str = "target", remeasure: bool = False, clock: Clock = time.perf_counter,
                   busy: bool = False, say: Say = to_stderr) -> str:
     """``calibration.choose_cache`` within its budget, or its saved choice; the line for the header."""
-    from utils.caching import CACHES, runner_cache, set_cache
+    from runners import CACHES, runner_cache, set_cache
 
     if runner_cache(model, "static") != "static":
         return calibration.choose_cache(model)  # nothing to measure
@@ -126,7 +125,7 @@ def startup_cache(model: Module, role: str = "target", remeasure: bool = False, 
 
 
 def _policy_key(model: Module) -> dict:
-    from utils.caching import runner_cache
+    from runners import runner_cache
 
     return {"model": model_identity(model), **_kernels(model), "cache": runner_cache(model)}
 
@@ -211,7 +210,7 @@ def startup_policy(target: Module, drafter: Optional[Module] = None, row_costs: 
     option = None if kernel_choice is None else kernel_choice.for_auto()
     if option is not None and len(kernel_choice.seconds[option]) >= 12 and calibration.plausible_row_costs(kernel_choice.row_costs(option)):
         return calibration.calibrated_policy(target, drafter=drafter, draft_cost=cost, kernel_choice=kernel_choice, **policy), drafter_note
-    from utils.caching import kernels
+    from runners import kernels
 
     with kernels(target, None if option is None else option == calibration.PREPACKED):  # the drafting rows' kernels
         costs, note = verification_costs(target, remeasure=remeasure, clock=clock, busy=busy, say=say)

@@ -16,7 +16,7 @@ from sampling.config import GenerationConfig, Step
 from sampling.draft_policy import DraftPolicy
 from sampling.speculative_decoding import _on_host, _residual, _tensors
 from drafters.base import Drafter, as_drafter
-from utils.caching import tree_depths
+from runners import tree_depths
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 

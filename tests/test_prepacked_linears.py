@@ -5,6 +5,7 @@ import re
 import pytest
 import torch
 
+import runners.prepacking as prepacking
 import utils.caching as caching
 
 from conftest import EOS_NEVER, PROMPT, llama, perturbed_copy
@@ -119,7 +120,7 @@ def test_choose_kernels_measures_both_gives_the_model_its_decoding_choice_and_sa
                     r"drafting rows on (prepacked|own)", line)
     assert prepacked(model) == (choice.for_width(1) == PREPACKED)
     if not choice.uses(PREPACKED):  # the copies made for the measurement are freed
-        assert not any(layer in caching._PREPACKED for layer in model.modules())
+        assert not any(layer in prepacking._PREPACKED for layer in model.modules())
     assert choose_prepack(llama(vocab=300)) == "no float32 CPU linear layers to prepack"  # float64
 
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 from transformers import MistralConfig, MistralForCausalLM
 
+import runners.static
 import utils.caching as caching
 from conftest import EOS_NEVER, PROMPT, gpt2, llama, perturbed_copy, t5
 from ngram_assisted import NGramStorage, chained_speculative_generate, ngram_assisted_speculative_generate
@@ -38,8 +39,8 @@ def family(request):
 @pytest.fixture
 def small_slack(monkeypatch):
     """Preallocate only 8 positions beyond the first pass, so that generations regrow the cache."""
-    monkeypatch.setattr(caching, "_STATIC_SLACK", 8)
-    monkeypatch.setattr(caching, "_STATIC_ROUND", 8)
+    monkeypatch.setattr(runners.static, "STATIC_SLACK", 8)
+    monkeypatch.setattr(runners.static, "STATIC_ROUND", 8)
 
 
 def run_all(target, drafter, use_cache):

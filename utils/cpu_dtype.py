@@ -16,7 +16,7 @@ Seconds = Callable[[torch.dtype, int, int, int, bool], float]
 
 def matmul_seconds(dtype: torch.dtype, rows: int, inner: int, outer: int, prepacked: bool = False, repeats: int = 5) -> float:
     """Best time of a ``rows x inner`` by ``inner x outer`` product in ``dtype`` (one layer's shape);
-    ``prepacked``: float32 from a weight reordered once for oneDNN, as ``utils.caching.PrepackedLinear``."""
+    ``prepacked``: float32 from a weight reordered once for oneDNN, as ``runners.prepacking.PrepackedLinear``."""
     x = torch.randn(rows, inner).to(dtype)
     w = torch.randn(outer, inner).to(dtype)
     if prepacked and dtype == torch.float32:
@@ -59,7 +59,7 @@ def choose_for_folder(folder, prepack: bool = True, budget: Optional["Budget"] =
     its float32 linear layers would be prepacked (``--prepack`` on and the copy fits in memory)."""
     from transformers import AutoConfig
 
-    from utils.caching import prepack_fits
+    from runners import prepack_fits
 
     config = AutoConfig.from_pretrained(folder)
     hidden = config.hidden_size

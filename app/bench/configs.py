@@ -80,7 +80,7 @@ def make_configs(args, have_drafter: bool) -> List[Config]:
 
 def refuse_trees(target, config: Config) -> bool:
     """Whether ``target`` cannot verify the draft trees of ``config``'s strategy (said on stderr, in one line)."""
-    from utils.caching import tree_unsupported
+    from runners import tree_unsupported
 
     reason = tree_unsupported(target)
     if reason is not None:

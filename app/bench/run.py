@@ -62,7 +62,7 @@ class Bench:
     def compile_for(self, items: List[dict]) -> None:
         """With ``--compile``: make the compiled graphs hold the longest prompt plus its new tokens,
         before any timed run (a larger cache is a new set of graphs); counted in ``compile_seconds``."""
-        from utils.compiled import compile_wanted, prepare
+        from runners import compile_wanted, prepare
 
         longest = max(len(item["prompt"]) for item in items) + self.args.max_new_tokens
         for role, model in (("target", self.target), ("drafter", self.drafter)):

@@ -96,7 +96,7 @@ def strategy_toggle(key: str, what: str) -> Command:
         if strategy.decoder_only and repl.settings.encoder_decoder:
             raise UsageError(f"{strategy.title} works with decoder-only models only")
         if strategy.trees and not repl.enabled.get(key, False):
-            from utils.caching import tree_unsupported
+            from runners import tree_unsupported
 
             reason = tree_unsupported(repl.settings.target)
             if reason is not None:

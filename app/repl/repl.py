@@ -171,7 +171,7 @@ class Repl:
         """Greedy: one line for each strategy whose tokens differ from target AR's, saying whether
         the difference is a rounding near-tie or a disagreement (``sampling.divergence``)."""
         from sampling.divergence import NEAR_TIE, classify_divergence, on_kernels
-        from utils.compiled import make_runner
+        from runners import make_runner
 
         replayed = lambda model: make_runner(model, self.settings.use_cache)  # noqa: E731 (the runner the strategies ran: /cache, --compile)
         reference, kernels = next(((r.tokens, r.kernels) for s, r in results if s.baseline), (None, ""))

@@ -1,0 +1,50 @@
+"""Runners: a model and its KV cache behind one interface (``runners.base.Runner``), the thing every
+decoding loop calls. ``make_runner`` is the one place that picks which runner a generation gets.
+
+    base.py        the ``Runner`` protocol: ``__call__``, ``rollback``, ``tree_pass``, ``keep_branch``
+    eager.py       ``KVCacheModel``: the model's own forward, dynamic or static cache, encoder-decoder too
+    compiled.py    ``CompiledRunner``: ``torch.compile``d passes in buckets over a pooled static cache
+    beams.py       ``BeamRunner``: a batch of beams over one cache, for beam search (not a ``Runner``)
+    static.py      the static cache's operations (allocate, regrow with copy, rollback), shared
+    dynamic.py     the dynamic cache's operations and the reference-compatible ``prune_*``
+    trees.py       draft trees: depths, the tree mask, a tree pass's inputs, the branch gather
+    prepacking.py  prepacked (oneDNN) linear layers, the model's own modules
+    cache_kind.py  which cache a model's runners use (``set_cache``)
+    device.py      ``model_device``, ``synchronize``
+
+See docs/runners.md.
+"""
+from typing import List, Optional
+
+from torch.nn import Module
+
+from runners.base import Runner
+from runners.beams import BeamRunner
+from runners.cache_kind import CACHES, DEFAULT_CPU_CACHE, default_cache, runner_cache, set_cache
+from runners.compiled import (
+    BUCKETS, CompiledRunner, bucket, compile_events, compile_wanted, compiled_graphs, compiled_label, prepare,
+    set_compile, why_not_compiled,
+)
+from runners.device import model_device, synchronize
+from runners.dynamic import prune_cache, prune_dynamic_cache, prune_tuple_cache
+from runners.eager import KVCacheModel
+from runners.prepacking import PrepackedLinear, drop_prepacked, kernels, prepack_fits, prepackable, prepacked, set_prepack
+from runners.trees import gather_branch, tree_depths, tree_mask, tree_unsupported
+
+
+def make_runner(model: Module, use_cache: bool = True, encoder_input_ids: Optional[List[int]] = None,
+                compile: Optional[bool] = None) -> Runner:
+    """The runner the loops use for ``model``: compiled passes when asked for (``compile``, else the
+    model's ``set_compile``) and possible with a cache, else the eager ``KVCacheModel``."""
+    if use_cache and encoder_input_ids is None and compile_wanted(model, compile) and why_not_compiled(model) is None:
+        return CompiledRunner(model)
+    return KVCacheModel(model, use_cache, encoder_input_ids=encoder_input_ids)
+
+
+__all__ = [
+    "BUCKETS", "CACHES", "DEFAULT_CPU_CACHE", "BeamRunner", "CompiledRunner", "KVCacheModel", "PrepackedLinear",
+    "Runner", "bucket", "compile_events", "compile_wanted", "compiled_graphs", "compiled_label", "default_cache",
+    "drop_prepacked", "gather_branch", "kernels", "make_runner", "model_device", "prepack_fits", "prepackable",
+    "prepacked", "prepare", "prune_cache", "prune_dynamic_cache", "prune_tuple_cache", "runner_cache", "set_cache",
+    "set_compile", "set_prepack", "synchronize", "tree_depths", "tree_mask", "tree_unsupported", "why_not_compiled",
+]

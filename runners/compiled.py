@@ -1,0 +1,294 @@
+"""Compiled passes: a runner whose decoding and verification passes are ``torch.compile``d graphs
+over a static KV cache kept per model (gpt-fast's ``prefill`` / ``decode_one_token`` /
+``model_forward`` split, on transformers' own models and ``StaticCache``).
+
+* One graph per pass-length bucket (``BUCKETS``: 1 for decoding, 2-16 for verification); a pass
+  over r new positions runs in the smallest bucket >= r, the extra positions are padding whose
+  keys and values are written past the sequence and forgotten by moving the write position back.
+  A pass over more positions than the largest bucket (a prompt) runs eagerly into the same cache.
+* On CPU: inductor with ``freezing`` (weights become constants, packed for the CPU it runs on);
+  on CUDA: CUDA graphs (``mode="reduce-overhead"``), each output cloned before the next replay.
+* The cache is kept per model and reused across prompts and strategies: a runner takes one from
+  the model's pool (``_Compiled.caches``) and gives it back when it is dropped; its capacity is a
+  power of two chosen once (``prepare``), so that steady state never compiles anything new.
+  ``compile_events`` counts every graph built; a graph built after ``prepare`` is a bug the tests catch.
+"""
+import contextlib
+import inspect
+import time
+import weakref
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch._dynamo
+from torch import Tensor
+from torch.nn import Module
+
+from runners import static
+from runners.device import model_device
+from runners.trees import gather_branch, tree_depths, tree_inputs, tree_unsupported
+
+BUCKETS = (1, 2, 4, 8, 16)
+MIN_CAPACITY = 1024
+
+
+def set_compile(model: Module, on: bool) -> None:
+    """Whether every runner of ``model`` runs compiled passes from now on (off by default).
+    The REPL's and the benchmark's ``--compile``; ``compile=True`` of the public functions."""
+    model._specdec_compile = bool(on)
+
+
+def compile_wanted(model: Module, compile: Optional[bool] = None) -> bool:
+    """``compile`` when given, else the model's setting (``set_compile``)."""
+    return bool(getattr(model, "_specdec_compile", False) if compile is None else compile)
+
+
+def why_not_compiled(model: Module) -> Optional[str]:
+    """Why ``model`` cannot run compiled passes (one line), or None when it can."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        return "encoder-decoder models run eagerly (their cross-attention cache is not static)"
+    if "position_ids" not in inspect.signature(model.forward).parameters:
+        return f"{type(model).__name__} takes no position_ids: it runs eagerly"
+    if getattr(model, "_specdec_quantization", None) and model_device(model).type == "cuda":
+        return "bitsandbytes layers do not compile: the quantized model runs eagerly"
+    if static.static_cache(model, 8) is None:
+        return f"{type(model).__name__}'s cache is not a plain key/value store: it runs eagerly"
+    return None
+
+
+def bucket(rows: int) -> Optional[int]:
+    """The smallest compiled pass length holding ``rows`` positions; None past the largest."""
+    return next((b for b in BUCKETS if b >= rows), None)
+
+
+def _capacity(length: int) -> int:
+    return max(MIN_CAPACITY, 1 << (max(1, length) - 1).bit_length())
+
+
+class _Compiled:
+    """A model's compiled forward, its input buffers and its pool of static caches (one capacity)."""
+
+    def __init__(self, model: Module):
+        import torch._dynamo
+
+        # one graph per bucket and capacity, for every model of the session: past the default limit of 8
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
+        torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
+        self.model = model
+        self.device = model_device(model)
+        self.cuda = self.device.type == "cuda"
+        mode = "reduce-overhead" if self.cuda else None
+        self.forward = torch.compile(self._forward, fullgraph=True, dynamic=False, mode=mode)
+        self.capacity = 0
+        self.caches: List = []  # free caches of ``capacity``
+        self.ids = {b: torch.zeros((1, b), dtype=torch.long, device=self.device) for b in BUCKETS}
+        self.positions = {b: torch.zeros((1, b), dtype=torch.long, device=self.device) for b in BUCKETS}
+        self.steps = torch.arange(BUCKETS[-1], device=self.device).unsqueeze(0)
+        self.built: set = set()  # (bucket, capacity) graphs built
+        self.compile_seconds = 0.0
+
+    def _forward(self, input_ids: Tensor, position_ids: Tensor, cache) -> Tensor:
+        return self.model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True).logits
+
+    def take_cache(self, length: int):
+        """A free static cache holding at least ``length`` positions plus one pass of the largest
+        bucket; the pool moves to a larger capacity (new graphs) only when ``length`` needs it."""
+        capacity = _capacity(length + BUCKETS[-1])
+        if capacity > self.capacity:
+            self.capacity, self.caches = capacity, []
+        if self.caches:
+            return self.caches.pop()
+        cache = static.static_cache(self.model, self.capacity)
+        if cache is None:
+            raise RuntimeError(why_not_compiled(self.model) or "no static cache")
+        # one eager pass allocates every layer's keys and values (their heads, dtype and device are
+        # the model's), outside any graph: a graph then only ever writes into them
+        one = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+        self.model(input_ids=one, position_ids=one, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        static.set_length(cache, 0)
+        # transformers marks them static and unguarded: a graph (frozen on CPU, replayed on CUDA)
+        # would keep reading the first cache's tensors for any later cache; guarded, a graph
+        # belongs to one cache, and another cache of the pool gets graphs of its own
+        for layer in cache.layers:
+            for tensor in (layer.keys, layer.values, layer.cumulative_length):
+                torch._dynamo.mark_static_address(tensor, guard=True)
+        return cache
+
+    def give_back(self, cache) -> None:
+        if cache is not None and static.capacity(cache) == self.capacity:
+            self.caches.append(cache)
+
+    def run(self, ids: Tensor, start: int, cache) -> Tensor:
+        """Logits ``[b, V]`` of one compiled pass over ``ids`` ``[1, r]`` (r <= the largest bucket)
+        at positions ``start..``; the cache's write position is left after the r positions."""
+        rows = ids.shape[1]
+        size = bucket(rows)
+        buffer, positions = self.ids[size], self.positions[size]
+        buffer[:, :rows].copy_(ids)
+        torch.add(self.steps[:, :size], start, out=positions)
+        key = (size, self.capacity, cache.layers[0].keys.data_ptr())  # a graph per pass length and cache
+        first = key not in self.built
+        clock = time.perf_counter()
+        with _frozen(first and not self.cuda):  # the build reads it; a replay does not need the patch
+            logits = self.forward(buffer, positions, cache)[0]
+        if self.cuda:
+            logits = logits.clone()  # the graph's output buffer is overwritten by its next replay
+        if first:
+            self.built.add(key)
+            compile_events.append((type(self.model).__name__, size, self.capacity))
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
+            self.compile_seconds += time.perf_counter() - clock
+        if size != rows:
+            static.set_length(cache, start + rows)
+        return logits[:rows]
+
+
+@contextlib.contextmanager
+def _frozen(on: bool):
+    """Inductor's ``freezing`` (weights as constants, packed for this CPU) while our graphs are built,
+    and only then: ``options={"freezing": True}`` is not read, and set globally it broke transformers'
+    own compiled static-cache ``generate`` (its cache was taken for a constant)."""
+    if not on:
+        yield
+        return
+    import torch._inductor.config
+
+    with torch._inductor.config.patch(freezing=True):
+        yield
+
+
+compile_events: List[Tuple[str, int, int]] = []  # (model class, bucket, capacity) of every graph built
+_STATE: "weakref.WeakKeyDictionary[Module, _Compiled]" = weakref.WeakKeyDictionary()
+
+
+def compiled(model: Module) -> _Compiled:
+    """The model's compiled state, made on first use."""
+    state = _STATE.get(model)
+    if state is None:
+        state = _STATE[model] = _Compiled(model)
+    return state
+
+
+class CompiledRunner:
+    """A ``runners.Runner`` over compiled passes: ``runner(ids, n_last)`` returns the logits
+    ``[n_last, V]`` of the last ``n_last`` positions of ``ids`` ``[1, L]``, feeding only the positions
+    the cache does not hold; ``rollback(length)`` moves the write position back. Same tokens as the
+    eager runner up to floating-point rounding (a pass over a bucket of r positions rounds as a
+    pass over r positions does). Batch size 1, decoder-only models (``why_not_compiled``)."""
+
+    cache_kind = "static"
+    use_cache = True
+
+    def __init__(self, model: Module):
+        reason = why_not_compiled(model)
+        if reason is not None:
+            raise ValueError(reason)
+        self.model = model
+        self.state = compiled(model)
+        self.device = self.state.device
+        self.cache = None
+        self.cached = 0
+        self.forward_passes = 0
+        self._release = None
+
+    def _reserve(self, length: int) -> None:
+        """Hold a cache of the pool with room for ``length`` positions plus one pass of the largest
+        bucket: a regrowth mid-generation carries what the old cache holds (``static.carry``)."""
+        if self.cache is not None and length + BUCKETS[-1] <= self.cache.layers[0].max_cache_len:  # per pass: inline
+            return
+        old, self.cache = self.cache, self.state.take_cache(length)
+        if old is not None and self.cached:
+            static.carry(old, self.cache, self.cached)
+        else:
+            static.set_length(self.cache, 0)
+        if self._release is not None:
+            self._release.detach()
+        self._release = weakref.finalize(self, self.state.give_back, self.cache)
+
+    def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
+        length, start = ids.shape[1], self.cached
+        if length - start < n_last:
+            raise RuntimeError(f"asked for {n_last} logits but only {length - start} positions are new")
+        self._reserve(length)
+        new = ids[:, start:length].to(self.device, non_blocking=True)
+        if new.shape[1] > BUCKETS[-1]:  # a prompt: one eager pass into the same cache
+            positions = torch.arange(start, length, device=self.device).unsqueeze(0)
+            logits = self.model(input_ids=new, position_ids=positions, past_key_values=self.cache, use_cache=True,
+                                logits_to_keep=n_last).logits[0]
+        else:
+            logits = self.state.run(new, start, self.cache)
+        self.forward_passes += 1
+        self.cached = length
+        return logits[-n_last:]
+
+    def rollback(self, length: int) -> None:
+        """Forget the cached positions ``length`` and after (no-op when they are not cached)."""
+        if self.cached > length:
+            static.set_length(self.cache, length)
+            self.cached = length
+
+    def tree_pass(self, ids: Tensor, cur: int, nodes: List[int], parents: List[int]) -> Tensor:
+        """``KVCacheModel.tree_pass`` into this runner's static cache: logits ``[1 + N, V]`` of the root
+        and every node of a draft tree, in one pass. The pass runs eagerly (a tree's mask is an input
+        the compiled graphs do not take); the chain passes around it stay compiled."""
+        reason = tree_unsupported(self.model)
+        if reason is not None:
+            raise ValueError(reason)
+        depth, n = tree_depths(parents), len(nodes)
+        if self.cached >= cur:  # the root's logits need the last accepted token fed
+            self.rollback(cur - 1)
+        start = self.cached
+        self._reserve(cur + n)
+        kwargs = tree_inputs(self.model, ids, start, cur, nodes, parents, depth, static.capacity(self.cache), self.device)
+        logits = self.model(**kwargs, past_key_values=self.cache, use_cache=True, logits_to_keep=n + 1).logits[0]
+        self.forward_passes += 1
+        self.cached = cur + n
+        return logits
+
+    def keep_branch(self, cur: int, path: List[int]) -> None:
+        """After a tree pass at ``cur``: the branch ``path`` (node indices, root to leaf) gathered into
+        positions ``cur, cur + 1, ...``; the cache then holds ``cur + len(path)`` positions."""
+        gather_branch(self.cache, cur, path)
+        self.rollback(cur + len(path))
+
+
+@torch.no_grad()
+def prepare(model: Module, length: int = MIN_CAPACITY - BUCKETS[-1], say: Callable[[str], None] = lambda text: None) -> float:
+    """Build every graph of ``model`` (each bucket, at the capacity holding ``length`` positions)
+    before anything is timed; returns the seconds spent compiling (0 when nothing was new).
+    Tells ``say`` what it compiles and how long it took."""
+    state = compiled(model)
+    runner = CompiledRunner(model)
+    runner._reserve(length)
+    pointer = runner.cache.layers[0].keys.data_ptr()
+    todo = [b for b in BUCKETS if (b, state.capacity, pointer) not in state.built]
+    if not todo:
+        return 0.0
+    say(f"compiling {type(model).__name__}: passes over {', '.join(map(str, todo))} positions, "
+        f"cache of {state.capacity} positions ({'CUDA graphs' if state.cuda else 'inductor, frozen weights'})")
+    before = state.compile_seconds
+    ids = torch.zeros((1, BUCKETS[-1]), dtype=torch.long, device=state.device)
+    for _ in range(2):  # twice: CUDA graphs record on the run after their warm-up
+        for size in todo:
+            runner(ids[:, :size], size)
+            runner.rollback(0)
+    return state.compile_seconds - before
+
+
+def compiled_label(model: Module) -> str:
+    """How ``model``'s passes run, for the header lines: "compiled (...)"."""
+    state = _STATE.get(model)
+    cuda = model_device(model).type == "cuda"
+    how = "CUDA graphs" if cuda else "inductor, frozen weights"
+    shapes = f", passes of {'/'.join(map(str, BUCKETS))} positions"
+    capacity = f", cache of {state.capacity} positions" if state is not None and state.capacity else ""
+    return f"compiled ({how}{shapes}{capacity})"
+
+
+def compiled_graphs() -> Dict[str, int]:
+    """How many graphs each model class has built so far (for the record and the tests)."""
+    counts: Dict[str, int] = {}
+    for name, _, _ in compile_events:
+        counts[name] = counts.get(name, 0) + 1
+    return counts

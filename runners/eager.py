@@ -1,0 +1,156 @@
+"""The eager runner, ``KVCacheModel``: the model's own forward, over its dynamic cache or a static one."""
+import inspect
+from typing import List
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+
+from runners import static
+from runners.cache_kind import check_cache, runner_cache
+from runners.device import model_device
+from runners.dynamic import prune_cache, rollback_capable_cache
+from runners.trees import gather_branch, tree_depths, tree_inputs, tree_unsupported
+
+
+class KVCacheModel:
+    """A model and its KV cache, for one sequence (batch size 1): a ``runners.Runner``.
+
+    ``model(ids, n_last)`` returns the logits ``[n_last, V]`` of the last ``n_last`` positions of
+    ``ids`` (shape ``[1, L]``, any device). With the cache on, only ``ids[:, cached:]`` is fed;
+    ``rollback(length)`` forgets every position from ``length`` on, so rejected drafts leave no
+    trace. With the cache off, the whole of ``ids`` is fed each time (the slow reference path).
+
+    ``cache``: "static" preallocates the keys and values (``runners.static``: for the first pass's
+    length plus ``STATIC_SLACK`` positions, regrown by doubling when a generation goes further),
+    writes each pass at its positions and rolls back by moving the write position (no crop, no
+    concatenation); "dynamic" is the model's own ``DynamicCache`` (``runners.dynamic``: recording
+    past states, so a rollback reaches behind a sliding window). None: ``default_cache(model)``
+    (``set_cache``). Encoder-decoder models, and models whose cache is not a plain K/V store, use
+    the dynamic cache.
+
+    For an encoder-decoder model, pass the encoder's ``encoder_input_ids``: the encoder runs once
+    and ``ids`` are then decoder tokens. The runner runs the model's modules as they are: its
+    kernels (``set_prepack``, quantization) are the model's, the same for every caller.
+    """
+
+    def __init__(
+        self, model: Module, use_cache: bool = True, encoder_input_ids: list[int] | None = None,
+        cache: str | None = None,
+    ):
+        check_cache(cache)
+        self.model = model
+        self.cache_kind = runner_cache(model, cache)
+        self.device = model_device(model)
+        self.use_cache = use_cache
+        self.cache = None
+        self.cached = 0  # positions held by the cache
+        self.forward_passes = 0
+        self.encoder_outputs = None
+        if encoder_input_ids is not None:
+            encoder_ids = torch.tensor([encoder_input_ids], dtype=torch.long, device=self.device)
+            self.encoder_outputs = model.get_encoder()(input_ids=encoder_ids)
+        params = inspect.signature(model.forward).parameters
+        self._logits_to_keep = "logits_to_keep" in params
+        self.capacity = 0  # positions preallocated by a static cache
+        self._trees_checked = False
+
+    def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
+        length = ids.shape[1]
+        start = self.cached if self.use_cache else 0
+        if length - start < n_last:
+            raise RuntimeError(f"asked for {n_last} logits but only {length - start} positions are new")
+        new = ids[:, start:length].to(self.device, non_blocking=True)
+        if self.use_cache and self.cache_kind == "static":
+            self._reserve(length)
+        if self.use_cache and self.cache is None and self.encoder_outputs is None:
+            self.cache = rollback_capable_cache(self.model)
+        kwargs = {"past_key_values": self.cache, "use_cache": self.use_cache}
+        if self.capacity:  # static: positions are given, the write position is the cache's own
+            kwargs["position_ids"] = torch.arange(start, length, device=self.device).unsqueeze(0)
+        if self.encoder_outputs is not None:
+            kwargs.update(encoder_outputs=self.encoder_outputs, decoder_input_ids=new)
+        else:
+            kwargs["input_ids"] = new
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = n_last
+        out = self._forward(kwargs)
+        if self.use_cache:
+            self.cache = out.past_key_values
+            self.cached = length
+        return out.logits[0, -n_last:]
+
+    def _reserve(self, length: int) -> None:
+        """Make the static cache hold ``length`` positions: allocate it, or regrow it (copying what it holds)."""
+        if length <= self.capacity:
+            return
+        capacity = static.grown_capacity(length, self.capacity)
+        cache = static.static_cache(self.model, capacity)
+        if cache is None:
+            self.cache_kind = "dynamic"  # the model's own dynamic cache from here on
+            return
+        if self.cache is not None:
+            if self.capacity == 0:  # dynamic states from before (cannot happen with a fixed kind)
+                raise RuntimeError("a runner cannot switch to a static cache mid-generation")
+            static.carry(self.cache, cache, self.cached)
+        self.cache, self.capacity = cache, capacity
+
+    def rollback(self, length: int) -> None:
+        """Forget the cached positions ``length`` and after (no-op when they are not cached)."""
+        if self.use_cache and self.cached > length:
+            if self.capacity:  # static: move the write position back; stale entries are masked, then overwritten
+                static.set_length(self.cache, length)
+            else:
+                prune_cache(self.cache, self.cached - length)
+            self.cached = length
+
+    # ---- draft trees: one pass over many branches, then keep the accepted one ------------------
+    def tree_pass(self, ids: Tensor, cur: int, nodes: List[int], parents: List[int]) -> Tensor:
+        """Score a draft tree in one forward pass; returns logits ``[1 + N, V]``.
+
+        ``ids[:, :cur]`` is the accepted sequence; every uncached position of it and the ``N`` nodes
+        are fed together. Row 0 is the distribution after ``ids[0, cur - 1]`` (the root), row
+        ``1 + i`` the one after node ``i``. Node ``i`` sits at position ``cur + depth(i)`` and attends
+        to the accepted prefix, its ancestors and itself (a 4D additive mask, which transformers
+        passes through as it is, with explicit ``position_ids``). Node ``i``'s keys and values are
+        cached at slot ``cur + i`` until ``keep_branch``.
+        """
+        if not self._trees_checked:  # once per runner: it reads the forward's signature
+            reason = tree_unsupported(self.model)
+            if reason is not None:
+                raise ValueError(reason)
+            self._trees_checked = True
+        depth = tree_depths(parents)
+        n = len(nodes)
+        if self.use_cache and self.cached >= cur:  # the root's logits need the last accepted token fed
+            self.rollback(cur - 1)
+        start = self.cached if self.use_cache else 0
+        if self.use_cache and self.cache_kind == "static":
+            self._reserve(cur + n)
+        if self.use_cache and self.cache is None:
+            self.cache = rollback_capable_cache(self.model)
+        kv_length = self.capacity if self.use_cache and self.capacity else cur + n
+        kwargs = tree_inputs(self.model, ids, start, cur, nodes, parents, depth, kv_length, self.device)
+        kwargs.update(past_key_values=self.cache, use_cache=self.use_cache)
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = n + 1
+        out = self._forward(kwargs)
+        if self.use_cache:
+            self.cache = out.past_key_values
+            self.cached = cur + n
+        return out.logits[0, -(n + 1) :]
+
+    def keep_branch(self, cur: int, path: List[int]) -> None:
+        """After a tree pass at ``cur``: keep positions ``< cur`` and the nodes of ``path`` (node
+        indices, root to leaf), moved to positions ``cur, cur + 1, ...``; the cache then holds
+        ``cur + len(path)`` positions. Static cache: the branch's rows are gathered into place and
+        the write position moved; dynamic cache: gathered into place, then cropped."""
+        if not self.use_cache or self.cache is None:
+            return
+        gather_branch(self.cache, cur, path)
+        self.rollback(cur + len(path))
+
+    def _forward(self, kwargs: dict):
+        out = self.model(**kwargs)
+        self.forward_passes += 1
+        return out

@@ -1,0 +1,143 @@
+"""Prepacked linear layers: a float32 CPU ``nn.Linear`` computed by oneDNN from a weight reordered
+once, made the model's own module (``set_prepack``) so that every caller runs the same kernel."""
+import contextlib
+import os
+import weakref
+from typing import Dict, List, Tuple
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+
+
+# oneDNN's blocked weight layout is chosen for passes of this many rows (verification passes);
+# whether prepacking pays at all is measured on the machine that runs it (``choose_kernels``).
+_ROW_HINT = 8
+
+
+class PrepackedLinear(Module):
+    """A float32 CPU ``nn.Linear`` computed by oneDNN from a copy of its weight reordered once.
+
+    Where MKL is slow (it repacks weights at every call on some x86 CPUs, and takes a generic path
+    on others) this halves a float32 step; where it is not, oneDNN's path is slower. So it is a
+    per-machine choice, measured at start-up (``sampling.calibration.choose_kernels``), never a
+    default. Same result up to float32 rounding (~1e-5); costs one extra copy of the weights.
+    ``set_prepack`` makes it the model's own module, so every caller (our runners and
+    transformers' ``generate``) runs the same kernel.
+    """
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        # the layer's own parameters stay reachable, for model code that reads .weight or .bias
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self.linear = [linear]  # the module it replaces (a list: not a submodule, no second state_dict entry)
+        self._pack()
+
+    def _pack(self) -> None:
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), _ROW_HINT)
+        self.packed_bias = self.bias.detach() if self.bias is not None else None
+        self.source = _source(self.linear[0])
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.weight._version != self.source[0][1]:  # the weights were changed in place since packing
+            self._pack()
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.packed_bias, "none", [], "")
+
+
+def _source(linear: torch.nn.Linear) -> tuple:
+    """What identifies the current values of a linear layer's parameters."""
+    return tuple((p.data_ptr(), p._version) for p in (linear.weight, linear.bias) if p is not None)
+
+
+def _can_prepack() -> bool:
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        return bool(torch.ops.mkldnn._reorder_linear_weight and torch.ops.mkldnn._linear_pointwise)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def prepack_fits(size: int) -> bool:
+    """Whether float32 linear layers of ``size`` bytes would be prepacked (``prepackable``'s limits)."""
+    return _can_prepack() and 0 < size <= _physical_memory() // 4
+
+
+_PREPACKED: "weakref.WeakKeyDictionary[Module, PrepackedLinear]" = weakref.WeakKeyDictionary()
+
+# (the parent's submodule dict, the child's name, the prepacked layer, the model's own layer)
+Swap = Tuple[Dict[str, Module], str, PrepackedLinear, torch.nn.Linear]
+
+
+def prepackable(model: Module) -> List[Swap]:
+    """The model's float32 CPU linear layers (its own or already prepacked) with their prepacked
+    copies; [] when none could be prepacked: without oneDNN, or when the copies would take more
+    than a quarter of the machine's memory. Quantized, hooked (accelerate) or non-CPU layers, and
+    other dtypes, never are. A copy is remade when its layer's parameters change."""
+    if not _can_prepack():
+        return []
+    found = []
+    for parent in model.modules():
+        for name, child in parent._modules.items():
+            own = child.linear[0] if type(child) is PrepackedLinear else child
+            if type(own) is not torch.nn.Linear or hasattr(own, "_hf_hook") or own._forward_hooks or own._forward_pre_hooks:
+                continue
+            if own.weight.device.type != "cpu" or own.weight.dtype != torch.float32:
+                continue
+            found.append((parent._modules, name, own))
+    size = sum(own.weight.numel() * 4 for _, _, own in found)
+    if not found or size > _physical_memory() // 4:
+        return []
+    swaps = []
+    for modules, name, own in found:
+        packed = modules[name] if type(modules[name]) is PrepackedLinear else _PREPACKED.get(own)
+        if packed is None or packed.source != _source(own):
+            packed = PrepackedLinear(own)
+        _PREPACKED[own] = packed
+        swaps.append((modules, name, packed, own))
+    return swaps
+
+
+def set_prepack(model: Module, on: bool) -> bool:
+    """Make the model's float32 CPU linear layers ``PrepackedLinear`` (``on``) or its own
+    ``nn.Linear`` again; returns whether they are prepacked now (False where ``prepackable`` finds
+    nothing). The modules themselves change: every caller of the model, transformers' ``generate``
+    included, runs what this chose, and ``prepacked(model)`` reads it back. Plain dict writes:
+    ``Module.__setattr__`` on 200 layers costs about a millisecond."""
+    swaps = prepackable(model) if on or prepacked(model) else []
+    for modules, name, packed, own in swaps:
+        modules[name] = packed if on else own
+    return bool(on and swaps)
+
+
+def prepacked(model: Module) -> bool:
+    """Whether ``model``'s linear layers are prepacked (``set_prepack``): read from its modules."""
+    return any(type(m) is PrepackedLinear for m in model.modules())
+
+
+@contextlib.contextmanager
+def kernels(model: Module, prepack: bool | None):
+    """``model`` with its linear layers prepacked or its own (None: as they are) for the block, then as before."""
+    before = prepacked(model) if prepack is not None else None
+    if prepack is not None and prepack != before:
+        set_prepack(model, prepack)
+    try:
+        yield model
+    finally:
+        if prepack is not None and prepack != before:
+            set_prepack(model, before)
+
+
+def drop_prepacked(model: Module) -> None:
+    """Put the model's own linear layers back and free their prepacked copies (after a measurement chose them)."""
+    set_prepack(model, False)
+    for layer in model.modules():
+        _PREPACKED.pop(layer, None)

@@ -1,0 +1,86 @@
+"""Draft trees in one forward pass: node depths, the tree attention mask, the pass's inputs, and
+the gather that keeps the accepted branch. Shared by every runner's ``tree_pass``/``keep_branch``."""
+import inspect
+from typing import List
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+
+
+def tree_depths(parents: List[int]) -> List[int]:
+    """Depth of every node (0 for children of the root); refuses parents out of topological order."""
+    depth: List[int] = []
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"node {i} has parent {parent}: parents must be -1 or an earlier node")
+        depth.append(0 if parent < 0 else depth[parent] + 1)
+    return depth
+
+
+def tree_mask(start: int, cur: int, parents: List[int], kv_length: int, dtype: torch.dtype, device) -> Tensor:
+    """Additive mask ``[1, 1, cur - start + N, kv_length]``: 0 where a query attends, the dtype's
+    minimum elsewhere. Prefix rows are causal; node ``i`` (slot ``cur + i``) sees slots ``< cur``,
+    its ancestors and itself."""
+    n = len(parents)
+    sees = torch.zeros((cur - start + n, kv_length), dtype=torch.bool)
+    prefix = torch.arange(start, cur)
+    sees[: cur - start] = torch.arange(kv_length) <= prefix.unsqueeze(1)
+    sees[cur - start :, :cur] = True
+    node_rows = sees[cur - start :, cur : cur + n]
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            node_rows[i] = node_rows[parent]
+        node_rows[i, i] = True
+    mask = torch.zeros(sees.shape, dtype=dtype).masked_fill_(~sees, torch.finfo(dtype).min)
+    return mask[None, None].to(device)
+
+
+def compute_dtype(model: Module) -> torch.dtype:
+    """The floating-point dtype of ``model``'s activations (float32 when it names none)."""
+    dtype = getattr(model, "dtype", torch.float32)
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
+
+
+def tree_inputs(model: Module, ids: Tensor, start: int, cur: int, nodes: List[int], parents: List[int],
+                depth: List[int], kv_length: int, device) -> dict:
+    """The forward's keywords of a tree pass: ``input_ids`` ``[1, cur - start + N]`` (the uncached
+    accepted positions ``ids[0, start:cur]``, then the ``N`` nodes), ``position_ids`` (node ``i`` at
+    ``cur + depth(i)``) and the ``attention_mask`` over ``kv_length`` key slots (node ``i`` at slot
+    ``cur + i``: the cache's capacity for a static cache, ``cur + N`` otherwise). ``depth`` is
+    ``tree_depths(parents)``, computed by the caller before it touches its cache."""
+    node_ids = torch.tensor(nodes, dtype=torch.long, device=device)
+    new = torch.cat([ids[0, start:cur].to(device), node_ids]).unsqueeze(0)
+    positions = torch.cat([torch.arange(start, cur), cur + torch.tensor(depth, dtype=torch.long)]).to(device)
+    mask = tree_mask(start, cur, parents, kv_length, compute_dtype(model), device)
+    return {"input_ids": new, "position_ids": positions.unsqueeze(0), "attention_mask": mask}
+
+
+def gather_branch(cache, cur: int, path: List[int]) -> None:
+    """Move the keys and values of the tree nodes ``path`` (slots ``cur + i``) to slots ``cur, cur + 1, ...``
+    (static or dynamic cache: any cache with ``layers`` of ``keys``/``values`` ``[1, heads, slots, head_dim]``)."""
+    if not path or list(path) == list(range(len(path))):  # the first nodes already sit in place
+        return
+    keep = cur + len(path)
+    source = torch.tensor([cur + i for i in path], dtype=torch.long, device=cache.layers[0].keys.device)
+    for layer in cache.layers:
+        if layer.is_initialized:
+            layer.keys[:, :, cur:keep] = layer.keys.index_select(2, source)
+            layer.values[:, :, cur:keep] = layer.values.index_select(2, source)
+
+
+def tree_unsupported(model: Module) -> str | None:
+    """Why ``model`` cannot verify draft trees (one line), or None when it can: a tree pass needs a
+    decoder-only model with ``position_ids`` and full attention in every layer (a sliding window
+    would have to be drawn into the tree mask, and a dynamic sliding layer keeps only its window)."""
+    name = type(model).__name__
+    if getattr(model.config, "is_encoder_decoder", False):
+        return f"draft trees need a decoder-only model; {name} is encoder-decoder"
+    if "position_ids" not in inspect.signature(model.forward).parameters:
+        return f"draft trees need per-node positions; {name}'s forward takes no position_ids"
+    config = model.config.get_text_config(decoder=True)
+    layer_types = getattr(config, "layer_types", None)
+    sliding = any(t != "full_attention" for t in layer_types) if layer_types else getattr(config, "sliding_window", None) is not None
+    if sliding:
+        return f"draft trees need full attention in every layer; {name} has sliding-window (or other) layers"
+    return None
