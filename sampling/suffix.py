@@ -1,13 +1,5 @@
-"""Suffix-tree drafting (SuffixDecoding: Oliaro et al., NeurIPS 2025, arXiv:2411.04975; vLLM's
-``suffix`` method): drafts the most frequent continuation of the best match of the context's tail
-in a suffix trie over the prompt and the generation, and optionally in a global one over earlier
-outputs (``SuffixMemory``).
-
-Defaults are the authors' (``arctic_inference`` ``SuffixDecodingCache.speculate`` and vLLM's
-``suffix_decoding_*`` settings): ``max_tree_depth`` 24 (vLLM; the cache's own default is 64),
-``max_spec_factor`` 1.0, ``max_spec_offset`` 0, ``min_token_prob`` 0.1, and at most
-``max_spec_tokens`` = ``max_tree_depth`` drafts a step.
-"""
+"""``suffix_generate``: suffix-tree drafting (SuffixDecoding) through the one entry,
+``sampling.entry.generate``; the drafter, its defaults and their sources: ``drafters/suffix.py``."""
 from typing import Callable, List, Tuple
 
 import torch

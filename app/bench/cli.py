@@ -1,19 +1,5 @@
-"""Benchmark every strategy and transformers' own paths on Spec-Bench-format prompts.
-
-    python bench.py                                   # embedded model, shipped prompts, greedy
-    python bench.py --prompts ../shared/specbench/question.jsonl --categories summarization,rag --limit 10
-    python bench.py --drafter layers:20 --gamma 1,2,4,8 --repeats 3
-    python bench.py --replay                          # n-gram storage hit rates, no model forward pass
-
-Writes, under --out: runs.jsonl (every run), summary.csv, results.md (a table per category) and
-PNG plots. Timing: a warm-up pass per configuration first (excluded), the device synchronised
-around each run, only new tokens counted, configurations interleaved prompt by prompt and repeat
-by repeat so that machine drift hits all alike; speedups are ratios to target autoregressive
-taken within the same repeat; the order of the configurations rotates from one run to the next.
-Every greedy run is compared with target autoregressive; a divergence is reported with its first
-diverging position and classified (sampling.divergence) as a rounding near-tie or a disagreement,
-outside the timed runs; --strict exits with status 1 on any disagreement.
-"""
+"""The benchmark's command line: its flags, ``main`` (``--replay``, ``--from-runs`` or a benchmark) and
+the reports it writes. What it does and how it times: ``bench.py``'s docstring, shown by ``--help``."""
 import argparse
 import csv
 import json
@@ -53,7 +39,8 @@ def pause_spec(text: str) -> List[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description="Benchmark every strategy and transformers' own paths on Spec-Bench-format prompts.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompts", nargs="+", default=[str(DEFAULT_PROMPTS)], help="Spec-Bench format JSONL files, read in turn "
                    f"(default: the shipped set; {CODE_EDITING.relative_to(ROOT)}: the code-editing category)")
     p.add_argument("--categories", help="comma-separated categories to keep")

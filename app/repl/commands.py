@@ -181,13 +181,18 @@ def _pld_params(repl, low, high, count):
     return f"prompt lookup: n-grams {low} to {high}, {count} tokens"
 
 
-def _ngram_save(repl, words):
-    from ngram_assisted import save_storage
-
+def _path_and_force(words) -> Tuple[str, bool]:
+    """``PATH [--force]``: the path read, and whether an existing file may be overwritten."""
     force = words[1:] == ["--force"]
     if len(words) != (2 if force else 1):
         raise ValueError()  # the usage line alone
-    path = parse_path(words[0])
+    return parse_path(words[0]), force
+
+
+def _ngram_save(repl, words):
+    from ngram_assisted import save_storage
+
+    path, force = _path_and_force(words)
     try:
         save_storage(repl.settings.storage, path, overwrite=force)
     except (OSError, ValueError) as error:
@@ -245,10 +250,7 @@ def _suffix_reset(repl):
 
 
 def _suffix_save(repl, words):
-    force = words[1:] == ["--force"]
-    if len(words) != (2 if force else 1):
-        raise ValueError()  # the usage line alone
-    path = parse_path(words[0])
+    path, force = _path_and_force(words)
     try:
         repl.suffix_memory.save(path, overwrite=force)
     except (OSError, ValueError) as error:
