@@ -269,7 +269,8 @@ def measure_kernels(model: Module, max_rows: int = 12, context: int = 64, repeat
     if widths == 0:
         return None
     if budget is not None and budget.stopped:
-        budget.note = f"positions 1-{widths} of 1-{max_rows}"
+        rounds = min(len(samples[i]) for i in range(2 * widths))
+        budget.note = f"positions 1-{widths} of 1-{max_rows}" if widths < max_rows else f"{rounds} of {repeats} rounds"
     return KernelChoice({option: tuple(statistics.median(samples[2 * i + k]) for i in range(widths))
                          for k, option in enumerate((PREPACKED, OWN))})
 
