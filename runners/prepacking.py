@@ -1,6 +1,7 @@
 """Prepacked linear layers: a float32 CPU ``nn.Linear`` computed by oneDNN from a weight reordered
 once, made the model's own module (``set_prepack``) so that every caller runs the same kernel."""
 import contextlib
+import copy
 import os
 import weakref
 from typing import Dict, List, Tuple
@@ -38,6 +39,11 @@ class PrepackedLinear(Module):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), _ROW_HINT)
         self.packed_bias = self.bias.detach() if self.bias is not None else None
         self.source = _source(self.linear[0])
+
+    def __deepcopy__(self, memo: dict) -> "PrepackedLinear":
+        """A copy packed from a copy of its layer (oneDNN's packed tensor has no storage to copy):
+        ``copy.deepcopy`` of a prepacked model, as ``utils.models.truncated_drafter`` makes, works."""
+        return PrepackedLinear(copy.deepcopy(self.linear[0], memo))
 
     def forward(self, x: Tensor) -> Tensor:
         if self.weight._version != self.source[0][1]:  # the weights were changed in place since packing

@@ -194,3 +194,19 @@ def test_the_repl_table_names_each_rows_kernels_when_they_differ_and_says_nothin
     mixed = [(target, Row(kernels="own")), (ngram, Row(kernels="prepacked")), (pld, Row(kernels="prepacked"))]
     assert kernels_caption(mixed) == " · linears: own (Target AR) · prepacked (N-gram assisted, Prompt lookup)"
     assert kernels_caption([(target, Row(kernels="own")), (ngram, Row(kernels="own"))]) == ""
+
+
+def test_a_prepacked_model_deep_copies_into_an_independent_prepacked_model(float32_pair):
+    """``truncated_drafter`` deep-copies the target: oneDNN's packed weights have no storage to copy."""
+    import copy
+
+    from utils.models import truncated_drafter
+
+    target, _ = float32_pair
+    clone = copy.deepcopy(target)
+    ids = torch.tensor([PROMPT])
+    assert prepacked(clone) and torch.equal(KVCacheModel(clone)(ids, 3), KVCacheModel(target)(ids, 3))
+    with torch.no_grad():
+        clone.lm_head.weight.mul_(2)
+    assert not torch.equal(KVCacheModel(clone)(ids, 1), KVCacheModel(target)(ids, 1))  # its own weights
+    assert prepacked(truncated_drafter(target, 1))
