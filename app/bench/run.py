@@ -239,8 +239,8 @@ def extra_sections(bench: Bench, configs: List[Config], records: List[dict], pro
     extra = kernels_report(records, bench.kernel_line) + bench.compile_report()
     if args.verify_cost:
         costs = bench.verify_cost()
-        extra = ("\n## cost of a verification pass over r positions (r - 1 drafts), relative to r = 1\n\n"
-                 "| r | cost |\n| ---: | ---: |\n")
+        extra += ("\n## cost of a verification pass over r positions (r - 1 drafts), relative to r = 1\n\n"
+                  "| r | cost |\n| ---: | ---: |\n")
         extra += "".join(f"| {k} | {v:.2f} |\n" for k, v in costs.items())
     if args.llama_cpp:
         extra += llama_cpp_report(bench, args, prompt)
