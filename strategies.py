@@ -40,7 +40,7 @@ from peers import (  # transformers' paths, the benchmark's peers
 )
 from sampling.suffix import SuffixSettings
 from sampling.calibration import PREPACKED, KernelChoice
-from runners import kernels, prepacked, synchronize
+from runners import EAGER, RunnerConfig, kernels, prepacked, synchronize
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 
@@ -74,6 +74,8 @@ class Settings:
     # the target's kernels per row: measured options (``choose_kernels``; None: the model's as they
     # are), each row on the option that gives it the most tokens per second (``row_kernels``)
     kernel_choice: Optional[KernelChoice] = None
+    runner: RunnerConfig = EAGER  # how the target's passes run (cache kind, compiled): every row the same
+    drafter_runner: RunnerConfig = EAGER  # how the drafter model's passes run
     params: Dict[str, Any] = field(default_factory=dict)  # a registered row's parameters by name (``Param``; unset: its default)
 
     def param(self, name: str) -> Any:
@@ -98,12 +100,13 @@ class Result:
 
 
 def _speculative(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    return speculative_generate(prompt, s.drafter, s.target, s.tokenizer, gamma=s.gamma, **_common(s, stats), policy=s.policy)[0]
+    return speculative_generate(prompt, s.drafter, s.target, s.tokenizer, gamma=s.gamma, **_common(s, stats), policy=s.policy,
+                                drafter_runner=s.drafter_runner)[0]
 
 
 def _common(s: Settings, stats: GenerationStats) -> dict:
     return dict(logits_processor=s.processor, max_gen_len=s.max_gen_len, eos_tokens_id=s.eos_tokens_id, use_cache=s.use_cache,
-                debug=s.debug, stats=stats, streamer=s.streamer)
+                debug=s.debug, stats=stats, streamer=s.streamer, runner=s.runner)
 
 
 def _ngram(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
@@ -121,7 +124,7 @@ def _prompt_lookup(prompt: List[int], s: Settings, stats: GenerationStats) -> Li
 def _chained(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
     return chained_speculative_generate(
         prompt, s.lookup_storage(), s.drafter, s.target, s.tokenizer, gamma=s.gamma, filler_top_k=s.top_k_filler,
-        **_common(s, stats), policy=s.policy)[0]
+        **_common(s, stats), policy=s.policy, drafter_runner=s.drafter_runner)[0]
 
 
 def _suffix(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
@@ -164,7 +167,8 @@ def _recycling(prompt: List[int], s: Settings, stats: GenerationStats) -> List[i
 
 
 def _autoregressive(model: Module, prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    return autoregressive_generate(prompt, model, **_common(s, stats))
+    runner = s.drafter_runner if model is s.drafter and model is not s.target else s.runner
+    return autoregressive_generate(prompt, model, **{**_common(s, stats), "runner": runner})
 
 
 @dataclass(frozen=True)
@@ -230,7 +234,7 @@ def _drafter_row(strategy: "Strategy") -> Callable[[List[int], Settings, Generat
     from sampling import generate
 
     def run(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-        arguments = dict(tokenizer=s.tokenizer, **_common(s, stats), policy=s.policy)
+        arguments = dict(tokenizer=s.tokenizer, **_common(s, stats), policy=s.policy, drafter_runner=s.drafter_runner)
         return generate(prompt, s.target, lambda p, config: strategy.drafter(p, s), arguments, trees=strategy.trees,
                         gamma=s.tree_size if strategy.trees else s.gamma)[0]
 

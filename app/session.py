@@ -104,12 +104,19 @@ class Pair:
     notes: Dict[str, Dict[str, str]] = field(default_factory=dict)  # role -> {"cache" | "kernels": how it was chosen}
     kernel_choice: Dict[str, object] = field(default_factory=dict)  # role -> KernelChoice measured at start-up
     busy_note: str = ""  # the machine's load made start-up figures noisy (``utils.measurements.busy_note``)
+    runners: Dict[str, object] = field(default_factory=dict)  # role -> RunnerConfig: its cache kind, compiled or not
+
+    def runner(self, role: str):
+        """The ``RunnerConfig`` the ``role``'s passes run under (eager, the device's cache if none was set)."""
+        from runners import EAGER
+
+        return self.runners.get(role, EAGER)
 
     def describe(self, role: str) -> str:
         """One line for the target or the drafter: ``describe`` with how its settings were chosen."""
         model, label, quantize = ((self.target, self.target_label, self.quantize) if role == "target"
                                   else (self.drafter, self.drafter_label, self.drafter_quantize))
-        return describe(model, label, quantize, self.notes.get(role, {}))
+        return describe(model, label, quantize, self.notes.get(role, {}), self.runner(role))
 
     def header_note(self) -> str:
         """What the target's header line adds after ``describe``: the dtype's reason, the machine's load."""
@@ -192,8 +199,9 @@ def load_pair(
 ) -> Pair:
     """Load the target (None: the embedded model) and the drafter (None: none; ``layers:N``: the
     first N layers of the target), check that the drafter can draft for the target, and set
-    the KV-cache kind (``set_cache``), the prepacking (``set_prepack``; "auto": measured,
-    ``choose_kernels``: each row later runs on its own best option) and the compilation (``set_compile``) of both. With ``compile``, every
+    each one's ``RunnerConfig`` (``Pair.runners``: the KV-cache kind, measured with "auto", and the
+    compilation) and the prepacking (``set_prepack``; "auto": measured, ``choose_kernels``: each row
+    later runs on its own best option) of both. With ``compile``, every
     pass shape is compiled here for sequences of ``compile_length`` positions, before anything is
     timed; ``Pair.compile_seconds`` says how long it took.
     ``measure_dtype`` with ``dtype`` auto: bfloat16 on CUDA; on CPU bfloat16 only where a matmul of
@@ -202,9 +210,8 @@ def load_pair(
     import torch
 
     from sampling.startup import startup_cache, startup_kernels
-    from runners import model_device, prepackable, set_cache, set_prepack
+    from runners import RunnerConfig, model_device, prepackable, prepare, set_prepack, why_not_compiled
     from utils.measurements import busy_note
-    from runners import prepare, set_compile, why_not_compiled
     from utils.models import resolve_device
 
     torch.set_grad_enabled(False)
@@ -232,9 +239,8 @@ def load_pair(
     for role, model in (("target", pair.target), ("drafter", pair.drafter)):
         if model is None:
             continue
-        set_cache(model, None if cache == "auto" else cache)
         reason = why_not_compiled(model) if compile else None
-        set_compile(model, compile and reason is None)
+        pair.runners[role] = RunnerConfig(None if cache == "auto" else cache, compile and reason is None)
         if reason is not None:
             say(f"--compile: the {role} runs eagerly: {reason}", "red")
         if compile and reason is None:
@@ -249,26 +255,25 @@ def load_pair(
         else:
             set_prepack(model, prepack in (True, "on"))
         if cache == "auto" and model_device(model).type == "cpu":
-            notes["cache"] = startup_cache(model, role, remeasure, busy=bool(busy))
+            chosen, notes["cache"] = startup_cache(model, role, remeasure, busy=bool(busy))
+            pair.runners[role] = pair.runners[role].with_(cache=chosen)
     return pair
 
 
-def describe(model: "Module", label: str, quantize: str, notes: Optional[Dict[str, str]] = None) -> str:
-    """One line: the model, where it runs, its weights, its KV cache, its runner (compiled or eager)
-    and, eager, whether its linear layers are prepacked; ``notes`` say how the cache and the
-    kernels were chosen (the measurements), where they were."""
-    from runners import prepacked, runner_cache
+def describe(model: "Module", label: str, quantize: str, notes: Optional[Dict[str, str]] = None, runner=None) -> str:
+    """One line: the model, where it runs, its weights, its KV cache and its runner (compiled or
+    eager: ``runner``, a ``RunnerConfig``; None: the defaults) and, eager, whether its linear layers
+    are prepacked; ``notes`` say how the cache and the kernels were chosen (the measurements)."""
+    from runners import EAGER, compiled_label, prepacked
+    from utils.quantization import model_quantization
 
-    notes = notes or {}
-
-    if getattr(model, "_specdec_quantization", None):
+    notes, runner = notes or {}, runner or EAGER
+    if model_quantization(model) in ("int4", "int8"):
         quantize += " (CPU weight-only kernels, bfloat16 activations)"
-    from runners import compile_wanted, compiled_label
-
     line = f"{label} · {next(model.parameters()).device} · {model.dtype} · quantization {quantize} · "
-    if compile_wanted(model):
+    if runner.compiled_for(model):
         return line + f"static KV cache · {compiled_label(model)}"
-    line += notes.get("cache", f"{runner_cache(model)} KV cache") + " · eager"
+    line += notes.get("cache", f"{runner.cache_for(model)} KV cache") + " · eager"
     if "kernels" in notes:
         return line + f" · {notes['kernels']}"
     return line + (" · prepacked linears" if prepacked(model) else "")
@@ -295,7 +300,8 @@ def build_settings(
     if calibrate:
         try:
             policy, drafter_note = startup_policy(pair.target, pair.drafter, row_costs, remeasure, busy=bool(pair.busy_note),
-                                                  kernel_choice=pair.kernel_choice.get("target"),
+                                                  kernel_choice=pair.kernel_choice.get("target"), runner=pair.runner("target"),
+                                                  drafter_runner=pair.runner("drafter"),
                                                   **({} if min_gain is None else {"min_gain": min_gain}), **options)
         except ValueError as error:
             raise SetupError(f"--row-costs: {error}") from None
@@ -304,7 +310,8 @@ def build_settings(
         policy = DraftPolicy(min_gain=min_gain or 0.0, **options)
     settings = Settings(target=pair.target, tokenizer=pair.tokenizer, drafter=pair.drafter, processor=processor,
                         gamma=4 if auto else gamma, max_gen_len=length, eos_tokens_id=end_tokens(pair.target, pair.tokenizer),
-                        encoder_decoder=pair.encoder_decoder, policy=policy, kernel_choice=pair.kernel_choice.get("target"))
+                        encoder_decoder=pair.encoder_decoder, policy=policy, kernel_choice=pair.kernel_choice.get("target"),
+                        runner=pair.runner("target"), drafter_runner=pair.runner("drafter"))
     if calibrate:
         if auto and not policy.auto:
             say(f"gamma auto needs plausible verification costs: gamma <= {settings.gamma} instead", "red")

@@ -33,7 +33,7 @@ class ModelDrafter(Drafter):
     def of(cls, model: Module, config: GenerationConfig, encoder_input_ids: List[int] | None = None) -> "ModelDrafter":
         """A drafter for ``model`` under ``config``: its processor, cache setting, shared
         vocabulary, and the policy's confidence cutoff and floor."""
-        runner = config.runner(model, encoder_input_ids)
+        runner = config.make_runner(model, encoder_input_ids, drafter=True)
         policy = config.policy
         return cls(runner, config.processor, config.vocab_size, context_window(model), policy.p_min, policy.min_draft)
 

@@ -1,4 +1,5 @@
 """Chained drafting: the n-gram storage when it knows the context, else the drafter model."""
+from runners.config import RunnerConfig
 from typing import Callable, List, Tuple
 
 import torch
@@ -19,7 +20,7 @@ def chained_speculative_generate(
     filler_top_k: int = 3, logits_processor: LogitsProcessor = GreedyProcessor(), max_gen_len: int = 40,
     eos_tokens_id: int | List[int] = 1, pad_token_id: int = 0, use_cache: bool = False, first_target: bool = True,
     debug: bool = False, stats: GenerationStats | None = None, policy: DraftPolicy | None = None,
-    streamer: Callable[[List[int], int], None] | None = None, compile: bool | None = None,
+    streamer: Callable[[List[int], int], None] | None = None, compile: bool | None = None, runner: RunnerConfig | None = None, drafter_runner: RunnerConfig | None = None,
 ) -> Tuple[List[int], float]:
     """Speculative decoding drafting from ``ngramstorage`` when it knows the context, else from ``drafter``.
 

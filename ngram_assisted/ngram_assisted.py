@@ -1,4 +1,5 @@
 """NASD: n-gram assisted speculative decoding (an n-gram storage replaces the drafter model)."""
+from runners.config import RunnerConfig
 from typing import Callable, List, Tuple
 
 import torch
@@ -21,7 +22,7 @@ def ngram_assisted_speculative_generate(
     logits_processor: LogitsProcessor = GreedyProcessor(), max_gen_len: int = 40, eos_tokens_id: int | List[int] = 1,
     pad_token_id: int = 0, use_cache: bool = False, first_target: bool = True, stop_if_unknown: bool = False,
     debug: bool = False, stats: GenerationStats | None = None, policy: DraftPolicy | None = None,
-    streamer: Callable[[List[int], int], None] | None = None, compile: bool | None = None,
+    streamer: Callable[[List[int], int], None] | None = None, compile: bool | None = None, runner: RunnerConfig | None = None,
 ) -> Tuple[List[int], float]:
     """N-gram assisted speculative decoding (NASD; Leviathan et al. 2023 with an n-gram drafter).
 

@@ -9,7 +9,8 @@ decoding loop calls. ``make_runner`` is the one place that picks which runner a 
     dynamic.py     the dynamic cache's operations and the reference-compatible ``prune_*``
     trees.py       draft trees: depths, the tree mask, a tree pass's inputs, the branch gather
     prepacking.py  prepacked (oneDNN) linear layers, the model's own modules
-    cache_kind.py  which cache a model's runners use (``set_cache``)
+    config.py      ``RunnerConfig``: which cache, compiled or not; carried in ``GenerationConfig``
+    cache_kind.py  the cache names and the device's default
     device.py      ``model_device``, ``synchronize``
 
 See docs/runners.md.
@@ -20,11 +21,11 @@ from torch.nn import Module
 
 from runners.base import Runner
 from runners.beams import BeamRunner
-from runners.cache_kind import CACHES, DEFAULT_CPU_CACHE, default_cache, runner_cache, set_cache
+from runners.cache_kind import CACHES, DEFAULT_CPU_CACHE, default_cache, runner_cache
 from runners.compiled import (
-    BUCKETS, CompiledRunner, bucket, compile_events, compile_wanted, compiled_graphs, compiled_label, prepare,
-    set_compile, why_not_compiled,
+    BUCKETS, CompiledRunner, bucket, compile_events, compiled_graphs, compiled_label, prepare, why_not_compiled,
 )
+from runners.config import EAGER, RunnerConfig
 from runners.device import model_device, synchronize
 from runners.dynamic import prune_cache, prune_dynamic_cache, prune_tuple_cache
 from runners.eager import KVCacheModel
@@ -33,18 +34,18 @@ from runners.trees import gather_branch, tree_depths, tree_mask, tree_unsupporte
 
 
 def make_runner(model: Module, use_cache: bool = True, encoder_input_ids: Optional[List[int]] = None,
-                compile: Optional[bool] = None) -> Runner:
-    """The runner the loops use for ``model``: compiled passes when asked for (``compile``, else the
-    model's ``set_compile``) and possible with a cache, else the eager ``KVCacheModel``."""
-    if use_cache and encoder_input_ids is None and compile_wanted(model, compile) and why_not_compiled(model) is None:
+                config: RunnerConfig = EAGER) -> Runner:
+    """The runner the loops use for ``model`` under ``config``: compiled passes when it asks for them
+    and the model can take them with a cache, else the eager ``KVCacheModel`` with its cache kind."""
+    if use_cache and encoder_input_ids is None and config.compiled_for(model):
         return CompiledRunner(model)
-    return KVCacheModel(model, use_cache, encoder_input_ids=encoder_input_ids)
+    return KVCacheModel(model, use_cache, encoder_input_ids=encoder_input_ids, cache=config.cache)
 
 
 __all__ = [
-    "BUCKETS", "CACHES", "DEFAULT_CPU_CACHE", "BeamRunner", "CompiledRunner", "KVCacheModel", "PrepackedLinear",
-    "Runner", "bucket", "compile_events", "compile_wanted", "compiled_graphs", "compiled_label", "default_cache",
+    "BUCKETS", "CACHES", "DEFAULT_CPU_CACHE", "EAGER", "RunnerConfig", "BeamRunner", "CompiledRunner", "KVCacheModel", "PrepackedLinear",
+    "Runner", "bucket", "compile_events", "compiled_graphs", "compiled_label", "default_cache",
     "drop_prepacked", "gather_branch", "kernels", "make_runner", "model_device", "prepack_fits", "prepackable",
-    "prepacked", "prepare", "prune_cache", "prune_dynamic_cache", "prune_tuple_cache", "runner_cache", "set_cache",
-    "set_compile", "set_prepack", "synchronize", "tree_depths", "tree_mask", "tree_unsupported", "why_not_compiled",
+    "prepacked", "prepare", "prune_cache", "prune_dynamic_cache", "prune_tuple_cache", "runner_cache",
+    "set_prepack", "synchronize", "tree_depths", "tree_mask", "tree_unsupported", "why_not_compiled",
 ]

@@ -1,4 +1,4 @@
-"""Which KV cache a model's eager runners use: "static" or "dynamic", set per model."""
+"""Which KV cache a runner uses: "static" or "dynamic", named by a ``RunnerConfig`` or the device's default."""
 import inspect
 
 from torch.nn import Module
@@ -17,18 +17,8 @@ def check_cache(cache: str | None) -> None:
         raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
 
 
-def set_cache(model: Module, cache: str | None) -> None:
-    """Which KV cache every runner of ``model`` uses from now on: "static", "dynamic", or None (the
-    default: static on CUDA, ``DEFAULT_CPU_CACHE`` on CPU). The REPL's and the benchmark's ``--cache``."""
-    check_cache(cache)
-    model._specdec_cache = cache
-
-
 def default_cache(model: Module) -> str:
-    """The cache a runner of ``model`` uses when none is named."""
-    chosen = getattr(model, "_specdec_cache", None)
-    if chosen is not None:
-        return chosen
+    """The cache a runner of ``model`` uses when none is named: static on CUDA, ``DEFAULT_CPU_CACHE`` on CPU."""
     return "static" if model_device(model).type == "cuda" else DEFAULT_CPU_CACHE
 
 

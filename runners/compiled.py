@@ -26,21 +26,11 @@ from torch.nn import Module
 
 from runners import static
 from runners.device import model_device
+from utils.quantization import model_quantization
 from runners.trees import gather_branch, tree_depths, tree_inputs, tree_unsupported
 
 BUCKETS = (1, 2, 4, 8, 16)
 MIN_CAPACITY = 1024
-
-
-def set_compile(model: Module, on: bool) -> None:
-    """Whether every runner of ``model`` runs compiled passes from now on (off by default).
-    The REPL's and the benchmark's ``--compile``; ``compile=True`` of the public functions."""
-    model._specdec_compile = bool(on)
-
-
-def compile_wanted(model: Module, compile: Optional[bool] = None) -> bool:
-    """``compile`` when given, else the model's setting (``set_compile``)."""
-    return bool(getattr(model, "_specdec_compile", False) if compile is None else compile)
 
 
 def why_not_compiled(model: Module) -> Optional[str]:
@@ -49,8 +39,8 @@ def why_not_compiled(model: Module) -> Optional[str]:
         return "encoder-decoder models run eagerly (their cross-attention cache is not static)"
     if "position_ids" not in inspect.signature(model.forward).parameters:
         return f"{type(model).__name__} takes no position_ids: it runs eagerly"
-    if getattr(model, "_specdec_quantization", None) and model_device(model).type == "cuda":
-        return "bitsandbytes layers do not compile: the quantized model runs eagerly"
+    if model_device(model).type == "cuda" and model_quantization(model) in ("bitsandbytes", "quanto"):
+        return "bitsandbytes and quanto layers do not compile: the quantized model runs eagerly"
     if static.static_cache(model, 8) is None:
         return f"{type(model).__name__}'s cache is not a plain key/value store: it runs eagerly"
     return None

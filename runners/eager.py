@@ -26,7 +26,7 @@ class KVCacheModel:
     writes each pass at its positions and rolls back by moving the write position (no crop, no
     concatenation); "dynamic" is the model's own ``DynamicCache`` (``runners.dynamic``: recording
     past states, so a rollback reaches behind a sliding window). None: ``default_cache(model)``
-    (``set_cache``). Encoder-decoder models, and models whose cache is not a plain K/V store, use
+    (the device's). Encoder-decoder models, and models whose cache is not a plain K/V store, use
     the dynamic cache.
 
     For an encoder-decoder model, pass the encoder's ``encoder_input_ids``: the encoder runs once

@@ -11,7 +11,8 @@ from torch.nn import Module
 
 from sampling.common import context_window, output_vocab_size
 from sampling.draft_policy import DraftPolicy
-from runners import DEFAULT_CPU_CACHE, KVCacheModel, drop_prepacked, kernels, make_runner, prepackable, runner_cache, set_cache, set_prepack, synchronize
+from runners import DEFAULT_CPU_CACHE, KVCacheModel, drop_prepacked, kernels, make_runner, prepackable, runner_cache, set_prepack, synchronize
+from runners.config import EAGER, RunnerConfig
 from utils.measurements import Budget
 
 # Cost-aware pausing threshold of the calibrated policy: drafting pauses while a drafting step
@@ -27,13 +28,14 @@ class _Timer:
     The tokens are drawn from the model's own vocabulary, and the context is cut to leave
     ``room`` positions inside the model's window: both asked of the model, never assumed."""
 
-    def __init__(self, model: Module, context: int, room: int, vocab: int | None = None, budget: Optional[Budget] = None):
+    def __init__(self, model: Module, context: int, room: int, vocab: int | None = None, budget: Optional[Budget] = None,
+                 runner: RunnerConfig = EAGER):
         window = context_window(model)
         self.context = max(1, min(context, window - room)) if window else context
         vocab = vocab or output_vocab_size(model)
         self.ids = torch.randint(vocab, (1, self.context + room), generator=torch.Generator().manual_seed(0))
         encoder = self.ids[0, : self.context].tolist() if getattr(model.config, "is_encoder_decoder", False) else None
-        self.model, self.runner = model, make_runner(model, True, encoder)
+        self.model, self.runner = model, make_runner(model, True, encoder, runner)
         _prefill(self, budget)
 
     def seconds(self, rows: int) -> float:
@@ -103,7 +105,7 @@ def _extrapolated(costs: List[float], max_rows: int) -> List[float]:
 
 @torch.no_grad()
 def measure_row_costs(model: Module, max_rows: int = 12, context: int = 128, repeats: int = 5,
-                      budget: Optional[Budget] = None) -> Tuple[float, ...]:
+                      budget: Optional[Budget] = None, runner: RunnerConfig = EAGER) -> Tuple[float, ...]:
     """Time of one cached target pass over r new positions (r = 1..max_rows) after ``context``
     positions, relative to r = 1: the cost of verifying r - 1 drafts in single-token steps.
 
@@ -112,9 +114,10 @@ def measure_row_costs(model: Module, max_rows: int = 12, context: int = 128, rep
 
     With a ``budget`` that runs out: the positions timed at least once (1..n, n >= 2) from the
     samples they have, the rest extrapolated along their line, and ``budget.note`` says which;
-    () when fewer than 2 positions were timed (not plausible: the caller's fallback).
+    () when fewer than 2 positions were timed (not plausible: the caller's fallback). ``runner``:
+    the runner configuration the passes run under (the rows' own).
     """
-    timer = _Timer(model, context, max_rows, budget=budget)
+    timer = _Timer(model, context, max_rows, budget=budget, runner=runner)
     samples = _samples([(timer, rows) for rows in range(1, max_rows + 1)], repeats, budget)
     timed = [statistics.median(times) for times in samples if times]
     if len(timed) < 2:
@@ -130,13 +133,14 @@ def measure_row_costs(model: Module, max_rows: int = 12, context: int = 128, rep
 
 @torch.no_grad()
 def measure_draft_cost(drafter: Module, target: Module, context: int = 128, repeats: int = 7,
-                       budget: Optional[Budget] = None) -> Optional[float]:
+                       budget: Optional[Budget] = None, runner: RunnerConfig = EAGER,
+                       drafter_runner: Optional[RunnerConfig] = None) -> Optional[float]:
     """Time of one cached one-position pass of ``drafter`` relative to one of ``target`` (medians
     of ``repeats`` interleaved passes after one warm-up each): the ``draft_cost`` of a drafter model.
     With a ``budget``: from the rounds that fit (``budget.note``), None when fewer than 2 did."""
     vocab = min(output_vocab_size(drafter), output_vocab_size(target))
-    medians, rounds = _compared([(_Timer(drafter, context, 1, vocab, budget), 1), (_Timer(target, context, 1, vocab, budget), 1)],
-                                repeats, budget)
+    timers = [_Timer(drafter, context, 1, vocab, budget, drafter_runner or runner), _Timer(target, context, 1, vocab, budget, runner)]
+    medians, rounds = _compared([(timer, 1) for timer in timers], repeats, budget)
     if medians is None:
         return None
     if budget is not None:
@@ -154,7 +158,7 @@ def plausible_row_costs(costs: Tuple[float, ...]) -> bool:
 def calibrated_policy(target: Module, min_gain: float = DEFAULT_MIN_GAIN, drafter: Optional[Module] = None,
                       row_costs: Optional[Tuple[float, ...]] = None, draft_cost: Optional[float] = None,
                       source: str = "given, not measured", kernel_choice: Optional["KernelChoice"] = None,
-                      **policy) -> DraftPolicy:
+                      runner: RunnerConfig = EAGER, drafter_runner: Optional[RunnerConfig] = None, **policy) -> DraftPolicy:
     """The REPL's and the benchmark's default policy: verification costs measured on ``target``
     where it runs (``measure_row_costs``, a few seconds), the cost of a ``drafter`` pass
     (``measure_draft_cost``), cheaper padded passes, cost-aware pausing.
@@ -165,7 +169,8 @@ def calibrated_policy(target: Module, min_gain: float = DEFAULT_MIN_GAIN, drafte
     given (costs measured before, ``--row-costs``) are used as they are, checked but not measured, and
     named with ``source`` (none when ""). ``draft_cost`` given: not measured either.
     ``kernel_choice`` (``choose_kernels``, measured just before) and no ``row_costs``: the costs of
-    the kernels that drafting rows run on are taken from it, not measured again."""
+    the kernels that drafting rows run on are taken from it, not measured again. ``runner`` and
+    ``drafter_runner``: the configurations the rows run the models under, measured as they run."""
     if row_costs is None and kernel_choice is not None and plausible_row_costs(kernel_choice.row_costs(kernel_choice.for_auto())):
         option = kernel_choice.for_auto()
         row_costs, source = kernel_choice.row_costs(option), f"{option} linears, from the kernel measurement"
@@ -174,11 +179,11 @@ def calibrated_policy(target: Module, min_gain: float = DEFAULT_MIN_GAIN, drafte
         if not plausible_row_costs(costs):
             raise ValueError(f"row costs {costs} are not plausible: r = 1 costs 1, each r costs 0.8 to 2r")
     for _ in range(2 if row_costs is None else 0):
-        costs = measure_row_costs(target)
+        costs = measure_row_costs(target, runner=runner)
         if plausible_row_costs(costs):
             break
     if draft_cost is None:
-        draft_cost = measure_draft_cost(drafter, target) if drafter is not None else 0.0
+        draft_cost = measure_draft_cost(drafter, target, runner=runner, drafter_runner=drafter_runner) if drafter is not None else 0.0
     shown = " ".join(f"{c:.2f}" for c in costs)
     if not plausible_row_costs(costs):
         note = f"Verification costs measured twice and not plausible ({shown}): not used, constant draft length"
@@ -324,24 +329,21 @@ class _EagerTimer(_Timer):
 
 
 @torch.no_grad()
-def choose_cache(model: Module, context: int = 256, repeats: int = 7, budget: Optional[Budget] = None) -> str:
+def choose_cache(model: Module, context: int = 256, repeats: int = 7, budget: Optional[Budget] = None) -> Tuple[str, str]:
     """Measure one-position cached passes of ``model`` after ``context`` positions with the static KV
-    cache and with the model's dynamic one, set the faster (``set_cache``; static only when at
-    least 5% faster) and return one line saying what was measured. A model that cannot take the
+    cache and with the model's dynamic one; returns ``(cache, line)``: the faster (static only when
+    at least 5% faster) and one line saying what was measured. A model that cannot take the
     static cache keeps the dynamic one, and says so. A ``budget`` spent before 2 rounds: the CPU
     default (``DEFAULT_CPU_CACHE``), and the line says it fell back."""
     if runner_cache(model, "static") != "static":
-        set_cache(model, "dynamic")
-        return "the model's dynamic KV cache (it cannot take the static one)"
+        return "dynamic", "the model's dynamic KV cache (it cannot take the static one)"
     medians, rounds = _compared([(_EagerTimer(model, context, cache="static", budget=budget), 1),
                                  (_EagerTimer(model, context, cache="dynamic", budget=budget), 1)], repeats, budget)
     if medians is None:
-        set_cache(model, DEFAULT_CPU_CACHE)
-        return f"{DEFAULT_CPU_CACHE} KV cache (fallback: {budget.reason})"
+        return DEFAULT_CPU_CACHE, f"{DEFAULT_CPU_CACHE} KV cache (fallback: {budget.reason})"
     static, dynamic = medians
     chosen = "static" if static < 0.95 * dynamic else "dynamic"
-    set_cache(model, chosen)
-    return f"{chosen} KV cache (measured {static * 1e3:.1f} ms a pass static, {dynamic * 1e3:.1f} ms dynamic{_cut(rounds, budget)})"
+    return chosen, f"{chosen} KV cache (measured {static * 1e3:.1f} ms a pass static, {dynamic * 1e3:.1f} ms dynamic{_cut(rounds, budget)})"
 
 
 def _cut(rounds: str, budget: Optional[Budget]) -> str:

@@ -3,6 +3,7 @@ take whole, and the observers through which anything outside a loop (a screen, a
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Mapping, Sequence, Tuple
 
+from runners.config import EAGER, RunnerConfig
 from sampling.common import check_positive_int, stop_token_set
 from sampling.draft_policy import DraftPolicy
 from sampling.stats import GenerationStats
@@ -71,15 +72,18 @@ class GenerationConfig:
     policy: DraftPolicy = field(default_factory=DraftPolicy)
     stats: GenerationStats = field(default_factory=GenerationStats)
     observers: Tuple[Observer, ...] = ()
-    compile: bool | None = None  # compiled passes (None: each model's ``set_compile``)
+    runner: RunnerConfig = EAGER  # how the target's passes run: cache kind, compiled or not
+    drafter_runner: RunnerConfig = EAGER  # how a drafter model's passes run
 
     @classmethod
     def of(cls, arguments: Mapping[str, Any], **fields) -> "GenerationConfig":
         """The configuration a public function's ``arguments`` (its ``locals()``) describe, by the
         reference's names: ``logits_processor``, ``max_gen_len``, ``eos_tokens_id``, ``use_cache``,
         ``first_target``, ``gamma``, ``skip_sample_adjustment``, ``debug`` (the debug view, with
-        ``tokenizer``), and this project's ``stats``, ``policy``, ``streamer`` and ``compile``. ``fields`` set
-        fields directly. Every value is checked here, once."""
+        ``tokenizer``), and this project's ``stats``, ``policy``, ``streamer``, ``runner`` and
+        ``drafter_runner`` (``RunnerConfig``s; the drafter's defaults to the target's) and ``compile``
+        (a bool that overrides both configurations' ``compile``). ``fields`` set fields directly.
+        Every value is checked here, once."""
         a = dict(arguments)
         observers = []
         if a.get("debug"):
@@ -100,17 +104,29 @@ class GenerationConfig:
             policy=a["policy"] if a.get("policy") is not None else DraftPolicy(),
             stats=a["stats"] if a.get("stats") is not None else GenerationStats(),
             observers=tuple(observers),
-            compile=None if a.get("compile") is None else bool(a["compile"]),
+            **_runner_configs(a.get("runner"), a.get("drafter_runner"), a.get("compile")),
         )
         return cls(**{**values, **fields})
 
-    def runner(self, model, encoder_input_ids: List[int] | None = None):
-        """The runner of ``model`` for this generation: compiled passes when ``compile`` (or the
-        model's ``set_compile``) asks for them and the model can take them, else the eager one."""
+    def make_runner(self, model, encoder_input_ids: List[int] | None = None, drafter: bool = False):
+        """The runner of ``model`` for this generation, as ``runner`` (``drafter_runner`` for a
+        drafter model) says: its cache kind, compiled passes where the model can take them."""
         from runners import make_runner
 
-        return make_runner(model, self.use_cache, encoder_input_ids, self.compile)
+        return make_runner(model, self.use_cache, encoder_input_ids, self.drafter_runner if drafter else self.runner)
 
     def observe(self, step: Step) -> None:
         for observer in self.observers:
             observer.on_step(step)
+
+
+def _runner_configs(runner: RunnerConfig | None, drafter_runner: RunnerConfig | None, compile: bool | None) -> dict:
+    """The target's and the drafter's ``RunnerConfig`` from a public function's arguments."""
+    for name, value in (("runner", runner), ("drafter_runner", drafter_runner)):
+        if value is not None and not isinstance(value, RunnerConfig):
+            raise TypeError(f"{name} must be a runners.RunnerConfig, got {type(value).__name__}")
+    runner = runner or EAGER
+    drafter_runner = drafter_runner or runner
+    if compile is not None:
+        runner, drafter_runner = runner.with_(compile=bool(compile)), drafter_runner.with_(compile=bool(compile))
+    return dict(runner=runner, drafter_runner=drafter_runner)

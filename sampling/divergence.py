@@ -17,12 +17,13 @@ strategy emitted a token that the target did not choose in the very pass that ve
 Everything here runs after the generation, on its record: no generated token depends on it.
 """
 from dataclasses import asdict, dataclass
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 from torch.nn import Module
 
+from runners.config import RunnerConfig
 from sampling.config import Observer, Step
 
 NEAR_TIE, DISAGREEMENT = "near-tie", "disagreement"
@@ -31,12 +32,12 @@ NEAR_TIE, DISAGREEMENT = "near-tie", "disagreement"
 Pass = Tuple[int, int, Sequence[int], int]
 
 
-def default_runner(model: Module):
-    """The runner the loops use with the cache on: the model's cache kind, prepacking and
-    compilation (``runners.make_runner``)."""
-    from runners import make_runner
+def default_runner(model: Module, config: Optional[RunnerConfig] = None):
+    """The runner the loops use with the cache on, under ``config`` (None: eager, the device's
+    cache): its cache kind and compilation (``runners.make_runner``); the model's own kernels."""
+    from runners import EAGER, make_runner
 
-    return make_runner(model, True)
+    return make_runner(model, True, config=config or EAGER)
 
 
 class _OnKernels:

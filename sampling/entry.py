@@ -43,7 +43,7 @@ def generate(inputs, target: Module, drafter: Drafter | MakeDrafter, arguments: 
     output = None
     try:
         loop = loop or (draft_tree_and_verify if trees else draft_and_verify)
-        output = loop(prompt, config.runner(target), made, config)
+        output = loop(prompt, config.make_runner(target), made, config)
     finally:
         made.finish(output)
     return output, config.stats.acceptance_rate

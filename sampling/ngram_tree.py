@@ -1,4 +1,5 @@
 """NASD with draft trees: the public entry (the drafter is ``drafters.ngram.NGramDrafter``)."""
+from runners.config import RunnerConfig
 from typing import List, Tuple
 
 import torch
@@ -15,7 +16,7 @@ def ngram_tree_generate(
     inputs: List[int], ngramstorage, target, tokenizer=None, tree_size: int = 16, filler_top_k: int = 3,
     logits_processor: LogitsProcessor = GreedyProcessor(), max_gen_len: int = 40, eos_tokens_id: int | List[int] = 1,
     pad_token_id: int = 0, use_cache: bool = False, first_target: bool = True, debug: bool = False, stats=None,
-    policy: DraftPolicy | None = None, streamer=None, compile: bool | None = None,
+    policy: DraftPolicy | None = None, streamer=None, compile: bool | None = None, runner: RunnerConfig | None = None,
 ) -> Tuple[List[int], float]:
     """NASD with draft trees: the n-gram storage proposes its most probable branches by count (up
     to ``tree_size`` nodes, best first, ``NGramDrafter.propose_tree``), the target verifies them in

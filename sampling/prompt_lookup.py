@@ -1,4 +1,5 @@
 """Prompt lookup decoding (Saxena 2023; transformers' ``prompt_lookup_num_tokens``, vLLM's ``ngram``)."""
+from runners.config import RunnerConfig
 from typing import Callable, List, Tuple
 
 import torch
@@ -18,7 +19,7 @@ def prompt_lookup_generate(
     min_ngram_size: int = 1, logits_processor: LogitsProcessor = GreedyProcessor(), max_gen_len: int = 40,
     eos_tokens_id: int | List[int] = 1, pad_token_id: int = 0, use_cache: bool = False, first_target: bool = True,
     debug: bool = False, stats: GenerationStats | None = None, policy: DraftPolicy | None = None,
-    streamer: Callable[[List[int], int], None] | None = None, compile: bool | None = None,
+    streamer: Callable[[List[int], int], None] | None = None, compile: bool | None = None, runner: RunnerConfig | None = None,
 ) -> Tuple[List[int], float]:
     """Prompt lookup decoding: speculative decoding whose drafts are copied from the context.
 

@@ -1,5 +1,6 @@
 """Token Recycling (Luo et al., ACL 2025, arXiv:2408.08696): the target's top-k next tokens for
 every token it has seen, kept in an adjacency table and read out into a static draft tree."""
+from runners.config import RunnerConfig
 from typing import Callable, Dict, List, Tuple
 
 import torch
@@ -19,7 +20,7 @@ def token_recycling_generate(
     pad_token_id: int = 0, use_cache: bool = False, first_target: bool = True, debug: bool = False,
     stats: GenerationStats | None = None, policy: DraftPolicy | None = None,
     streamer: Callable[[List[int], int], None] | None = None, table: Dict[int, List[int]] | None = None,
-    compile: bool | None = None,
+    compile: bool | None = None, runner: RunnerConfig | None = None,
 ) -> Tuple[List[int], float]:
     """Token Recycling (Luo et al. 2025): the target's ``top_k`` next tokens of every token it has
     scored, kept in an adjacency table (``table``: pass a dict to keep it across generations),

@@ -22,6 +22,7 @@ from sampling.draft_policy import DraftPolicy
 from sampling.encoder_decoder import decoder_inputs
 from sampling.stats import GenerationStats
 from runners import Runner
+from runners.config import RunnerConfig
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 
@@ -150,6 +151,7 @@ def speculative_generate(
     pad_token_id: int = 0, use_cache: bool = False, skip_sample_adjustment: bool = False, first_target: bool = True,
     debug: bool = False, stats: GenerationStats | None = None, policy: DraftPolicy | None = None,
     streamer: Callable[[List[int], int], None] | None = None, compile: bool | None = None,
+    runner: RunnerConfig | None = None, drafter_runner: RunnerConfig | None = None,
 ) -> Tuple[List[int], float]:
     """Speculative decoding with a drafter model (Leviathan et al. 2023; Chen et al. 2023), for
     decoder-only models and for encoder-decoder models sharing one decoder vocabulary (both
@@ -172,8 +174,9 @@ def speculative_generate(
             target's token blue). stats: a ``GenerationStats`` to fill. policy: a ``DraftPolicy``
             (adaptive length, minimum draft, pauses, ``p_min`` confidence cutoff).
             streamer: called with each step's emitted tokens and how many were drafts.
-            compile: both models run compiled passes over static caches (``runners.compiled``; None:
-            each model's ``set_compile``); needs ``use_cache``.
+            runner, drafter_runner: how the target's and the drafter's passes run (``RunnerConfig``:
+            cache kind, compiled; the drafter's defaults to the target's; None: eager, the device's
+            cache). compile: True/False overrides both configurations' ``compile``; needs ``use_cache``.
 
     Returns:
         (new token ids, acceptance rate = accepted drafts / drafted tokens).
@@ -181,7 +184,7 @@ def speculative_generate(
     prompt, encoder_ids = decoder_inputs(check_prompt(inputs), target, drafter)
     config = GenerationConfig.of(locals(), vocab_size=common_vocab_size(drafter, target, tokenizer))
     drafting = ModelDrafter.of(drafter, config, encoder_input_ids=encoder_ids)
-    return speculative(prompt, config.runner(target, encoder_ids), drafting, config)
+    return speculative(prompt, config.make_runner(target, encoder_ids), drafting, config)
 
 
 speculative_generate_encoder_decoder = speculative_generate  # the reference's name for encoder-decoder models

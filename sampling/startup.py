@@ -12,6 +12,7 @@ from typing import Optional, Tuple
 
 from torch.nn import Module
 
+from runners.config import EAGER, RunnerConfig
 from sampling import calibration
 from sampling.draft_policy import DraftPolicy
 from utils.measurements import (BUDGETS, Budget, Clock, Say, announce, finish_progress, machine_key, model_identity,
@@ -37,14 +38,13 @@ def _budget(kind: str, what: str, clock: Clock, say: Say, model: Optional[Module
     return Budget(seconds, clock, announce(f"Measuring {what}, budget {seconds:g} s) ...", say))
 
 
-def _kernels(model: Module) -> dict:
+def _kernels(model: Module, runner: RunnerConfig = EAGER) -> dict:
     """What runs the model's passes besides its weights: prepacked linears, quantization, compilation."""
-    from runners import compile_wanted, prepacked
+    from runners import prepacked
+    from utils.quantization import model_quantization
 
-    quantization = getattr(model, "_specdec_quantization", None) or getattr(
-        getattr(model.config, "quantization_config", None), "quant_method", None)
-    return {"prepacked": prepacked(model), "quantization": str(quantization or "none"),
-            "compiled": bool(compile_wanted(model))}
+    return {"prepacked": prepacked(model), "quantization": model_quantization(model) or "none",
+            "compiled": runner.compiled_for(model)}
 
 
 def _with_source(line: str, source: str) -> str:
@@ -104,9 +104,10 @@ def startup_kernels(model: Module, role: str = "target", remeasure: bool = False
 
 
 def startup_cache(model: Module, role: str = "target", remeasure: bool = False, clock: Clock = time.perf_counter,
-                  busy: bool = False, say: Say = to_stderr) -> str:
-    """``calibration.choose_cache`` within its budget, or its saved choice; the line for the header."""
-    from runners import CACHES, runner_cache, set_cache
+                  busy: bool = False, say: Say = to_stderr) -> Tuple[str, str]:
+    """``calibration.choose_cache`` within its budget, or its saved choice: ``(cache, line)``, the
+    line for the header."""
+    from runners import CACHES, runner_cache
 
     if runner_cache(model, "static") != "static":
         return calibration.choose_cache(model)  # nothing to measure
@@ -114,20 +115,16 @@ def startup_cache(model: Module, role: str = "target", remeasure: bool = False, 
 
     def measure() -> Tuple[dict, bool]:
         budget = _budget("cache", f"the {role}'s KV cache (static and dynamic, 7 rounds", clock, say, model)
-        line = calibration.choose_cache(model, budget=budget)
+        cache, line = calibration.choose_cache(model, budget=budget)
         finish_progress(budget.progress)
-        return {"cache": runner_cache(model), "line": line}, budget.stopped
+        return {"cache": cache, "line": line}, budget.stopped
 
     result, source = remembered("cache", key, measure, _check_choice("cache", CACHES), remeasure, busy, say)
-    if source:
-        set_cache(model, result["cache"])
-    return _with_source(result["line"], source)
+    return result["cache"], _with_source(result["line"], source)
 
 
-def _policy_key(model: Module) -> dict:
-    from runners import runner_cache
-
-    return {"model": model_identity(model), **_kernels(model), "cache": runner_cache(model)}
+def _policy_key(model: Module, runner: RunnerConfig) -> dict:
+    return {"model": model_identity(model), **_kernels(model, runner), "cache": runner.cache_for(model)}
 
 
 def _check_costs(result: dict) -> None:
@@ -139,18 +136,18 @@ def _check_costs(result: dict) -> None:
 
 
 def verification_costs(target: Module, max_rows: int = 12, remeasure: bool = False, clock: Clock = time.perf_counter,
-                       busy: bool = False, say: Say = to_stderr) -> Tuple[Tuple[float, ...], str]:
+                       busy: bool = False, say: Say = to_stderr, runner: RunnerConfig = EAGER) -> Tuple[Tuple[float, ...], str]:
     """``(costs, note)``: the target's verification costs by positions 1..``max_rows``
     (``calibration.measure_row_costs``, taken again once when not plausible), within their budget
     or saved. A budget cut short: the positions timed, the rest extrapolated (the note says which);
     too short, or never plausible: () and the note says why (the policy keeps a constant length)."""
-    key = {**machine_key(), **_policy_key(target), "max_rows": max_rows}
+    key = {**machine_key(), **_policy_key(target, runner), "max_rows": max_rows}
 
     def measure() -> Tuple[dict, bool]:
         budget = _budget("verification", f"verification costs (1-{max_rows} positions", clock, say, target)
         costs: Tuple[float, ...] = ()
         for _ in range(2):
-            costs = calibration.measure_row_costs(target, max_rows=max_rows, budget=budget)
+            costs = calibration.measure_row_costs(target, max_rows=max_rows, budget=budget, runner=runner)
             if calibration.plausible_row_costs(costs) or budget.exhausted():
                 break
         finish_progress(budget.progress)
@@ -178,14 +175,16 @@ def _check_cost(result: dict) -> None:
 
 
 def draft_cost(drafter: Module, target: Module, remeasure: bool = False, clock: Clock = time.perf_counter,
-               busy: bool = False, say: Say = to_stderr) -> Tuple[float, str]:
+               busy: bool = False, say: Say = to_stderr, runner: RunnerConfig = EAGER,
+               drafter_runner: Optional[RunnerConfig] = None) -> Tuple[float, str]:
     """``(cost, note)``: a drafter pass against a target pass (``calibration.measure_draft_cost``)
     within its budget, or saved. Cut short before 2 rounds: the ratio of their parameter counts."""
-    key = {**machine_key(), "drafter": _policy_key(drafter), "target": _policy_key(target)}
+    drafter_runner = drafter_runner or runner
+    key = {**machine_key(), "drafter": _policy_key(drafter, drafter_runner), "target": _policy_key(target, runner)}
 
     def measure() -> Tuple[dict, bool]:
         budget = _budget("drafter", "the drafter's cost (7 rounds against the target", clock, say, target)
-        cost = calibration.measure_draft_cost(drafter, target, budget=budget)
+        cost = calibration.measure_draft_cost(drafter, target, budget=budget, runner=runner, drafter_runner=drafter_runner)
         finish_progress(budget.progress)
         if cost is None:
             ratio = sum(p.numel() for p in drafter.parameters()) / sum(p.numel() for p in target.parameters())
@@ -198,25 +197,29 @@ def draft_cost(drafter: Module, target: Module, remeasure: bool = False, clock: 
 
 def startup_policy(target: Module, drafter: Optional[Module] = None, row_costs: Optional[Tuple[float, ...]] = None,
                    remeasure: bool = False, clock: Clock = time.perf_counter, busy: bool = False, say: Say = to_stderr,
-                   kernel_choice: Optional["calibration.KernelChoice"] = None, **policy) -> Tuple[DraftPolicy, str]:
+                   kernel_choice: Optional["calibration.KernelChoice"] = None, runner: RunnerConfig = EAGER,
+                   drafter_runner: Optional[RunnerConfig] = None, **policy) -> Tuple[DraftPolicy, str]:
     """``(policy, drafter note)``: ``calibration.calibrated_policy`` from the start-up measurements
     (or ``row_costs`` given, ``--row-costs``; or the costs of the drafting rows' kernels in
-    ``kernel_choice``, not measured again), and what the drafter's cost line adds ("" or "(...)")."""
+    ``kernel_choice``, not measured again), and what the drafter's cost line adds ("" or "(...)").
+    ``runner``/``drafter_runner``: the configurations the rows run the models under."""
     policy.setdefault("min_gain", calibration.DEFAULT_MIN_GAIN)
-    cost, drafter_note = draft_cost(drafter, target, remeasure, clock, busy, say) if drafter is not None else (0.0, "")
+    cost, drafter_note = (draft_cost(drafter, target, remeasure, clock, busy, say, runner, drafter_runner)
+                          if drafter is not None else (0.0, ""))
     drafter_note = f" ({drafter_note})" if drafter_note else ""
+    runs = dict(drafter=drafter, draft_cost=cost, runner=runner, drafter_runner=drafter_runner)
     if row_costs is not None:
-        return calibration.calibrated_policy(target, drafter=drafter, row_costs=row_costs, draft_cost=cost, **policy), drafter_note
+        return calibration.calibrated_policy(target, row_costs=row_costs, **runs, **policy), drafter_note
     option = None if kernel_choice is None else kernel_choice.for_auto()
     if option is not None and len(kernel_choice.seconds[option]) >= 12 and calibration.plausible_row_costs(kernel_choice.row_costs(option)):
-        return calibration.calibrated_policy(target, drafter=drafter, draft_cost=cost, kernel_choice=kernel_choice, **policy), drafter_note
+        return calibration.calibrated_policy(target, kernel_choice=kernel_choice, **runs, **policy), drafter_note
     from runners import kernels
 
     with kernels(target, None if option is None else option == calibration.PREPACKED):  # the drafting rows' kernels
-        costs, note = verification_costs(target, remeasure=remeasure, clock=clock, busy=busy, say=say)
+        costs, note = verification_costs(target, remeasure=remeasure, clock=clock, busy=busy, say=say, runner=runner)
     if not costs:
         return DraftPolicy(draft_cost=cost, calibration=note, **policy), drafter_note
-    return calibration.calibrated_policy(target, drafter=drafter, row_costs=costs, draft_cost=cost, source=note, **policy), drafter_note
+    return calibration.calibrated_policy(target, row_costs=costs, source=note, **runs, **policy), drafter_note
 
 
 def startup_dtype(folder, prepack: bool, remeasure: bool = False, clock: Clock = time.perf_counter, busy: bool = False,

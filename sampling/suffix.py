@@ -1,5 +1,6 @@
 """``suffix_generate``: suffix-tree drafting (SuffixDecoding) through the one entry,
 ``sampling.entry.generate``; the drafter, its defaults and their sources: ``drafters/suffix.py``."""
+from runners.config import RunnerConfig
 from typing import Callable, List, Tuple
 
 import torch
@@ -21,7 +22,7 @@ def suffix_generate(
     logits_processor: LogitsProcessor = GreedyProcessor(), max_gen_len: int = 40, eos_tokens_id: int | List[int] = 1,
     pad_token_id: int = 0, use_cache: bool = False, first_target: bool = True, debug: bool = False,
     stats: GenerationStats | None = None, policy: DraftPolicy | None = None, streamer: Callable[[List[int], int], None] | None = None,
-    compile: bool | None = None, trees: bool = False,
+    compile: bool | None = None, runner: RunnerConfig | None = None, trees: bool = False,
 ) -> Tuple[List[int], float]:
     """Suffix decoding: speculative decoding whose drafts come from a suffix trie (``SuffixDrafter``).
 

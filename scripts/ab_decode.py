@@ -25,7 +25,7 @@ def main():
     import torch
 
     from sampling import autoregressive_generate
-    from utils.caching import KVCacheModel, set_cache
+    from runners import KVCacheModel, RunnerConfig
     from utils.models import load_embedded
     from utils.quantization import quantize_cpu
 
@@ -43,9 +43,9 @@ def main():
     rows = {q: {r: [] for r in (1, 2, 4, 8, 12)} for q in models}
     for _ in range(args.repeats + 1):  # the first round warms up
         for q, c in configs:
-            set_cache(models[q], c)
             start = time.perf_counter()
-            out = autoregressive_generate(prompt, models[q], max_gen_len=args.new_tokens, eos_tokens_id=[], use_cache=True)
+            out = autoregressive_generate(prompt, models[q], max_gen_len=args.new_tokens, eos_tokens_id=[], use_cache=True,
+                                          runner=RunnerConfig(cache=c))
             tps[(q, c)].append(len(out) / (time.perf_counter() - start))
         for q, model in models.items():
             runner = KVCacheModel(model, True, cache="static")

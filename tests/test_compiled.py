@@ -19,7 +19,8 @@ from sampling import (
     token_recycling_generate,
 )
 from utils.caching import KVCacheModel
-from utils.compiled import CompiledRunner, compile_events, make_runner, prepare, set_compile, why_not_compiled
+from utils.caching import RunnerConfig
+from utils.compiled import CompiledRunner, compile_events, make_runner, prepare, why_not_compiled
 from utils.logits_processor import NucleusProcessor
 
 LENGTH = 40
@@ -109,22 +110,19 @@ def test_a_dropped_runner_gives_its_cache_back_for_the_next(models):
     assert second.cache is cache
 
 
-def test_compile_is_off_by_default_and_follows_set_compile(models):
+def test_compile_is_off_by_default_and_follows_the_runner_config(models):
     target, _ = models
+    compiled_config = RunnerConfig(compile=True)
     assert isinstance(make_runner(target), KVCacheModel)
-    assert isinstance(make_runner(target, compile=True), CompiledRunner)
-    set_compile(target, True)
-    try:
-        assert isinstance(make_runner(target), CompiledRunner)
-        assert isinstance(make_runner(target, use_cache=False), KVCacheModel)  # no cache: nothing to compile over
-    finally:
-        set_compile(target, False)
+    assert isinstance(make_runner(target, config=compiled_config), CompiledRunner)
+    assert isinstance(make_runner(target, use_cache=False, config=compiled_config), KVCacheModel)  # no cache: nothing to compile over
+    assert not any(name.startswith("_specdec") for name in vars(target)), "no setting is stored on the model"
 
 
 def test_models_that_cannot_compile_say_why_and_run_eagerly():
     model = t5()
     assert "encoder-decoder" in why_not_compiled(model)
-    assert isinstance(make_runner(model, compile=True), KVCacheModel)
+    assert isinstance(make_runner(model, config=RunnerConfig(compile=True)), KVCacheModel)
     with pytest.raises(ValueError, match="encoder-decoder"):
         CompiledRunner(model)
 

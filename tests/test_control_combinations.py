@@ -21,7 +21,7 @@ from sampling import (
 from sampling.config import GenerationConfig
 from sampling.speculative_decoding import ModelDrafter, draft_and_verify
 from test_lossless_sampling import LENGTH, PROMPT as TINY_PROMPT, chi_square_pvalue, exact_distribution
-from utils.caching import KVCacheModel, set_cache
+from utils.caching import KVCacheModel, RunnerConfig
 from utils.logits_processor import (
     GreedyProcessor,
     MultinomialProcessor,
@@ -92,8 +92,9 @@ def reference(kind: str, prompt: int):
     return autoregressive_generate(list(PROMPTS[prompt]), pair(kind)[0], max_gen_len=GEN, eos_tokens_id=[], use_cache=False)
 
 
-def generate(drafter: str, target, model, prompt, processor, policy, use_cache, gamma, stats, length=GEN):
-    common = dict(logits_processor=processor, max_gen_len=length, eos_tokens_id=[], use_cache=use_cache, stats=stats, policy=policy)
+def generate(drafter: str, target, model, prompt, processor, policy, use_cache, gamma, stats, length=GEN, cache=None):
+    common = dict(logits_processor=processor, max_gen_len=length, eos_tokens_id=[], use_cache=use_cache, stats=stats, policy=policy,
+                  runner=RunnerConfig(cache=cache))
     vocab = target.config.vocab_size
     if drafter == "model":
         return speculative_generate(prompt, model, target, gamma=gamma, **common)[0]
@@ -126,13 +127,8 @@ def test_every_combination_runs_is_greedy_exact_and_drafts_at_most_gamma(kind, d
     target, model = pair(kind)
     policy, stats = policy_of(controls), GenerationStats()
     torch.manual_seed(0)
-    for m in (target, model):
-        set_cache(m, None if cache == "off" else cache)
-    try:
-        out = generate(drafter, target, model, list(PROMPTS[prompt]), PROCESSORS[processor], policy, cache != "off", gamma, stats)
-    finally:
-        for m in (target, model):
-            set_cache(m, None)
+    out = generate(drafter, target, model, list(PROMPTS[prompt]), PROCESSORS[processor], policy, cache != "off", gamma, stats,
+                   cache=None if cache == "off" else cache)
     assert len(out) == GEN and all(0 <= t < VOCAB for t in out)
     if processor == "greedy":
         assert out == reference(kind, prompt)
@@ -291,7 +287,7 @@ def test_implausible_verification_costs_are_measured_again_then_not_used(monkeyp
 
     assert plausible_row_costs((1.0, 1.1, 1.3, 1.2)) and not plausible_row_costs((1.0, 1.1, 0.3, 0.13))
     measured = iter([(1.0, 0.39, 0.13), (1.0, 0.2, 0.3)])
-    monkeypatch.setattr(calibration, "measure_row_costs", lambda model: next(measured))
+    monkeypatch.setattr(calibration, "measure_row_costs", lambda model, **kwargs: next(measured))
     policy = calibration.calibrated_policy(pair("llama")[0])
     assert policy.row_costs is None and "not plausible" in policy.calibration
     measured = iter([(1.0, 0.39, 0.13), (1.0, 1.1, 1.2)])

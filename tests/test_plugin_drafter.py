@@ -95,7 +95,21 @@ def test_the_benchmark_runs_the_row(row, tiny_models, tmp_path):
 
     out = tmp_path / "plugin"
     bench.main(["--target", tiny_models["target"], "--device", "cpu", "--limit", "1", "--categories", "summarization",
-                "--strategies", "target,repeat_ngram", "--gamma", "3", "--max-new-tokens", "8", "--out", str(out)])
+                "--strategies", "target,repeat_ngram", "--gamma", "3", "--max-new-tokens", "8", "--param", "repeat_n=1,3",
+                "--out", str(out)])
     records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
     assert {r["key"] for r in records} == {"target", "repeat_ngram"}
     assert all(r["diverged_at"] is None for r in records)
+    swept = {r["config"]: r["params"] for r in records if r["key"] == "repeat_ngram"}
+    assert swept == {"repeat_ngram[g=3 repeat_n=1]": {"repeat_n": 1}, "repeat_ngram[g=3 repeat_n=3]": {"repeat_n": 3}}, (
+        "the grid runs each value of the row's parameter, and the label says which")
+
+
+def test_the_benchmark_refuses_an_unknown_or_out_of_range_parameter_in_one_line(row, capsys):
+    import bench
+
+    for bad in ("repeat_n=0", "repeat_n=9", "nope=1", "repeat_n="):
+        with pytest.raises(SystemExit):
+            bench.main(["--strategies", "repeat_ngram", "--param", bad])
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "--param" in error, error

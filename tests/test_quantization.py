@@ -8,7 +8,7 @@ import torch
 from conftest import EOS_NEVER, PROMPT, llama, perturbed_copy
 from ngram_assisted import NGramStorage, chained_speculative_generate, ngram_assisted_speculative_generate
 from sampling import DraftPolicy, autoregressive_generate, prompt_lookup_generate, speculative_generate
-from utils.quantization import WeightOnlyLinear, quantize_cpu
+from utils.quantization import WeightOnlyLinear, model_quantization, quantize_cpu
 
 LENGTH = 40
 
@@ -88,6 +88,6 @@ def test_load_model_on_cpu_uses_the_weight_only_kernels(tiny_models):
     model, _, _ = load_model(tiny_models["target"], "cpu", "auto", "int4")
     layers = [m for m in model.modules() if isinstance(m, WeightOnlyLinear)]
     assert layers and {m.bits for m in layers} == {4, 8}
-    assert model._specdec_quantization == "int4"
+    assert model_quantization(model) == "int4"
     out = autoregressive_generate([5, 17, 33], model, max_gen_len=4, eos_tokens_id=EOS_NEVER, use_cache=True)
     assert len(out) == 4

@@ -10,7 +10,6 @@ import torch
 from conftest import llama
 from sampling import calibration, startup
 from utils import measurements
-from utils.caching import runner_cache
 
 
 def slow_clock(step: float = 10.0):
@@ -49,9 +48,9 @@ def lines():
 
 def test_a_measurement_past_its_budget_falls_back_and_says_so(model):
     said, say = lines()
-    line = startup.startup_cache(model, clock=slow_clock(), say=say)
+    cache, line = startup.startup_cache(model, clock=slow_clock(), say=say)
     assert line == "dynamic KV cache (fallback: measurement over its 3 s budget)"
-    assert runner_cache(model) == "dynamic"
+    assert cache == "dynamic"
     assert said == ["Measuring the target's KV cache (static and dynamic, 7 rounds, budget 3 s) ..."]
     costs, note = startup.verification_costs(model, clock=slow_clock(), say=say)
     assert costs == () and note == "Verification costs not measured (fallback: measurement over its 5 s budget): constant draft length"
@@ -94,11 +93,11 @@ def test_a_saved_result_is_reused_with_its_date_unless_remeasure(model, monkeypa
 
 
 def test_a_reused_choice_is_applied_and_named_on_the_header(model):
-    first = startup.startup_cache(model, clock=slow_clock(), say=lambda text: None)
+    _, first = startup.startup_cache(model, clock=slow_clock(), say=lambda text: None)
     startup.startup_cache(model, clock=slow_clock(), say=lambda text: None, busy=True)  # the fallback is noisy: reused only when busy
-    second = startup.startup_cache(model, say=lambda text: None, busy=True)
+    cache, second = startup.startup_cache(model, say=lambda text: None, busy=True)
     assert re.fullmatch(r"dynamic KV cache \(fallback: measurement over its 3 s budget; reused from [0-9: -]+\)", second)
-    assert first != second and runner_cache(model) == "dynamic"
+    assert first != second and cache == "dynamic"
 
 
 def test_a_noisy_saved_result_is_measured_again_on_a_quiet_machine(cache):

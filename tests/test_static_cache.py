@@ -15,7 +15,7 @@ from sampling import (
     speculative_generate,
     speculative_generate_encoder_decoder,
 )
-from utils.caching import KVCacheModel, set_cache
+from utils.caching import KVCacheModel, RunnerConfig
 
 LENGTH = 60
 
@@ -43,9 +43,9 @@ def small_slack(monkeypatch):
     monkeypatch.setattr(runners.static, "STATIC_ROUND", 8)
 
 
-def run_all(target, drafter, use_cache):
+def run_all(target, drafter, use_cache, cache=None):
     vocab = target.config.vocab_size
-    common = dict(max_gen_len=LENGTH, eos_tokens_id=EOS_NEVER, use_cache=use_cache)
+    common = dict(max_gen_len=LENGTH, eos_tokens_id=EOS_NEVER, use_cache=use_cache, runner=RunnerConfig(cache=cache))
     return {
         "target": autoregressive_generate(PROMPT, target, **common),
         "speculative": speculative_generate(PROMPT, drafter, target, gamma=3, **common)[0],
@@ -58,15 +58,9 @@ def run_all(target, drafter, use_cache):
 def test_every_strategy_with_the_static_cache_equals_target_ar_without_cache(family, small_slack):
     target, drafter = family
     expected = autoregressive_generate(PROMPT, target, max_gen_len=LENGTH, eos_tokens_id=EOS_NEVER, use_cache=False)
-    try:
-        for kind in ("static", "dynamic"):
-            set_cache(target, kind)
-            set_cache(drafter, kind)
-            for name, out in run_all(target, drafter, use_cache=True).items():
-                assert out == expected, (kind, name)
-    finally:
-        set_cache(target, None)
-        set_cache(drafter, None)
+    for kind in ("static", "dynamic"):
+        for name, out in run_all(target, drafter, use_cache=True, cache=kind).items():
+            assert out == expected, (kind, name)
 
 
 def test_static_runner_rolls_back_by_moving_the_position_and_regrows(small_slack):
@@ -90,16 +84,12 @@ def test_static_runner_rolls_back_by_moving_the_position_and_regrows(small_slack
 def test_encoder_decoder_models_keep_the_dynamic_cache(use_cache):
     target = t5()
     drafter = perturbed_copy(target, 0.5, seed=1)
-    set_cache(target, "static")
-    try:
-        runner = KVCacheModel(target, use_cache=True, encoder_input_ids=PROMPT)
-        assert runner.cache_kind == "dynamic"
-        expected = autoregressive_generate_encoder_decoder(PROMPT, target, max_gen_len=20, eos_tokens_id=EOS_NEVER, use_cache=False)
-        out, _ = speculative_generate_encoder_decoder(PROMPT, drafter, target, gamma=3, max_gen_len=20, eos_tokens_id=EOS_NEVER,
-                                                      use_cache=use_cache)
-        assert out == expected
-    finally:
-        set_cache(target, None)
+    runner = KVCacheModel(target, use_cache=True, encoder_input_ids=PROMPT, cache="static")
+    assert runner.cache_kind == "dynamic"
+    expected = autoregressive_generate_encoder_decoder(PROMPT, target, max_gen_len=20, eos_tokens_id=EOS_NEVER, use_cache=False)
+    out, _ = speculative_generate_encoder_decoder(PROMPT, drafter, target, gamma=3, max_gen_len=20, eos_tokens_id=EOS_NEVER,
+                                                  use_cache=use_cache, runner=RunnerConfig(cache="static"))
+    assert out == expected
 
 
 def test_cache_choice_is_validated_and_defaults_by_device():
@@ -107,11 +97,10 @@ def test_cache_choice_is_validated_and_defaults_by_device():
     with pytest.raises(ValueError):
         KVCacheModel(target, cache="paged")
     with pytest.raises(ValueError):
-        set_cache(target, "paged")
+        RunnerConfig(cache="paged")
     assert KVCacheModel(target).cache_kind == caching.DEFAULT_CPU_CACHE
-    set_cache(target, "dynamic")
-    assert KVCacheModel(target).cache_kind == "dynamic"
-    set_cache(target, None)
+    assert KVCacheModel(target, cache="dynamic").cache_kind == "dynamic"
+    assert not any(name.startswith("_specdec") for name in vars(target)), "no setting is stored on the model"
 
 
 def test_the_header_names_the_cache_the_runners_use():
@@ -119,6 +108,6 @@ def test_the_header_names_the_cache_the_runners_use():
     from session import describe
 
     for model, expected in ((t5(), "dynamic"), (llama(), "static")):
-        set_cache(model, "static")
-        assert caching.runner_cache(model) == expected == KVCacheModel(model).cache_kind
-        assert f"{expected} KV cache" in describe(model, "tiny", "none")
+        runner = RunnerConfig(cache="static")
+        assert runner.cache_for(model) == expected == KVCacheModel(model, cache="static").cache_kind
+        assert f"{expected} KV cache" in describe(model, "tiny", "none", runner=runner)

@@ -16,7 +16,7 @@ from test_lossless_sampling import LENGTH, PROCESSORS, chi_square_pvalue, exact_
 from test_lossless_sampling import PROMPT as TINY_PROMPT
 from test_hostile_input import NUMBERISH, repl, snapshot  # noqa: F401 (repl: the in-process REPL fixture)
 from test_control_combinations import CONTROLS, GEN, PROCESSORS as COMBINED, PROMPTS, VOCAB, pair as combined_pair, policy_of, reference
-from utils.caching import set_cache
+from utils.caching import RunnerConfig
 
 texts = st.lists(st.integers(0, 4), min_size=1, max_size=60)  # a small alphabet: many repeats
 depths = st.integers(1, 8)
@@ -251,19 +251,16 @@ def test_greedy_suffix_decoding_equals_autoregressive(pair, cache):
     target, _ = pair
     use_cache = cache != "off"
     expected = autoregressive_generate(PROMPT, target, max_gen_len=60, eos_tokens_id=EOS_NEVER, use_cache=False)
-    try:
-        if use_cache:
-            set_cache(target, cache)
-        for settings_ in (dict(), dict(max_spec_tokens=6, max_tree_depth=4, max_spec_offset=2.0, min_token_prob=0.0)):
-            out, _ = suffix_generate(PROMPT, target, max_gen_len=60, eos_tokens_id=EOS_NEVER, use_cache=use_cache, **settings_)
-            assert out == expected, settings_
-        memory = SuffixMemory(24)
-        for _ in range(2):  # the second run drafts from the first's output
-            out, rate = suffix_generate(PROMPT, target, max_gen_len=60, eos_tokens_id=EOS_NEVER, use_cache=use_cache, memory=memory)
-            assert out == expected
-        assert rate > 0 and memory.outputs == [expected, expected]
-    finally:
-        set_cache(target, None)
+    runner = RunnerConfig(cache=cache if use_cache else None)
+    for settings_ in (dict(), dict(max_spec_tokens=6, max_tree_depth=4, max_spec_offset=2.0, min_token_prob=0.0)):
+        out, _ = suffix_generate(PROMPT, target, max_gen_len=60, eos_tokens_id=EOS_NEVER, use_cache=use_cache, runner=runner, **settings_)
+        assert out == expected, settings_
+    memory = SuffixMemory(24)
+    for _ in range(2):  # the second run drafts from the first's output
+        out, rate = suffix_generate(PROMPT, target, max_gen_len=60, eos_tokens_id=EOS_NEVER, use_cache=use_cache, memory=memory,
+                                    runner=runner)
+        assert out == expected
+    assert rate > 0 and memory.outputs == [expected, expected]
 
 
 def test_bad_suffix_settings_are_refused_in_one_line(pair):
@@ -369,13 +366,9 @@ def test_suffix_under_every_combination_of_controls_runs_and_greedy_is_exact(kin
     if remembered:
         memory.add(reference(kind, 1 - prompt))  # the other prompt's output: what the global tree would hold
     torch_seed(0)
-    set_cache(target, None if cache == "off" else cache)
-    try:
-        out, _ = suffix_generate(list(PROMPTS[prompt]), target, max_spec_tokens=most, logits_processor=COMBINED[processor],
-                                 max_gen_len=GEN, eos_tokens_id=[], use_cache=cache != "off", policy=policy, stats=stats,
-                                 memory=memory)
-    finally:
-        set_cache(target, None)
+    out, _ = suffix_generate(list(PROMPTS[prompt]), target, max_spec_tokens=most, logits_processor=COMBINED[processor],
+                             max_gen_len=GEN, eos_tokens_id=[], use_cache=cache != "off", policy=policy, stats=stats,
+                             memory=memory, runner=RunnerConfig(cache=None if cache == "off" else cache))
     assert len(out) == GEN and all(0 <= t < VOCAB for t in out)
     if processor == "greedy":
         assert out == reference(kind, prompt)

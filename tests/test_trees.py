@@ -16,7 +16,7 @@ from sampling.drafters import NGramDrafter
 from sampling.speculative_decoding import draft_and_verify
 from sampling.tree_decoding import draft_tree_and_verify
 from test_lossless_sampling import LENGTH, PROMPT as TINY_PROMPT, chi_square_pvalue, exact_distribution
-from utils.caching import KVCacheModel, set_cache, tree_depths
+from utils.caching import KVCacheModel, RunnerConfig, tree_depths
 from utils.logits_processor import GreedyProcessor, MultinomialProcessor, TopKProcessor
 
 PROMPT = [5, 17, 33, 5, 17, 40, 2, 9]
@@ -133,8 +133,10 @@ def target_of(name: str):
     return MODELS[name]()
 
 
-def run_tree_strategy(strategy, model, use_cache, policy=None, stats=None, processor=GreedyProcessor(), size=12, length=GEN, prompt=LONG_PROMPT):
-    common = dict(logits_processor=processor, max_gen_len=length, eos_tokens_id=[], use_cache=use_cache, policy=policy, stats=stats)
+def run_tree_strategy(strategy, model, use_cache, policy=None, stats=None, processor=GreedyProcessor(), size=12, length=GEN, prompt=LONG_PROMPT,
+                      cache=None):
+    common = dict(logits_processor=processor, max_gen_len=length, eos_tokens_id=[], use_cache=use_cache, policy=policy, stats=stats,
+                  runner=RunnerConfig(cache=cache))
     if strategy == "tree_ngram":
         return ngram_tree_generate(list(prompt), NGramStorage(3, model.config.vocab_size), model, tree_size=size, **common)[0]
     return token_recycling_generate(list(prompt), model, tree_size=size, **common)[0]
@@ -145,15 +147,11 @@ def run_tree_strategy(strategy, model, use_cache, policy=None, stats=None, proce
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_tree_strategies_are_greedy_exact(name, strategy, cache):
     model = target_of(name)
-    set_cache(model, None if cache == "off" else cache)
     accepted = 0
-    try:
-        for policy in (None, DraftPolicy(row_costs=COSTS, min_gain=1.0)):
-            stats = GenerationStats()
-            assert run_tree_strategy(strategy, model, cache != "off", policy, stats) == reference(name), policy
-            accepted += stats.accepted
-    finally:
-        set_cache(model, None)
+    for policy in (None, DraftPolicy(row_costs=COSTS, min_gain=1.0)):
+        stats = GenerationStats()
+        assert run_tree_strategy(strategy, model, cache != "off", policy, stats, cache=None if cache == "off" else cache) == reference(name), policy
+        accepted += stats.accepted
     assert accepted > 0 or name != "llama", "some drafts must be accepted for the test to mean anything"
 
 
@@ -445,12 +443,13 @@ def test_suffix_trees_are_greedy_exact_with_both_caches():
     the same argument as every deterministic tree: the target's own sample walks down the tree)."""
     from conftest import llama as tiny_llama
     from sampling import autoregressive_generate, suffix_generate
-    from utils.caching import set_cache
+    from runners import RunnerConfig
 
     target = tiny_llama(layers=2, window=512)
     prompt = [5, 17, 33, 5, 17, 40, 2, 9, 5, 17, 33, 71] * 2
     for cache in ("dynamic", "static"):
-        set_cache(target, cache)
-        reference = autoregressive_generate(prompt, target, max_gen_len=40, eos_tokens_id=[], use_cache=True)
-        trees, _ = suffix_generate(prompt, target, max_spec_tokens=8, max_gen_len=40, eos_tokens_id=[], use_cache=True, trees=True)
+        runner = RunnerConfig(cache=cache)
+        reference = autoregressive_generate(prompt, target, max_gen_len=40, eos_tokens_id=[], use_cache=True, runner=runner)
+        trees, _ = suffix_generate(prompt, target, max_spec_tokens=8, max_gen_len=40, eos_tokens_id=[], use_cache=True, trees=True,
+                                   runner=runner)
         assert trees == reference

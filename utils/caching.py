@@ -4,7 +4,8 @@
     prune_cache, prune_tuple_cache,
     prune_dynamic_cache                            runners/dynamic.py (reference-compatible names, kept here)
     static cache operations                        runners/static.py
-    set_cache, default_cache, runner_cache,
+    RunnerConfig                                   runners/config.py
+    default_cache, runner_cache,
     CACHES, DEFAULT_CPU_CACHE                      runners/cache_kind.py
     PrepackedLinear, set_prepack, prepackable,
     prepacked, kernels, drop_prepacked,
@@ -15,7 +16,8 @@
 
 New code imports from ``runners``; these names stay importable from here.
 """
-from runners.cache_kind import CACHES, DEFAULT_CPU_CACHE, default_cache, runner_cache, set_cache
+from runners.cache_kind import CACHES, DEFAULT_CPU_CACHE, default_cache, runner_cache
+from runners.config import RunnerConfig
 from runners.device import model_device, synchronize
 from runners.dynamic import prune_cache, prune_dynamic_cache, prune_tuple_cache
 from runners.eager import KVCacheModel
@@ -25,6 +27,6 @@ from runners.trees import gather_branch, tree_depths, tree_mask, tree_unsupporte
 __all__ = [
     "CACHES", "DEFAULT_CPU_CACHE", "KVCacheModel", "PrepackedLinear", "default_cache", "drop_prepacked",
     "gather_branch", "kernels", "model_device", "prepack_fits", "prepackable", "prepacked", "prune_cache",
-    "prune_dynamic_cache", "prune_tuple_cache", "runner_cache", "set_cache", "set_prepack", "synchronize",
+    "prune_dynamic_cache", "prune_tuple_cache", "runner_cache", "RunnerConfig", "set_prepack", "synchronize",
     "tree_depths", "tree_mask", "tree_unsupported",
 ]

@@ -3,11 +3,11 @@ one place that picks a runner) in ``runners/__init__.py``. New code imports from
 these names stay importable from here."""
 from runners import make_runner
 from runners.compiled import (
-    BUCKETS, MIN_CAPACITY, CompiledRunner, bucket, compile_events, compile_wanted, compiled, compiled_graphs,
-    compiled_label, prepare, set_compile, why_not_compiled,
+    BUCKETS, MIN_CAPACITY, CompiledRunner, bucket, compile_events, compiled, compiled_graphs,
+    compiled_label, prepare, why_not_compiled,
 )
 
 __all__ = [
-    "BUCKETS", "MIN_CAPACITY", "CompiledRunner", "bucket", "compile_events", "compile_wanted", "compiled",
-    "compiled_graphs", "compiled_label", "make_runner", "prepare", "set_compile", "why_not_compiled",
+    "BUCKETS", "MIN_CAPACITY", "CompiledRunner", "bucket", "compile_events", "compiled",
+    "compiled_graphs", "compiled_label", "make_runner", "prepare", "why_not_compiled",
 ]

@@ -22,7 +22,7 @@ at 96.5% of the positions of a 400-token text (int4 head: 82%; int8 everywhere: 
 shapes the int4 kernel refuses (output features not a multiple of 16, input features not a
 multiple of the group size) are quantized to int8 too.
 """
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 from torch import Tensor
@@ -123,5 +123,16 @@ def quantize_cpu(model: Module, quantize: str) -> Dict[str, int]:
             with torch.no_grad():
                 parent._modules[name] = WeightOnlyLinear(child, bits)
             counts[f"int{bits}"] = counts.get(f"int{bits}", 0) + 1
-    model._specdec_quantization = quantize
     return counts
+
+
+def model_quantization(model: Module) -> Optional[str]:
+    """How ``model``'s weights are quantized, read from its layers and config: "int4" or "int8"
+    (``WeightOnlyLinear`` layers: "int4" when any is 4-bit), the loader's ``quant_method``
+    (bitsandbytes, quanto), or None."""
+    bits = {module.bits for module in model.modules() if isinstance(module, WeightOnlyLinear)}
+    if bits:
+        return "int4" if 4 in bits else "int8"
+    config = getattr(getattr(model, "config", None), "quantization_config", None)
+    method = config.get("quant_method") if isinstance(config, dict) else getattr(config, "quant_method", None)
+    return str(getattr(method, "value", method)) if method else None

@@ -38,6 +38,25 @@ def pause_spec(text: str) -> List[int]:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def param_values(text: str) -> tuple:
+    """``NAME=V1,V2``: a registered row's parameter (``strategies.PARAMS``) and its values, each within
+    its limits; ``(name, [values])``."""
+    from strategies import PARAMS
+
+    name, _, values = text.partition("=")
+    name = name.strip()
+    if name not in PARAMS or not values.strip():
+        known = ", ".join(sorted(PARAMS)) or "none registered"
+        raise argparse.ArgumentTypeError(f"--param takes NAME=V1,V2 with NAME a strategy row's parameter ({known}), got {text[:40]!r}")
+    words = [w for w in values.split(",") if w.strip()]
+    if len(words) > 16:
+        raise argparse.ArgumentTypeError(f"--param {name} takes at most 16 values")
+    try:
+        return name, list(dict.fromkeys(parse_limited(w, f"--param {name}", name) for w in words))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Benchmark every strategy and transformers' own paths on Spec-Bench-format prompts.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -64,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tree-size", type=flag_type("--tree-size", "tree_size"), default=16,
                    help="most nodes of a draft tree for tree_ngram and recycling (default 16)")
     p.add_argument("--top-k-filler", type=flag_list_type("--top-k-filler", "top_k_filler"), default=[3], help="NASD filler top-k values, e.g. 1,3,5 (default 3)")
+    p.add_argument("--param", type=param_values, action="append", metavar="NAME=V1,V2",
+                   help="a registered strategy row's own parameter (its REPL command /NAME), one or more values: the grid "
+                   "runs each; repeatable")
     p.add_argument("--adaptive", action="store_true", help="adaptive draft length for every drafting strategy")
     p.add_argument("--pause", type=pause_spec, help="AFTER,STEPS: pause drafting after AFTER fruitless steps for STEPS steps")
     p.add_argument("--min-gain", type=flag_type("--min-gain", "min_gain"), help="cost-aware pausing: pause drafting while tokens per drafting step, "

@@ -3,7 +3,7 @@ import importlib.util
 import itertools
 import sys
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 
 if TYPE_CHECKING:
     from strategies import Strategy  # imported when first needed: it loads torch
@@ -19,6 +19,7 @@ class Config:
     n: int = 3
     storage: str = "basic"
     filler: int = 3
+    params: Tuple[Tuple[str, Any], ...] = ()  # a registered row's own parameters (``strategies.Param``), by name
 
     @classmethod
     def of(cls, record: dict) -> "Config":
@@ -26,7 +27,8 @@ class Config:
         config = cls(record["key"])
         strategy = config.strategy
         taken = (("gamma",) if strategy.takes_gamma else ()) + (("n", "storage", "filler") if strategy.takes_storage else ())
-        return replace(config, **{name: record[name] for name in taken if name in record})
+        params = tuple((p.name, (record.get("params") or {}).get(p.name, p.default)) for p in strategy.params)
+        return replace(config, params=params, **{name: record[name] for name in taken if name in record})
 
     @property
     def strategy(self) -> "Strategy":
@@ -44,8 +46,9 @@ class Config:
         return self._name("")
 
     def _name(self, gamma: str) -> str:
+        said = " ".join(f"{name}={value}" for name, value in self.params) if self.params else self.strategy.label_words
         words = ([f"{self.storage} n={self.n} k={self.filler}"] if self.strategy.takes_storage else []) + (
-            [gamma] if gamma and self.strategy.takes_gamma else []) + ([self.strategy.label_words] if self.strategy.label_words else [])
+            [gamma] if gamma and self.strategy.takes_gamma else []) + ([said] if said else [])
         return f"{self.key}[{' '.join(words)}]" if words else self.key
 
 
@@ -72,7 +75,10 @@ def make_configs(args, have_drafter: bool) -> List[Config]:
         grid = {"gamma": [g for g in args.gamma if g != "auto" or strategy.auto_gamma]} if strategy.takes_gamma else {}
         if strategy.takes_storage:
             grid.update(n=args.ngram_n, storage=strategy.storages or args.storages.split(","), filler=args.top_k_filler)
-        configs += [Config(key, **dict(zip(grid, values))) for values in itertools.product(*grid.values())]
+        asked: Dict[str, list] = dict(getattr(args, "param", None) or [])
+        own = [[(p.name, value) for value in asked.get(p.name, [p.default])] for p in strategy.params]
+        configs += [Config(key, params=tuple(params), **dict(zip(grid, values)))
+                    for values in itertools.product(*grid.values()) for params in itertools.product(*own)]
     if baseline() not in configs:
         configs.insert(0, baseline())
     return list(dict.fromkeys(configs))  # a repeated flag value runs its configuration once

@@ -57,16 +57,18 @@ class Bench:
         self.row_costs = policy.row_costs
         self.policies: Dict[Config, "DraftPolicy"] = {}  # each configuration's own (its memory, with --policy-memory)
         self.memories: Dict[tuple, object] = {}  # (configuration, repeat): a suffix memory across the prompts, in order
-        self.runner_factory = default_runner  # the runner divergences are replayed with: the strategies' own kind
+        runner = self.settings.runner  # divergences are replayed on the runner the strategies ran: its kind, compiled or not
+        self.runner_factory = lambda model: default_runner(model, runner)
 
     def compile_for(self, items: List[dict]) -> None:
         """With ``--compile``: make the compiled graphs hold the longest prompt plus its new tokens,
         before any timed run (a larger cache is a new set of graphs); counted in ``compile_seconds``."""
-        from runners import compile_wanted, prepare
+        from runners import prepare
 
         longest = max(len(item["prompt"]) for item in items) + self.args.max_new_tokens
+        runners = {"target": self.settings.runner, "drafter": self.settings.drafter_runner}
         for role, model in (("target", self.target), ("drafter", self.drafter)):
-            if model is not None and compile_wanted(model):
+            if model is not None and runners[role].compiled_for(model):
                 seconds = prepare(model, longest, lambda text: print(f"{role}: {text} ...", file=sys.stderr))
                 self.compile_seconds[role] = self.compile_seconds.get(role, 0.0) + seconds
 
@@ -106,7 +108,7 @@ class Bench:
         # a copy of the calibrated policy per configuration: what one remembers never reaches another
         policy = self.policies.setdefault(config, replace(self.settings.policy, auto=auto))
         return replace(self.settings, gamma=self.settings.gamma if auto else config.gamma, top_k_filler=config.filler, policy=policy,
-                       storage=STORAGES[config.storage](config.n, self.vocab))
+                       storage=STORAGES[config.storage](config.n, self.vocab), params={**self.settings.params, **dict(config.params)})
 
     def memory(self, config: Config, repeat: int):
         """The global memory a strategy with one keeps across the prompts of one repeat (None for the others)."""
@@ -208,7 +210,7 @@ def run_record(bench: Bench, item: dict, repeat: int, config: Config, result, re
     return {
         "question_id": item["question_id"], "category": item["category"], "turn": item["turn"],
         "repeat": repeat, "config": config.label, "key": config.key, "gamma": config.gamma, "n": config.n,
-        "storage": config.storage, "filler": config.filler, "processor": bench.args.processor,
+        "storage": config.storage, "filler": config.filler, "params": dict(config.params) or None, "processor": bench.args.processor,
         "prompt_tokens": len(item["prompt"]), "new_tokens": len(result.tokens), "seconds": result.seconds,
         "tokens_per_s": result.tokens_per_second, "drafted": st.drafted, "accepted": st.accepted,
         "target_passes": st.target_forward_passes, "drafted_at": st.drafted_at, "accepted_at": st.accepted_at,

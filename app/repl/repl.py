@@ -173,7 +173,8 @@ class Repl:
         from sampling.divergence import NEAR_TIE, classify_divergence, on_kernels
         from runners import make_runner
 
-        replayed = lambda model: make_runner(model, self.settings.use_cache)  # noqa: E731 (the runner the strategies ran: /cache, --compile)
+        runner, use_cache = self.settings.runner, self.settings.use_cache  # the runner the strategies ran: /cache, --compile
+        replayed = lambda model: make_runner(model, use_cache, config=runner)  # noqa: E731
         reference, kernels = next(((r.tokens, r.kernels) for s, r in results if s.baseline), (None, ""))
         if self.processor_name != "greedy" or self.settings.encoder_decoder or reference is None:
             return

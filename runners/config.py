@@ -1,0 +1,43 @@
+"""How a model's passes run: which KV cache and whether compiled. Built once (from the flags, or
+from a Python call), carried whole in ``sampling.GenerationConfig``, never stored on the model."""
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from torch.nn import Module
+
+from runners.cache_kind import check_cache, runner_cache
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """``cache``: "static", "dynamic", or None (the device's default: static on CUDA,
+    ``DEFAULT_CPU_CACHE`` on CPU). ``compile``: compiled passes over a static cache
+    (``runners.compiled``) where the model can take them, else eager passes."""
+
+    cache: Optional[str] = None
+    compile: bool = False
+
+    def __post_init__(self):
+        check_cache(self.cache)
+        object.__setattr__(self, "compile", bool(self.compile))
+
+    def cache_for(self, model: Module) -> str:
+        """The cache a runner of ``model`` starts with under this configuration."""
+        return runner_cache(model, self.cache)
+
+    def compiled_for(self, model: Module) -> bool:
+        """Whether ``model``'s runner runs compiled passes under this configuration."""
+        from runners.compiled import why_not_compiled
+
+        return self.compile and why_not_compiled(model) is None
+
+    def with_(self, **changes) -> "RunnerConfig":
+        """A copy with ``changes`` (``cache=``, ``compile=``)."""
+        return replace(self, **changes)
+
+    def describe(self, model: Module) -> str:
+        """One phrase: "dynamic KV cache · eager", "static KV cache · compiled"."""
+        return f"{self.cache_for(model)} KV cache · " + ("compiled" if self.compiled_for(model) else "eager")
+
+
+EAGER = RunnerConfig()
