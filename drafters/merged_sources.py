@@ -15,7 +15,7 @@ import torch
 from drafters.ngram import NGramDrafter
 from drafters.recycling import RANK_DECAY, RecyclingDrafter
 from drafters.suffix import SuffixDrafter
-from sampling.suffix_tree import best_match_tree
+from sampling.suffix_tree import TIE, best_match_tree
 
 Branch = Tuple[Tuple[int, ...], float]  # (token path after the context, conditional score of its last token)
 
@@ -38,7 +38,7 @@ def suffix_branches(drafter: SuffixDrafter, tokens: List[int], budget: int) -> L
     if drafter.memory is not None:
         memory = drafter.memory.trie
         found.append((memory, drafter.matches, best_match_tree(memory, drafter.matches, *settings)))
-    trie, matches, (nodes, parents, _, match) = max(found, key=lambda f: f[2][2])  # the request's own on a tie
+    trie, matches, (nodes, parents, _, match) = found[0] if len(found) == 1 or found[0][2][2] + TIE >= found[1][2][2] else found[1]  # own on a tie
     drafter.last_match = match
     if not nodes:
         return []
