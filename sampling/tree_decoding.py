@@ -149,9 +149,10 @@ def walk_by_acceptance(children: List[List[int]], accepted: List[int], correctio
 def _proposal(drafter: TreeDrafter, tokens: List[int], budget: int, room: int, policy: DraftPolicy, record: TreeRecord,
               with_probs: bool) -> Tuple[List[int], List[int], List[int], Tensor | None]:
     """The tree to verify this step: nodes, parents, depths and, for a drafter with probabilities,
-    ``q`` ``[1 + N, V]``. Nodes deeper than ``room`` are dropped and only the first nodes that
-    pay (``tree_size``) kept: decided from the shape only, never from a token, so drafts with
-    probabilities stay independent samples of their parents' ``q``."""
+    ``q`` ``[1 + N, V]``. Nodes deeper than ``room`` are dropped, then the best prefix or the best
+    chain kept (``tree_shape.choose_nodes``, by the measured pass costs). For drafts with
+    probabilities the estimates come from the shape only, never from a token, so they stay
+    independent samples of their parents' ``q``; a deterministic drafter may give its own (``estimates``)."""
     q = None
     if with_probs:
         nodes, parents, q = drafter.propose_tree_with_probs(tokens, budget)
@@ -179,8 +180,8 @@ def _proposal(drafter: TreeDrafter, tokens: List[int], budget: int, room: int, p
 def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, config: GenerationConfig) -> List[int]:
     """The speculative loop for draft trees; returns the new tokens (prompt excluded).
 
-    Each step the drafter proposes a tree of at most ``config.gamma`` nodes (``tree_size`` keeps
-    the first ones that pay for their pass, from the generation's ``TreeRecord``), the target scores the last accepted token and every
+    Each step the drafter proposes a tree of at most ``config.gamma`` nodes (``_proposal`` keeps the
+    best prefix or its best chain by the measured pass costs), the target scores the last accepted token and every
     node in one pass (``target.tree_pass``), giving ``p`` at the root and after each node.
     Acceptance:
 
