@@ -166,6 +166,13 @@ def _recycling(prompt: List[int], s: Settings, stats: GenerationStats) -> List[i
     return token_recycling_generate(prompt, s.target, s.tokenizer, tree_size=s.tree_size, **_common(s, stats), policy=s.policy)[0]
 
 
+def _merged(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    from sampling.merged import merged_generate
+
+    return merged_generate(prompt, s.target, s.tokenizer, tree_size=s.tree_size, storage=s.lookup_storage(), filler_top_k=s.top_k_filler,
+                           suffix=s.suffix, memory=s.suffix_memory, drafter=s.drafter, **_common(s, stats), policy=s.policy)[0]
+
+
 def _autoregressive(model: Module, prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
     runner = s.drafter_runner if model is s.drafter and model is not s.target else s.runner
     return autoregressive_generate(prompt, model, **{**_common(s, stats), "runner": runner})
@@ -254,6 +261,9 @@ STRATEGIES = [
              storages=("basic",), trees=True),
     Strategy("recycling", "Token recycling", "bright_magenta", False, True, True, _recycling, trees=True),
     Strategy("tree_suffix", "Suffix tree, draft trees", "magenta", False, True, True, _tree_suffix, suffix=True, trees=True),
+    Strategy("merged", "Merged tree (suffix, n-gram, recycling, drafter)", "bright_cyan", False, True, True, _merged,
+             takes_storage=True, storages=("basic",), suffix=True, trees=True,
+             help="one draft tree merged from every drafter, verified in one pass"),
     Strategy("target", "Target AR", "blue", False, False, False, lambda p, s, st: _autoregressive(s.target, p, s, st),
              baseline=True),
     Strategy("drafter", "Drafter AR", "cyan", True, False, False, lambda p, s, st: _autoregressive(s.drafter, p, s, st),

@@ -48,6 +48,17 @@ class Drafter:
         were drawn from, row ``1 + i`` node ``i``'s, each child drawn independently."""
         raise NotImplementedError(f"{type(self).__name__} has no tree probabilities")
 
+    def estimates(self) -> List[float] | None:
+        """For the last ``propose_tree``: each node's estimated chance of being accepted (the product
+        along its path), which the tree loop weighs against pass costs; None: the loop estimates
+        from the sibling ranks it has seen accepted. Used for deterministic drafts only."""
+        return None
+
+    def sources(self, nodes: List[int], path: List[int]) -> List[str]:
+        """Which of its sources proposed each node of the accepted ``path`` (one name per node), for
+        the statistics' per-source counts; [] when it has no sources to tell apart."""
+        return []
+
     def fetch(self, target_probs: Tensor) -> Any:
         """What it needs on the host from the target's distributions (``[k + 1, V]``, or ``[1 + N, V]``
         for a tree): a tensor, None, or a list of these, fetched in the step's single device sync."""
@@ -98,6 +109,12 @@ class Structural(Drafter):
 
     def propose_tree_with_probs(self, tokens, budget):
         return self._call("propose_tree_with_probs", tokens, budget)
+
+    def estimates(self):
+        return self._call("estimates")
+
+    def sources(self, nodes, path):
+        return self._call("sources", nodes, path)
 
     def fetch(self, target_probs):
         return self._call("fetch", target_probs)

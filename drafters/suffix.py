@@ -16,7 +16,7 @@ from torch import Tensor
 from drafters.base import Drafter, write_drafts
 from sampling.common import check_positive_int
 from sampling.suffix_memory import MAX_DEPTH, SuffixMemory
-from sampling.suffix_tree import ROOT, SuffixTrie, best_match_path, best_match_tree
+from sampling.suffix_tree import ROOT, TIE, SuffixTrie, best_match_path, best_match_tree
 
 
 @dataclass
@@ -88,7 +88,7 @@ class SuffixDrafter(Drafter):
         draft, score, self.last_match = best_match_path(self.trie, self.trie.active, limit, self.factor, self.offset, self.min_prob)
         if self.memory is not None:
             other, other_score, match = best_match_path(self.memory.trie, self.matches, limit, self.factor, self.offset, self.min_prob)
-            if other_score > score:
+            if other_score > score + TIE:
                 draft, self.last_match = other, match
         return draft
 
@@ -103,7 +103,7 @@ class SuffixDrafter(Drafter):
                                                                  self.min_prob)
         if self.memory is not None:
             other = best_match_tree(self.memory.trie, self.matches, limit, self.factor, self.offset, self.min_prob)
-            if other[2] > score:
+            if other[2] > score + TIE:
                 nodes, parents, self.last_match = other[0], other[1], other[3]
         return nodes, parents
 

@@ -16,6 +16,7 @@ _NAMES = {
     "Step": "sampling.config",
     "DraftPolicy": "sampling.draft_policy",
     "generate": "sampling.entry",
+    "merged_generate": "sampling.merged",
     "ngram_tree_generate": "sampling.ngram_tree",
     "prompt_lookup_generate": "sampling.prompt_lookup",
     "token_recycling_generate": "sampling.recycling",

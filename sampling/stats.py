@@ -24,6 +24,12 @@ class GenerationStats:
     emitted_by_step: list[int] = field(default_factory=list)  # tokens each step emitted (Spec-Bench's accept_lengths)
     drafted_by_step: list[int] = field(default_factory=list)  # drafts each step verified
     peer_settings: dict = field(default_factory=dict)  # a transformers peer: its candidate generator's settings in force
+    accepted_by: dict = field(default_factory=dict)  # a merged drafter: accepted drafts by the source that proposed them
+
+    def credit(self, sources: list) -> None:
+        """Count accepted drafts by source (one name per accepted draft; ``accepted_by`` sums to ``accepted``)."""
+        for source in sources:
+            self.accepted_by[source] = self.accepted_by.get(source, 0) + 1
 
     def record_step(self, drafted: int, accepted: int, emitted: int) -> None:
         self.target_forward_passes += 1
@@ -68,4 +74,5 @@ class GenerationStats:
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,
             "paused_steps": self.paused_steps,
+            "accepted_by": dict(self.accepted_by),
         }

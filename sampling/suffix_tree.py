@@ -13,6 +13,7 @@ import heapq
 from typing import List, Sequence, Tuple
 
 ROOT = 0
+TIE = 1e-9  # scores closer than this are equal: a float sum of path probabilities may round an exact tie either way
 _SHIFT = 32  # an edge's key: parent << 32 | token (token ids below 2**32)
 
 
@@ -29,10 +30,9 @@ class SuffixTrie:
         self.edges: dict = {}  # parent << 32 | token -> child
         self.count: List[int] = [0]  # occurrences of each node's substring
         self.token: List[int] = [-1]  # the last token of each node's substring
-        self.best: List[int] = [-1]  # each node's most frequent child (ties: the latest counted), -1 if none
-        self.stamp: List[int] = [0]  # when each node was last counted: ties between siblings go to the latest
-        self.first_child: List[int] = [-1]
-        self.next_sibling: List[int] = [-1]
+        self.best: List[int] = [-1]  # each node's first child in ``order``, -1 if none
+        # each node's children, most frequent first, ties as the authors' tree orders them (the root's: as added)
+        self.order: List[List[int]] = [[]]
         self.active: List[int] = [ROOT]
         self.tokens_added = 0
 
@@ -77,22 +77,40 @@ class SuffixTrie:
         del matches[length:]
 
     def _counted_child(self, parent: int, token: int) -> int:
+        """Count one more occurrence of ``parent``'s substring followed by ``token``; keeps ``order``
+        as the authors' sibling list (``_increment_count`` in arctic-inference's suffix_tree.cc): a
+        new child joins at the end (so the oldest of the once-seen comes first); a counted child
+        that is not the head of its group of equal counts moves before that head (the last of its
+        new count); a head right after the group of its new count becomes that group's head."""
         key = parent << _SHIFT | token
         child = self.edges.get(key)
+        siblings = self.order[parent]
+        count = self.count
         if child is None:
-            child = self.edges[key] = len(self.count)
-            self.count.append(0)
+            child = self.edges[key] = len(count)
+            count.append(1)
             self.token.append(token)
             self.best.append(-1)
-            self.stamp.append(0)
-            self.first_child.append(-1)
-            self.next_sibling.append(self.first_child[parent])
-            self.first_child[parent] = child
-        count = self.count[child] = self.count[child] + 1
-        self.stamp[child] = self.tokens_added
-        best = self.best[parent]
-        if best < 0 or count >= self.count[best]:
-            self.best[parent] = child
+            self.order.append([])
+            siblings.append(child)
+        elif parent == ROOT:  # no draft starts at the root (a match has a token at least): its order is not kept
+            count[child] += 1
+            return child
+        else:
+            c = count[child]
+            i = siblings.index(child)
+            head = i
+            while head > 0 and count[siblings[head - 1]] == c:
+                head -= 1
+            if head == i and i > 0 and count[siblings[i - 1]] == c + 1:
+                head = i - 1
+                while head > 0 and count[siblings[head - 1]] == c + 1:
+                    head -= 1
+            if head < i:
+                del siblings[i]
+                siblings.insert(head, child)
+            count[child] = c + 1
+        self.best[parent] = siblings[0]
         return child
 
     def child(self, parent: int, token: int) -> int:
@@ -109,13 +127,8 @@ class SuffixTrie:
         return node
 
     def children(self, node: int) -> List[int]:
-        """The children of ``node``, most frequent first (ties: the latest counted first)."""
-        out, child = [], self.first_child[node]
-        while child >= 0:
-            out.append(child)
-            child = self.next_sibling[child]
-        out.sort(key=lambda c: (self.count[c], self.stamp[c]), reverse=True)
-        return out
+        """The children of ``node``, most frequent first, ties in the authors' order (``_counted_child``)."""
+        return list(self.order[node])
 
     def bound(self, node: int, budget: int) -> float:
         """An upper bound on the score of any draft of ``budget`` tokens from ``node``: path
@@ -180,16 +193,17 @@ def best_match_path(trie: SuffixTrie, matches: Sequence[int], max_spec_tokens: i
                     min_prob: float) -> Tuple[List[int], float, int]:
     """The best draft over the match lengths: ``matches[j]`` is the node of the context's last ``j``
     tokens (``matches[0]`` the root, unused). Each length drafts within its own budget; the highest
-    score wins, ties to the longer match (as the authors' ``speculate``). Returns (tokens, score, match length)."""
+    score wins, ties (within ``TIE``) to the longer match (as the authors' ``speculate``, whose float32 sums
+    may break an exact tie either way). Returns (tokens, score, match length)."""
     best: Tuple[List[int], float, int] = ([], 0.0, 0)
     for j in range(len(matches) - 1, 0, -1):  # longest first: a shorter match must score strictly more
         budget = budget_for(j, max_spec_tokens, factor, offset)
-        if budget <= best[1]:  # a score never exceeds its budget, and budgets shrink with the match
+        if budget <= best[1] + TIE:  # a score never exceeds its budget, and budgets shrink with the match
             break
-        if trie.bound(matches[j], min(budget, trie.max_depth - j)) <= best[1]:  # a node at depth j has descendants to max_depth
+        if trie.bound(matches[j], min(budget, trie.max_depth - j)) <= best[1] + TIE:  # a node at depth j has descendants to max_depth
             continue
         tokens, score = trie.path(matches[j], budget, min_prob)
-        if tokens and score > best[1]:
+        if tokens and score > best[1] + TIE:
             best = (tokens, score, j)
     return best
 
@@ -200,13 +214,13 @@ def best_match_tree(trie: SuffixTrie, matches: Sequence[int], max_spec_tokens: i
     best: Tuple[List[int], List[int], float, int] = ([], [], 0.0, 0)
     for j in range(len(matches) - 1, 0, -1):
         budget = budget_for(j, max_spec_tokens, factor, offset)
-        if budget <= best[2]:
+        if budget <= best[2] + TIE:
             break
         # a tree may be wider than deep: each of its max_depth - j levels holds disjoint
         # continuations, whose probabilities sum to 1 at most
-        if min(trie.bound(matches[j], budget), trie.max_depth - j) <= best[2]:
+        if min(trie.bound(matches[j], budget), trie.max_depth - j) <= best[2] + TIE:
             continue
         tokens, parents, score = trie.tree(matches[j], budget, min_prob)
-        if tokens and score > best[2]:
+        if tokens and score > best[2] + TIE:
             best = (tokens, parents, score, j)
     return best

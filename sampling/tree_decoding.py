@@ -15,6 +15,7 @@ from sampling.common import context_window, generation_end
 from sampling.config import GenerationConfig, Step
 from sampling.draft_policy import DraftPolicy
 from sampling.speculative_decoding import _on_host, _residual, _tensors
+from sampling.tree_shape import best_prefix, choose_nodes, rank_estimates
 from drafters.base import Drafter, as_drafter
 from runners import tree_depths
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
@@ -65,29 +66,13 @@ class TreeRecord:
 
 def tree_size(policy: DraftPolicy, record: TreeRecord, parents: List[int], rows_before: int = 1) -> int:
     """How many of the proposal's first nodes to verify: the count that maximises expected tokens
-    per unit of pass cost; 0 when no tree is expected to give more tokens than its pass costs.
-
-    Estimate: a node is accepted with the product, along its path, of ``record.rate`` of each
-    node's sibling rank; a tree is expected to emit ``1 + sum of its nodes' estimates`` tokens
-    (the accepted branch's length, plus the target's own token). The pass over
-    ``rows_before + N`` positions costs ``policy.cost`` of that (measured ``row_costs``, linear
-    beyond, relative to a one-position pass). Without ``row_costs``, or before any tree step of
-    the generation, the whole proposal.
-    """
+    per unit of pass cost (``tree_shape.best_prefix``, each node estimated by its sibling ranks'
+    ``record.rate``); 0 when no tree is expected to give more tokens than its pass costs. Without
+    ``row_costs``, or before any tree step of the generation, the whole proposal. The loop also
+    weighs the tree's best chain (``tree_shape.choose_nodes``)."""
     if policy.row_costs is None or record.empty or not parents:
         return len(parents)
-    siblings: dict = {}
-    path: List[float] = []
-    expected, best, best_value = 1.0, 0, 1.0 / policy.cost(rows_before)
-    for i, parent in enumerate(parents):
-        rank = siblings.get(parent, 0)
-        siblings[parent] = rank + 1
-        path.append(record.rate(rank) * (path[parent] if parent >= 0 else 1.0))
-        expected += path[-1]
-        value = expected / policy.cost(rows_before + i + 1)
-        if value > best_value:
-            best, best_value = i + 1, value
-    return best
+    return best_prefix(policy, rank_estimates(record.rate, parents), rows_before)[0]
 
 
 def _within(depths: List[int], room: int) -> List[int]:
@@ -164,30 +149,39 @@ def walk_by_acceptance(children: List[List[int]], accepted: List[int], correctio
 def _proposal(drafter: TreeDrafter, tokens: List[int], budget: int, room: int, policy: DraftPolicy, record: TreeRecord,
               with_probs: bool) -> Tuple[List[int], List[int], List[int], Tensor | None]:
     """The tree to verify this step: nodes, parents, depths and, for a drafter with probabilities,
-    ``q`` ``[1 + N, V]``. Nodes deeper than ``room`` are dropped and only the first nodes that
-    pay (``tree_size``) kept: decided from the shape only, never from a token, so drafts with
-    probabilities stay independent samples of their parents' ``q``."""
+    ``q`` ``[1 + N, V]``. Nodes deeper than ``room`` are dropped, then the best prefix or the best
+    chain kept (``tree_shape.choose_nodes``, by the measured pass costs). For drafts with
+    probabilities the estimates come from the shape only, never from a token, so they stay
+    independent samples of their parents' ``q``; a deterministic drafter may give its own (``estimates``)."""
     q = None
     if with_probs:
         nodes, parents, q = drafter.propose_tree_with_probs(tokens, budget)
     else:
         nodes, parents = drafter.propose_tree(tokens, budget)
+    own = None if with_probs else drafter.estimates()  # a drafter's own estimates rank tokens: deterministic drafts only
     depths = tree_depths(parents)
     kept = _within(depths, room)
     nodes, parents = _subtree(nodes, parents, kept)
-    count = tree_size(policy, record, parents)
-    kept = kept[: count if count >= policy.min_draft else 0]
+    if own is not None:
+        estimates = [own[i] for i in kept]
+    else:
+        estimates = None if record.empty else rank_estimates(record.rate, parents)
+    chosen = choose_nodes(policy, estimates, parents)  # the best tree prefix or its best chain (or nothing)
+    if len(chosen) < policy.min_draft:
+        chosen = []
+    nodes, parents = _subtree(nodes, parents, chosen)
+    kept = [kept[i] for i in chosen]
     if q is not None:
         q = q[[0] + [1 + i for i in kept]] if kept else None
-    return nodes[: len(kept)], parents[: len(kept)], [depths[i] for i in kept], q
+    return nodes, parents, [depths[i] for i in kept], q
 
 
 @torch.no_grad()
 def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, config: GenerationConfig) -> List[int]:
     """The speculative loop for draft trees; returns the new tokens (prompt excluded).
 
-    Each step the drafter proposes a tree of at most ``config.gamma`` nodes (``tree_size`` keeps
-    the first ones that pay for their pass, from the generation's ``TreeRecord``), the target scores the last accepted token and every
+    Each step the drafter proposes a tree of at most ``config.gamma`` nodes (``_proposal`` keeps the
+    best prefix or its best chain by the measured pass costs), the target scores the last accepted token and every
     node in one pass (``target.tree_pass``), giving ``p`` at the root and after each node.
     Acceptance:
 
@@ -271,6 +265,7 @@ def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, confi
         if n_nodes:
             record.update(children, path)
         stats.record_step(levels, min(n, len(emitted)), len(emitted))
+        stats.credit(drafter.sources(nodes, path[: min(n, len(emitted))]))
         stats.draft_seconds += drafted_at - clock
         stats.verify_seconds += time.perf_counter() - drafted_at
         shown = [nodes[i] for i in path] + ([nodes[children[path[-1] + 1 if path else 0][0]]] if stopped_below else [])

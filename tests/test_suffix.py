@@ -11,7 +11,7 @@ from conftest import EOS_NEVER, PROMPT, examples
 from sampling import GenerationStats, autoregressive_generate, suffix_generate
 from sampling.suffix import SuffixDrafter
 from sampling.suffix_memory import SuffixMemory
-from sampling.suffix_tree import ROOT, SuffixTrie, best_match_path, budget_for
+from sampling.suffix_tree import ROOT, SuffixTrie, best_match_path, best_match_tree, budget_for
 from test_lossless_sampling import LENGTH, PROCESSORS, chi_square_pvalue, exact_distribution, sample_many, tiny_pair  # noqa: F401
 from test_lossless_sampling import PROMPT as TINY_PROMPT
 from test_hostile_input import NUMBERISH, repl, snapshot  # noqa: F401 (repl: the in-process REPL fixture)
@@ -148,26 +148,16 @@ def test_path_drafts_equal_the_authors_implementation(text, most, cut):
     trie.extend(text)
     draft, score, match = best_match_path(trie, trie.active[:depth], most, 1.0, 0.0, cut)  # they match at most depth - 1
     other = list(theirs.token_ids)
-    if not has_ties(text, depth):  # siblings of equal count: each implementation breaks the tie its own way
-        assert draft == other and score == pytest.approx(theirs.score, rel=1e-5)
-        assert match == theirs.match_len or not draft  # (an empty draft: they name the last length tried)
+    assert score == pytest.approx(theirs.score, rel=1e-5)  # siblings tie as theirs do (tests/test_suffix_authors.py)
+    if draft != other:  # only an exact tie across match lengths that their float32 sums break toward the shorter
+        assert match > theirs.match_len
     else:
-        context = text[len(text) - theirs.match_len :]
-        assert contains(text, context + other) and len(other) <= budget_for(theirs.match_len, most, 1.0, 0.0)
-
-
-def has_ties(text, depth) -> bool:
-    """Whether some substring's two most frequent continuations occur equally often."""
-    follow = {}
-    for gram, count in occurrences(text, depth).items():
-        follow.setdefault(gram[:-1], []).append(count)
-    return any(len(c) > 1 and sorted(c)[-1] == sorted(c)[-2] for gram, c in follow.items() if gram)  # never from the root
+        assert match == theirs.match_len or not draft  # (an empty draft: they name the last length tried)
 
 
 def test_the_authors_implementation_agrees_on_a_text_without_ties():
     cache_module = pytest.importorskip("arctic_inference.suffix_decoding")
     text = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]
-    assert not has_ties(text, 8)
     cache = cache_module.SuffixDecodingCache(max_tree_depth=8, max_cached_requests=0)
     cache.start_request("r", text)
     theirs = cache.speculate("r", text, max_spec_tokens=6, max_spec_factor=1.0, max_spec_offset=0.0, min_token_prob=0.1)
@@ -348,8 +338,14 @@ def test_the_authors_drafter_is_greedy_exact_through_our_loop_and_proposes_trees
     nodes, parents = drafter.propose_tree(text, 4)
     drafter.stop()
     assert 0 < len(nodes) <= 4 and all(-1 <= p < i for i, p in enumerate(parents))
-    ours = SuffixDrafter(text, 8, 8, 4.0, 0.0, 0.1).propose_tree(text, 4)
-    assert sorted(nodes) == sorted(ours[0])  # the same top branches (ties may be ordered differently)
+    trie = SuffixDrafter(text, 8, 8, 4.0, 0.0, 0.1).trie
+    ours = best_match_tree(trie, trie.active[:8], 4, 4.0, 0.0, 0.1)
+    cache = arctic_cache(8)
+    cache.start_request("t", text)
+    theirs = cache.speculate("t", text, max_spec_tokens=4, max_spec_factor=4.0, max_spec_offset=0.0, min_token_prob=0.1,
+                             use_tree_spec=True)
+    # equal-probability nodes at the budget's edge come in std::priority_queue's order there: compare the worth
+    assert len(ours[0]) == len(theirs.token_ids) and ours[2] == pytest.approx(theirs.score, rel=1e-5)
 
 
 @settings(max_examples=examples(40), suppress_health_check=[HealthCheck.too_slow])

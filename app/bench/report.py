@@ -3,7 +3,7 @@ intervals), the markdown report, the kernels section, the table against the peer
 columns, and the ``--strict`` gate."""
 import statistics
 from collections import defaultdict
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING, Dict, List
 
 from app.bench.configs import Config, baseline
 from app.bench.intervals import NO_DIFFERENCE, RESAMPLES, ratio_cell, ratio_interval
@@ -193,6 +193,23 @@ def kernels_report(records: List[dict], measured: str) -> str:
     if len(set(ran.values())) == 1:
         return "\n".join(lines + [f"Every row: {next(iter(ran.values()))} linear layers.", ""])
     lines += ["| row | linear layers |", "| --- | --- |"] + [f"| {config} | {kernels} |" for config, kernels in sorted(ran.items())]
+    return "\n".join(lines + [""])
+
+
+def sources_report(records: List[dict]) -> str:
+    """The report's section on a merged tree's sources: accepted drafts by the source that proposed
+    them, summed over every prompt and repeat of a row (empty when no row has sources)."""
+    totals: Dict[str, Dict[str, int]] = {}
+    for r in records:
+        for source, count in (r.get("accepted_by") or {}).items():
+            row = totals.setdefault(r["config"], {})
+            row[source] = row.get(source, 0) + count
+    if not totals:
+        return ""
+    lines = ["", "## accepted drafts by source", "", "| row | accepted | by source |", "| --- | ---: | --- |"]
+    for config, row in sorted(totals.items()):
+        shares = ", ".join(f"{source} {count}" for source, count in sorted(row.items(), key=lambda item: -item[1]))
+        lines.append(f"| {config} | {sum(row.values())} | {shares} |")
     return "\n".join(lines + [""])
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 
 from app.bench.configs import Config, baseline
 from app.bench.llama_cpp import llama_cpp_report
-from app.bench.report import kernels_report
+from app.bench.report import kernels_report, sources_report
 
 if TYPE_CHECKING:
     from sampling import DraftPolicy
@@ -216,6 +216,7 @@ def run_record(bench: Bench, item: dict, repeat: int, config: Config, result, re
         "target_passes": st.target_forward_passes, "drafted_at": st.drafted_at, "accepted_at": st.accepted_at,
         "paused_steps": st.paused_steps, "tokens": result.tokens, "steps": st.emitted_by_step,
         "kernels": result.kernels, "drafts": st.drafted_by_step, "peer_settings": st.peer_settings or None,
+        "accepted_by": st.accepted_by or None,
         "text": bench.tokenizer.decode(result.tokens, skip_special_tokens=True),
         "diverged_at": first_divergence(result.tokens, reference) if bench.greedy and not config.strategy.drafter_ar else None,
         "divergence": None,
@@ -238,7 +239,7 @@ def extra_sections(bench: Bench, configs: List[Config], records: List[dict], pro
     """The report's sections after the tables: kernels, compilation, and those the flags ask for
     (--verify-cost, --llama-cpp, --overhead), the last three measured now on ``prompt``."""
     args = bench.args
-    extra = kernels_report(records, bench.kernel_line) + bench.compile_report()
+    extra = kernels_report(records, bench.kernel_line) + sources_report(records) + bench.compile_report()
     if args.verify_cost:
         costs = bench.verify_cost()
         extra += ("\n## cost of a verification pass over r positions (r - 1 drafts), relative to r = 1\n\n"

@@ -211,6 +211,9 @@ class Repl:
         line = f"{result.tokens_per_second:.1f} tokens/s · {len(result.tokens)} tokens in {result.seconds:.2f} s"
         if strategy.speculative:
             line += f" · acceptance {result.stats.acceptance_rate:.2f} · {result.stats.mean_accepted_tokens:.2f} tokens/step"
+        if result.stats.accepted_by:  # a merged tree: which source each accepted draft came from
+            shares = sorted(result.stats.accepted_by.items(), key=lambda item: -item[1])
+            line += " · accepted by source: " + ", ".join(f"{source} {count}" for source, count in shares)
         console.print(Text(line, style=strategy.color))
 
     def print_table(self, results) -> None:

@@ -30,6 +30,9 @@ def _stats(repl):
         if r.stats.drafted:
             rates = " ".join(f"{rate:.2f}" for rate in r.stats.per_position_acceptance)
             console.print(Text(f"{strategy.title}: acceptance by draft position: {rates}", style=strategy.color))
+        if r.stats.accepted_by:
+            shares = ", ".join(f"{k} {v}" for k, v in sorted(r.stats.accepted_by.items(), key=lambda i: -i[1]))
+            console.print(Text(f"{strategy.title}: accepted drafts by source: {shares}", style=strategy.color))
     policy = repl.settings.policy
     console.print(f"policy: {policy.describe(repl.settings.gamma)}"
                   + ("" if policy.remember else " · memory off: each prompt starts fresh"))
