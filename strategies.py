@@ -170,7 +170,8 @@ def _merged(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]
     from sampling.merged import merged_generate
 
     return merged_generate(prompt, s.target, s.tokenizer, tree_size=s.tree_size, storage=s.lookup_storage(), filler_top_k=s.top_k_filler,
-                           suffix=s.suffix, memory=s.suffix_memory, drafter=s.drafter, **_common(s, stats), policy=s.policy)[0]
+                           suffix=s.suffix, memory=s.suffix_memory, drafter=s.drafter, **_common(s, stats), policy=s.policy,
+                           drafter_runner=s.drafter_runner)[0]
 
 
 def _autoregressive(model: Module, prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:

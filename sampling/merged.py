@@ -10,6 +10,7 @@ from drafters.merged_sources import ModelSource
 from drafters.ngram import ngram_tree_drafter
 from drafters.recycling import RecyclingDrafter
 from drafters.suffix import SuffixDrafter
+from runners.config import RunnerConfig
 from sampling.common import check_positive_int, common_vocab_size
 from sampling.draft_policy import DraftPolicy
 from sampling.entry import generate
@@ -28,6 +29,7 @@ def merged_generate(
     pad_token_id: int = 0, use_cache: bool = False, first_target: bool = True, debug: bool = False,
     stats: GenerationStats | None = None, policy: DraftPolicy | None = None,
     streamer: Callable[[List[int], int], None] | None = None, compile: bool | None = None,
+    runner: RunnerConfig | None = None, drafter_runner: RunnerConfig | None = None,
 ) -> Tuple[List[int], float]:
     """Speculative decoding with one draft tree merged from the suffix trie (``suffix`` settings,
     ``memory``: its global tree), the n-gram ``storage`` (None: no n-gram source), token recycling
@@ -49,7 +51,7 @@ def merged_generate(
             recycling.seed(prompt)
         model = None
         if drafter is not None:
-            model = ModelSource(config.runner(drafter), common_vocab_size(drafter, target, tokenizer),
+            model = ModelSource(config.make_runner(drafter, drafter=True), common_vocab_size(drafter, target, tokenizer),
                                 check_positive_int("model_top_k", model_top_k), check_positive_int("model_depth", model_depth))
         return MergedDrafter(
             SuffixDrafter(prompt, **settings.arguments(), memory=memory),

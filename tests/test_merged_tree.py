@@ -19,7 +19,7 @@ from sampling.tree_decoding import draft_tree_and_verify
 from sampling.tree_shape import best_chain, choose_nodes
 from test_lossless_sampling import LENGTH, PROMPT as TINY_PROMPT
 from test_trees import SAMPLING, accept_first_child_anyway, exact, pvalue
-from utils.caching import KVCacheModel, set_cache
+from utils.caching import KVCacheModel, RunnerConfig
 
 GEN = 30
 COSTS = (1.0, 1.1, 1.15, 1.2, 1.3, 1.4, 1.6, 1.8)
@@ -42,11 +42,11 @@ def reference(prompt: tuple, length: int = GEN):
     return autoregressive_generate(list(prompt), target(), max_gen_len=length, eos_tokens_id=[], use_cache=False)
 
 
-def run_merged(prompt, with_model=False, use_cache=True, costs=None, size=12, stats=None, length=GEN, eos=()):
+def run_merged(prompt, with_model=False, use_cache=True, costs=None, size=12, stats=None, length=GEN, eos=(), cache=None):
     policy = DraftPolicy(row_costs=costs) if costs is not None else None
     return merged_generate(list(prompt), target(), tree_size=size, storage=NGramStorage(3, target().config.vocab_size),
                            drafter=drafter_model() if with_model else None, max_gen_len=length, eos_tokens_id=list(eos),
-                           use_cache=use_cache, stats=stats, policy=policy)[0]
+                           use_cache=use_cache, stats=stats, policy=policy, runner=RunnerConfig(cache=cache))[0]
 
 
 prompts = st.lists(st.integers(0, 95), min_size=3, max_size=12).map(lambda p: p + p[:4])  # a repeat: the suffix and n-grams draft
@@ -57,11 +57,8 @@ prompts = st.lists(st.integers(0, 95), min_size=3, max_size=12).map(lambda p: p 
        costs=st.sampled_from([None, COSTS, STEEP]), size=st.integers(1, 16))
 def test_merged_is_greedy_exact(prompt, with_model, cache, costs, size):
     stats = GenerationStats()
-    set_cache(target(), None if cache == "off" else cache)
-    try:
-        out = run_merged(prompt, with_model, use_cache=cache != "off", costs=costs, size=size, stats=stats)
-    finally:
-        set_cache(target(), None)
+    out = run_merged(prompt, with_model, use_cache=cache != "off", costs=costs, size=size, stats=stats,
+                     cache=None if cache == "off" else cache)
     assert out == reference(tuple(prompt))
     assert sum(stats.accepted_by.values()) == stats.accepted
 
