@@ -1,0 +1,167 @@
+"""A drafter with its own tokenizer (drafters/cross_tokenizer.py): greedy output equals the target's
+autoregressive output, sampling follows the target's distribution (chi-square with a power check),
+on tiny models whose tokenizers, built here, deliberately disagree."""
+import itertools
+from typing import Dict, List, Sequence, Tuple
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from conftest import llama
+from drafters.cross_tokenizer import Translation, spelled
+from sampling import GenerationStats, autoregressive_generate, speculative_generate
+from test_lossless_sampling import chi_square_pvalue
+from utils.logits_processor import MultinomialProcessor, NucleusProcessor, TopKProcessor
+
+RUNS = 2500
+
+
+def tokenizer(vocab: Sequence[str], merges: Sequence[Tuple[str, str]] = ()) -> PreTrainedTokenizerFast:
+    """A BPE tokenizer over ``vocab`` (ids in order) with ``merges``, no pre-tokenizer, decoding by concatenation."""
+    inner = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(vocab)}, merges=list(merges)))
+    inner.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=inner)
+
+
+# the target writes "cd" as one token the drafter does not have; the drafter has "ab" and "bc"
+TARGET_TOK = tokenizer(["a", "b", "c", "d", "cd"], [("c", "d")])
+DRAFTER_TOK = tokenizer(["d", "c", "b", "a", "ab", "bc"], [("a", "b"), ("b", "c")])
+
+
+def bigram(vocab: Sequence[str], follows: Dict[str, str]) -> LlamaForCausalLM:
+    """A real tiny llama whose greedy next token depends on the current token only: ``follows[token]``
+    (attention and MLP outputs zero, embeddings one-hot, the head a map from token to successor)."""
+    size = len(vocab)
+    config = LlamaConfig(vocab_size=size, hidden_size=8 * ((size + 7) // 8), intermediate_size=8, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).to(torch.float64).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                p.zero_()
+        model.model.embed_tokens.weight.zero_()
+        model.lm_head.weight.zero_()
+        for i, text in enumerate(vocab):
+            model.model.embed_tokens.weight[i, i] = 1.0
+            model.lm_head.weight[vocab.index(follows[text]), i] = 10.0
+    return model
+
+
+def cross(prompt, drafter, target, target_tok=TARGET_TOK, drafter_tok=DRAFTER_TOK, **kwargs):
+    return speculative_generate(prompt, drafter, target, target_tok, drafter_tokenizer=drafter_tok, eos_tokens_id=[], **kwargs)
+
+
+def test_shared_tokens_are_those_spelled_identically():
+    spelling = Translation(TARGET_TOK, DRAFTER_TOK)
+    pairs = {(spelled(DRAFTER_TOK).get(t), spelled(TARGET_TOK)[t]) for t in "abcd"}
+    assert set(zip(spelling.drafter_ids.tolist(), spelling.target_ids.tolist())) == pairs
+    assert spelling.shared == 4  # "cd", "ab", "bc" are each one side's only
+
+
+def test_a_draft_text_may_end_inside_a_target_token():
+    """The trap the drafter avoids: "...c" is a target token "c" until a "d" follows and makes it "cd"."""
+    spelling = Translation(TARGET_TOK, DRAFTER_TOK)
+    committed = TARGET_TOK("ab").input_ids
+    assert spelling.continuation(committed, "abc") == TARGET_TOK("abc").input_ids
+    assert spelling.continuation(committed, "abcd") == TARGET_TOK("ab").input_ids + [TARGET_TOK.get_vocab()["cd"]]
+
+
+# the drafter writes one character a pass, the target "bcda" as one token: a draft's text that stops
+# after "bcd" ends inside the target's next token and must not be drafted as the token "bcd"
+LONG_TARGET = ["a", "b", "c", "d", "bc", "bcd", "bcda"]
+LONG_TOK = tokenizer(LONG_TARGET, [("b", "c"), ("bc", "d"), ("bcd", "a")])
+CHARS_TOK = tokenizer(["a", "b", "c", "d"])
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 4])
+@pytest.mark.parametrize("use_cache", [False, True], ids=["no_cache", "cache"])
+def test_greedy_drafts_never_end_inside_a_target_token(gamma, use_cache):
+    target = bigram(LONG_TARGET, {"a": "bcda", "bcda": "bcda", "b": "a", "c": "a", "d": "a", "bc": "a", "bcd": "a"})
+    drafter = bigram(["a", "b", "c", "d"], {"a": "b", "b": "c", "c": "d", "d": "a"})
+    prompt = LONG_TOK("a").input_ids
+    stats = GenerationStats()
+    out, rate = cross(prompt, drafter, target, LONG_TOK, CHARS_TOK, gamma=gamma, max_gen_len=12, use_cache=use_cache, stats=stats)
+    assert out == autoregressive_generate(prompt, target, 12, eos_tokens_id=[], use_cache=use_cache)
+    # a draft "bcd" (or "b" after "bcda") would have been rejected; with gamma 1 the drafter's 3 passes
+    # write "bcd", inside the target's next token, so nothing is drafted
+    assert stats.accepted == stats.drafted and (stats.drafted > 0) == (gamma > 1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+@pytest.mark.parametrize("use_cache", [False, True], ids=["no_cache", "cache"])
+def test_greedy_output_equals_target_autoregressive(seed, gamma, use_cache):
+    """Random tiny models, tokenizers that disagree on "cd", "ab", "bc": the target's own greedy output."""
+    target, drafter = llama(vocab=5, init=0.3, seed=seed), llama(vocab=6, init=0.3, seed=seed + 100)
+    prompt = TARGET_TOK(["abcdab", "cdcda", "dbca", "aaaacd"][seed]).input_ids
+    stats = GenerationStats()
+    out, _ = cross(prompt, drafter, target, gamma=gamma, max_gen_len=20, use_cache=use_cache, stats=stats)
+    assert out == autoregressive_generate(prompt, target, 20, eos_tokens_id=[], use_cache=use_cache)
+    assert stats.drafted > 0
+
+
+def test_greedy_with_the_drafters_own_prompt_rendering():
+    """``drafter_inputs``: the drafter reads its own rendering of the prompt; the output is still the target's."""
+    target, drafter = llama(vocab=5, init=0.3, seed=7), llama(vocab=6, init=0.3, seed=8)
+    prompt = TARGET_TOK("abcd").input_ids
+    out, _ = cross(prompt, drafter, target, gamma=3, max_gen_len=15, use_cache=True, drafter_inputs=DRAFTER_TOK("bcab").input_ids)
+    assert out == autoregressive_generate(prompt, target, 15, eos_tokens_id=[], use_cache=True)
+
+
+LENGTH = 3
+PROCESSORS = {"multinomial": MultinomialProcessor(1.0), "topk": TopKProcessor(0.8, 3), "nucleus": NucleusProcessor(1.2, 0.8)}
+
+
+@pytest.fixture(scope="module")
+def sampling_pair():
+    """A target over TARGET_TOK and a drafter over DRAFTER_TOK with clearly different distributions."""
+    return llama(vocab=5, init=0.3, seed=3), llama(vocab=6, init=0.3, seed=4)
+
+
+@torch.no_grad()
+def exact_distribution(model, processor, prompt: List[int], length: int = LENGTH) -> dict:
+    """Probability of every continuation of ``length`` target tokens, by enumeration."""
+    size = model.config.vocab_size
+    probs = {}
+    for cont in itertools.product(range(size), repeat=length):
+        mass = 1.0
+        for i in range(length):
+            mass *= processor(model(torch.tensor([prompt + list(cont[:i])])).logits[0, -1])[cont[i]].item()
+        probs[cont] = mass
+    return probs
+
+
+def sample_many(generate) -> list:
+    torch.manual_seed(1234)
+    return [tuple(generate()) for _ in range(RUNS)]
+
+
+PROMPT = TARGET_TOK("abcab").input_ids
+
+
+@pytest.mark.parametrize("use_cache", [False, True], ids=["no_cache", "cache"])
+@pytest.mark.parametrize("name", sorted(PROCESSORS))
+def test_sampled_cross_drafting_follows_target_distribution(sampling_pair, name, use_cache):
+    target, drafter = sampling_pair
+    processor, rates = PROCESSORS[name], []
+
+    def run():
+        out, rate = cross(PROMPT, drafter, target, gamma=2, logits_processor=processor, max_gen_len=LENGTH,
+                          use_cache=use_cache, first_target=False)
+        rates.append(rate)
+        return out
+
+    samples = sample_many(run)
+    assert sum(rates) / len(rates) > 0.1, "drafts must be accepted often for the test to mean anything"
+    assert chi_square_pvalue(samples, exact_distribution(target, processor, PROMPT)) > 1e-3
+
+
+def test_the_chi_square_test_sees_a_biased_cross_sampler(sampling_pair):
+    """Power: the same test, without the residual (``skip_sample_adjustment``), fails."""
+    target, drafter = sampling_pair
+    processor = PROCESSORS["multinomial"]
+    samples = sample_many(lambda: cross(PROMPT, drafter, target, gamma=2, logits_processor=processor, max_gen_len=LENGTH,
+                                        use_cache=True, first_target=False, skip_sample_adjustment=True)[0])
+    assert chi_square_pvalue(samples, exact_distribution(target, processor, PROMPT)) < 1e-6
