@@ -18,6 +18,7 @@ from ngram_assisted import (
     chained_speculative_generate,
     ngram_assisted_speculative_generate,
 )
+from drafters.cross_tokenizer import translation
 from ngram_assisted.persistence import KINDS as STORAGES  # the one table of storage kinds
 from sampling import (
     DraftPolicy,
@@ -75,6 +76,9 @@ class Settings:
     # are), each row on the option that gives it the most tokens per second (``row_kernels``)
     kernel_choice: Optional[KernelChoice] = None
     params: Dict[str, Any] = field(default_factory=dict)  # a registered row's parameters by name (``Param``; unset: its default)
+    # a drafter's own tokenizer (None: the target's): drafting across tokenizers, the prompt as drafter_prompt renders it
+    drafter_tokenizer: Optional[object] = None
+    drafter_prompt: Optional[Callable[[List[int]], Optional[List[int]]]] = None
 
     def param(self, name: str) -> Any:
         """The value of the registered parameter ``name``: as set (the REPL's ``/name``), else its default."""
@@ -98,7 +102,9 @@ class Result:
 
 
 def _speculative(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    return speculative_generate(prompt, s.drafter, s.target, s.tokenizer, gamma=s.gamma, **_common(s, stats), policy=s.policy)[0]
+    cross = dict(drafter_tokenizer=s.drafter_tokenizer, drafter_inputs=s.drafter_prompt(prompt)) if s.drafter_prompt else {}
+    return speculative_generate(prompt, s.drafter, s.target, s.tokenizer, gamma=s.gamma, **_common(s, stats), policy=s.policy,
+                                **cross)[0]
 
 
 def _common(s: Settings, stats: GenerationStats) -> dict:
@@ -165,6 +171,16 @@ def _recycling(prompt: List[int], s: Settings, stats: GenerationStats) -> List[i
 
 def _autoregressive(model: Module, prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
     return autoregressive_generate(prompt, model, **_common(s, stats))
+
+
+def _drafter_ar(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+    """The drafter alone; one with its own tokenizer reads its own prompt and writes target tokens."""
+    if s.drafter_tokenizer is None:
+        return _autoregressive(s.drafter, prompt, s, stats)
+    spelling = translation(s.tokenizer, s.drafter_tokenizer)
+    own = (s.drafter_prompt(prompt) if s.drafter_prompt else None) or spelling.to_drafter(prompt)
+    out = autoregressive_generate(own, s.drafter, **{**_common(s, stats), "eos_tokens_id": spelling.stops(s.eos_tokens_id)})
+    return spelling.back(prompt, out)
 
 
 @dataclass(frozen=True)
@@ -252,8 +268,7 @@ STRATEGIES = [
     Strategy("tree_suffix", "Suffix tree, draft trees", "magenta", False, True, True, _tree_suffix, suffix=True, trees=True),
     Strategy("target", "Target AR", "blue", False, False, False, lambda p, s, st: _autoregressive(s.target, p, s, st),
              baseline=True),
-    Strategy("drafter", "Drafter AR", "cyan", True, False, False, lambda p, s, st: _autoregressive(s.drafter, p, s, st),
-             drafter_ar=True),
+    Strategy("drafter", "Drafter AR", "cyan", True, False, False, _drafter_ar, drafter_ar=True),
 ]
 BY_KEY = {s.key: s for s in STRATEGIES}
 

@@ -55,6 +55,16 @@ def spelled(tokenizer) -> Dict[str, int]:
     return {text: i for text, i in seen.items() if text not in clashes}
 
 
+def check_spelling(tokenizer, text: str, name: str | None = None) -> None:
+    """ValueError, in one line naming the drafter (``name``, else the tokenizer's), when ``tokenizer``
+    cannot write ``text`` back as it was (characters or bytes it has no token for)."""
+    back = _decode(tokenizer, _encode(tokenizer, text))
+    if back != text:
+        at = next((i for i, (a, b) in enumerate(zip(text, back)) if a != b), min(len(text), len(back)))
+        raise ValueError(f"the drafter '{name or model_name(tokenizer)}' cannot spell the target's text: its tokenizer "
+                         f"turns {text[at:at + 12]!r} into {back[at:at + 12]!r}")
+
+
 class Translation:
     """What two tokenizers share and how text goes between them: the shared tokens (spelled
     identically, ``drafter_ids[i]`` <-> ``target_ids[i]``), the round-trip check, and the target
@@ -74,15 +84,19 @@ class Translation:
 
     def check(self, text: str) -> None:
         """ValueError, in one line, when the drafter's tokenizer cannot spell ``text`` back."""
-        back = _decode(self.drafter, _encode(self.drafter, text))
-        if back != text:
-            at = next((i for i, (a, b) in enumerate(zip(text, back)) if a != b), min(len(text), len(back)))
-            raise ValueError(f"the drafter '{model_name(self.drafter)}' cannot spell the target's text: its tokenizer "
-                             f"turns {text[at:at + 12]!r} into {back[at:at + 12]!r}")
+        check_spelling(self.drafter, text)
 
     def to_drafter(self, target_ids: Sequence[int]) -> List[int]:
         """Target tokens as the drafter's tokenizer writes their text."""
         return _encode(self.drafter, _decode(self.target, target_ids))
+
+    def stops(self, target_stops: Sequence[int]) -> List[int]:
+        """The drafter's ids of the target's stop tokens it spells identically."""
+        return [d for d, t in zip(self.drafter_ids.tolist(), self.target_ids.tolist()) if t in target_stops]
+
+    def back(self, committed: Sequence[int], drafter_ids: Sequence[int]) -> List[int]:
+        """The drafter's tokens, written after the ``committed`` target tokens, as target tokens."""
+        return self.continuation(committed, _decode(self.drafter, drafter_ids))
 
     def continuation(self, committed: Sequence[int], text: str) -> List[int]:
         """The target tokens that write ``text`` after the ``committed`` target tokens: ``text``
@@ -226,3 +240,32 @@ def cross_drafter(model, config, prompt: List[int], target, tokenizer, drafter_t
         raise ValueError("a shared token's id is past the model's output rows: tokenizer and model disagree")
     return CrossTokenizerDrafter(config.runner(model), spelling, config.processor, drafter_prompt, len(prompt), width,
                                  context_window(model))
+
+
+ROUND_TRIP_PROBE = "def area(r):\n    return 3.14159 * r ** 2  # café, naïve, ∑ → ✓\n\tdone."  # code, accents, symbols
+
+
+def cross_problem(target_tokenizer, drafter_tokenizer, name: str, chat: bool = True) -> str | None:
+    """What keeps a drafter ``name`` with another vocabulary from drafting for the target, in one
+    line naming it (None: nothing): no tokenizer; no chat template where the target's prompts are
+    rendered by one (``chat``); a tokenizer that cannot spell a probe, rendered as the target renders
+    a prompt, back (each prompt is checked again when drafted for)."""
+    if drafter_tokenizer is None:
+        return f"the drafter '{name}' has another vocabulary and no tokenizer to translate it with"
+    text = ROUND_TRIP_PROBE
+    if chat and getattr(target_tokenizer, "chat_template", None):
+        if not getattr(drafter_tokenizer, "chat_template", None):
+            return f"the drafter '{name}' has no chat template and the target's prompts are rendered by one"
+        text = target_tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+    try:
+        check_spelling(drafter_tokenizer, text, name)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def relation(target_tokenizer, drafter_tokenizer) -> str:
+    """How a drafter's tokenizer relates to the target's, for the drafter's header line."""
+    shared = translation(target_tokenizer, drafter_tokenizer).shared
+    return (f"its own tokenizer ({len(drafter_tokenizer)} tokens, the target's {len(target_tokenizer)}; {shared} spelled "
+            f"identically) · translation: text (greedy) / intersection (sampling)")

@@ -13,7 +13,7 @@ from conftest import llama
 from drafters.cross_tokenizer import Translation, spelled
 from sampling import GenerationStats, autoregressive_generate, speculative_generate
 from test_lossless_sampling import chi_square_pvalue
-from utils.logits_processor import MultinomialProcessor, NucleusProcessor, TopKProcessor
+from utils.logits_processor import GreedyProcessor, MultinomialProcessor, NucleusProcessor, TopKProcessor
 
 RUNS = 2500
 
@@ -165,3 +165,115 @@ def test_the_chi_square_test_sees_a_biased_cross_sampler(sampling_pair):
     samples = sample_many(lambda: cross(PROMPT, drafter, target, gamma=2, logits_processor=processor, max_gen_len=LENGTH,
                                         use_cache=True, first_target=False, skip_sample_adjustment=True)[0])
     assert chi_square_pvalue(samples, exact_distribution(target, processor, PROMPT)) < 1e-6
+
+
+# ---- the session: a drafter with its own tokenizer is accepted, or dropped in one line ----
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CORPUS = ["def area(r):\n    return 3.14 * r ** 2\n", "The quick brown fox jumps over the lazy dog.", "Hello, how are you?"] * 20
+
+
+def byte_tokenizer(size: int = 400) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained here (it spells any text), with ChatML's two special tokens."""
+    from tokenizers import pre_tokenizers, trainers
+
+    inner = Tokenizer(models.BPE())
+    inner.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    inner.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["<|im_start|>", "<|im_end|>"])
+    inner.train_from_iterator(CORPUS, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=inner, eos_token="<|im_end|>")
+
+
+def save_drafter(folder, tok, chat: bool = True) -> str:
+    """A tiny llama over ``tok``'s vocabulary saved in ``folder`` with ``tok`` (None: no tokenizer files)."""
+    model = llama(vocab=len(tok) if tok is not None else 300, layers=1, window=4096, seed=5)
+    model.to(torch.float32).save_pretrained(folder)
+    if tok is not None:
+        tok.chat_template = CHATML if chat else None
+        tok.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def drafters(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cross")
+    ascii_only = tokenizer([chr(c) for c in range(32, 127)] + ["\n", "<|im_start|>", "<|im_end|>"])
+    return {"cross": save_drafter(root / "cross", byte_tokenizer()),
+            "no_chat": save_drafter(root / "no_chat", byte_tokenizer(), chat=False),
+            "ascii": save_drafter(root / "ascii", ascii_only),
+            "no_tokenizer": save_drafter(root / "no_tokenizer", None)}
+
+
+def load(target: str, drafter: str, lines: list):
+    from app.session import load_pair
+
+    return load_pair(target, drafter, "cpu", cache="dynamic", prepack="off", say=lambda text, style="": lines.append(text))
+
+
+@pytest.mark.parametrize("kind, missing", [
+    ("no_tokenizer", "has another vocabulary and no tokenizer"),
+    ("no_chat", "has no chat template and the target's prompts are rendered by one"),
+    ("ascii", "cannot spell the target's text"),
+])
+def test_a_drafter_that_cannot_translate_is_one_line_and_the_other_strategies_run(tiny_models, drafters, kind, missing):
+    from app.session import build_settings, encode
+    from strategies import BY_KEY, run_strategy
+
+    lines = []
+    pair = load(tiny_models["target"], drafters[kind], lines)
+    said = [line for line in lines if missing in line]
+    assert len(said) == 1 and drafters[kind] in said[0] and said[0].endswith("speculative decoding off")
+    assert pair.drafter is None and pair.drafter_tokenizer is None
+    settings = build_settings(pair, GreedyProcessor(), length=4, calibrate=False)
+    assert len(run_strategy(BY_KEY["target"], encode(pair.tokenizer, "Hi", True), settings).tokens) == 4
+
+
+def test_the_session_accepts_a_drafter_with_its_own_tokenizer(tiny_models, drafters):
+    """The header says how the two relate; the drafter reads the conversation in its own template; the
+    speculative row drafts across tokenizers and its greedy output is the target's."""
+    from app.session import build_settings, encode
+    from strategies import BY_KEY, run_strategy
+
+    pair = load(tiny_models["target"], drafters["cross"], [])
+    assert pair.drafter is not None and pair.drafter_tokenizer is not None
+    shared = Translation(pair.tokenizer, pair.drafter_tokenizer).shared
+    assert f"{shared} spelled identically" in pair.describe("drafter") and shared > 0
+    assert "translation: text (greedy) / intersection (sampling)" in pair.describe("drafter")
+    settings = build_settings(pair, GreedyProcessor(), length=12, calibrate=False)
+    prompt = encode(pair.tokenizer, "def area(r):", True)
+    own = settings.drafter_prompt(prompt)
+    text = pair.drafter_tokenizer.apply_chat_template([{"role": "user", "content": "def area(r):"}], add_generation_prompt=True,
+                                                      tokenize=False)
+    assert text.startswith("<|im_start|>user\n") and own == pair.drafter_tokenizer(text, add_special_tokens=False).input_ids
+    result = run_strategy(BY_KEY["speculative"], prompt, settings)
+    assert result.tokens == run_strategy(BY_KEY["target"], prompt, settings).tokens
+    assert result.stats.drafted > 0
+    assert len(run_strategy(BY_KEY["drafter"], prompt, settings).tokens) > 0  # the drafter alone, written in target tokens
+
+
+def test_transformers_universal_assisted_generation_runs_our_gamma(tiny_models, drafters, monkeypatch):
+    """The hf_assisted row, with a drafter of another tokenizer, is transformers' UAG drafting gamma
+    assistant tokens a step, constant schedule, no confidence stop (spied on its candidate generator)."""
+    from transformers.generation import candidate_generator as hf
+
+    from app.session import build_settings, encode
+    from strategies import EVERY, run_strategy
+
+    steps = []
+    original = hf.AssistedCandidateGeneratorDifferentTokenizers.get_candidates
+
+    def spy(self, input_ids, *args, **kwargs):
+        steps.append((type(self).__name__, int(self.num_assistant_tokens), self.assistant_generation_config.num_assistant_tokens_schedule,
+                      self.generation_config.assistant_confidence_threshold))
+        return original(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(hf.AssistedCandidateGeneratorDifferentTokenizers, "get_candidates", spy)
+    pair = load(tiny_models["target"], drafters["cross"], [])
+    settings = build_settings(pair, GreedyProcessor(), gamma=3, length=10, calibrate=False)
+    prompt = encode(pair.tokenizer, "Hello", True)
+    result = run_strategy(EVERY["hf_assisted"], prompt, settings)
+    assert steps and set(steps) == {("AssistedCandidateGeneratorDifferentTokenizers", 3, "constant", 0.0)}
+    assert result.stats.peer_settings["translation"] == "text (UAG)"
+    assert result.tokens == run_strategy(EVERY["target"], prompt, settings).tokens
