@@ -351,7 +351,7 @@ def build_settings(
 # the conversations ``encode`` rendered lately, by the ids it gave: a drafter with its own tokenizer
 # reads the same conversation rendered by its own chat template (``rendered_for``)
 _RENDERED: Dict[Tuple[int, ...], Tuple[List[dict], bool]] = {}
-_RENDERED_KEPT = 64
+_RENDERED_KEPT = 4096  # a benchmark encodes all its prompts before it runs them
 
 
 def encode(tokenizer, messages: str | List[dict], chat: bool) -> List[int]:
