@@ -110,6 +110,15 @@ def test_greedy_with_the_drafters_own_prompt_rendering():
     assert out == autoregressive_generate(prompt, target, 15, eos_tokens_id=[], use_cache=True)
 
 
+def test_python_refuses_in_one_line_a_drafter_that_cannot_spell_the_prompt():
+    """The drafter's tokenizer has no "d": the prompt's text cannot round-trip, nothing is generated."""
+    target, drafter = llama(vocab=5, init=0.3, seed=1), llama(vocab=3, init=0.3, seed=2)
+    with pytest.raises(ValueError, match=r"^the drafter '.*' cannot spell the target's text: its tokenizer turns 'd"):
+        cross(TARGET_TOK("abd").input_ids, drafter, target, drafter_tok=tokenizer(["a", "b", "c"]), max_gen_len=4)
+    with pytest.raises(ValueError, match="needs the target's tokenizer"):
+        cross(TARGET_TOK("ab").input_ids, drafter, target, target_tok=None, max_gen_len=4)
+
+
 LENGTH = 3
 PROCESSORS = {"multinomial": MultinomialProcessor(1.0), "topk": TopKProcessor(0.8, 3), "nucleus": NucleusProcessor(1.2, 0.8)}
 
