@@ -85,9 +85,12 @@ def _settings_in_force(generator) -> dict:
     """The candidate generator's draft settings as it starts (transformers may adapt some as it runs)."""
     if hasattr(generator, "num_output_tokens"):  # PromptLookupCandidateGenerator
         return {"prompt_lookup_num_tokens": generator.num_output_tokens, "max_matching_ngram_size": generator.max_matching_ngram_size}
-    return {"num_assistant_tokens": int(generator.num_assistant_tokens),
-            "num_assistant_tokens_schedule": generator.assistant_generation_config.num_assistant_tokens_schedule,
-            "assistant_confidence_threshold": generator.generation_config.assistant_confidence_threshold}
+    settings = {"num_assistant_tokens": int(generator.num_assistant_tokens),
+                "num_assistant_tokens_schedule": generator.assistant_generation_config.num_assistant_tokens_schedule,
+                "assistant_confidence_threshold": generator.generation_config.assistant_confidence_threshold}
+    if hasattr(generator, "assistant_tokenizer"):  # Universal Assisted Generation: drafts re-tokenized through text
+        settings["translation"] = "text (UAG)"
+    return settings
 
 
 @contextmanager
@@ -125,19 +128,29 @@ def _observed_steps(model: Module, stats: GenerationStats):
             del model._get_candidate_generator
 
 
+def _assistant(s: Settings) -> dict:
+    """``generate``'s arguments for the drafter: with a tokenizer of its own (``Settings.drafter_tokenizer``),
+    both tokenizers, so that transformers runs Universal Assisted Generation (greedy: its drafts
+    re-tokenized through text, ``AssistedCandidateGeneratorDifferentTokenizers``), as our speculative
+    row then drafts across tokenizers. Its draft length counts the assistant's tokens, ours the target's."""
+    if s.drafter_tokenizer is None:
+        return {"assistant_model": s.drafter}
+    return {"assistant_model": s.drafter, "tokenizer": s.tokenizer, "assistant_tokenizer": s.drafter_tokenizer}
+
+
 def _hf_assisted(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
     """transformers assisted generation drafting ``s.gamma`` tokens every step: constant schedule, no
     confidence stop (threshold 0: its ``ConfidenceCriteria`` needs > 0, and None would become 0.4)."""
     with _assistant_config(s.drafter, num_assistant_tokens=s.gamma, num_assistant_tokens_schedule="constant",
                            assistant_confidence_threshold=0.0), _observed_steps(s.target, stats):
-        return _hf_generate(prompt, s, stats, assistant_model=s.drafter)
+        return _hf_generate(prompt, s, stats, **_assistant(s))
 
 
 def _hf_assisted_default(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
     """transformers assisted generation with its own defaults (``transformers_assisted_defaults``),
     whatever the drafter's generation config says."""
     with _assistant_config(s.drafter, **dict.fromkeys(ASSISTANT_FIELDS)), _observed_steps(s.target, stats):
-        return _hf_generate(prompt, s, stats, assistant_model=s.drafter)
+        return _hf_generate(prompt, s, stats, **_assistant(s))
 
 
 def _hf_prompt_lookup(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:

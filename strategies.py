@@ -3,7 +3,8 @@
 Each strategy has a key, a title, what it needs and takes (a drafter, a draft length, an n-gram
 storage), its part in the benchmark (baseline, drafter alone, transformers peer, the peer it is
 compared with), and one function that runs it on a prompt with the current settings and returns
-the new tokens and their statistics.
+the new tokens and their statistics (ours in ``rows.py``, transformers' in ``peers.py``; a row
+that gives a ``drafter`` instead runs through ``sampling.generate``).
 """
 import time
 from dataclasses import dataclass, field
@@ -12,23 +13,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch.nn import Module
 
-from ngram_assisted import (
-    INgramStorage,
-    TieredStorage,
-    chained_speculative_generate,
-    ngram_assisted_speculative_generate,
-)
-from ngram_assisted.persistence import KINDS as STORAGES  # the one table of storage kinds
-from sampling import (
-    DraftPolicy,
-    GenerationStats,
-    autoregressive_generate,
-    ngram_tree_generate,
-    prompt_lookup_generate,
-    speculative_generate,
-    suffix_generate,
-    token_recycling_generate,
-)
+from ngram_assisted import INgramStorage, TieredStorage
+from ngram_assisted.persistence import KINDS as STORAGES  # noqa: F401 (the one table of storage kinds)
+from sampling import DraftPolicy, GenerationStats
 from peers import (  # transformers' paths, the benchmark's peers
     ASSISTANT_FIELDS,  # noqa: F401 (importable from here, as before)
     _hf_assisted,
@@ -37,6 +24,10 @@ from peers import (  # transformers' paths, the benchmark's peers
     _hf_generate_static,
     _hf_prompt_lookup,
     transformers_assisted_defaults,
+)
+from rows import (  # our strategies' run functions
+    _arctic, _arctic_memory, _autoregressive, _chained, _common, _drafter_ar, _merged, _ngram, _prompt_lookup, _recycling,
+    _speculative, _suffix, _suffix_memory, _target_eager, _tree_ngram, _tree_suffix,
 )
 from sampling.suffix import SuffixSettings
 from sampling.calibration import PREPACKED, KernelChoice
@@ -77,6 +68,9 @@ class Settings:
     runner: RunnerConfig = EAGER  # how the target's passes run (cache kind, compiled): every row the same
     drafter_runner: RunnerConfig = EAGER  # how the drafter model's passes run
     params: Dict[str, Any] = field(default_factory=dict)  # a registered row's parameters by name (``Param``; unset: its default)
+    # a drafter's own tokenizer (None: the target's): drafting across tokenizers, the prompt as drafter_prompt renders it
+    drafter_tokenizer: Optional[object] = None
+    drafter_prompt: Optional[Callable[[List[int]], Optional[List[int]]]] = None
 
     def param(self, name: str) -> Any:
         """The value of the registered parameter ``name``: as set (the REPL's ``/name``), else its default."""
@@ -97,86 +91,6 @@ class Result:
     @property
     def tokens_per_second(self) -> float:
         return len(self.tokens) / self.seconds if self.seconds > 0 else 0.0
-
-
-def _speculative(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    return speculative_generate(prompt, s.drafter, s.target, s.tokenizer, gamma=s.gamma, **_common(s, stats), policy=s.policy,
-                                drafter_runner=s.drafter_runner)[0]
-
-
-def _common(s: Settings, stats: GenerationStats) -> dict:
-    return dict(logits_processor=s.processor, max_gen_len=s.max_gen_len, eos_tokens_id=s.eos_tokens_id, use_cache=s.use_cache,
-                debug=s.debug, stats=stats, streamer=s.streamer, runner=s.runner)
-
-
-def _ngram(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    return ngram_assisted_speculative_generate(
-        prompt, s.lookup_storage(), s.target, s.tokenizer, gamma=s.gamma, filler_top_k=s.top_k_filler, **_common(s, stats),
-        first_target=True, stop_if_unknown=s.stop_if_unknown, policy=s.policy)[0]
-
-
-def _prompt_lookup(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    return prompt_lookup_generate(
-        prompt, s.target, s.tokenizer, num_pred_tokens=s.pld_num_tokens, max_ngram_size=s.pld_max_ngram,
-        min_ngram_size=s.pld_min_ngram, **_common(s, stats), policy=s.policy)[0]
-
-
-def _chained(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    return chained_speculative_generate(
-        prompt, s.lookup_storage(), s.drafter, s.target, s.tokenizer, gamma=s.gamma, filler_top_k=s.top_k_filler,
-        **_common(s, stats), policy=s.policy, drafter_runner=s.drafter_runner)[0]
-
-
-def _suffix(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    return suffix_generate(prompt, s.target, s.tokenizer, **s.suffix.arguments(), memory=s.suffix_memory, **_common(s, stats),
-                           policy=s.policy)[0]
-
-
-def _tree_suffix(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    return suffix_generate(prompt, s.target, s.tokenizer, **s.suffix.arguments(), memory=s.suffix_memory, **_common(s, stats),
-                           policy=s.policy, trees=True)[0]
-
-
-def _arctic(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    from sampling.suffix_arctic import arctic_suffix_generate
-
-    return arctic_suffix_generate(prompt, s.target, s.suffix_memory, s.suffix, tokenizer=s.tokenizer, **_common(s, stats),
-                                  policy=s.policy)[0]
-
-
-def _suffix_memory(s: Settings):
-    from sampling.common import output_vocab_size
-    from sampling.suffix_memory import SuffixMemory
-
-    return SuffixMemory(s.suffix.max_tree_depth, output_vocab_size(s.target))
-
-
-def _arctic_memory(s: Settings):
-    from sampling.suffix_arctic import arctic_cache
-
-    return arctic_cache(s.suffix.max_tree_depth, global_memory=True)
-
-
-def _tree_ngram(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    return ngram_tree_generate(prompt, s.lookup_storage(), s.target, s.tokenizer, tree_size=s.tree_size,
-                               filler_top_k=s.top_k_filler, **_common(s, stats), policy=s.policy)[0]
-
-
-def _recycling(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    return token_recycling_generate(prompt, s.target, s.tokenizer, tree_size=s.tree_size, **_common(s, stats), policy=s.policy)[0]
-
-
-def _merged(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    from sampling.merged import merged_generate
-
-    return merged_generate(prompt, s.target, s.tokenizer, tree_size=s.tree_size, storage=s.lookup_storage(), filler_top_k=s.top_k_filler,
-                           suffix=s.suffix, memory=s.suffix_memory, drafter=s.drafter, **_common(s, stats), policy=s.policy,
-                           drafter_runner=s.drafter_runner)[0]
-
-
-def _autoregressive(model: Module, prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    runner = s.drafter_runner if model is s.drafter and model is not s.target else s.runner
-    return autoregressive_generate(prompt, model, **{**_common(s, stats), "runner": runner})
 
 
 @dataclass(frozen=True)
@@ -267,8 +181,7 @@ STRATEGIES = [
              help="one draft tree merged from every drafter, verified in one pass"),
     Strategy("target", "Target AR", "blue", False, False, False, lambda p, s, st: _autoregressive(s.target, p, s, st),
              baseline=True),
-    Strategy("drafter", "Drafter AR", "cyan", True, False, False, lambda p, s, st: _autoregressive(s.drafter, p, s, st),
-             drafter_ar=True),
+    Strategy("drafter", "Drafter AR", "cyan", True, False, False, _drafter_ar, drafter_ar=True),
 ]
 BY_KEY = {s.key: s for s in STRATEGIES}
 
@@ -364,11 +277,6 @@ def run_strategy(strategy: Strategy, prompt: List[int], settings: Settings, seed
 
 
 # ---- peers: transformers' own generation paths, for the benchmark (their code: ``peers.py``) ----
-def _target_eager(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    """Target AR on our eager runner, whatever ``--compile`` says: the compiled runner's own yardstick."""
-    return autoregressive_generate(prompt, s.target, **_common(s, stats), compile=False)
-
-
 _HF_DEFAULTS = transformers_assisted_defaults()
 PEERS = [
     Strategy("target_eager", "Target AR, eager runner", "blue", False, False, False, _target_eager,

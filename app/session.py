@@ -111,12 +111,16 @@ class Pair:
         from runners import EAGER
 
         return self.runners.get(role, EAGER)
+    drafter_tokenizer: object = None  # set only for a drafter with a tokenizer of its own (``drafters.cross_tokenizer``)
+    relation: str = ""  # how such a drafter relates to the target: shared tokens, the translation used
 
     def describe(self, role: str) -> str:
-        """One line for the target or the drafter: ``describe`` with how its settings were chosen."""
+        """One line for the target or the drafter: ``describe`` with how its settings were chosen
+        (the drafter's with how it relates to the target, for one with its own tokenizer)."""
         model, label, quantize = ((self.target, self.target_label, self.quantize) if role == "target"
                                   else (self.drafter, self.drafter_label, self.drafter_quantize))
-        return describe(model, label, quantize, self.notes.get(role, {}), self.runner(role))
+        line = describe(model, label, quantize, self.notes.get(role, {}), self.runner(role))
+        return line + (f" · {self.relation}" if role == "drafter" and self.relation else "")
 
     def header_note(self) -> str:
         """What the target's header line adds after ``describe``: the dtype's reason, the machine's load."""
@@ -147,7 +151,8 @@ def _load(role: str, name: Optional[str], where: str, dtype: str, quantize: str,
         if role == "drafter" and name.startswith("layers:"):
             count = parse_int(name[len("layers:"):], "--drafter layers:N", 1, 1_000_000)
             return truncated_drafter(target, count), None, f"first {count} layers of the target"
-        return load_model(name, where, dtype, quantize, trust_remote_code, say=lambda text: say(text, "dim"))
+        return load_model(name, where, dtype, quantize, trust_remote_code, say=lambda text: say(text, "dim"),
+                          tokenizer_required=role == "target")  # a drafter's missing one: said by _check_drafter
     except (Exception, KeyboardInterrupt) as error:  # one clear line, no traceback
         raise SetupError(f"could not load the {role} '{name or 'embedded'}': {first_line(error)}") from None
 
@@ -178,24 +183,50 @@ def pair_preset() -> dict:
     return {"target": str(gguf_path(TARGET)), "drafter": str(gguf_path(DRAFTER)), "measure_dtype": True}
 
 
-def _check_drafter(pair: Pair, drafter_tokenizer) -> None:
+def cross_preset() -> dict:
+    """``--preset cross``: the pair's Qwen2.5-Coder-1.5B-Instruct target drafted for by the embedded
+    SmolLM2-135M-Instruct, a model with another tokenizer (``drafters.cross_tokenizer``)."""
+    from utils.models import embedded_model_dir
+
+    return {**pair_preset(), "drafter": str(embedded_model_dir(lambda text: None))}
+
+
+def _check_drafter(pair: Pair, drafter_tokenizer, name: str, chat: bool = True, say: Say = to_stderr) -> None:
+    """SetupError when the drafter cannot draft for the target at all; a drafter with a tokenizer of
+    its own is kept (``Pair.drafter_tokenizer``, ``Pair.relation``) unless ``cross_problem`` finds
+    something missing, which is said in one line, the drafter dropped (speculative decoding off)."""
+    from drafters.cross_tokenizer import same_vocabulary
     from sampling.common import common_vocab_size
 
-    try:
-        common_vocab_size(pair.drafter, pair.target, pair.tokenizer)
-        if drafter_tokenizer is not None and drafter_tokenizer.get_vocab() != pair.tokenizer.get_vocab():
-            raise ValueError("drafter and target tokenizers differ")
-    except ValueError as error:
-        raise SetupError(f"the drafter cannot draft for this target: {error}") from None
     if pair.drafter.config.is_encoder_decoder != pair.target.config.is_encoder_decoder:
         raise SetupError("drafter and target must both be decoder-only or both encoder-decoder")
+    try:
+        common_vocab_size(pair.drafter, pair.target, pair.tokenizer)
+        sizes = None
+    except ValueError as error:
+        sizes = str(error)
+    same = drafter_tokenizer is not None and same_vocabulary(pair.tokenizer, drafter_tokenizer)
+    if same or (drafter_tokenizer is None and sizes is None):
+        if sizes is None:
+            return
+        raise SetupError(f"the drafter cannot draft for this target: {sizes}")
+    if pair.encoder_decoder:
+        raise SetupError(f"the drafter cannot draft for this target: {sizes or 'drafter and target tokenizers differ'}")
+    from drafters.cross_tokenizer import cross_problem, relation
+
+    problem = cross_problem(pair.tokenizer, drafter_tokenizer, name, chat)
+    if problem is not None:
+        say(f"{problem}: speculative decoding off", "red")
+        pair.drafter, pair.drafter_label = None, ""
+        return
+    pair.drafter_tokenizer, pair.relation = drafter_tokenizer, relation(pair.tokenizer, drafter_tokenizer)
 
 
 def load_pair(
     target: Optional[str], drafter: Optional[str], device: Optional[str] = None, drafter_device: Optional[str] = None,
     dtype: str = "auto", quantize: str = "none", drafter_quantize: Optional[str] = None, trust_remote_code: bool = False,
     cache: Optional[str] = None, prepack: bool | str = "auto", say: Say = to_stderr, compile: bool = False,
-    compile_length: int = 1000, measure_dtype: bool = False, remeasure: bool = False,
+    compile_length: int = 1000, measure_dtype: bool = False, remeasure: bool = False, chat: bool = True,
 ) -> Pair:
     """Load the target (None: the embedded model) and the drafter (None: none; ``layers:N``: the
     first N layers of the target), check that the drafter can draft for the target, and set
@@ -206,7 +237,9 @@ def load_pair(
     timed; ``Pair.compile_seconds`` says how long it took.
     ``measure_dtype`` with ``dtype`` auto: bfloat16 on CUDA; on CPU bfloat16 only where a matmul of
     the target's shape measures clearly faster in it (``utils.cpu_dtype``), else float32. Measurements
-    run within their budgets and are reused from earlier starts unless ``remeasure`` (``sampling.startup``)."""
+    run within their budgets and are reused from earlier starts unless ``remeasure`` (``sampling.startup``).
+    A drafter with another tokenizer drafts across tokenizers; one that cannot (``cross_problem``; the
+    chat template matters when ``chat``) is dropped with one line."""
     import torch
 
     from sampling.startup import startup_cache, startup_kernels
@@ -235,7 +268,7 @@ def load_pair(
         pair.drafter, drafter_tokenizer, pair.drafter_label = _load("drafter", drafter, where, dtype, drafter_quantize,
                                                                     trust_remote_code, model, say)
         pair.drafter_quantize = drafter_quantize
-        _check_drafter(pair, drafter_tokenizer)
+        _check_drafter(pair, drafter_tokenizer, drafter, chat, say)
     for role, model in (("target", pair.target), ("drafter", pair.drafter)):
         if model is None:
             continue
@@ -311,7 +344,9 @@ def build_settings(
     settings = Settings(target=pair.target, tokenizer=pair.tokenizer, drafter=pair.drafter, processor=processor,
                         gamma=4 if auto else gamma, max_gen_len=length, eos_tokens_id=end_tokens(pair.target, pair.tokenizer),
                         encoder_decoder=pair.encoder_decoder, policy=policy, kernel_choice=pair.kernel_choice.get("target"),
-                        runner=pair.runner("target"), drafter_runner=pair.runner("drafter"))
+                        runner=pair.runner("target"), drafter_runner=pair.runner("drafter"),
+                        drafter_tokenizer=pair.drafter_tokenizer,
+                        drafter_prompt=None if pair.drafter_tokenizer is None else rendered_for(pair.drafter_tokenizer))
     if calibrate:
         if auto and not policy.auto:
             say(f"gamma auto needs plausible verification costs: gamma <= {settings.gamma} instead", "red")
@@ -320,12 +355,38 @@ def build_settings(
     return settings
 
 
+# the conversations ``encode`` rendered lately, by the ids it gave: a drafter with its own tokenizer
+# reads the same conversation rendered by its own chat template (``rendered_for``)
+_RENDERED: Dict[Tuple[int, ...], Tuple[List[dict], bool]] = {}
+_RENDERED_KEPT = 4096  # a benchmark encodes all its prompts before it runs them
+
+
 def encode(tokenizer, messages: str | List[dict], chat: bool) -> List[int]:
     """A prompt (one user message, or a conversation) as token ids: through the chat template
     when ``chat`` and the tokenizer has one, else the messages' text joined by newlines."""
     if isinstance(messages, str):
         messages = [{"role": "user", "content": messages}]
+    ids = _render(tokenizer, messages, chat)
+    _RENDERED.pop(tuple(ids), None)
+    _RENDERED[tuple(ids)] = (list(messages), chat)
+    while len(_RENDERED) > _RENDERED_KEPT:
+        del _RENDERED[next(iter(_RENDERED))]
+    return ids
+
+
+def _render(tokenizer, messages: List[dict], chat: bool) -> List[int]:
     if not chat or not getattr(tokenizer, "chat_template", None):
         return tokenizer("\n".join(m["content"] for m in messages)).input_ids
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def rendered_for(drafter_tokenizer) -> Callable[[List[int]], Optional[List[int]]]:
+    """``prompt ids -> the drafter's ids``: the conversation ``encode`` gave those ids for, rendered by
+    ``drafter_tokenizer`` (its own chat template); None for ids ``encode`` did not give lately (the
+    drafter then reads the prompt's text in its own tokens)."""
+    def render(prompt: List[int]) -> Optional[List[int]]:
+        found = _RENDERED.get(tuple(prompt))
+        return None if found is None else _render(drafter_tokenizer, *found)
+
+    return render

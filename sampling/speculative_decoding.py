@@ -8,6 +8,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from drafters.base import Drafter, as_drafter
+from drafters.cross_tokenizer import cross_drafter, same_vocabulary
 from drafters.model import ModelDrafter
 from sampling.common import (  # max_fn: the reference's public helper, importable from here
     check_prompt,
@@ -152,6 +153,7 @@ def speculative_generate(
     debug: bool = False, stats: GenerationStats | None = None, policy: DraftPolicy | None = None,
     streamer: Callable[[List[int], int], None] | None = None, compile: bool | None = None,
     runner: RunnerConfig | None = None, drafter_runner: RunnerConfig | None = None,
+    drafter_tokenizer=None, drafter_inputs: List[int] | None = None,
 ) -> Tuple[List[int], float]:
     """Speculative decoding with a drafter model (Leviathan et al. 2023; Chen et al. 2023), for
     decoder-only models and for encoder-decoder models sharing one decoder vocabulary (both
@@ -177,11 +179,22 @@ def speculative_generate(
             runner, drafter_runner: how the target's and the drafter's passes run (``RunnerConfig``:
             cache kind, compiled; the drafter's defaults to the target's; None: eager, the device's
             cache). compile: True/False overrides both configurations' ``compile``; needs ``use_cache``.
+            drafter_tokenizer: the drafter's own tokenizer; when its vocabulary is not ``tokenizer``'s
+            (which must then be given), the drafter drafts across tokenizers
+            (``drafters.cross_tokenizer``: text translation when greedy, the shared tokens when
+            sampling; decoder-only). drafter_inputs: the prompt as the drafter reads it (its own
+            chat template's rendering; None: the prompt's text in the drafter's tokens).
 
     Returns:
         (new token ids, acceptance rate = accepted drafts / drafted tokens).
     """
     prompt, encoder_ids = decoder_inputs(check_prompt(inputs), target, drafter)
+    if drafter_tokenizer is not None and not same_vocabulary(tokenizer, drafter_tokenizer):
+        if encoder_ids is not None:
+            raise ValueError("a drafter with its own tokenizer drafts for decoder-only models only")
+        config = GenerationConfig.of(locals())
+        drafting = cross_drafter(drafter, config, prompt, target, tokenizer, drafter_tokenizer, drafter_inputs)
+        return speculative(prompt, config.make_runner(target), drafting, config)
     config = GenerationConfig.of(locals(), vocab_size=common_vocab_size(drafter, target, tokenizer))
     drafting = ModelDrafter.of(drafter, config, encoder_input_ids=encoder_ids)
     return speculative(prompt, config.make_runner(target, encoder_ids), drafting, config)

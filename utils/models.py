@@ -288,9 +288,11 @@ def load_model(
     quantize: str = "none",
     trust_remote_code: bool = False,
     say: Callable[[str], None] = print,
+    tokenizer_required: bool = True,
 ):
     """Load ``(model, tokenizer, description)``: the embedded model when ``name`` is None, a GGUF file
-    (converted once and cached), a local folder or a Hub id. Encoder-decoder models are detected
+    (converted once and cached), a local folder or a Hub id (without ``tokenizer_required``, a
+    tokenizer that cannot be loaded is None). Encoder-decoder models are detected
     from their config. ``quantize`` int8/int4 on CPU: weight-only kernels (``utils.quantization``);
     on CUDA: bitsandbytes when installed, else optimum-quanto. Raises OSError/ValueError with a readable message on failure."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
@@ -322,7 +324,12 @@ def load_model(
         from utils.quantization import quantize_cpu
 
         quantize_cpu(model, quantize)
-    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code, local_files_only=local_only)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code, local_files_only=local_only)
+    except (OSError, ValueError, TypeError):
+        if tokenizer_required:
+            raise
+        tokenizer = None
     return model.eval(), tokenizer, label
 
 

@@ -64,8 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                    f"(default: the shipped set; {CODE_EDITING.relative_to(ROOT)}: the code-editing category)")
     p.add_argument("--categories", help="comma-separated categories to keep")
     p.add_argument("--limit", type=flag_type("--limit", "limit"), help="at most this many prompts per category")
-    p.add_argument("--preset", choices=["embedded", "pair"], help="a known model pair, as the REPL's; other flags override it. "
-                   "pair: Qwen2.5-Coder-1.5B-Instruct with its 0.5B sibling (install: make fetch-pair), dtype chosen by measurement")
+    p.add_argument("--preset", choices=["embedded", "pair", "cross"], help="a known model pair, as the REPL's; other flags override "
+                   "it. pair: Qwen2.5-Coder-1.5B-Instruct with its 0.5B sibling (install: make fetch-pair), dtype chosen by "
+                   "measurement; cross: the same target with the embedded SmolLM2-135M drafting across tokenizers")
     add_shared_flags(p)
     p.add_argument("--quantize", default="none", choices=["none", "int8", "int4"],
                    help="target (and drafter) weights: on CPU weight-only int8/int4 kernels, on CUDA bitsandbytes/quanto")

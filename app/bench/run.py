@@ -23,18 +23,18 @@ def first_divergence(a: List[int], b: List[int]) -> Optional[int]:
 
 class Bench:
     def __init__(self, args, processor, greedy: bool):
-        from app.session import SetupError, build_settings, load_pair, pair_preset
+        from app.session import SetupError, build_settings, cross_preset, load_pair, pair_preset
         from sampling.common import output_vocab_size
         from sampling.divergence import default_runner
 
         self.args = args
         self.processor, self.greedy = processor, greedy
         try:
-            preset = pair_preset() if args.preset == "pair" else {}
+            preset = {"pair": pair_preset, "cross": cross_preset}.get(args.preset, dict)()
             pair = load_pair(args.target or preset.get("target"), args.drafter or preset.get("drafter"), args.device, dtype=args.dtype,
                              quantize=args.quantize, trust_remote_code=args.trust_remote_code, cache=args.cache,
                              prepack=args.prepack, compile=args.compile, measure_dtype=preset.get("measure_dtype", False),
-                             remeasure=args.remeasure)
+                             remeasure=args.remeasure, chat=not args.no_chat)
         except SetupError as error:
             raise SystemExit(f"error: {error}") from None
         self.target, self.tokenizer, self.drafter, self.drafter_label = pair.target, pair.tokenizer, pair.drafter, pair.drafter_label

@@ -7,7 +7,7 @@ from typing import List, Optional
 from rich.text import Text
 
 from app.repl.repl import Repl, replaced_line
-from app.session import SetupError, add_shared_flags, build_settings, load_pair, pair_preset, read_processor
+from app.session import SetupError, add_shared_flags, build_settings, cross_preset, load_pair, pair_preset, read_processor
 from utils.parsing import MAX_LINE, UsageError, flag_type, sanitize_text
 from utils.printing import console
 
@@ -20,6 +20,7 @@ PRESETS = {
         "device": "cuda",
     },
     "pair": {},  # Qwen2.5-Coder-1.5B-Instruct + 0.5B, once installed (session.pair_preset)
+    "cross": {},  # its 1.5B drafted for by the embedded SmolLM2-135M, another tokenizer (session.cross_preset)
 }
 
 
@@ -38,7 +39,8 @@ def gamma_flag(text: str):
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(description="Compare decoding strategies side by side (speculative, n-gram assisted, autoregressive).")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="a known model pair; other flags override it. "
-                        "pair: Qwen2.5-Coder-1.5B-Instruct with its 0.5B sibling (install: make fetch-pair), dtype chosen by measurement")
+                        "pair: Qwen2.5-Coder-1.5B-Instruct with its 0.5B sibling (install: make fetch-pair), dtype chosen by measurement; "
+                        "cross: the same target with the embedded SmolLM2-135M drafting across tokenizers")
     add_shared_flags(parser)
     parser.add_argument("--drafter-device", help="device of the drafter (default: --device; a layers:N drafter stays with the target)")
     parser.add_argument("--quantize", choices=["none", "int8", "int4"], help="quantize the target's weights: on CPU weight-only int8/int4 kernels "
@@ -64,9 +66,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset or "embedded"]
-    if args.preset == "pair":
+    if args.preset in ("pair", "cross"):
         try:
-            preset = pair_preset()
+            preset = pair_preset() if args.preset == "pair" else cross_preset()
         except SetupError as error:
             fail(str(error))
     for key in ("target", "drafter", "device", "quantize"):
@@ -91,7 +93,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     try:
         pair = load_pair(args.target, args.drafter, args.device, args.drafter_device, args.dtype, args.quantize,
                          args.drafter_quantize, args.trust_remote_code, args.cache, args.prepack, say, args.compile,
-                         measure_dtype=preset.get("measure_dtype", False), remeasure=args.remeasure)
+                         measure_dtype=preset.get("measure_dtype", False), remeasure=args.remeasure, chat=not args.no_chat)
     except SetupError as error:
         fail(str(error))
     console.print(Text("Target: ", style="bold") + Text(pair.describe("target") + (f" · {pair.dtype_note}" if pair.dtype_note else "")))
