@@ -114,18 +114,23 @@ class ModelSource:
 
 class Calibration:
     """Per source: how its conditional scores have fared, as decaying sums of the scores of its
-    nodes the walk reached (offered at the root or after an accepted node) and of those accepted.
-    ``factor`` = (accepted + PRIOR) / (scored + PRIOR), 1 before any evidence."""
+    branches whose parent row the walk reached (verified or not) and of those the target took.
+    ``factor`` = (accepted + PRIOR_TAKEN) / (scored + PRIOR), 0.5 before any evidence: a source not
+    yet measured is trusted for half its scores, so the first steps verify only what is near sure
+    and the sources are measured from the rows every step reaches (the root's at least) before a
+    wide tree is paid for (starting at 1, the first unmeasured trees did not pay and the policy's
+    cost-aware pause then stopped the drafting that measures them)."""
 
     DECAY = 0.9
     PRIOR = 1.0
+    PRIOR_TAKEN = 0.5
 
     def __init__(self):
         self.scored: Dict[str, float] = {}
         self.taken: Dict[str, float] = {}
 
     def factor(self, source: str) -> float:
-        return (self.taken.get(source, 0.0) + self.PRIOR) / (self.scored.get(source, 0.0) + self.PRIOR)
+        return (self.taken.get(source, 0.0) + self.PRIOR_TAKEN) / (self.scored.get(source, 0.0) + self.PRIOR)
 
     def update(self, offered: List[Tuple[str, float, bool]]) -> None:
         """One step: (source, its score, accepted) for every node of a source the walk reached."""
