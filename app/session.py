@@ -204,7 +204,7 @@ def load_pair(
     from sampling.startup import startup_cache, startup_kernels
     from runners import model_device, prepackable, set_cache, set_prepack
     from utils.measurements import busy_note
-    from runners import prepare, set_compile, why_not_compiled
+    from runners import compile_source, prepare, set_compile, why_not_compiled
     from utils.models import resolve_device
 
     torch.set_grad_enabled(False)
@@ -241,7 +241,7 @@ def load_pair(
             set_prepack(model, False)  # the compiler packs the weights for this CPU itself
             seconds = prepare(model, compile_length, lambda text: say(f"{role}: {text} ...", "dim"))
             pair.compile_seconds[role] = seconds
-            say(f"Compiled the {role} in {seconds:.1f} s (outside every timed run)")
+            say(f"Compiled the {role} in {seconds:.1f} s ({compile_source(model) or 'nothing new'}; outside every timed run)")
             continue
         notes = pair.notes.setdefault(role, {})
         if prepack == "auto" and prepackable(model):

@@ -22,7 +22,7 @@ from runners.base import Runner
 from runners.beams import BeamRunner
 from runners.cache_kind import CACHES, DEFAULT_CPU_CACHE, default_cache, runner_cache, set_cache
 from runners.compiled import (
-    BUCKETS, CompiledRunner, bucket, compile_events, compile_wanted, compiled_graphs, compiled_label, prepare,
+    BUCKETS, CompiledRunner, bucket, compile_events, compile_source, compile_wanted, compiled_graphs, compiled_label, prepare,
     set_compile, why_not_compiled,
 )
 from runners.device import model_device, synchronize
@@ -43,7 +43,7 @@ def make_runner(model: Module, use_cache: bool = True, encoder_input_ids: Option
 
 __all__ = [
     "BUCKETS", "CACHES", "DEFAULT_CPU_CACHE", "BeamRunner", "CompiledRunner", "KVCacheModel", "PrepackedLinear",
-    "Runner", "bucket", "compile_events", "compile_wanted", "compiled_graphs", "compiled_label", "default_cache",
+    "Runner", "bucket", "compile_events", "compile_source", "compile_wanted", "compiled_graphs", "compiled_label", "default_cache",
     "drop_prepacked", "gather_branch", "kernels", "make_runner", "model_device", "prepack_fits", "prepackable",
     "prepacked", "prepare", "prune_cache", "prune_dynamic_cache", "prune_tuple_cache", "runner_cache", "set_cache",
     "set_compile", "set_prepack", "synchronize", "tree_depths", "tree_mask", "tree_unsupported", "why_not_compiled",

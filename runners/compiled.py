@@ -25,7 +25,9 @@ from torch import Tensor
 from torch.nn import Module
 
 from runners import static
+from runners.compile_cache import CacheCount, use_compile_cache
 from runners.device import model_device
+from runners.prepacking import prepacked
 from runners.trees import gather_branch, tree_depths, tree_inputs, tree_unsupported
 
 BUCKETS = (1, 2, 4, 8, 16)
@@ -74,6 +76,7 @@ class _Compiled:
         # one graph per bucket and capacity, for every model of the session: past the default limit of 8
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
         torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
+        use_compile_cache()  # built once per machine: later starts read the graphs from the disk
         self.model = model
         self.device = model_device(model)
         self.cuda = self.device.type == "cuda"
@@ -84,8 +87,11 @@ class _Compiled:
         self.ids = {b: torch.zeros((1, b), dtype=torch.long, device=self.device) for b in BUCKETS}
         self.positions = {b: torch.zeros((1, b), dtype=torch.long, device=self.device) for b in BUCKETS}
         self.steps = torch.arange(BUCKETS[-1], device=self.device).unsqueeze(0)
-        self.built: set = set()  # (bucket, capacity) graphs built
+        self.built: set = set()  # (bucket, capacity, cache, prepacked) graphs built
+        self.packed = False  # whether the linear layers are prepacked ones (read by every new runner)
         self.compile_seconds = 0.0
+        self.cache_count = CacheCount()  # inductor's disk-cache hits and misses of the last ``prepare``
+        self.prepared_seconds = 0.0  # what the last ``prepare`` that built something took
 
     def _forward(self, input_ids: Tensor, position_ids: Tensor, cache) -> Tensor:
         return self.model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True).logits
@@ -126,10 +132,10 @@ class _Compiled:
         buffer, positions = self.ids[size], self.positions[size]
         buffer[:, :rows].copy_(ids)
         torch.add(self.steps[:, :size], start, out=positions)
-        key = (size, self.capacity, cache.layers[0].keys.data_ptr())  # a graph per pass length and cache
+        key = (size, self.capacity, cache.layers[0].keys.data_ptr(), self.packed)  # a graph per pass length, cache, kernels
         first = key not in self.built
         clock = time.perf_counter()
-        with _frozen(first and not self.cuda):  # the build reads it; a replay does not need the patch
+        with _frozen(first and not self.cuda and not self.packed):  # the build reads it; a replay does not need the patch
             logits = self.forward(buffer, positions, cache)[0]
         if self.cuda:
             logits = logits.clone()  # the graph's output buffer is overwritten by its next replay
@@ -186,6 +192,7 @@ class CompiledRunner:
             raise ValueError(reason)
         self.model = model
         self.state = compiled(model)
+        self.state.packed = prepacked(model)  # the graphs call the same kernels as the eager runner (``set_prepack``)
         self.device = self.state.device
         self.cache = None
         self.cached = 0
@@ -262,18 +269,27 @@ def prepare(model: Module, length: int = MIN_CAPACITY - BUCKETS[-1], say: Callab
     runner = CompiledRunner(model)
     runner._reserve(length)
     pointer = runner.cache.layers[0].keys.data_ptr()
-    todo = [b for b in BUCKETS if (b, state.capacity, pointer) not in state.built]
+    todo = [b for b in BUCKETS if (b, state.capacity, pointer, state.packed) not in state.built]
     if not todo:
         return 0.0
     say(f"compiling {type(model).__name__}: passes over {', '.join(map(str, todo))} positions, "
         f"cache of {state.capacity} positions ({'CUDA graphs' if state.cuda else 'inductor, frozen weights'})")
-    before = state.compile_seconds
+    before, state.cache_count = state.compile_seconds, CacheCount()
     ids = torch.zeros((1, BUCKETS[-1]), dtype=torch.long, device=state.device)
     for _ in range(2):  # twice: CUDA graphs record on the run after their warm-up
         for size in todo:
             runner(ids[:, :size], size)
             runner.rollback(0)
-    return state.compile_seconds - before
+    state.cache_count.finish()
+    state.prepared_seconds = state.compile_seconds - before
+    return state.prepared_seconds
+
+
+def compile_source(model: Module) -> str:
+    """Where the last ``prepare`` of ``model`` got its graphs: "cached" (all from the disk, see
+    ``runners.compile_cache``), "fresh", "partly cached", or "" when it built nothing."""
+    state = _STATE.get(model)
+    return state.cache_count.source if state is not None else ""
 
 
 def compiled_label(model: Module) -> str:
@@ -283,7 +299,9 @@ def compiled_label(model: Module) -> str:
     how = "CUDA graphs" if cuda else "inductor, frozen weights"
     shapes = f", passes of {'/'.join(map(str, BUCKETS))} positions"
     capacity = f", cache of {state.capacity} positions" if state is not None and state.capacity else ""
-    return f"compiled ({how}{shapes}{capacity})"
+    source = compile_source(model)
+    built = f", compiled in {state.prepared_seconds:.0f} s ({source})" if source else ""
+    return f"compiled ({how}{shapes}{capacity}{built})"
 
 
 def compiled_graphs() -> Dict[str, int]:
