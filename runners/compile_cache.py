@@ -20,11 +20,21 @@ _INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
 _USER_SET = os.environ.get(_INDUCTOR_ENV)  # read at import: inductor writes its default there once it compiles
 
 
+def _users_folder() -> str | None:
+    """``$TORCHINDUCTOR_CACHE_DIR`` as it was before we set it, unless it is inductor's own default
+    (a temporary folder, which inductor writes there itself the first time it looks)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    if not _USER_SET or os.path.abspath(_USER_SET) == os.path.abspath(default_cache_dir()):
+        return None
+    return _USER_SET
+
+
 def compile_cache_dir() -> Path:
     """Where compiled graphs are kept between starts (see the module's docstring)."""
     from utils.models import cache_dir
 
-    chosen = os.environ.get("SPECDEC_COMPILE_CACHE") or _USER_SET
+    chosen = os.environ.get("SPECDEC_COMPILE_CACHE") or _users_folder()
     return Path(chosen) if chosen else cache_dir() / "inductor"
 
 
@@ -50,7 +60,7 @@ def _counts() -> tuple:
 
     inductor, aot = counters["inductor"], counters["aot_autograd"]
     hits = inductor["fxgraph_cache_hit"] + aot["autograd_cache_hit"]
-    return hits, inductor["fxgraph_cache_miss"]
+    return hits, inductor["fxgraph_cache_miss"] + inductor["fxgraph_cache_bypass"]  # a bypass compiles afresh
 
 
 @dataclass

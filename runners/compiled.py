@@ -2,7 +2,7 @@
 over a static KV cache kept per model (gpt-fast's ``prefill`` / ``decode_one_token`` /
 ``model_forward`` split, on transformers' own models and ``StaticCache``).
 
-* One graph per pass-length bucket (``BUCKETS``: 1 for decoding, 2-16 for verification); a pass
+* One graph per pass-length bucket (``BUCKETS``: 1 for decoding, 2-32 for verification); a pass
   over r new positions runs in the smallest bucket >= r, the extra positions are padding whose
   keys and values are written past the sequence and forgotten by moving the write position back.
   A pass over more positions than the largest bucket (a prompt) runs eagerly into the same cache.
@@ -30,7 +30,10 @@ from runners.device import model_device
 from runners.prepacking import prepacked
 from runners.trees import gather_branch, tree_depths, tree_inputs, tree_unsupported
 
-BUCKETS = (1, 2, 4, 8, 16)
+# inductor's freezing for the model's own CPU linears (MKL-packed constants); graphs with frozen packed
+# weights are not kept by inductor's disk cache (they bypass it), so they are compiled at every start
+FREEZING = True
+BUCKETS = (1, 2, 4, 8, 16, 32)  # 32: suffix decoding's longest draft (24) and a tree of 16 nodes stay compiled
 MIN_CAPACITY = 1024
 
 
@@ -135,7 +138,7 @@ class _Compiled:
         key = (size, self.capacity, cache.layers[0].keys.data_ptr(), self.packed)  # a graph per pass length, cache, kernels
         first = key not in self.built
         clock = time.perf_counter()
-        with _frozen(first and not self.cuda and not self.packed):  # the build reads it; a replay does not need the patch
+        with _frozen(first and FREEZING and not self.cuda and not self.packed):  # the build reads it; a replay does not need the patch
             logits = self.forward(buffer, positions, cache)[0]
         if self.cuda:
             logits = logits.clone()  # the graph's output buffer is overwritten by its next replay
@@ -273,7 +276,7 @@ def prepare(model: Module, length: int = MIN_CAPACITY - BUCKETS[-1], say: Callab
     if not todo:
         return 0.0
     say(f"compiling {type(model).__name__}: passes over {', '.join(map(str, todo))} positions, "
-        f"cache of {state.capacity} positions ({'CUDA graphs' if state.cuda else 'inductor, frozen weights'})")
+        f"cache of {state.capacity} positions ({_how(state.cuda, state.packed)})")
     before, state.cache_count = state.compile_seconds, CacheCount()
     ids = torch.zeros((1, BUCKETS[-1]), dtype=torch.long, device=state.device)
     for _ in range(2):  # twice: CUDA graphs record on the run after their warm-up
@@ -292,11 +295,14 @@ def compile_source(model: Module) -> str:
     return state.cache_count.source if state is not None else ""
 
 
+def _how(cuda: bool, packed: bool) -> str:
+    return "CUDA graphs" if cuda else "inductor, prepacked linears" if packed else "inductor, frozen weights"
+
+
 def compiled_label(model: Module) -> str:
     """How ``model``'s passes run, for the header lines: "compiled (...)"."""
     state = _STATE.get(model)
-    cuda = model_device(model).type == "cuda"
-    how = "CUDA graphs" if cuda else "inductor, frozen weights"
+    how = _how(model_device(model).type == "cuda", prepacked(model))
     shapes = f", passes of {'/'.join(map(str, BUCKETS))} positions"
     capacity = f", cache of {state.capacity} positions" if state is not None and state.capacity else ""
     source = compile_source(model)

@@ -87,6 +87,19 @@ def transformers_pass(model, ids) -> Pass:
     return Pass("transformers compiled", setup, step)
 
 
+def unfrozen_runner(model):
+    """Our compiled runner over a copy of ``model`` whose graphs are built without inductor's freezing."""
+    import copy
+
+    import runners.compiled as compiled
+    from runners import CompiledRunner, set_prepack
+
+    compiled.FREEZING = False  # read when a graph is built: set by every path that builds one
+    twin = copy.deepcopy(model)
+    set_prepack(twin, False)
+    return CompiledRunner(twin)
+
+
 def measure(one: Pass, rows: int, repeats: int, vocab: int) -> Dict[str, float]:
     """ms a pass without the profiler (median of ``repeats``), then the groups' ms a pass under it."""
     import torch
@@ -145,7 +158,7 @@ def main():
     p.add_argument("--repeats", type=int, default=10, help="passes timed, and passes profiled")
     p.add_argument("--context", type=int, default=200, help="cached positions before the pass")
     p.add_argument("--verify", type=int, default=5, help="positions of the verification pass")
-    p.add_argument("--paths", default="eager,eager_prepacked,compiled,compiled_prepacked,transformers")
+    p.add_argument("--paths", default="eager,eager_prepacked,compiled,compiled_unfrozen,compiled_prepacked,transformers")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--top", action="store_true", help="also list each path's heaviest operators")
     p.add_argument("--out", help="write the tables (markdown) here, else print them")
@@ -154,6 +167,7 @@ def main():
     import torch
     import torch._inductor.config
 
+    import runners.compiled as compiled
     from runners import CompiledRunner, KVCacheModel, set_prepack
     from utils.models import load_embedded
 
@@ -166,12 +180,13 @@ def main():
     ids = torch.tensor([tokenizer(text).input_ids[: args.context + 16]])
     vocab = model.config.vocab_size
     makers = {
-        "eager": lambda: (set_prepack(model, False), our_pass("eager (own linears)", KVCacheModel(model), ids))[1],
-        "eager_prepacked": lambda: (set_prepack(model, True), our_pass("eager (prepacked)", KVCacheModel(model), ids))[1],
-        "compiled": lambda: (set_prepack(model, False), our_pass("ours compiled", CompiledRunner(model), ids))[1],
+        "eager": lambda: (set_prepack(model, False), our_pass("eager (own linears)", KVCacheModel(model), ids))[-1],
+        "eager_prepacked": lambda: (set_prepack(model, True), our_pass("eager (prepacked)", KVCacheModel(model), ids))[-1],
+        "compiled": lambda: (set_prepack(model, False), setattr(compiled, "FREEZING", True), our_pass("ours compiled", CompiledRunner(model), ids))[-1],
+        "compiled_unfrozen": lambda: our_pass("ours compiled (own linears, not frozen)", unfrozen_runner(model), ids),
         "compiled_prepacked": lambda: (set_prepack(model, True),
-                                       our_pass("ours compiled (prepacked)", CompiledRunner(model), ids))[1],
-        "transformers": lambda: (set_prepack(model, False), transformers_pass(model, ids))[1],
+                                       our_pass("ours compiled (prepacked)", CompiledRunner(model), ids))[-1],
+        "transformers": lambda: (set_prepack(model, False), transformers_pass(model, ids))[-1],
     }
     sections, notes, started = [], [], time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load_before = machine()
