@@ -4,6 +4,7 @@ decoding loop calls. ``make_runner`` is the one place that picks which runner a 
     base.py        the ``Runner`` protocol: ``__call__``, ``rollback``, ``tree_pass``, ``keep_branch``
     eager.py       ``KVCacheModel``: the model's own forward, dynamic or static cache, encoder-decoder too
     compiled.py    ``CompiledRunner``: ``torch.compile``d passes in buckets over a pooled static cache
+    compile_cache.py  inductor's on-disk caches in the project's cache folder (compile once per machine)
     beams.py       ``BeamRunner``: a batch of beams over one cache, for beam search (not a ``Runner``)
     static.py      the static cache's operations (allocate, regrow with copy, rollback), shared
     dynamic.py     the dynamic cache's operations and the reference-compatible ``prune_*``

@@ -6,7 +6,9 @@ over a static KV cache kept per model (gpt-fast's ``prefill`` / ``decode_one_tok
   over r new positions runs in the smallest bucket >= r, the extra positions are padding whose
   keys and values are written past the sequence and forgotten by moving the write position back.
   A pass over more positions than the largest bucket (a prompt) runs eagerly into the same cache.
-* On CPU: inductor with ``freezing`` (weights become constants, packed for the CPU it runs on);
+* On CPU: the model's kernels (``set_prepack``): prepacked linears as one opaque call each
+  (``runners.prepacking.packed_linear``), or the model's own with inductor's ``freezing`` (weights
+  become constants, packed for MKL; ``FREEZING``); graphs are kept on disk (``runners.compile_cache``);
   on CUDA: CUDA graphs (``mode="reduce-overhead"``), each output cloned before the next replay.
 * The cache is kept per model and reused across prompts and strategies: a runner takes one from
   the model's pool (``_Compiled.caches``) and gives it back when it is dropped; its capacity is a

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from runners import prepack_fits
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # one start: a tiny Llama compiled with one bucket, its cache counts, its header and a pass's logits
@@ -17,9 +21,14 @@ sys.path[:0] = [{root!r}, {tests!r}]
 from conftest import PROMPT, llama  # (which names a compile folder of its own: this start's is put back)
 os.environ["SPECDEC_COMPILE_CACHE"] = {folder!r}
 torch.set_num_threads(1)
+torch.set_grad_enabled(False)
 import runners.compiled as compiled
 compiled.BUCKETS = (1,)
 model = llama(layers=2, window=256)
+if {prepacked!r}:  # float32, oneDNN's prepacked layers called from the graph (no freezing)
+    from runners import set_prepack
+    model = model.to(torch.float32)
+    assert set_prepack(model, True)
 seconds = compiled.prepare(model, 100)
 count = compiled.compiled(model).cache_count
 runner = compiled.CompiledRunner(model)
@@ -29,21 +38,24 @@ print(json.dumps({{"hits": count.hits, "misses": count.misses, "source": compile
 """
 
 
-def start(folder: Path) -> dict:
+def start(folder: Path, prepacked: bool = False) -> dict:
     env = {name: value for name, value in os.environ.items() if name != "TORCHINDUCTOR_CACHE_DIR"}
-    code = START.format(root=str(ROOT), tests=str(ROOT / "tests"), folder=str(folder))
+    code = START.format(root=str(ROOT), tests=str(ROOT / "tests"), folder=str(folder), prepacked=prepacked)
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_a_second_start_takes_every_graph_from_the_cache_folder_and_says_cached(tmp_path):
+@pytest.mark.parametrize("prepacked", [False, True], ids=["own-layers", "prepacked"])
+def test_a_second_start_takes_every_graph_from_the_cache_folder_and_says_cached(tmp_path, prepacked):
+    if prepacked and not prepack_fits(1):
+        pytest.skip("no oneDNN prepacking in this torch build")
     folder = tmp_path / "compiled"
-    first = start(folder)
+    first = start(folder, prepacked)
     assert first["misses"] > 0 and first["hits"] == 0 and first["source"] == "fresh"
     assert "(fresh)" in first["label"]
     assert any(folder.rglob("*")), "the graphs were kept in the folder the environment names"
-    second = start(folder)
+    second = start(folder, prepacked)
     assert second["hits"] >= first["misses"] and second["misses"] == 0 and second["source"] == "cached"
     assert "(cached)" in second["label"]
     assert second["logits"] == first["logits"]
