@@ -243,7 +243,7 @@ def load_pair(
     import torch
 
     from sampling.startup import startup_cache, startup_kernels
-    from runners import RunnerConfig, model_device, prepackable, prepare, set_prepack, why_not_compiled
+    from runners import RunnerConfig, compile_source, model_device, prepackable, prepare, set_prepack, why_not_compiled
     from utils.measurements import busy_note
     from utils.models import resolve_device
 
@@ -277,10 +277,15 @@ def load_pair(
         if reason is not None:
             say(f"--compile: the {role} runs eagerly: {reason}", "red")
         if compile and reason is None:
-            set_prepack(model, False)  # the compiler packs the weights for this CPU itself
+            # the graphs call the kernels the eager runner would (measured, "auto"): prepacked linears
+            # are one opaque call each in the graph; the model's own are packed by the compiler
+            if prepack == "auto" and prepackable(model):
+                _, pair.notes.setdefault(role, {})["kernels"] = startup_kernels(model, role, remeasure, busy=bool(busy))
+            else:
+                set_prepack(model, prepack in (True, "on"))
             seconds = prepare(model, compile_length, lambda text: say(f"{role}: {text} ...", "dim"))
             pair.compile_seconds[role] = seconds
-            say(f"Compiled the {role} in {seconds:.1f} s (outside every timed run)")
+            say(f"Compiled the {role} in {seconds:.1f} s ({compile_source(model) or 'nothing new'}; outside every timed run)")
             continue
         notes = pair.notes.setdefault(role, {})
         if prepack == "auto" and prepackable(model):

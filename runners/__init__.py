@@ -4,6 +4,7 @@ decoding loop calls. ``make_runner`` is the one place that picks which runner a 
     base.py        the ``Runner`` protocol: ``__call__``, ``rollback``, ``tree_pass``, ``keep_branch``
     eager.py       ``KVCacheModel``: the model's own forward, dynamic or static cache, encoder-decoder too
     compiled.py    ``CompiledRunner``: ``torch.compile``d passes in buckets over a pooled static cache
+    compile_cache.py  inductor's on-disk caches in the project's cache folder (compile once per machine)
     beams.py       ``BeamRunner``: a batch of beams over one cache, for beam search (not a ``Runner``)
     static.py      the static cache's operations (allocate, regrow with copy, rollback), shared
     dynamic.py     the dynamic cache's operations and the reference-compatible ``prune_*``
@@ -23,7 +24,8 @@ from runners.base import Runner
 from runners.beams import BeamRunner
 from runners.cache_kind import CACHES, DEFAULT_CPU_CACHE, default_cache, runner_cache
 from runners.compiled import (
-    BUCKETS, CompiledRunner, bucket, compile_events, compiled_graphs, compiled_label, prepare, why_not_compiled,
+    BUCKETS, CompiledRunner, bucket, compile_events, compile_source, compiled_graphs, compiled_label, prepare,
+    why_not_compiled,
 )
 from runners.config import EAGER, RunnerConfig
 from runners.device import model_device, synchronize
@@ -44,7 +46,7 @@ def make_runner(model: Module, use_cache: bool = True, encoder_input_ids: Option
 
 __all__ = [
     "BUCKETS", "CACHES", "DEFAULT_CPU_CACHE", "EAGER", "RunnerConfig", "BeamRunner", "CompiledRunner", "KVCacheModel", "PrepackedLinear",
-    "Runner", "bucket", "compile_events", "compiled_graphs", "compiled_label", "default_cache",
+    "Runner", "bucket", "compile_events", "compile_source", "compiled_graphs", "compiled_label", "default_cache",
     "drop_prepacked", "gather_branch", "kernels", "make_runner", "model_device", "prepack_fits", "prepackable",
     "prepacked", "prepare", "prune_cache", "prune_dynamic_cache", "prune_tuple_cache", "runner_cache",
     "set_prepack", "synchronize", "tree_depths", "tree_mask", "tree_unsupported", "why_not_compiled",

@@ -2,11 +2,13 @@
 over a static KV cache kept per model (gpt-fast's ``prefill`` / ``decode_one_token`` /
 ``model_forward`` split, on transformers' own models and ``StaticCache``).
 
-* One graph per pass-length bucket (``BUCKETS``: 1 for decoding, 2-16 for verification); a pass
+* One graph per pass-length bucket (``BUCKETS``: 1 for decoding, 2-32 for verification); a pass
   over r new positions runs in the smallest bucket >= r, the extra positions are padding whose
   keys and values are written past the sequence and forgotten by moving the write position back.
   A pass over more positions than the largest bucket (a prompt) runs eagerly into the same cache.
-* On CPU: inductor with ``freezing`` (weights become constants, packed for the CPU it runs on);
+* On CPU: the model's kernels (``set_prepack``): prepacked linears as one opaque call each
+  (``runners.prepacking.packed_linear``), or the model's own with inductor's ``freezing`` (weights
+  become constants, packed for MKL; ``FREEZING``); graphs are kept on disk (``runners.compile_cache``);
   on CUDA: CUDA graphs (``mode="reduce-overhead"``), each output cloned before the next replay.
 * The cache is kept per model and reused across prompts and strategies: a runner takes one from
   the model's pool (``_Compiled.caches``) and gives it back when it is dropped; its capacity is a
@@ -25,11 +27,16 @@ from torch import Tensor
 from torch.nn import Module
 
 from runners import static
+from runners.compile_cache import CacheCount, use_compile_cache
 from runners.device import model_device
+from runners.prepacking import prepacked
 from utils.quantization import model_quantization
 from runners.trees import gather_branch, tree_depths, tree_inputs, tree_unsupported
 
-BUCKETS = (1, 2, 4, 8, 16)
+# inductor's freezing for the model's own CPU linears (MKL-packed constants); graphs with frozen packed
+# weights are not kept by inductor's disk cache (they bypass it), so they are compiled at every start
+FREEZING = True
+BUCKETS = (1, 2, 4, 8, 16, 32)  # 32: suffix decoding's longest draft (24) and a tree of 16 nodes stay compiled
 MIN_CAPACITY = 1024
 
 
@@ -64,6 +71,7 @@ class _Compiled:
         # one graph per bucket and capacity, for every model of the session: past the default limit of 8
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
         torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
+        use_compile_cache()  # built once per machine: later starts read the graphs from the disk
         self.model = model
         self.device = model_device(model)
         self.cuda = self.device.type == "cuda"
@@ -74,8 +82,11 @@ class _Compiled:
         self.ids = {b: torch.zeros((1, b), dtype=torch.long, device=self.device) for b in BUCKETS}
         self.positions = {b: torch.zeros((1, b), dtype=torch.long, device=self.device) for b in BUCKETS}
         self.steps = torch.arange(BUCKETS[-1], device=self.device).unsqueeze(0)
-        self.built: set = set()  # (bucket, capacity) graphs built
+        self.built: set = set()  # (bucket, capacity, cache, prepacked) graphs built
+        self.packed = False  # whether the linear layers are prepacked ones (read by every new runner)
         self.compile_seconds = 0.0
+        self.cache_count = CacheCount()  # inductor's disk-cache hits and misses of the last ``prepare``
+        self.prepared_seconds = 0.0  # what the last ``prepare`` that built something took
 
     def _forward(self, input_ids: Tensor, position_ids: Tensor, cache) -> Tensor:
         return self.model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True).logits
@@ -116,10 +127,10 @@ class _Compiled:
         buffer, positions = self.ids[size], self.positions[size]
         buffer[:, :rows].copy_(ids)
         torch.add(self.steps[:, :size], start, out=positions)
-        key = (size, self.capacity, cache.layers[0].keys.data_ptr())  # a graph per pass length and cache
+        key = (size, self.capacity, cache.layers[0].keys.data_ptr(), self.packed)  # a graph per pass length, cache, kernels
         first = key not in self.built
         clock = time.perf_counter()
-        with _frozen(first and not self.cuda):  # the build reads it; a replay does not need the patch
+        with _frozen(first and FREEZING and not self.cuda and not self.packed):  # the build reads it; a replay does not need the patch
             logits = self.forward(buffer, positions, cache)[0]
         if self.cuda:
             logits = logits.clone()  # the graph's output buffer is overwritten by its next replay
@@ -176,6 +187,7 @@ class CompiledRunner:
             raise ValueError(reason)
         self.model = model
         self.state = compiled(model)
+        self.state.packed = prepacked(model)  # the graphs call the same kernels as the eager runner (``set_prepack``)
         self.device = self.state.device
         self.cache = None
         self.cached = 0
@@ -252,28 +264,42 @@ def prepare(model: Module, length: int = MIN_CAPACITY - BUCKETS[-1], say: Callab
     runner = CompiledRunner(model)
     runner._reserve(length)
     pointer = runner.cache.layers[0].keys.data_ptr()
-    todo = [b for b in BUCKETS if (b, state.capacity, pointer) not in state.built]
+    todo = [b for b in BUCKETS if (b, state.capacity, pointer, state.packed) not in state.built]
     if not todo:
         return 0.0
     say(f"compiling {type(model).__name__}: passes over {', '.join(map(str, todo))} positions, "
-        f"cache of {state.capacity} positions ({'CUDA graphs' if state.cuda else 'inductor, frozen weights'})")
-    before = state.compile_seconds
+        f"cache of {state.capacity} positions ({_how(state.cuda, state.packed)})")
+    before, state.cache_count = state.compile_seconds, CacheCount()
     ids = torch.zeros((1, BUCKETS[-1]), dtype=torch.long, device=state.device)
     for _ in range(2):  # twice: CUDA graphs record on the run after their warm-up
         for size in todo:
             runner(ids[:, :size], size)
             runner.rollback(0)
-    return state.compile_seconds - before
+    state.cache_count.finish()
+    state.prepared_seconds = state.compile_seconds - before
+    return state.prepared_seconds
+
+
+def compile_source(model: Module) -> str:
+    """Where the last ``prepare`` of ``model`` got its graphs: "cached" (all from the disk, see
+    ``runners.compile_cache``), "fresh", "partly cached", or "" when it built nothing."""
+    state = _STATE.get(model)
+    return state.cache_count.source if state is not None else ""
+
+
+def _how(cuda: bool, packed: bool) -> str:
+    return "CUDA graphs" if cuda else "inductor, prepacked linears" if packed else "inductor, frozen weights"
 
 
 def compiled_label(model: Module) -> str:
     """How ``model``'s passes run, for the header lines: "compiled (...)"."""
     state = _STATE.get(model)
-    cuda = model_device(model).type == "cuda"
-    how = "CUDA graphs" if cuda else "inductor, frozen weights"
+    how = _how(model_device(model).type == "cuda", prepacked(model))
     shapes = f", passes of {'/'.join(map(str, BUCKETS))} positions"
     capacity = f", cache of {state.capacity} positions" if state is not None and state.capacity else ""
-    return f"compiled ({how}{shapes}{capacity})"
+    source = compile_source(model)
+    built = f", compiled in {state.prepared_seconds:.0f} s ({source})" if source else ""
+    return f"compiled ({how}{shapes}{capacity}{built})"
 
 
 def compiled_graphs() -> Dict[str, int]:

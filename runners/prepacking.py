@@ -16,6 +16,14 @@ from torch.nn import Module
 _ROW_HINT = 8
 
 
+# Compiled graphs call prepacked layers by number: oneDNN's packed tensor has no storage, so neither
+# dynamo nor inductor can hold it. The numbers are given in the order layers are prepacked, so a
+# graph read back from inductor's disk cache (``runners.compile_cache``), which matches only a trace
+# with the same numbers, names this process's layers.
+_BY_KEY: List["weakref.ref[PrepackedLinear]"] = []
+
+
+
 class PrepackedLinear(Module):
     """A float32 CPU ``nn.Linear`` computed by oneDNN from a copy of its weight reordered once.
 
@@ -34,6 +42,8 @@ class PrepackedLinear(Module):
         self.weight, self.bias = linear.weight, linear.bias
         self.linear = [linear]  # the module it replaces (a list: not a submodule, no second state_dict entry)
         self._pack()
+        self.key = len(_BY_KEY)  # what a compiled graph calls it by (``packed_linear``)
+        _BY_KEY.append(weakref.ref(self))
 
     def _pack(self) -> None:
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), _ROW_HINT)
@@ -46,9 +56,28 @@ class PrepackedLinear(Module):
         return PrepackedLinear(copy.deepcopy(self.linear[0], memo))
 
     def forward(self, x: Tensor) -> Tensor:
+        if torch.compiler.is_compiling():  # one opaque call in the graph, the same kernel (``packed_linear``)
+            return packed_linear(x, self.weight, self.key)
         if self.weight._version != self.source[0][1]:  # the weights were changed in place since packing
             self._pack()
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.packed_bias, "none", [], "")
+
+
+@torch.library.custom_op("specdec::packed_linear", mutates_args=())
+def packed_linear(x: Tensor, weight: Tensor, key: int) -> Tensor:
+    """``PrepackedLinear`` number ``key`` applied to ``x`` ``[..., in]`` -> ``[..., out]`` (``weight``
+    is the layer's own, for the shapes: the kernel reads the packed copy)."""
+    layer = _BY_KEY[key]()
+    if layer is None or layer.weight is not weight and layer.weight.data_ptr() != weight.data_ptr():
+        raise RuntimeError("a compiled graph calls a prepacked layer that no longer exists")
+    if layer.weight._version != layer.source[0][1]:
+        layer._pack()
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), layer.packed, layer.packed_bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x: Tensor, weight: Tensor, key: int) -> Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 def _source(linear: torch.nn.Linear) -> tuple:

@@ -12,7 +12,9 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may be downloaded in tests
 # start-up measurements saved by this run only (utils.measurements): a run never reuses what an
 # earlier run (or a REPL) saved, so the suite takes the same paths every time; subprocesses get it too
-MEASUREMENTS_ENV = {"SPECDEC_MEASUREMENTS": tempfile.mkdtemp(prefix="specdec-test-measurements-")}
+MEASUREMENTS_ENV = {"SPECDEC_MEASUREMENTS": tempfile.mkdtemp(prefix="specdec-test-measurements-"),
+                    # compiled graphs too (runners.compile_cache): every run compiles afresh, into a folder of its own
+                    "SPECDEC_COMPILE_CACHE": tempfile.mkdtemp(prefix="specdec-test-compiled-")}
 os.environ.update(MEASUREMENTS_ENV)
 # tiny models: a second thread only adds synchronisation (measured: the tiny-model tests run
 # several times faster with one); SPECDEC_TEST_THREADS changes it

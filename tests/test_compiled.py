@@ -164,3 +164,20 @@ def test_freezing_applies_to_our_graphs_only(models):
     import torch._inductor.config
 
     assert torch._inductor.config.freezing is False
+
+
+def test_prepacked_linears_run_inside_the_compiled_graph_as_one_call_each_with_the_eager_logits():
+    """The graphs call the kernels the eager runner runs (``set_prepack``): oneDNN's prepacked layers
+    by number (``specdec::packed_linear``); same logits as the eager prepacked runner."""
+    from runners import set_prepack
+
+    model = llama(vocab=96, layers=1, window=256, seed=4).to(torch.float32)
+    if not set_prepack(model, True):
+        pytest.skip("no oneDNN prepacking in this torch build")
+    ids = torch.tensor([PROMPT * 3])
+    with pytest.MonkeyPatch.context() as patch, torch.no_grad():
+        patch.setattr(compiled, "BUCKETS", (1, 4))
+        fast, slow = CompiledRunner(model), KVCacheModel(model, True, cache="static")
+        assert "prepacked linears" in compiled.compiled_label(model)
+        for length, rows in [(20, 1), (21, 1), (24, 3), (25, 1)]:
+            torch.testing.assert_close(fast(ids[:, :length], rows), slow(ids[:, :length], rows), rtol=1e-5, atol=1e-6)

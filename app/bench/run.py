@@ -76,7 +76,11 @@ class Bench:
         """The report's line on start-up compilation (never inside a timed run); empty without ``--compile``."""
         if not self.compile_seconds:
             return ""
-        spent = ", ".join(f"{role} {seconds:.1f} s" for role, seconds in self.compile_seconds.items())
+        from runners import compile_source
+
+        models = {"target": self.target, "drafter": self.drafter}
+        spent = ", ".join(f"{role} {seconds:.1f} s ({compile_source(models[role]) or 'nothing new'})"
+                          for role, seconds in self.compile_seconds.items())
         return f"\n## compilation\n\nCompiled at start-up, outside every timed run: {spent}.\n"
 
     def items(self, rows: List[dict]) -> List[dict]:

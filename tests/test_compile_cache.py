@@ -1,0 +1,72 @@
+"""Compile once per machine, not per start (runners.compile_cache): a second process that prepares
+the same model with the same cache folder takes every graph from the disk (inductor's own hit
+counters, no clock), says "cached", and computes what the first one did; the folder is the one the
+environment names (a temporary one per test here, never the user's)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runners import prepack_fits
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# one start: a tiny Llama compiled with one bucket, its cache counts, its header and a pass's logits
+START = """
+import json, os, sys, torch
+sys.path[:0] = [{root!r}, {tests!r}]
+from conftest import PROMPT, llama  # (which names a compile folder of its own: this start's is put back)
+os.environ["SPECDEC_COMPILE_CACHE"] = {folder!r}
+torch.set_num_threads(1)
+torch.set_grad_enabled(False)
+import runners.compiled as compiled
+compiled.BUCKETS = (1,)
+model = llama(layers=2, window=256)
+if {prepacked!r}:  # float32, oneDNN's prepacked layers called from the graph (no freezing)
+    from runners import set_prepack
+    model = model.to(torch.float32)
+    assert set_prepack(model, True)
+seconds = compiled.prepare(model, 100)
+count = compiled.compiled(model).cache_count
+runner = compiled.CompiledRunner(model)
+logits = [runner(torch.tensor([PROMPT[: n + 1]]), 1)[0, :8].tolist() for n in range(3)]
+print(json.dumps({{"hits": count.hits, "misses": count.misses, "source": compiled.compile_source(model),
+                   "label": compiled.compiled_label(model), "logits": logits}}))
+"""
+
+
+def start(folder: Path, prepacked: bool = False) -> dict:
+    env = {name: value for name, value in os.environ.items() if name != "TORCHINDUCTOR_CACHE_DIR"}
+    code = START.format(root=str(ROOT), tests=str(ROOT / "tests"), folder=str(folder), prepacked=prepacked)
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("prepacked", [False, True], ids=["own-layers", "prepacked"])
+def test_a_second_start_takes_every_graph_from_the_cache_folder_and_says_cached(tmp_path, prepacked):
+    if prepacked and not prepack_fits(1):
+        pytest.skip("no oneDNN prepacking in this torch build")
+    folder = tmp_path / "compiled"
+    first = start(folder, prepacked)
+    assert first["misses"] > 0 and first["hits"] == 0 and first["source"] == "fresh"
+    assert "(fresh)" in first["label"]
+    assert any(folder.rglob("*")), "the graphs were kept in the folder the environment names"
+    second = start(folder, prepacked)
+    assert second["hits"] >= first["misses"] and second["misses"] == 0 and second["source"] == "cached"
+    assert "(cached)" in second["label"]
+    assert second["logits"] == first["logits"]
+
+
+def test_the_cache_folder_follows_the_environment_and_defaults_to_the_project_cache(monkeypatch, tmp_path):
+    from runners import compile_cache
+
+    monkeypatch.setenv("SPECDEC_COMPILE_CACHE", str(tmp_path / "a"))
+    assert compile_cache.compile_cache_dir() == tmp_path / "a"
+    monkeypatch.delenv("SPECDEC_COMPILE_CACHE")
+    monkeypatch.setattr(compile_cache, "_USER_SET", None)
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "project"))
+    assert compile_cache.compile_cache_dir() == tmp_path / "project" / "inductor"
