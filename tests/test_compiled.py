@@ -93,7 +93,10 @@ def test_logits_match_the_eager_static_runner_through_padding_rollbacks_and_eage
     cached = 0
     for length, keep in [(20, 20), (21, 21), (23, 22), (26, 24), (30, 30), (33, 31), (34, 34), (60, 41), (62, 62)]:
         rows = length - cached
-        torch.testing.assert_close(fast(ids[:, :length], rows), slow(ids[:, :length], rows), rtol=1e-6, atol=1e-8)
+        # float64 weights, but transformers computes the rotary angles in float32 whatever the dtype, and
+        # inductor's vectorised cos/sin may differ from eager's by an ulp there: logits agree to ~1e-8, not
+        # float64's 1e-15. A wrong position, mask or rollback moves them by far more than 1e-7.
+        torch.testing.assert_close(fast(ids[:, :length], rows), slow(ids[:, :length], rows), rtol=1e-6, atol=1e-7)
         fast.rollback(keep)
         slow.rollback(keep)
         cached = keep

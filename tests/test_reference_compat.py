@@ -675,16 +675,16 @@ def test_every_reference_command_takes_the_references_arguments(repl):
 def test_the_repl_runs_nasd_as_the_reference_experiment_does(repl, monkeypatch):
     """The reference's REPL calls NASD with first_target=True and stop_if_unknown=True: a draft ends
     where the storage does not know the context, so the acceptance rate counts only real drafts."""
-    import strategies
+    import rows  # the strategies' run functions
 
     seen = {}
-    real = strategies.ngram_assisted_speculative_generate
+    real = rows.ngram_assisted_speculative_generate
 
     def spy(*args, **kwargs):
         seen.update(kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(strategies, "ngram_assisted_speculative_generate", spy)
+    monkeypatch.setattr(rows, "ngram_assisted_speculative_generate", spy)
     for key in ("speculative", "target", "pld"):
         monkeypatch.setitem(repl.enabled, key, False)
     repl.settings.max_gen_len = 4
