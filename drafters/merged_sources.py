@@ -90,15 +90,20 @@ class ModelSource:
         depth = min(self.depth, budget)
         ids = torch.zeros((1, cur + depth), dtype=torch.long, device=self.runner.device)
         ids[0, :cur] = torch.tensor(tokens, dtype=torch.long)
-        out: List[Branch] = []
-        self.chain, self.start = [], cur
-        for d in range(depth):
+        values, indices = [], []
+        for d in range(depth):  # the chain's token is written on the device: one host sync, after the loop
             logits = self.runner(ids[:, : cur + d], 1)[0, : self.vocab_size].float()
             top = torch.softmax(logits, -1).topk(min(self.top_k, logits.numel()))
-            probs, picks = top.values.tolist(), top.indices.tolist()
+            values.append(top.values)
+            indices.append(top.indices)
+            ids[0, cur + d] = top.indices[0]
+        out: List[Branch] = []
+        self.chain, self.start = [], cur
+        if not indices:
+            return out
+        for probs, picks in zip(torch.stack(values).tolist(), torch.stack(indices).tolist()):
             out.extend((tuple(self.chain) + (token,), prob) for token, prob in zip(picks, probs))
             self.chain.append(picks[0])
-            ids[0, cur + d] = picks[0]
         return out
 
     def accept(self, tokens: List[int]) -> None:
