@@ -12,7 +12,7 @@ import torch
 from torch.nn import Module
 
 from sampling.stats import GenerationStats
-from runners import kernels, model_device
+from runners import model_device
 from utils.logits_processor import GreedyProcessor
 
 
@@ -47,9 +47,7 @@ def _hf_generate_static(prompt: List[int], s: Settings, stats: GenerationStats) 
 
         config = CompileConfig(fullgraph=False, dynamic=False, mode="default")
         config._compile_all_devices = True
-        extra["compile_config"] = config
-        with kernels(s.target, False):  # transformers' own layers: prepacked ones would be our kernels in its graph
-            return _hf_generate(prompt, s, stats, **extra)
+        extra["compile_config"] = config  # on the model's own layers: ``strategies.row_kernels`` gives it those
     else:
         extra["disable_compile"] = True
     return _hf_generate(prompt, s, stats, **extra)

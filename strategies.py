@@ -30,7 +30,7 @@ from rows import (  # our strategies' run functions
     _speculative, _suffix, _suffix_memory, _target_eager, _tree_ngram, _tree_suffix,
 )
 from sampling.suffix import SuffixSettings
-from sampling.calibration import PREPACKED, KernelChoice
+from sampling.calibration import OWN, PREPACKED, KernelChoice
 from runners import EAGER, RunnerConfig, kernels, prepacked, synchronize
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
@@ -250,7 +250,11 @@ def pass_rows(strategy: Strategy, s: Settings) -> Optional[int]:
 def row_kernels(strategy: Strategy, s: Settings) -> Optional[str]:
     """The target's kernels for ``strategy``'s row: those that give it the most tokens per second by
     the measured pass costs (``KernelChoice``); a transformers peer gets those of the row it is
-    compared with, by the same rule (it makes the same passes). None: no choice to make."""
+    compared with, by the same rule (it makes the same passes), except transformers' compiled static-cache
+    peer, which compiles the model's own layers (a prepacked one would be our kernel inside its graph).
+    None: no choice to make."""
+    if strategy.key == "hf_generate_static" and s.hf_compile:
+        return OWN
     if s.kernel_choice is None:
         return None
     rows = pass_rows(strategy, s)

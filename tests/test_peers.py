@@ -127,3 +127,16 @@ def test_peer_labels_say_what_ran():
     assert bench.Config("hf_assisted", gamma=4).label == "hf_assisted[g=4 constant]"
     assert bench.Config("hf_assisted", gamma=4).family == "hf_assisted[constant]"
     assert "no confidence stop" in EVERY["hf_assisted"].title and "defaults" in EVERY["hf_assisted_default"].title
+
+
+def test_compiled_static_cache_peer_runs_and_records_the_models_own_layers():
+    """transformers compiles its own static-cache step over the model's own linear layers: the row's
+    kernels are chosen as "own" and its result says so, whatever the measured choice of the other rows."""
+    from sampling.calibration import OWN, KernelChoice
+    from strategies import row_kernels
+
+    target = llama(layers=1)
+    choice = KernelChoice({"prepacked": (1.0,) * 12, "own": (2.0,) * 12})  # prepacked measured faster everywhere
+    settings = Settings(target, None, max_gen_len=LENGTH, kernel_choice=choice, hf_compile=True)
+    assert row_kernels(EVERY["hf_generate_static"], settings) == OWN
+    assert row_kernels(EVERY["target"], settings) == "prepacked"
