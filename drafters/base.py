@@ -29,6 +29,11 @@ class Drafter:
     supports_trees: bool = False
     tree_probs: bool = False
 
+    def attach(self, target: Any) -> None:
+        """Before the first step: the target's runner (``runners.Runner``) this generation verifies
+        with. A drafter that reads the target's hidden states sets ``target.hidden_layers`` here and
+        reads ``target.hidden`` after each pass, in ``accept`` / ``accept_tree``."""
+
     def max_drafts(self, position: int) -> int:
         """How many drafts it can propose for a sequence of ``position`` tokens."""
         return UNLIMITED
@@ -97,6 +102,9 @@ class Structural(Drafter):
     def _call(self, name: str, *args):
         method = getattr(self.inner, name, None)
         return method(*args) if method is not None else getattr(Drafter, name)(self, *args)
+
+    def attach(self, target):
+        return self._call("attach", target)
 
     def max_drafts(self, position):
         return self._call("max_drafts", position)

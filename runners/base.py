@@ -5,7 +5,7 @@ sequence themselves (``ids``, ``[1, L]``); the runner feeds the model only the p
 does not hold yet, and forgets positions on request. Shapes: ``V`` is the vocabulary size, ``N``
 the number of nodes of a draft tree.
 """
-from typing import List, Protocol, runtime_checkable
+from typing import List, Optional, Protocol, Tuple, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -21,6 +21,13 @@ class Runner(Protocol):
     cached: int  # positions the cache holds: ids[:, :cached] need not be fed again
     forward_passes: int  # forward passes run so far (the statistics count them)
     cache_kind: str  # "static" or "dynamic"
+    # hidden states: set ``hidden_layers`` (``runners.hidden.check_layers``) and every pass after it
+    # also leaves ``hidden`` ``[m, len(hidden_layers) * H]``, the residual stream entering those layers
+    # at the ``m`` positions it fed, the first of them at position ``hidden_start`` (a tree pass: the
+    # uncached accepted positions, then its nodes in node order); () keeps none
+    hidden_layers: Tuple[int, ...]
+    hidden: Optional[Tensor]
+    hidden_start: int
 
     def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
         """Logits ``[n_last, V]`` of the last ``n_last`` positions of ``ids`` ``[1, L]`` (any device):

@@ -29,6 +29,7 @@ from torch.nn import Module
 from runners import static
 from runners.compile_cache import CacheCount, use_compile_cache
 from runners.device import model_device
+from runners.hidden import select_hidden
 from runners.prepacking import prepacked
 from utils.quantization import model_quantization
 from runners.trees import gather_branch, tree_depths, tree_inputs, tree_unsupported
@@ -77,6 +78,7 @@ class _Compiled:
         self.cuda = self.device.type == "cuda"
         mode = "reduce-overhead" if self.cuda else None
         self.forward = torch.compile(self._forward, fullgraph=True, dynamic=False, mode=mode)
+        self.forward_hidden = torch.compile(self._forward_hidden, fullgraph=True, dynamic=False, mode=mode)
         self.capacity = 0
         self.caches: List = []  # free caches of ``capacity``
         self.ids = {b: torch.zeros((1, b), dtype=torch.long, device=self.device) for b in BUCKETS}
@@ -90,6 +92,12 @@ class _Compiled:
 
     def _forward(self, input_ids: Tensor, position_ids: Tensor, cache) -> Tensor:
         return self.model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True).logits
+
+    def _forward_hidden(self, input_ids: Tensor, position_ids: Tensor, cache, layers: Tuple[int, ...]) -> Tuple[Tensor, Tensor]:
+        """The logits and the hidden states entering ``layers`` (``runners.hidden``), in one graph."""
+        out = self.model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True,
+                         output_hidden_states=True)
+        return out.logits, select_hidden(out.hidden_states, layers)
 
     def take_cache(self, length: int):
         """A free static cache holding at least ``length`` positions plus one pass of the largest
@@ -119,21 +127,29 @@ class _Compiled:
         if cache is not None and static.capacity(cache) == self.capacity:
             self.caches.append(cache)
 
-    def run(self, ids: Tensor, start: int, cache) -> Tensor:
-        """Logits ``[b, V]`` of one compiled pass over ``ids`` ``[1, r]`` (r <= the largest bucket)
-        at positions ``start..``; the cache's write position is left after the r positions."""
+    def run(self, ids: Tensor, start: int, cache, layers: Tuple[int, ...] = ()) -> Tuple[Tensor, Optional[Tensor]]:
+        """Logits ``[r, V]`` of one compiled pass over ``ids`` ``[1, r]`` (r <= the largest bucket)
+        at positions ``start..``, and the hidden states ``[r, len(layers) * H]`` entering ``layers``
+        (None when none are asked for); the cache's write position is left after the r positions."""
         rows = ids.shape[1]
         size = bucket(rows)
         buffer, positions = self.ids[size], self.positions[size]
         buffer[:, :rows].copy_(ids)
         torch.add(self.steps[:, :size], start, out=positions)
-        key = (size, self.capacity, cache.layers[0].keys.data_ptr(), self.packed)  # a graph per pass length, cache, kernels
+        # a graph per pass length, cache, kernels and hidden layers
+        key = (size, self.capacity, cache.layers[0].keys.data_ptr(), self.packed) + ((layers,) if layers else ())
         first = key not in self.built
         clock = time.perf_counter()
+        hidden = None
         with _frozen(first and FREEZING and not self.cuda and not self.packed):  # the build reads it; a replay does not need the patch
-            logits = self.forward(buffer, positions, cache)[0]
+            if layers:
+                logits, hidden = self.forward_hidden(buffer, positions, cache, layers)
+                logits = logits[0]
+            else:
+                logits = self.forward(buffer, positions, cache)[0]
         if self.cuda:
             logits = logits.clone()  # the graph's output buffer is overwritten by its next replay
+            hidden = hidden.clone() if hidden is not None else None
         if first:
             self.built.add(key)
             compile_events.append((type(self.model).__name__, size, self.capacity))
@@ -142,7 +158,7 @@ class _Compiled:
             self.compile_seconds += time.perf_counter() - clock
         if size != rows:
             static.set_length(cache, start + rows)
-        return logits[:rows]
+        return logits[:rows], hidden[:rows] if hidden is not None else None
 
 
 @contextlib.contextmanager
@@ -193,6 +209,9 @@ class CompiledRunner:
         self.cached = 0
         self.forward_passes = 0
         self._release = None
+        self.hidden_layers: tuple = ()  # runners.base.Runner: hidden states kept with each pass
+        self.hidden = None
+        self.hidden_start = 0
 
     def _reserve(self, length: int) -> None:
         """Hold a cache of the pool with room for ``length`` positions plus one pass of the largest
@@ -216,10 +235,11 @@ class CompiledRunner:
         new = ids[:, start:length].to(self.device, non_blocking=True)
         if new.shape[1] > BUCKETS[-1]:  # a prompt: one eager pass into the same cache
             positions = torch.arange(start, length, device=self.device).unsqueeze(0)
-            logits = self.model(input_ids=new, position_ids=positions, past_key_values=self.cache, use_cache=True,
-                                logits_to_keep=n_last).logits[0]
+            logits = self._eager(dict(input_ids=new, position_ids=positions, logits_to_keep=n_last), start)
         else:
-            logits = self.state.run(new, start, self.cache)
+            logits, hidden = self.state.run(new, start, self.cache, self.hidden_layers)
+            if hidden is not None:
+                self.hidden, self.hidden_start = hidden, start
         self.forward_passes += 1
         self.cached = length
         return logits[-n_last:]
@@ -243,7 +263,7 @@ class CompiledRunner:
         start = self.cached
         self._reserve(cur + n)
         kwargs = tree_inputs(self.model, ids, start, cur, nodes, parents, depth, static.capacity(self.cache), self.device)
-        logits = self.model(**kwargs, past_key_values=self.cache, use_cache=True, logits_to_keep=n + 1).logits[0]
+        logits = self._eager(dict(kwargs, logits_to_keep=n + 1), start)
         self.forward_passes += 1
         self.cached = cur + n
         return logits
@@ -254,27 +274,43 @@ class CompiledRunner:
         gather_branch(self.cache, cur, path)
         self.rollback(cur + len(path))
 
+    def _eager(self, kwargs: dict, start: int) -> Tensor:
+        """Logits ``[n, V]`` of an eager pass into this runner's cache (a prompt, a tree) feeding
+        positions ``start..``, keeping the hidden states asked for."""
+        out = self.model(**kwargs, past_key_values=self.cache, use_cache=True, output_hidden_states=bool(self.hidden_layers))
+        if self.hidden_layers:
+            self.hidden, self.hidden_start = select_hidden(out.hidden_states, self.hidden_layers), start
+        return out.logits[0]
+
 
 @torch.no_grad()
-def prepare(model: Module, length: int = MIN_CAPACITY - BUCKETS[-1], say: Callable[[str], None] = lambda text: None) -> float:
-    """Build every graph of ``model`` (each bucket, at the capacity holding ``length`` positions)
+def prepare(model: Module, length: int = MIN_CAPACITY - BUCKETS[-1], say: Callable[[str], None] = lambda text: None,
+            hidden_layers: Tuple[int, ...] = ()) -> float:
+    """Build every graph of ``model`` (each bucket, at the capacity holding ``length`` positions; with
+    ``hidden_layers``, each bucket's graph that also returns those hidden states, for a learned head)
     before anything is timed; returns the seconds spent compiling (0 when nothing was new).
     Tells ``say`` what it compiles and how long it took."""
     state = compiled(model)
     runner = CompiledRunner(model)
     runner._reserve(length)
     pointer = runner.cache.layers[0].keys.data_ptr()
-    todo = [b for b in BUCKETS if (b, state.capacity, pointer, state.packed) not in state.built]
+    wanted = [(b, ()) for b in BUCKETS] + ([(b, tuple(hidden_layers)) for b in BUCKETS] if hidden_layers else [])
+    todo = [(b, layers) for b, layers in wanted
+            if (b, state.capacity, pointer, state.packed) + ((layers,) if layers else ()) not in state.built]
     if not todo:
         return 0.0
-    say(f"compiling {type(model).__name__}: passes over {', '.join(map(str, todo))} positions, "
+    sizes = sorted({b for b, _ in todo})
+    with_hidden = f" (and with hidden states of layers {list(hidden_layers)})" if any(layers for _, layers in todo) else ""
+    say(f"compiling {type(model).__name__}: passes over {', '.join(map(str, sizes))} positions{with_hidden}, "
         f"cache of {state.capacity} positions ({_how(state.cuda, state.packed)})")
     before, state.cache_count = state.compile_seconds, CacheCount()
     ids = torch.zeros((1, BUCKETS[-1]), dtype=torch.long, device=state.device)
     for _ in range(2):  # twice: CUDA graphs record on the run after their warm-up
-        for size in todo:
+        for size, layers in todo:
+            runner.hidden_layers = layers
             runner(ids[:, :size], size)
             runner.rollback(0)
+    runner.hidden_layers = ()
     state.cache_count.finish()
     state.prepared_seconds = state.compile_seconds - before
     return state.prepared_seconds

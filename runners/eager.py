@@ -10,6 +10,7 @@ from runners import static
 from runners.cache_kind import check_cache, runner_cache
 from runners.device import model_device
 from runners.dynamic import prune_cache, rollback_capable_cache
+from runners.hidden import select_hidden
 from runners.trees import gather_branch, tree_depths, tree_inputs, tree_unsupported
 
 
@@ -54,6 +55,9 @@ class KVCacheModel:
         self._logits_to_keep = "logits_to_keep" in params
         self.capacity = 0  # positions preallocated by a static cache
         self._trees_checked = False
+        self.hidden_layers: tuple = ()  # runners.base.Runner: hidden states kept with each pass
+        self.hidden = None
+        self.hidden_start = 0
 
     def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
         length = ids.shape[1]
@@ -74,7 +78,7 @@ class KVCacheModel:
             kwargs["input_ids"] = new
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = n_last
-        out = self._forward(kwargs)
+        out = self._forward(kwargs, start)
         if self.use_cache:
             self.cache = out.past_key_values
             self.cached = length
@@ -134,7 +138,7 @@ class KVCacheModel:
         kwargs.update(past_key_values=self.cache, use_cache=self.use_cache)
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = n + 1
-        out = self._forward(kwargs)
+        out = self._forward(kwargs, start)
         if self.use_cache:
             self.cache = out.past_key_values
             self.cached = cur + n
@@ -150,7 +154,12 @@ class KVCacheModel:
         gather_branch(self.cache, cur, path)
         self.rollback(cur + len(path))
 
-    def _forward(self, kwargs: dict):
+    def _forward(self, kwargs: dict, start: int):
+        """One forward pass feeding positions ``start..``; keeps the hidden states asked for."""
+        if self.hidden_layers:
+            kwargs["output_hidden_states"] = True
         out = self.model(**kwargs)
         self.forward_passes += 1
+        if self.hidden_layers:
+            self.hidden, self.hidden_start = select_hidden(out.hidden_states, self.hidden_layers), start
         return out

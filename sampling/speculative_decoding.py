@@ -80,6 +80,7 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
     greedy = isinstance(processor, GreedyProcessor)
     drafting = not config.first_target
     policy.start(config.gamma, drafter.cheap, drafter.memory_key)
+    drafter.attach(target)
     while len(tokens) < end:
         cur = len(tokens)
         k = max(0, min(policy.length(policy.bound()), end - cur - 1, drafter.max_drafts(cur))) if drafting else 0

@@ -216,6 +216,7 @@ def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, confi
     with_probs = drafter.tree_probs
     drafting = not config.first_target
     policy.start(config.gamma, drafter.cheap, drafter.memory_key)
+    drafter.attach(target)
     record = TreeRecord()
     while len(tokens) < end:
         cur = len(tokens)
