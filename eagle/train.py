@@ -127,8 +127,9 @@ def chain_length(results) -> torch.Tensor:
 
 # ---- the loop --------------------------------------------------------------------------------------
 def train(head: Eagle3Head, train_items: List[dict], held_out: List[dict], draft_index: torch.Tensor,
-          recipe: Recipe, checkpoint: Path, say=print) -> dict:
-    """Train ``head`` in place, resuming from ``checkpoint`` when it exists; returns the held-out figures."""
+          recipe: Recipe, checkpoint: Path, say=print, stop_after: int | None = None) -> dict:
+    """Train ``head`` in place, resuming from ``checkpoint`` when it exists; returns the held-out
+    figures. ``stop_after``: stop (checkpointed) after that many steps of this call, as a stop would."""
     from tqdm import tqdm
 
     rng = random.Random(recipe.seed)
@@ -150,7 +151,8 @@ def train(head: Eagle3Head, train_items: List[dict], held_out: List[dict], draft
     figures = {}
     bar = tqdm(total=total, initial=step, desc="training", unit="batch", dynamic_ncols=True)
     saved, begun = time.monotonic(), time.monotonic() - spent
-    while step < total and (time.monotonic() - begun) < recipe.minutes * 60:
+    last = total if stop_after is None else min(total, step + stop_after)
+    while step < last and (time.monotonic() - begun) < recipe.minutes * 60:
         epoch, index = divmod(step, len(batches))
         shuffled = list(batches)
         random.Random(recipe.seed * 1000 + epoch).shuffle(shuffled)
