@@ -1,12 +1,13 @@
 """A learned EAGLE-3 head drafting for its target (Li et al. 2025, arXiv:2503.01840): it reads the
-target's hidden states at three layers (``runners.base.Runner.hidden``) and drafts a chain, one head
-pass per draft, over its own KV cache (``eagle.head.HeadCache``), rolled back with the target's.
+target's hidden states at three layers (``runners.base.Runner.hidden``) and drafts chains, or
+dynamic trees in the manner of EAGLE-2 (Li et al. 2024, arXiv:2406.16858), over its own KV cache
+(``eagle.head.HeadCache``), rolled back with the target's.
 
 Head position ``t`` holds the pair (the target's features at ``t``, token ``x_{t+1}``) and scores
 ``x_{t+2}``. After each target pass the features of the accepted positions are kept (``accept``);
-the next ``propose`` feeds the pairs the head has not seen, then drafts: step ``i`` feeds the head's
-own output of step ``i - 1`` with the draft it chose. Drafts the target rejected leave entries past
-``fed`` in the head's cache, overwritten by the next feed (the cache is written by position).
+the next proposal feeds the pairs the head has not seen, then drafts: a draft at depth ``d`` sits at
+position ``cur - 1 + d`` and reads its parent's output with its own token. Drafts the target rejected
+leave cache slots past ``fed``, written over by the next feed.
 """
 from typing import Any, List, Tuple
 
@@ -20,32 +21,38 @@ from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 
 class EagleDrafter(Drafter):
-    """Drafts with an ``Eagle3Head`` and the target's logits processor: greedy drafts are the head's
-    argmax (deterministic: ``q`` None); sampled drafts come with the head's ``q`` over the target's
-    vocabulary (zero outside the draft vocabulary), so the loop's acceptance rule keeps sampling lossless.
-    ``p_min``: stop drafting where the head's top probability is below it (never below ``min_draft``)."""
+    """Drafts with an ``Eagle3Head`` and the target's logits processor. Chains: greedy drafts are the
+    head's argmax (``q`` None); sampled ones come with the head's ``q`` over the target's vocabulary
+    (zero outside the draft vocabulary), so the loop's acceptance rule keeps sampling lossless.
+    ``p_min``: stop a chain where the head's top probability is below it (never below ``min_draft``).
+    Trees (``propose_tree``): the head's ``top_k`` best children of the ``top_k`` best nodes of each
+    depth, up to ``depth`` levels, reranked by the product of the head's probabilities along the
+    path (``estimates``); deterministic drafts, so sampling stays lossless by the tree loop's walk."""
 
     cheap = False
+    supports_trees = True
 
     def __init__(self, head: Eagle3Head, processor: LogitsProcessor, vocab_size: int | None = None,
-                 p_min: float = 0.0, min_draft: int = 0):
+                 p_min: float = 0.0, min_draft: int = 0, top_k: int = 4, depth: int = 5):
         self.head = head
         self.memory_key = ("eagle", id(head))
         self.processor, self.greedy = processor, isinstance(processor, GreedyProcessor)
         self.vocab_size = vocab_size or head.config.target_vocab_size
         self.p_min, self.min_draft = p_min, min_draft
+        self.top_k, self.depth = min(top_k, head.config.draft_vocab_size), depth
         self.draft_ids = head.target_ids()  # [Vd] target id of each draft token
         self.target = None
         self.features: Tensor | None = None  # [capacity, 3 * Ht] the target's, by position
         self.cache: HeadCache | None = None
         self.known = 0  # positions < known have the target's features
-        self.fed = 0  # head positions < fed hold pairs with the target's features
+        self.fed = 0  # head slots < fed hold pairs with the target's features (positions 0..fed-1)
+        self._estimates: List[float] = []
 
     @classmethod
-    def of(cls, head: Eagle3Head, config) -> "EagleDrafter":
+    def of(cls, head: Eagle3Head, config, **shape) -> "EagleDrafter":
         """A drafter for ``head`` under a ``sampling.GenerationConfig``: its processor, the shared
-        vocabulary, the policy's confidence cutoff and floor."""
-        return cls(head, config.processor, config.vocab_size, config.policy.p_min, config.policy.min_draft)
+        vocabulary, the policy's confidence cutoff and floor; ``shape``: ``top_k``, ``depth``."""
+        return cls(head, config.processor, config.vocab_size, config.policy.p_min, config.policy.min_draft, **shape)
 
     def attach(self, target: Any) -> None:
         model = target.model
@@ -54,17 +61,30 @@ class EagleDrafter(Drafter):
         target.hidden_layers = check_layers(model, self.head.config.aux_layers)
         self.target = target
 
-    def propose(self, ids: Tensor, tokens: List[int], k: int) -> Tuple[int, Tensor | None]:
-        cur = len(tokens)
-        if k < max(1, self.min_draft) or self.known < cur - 1 or self.fed >= cur - 1:
-            return 0, None  # no target features for the last accepted position yet (no target pass)
+    # ---- the head catches up on the accepted positions ----------------------------------------
+    def _ready(self, cur: int) -> bool:
+        """Whether the target's features reach position ``cur - 2`` (a target pass came first)."""
+        return self.known >= cur - 1 > self.fed
+
+    def _feed(self, following: Tensor, cur: int) -> Tensor:
+        """Feed the pairs the head lacks (positions ``fed..cur-2``: the target's features, with the
+        token after each, ``following`` ``[cur - 1 - fed]``); returns its output at ``cur - 2`` ``[1, 1, H]``."""
         head = self.head
         if self.cache is None:
-            self.cache = HeadCache(head, ids.shape[1] + 1, ids.device, head.fc.weight.dtype)
+            self.cache = HeadCache(head, max(256, 2 * cur), following.device, head.fc.weight.dtype)
         start = self.fed
         hidden = head.fc(self.features[start : cur - 1].unsqueeze(0))
-        out = head.decode(self.cache, head.embed(ids[:, start + 1 : cur]), hidden, start)[:, -1:]
+        out = head.decode(self.cache, head.embed(following.unsqueeze(0)), hidden, start)[:, -1:]
         self.fed = cur - 1
+        return out
+
+    # ---- chains -------------------------------------------------------------------------------
+    def propose(self, ids: Tensor, tokens: List[int], k: int) -> Tuple[int, Tensor | None]:
+        cur = len(tokens)
+        if k < max(1, self.min_draft) or not self._ready(cur):
+            return 0, None
+        head = self.head
+        out = self._feed(ids[0, self.fed + 1 : cur], cur)
         qs, drawn = [], 0
         for i in range(k):
             logits = head.logits(out[0])  # [1, Vd]
@@ -92,10 +112,79 @@ class EagleDrafter(Drafter):
     def _confidence(self, logits: Tensor, q: Tensor | None) -> Tensor:
         return (q if q is not None else torch.softmax(logits.float(), dim=-1)).max()
 
+    # ---- trees --------------------------------------------------------------------------------
+    def propose_tree(self, tokens: List[int], budget: int) -> Tuple[List[int], List[int]]:
+        self._estimates = []
+        cur = len(tokens)
+        if budget < 1 or not self._ready(cur):
+            return [], []
+        head, k = self.head, self.top_k
+        device = self.draft_ids.device
+        out = self._feed(torch.tensor(tokens[self.fed + 1 : cur], device=device), cur)[0]  # [1, H]
+        scores, drafted, parents, slots = [], [], [], []  # per candidate node; slot -1: not fed
+        frontier, base, slot = [-1], torch.zeros(1, device=device), self.fed
+        for depth in range(self.depth):
+            logp = torch.log_softmax(head.logits(out).float(), dim=-1)  # [frontier, Vd]
+            top, index = logp.topk(k, dim=-1)
+            total = (base.unsqueeze(1) + top).flatten()
+            values = torch.cat([total, self.draft_ids[index.flatten()].to(total.dtype)]).tolist()  # one sync a depth
+            n = len(frontier) * k
+            first = len(scores)
+            for j in range(n):
+                scores.append(values[j])
+                drafted.append(int(values[n + j]))
+                parents.append(frontier[j // k])
+                slots.append(-1)
+            if depth + 1 == self.depth or len(scores) >= budget and max(values[:n]) < sorted(scores, reverse=True)[budget - 1]:
+                break
+            chosen = sorted(range(first, first + n), key=lambda i: -scores[i])[:k]
+            out = self._expand(chosen, out, first, drafted, parents, slots, slot, cur - 1 + depth)
+            for r, i in enumerate(chosen):
+                slots[i] = slot + r
+            slot += len(chosen)
+            frontier, base = chosen, torch.tensor([scores[i] for i in chosen], device=device)
+        return self._best(scores, drafted, parents, budget)
+
+    def _expand(self, chosen: List[int], out: Tensor, first: int, drafted: List[int], parents: List[int],
+                slots: List[int], slot: int, position: int) -> Tensor:
+        """Feed the ``chosen`` nodes (one depth, at ``position``) into slots ``slot..``, each reading
+        its parent's output (row ``(i - first) // top_k`` of ``out`` ``[frontier, H]``) and attending
+        to the accepted positions, its ancestors' slots and its own; returns their outputs ``[m, H]``."""
+        head, m = self.head, len(chosen)
+        device = out.device
+        mask = torch.zeros((m, slot + m), dtype=torch.bool, device=device)
+        mask[:, : self.fed] = True
+        for r, i in enumerate(chosen):
+            mask[r, slot + r] = True
+            parent = parents[i]
+            while parent >= 0:
+                mask[r, slots[parent]] = True
+                parent = parents[parent]
+        rows = torch.tensor([(i - first) // self.top_k for i in chosen], device=device)
+        tokens = torch.tensor([drafted[i] for i in chosen], device=device)
+        positions = torch.full((m,), position, device=device)
+        return head.decode(self.cache, head.embed(tokens.unsqueeze(0)), out[rows].unsqueeze(0), slot, mask, positions)[0]
+
+    def _best(self, scores: List[float], drafted: List[int], parents: List[int], budget: int) -> Tuple[List[int], List[int]]:
+        """The ``budget`` candidates of highest path probability, parents first (a child's never
+        exceeds its parent's, so the choice holds every ancestor), reindexed."""
+        depth = [0] * len(scores)
+        for i, parent in enumerate(parents):
+            depth[i] = 0 if parent < 0 else depth[parent] + 1
+        chosen = sorted(range(len(scores)), key=lambda i: (-scores[i], depth[i], i))[:budget]
+        index = {-1: -1}
+        for new, old in enumerate(chosen):
+            index[old] = new
+        chosen = [i for i in chosen if parents[i] in index]  # float ties: never an orphan
+        self._estimates = [float(torch.tensor(scores[i]).exp()) for i in chosen]
+        return [drafted[i] for i in chosen], [index[parents[i]] for i in chosen]
+
+    def estimates(self) -> List[float] | None:
+        return self._estimates
+
     # ---- after the target's pass: keep its features for the accepted positions -----------------
     def accept(self, tokens: List[int], start: int, n_accepted: int, fetched: Any) -> None:
-        hidden, first = self.target.hidden, self.target.hidden_start
-        self._keep(first, hidden)
+        self._keep(self.target.hidden_start, self.target.hidden)
         self.known = start + n_accepted
 
     def accept_tree(self, tokens: List[int], start: int, nodes: List[int], parents: List[int], path: List[int],

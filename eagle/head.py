@@ -200,18 +200,21 @@ class Eagle3Head(nn.Module):
         return self.lm_head(self.norm(hidden))
 
     # ---- drafting: one sequence over a KV cache -------------------------------------------------
-    def decode(self, cache: "HeadCache", embeds: Tensor, hidden: Tensor, start: int) -> Tensor:
-        """Feed ``m`` positions ``start..start+m-1`` (``embeds``, ``hidden`` ``[1, m, H]``), causal among
-        themselves and over the ``start`` positions the cache holds; returns the layer's outputs
-        ``[1, m, H]``. The cache then holds ``start + m`` positions."""
+    def decode(self, cache: "HeadCache", embeds: Tensor, hidden: Tensor, start: int, mask: Optional[Tensor] = None,
+               positions: Optional[Tensor] = None) -> Tensor:
+        """Feed ``m`` pairs (``embeds``, ``hidden`` ``[1, m, H]``) into cache slots ``start..start+m-1``;
+        returns the layer's outputs ``[1, m, H]``. Default: positions ``start..``, each attending to
+        the ``start`` slots before it and causally among themselves; a draft tree gives its own
+        ``positions`` ``[m]`` and ``mask`` ``[m, start + m]`` (True: attends)."""
         layer = self.layers[0]
         x, residual = layer.inputs(embeds, hidden)
         m = x.shape[1]
-        cos, sin = self.rotary(torch.arange(start, start + m, device=x.device).unsqueeze(0))
+        if positions is None:
+            positions = torch.arange(start, start + m, device=x.device)
+        cos, sin = self.rotary(positions.unsqueeze(0))
         q, k, v = layer.self_attn.qkv(x, cos, sin)
         keys, values = cache.write(start, k, v)
-        mask = None
-        if m > 1:
+        if mask is None and m > 1:
             mask = torch.ones((m, start + m), dtype=torch.bool, device=x.device).tril(diagonal=start)
         attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         return layer.finish(attended, residual)
@@ -265,19 +268,23 @@ def _ttt_attention(q: Tensor, keys: list, values: list, causal: Tensor) -> Tenso
 
 
 class HeadCache:
-    """The head's keys and values for one sequence, preallocated: rolling back is moving a length."""
+    """The head's keys and values for one sequence, written by slot: rolling back is writing over.
+    Grows by doubling (copying what it holds) when a write goes past its capacity."""
 
     def __init__(self, head: Eagle3Head, capacity: int, device, dtype):
         c = head.config
-        shape = (1, c.num_key_value_heads, capacity, c.head_dim)
-        self.keys = torch.zeros(shape, device=device, dtype=dtype)
-        self.values = torch.zeros(shape, device=device, dtype=dtype)
-        self.length = 0
+        self.shape = (1, c.num_key_value_heads, capacity, c.head_dim)
+        self.keys = torch.zeros(self.shape, device=device, dtype=dtype)
+        self.values = torch.zeros(self.shape, device=device, dtype=dtype)
 
     def write(self, start: int, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
-        """Keys and values at ``start..``; returns views over positions ``0..start+m-1``."""
+        """Keys and values at slots ``start..``; returns views over slots ``0..start+m-1``."""
         end = start + k.shape[2]
+        if end > self.keys.shape[2]:
+            shape = self.shape[:2] + (1 << (end - 1).bit_length(),) + self.shape[3:]
+            keys, values = self.keys.new_zeros(shape), self.values.new_zeros(shape)
+            keys[:, :, :start], values[:, :, :start] = self.keys[:, :, :start], self.values[:, :, :start]
+            self.keys, self.values = keys, values
         self.keys[:, :, start:end] = k
         self.values[:, :, start:end] = v
-        self.length = end
         return self.keys[:, :, :end], self.values[:, :, :end]

@@ -169,14 +169,15 @@ def tiny_vocabulary():
     return target, head.double().eval()
 
 
+@pytest.mark.parametrize("trees", [False, True], ids=["chain", "tree"])
 @pytest.mark.parametrize("name", sorted(PROCESSORS))
-def test_sampled_output_follows_the_target_distribution(tiny_vocabulary, name):
+def test_sampled_output_follows_the_target_distribution(tiny_vocabulary, name, trees):
     target, head = tiny_vocabulary
     processor = PROCESSORS[name]
     stats = GenerationStats()
-    samples = sample_many(lambda: generate([1, 2, 3, 1, 2], target, lambda p, c: EagleDrafter.of(head, c), dict(
+    samples = sample_many(lambda: generate([1, 2, 3, 1, 2], target, lambda p, c: EagleDrafter.of(head, c, top_k=2, depth=2), dict(
         logits_processor=processor, max_gen_len=SAMPLED, eos_tokens_id=[], use_cache=True, first_target=True, stats=stats,
-    ), gamma=2)[0])
+    ), gamma=3 if trees else 2, trees=trees)[0])
     assert stats.accepted > 0
     assert chi_square_pvalue(samples, exact_distribution(target, processor, length=SAMPLED)) > 1e-3
 
@@ -230,3 +231,31 @@ def test_batches_label_only_answer_rows_with_the_draft_vocabulary():
     features, ids, labels, probs, mask = batch_tensors([item], index)
     assert mask[0].tolist() == [False, True, True, True, False]
     assert labels[0, 0].tolist() == [-1, 0] and torch.allclose(probs[0, 0], torch.tensor([0.0, 1.0]))
+
+
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+def test_dynamic_trees_are_greedy_exact_and_accept_more_than_one_token_a_pass(trained, cache):
+    target, head, _ = trained
+    expected = autoregressive_generate(PROMPT, target, max_gen_len=LENGTH, eos_tokens_id=EOS_NEVER)
+    for budget, shape in ((1, dict(top_k=1, depth=1)), (8, dict(top_k=2, depth=4)), (16, dict(top_k=4, depth=5))):
+        stats = GenerationStats()
+        out, _ = generate(PROMPT, target, lambda p, config: EagleDrafter.of(head, config, **shape),
+                          dict(max_gen_len=LENGTH, eos_tokens_id=EOS_NEVER, use_cache=True, stats=stats,
+                               runner=RunnerConfig(cache=cache)), trees=True, gamma=budget)
+        assert out == expected and stats.accepted > 0
+
+
+def test_a_tree_holds_every_ancestor_and_ranks_by_path_probability(trained):
+    target, head, _ = trained
+    drafter = EagleDrafter(head, PROCESSORS["multinomial"], top_k=3, depth=4)
+    runner = KVCacheModel(target)
+    drafter.attach(runner)
+    ids = torch.tensor([PROMPT])
+    runner(ids, 1)
+    drafter.accept(PROMPT + [7], len(PROMPT), 0, None)
+    nodes, parents = drafter.propose_tree(PROMPT + [7], 10)
+    estimates = drafter.estimates()
+    assert len(nodes) == len(parents) == len(estimates) == 10
+    assert all(-1 <= p < i for i, p in enumerate(parents))
+    assert estimates == sorted(estimates, reverse=True)
+    assert all(estimates[i] <= estimates[p] for i, p in enumerate(parents) if p >= 0)
