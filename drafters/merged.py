@@ -1,5 +1,5 @@
 """One draft tree from every drafter: the candidates of the suffix trie, the n-gram storage, token
-recycling and (when present) a drafter model, merged into one tree (a shared prefix appears once)
+recycling and (when present) a drafter model and a learned head, merged into one tree (a shared prefix appears once)
 under a node budget, ranked by each branch's estimated acceptance, verified in one target pass by
 the tree loop (``sampling.tree_decoding``).
 
@@ -15,7 +15,7 @@ from typing import Dict, List, Tuple
 from torch import Tensor
 
 from drafters.base import Drafter
-from drafters.merged_sources import Calibration, ModelSource, ngram_branches, recycling_branches, suffix_branches
+from drafters.merged_sources import Calibration, HeadSource, ModelSource, ngram_branches, recycling_branches, suffix_branches
 from drafters.ngram import NGramDrafter
 from drafters.recycling import RecyclingDrafter
 from drafters.suffix import SuffixDrafter
@@ -52,16 +52,16 @@ def merge(proposals: Dict[str, List[Tuple[Path, float]]], factors: Dict[str, flo
 
 
 class MergedDrafter(Drafter):
-    """Drafts one tree merged from its sources (any of ``suffix``, ``ngram``, ``recycling``, ``model``),
+    """Drafts one tree merged from its sources (any of ``suffix``, ``ngram``, ``recycling``, ``model``, ``head``),
     learns for each of them from every step, and tells the loop which source each accepted draft
     came from (``sources``) and each node's estimate (``estimates``)."""
 
     supports_trees = True
 
     def __init__(self, suffix: SuffixDrafter | None = None, ngram: NGramDrafter | None = None,
-                 recycling: RecyclingDrafter | None = None, model: ModelSource | None = None):
-        self.suffix, self.ngram, self.recycling, self.model = suffix, ngram, recycling, model
-        self.cheap = model is None
+                 recycling: RecyclingDrafter | None = None, model: ModelSource | None = None, head: HeadSource | None = None):
+        self.suffix, self.ngram, self.recycling, self.model, self.head = suffix, ngram, recycling, model, head
+        self.cheap = model is None and head is None
         self.memory_key = ("merged",) + tuple(name for name in self.names)
         self.calibration = Calibration()
         self.last: Tuple[List[float], Dict[Path, Dict[str, float]]] = ([], {})
@@ -69,7 +69,7 @@ class MergedDrafter(Drafter):
 
     @property
     def names(self) -> List[str]:
-        return [name for name in ("suffix", "ngram", "recycling", "model") if getattr(self, name) is not None]
+        return [name for name in ("suffix", "ngram", "recycling", "model", "head") if getattr(self, name) is not None]
 
     def branches(self, tokens: List[int], budget: int) -> Dict[str, List[Tuple[Path, float]]]:
         """Each source's proposal after ``tokens``."""
@@ -82,7 +82,13 @@ class MergedDrafter(Drafter):
             out["recycling"] = recycling_branches(self.recycling, tokens, budget)
         if self.model is not None:
             out["model"] = self.model.branches(tokens, budget)
+        if self.head is not None:
+            out["head"] = self.head.branches(tokens, budget)
         return out
+
+    def attach(self, target) -> None:
+        if self.head is not None:
+            self.head.drafter.attach(target)
 
     def propose_tree(self, tokens: List[int], budget: int) -> Tuple[List[int], List[int]]:
         factors = {name: self.calibration.factor(name) for name in self.names}
@@ -119,6 +125,8 @@ class MergedDrafter(Drafter):
             self.recycling.accept_tree(tokens, start, nodes, parents, path, [r[:k] for r in fetched])
         if self.model is not None:
             self.model.accept(tokens)
+        if self.head is not None:  # the target's hidden states of the merged tree's accepted branch
+            self.head.drafter.accept_tree(tokens, start, nodes, parents, path, None)
 
     def _calibrate(self, emitted: List[int]) -> None:
         """Every branch a source proposed (verified or not) whose parent row the walk reached is

@@ -117,6 +117,20 @@ class ModelSource:
         self.chain = []
 
 
+class HeadSource:
+    """A learned head's dynamic tree (``drafters.eagle.EagleDrafter.propose_tree``) as branches, each
+    scored by its path probability over its parent's (the head's conditional probability)."""
+
+    def __init__(self, drafter):
+        self.drafter = drafter
+
+    def branches(self, tokens: List[int], budget: int) -> List[Branch]:
+        nodes, parents = self.drafter.propose_tree(tokens, budget)
+        estimates = self.drafter.estimates()
+        return [(path, estimates[i] / (estimates[parents[i]] if parents[i] >= 0 else 1.0))
+                for i, path in enumerate(paths_of(nodes, parents))]
+
+
 class Calibration:
     """Per source: how its conditional scores have fared, as decaying sums of the scores of its
     branches whose parent row the walk reached (verified or not) and of those the target took.

@@ -259,3 +259,14 @@ def test_a_tree_holds_every_ancestor_and_ranks_by_path_probability(trained):
     assert all(-1 <= p < i for i, p in enumerate(parents))
     assert estimates == sorted(estimates, reverse=True)
     assert all(estimates[i] <= estimates[p] for i, p in enumerate(parents) if p >= 0)
+
+
+def test_the_merged_tree_with_the_head_as_a_source_is_greedy_exact_and_credits_it(trained):
+    from sampling.merged import merged_generate
+
+    target, head, _ = trained
+    expected = autoregressive_generate(PROMPT, target, max_gen_len=LENGTH, eos_tokens_id=EOS_NEVER)
+    stats = GenerationStats()
+    out, _ = merged_generate(PROMPT, target, tree_size=12, head=head, max_gen_len=LENGTH, eos_tokens_id=EOS_NEVER,
+                             use_cache=True, stats=stats)
+    assert out == expected and stats.accepted_by.get("head", 0) > 0, stats.accepted_by
