@@ -270,3 +270,27 @@ def test_the_merged_tree_with_the_head_as_a_source_is_greedy_exact_and_credits_i
     out, _ = merged_generate(PROMPT, target, tree_size=12, head=head, max_gen_len=LENGTH, eos_tokens_id=EOS_NEVER,
                              use_cache=True, stats=stats)
     assert out == expected and stats.accepted_by.get("head", 0) > 0, stats.accepted_by
+
+
+def test_compiled_passes_give_the_eager_hidden_states_and_the_same_greedy_output(trained, monkeypatch):
+    """The compiled runner's graphs that return hidden states are built by ``prepare`` (none after it),
+    and a head drafting over them gives target AR's tokens."""
+    import runners.compiled as compiled
+
+    monkeypatch.setattr(compiled, "BUCKETS", (1, 4))
+    target, head, _ = trained
+    layers = head.config.aux_layers
+    compiled.prepare(target, 200, hidden_layers=layers)
+    built = len(compiled.compile_events)
+    runner = compiled.CompiledRunner(target)
+    runner.hidden_layers = layers
+    ids = torch.tensor([PROMPT + [5, 6, 7]])
+    full = target(input_ids=ids, output_hidden_states=True).hidden_states
+    expected_hidden = torch.cat([full[k][0] for k in layers], -1)
+    runner(ids[:, : len(PROMPT)])
+    runner(ids, 3)
+    assert runner.hidden_start == len(PROMPT) and torch.allclose(runner.hidden, expected_hidden[len(PROMPT) :], atol=1e-7)
+    expected = autoregressive_generate(PROMPT, target, max_gen_len=LENGTH, eos_tokens_id=EOS_NEVER)
+    stats = GenerationStats()
+    assert run(target, head, 3, stats=stats, compile=True) == expected and stats.accepted > 0
+    assert len(compiled.compile_events) == built
