@@ -96,7 +96,16 @@ def _merged(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]
 
     return merged_generate(prompt, s.target, s.tokenizer, tree_size=s.tree_size, storage=s.lookup_storage(), filler_top_k=s.top_k_filler,
                            suffix=s.suffix, memory=s.suffix_memory, drafter=s.drafter, **_common(s, stats), policy=s.policy,
-                           drafter_runner=s.drafter_runner)[0]
+                           drafter_runner=s.drafter_runner, head=s.head)[0]
+
+
+def _eagle(prompt: List[int], s: Settings):
+    """The EAGLE-3 head's chain drafter: the target's processor, the policy's confidence cutoff and floor."""
+    from drafters.eagle import EagleDrafter
+    from sampling.common import output_vocab_size
+
+    return EagleDrafter(s.head, s.processor, output_vocab_size(s.target), s.policy.p_min, s.policy.min_draft)
+
 
 
 def _autoregressive(model: Module, prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:

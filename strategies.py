@@ -26,8 +26,8 @@ from peers import (  # transformers' paths, the benchmark's peers
     transformers_assisted_defaults,
 )
 from rows import (  # our strategies' run functions
-    _arctic, _arctic_memory, _autoregressive, _chained, _common, _drafter_ar, _merged, _ngram, _prompt_lookup, _recycling,
-    _speculative, _suffix, _suffix_memory, _target_eager, _tree_ngram, _tree_suffix,
+    _arctic, _arctic_memory, _autoregressive, _chained, _common, _drafter_ar, _eagle, _merged, _ngram, _prompt_lookup,
+    _recycling, _speculative, _suffix, _suffix_memory, _target_eager, _tree_ngram, _tree_suffix,
 )
 from sampling.suffix import SuffixSettings
 from sampling.calibration import OWN, PREPACKED, KernelChoice
@@ -71,6 +71,7 @@ class Settings:
     # a drafter's own tokenizer (None: the target's): drafting across tokenizers, the prompt as drafter_prompt renders it
     drafter_tokenizer: Optional[object] = None
     drafter_prompt: Optional[Callable[[List[int]], Optional[List[int]]]] = None
+    head: Optional[Module] = None  # a learned draft head for the target (``eagle.head.Eagle3Head``; ``--head``), or None
 
     def param(self, name: str) -> Any:
         """The value of the registered parameter ``name``: as set (the REPL's ``/name``), else its default."""
@@ -118,7 +119,7 @@ class Strategy:
     key: str
     title: str
     color: str
-    needs_drafter: bool
+    needs_drafter: bool  # a drafter model (``Settings.drafter``)
     speculative: bool
     decoder_only: bool
     # runs the row; None for a row that gives ``drafter`` instead (run by ``sampling.generate``)
@@ -140,6 +141,7 @@ class Strategy:
     drafter: Optional[Callable[[List[int], Settings], Any]] = None  # make(prompt, settings) -> a drafters.Drafter
     params: Tuple[Param, ...] = ()  # its own settings (``Param``): REPL commands, limits, /help, benchmark label
     help: str = ""  # its REPL toggle's line in /help (default: the title)
+    needs_head: bool = False  # drafts with a learned head (``Settings.head``): skipped, or refused in the REPL, without one
 
     def __post_init__(self):
         if self.generate is None and self.drafter is None:
@@ -178,7 +180,11 @@ STRATEGIES = [
     Strategy("tree_suffix", "Suffix tree, draft trees", "magenta", False, True, True, _tree_suffix, suffix=True, trees=True),
     Strategy("merged", "Merged tree (suffix, n-gram, recycling, drafter)", "bright_cyan", False, True, True, _merged,
              takes_storage=True, storages=("basic",), suffix=True, trees=True,
-             help="one draft tree merged from every drafter, verified in one pass"),
+             help="one draft tree merged from every drafter (and the head, with one), verified in one pass"),
+    Strategy("eagle", "EAGLE-3 head", "bright_blue", False, True, True, drafter=_eagle, takes_gamma=True, needs_head=True,
+             help="the learned EAGLE-3 head drafts chains from the target's hidden states (--head)"),
+    Strategy("eagle_tree", "EAGLE-3 head, dynamic trees", "blue", False, True, True, drafter=_eagle, trees=True,
+             needs_head=True, help="the learned EAGLE-3 head drafts dynamic trees (EAGLE-2), verified in one pass"),
     Strategy("target", "Target AR", "blue", False, False, False, lambda p, s, st: _autoregressive(s.target, p, s, st),
              baseline=True),
     Strategy("drafter", "Drafter AR", "cyan", True, False, False, _drafter_ar, drafter_ar=True),

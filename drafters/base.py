@@ -5,7 +5,7 @@ capability a method or attribute with a default here, so the loops never probe.
 A drafter keeps no state between its calls within a step: what it asks of the target's
 distributions (``fetch``) comes back to it whole (``accept`` / ``accept_tree``).
 """
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -21,10 +21,13 @@ class Drafter:
     ``DraftPolicy.auto`` such a drafter is asked to fill padded passes. ``memory_key``: what a
     ``DraftPolicy`` with ``remember`` knows it by across generations (None: nothing remembered).
     ``tree_probs``: ``propose_tree_with_probs`` is what the tree loop calls (drafts sampled from
-    a distribution, verified by multi-step speculative sampling).
+    a distribution, verified by multi-step speculative sampling). ``step_cost``: a draft's cost
+    relative to a one-position target pass, when the drafter was measured itself (a learned head);
+    None: the policy's ``draft_cost`` (the drafter model's) for one that is not cheap.
     """
 
     cheap: bool = True
+    step_cost: Optional[float] = None
     memory_key: Any = None
     supports_trees: bool = False
     tree_probs: bool = False

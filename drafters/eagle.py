@@ -36,6 +36,7 @@ class EagleDrafter(Drafter):
                  p_min: float = 0.0, min_draft: int = 0, top_k: int = 4, depth: int = 5):
         self.head = head
         self.memory_key = ("eagle", id(head))
+        self.step_cost = getattr(head, "step_cost", None)  # measured at load (``eagle.cost``), else the policy's
         self.processor, self.greedy = processor, isinstance(processor, GreedyProcessor)
         self.vocab_size = vocab_size or head.config.target_vocab_size
         self.p_min, self.min_draft = p_min, min_draft

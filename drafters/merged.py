@@ -62,6 +62,7 @@ class MergedDrafter(Drafter):
                  recycling: RecyclingDrafter | None = None, model: ModelSource | None = None, head: HeadSource | None = None):
         self.suffix, self.ngram, self.recycling, self.model, self.head = suffix, ngram, recycling, model, head
         self.cheap = model is None and head is None
+        self.step_cost = head.drafter.step_cost if model is None and head is not None else None  # the head's, measured
         self.memory_key = ("merged",) + tuple(name for name in self.names)
         self.calibration = Calibration()
         self.last: Tuple[List[float], Dict[Path, Dict[str, float]]] = ([], {})

@@ -155,6 +155,8 @@ class Eagle3Head(nn.Module):
     sequences (training). The token embedding is the target's unless the head owns one
     (``embed_tokens``, when a published head ships it)."""
 
+    step_cost: Optional[float] = None  # a draft step against a target pass, once measured here (``eagle.cost``)
+
     def __init__(self, config: HeadConfig, embed_tokens: Optional[nn.Module] = None, own_embedding: bool = False):
         super().__init__()
         c = self.config = config

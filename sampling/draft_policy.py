@@ -1,6 +1,6 @@
 """How much to draft each step: fixed, adaptive, with a floor, and paused when drafts do not pay."""
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 
 @dataclass
@@ -85,9 +85,10 @@ class DraftPolicy:
         self._memory = {}  # drafter key -> (hits, trials, next pause, paying) at its last generation's end
         self.start(1)
 
-    def start(self, gamma: int, cheap: bool = True, drafter_key=None) -> None:
+    def start(self, gamma: int, cheap: bool = True, drafter_key=None, step_cost: Optional[float] = None) -> None:
         """Reset the state for a new generation that drafts ``gamma`` tokens per step; ``cheap``:
-        the drafter costs nothing next to a verification pass (n-gram storage, prompt lookup).
+        the drafter costs nothing next to a verification pass (n-gram storage, prompt lookup);
+        ``step_cost``: a draft's own measured cost (a learned head's), instead of ``draft_cost``.
 
         With ``min_gain``, a drafter that is not cheap and has a ``drafter_key`` starts from what
         this policy saw of it in its previous generation (acceptance, pause length, and paused if
@@ -95,7 +96,7 @@ class DraftPolicy:
         useless drafter model costs its passes plus catching its cache up."""
         self.gamma = gamma
         self.limit = min(self.max_gamma, max(gamma, self.bound() or 0))  # the most drafts a step may ask for
-        self.per_draft = 0.0 if cheap else float(self.draft_cost)
+        self.per_draft = 0.0 if cheap else float(self.draft_cost if step_cost is None else step_cost)
         self._step_costs = {}
         self.zero_streak = 0
         self.paused = 0

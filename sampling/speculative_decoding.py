@@ -79,7 +79,7 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
     processor, policy, stats = config.processor, config.policy, config.stats
     greedy = isinstance(processor, GreedyProcessor)
     drafting = not config.first_target
-    policy.start(config.gamma, drafter.cheap, drafter.memory_key)
+    policy.start(config.gamma, drafter.cheap, drafter.memory_key, drafter.step_cost)
     drafter.attach(target)
     while len(tokens) < end:
         cur = len(tokens)

@@ -215,7 +215,7 @@ def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, confi
     greedy = isinstance(processor, GreedyProcessor)
     with_probs = drafter.tree_probs
     drafting = not config.first_target
-    policy.start(config.gamma, drafter.cheap, drafter.memory_key)
+    policy.start(config.gamma, drafter.cheap, drafter.memory_key, drafter.step_cost)
     drafter.attach(target)
     record = TreeRecord()
     while len(tokens) < end:

@@ -13,10 +13,12 @@ from app.bench.prompts import CODE_EDITING, DEFAULT_GROUP, DEFAULT_PROMPTS, ROOT
 from app.bench.replay import replay_report
 from app.bench.report import check_strict, markdown, summarize, versus_column
 from app.bench.run import Bench, extra_sections, report_title, timed_runs, warm_up
+from app.heads import head_flag
 from app.session import add_shared_flags
 from utils.parsing import flag_list_type, flag_type, parse_limited
 
-DEFAULT_STRATEGIES = "target,ngram,pld,suffix,speculative,chained,drafter,hf_generate,hf_generate_static,hf_assisted,hf_prompt_lookup"
+DEFAULT_STRATEGIES = ("target,ngram,pld,suffix,speculative,chained,drafter,eagle,hf_generate,hf_generate_static,hf_assisted,"
+                      "hf_prompt_lookup")
 
 
 def gamma_list(text: str) -> List[int | str]:
@@ -68,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "it. pair: Qwen2.5-Coder-1.5B-Instruct with its 0.5B sibling (install: make fetch-pair), dtype chosen by "
                    "measurement; cross: the same target with the embedded SmolLM2-135M drafting across tokenizers")
     add_shared_flags(p)
+    head_flag(p)
     p.add_argument("--quantize", default="none", choices=["none", "int8", "int4"],
                    help="target (and drafter) weights: on CPU weight-only int8/int4 kernels, on CUDA bitsandbytes/quanto")
     p.add_argument("--llama-cpp", metavar="LLAMA_BENCH",
@@ -76,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gguf", help="the GGUF file llama.cpp runs (default: the embedded model's)")
     p.add_argument("--threads", type=int, help="llama.cpp threads (default: torch's thread count)")
     p.add_argument("--strategies", default=DEFAULT_STRATEGIES, help=f"comma-separated (default: {DEFAULT_STRATEGIES}); "
-                   "those needing a drafter are skipped without one")
+                   "those needing a drafter or a head are skipped without one")
     p.add_argument("--gamma", type=gamma_list, default=[4], help="most drafts per step, e.g. 1,2,4,8 (default 4); "
                    "auto: the calibrated policy's cost-optimal length, up to the longest measured pass")
     p.add_argument("--ngram-n", type=flag_list_type("--ngram-n", "n"), default=[3], help="n-gram sizes for NASD, e.g. 2,3,4 (default 3)")
@@ -143,7 +146,7 @@ def benchmark(args, processor, greedy: bool) -> None:
     """Load the pair, time every configuration on every prompt, write the reports (and Spec-Bench's answer files)."""
     rows = load_prompts(args.prompts, args.categories, args.limit)
     bench = Bench(args, processor, greedy=greedy)
-    configs = make_configs(args, bench.drafter is not None)
+    configs = make_configs(args, bench.drafter is not None, bench.settings.head is not None)
     configs = [c for c in configs if not c.strategy.trees or not refuse_trees(bench.target, c)]
     if not bench.greedy:
         configs = [c for c in configs if not c.strategy.peer]  # transformers peers: greedy only

@@ -59,7 +59,7 @@ def baseline() -> Config:
     return Config(next(key for key, strategy in EVERY.items() if strategy.baseline))
 
 
-def make_configs(args, have_drafter: bool) -> List[Config]:
+def make_configs(args, have_drafter: bool, have_head: bool = False) -> List[Config]:
     from strategies import EVERY
 
     configs = []
@@ -68,6 +68,9 @@ def make_configs(args, have_drafter: bool) -> List[Config]:
             raise SystemExit(f"error: unknown strategy {key!r}; known: {', '.join(EVERY)}")
         strategy = EVERY[key]
         if strategy.needs_drafter and not have_drafter:
+            continue
+        if strategy.needs_head and not have_head:
+            print(f"skipped {key}: no draft head (--head PATH)", file=sys.stderr)
             continue
         if strategy.requires and importlib.util.find_spec(strategy.requires) is None:
             print(f"skipped {key}: {strategy.requires} is not installed (optional)", file=sys.stderr)

@@ -49,6 +49,13 @@ class Bench:
                                            remember=args.policy_memory, row_costs=args.row_costs, remeasure=args.remeasure)
         except SetupError as error:
             raise SystemExit(f"error: {error}") from None
+        from app.heads import load_for
+
+        try:
+            self.settings.head, self.head_line = load_for(args.head, pair, (args.target or preset.get("target")) is None,
+                                                          lambda text, style="": print(text, file=sys.stderr), length=None)
+        except SetupError as error:
+            raise SystemExit(f"error: {error}") from None
         self.settings.hf_compile = args.compile
         self.settings.tree_size = args.tree_size
         policy = self.settings.policy
@@ -69,7 +76,9 @@ class Bench:
         runners = {"target": self.settings.runner, "drafter": self.settings.drafter_runner}
         for role, model in (("target", self.target), ("drafter", self.drafter)):
             if model is not None and runners[role].compiled_for(model):
-                seconds = prepare(model, longest, lambda text: print(f"{role}: {text} ...", file=sys.stderr))
+                head = self.settings.head if role == "target" else None
+                seconds = prepare(model, longest, lambda text: print(f"{role}: {text} ...", file=sys.stderr),
+                                  hidden_layers=head.config.aux_layers if head is not None else ())
                 self.compile_seconds[role] = self.compile_seconds.get(role, 0.0) + seconds
 
     def compile_report(self) -> str:
@@ -220,7 +229,8 @@ def run_record(bench: Bench, item: dict, repeat: int, config: Config, result, re
         "target_passes": st.target_forward_passes, "drafted_at": st.drafted_at, "accepted_at": st.accepted_at,
         "paused_steps": st.paused_steps, "tokens": result.tokens, "steps": st.emitted_by_step,
         "kernels": result.kernels, "drafts": st.drafted_by_step, "peer_settings": st.peer_settings or None,
-        "accepted_by": st.accepted_by or None,
+        "accepted_by": st.accepted_by or None, "head": bench.head_line if config.strategy.needs_head or (
+            config.key == "merged" and bench.settings.head is not None) else None,
         "text": bench.tokenizer.decode(result.tokens, skip_special_tokens=True),
         "diverged_at": first_divergence(result.tokens, reference) if bench.greedy and not config.strategy.drafter_ar else None,
         "divergence": None,
@@ -231,6 +241,7 @@ def report_title(bench: Bench, configs: List[Config]) -> str:
     """The report's title: the pair, the processor, the lengths, the policy (and the suffix settings)."""
     args = bench.args
     title = (f"{bench.target_label}" + (f" + drafter {bench.drafter_label}" if bench.drafter_label else "")
+             + (f" + head {bench.head_line}" if bench.settings.head is not None else "")
              + f" · {args.processor} · {args.max_new_tokens} new tokens · {args.repeats} repeat(s)"
              + f" · policy: {bench.settings.policy.describe()}")
     if any(config.strategy.suffix for config in configs):

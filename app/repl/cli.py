@@ -7,6 +7,7 @@ from typing import List, Optional
 from rich.text import Text
 
 from app.repl.repl import Repl, replaced_line
+from app.heads import head_flag, load_for
 from app.session import SetupError, add_shared_flags, build_settings, cross_preset, load_pair, pair_preset, read_processor
 from utils.parsing import MAX_LINE, UsageError, flag_type, sanitize_text
 from utils.printing import console
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gamma", type=gamma_flag, default=4, help="most drafts per step, or auto for the calibrated policy's choice (default 4)")
     parser.add_argument("--length", type=flag_type("--length", "length"), default=35, help="most new tokens (default 35)")
     parser.add_argument("--prompt", help="run one comparison on this prompt and exit")
+    head_flag(parser)
     return parser
 
 
@@ -101,6 +103,11 @@ def main(argv: Optional[List[str]] = None) -> None:
         console.print("[bold]Drafter:[/bold] none (speculative decoding off; start with --drafter MODEL to compare it)")
     else:
         console.print(Text("Drafter: ", style="bold") + Text(pair.describe("drafter")))
+    try:
+        head, head_line = load_for(args.head, pair, args.target is None, say)
+    except SetupError as error:
+        fail(str(error))
+    console.print(Text("Head: ", style="bold") + Text(head_line))
     if pair.busy_note:  # a line of its own: the target's line ends with its runner, as scripts read it
         console.print(Text("Load: ", style="bold") + Text(pair.busy_note, style="yellow"))
     try:
@@ -108,6 +115,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                                   remeasure=args.remeasure)
     except SetupError as error:
         fail(str(error))
+    settings.head = head
     if not args.no_calibrate:
         console.print(f"[bold]Policy:[/bold] {settings.policy.describe(settings.gamma)}")
     repl = Repl(settings, not args.no_chat, processor_name, processor_args, args.seed)

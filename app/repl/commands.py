@@ -93,6 +93,8 @@ def strategy_toggle(key: str, what: str) -> Command:
         strategy = BY_KEY[key]
         if strategy.needs_drafter and repl.settings.drafter is None:
             raise UsageError("no drafter loaded: restart with --drafter MODEL (a Hub id, a local folder or a GGUF file)")
+        if strategy.needs_head and repl.settings.head is None:
+            raise UsageError("no draft head loaded: restart with --head PATH (a speculators or EAGLE-3 head folder)")
         if strategy.decoder_only and repl.settings.encoder_decoder:
             raise UsageError(f"{strategy.title} works with decoder-only models only")
         if strategy.trees and not repl.enabled.get(key, False):

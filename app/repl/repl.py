@@ -43,7 +43,8 @@ class Repl:
         self.processor_name, self.processor_args = processor_name, processor_args
         self.enabled = {s.key: False for s in STRATEGIES}
         self.enabled.update(
-            speculative=settings.drafter is not None, ngram=not settings.encoder_decoder, pld=not settings.encoder_decoder, target=True
+            speculative=settings.drafter is not None, ngram=not settings.encoder_decoder, pld=not settings.encoder_decoder, target=True,
+            eagle=settings.head is not None,
         )
         self.stream = False
         self.last: list = []  # (strategy, result) of the last prompt, for /stats

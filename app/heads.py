@@ -1,0 +1,58 @@
+"""The learned draft head the eagle rows draft with (``--head``): the one given, else the head shipped
+for the embedded target; loaded, checked against the target, its draft step's cost measured here."""
+from pathlib import Path
+from typing import Optional, Tuple
+
+from app.session import Say, SetupError, first_line, to_stderr
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "heads" / "smollm2-135m-eagle3"  # trained by ``python -m eagle.train`` (docs/eagle.md)
+NONE = "none"
+
+
+def head_flag(parser) -> None:
+    """``--head``, the same in the REPL and the benchmark."""
+    parser.add_argument("--head", help="an EAGLE-3 draft head for the target (speculators or EAGLE-3/SpecForge format folder) "
+                        f"for the eagle rows; default: the shipped {SHIPPED.relative_to(ROOT)} with the embedded target, "
+                        f"none with another; '{NONE}': no head")
+
+
+def load_for(value: Optional[str], pair, embedded: bool, say: Say = to_stderr,
+             length: Optional[int] = 1000) -> Tuple[Optional[object], str]:
+    """``(head or None, one line describing it)`` for ``--head value`` (None: the default) and the
+    target of ``pair`` (``app.session.Pair``); a compiled target gets the graphs that also return the
+    head's hidden states, for sequences of ``length`` positions (counted in its compile seconds;
+    None: the caller builds them). The head's draft step is timed against an eager target pass
+    (a compiled one could need new graphs here). A head that cannot be read or does not fit the
+    target raises SetupError with one line."""
+    if value is not None and value.strip().lower() == NONE:
+        return None, "none (--head none)"
+    if value is not None and not value.strip():
+        raise SetupError("--head is empty: give a head folder, or 'none'")
+    path = Path(value) if value is not None else SHIPPED if embedded and (SHIPPED / "config.json").is_file() else None
+    if path is None:
+        return None, "none (the eagle rows need one: --head PATH)"
+    from eagle.cost import measure_step_cost
+    from eagle.format import load_head
+
+    from runners import prepare
+
+    target, runner = pair.target, pair.runner("target")
+    say(f"Loading head: {path} ...", "dim")
+    try:
+        head = load_head(path, target)
+    except (Exception, KeyboardInterrupt) as error:  # one clear line, no traceback
+        raise SetupError(f"could not load the head '{path}': {first_line(error)}") from None
+    if length is not None and runner.compiled_for(target):
+        seconds = prepare(target, length, lambda text: say(f"target: {text} ...", "dim"), hidden_layers=head.config.aux_layers)
+        pair.compile_seconds["target"] = pair.compile_seconds.get("target", 0.0) + seconds
+    head.step_cost = measure_step_cost(head, target, runner=runner.with_(compile=False))
+    return head, describe(head, path)
+
+
+def describe(head, path: Path) -> str:
+    """One line: where the head is, its shape, and its measured draft-step cost."""
+    c = head.config
+    where = path.relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
+    return (f"{where} · EAGLE-3 · layers {list(c.aux_layers)} · draft vocabulary {c.draft_vocab_size:,} · "
+            f"{head.fc.weight.dtype} · a draft step costs {head.step_cost:.1%} of an eager target pass (measured)")

@@ -1,0 +1,41 @@
+"""What a draft step of a learned head costs next to a target pass, measured on this machine: the
+draft policy's per-draft cost for the head (``Drafter.step_cost``), said in the REPL's Head line."""
+import time
+
+import torch
+from torch.nn import Module
+
+from eagle.head import Eagle3Head, HeadCache
+from runners import EAGER, RunnerConfig, synchronize
+from sampling.calibration import _compared, _Timer
+
+
+class _HeadTimer:
+    """The head with ``context`` positions in its cache; times ``rows`` more (1: a chain's draft
+    step, its draft-vocabulary logits included; more: a tree depth)."""
+
+    def __init__(self, head: Eagle3Head, context: int):
+        weight = head.fc.weight
+        self.head, self.context = head, context
+        generator = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(head.config.target_vocab_size, (1, context + 8), generator=generator).to(weight.device)
+        self.hidden = torch.randn(1, context + 8, head.config.hidden_size, generator=generator).to(weight)
+        self.cache = HeadCache(head, context + 16, weight.device, weight.dtype)
+        head.decode(self.cache, head.embed(self.ids[:, :context]), self.hidden[:, :context], 0)
+
+    def seconds(self, rows: int) -> float:
+        head, end = self.head, self.context + rows
+        synchronize(head)
+        start = time.perf_counter()
+        head.logits(head.decode(self.cache, head.embed(self.ids[:, self.context : end]), self.hidden[:, self.context : end], self.context))
+        synchronize(head)
+        return time.perf_counter() - start
+
+
+@torch.no_grad()
+def measure_step_cost(head: Eagle3Head, target: Module, context: int = 128, repeats: int = 7,
+                      runner: RunnerConfig = EAGER) -> float:
+    """A head step over one position relative to a one-position target pass after ``context``
+    positions (medians of ``repeats`` interleaved rounds after a warm-up each): ~1 s on the embedded model."""
+    medians, _ = _compared([(_HeadTimer(head, context), 1), (_Timer(target, context, 1, runner=runner), 1)], repeats, None)
+    return round(medians[0] / medians[1], 4)

@@ -1,0 +1,134 @@
+"""The EAGLE-3 head as strategy rows (``eagle`` chains, ``eagle_tree`` dynamic trees, a source of
+``merged``): greedy exact through ``run_strategy``, its measured step cost the policy's per-draft
+cost, ``--head`` loaded or refused in one line in the REPL and the benchmark, rows that need a head
+refused or skipped without one."""
+import subprocess
+import sys
+from argparse import Namespace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import EOS_NEVER, MEASUREMENTS_ENV, PROMPT, llama, save_tiny
+from eagle.format import save_head
+from eagle.head import HeadConfig
+from eagle.train import initial_head
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def head_for(target, draft_vocab: int = 48):
+    """A head made as training starts it (its layer the target's last): drafts some tokens the target keeps."""
+    vocab = target.config.vocab_size
+    config = HeadConfig.for_target(target, draft_vocab_size=draft_vocab)
+    return initial_head(target, config, torch.arange(vocab - draft_vocab, vocab)).to(target.dtype).eval()
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = llama(layers=4, init=0.1, seed=5)
+    return target, head_for(target)
+
+
+@pytest.mark.parametrize("key", ["eagle", "eagle_tree", "merged"])
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+def test_each_row_with_the_head_is_greedy_exact_and_drafts_with_it(pair, key, cache, monkeypatch):
+    from drafters.eagle import EagleDrafter
+    from runners import RunnerConfig
+    from strategies import BY_KEY, Settings, run_strategy
+
+    target, head = pair
+    asked = []
+    for name in ("propose", "propose_tree"):  # a spy: the row drafts with this head
+        method = getattr(EagleDrafter, name)
+        monkeypatch.setattr(EagleDrafter, name, lambda self, *a, _m=method: asked.append(self.head) or _m(self, *a))
+    settings = Settings(target=target, tokenizer=None, max_gen_len=24, eos_tokens_id=EOS_NEVER, head=head, runner=RunnerConfig(cache))
+    expected = run_strategy(BY_KEY["target"], PROMPT, settings).tokens
+    assert asked == []
+    result = run_strategy(BY_KEY[key], PROMPT, settings)
+    assert result.tokens == expected and result.stats.drafted > 0
+    assert asked and all(h is head for h in asked)
+
+
+def test_the_policy_counts_the_heads_measured_step_cost_not_the_drafter_models(pair):
+    from drafters.eagle import EagleDrafter
+    from eagle.cost import measure_step_cost
+    from sampling import DraftPolicy
+    from utils.logits_processor import GreedyProcessor
+
+    target, head = pair
+    cost = measure_step_cost(head, target, context=16, repeats=3)
+    assert cost > 0
+    head.step_cost = cost
+    try:
+        drafter = EagleDrafter(head, GreedyProcessor())
+        policy = DraftPolicy(draft_cost=0.7)
+        policy.start(4, drafter.cheap, drafter.memory_key, drafter.step_cost)
+        assert policy.per_draft == cost
+        policy.start(4, False, None)
+        assert policy.per_draft == 0.7
+    finally:
+        head.step_cost = None
+
+
+def test_the_repl_toggle_refuses_without_a_head_and_turns_on_with_one(pair):
+    from app.repl.commands import COMMANDS
+    from strategies import Settings
+    from utils.parsing import UsageError
+
+    target, head = pair
+    repl = SimpleNamespace(settings=Settings(target=target, tokenizer=None), enabled={})
+    for key in ("/eagle", "/eagle_tree"):
+        with pytest.raises(UsageError) as refused:
+            COMMANDS[key](repl, [])
+        assert "--head PATH" in str(refused.value) and "\n" not in str(refused.value)
+    assert repl.enabled == {}
+    repl.settings.head = head
+    assert COMMANDS["/eagle"](repl, []) == "EAGLE-3 head: on" and repl.enabled["eagle"]
+
+
+def test_the_benchmark_skips_rows_that_need_a_head_without_one(capsys):
+    from app.bench.configs import make_configs
+
+    args = Namespace(strategies="target,eagle,eagle_tree,pld", gamma=[4], ngram_n=[3], storages="basic", top_k_filler=[3])
+    assert [c.key for c in make_configs(args, False)] == ["target", "pld"]
+    assert capsys.readouterr().err.count("no draft head (--head PATH)") == 2
+    assert [c.key for c in make_configs(args, False, have_head=True)] == ["target", "eagle", "eagle_tree", "pld"]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """A tiny target with SmolLM2's tokenizer, a head saved for it, and a head for another target."""
+    root = tmp_path_factory.mktemp("eagle-row")
+    target = llama(vocab=49152, window=4096, layers=4, init=0.1, seed=3)
+    target.config.eos_token_id = 2
+    other = llama(vocab=1000, window=4096, layers=4, seed=4)  # another vocabulary
+    save_head(head_for(target.float()), root / "head")
+    save_head(head_for(other.float()), root / "other-head")
+    return {"target": save_tiny(root / "target", target), "head": str(root / "head"), "other": str(root / "other-head")}
+
+
+def infer(*args, stdin: str = ""):
+    return subprocess.run([sys.executable, "infer.py", "--device", "cpu", "--no-calibrate", *args], cwd=ROOT, input=stdin,
+                          capture_output=True, text=True, timeout=300,
+                          env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(Path.home()), **MEASUREMENTS_ENV})
+
+
+def test_the_repl_loads_the_head_says_it_and_runs_the_eagle_row(folders):
+    result = infer("--target", folders["target"], "--head", folders["head"], "--prompt", "Hi", "--length", "6")
+    assert result.returncode == 0, result.stderr
+    head_line = next(line for line in result.stdout.splitlines() if line.startswith("Head:"))
+    assert "EAGLE-3" in head_line and "draft vocabulary 48" in head_line and "of an eager target pass (measured)" in head_line
+    assert "EAGLE-3 head" in result.stdout.split(head_line)[1]  # its row ran
+
+
+def test_no_head_or_a_head_for_another_target_is_one_line(folders):
+    off = infer("--target", folders["target"], "--head", "none", stdin="/eagle\n")
+    assert off.returncode == 0 and "Head: none (--head none)" in off.stdout and "restart with --head PATH" in off.stdout
+    for path, words in ((folders["other"], "could not load the head"), ("/nonexistent/head", "could not load the head")):
+        refused = infer("--target", folders["target"], "--head", path)
+        assert refused.returncode == 1 and words in refused.stdout, refused.stdout
+        assert "Traceback" not in refused.stdout + refused.stderr
+        assert len([line for line in refused.stdout.splitlines() if line.startswith("error:")]) == 1
