@@ -10,7 +10,7 @@ from runners import EAGER, RunnerConfig, synchronize
 from sampling.calibration import _compared, _Timer
 
 
-class _HeadTimer:
+class HeadTimer:
     """The head with ``context`` positions in its cache; times ``rows`` more (1: a chain's draft
     step, its draft-vocabulary logits included; more: a tree depth)."""
 
@@ -24,6 +24,7 @@ class _HeadTimer:
         head.decode(self.cache, head.embed(self.ids[:, :context]), self.hidden[:, :context], 0)
 
     def seconds(self, rows: int) -> float:
+        """Seconds of one step over ``rows`` positions after the context (written over by the next)."""
         head, end = self.head, self.context + rows
         synchronize(head)
         start = time.perf_counter()
@@ -37,5 +38,5 @@ def measure_step_cost(head: Eagle3Head, target: Module, context: int = 128, repe
                       runner: RunnerConfig = EAGER) -> float:
     """A head step over one position relative to a one-position target pass after ``context``
     positions (medians of ``repeats`` interleaved rounds after a warm-up each): ~1 s on the embedded model."""
-    medians, _ = _compared([(_HeadTimer(head, context), 1), (_Timer(target, context, 1, runner=runner), 1)], repeats, None)
+    medians, _ = _compared([(HeadTimer(head, context), 1), (_Timer(target, context, 1, runner=runner), 1)], repeats, None)
     return round(medians[0] / medians[1], 4)

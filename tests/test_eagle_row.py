@@ -132,3 +132,23 @@ def test_no_head_or_a_head_for_another_target_is_one_line(folders):
         assert refused.returncode == 1 and words in refused.stdout, refused.stdout
         assert "Traceback" not in refused.stdout + refused.stderr
         assert len([line for line in refused.stdout.splitlines() if line.startswith("error:")]) == 1
+
+
+def test_the_benchmark_runs_the_head_rows_names_the_head_and_reports_acceptance_by_depth(folders, tmp_path):
+    import json
+
+    import bench
+
+    out = tmp_path / "results"
+    bench.main(["--target", folders["target"], "--head", folders["head"], "--device", "cpu", "--limit", "1", "--categories",
+                "summarization", "--strategies", "target,eagle,eagle_tree,merged", "--max-new-tokens", "8", "--no-calibrate",
+                "--out", str(out)])
+    records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert {r["key"] for r in records} == {"target", "eagle", "eagle_tree", "merged"}
+    assert all(r["diverged_at"] is None for r in records)
+    assert all((r["head"] is None) == (r["key"] == "target") for r in records)  # each row that drafted with it names it
+    assert all("draft vocabulary 48" in r["head"] for r in records if r["head"])
+    report = (out / "results.md").read_text()
+    assert " + head " in report.splitlines()[0] and "## acceptance by draft depth" in report
+    depth_rows = report.split("## acceptance by draft depth")[1]
+    assert "| eagle |" in depth_rows or "| eagle[g=4] |" in depth_rows

@@ -213,6 +213,28 @@ def sources_report(records: List[dict]) -> str:
     return "\n".join(lines + [""])
 
 
+def depth_report(records: List[dict], deepest: int = 8) -> str:
+    """The report's section on acceptance by draft depth: per row, of the drafts at depth d (a chain's
+    d-th draft, a tree's nodes d deep), the share the target accepted, summed over every run; empty
+    when nothing drafted."""
+    totals: Dict[str, List[List[int]]] = {}
+    for r in records:
+        drafted, accepted = totals.setdefault(r["config"], [[0] * deepest, [0] * deepest])
+        for d, (n, a) in enumerate(zip((r.get("drafted_at") or [])[:deepest], (r.get("accepted_at") or [])[:deepest])):
+            drafted[d] += n
+            accepted[d] += a
+    rows = {config: pair for config, pair in totals.items() if pair[0][0]}
+    if not rows:
+        return ""
+    depth = max(max(i + 1 for i, n in enumerate(drafted) if n) for drafted, _ in rows.values())
+    lines = ["", "## acceptance by draft depth", "", "Of the drafts at depth d, the share the target accepted.", "",
+             "| row | " + " | ".join(str(d) for d in range(1, depth + 1)) + " |", "| --- |" + " ---: |" * depth]
+    for config, (drafted, accepted) in sorted(rows.items()):
+        cells = [f"{a / n:.2f}" if n else "-" for n, a in zip(drafted[:depth], accepted[:depth])]
+        lines.append(f"| {config} | " + " | ".join(cells) + " |")
+    return "\n".join(lines + [""])
+
+
 def check_strict(records: List[dict], strict: bool) -> None:
     """With ``--strict``: exit with status 1, in one line, when any divergence is a disagreement."""
     bad = [r for r in records if (r.get("divergence") or {}).get("verdict") == "disagreement"]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 
 from app.bench.configs import Config, baseline
 from app.bench.llama_cpp import llama_cpp_report
-from app.bench.report import kernels_report, sources_report
+from app.bench.report import depth_report, kernels_report, sources_report
 
 if TYPE_CHECKING:
     from sampling import DraftPolicy
@@ -254,7 +254,7 @@ def extra_sections(bench: Bench, configs: List[Config], records: List[dict], pro
     """The report's sections after the tables: kernels, compilation, and those the flags ask for
     (--verify-cost, --llama-cpp, --overhead), the last three measured now on ``prompt``."""
     args = bench.args
-    extra = kernels_report(records, bench.kernel_line) + sources_report(records) + bench.compile_report()
+    extra = kernels_report(records, bench.kernel_line) + sources_report(records) + depth_report(records) + bench.compile_report()
     if args.verify_cost:
         costs = bench.verify_cost()
         extra += ("\n## cost of a verification pass over r positions (r - 1 drafts), relative to r = 1\n\n"
