@@ -126,6 +126,7 @@ def chain_length(results) -> torch.Tensor:
 
 
 # ---- the loop --------------------------------------------------------------------------------------
+@torch.enable_grad()  # whatever the caller set (the app's set-up turns gradients off for the whole process)
 def train(head: Eagle3Head, train_items: List[dict], held_out: List[dict], draft_index: torch.Tensor,
           recipe: Recipe, checkpoint: Path, say=print, stop_after: int | None = None) -> dict:
     """Train ``head`` in place, resuming from ``checkpoint`` when it exists; returns the held-out

@@ -197,7 +197,9 @@ def test_training_stopped_anywhere_resumes_to_the_same_head(tmp_path):
     recipe = Recipe(epochs=2, lr=3e-3, batch_sequences=8, top=8, ttt_steps=2)
     config = HeadConfig.for_target(target, draft_vocab_size=64)
     items = training_items(target, greedy_sequences(target, 24, 24, seed=2), config.aux_layers)
-    whole, _ = tiny_head(target, recipe, tmp_path / "whole.pt", items=items)
+    with torch.no_grad():  # as the app's set-up leaves the process: training turns gradients on for itself
+        whole, _ = tiny_head(target, recipe, tmp_path / "whole.pt", items=items)
+    assert not torch.equal(whole.fc.weight, tiny_head(target, recipe, tmp_path / "none.pt", items=items, stop_after=0)[0].fc.weight)
     tiny_head(target, recipe, tmp_path / "stopped.pt", items=items, stop_after=3)
     resumed, figures = tiny_head(target, recipe, tmp_path / "stopped.pt", items=items)
     assert figures["steps"] == figures["of_steps"] == 4
