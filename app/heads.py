@@ -53,6 +53,7 @@ def load_for(value: Optional[str], pair, embedded: bool, say: Say = to_stderr,
 def describe(head, path: Path) -> str:
     """One line: where the head is, its shape, and its measured draft-step cost."""
     c = head.config
-    where = path.relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
+    full = path.resolve()
+    where = full.relative_to(ROOT) if full.is_relative_to(ROOT) else path  # a relative --head names a folder under the cwd
     return (f"{where} · EAGLE-3 · layers {list(c.aux_layers)} · draft vocabulary {c.draft_vocab_size:,} · "
             f"{head.fc.weight.dtype} · a draft step costs {head.step_cost:.1%} of an eager target pass (measured)")
