@@ -2,6 +2,8 @@
 runs the same workload (the public functions of both revisions, greedy, the shipped prompts) in a
 fresh process per side, in ABBA order, and reports each strategy's tokens/s and the ratio of this
 tree to the other revision (median over rounds). Ratios within one run: the machine is shared.
+Each run's window records what the other processes used meanwhile (``utils.load``): the table ends
+with a QUIET or NOISY line, and ``--strict`` exits with status 1 on a noisy one.
 
     .venv/bin/python scripts/ab_revisions.py --base HEAD~1 --rounds 4
 """
@@ -14,6 +16,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from utils.load import BUSY, LoadMeter, LoadSummary  # noqa: E402
 
 # Runs inside the revision's checkout; uses only names both revisions export.
 WORKLOAD = r'''
@@ -67,7 +72,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=4, help="ABBA rounds (default 4)")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--prompts", type=int, default=4, help="first prompts of bench_prompts.jsonl (default 4)")
+    p.add_argument("--busy", type=float, default=BUSY, help=f"cores of other processes above which a run is noisy (default {BUSY:g})")
+    p.add_argument("--strict", action="store_true", help="exit with status 1 when any run was noisy")
     args = p.parse_args()
+    meter, windows = LoadMeter(), []
     with tempfile.TemporaryDirectory() as scratch:
         base = Path(scratch) / "base"
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base), args.base], cwd=ROOT, check=True)
@@ -77,7 +85,10 @@ def main() -> None:
             for round_ in range(args.rounds):
                 order = list(sides) if round_ % 2 == 0 else list(sides)[::-1]
                 for side in order:
+                    meter.start()  # the workload runs in a child process: ours, not noise
                     samples[side].append(measure(sides[side], args.new_tokens, args.prompts))
+                    window = meter.stop()
+                    windows.append({"seconds": window.seconds, **window.record(args.busy)})
                 print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False)
@@ -90,6 +101,10 @@ def main() -> None:
         ratios = [a / b for a, b in zip(ours, theirs)]
         print(f"| {name} | {statistics.median(ours):.1f} | {statistics.median(theirs):.1f} | {statistics.median(ratios):.3f} | "
               f"{min(ratios):.2f} to {max(ratios):.2f} |")
+    quiet = LoadSummary.of(windows, args.busy)
+    print(f"\n{quiet.line()}")
+    if args.strict and not quiet.quiet:
+        raise SystemExit("error: --strict: a run was noisy; run it again on a quiet machine")
 
 
 if __name__ == "__main__":

@@ -100,18 +100,24 @@ def unfrozen_runner(model):
     return CompiledRunner(twin)
 
 
-def measure(one: Pass, rows: int, repeats: int, vocab: int) -> Dict[str, float]:
-    """ms a pass without the profiler (median of ``repeats``), then the groups' ms a pass under it."""
+def measure(one: Pass, rows: int, repeats: int, vocab: int, windows: List[dict]) -> Dict[str, float]:
+    """ms a pass without the profiler (median of ``repeats``), then the groups' ms a pass under it;
+    the timed passes' load window (``utils.load``) is appended to ``windows``."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from utils.load import LoadMeter
+
     for _ in range(3):  # builds (compiled paths) and warms up
         one.step(rows)
-    times = []
+    times, meter = [], LoadMeter()
+    meter.start()
     for _ in range(repeats):
         clock = time.perf_counter()
         one.step(rows)
         times.append(time.perf_counter() - clock)
+    window = meter.stop()
+    windows.append({"seconds": window.seconds, **window.record()})
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         clock = time.perf_counter()
         for _ in range(repeats):
@@ -148,9 +154,11 @@ def table(results: Dict[str, Dict[str, float]]) -> str:
 
 
 def machine() -> str:
+    from utils.load import cpu_flags
+
     model = next((line.split(":", 1)[1].strip() for line in subprocess.run(
         ["lscpu"], capture_output=True, text=True).stdout.splitlines() if line.startswith("Model name")), "unknown CPU")
-    return f"{model}, load average {Path('/proc/loadavg').read_text().split()[0]}"
+    return f"{model} ({cpu_flags() or 'no AVX2'}), load average {Path('/proc/loadavg').read_text().split()[0]}"
 
 
 def main():
@@ -169,6 +177,7 @@ def main():
 
     import runners.compiled as compiled
     from runners import CompiledRunner, KVCacheModel, set_prepack
+    from utils.load import LoadSummary
     from utils.models import load_embedded
 
     if args.threads:
@@ -189,13 +198,13 @@ def main():
         "transformers": lambda: (set_prepack(model, False), transformers_pass(model, ids))[-1],
     }
     sections, notes, started = [], [], time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    load_before = machine()
+    load_before, windows = machine(), []
     for rows in (1, args.verify):
         results = {}
         for key in args.paths.split(","):
             one = makers[key]()
             one.setup()
-            results[one.name] = measure(one, rows, args.repeats, vocab)
+            results[one.name] = measure(one, rows, args.repeats, vocab, windows)
             if args.top:
                 notes.append(f"- {one.name}, {rows} position(s): " + "; ".join(top_operators(one, rows)))
             print(f"{one.name}, {rows} position(s): {results[one.name]['ms a pass']:.1f} ms", file=sys.stderr)
@@ -204,7 +213,7 @@ def main():
     command = "`.venv/bin/python scripts/profile_passes.py " + " ".join(sys.argv[1:]) + "`"
     text = (f"Measured {started}, {args.context} cached positions, torch {torch.__version__}, "
             f"{torch.get_num_threads()} threads; {load_before} at the start, {machine().rsplit(', ', 1)[1]} at the end:\n"
-            f"{command}\n\n" + "\n\n".join(sections) + ("\n\nHeaviest operators:\n\n" + "\n".join(notes) if notes else "") + "\n")
+            f"{command}\n\n{LoadSummary.of(windows).line()}\n\n" + "\n\n".join(sections) + ("\n\nHeaviest operators:\n\n" + "\n".join(notes) if notes else "") + "\n")
     if args.out:
         Path(args.out).write_text(text)
     else:

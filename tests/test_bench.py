@@ -35,6 +35,9 @@ def test_benchmark_writes_runs_summary_tables_and_plots_with_no_greedy_divergenc
     assert {r["repeat"] for r in records} == {0, 1}
     assert all(r["new_tokens"] <= 8 for r in records)
     assert [r for r in records if r["diverged_at"] is not None] == []
+    # each timed run carries what the other processes used meanwhile, and what it was measured with
+    assert all(r["others_cores"] >= 0 and isinstance(r["noisy"], bool) and r["busy_limit"] == 0.3 for r in records)
+    assert all(r["environment"]["torch"] and r["environment"]["transformers"] and r["environment"]["python"] for r in records)
     summary = list(csv.DictReader((out / "summary.csv").open()))
     baseline = [row for row in summary if row["config"] == "target"]
     assert baseline and all(float(row["speedup"]) == 1.0 for row in baseline)
@@ -42,6 +45,7 @@ def test_benchmark_writes_runs_summary_tables_and_plots_with_no_greedy_divergenc
     assert "## summarization" in report and "## all" in report and "cost of a verification pass over r positions" in report
     assert "time outside model forward passes" in report
     assert "· policy: " in report  # what the policy does on its own is named in the title
+    assert report.split("\n")[2].startswith(("QUIET: other processes used", "NOISY ("))  # under the title, either way
     assert "| all | speculative[g=3] |" in report.split("against the peers run alongside")[1]  # vs assisted, same gamma
     assert {"vs_hf_generate", "vs_hf_prompt_lookup", "vs_hf_assisted"} <= set(summary[0])
     assert "## all" in capsys.readouterr().out

@@ -126,6 +126,13 @@ def machine_key() -> dict:
             "transformers": transformers.__version__}
 
 
+def run_environment() -> dict:
+    """What a figure was measured with, for its record: ``machine_key`` plus Python and the CPU's vector extensions."""
+    from utils.load import cpu_flags
+
+    return {**machine_key(), "python": platform.python_version(), "cpu_flags": cpu_flags()}
+
+
 def model_identity(model) -> dict:
     """A model's name and a cheap fingerprint: its config's hash, parameter count, dtype and device.
     The folder's last component only: a measurement is about speed, which the moved folder keeps."""

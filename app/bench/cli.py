@@ -11,10 +11,11 @@ from app.bench.configs import baseline, make_configs, refuse_trees
 from app.bench.plots import plots
 from app.bench.prompts import CODE_EDITING, DEFAULT_GROUP, DEFAULT_PROMPTS, ROOT, load_prompts
 from app.bench.replay import replay_report
-from app.bench.report import check_strict, markdown, summarize, versus_column
+from app.bench.report import check_strict, load_line, markdown, summarize, versus_column
 from app.bench.run import Bench, extra_sections, report_title, timed_runs, warm_up
 from app.heads import head_flag
 from app.session import add_shared_flags
+from utils.load import BUSY
 from utils.parsing import flag_list_type, flag_type, parse_limited
 
 DEFAULT_STRATEGIES = ("target,ngram,pld,suffix,speculative,chained,drafter,eagle,hf_generate,hf_generate_static,hf_assisted,"
@@ -109,11 +110,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overhead", action="store_true", help="also report the share of each run spent outside model forward passes")
     p.add_argument("--from-runs", help="re-make the tables and plots from a runs.jsonl, without running anything")
     p.add_argument("--strict", action="store_true", help="exit with status 1 when any greedy divergence is a disagreement "
-                   "(not a rounding near-tie)")
+                   "(not a rounding near-tie), or when any timed run was noisy (see --busy)")
+    p.add_argument("--busy", type=busy_limit, default=BUSY, help="a timed run during which the other processes used more than "
+                   f"this many cores on average is marked noisy in the report and runs.jsonl (default {BUSY:g})")
     p.add_argument("--group", action="append", type=group_spec, metavar="NAME=CAT,CAT",
                    help="also report these categories taken together (repeatable; default: "
                    f"{DEFAULT_GROUP[0]}={','.join(DEFAULT_GROUP[1])})")
     return p
+
+
+def busy_limit(text: str) -> float:
+    """``--busy``: cores, a number from 0 to 1024."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 1024:
+        raise argparse.ArgumentTypeError(f"--busy takes a number of cores from 0 to 1024, got {text[:40]!r}")
+    return value
 
 
 def group_spec(text: str) -> tuple:
@@ -183,8 +197,11 @@ def write_reports(records: List[dict], out: Path, title: str, extra: str = "", g
         writer = csv.DictWriter(handle, fieldnames=list(flat[0]))
         writer.writeheader()
         writer.writerows(flat)
-    report = markdown(summary, title) + extra
+    quiet = load_line(records)
+    report = markdown(summary, title, quiet) + extra
     (out / "results.md").write_text(report)
     written = plots(summary, records, out)
     print(report)
     print(f"wrote {out}/summary.csv, results.md, " + ", ".join(written), file=sys.stderr)
+    if quiet:
+        print(quiet, file=sys.stderr)

@@ -71,7 +71,9 @@ def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dic
             "max_draft": max((len(r.get("drafted_at") or []) for r in runs), default=0) if drafted else None,
             "acceptance": sum(r["accepted"] for r in runs) / drafted if drafted else None,
             "tokens_per_step": sum(r["new_tokens"] for r in runs) / steps if steps and drafted else None,
-            "runs": len(runs), "diverged": sum(r["diverged_at"] is not None for r in runs), **divergence_columns(runs),
+            "runs": len(runs), "noisy_runs": sum(bool(r.get("noisy")) for r in runs),
+            "others_cores": max((r["others_cores"] for r in runs if r.get("others_cores") is not None), default=None),
+            "diverged": sum(r["diverged_at"] is not None for r in runs), **divergence_columns(runs),
             "versus": versus, "versus_ci": versus_ci, "setup": setup,
         })
     return rows
@@ -167,8 +169,10 @@ LEGEND = (f"Ratios: median over repeats [95% bootstrap interval over prompts and
           "Drafts/step: mean drafted tokens per target pass (the longest draft).")
 
 
-def markdown(rows: List[dict], title: str) -> str:
-    lines = [f"# {title}", "", LEGEND, "", "Speedup over target autoregressive, by category:", ""] + speedup_matrix(rows)
+def markdown(rows: List[dict], title: str, quiet: str = "") -> str:
+    """The report; ``quiet``: the line on the machine's load during the timed runs (``load_line``)."""
+    lines = [f"# {title}", ""] + ([quiet, ""] if quiet else []) + [LEGEND, "", "Speedup over target autoregressive, by category:",
+                                                                   ""] + speedup_matrix(rows)
     for category in ordered_categories(rows):
         lines += [f"## {category}", "",
                   "| strategy | tokens/s | speedup | tokens/step | drafts/step | acceptance | greedy divergences |",
@@ -177,7 +181,8 @@ def markdown(rows: List[dict], title: str) -> str:
             step = f"{r['tokens_per_step']:.2f}" if r["tokens_per_step"] is not None else "-"
             drafts = f"{r['drafts_per_step']:.1f} (max {r['max_draft']})" if r.get("drafts_per_step") is not None else "-"
             acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
-            lines.append(f"| {r['config']} | {r['tokens_per_s']:.1f} ± {r['spread_pct']:.0f}% | {speedup_cell(r)} | {step} | {drafts} | "
+            noisy = f" (noisy: {r['noisy_runs']}/{r['runs']} runs)" if r.get("noisy_runs") else ""
+            lines.append(f"| {r['config']}{noisy} | {r['tokens_per_s']:.1f} ± {r['spread_pct']:.0f}% | {speedup_cell(r)} | {step} | {drafts} | "
                          f"{acc} | {divergence_cell(r)} |")
         lines.append("")
     return "\n".join(lines + versus_table(rows))
@@ -235,9 +240,25 @@ def depth_report(records: List[dict], deepest: int = 8) -> str:
     return "\n".join(lines + [""])
 
 
+def load_line(records: List[dict]) -> str:
+    """The report's line on the machine's quiet during the timed runs (``utils.load``); "" for records without it."""
+    from utils.load import LoadSummary
+
+    summary = LoadSummary.of(records)
+    return "" if summary is None else summary.line()
+
+
 def check_strict(records: List[dict], strict: bool) -> None:
-    """With ``--strict``: exit with status 1, in one line, when any divergence is a disagreement."""
+    """With ``--strict``: exit with status 1, in one line, when any divergence is a disagreement, or
+    when any timed run was noisy (other processes above the ``--busy`` limit)."""
+    if not strict:
+        return
     bad = [r for r in records if (r.get("divergence") or {}).get("verdict") == "disagreement"]
-    if strict and bad:
+    if bad:
         raise SystemExit(f"error: --strict: {len(bad)} greedy divergence(s) are disagreements, not rounding near-ties "
                          f"(first: {bad[0]['config']} on question {bad[0]['question_id']} at token {bad[0]['diverged_at']})")
+    noisy = [r for r in records if r.get("noisy")]
+    if noisy:
+        raise SystemExit(f"error: --strict: {len(noisy)} of {len(records)} timed runs were noisy: other processes used more than "
+                         f"{noisy[0].get('busy_limit', 0.3):g} cores (first: {noisy[0]['config']} on question "
+                         f"{noisy[0]['question_id']}, {noisy[0]['others_cores']:.2f} cores)")

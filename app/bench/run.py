@@ -190,8 +190,10 @@ def timed_runs(bench: Bench, configs: List[Config], items: List[dict], out: Path
     from tqdm import tqdm
 
     from sampling.divergence import PassRecorder
+    from utils.load import LoadMeter
+    from utils.measurements import run_environment
 
-    repeats = bench.args.repeats
+    repeats, meter, environment = bench.args.repeats, LoadMeter(), run_environment()
     records = []
     with open(out / "runs.jsonl", "w") as log, tqdm(total=len(items) * len(configs) * repeats, file=sys.stderr) as bar:
         for index, (item, repeat) in enumerate((item, repeat) for item in items for repeat in range(repeats)):
@@ -201,12 +203,15 @@ def timed_runs(bench: Bench, configs: List[Config], items: List[dict], out: Path
             results = []
             for config in configs[shift:] + configs[:shift]:
                 recorder = PassRecorder()  # one append per step: classifying waits until the timed runs are over
-                results.append((config, bench.run(config, item["prompt"], recorder, repeat), recorder))
+                meter.start()  # /proc is read between timed runs, never inside one
+                result = bench.run(config, item["prompt"], recorder, repeat)
+                results.append((config, result, recorder, meter.stop()))
                 bar.update(1)
-            reference, reference_kernels = next((result.tokens, result.kernels) for config, result, _ in results
+            reference, reference_kernels = next((result.tokens, result.kernels) for config, result, _, _ in results
                                                 if config.strategy.baseline)
-            for config, result, recorder in sorted(results, key=lambda run: configs.index(run[0])):
-                record = run_record(bench, item, repeat, config, result, reference)
+            for config, result, recorder, window in sorted(results, key=lambda run: configs.index(run[0])):
+                record = {**run_record(bench, item, repeat, config, result, reference), **window.record(bench.args.busy),
+                          "environment": environment}
                 if record["diverged_at"] is not None:
                     record["divergence"] = bench.classify(item["prompt"], reference, result.tokens, recorder.passes,
                                                           result.kernels, reference_kernels)

@@ -9,6 +9,7 @@ from rich.text import Text
 from app.repl.repl import Repl, replaced_line
 from app.heads import head_flag, load_for
 from app.session import SetupError, add_shared_flags, build_settings, cross_preset, load_pair, pair_preset, read_processor
+from utils.load import LoadMeter
 from utils.parsing import MAX_LINE, UsageError, flag_type, sanitize_text
 from utils.printing import console
 
@@ -92,6 +93,8 @@ def main(argv: Optional[List[str]] = None) -> None:
             console.print(Text("--prompt: " + replaced_line(replaced), style="bold blue"))
 
     console.print(Text("Speculative Decoding", style="bold red"), Text(" REPL ", style="white on red"))
+    meter = LoadMeter()  # what else ran during the start-up measurements
+    meter.start()
     try:
         pair = load_pair(args.target, args.drafter, args.device, args.drafter_device, args.dtype, args.quantize,
                          args.drafter_quantize, args.trust_remote_code, args.cache, args.prepack, say, args.compile,
@@ -118,6 +121,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     settings.head = head
     if not args.no_calibrate:
         console.print(f"[bold]Policy:[/bold] {settings.policy.describe(settings.gamma)}")
+    window = meter.stop()
+    if window.record()["noisy"] and not pair.busy_note:
+        console.print(Text("Load: ", style="bold") + Text(window.note("start-up"), style="yellow"))
     repl = Repl(settings, not args.no_chat, processor_name, processor_args, args.seed)
     if args.prompt is not None:
         try:

@@ -1,0 +1,146 @@
+"""What else ran while we timed: the CPU that every process outside this one's tree used, read from
+``/proc`` between timed runs (never during one), and the load average.
+
+A timing is only as good as the machine's quiet. The benchmark, the A/B script and the profile take a
+``LoadMeter`` window around each timed run and keep its figures with the result; a window in which
+the other processes used more than ``busy`` cores on average is *noisy*. The accounting matches
+``../shared/tools/quiet``: per process, user + system time between two readings (a process that
+started between them counts whole; one that ended between them is missed, so the figure is a floor).
+"""
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
+
+PROC = Path("/proc")
+BUSY = 0.3  # cores: the quiet tool's default; above it a timing is noisy
+Table = Dict[int, Tuple[int, float]]  # pid -> (parent pid, CPU seconds: user + system)
+
+
+def read_processes(proc: Path = PROC, tick: Optional[int] = None) -> Table:
+    """Every process's parent and CPU seconds so far, from ``proc/<pid>/stat`` (empty without /proc)."""
+    tick = tick or os.sysconf("SC_CLK_TCK")
+    table: Table = {}
+    try:
+        entries = [entry for entry in os.listdir(proc) if entry.isdigit()]
+    except OSError:
+        return table
+    for entry in entries:
+        try:
+            text = (proc / entry / "stat").read_text()
+        except OSError:  # the process ended while we listed
+            continue
+        fields = text[text.rindex(")") + 2:].split()  # the name, in parentheses, may hold spaces
+        table[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    return table
+
+
+def tree(root: int, table: Table) -> Set[int]:
+    """``root`` and every process descended from it."""
+    children: Dict[int, List[int]] = {}
+    for pid, (parent, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, ()))
+    return found
+
+
+def others_seconds(before: Table, after: Table, mine: Iterable[int]) -> float:
+    """CPU seconds used between two readings by the processes outside ``mine``."""
+    mine = set(mine)
+    return sum(max(0.0, seconds - before.get(pid, (0, 0.0))[1]) for pid, (_, seconds) in after.items() if pid not in mine)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One timed run's surroundings: the other processes' mean cores over it and the 1-minute load average at its end."""
+
+    seconds: float
+    others_cores: float
+    load_average: Optional[float]
+
+    def note(self, what: str) -> str:
+        """One line for a noisy window: ``what`` ran beside other work."""
+        return (f"other processes used {self.others_cores:.2f} cores during {what} ({self.seconds:.0f} s): "
+                "its measurements are noisy")
+
+    def record(self, busy: float = BUSY) -> dict:
+        return {"others_cores": round(self.others_cores, 3), "load_average": self.load_average,
+                "noisy": self.others_cores > busy, "busy_limit": busy}
+
+
+class LoadMeter:
+    """``start()`` before a timed run and ``stop()`` after it give that run's ``Window``; this process
+    and its children (a peer's subprocess, say) are ours, not noise."""
+
+    def __init__(self, proc: Path = PROC, root: Optional[int] = None, clock: Callable[[], float] = time.monotonic,
+                 load: Callable[[], Tuple[float, ...]] = os.getloadavg, tick: Optional[int] = None):
+        self.proc, self.root, self.clock, self.load, self.tick = proc, root or os.getpid(), clock, load, tick
+        self._before: Table = {}
+        self._started = 0.0
+
+    def start(self) -> None:
+        self._before, self._started = read_processes(self.proc, self.tick), self.clock()
+
+    def stop(self) -> Window:
+        after, now = read_processes(self.proc, self.tick), self.clock()
+        mine = tree(self.root, after) | tree(self.root, self._before)
+        elapsed = max(now - self._started, 1e-9)
+        try:
+            average = round(self.load()[0], 2)
+        except (OSError, AttributeError):
+            average = None
+        return Window(elapsed, others_seconds(self._before, after, mine) / elapsed, average)
+
+
+@dataclass(frozen=True)
+class LoadSummary:
+    """The windows of a whole measurement: time-weighted mean and peak other cores, the highest load
+    average, and how many windows were noisy against ``busy``."""
+
+    mean_cores: float
+    peak_cores: float
+    load_average: Optional[float]
+    noisy: int
+    windows: int
+    busy: float = BUSY
+
+    @classmethod
+    def of(cls, records: Iterable[dict], busy: float = BUSY) -> Optional["LoadSummary"]:
+        """From records carrying ``others_cores`` (and ``seconds``, ``load_average``, ``noisy``); None when none does."""
+        measured = [r for r in records if r.get("others_cores") is not None]
+        if not measured:
+            return None
+        weights = [max(r.get("seconds") or 0.0, 1e-9) for r in measured]
+        mean = sum(w * r["others_cores"] for w, r in zip(weights, measured)) / sum(weights)
+        averages = [r["load_average"] for r in measured if r.get("load_average") is not None]
+        busy = measured[0].get("busy_limit", busy)  # the limit the run was judged by
+        noisy = sum(bool(r.get("noisy", r["others_cores"] > busy)) for r in measured)
+        return cls(mean, max(r["others_cores"] for r in measured), max(averages) if averages else None, noisy,
+                   len(measured), busy)
+
+    @property
+    def quiet(self) -> bool:
+        return self.noisy == 0
+
+    def line(self) -> str:
+        """``QUIET: ...`` or ``NOISY: ...``, one line, as the quiet tool says it."""
+        average = f", load average up to {self.load_average:.2f}" if self.load_average is not None else ""
+        verdict = "QUIET" if self.quiet else f"NOISY ({self.noisy} of {self.windows} timed runs above {self.busy:g} cores)"
+        return (f"{verdict}: other processes used {self.mean_cores:.2f} cores on average (peak {self.peak_cores:.2f} "
+                f"over one timed run) during {self.windows} timed run{'s' if self.windows != 1 else ''}{average}")
+
+
+def cpu_flags(proc: Path = PROC) -> str:
+    """The vector extensions that decide CPU kernels: ``avx2``, ``avx512f``, ``avx512_bf16``, ``amx_tile`` (those present)."""
+    try:
+        text = (proc / "cpuinfo").read_text()
+    except OSError:
+        return ""
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags)
