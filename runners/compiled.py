@@ -27,6 +27,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from runners import static
+from runners.attention import shared_kv_heads
 from runners.compile_cache import CacheCount, use_compile_cache
 from runners.device import model_device
 from runners.hidden import select_hidden
@@ -37,6 +38,11 @@ from runners.trees import gather_branch, tree_depths, tree_inputs, tree_unsuppor
 # inductor's freezing for the model's own CPU linears (MKL-packed constants); graphs with frozen packed
 # weights are not kept by inductor's disk cache (they bypass it), so they are compiled at every start
 FREEZING = True
+# the frozen linears' kernels: "cpp", inductor's C++ GEMM templates autotuned against ATen's (MKL) when a
+# graph is built, so the faster one per shape on this CPU is kept; "aten": MKL's alone. Measured on a
+# 2-core AVX2 EPYC (docs/profile.md): MKL's 1-row products run on one thread at ~11 GB/s, the templates
+# use both at ~19 GB/s, and 8 rows 2.5x faster
+CPU_GEMM = "cpp"
 BUCKETS = (1, 2, 4, 8, 16, 32)  # 32: suffix decoding's longest draft (24) and a tree of 16 nodes stay compiled
 MIN_CAPACITY = 1024
 
@@ -141,7 +147,9 @@ class _Compiled:
         first = key not in self.built
         clock = time.perf_counter()
         hidden = None
-        with _frozen(first and FREEZING and not self.cuda and not self.packed):  # the build reads it; a replay does not need the patch
+        # the build reads the freezing patch, a replay does not; the attention switch is read by both (a guard)
+        with _frozen(first and FREEZING and not self.cuda and not self.packed), \
+                (contextlib.nullcontext() if self.cuda else shared_kv_heads(self.model)):
             if layers:
                 logits, hidden = self.forward_hidden(buffer, positions, cache, layers)
                 logits = logits[0]
@@ -171,7 +179,8 @@ def _frozen(on: bool):
         return
     import torch._inductor.config
 
-    with torch._inductor.config.patch(freezing=True):
+    autotune = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"} if CPU_GEMM == "cpp" else {}
+    with torch._inductor.config.patch(freezing=True, **autotune):
         yield
 
 
@@ -302,7 +311,7 @@ def prepare(model: Module, length: int = MIN_CAPACITY - BUCKETS[-1], say: Callab
     sizes = sorted({b for b, _ in todo})
     with_hidden = f" (and with hidden states of layers {list(hidden_layers)})" if any(layers for _, layers in todo) else ""
     say(f"compiling {type(model).__name__}: passes over {', '.join(map(str, sizes))} positions{with_hidden}, "
-        f"cache of {state.capacity} positions ({_how(state.cuda, state.packed)})")
+        f"cache of {state.capacity} positions ({_how(state.cuda, state.packed, next(model.parameters()).dtype)})")
     before, state.cache_count = state.compile_seconds, CacheCount()
     ids = torch.zeros((1, BUCKETS[-1]), dtype=torch.long, device=state.device)
     for _ in range(2):  # twice: CUDA graphs record on the run after their warm-up
@@ -323,14 +332,19 @@ def compile_source(model: Module) -> str:
     return state.cache_count.source if state is not None else ""
 
 
-def _how(cuda: bool, packed: bool) -> str:
-    return "CUDA graphs" if cuda else "inductor, prepacked linears" if packed else "inductor, frozen weights"
+def _how(cuda: bool, packed: bool, dtype: torch.dtype) -> str:
+    if cuda:
+        return "CUDA graphs"
+    if packed:
+        return "inductor, prepacked linears"
+    templates = CPU_GEMM == "cpp" and dtype in (torch.float32, torch.bfloat16, torch.float16)  # none for float64
+    return "inductor, frozen weights" + (", GEMM templates autotuned against MKL" if templates else ", MKL")
 
 
 def compiled_label(model: Module) -> str:
     """How ``model``'s passes run, for the header lines: "compiled (...)"."""
     state = _STATE.get(model)
-    how = _how(model_device(model).type == "cuda", prepacked(model))
+    how = _how(model_device(model).type == "cuda", prepacked(model), next(model.parameters()).dtype)
     shapes = f", passes of {'/'.join(map(str, BUCKETS))} positions"
     capacity = f", cache of {state.capacity} positions" if state is not None and state.capacity else ""
     source = compile_source(model)

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch._dynamo
 
-import utils.compiled as compiled
+import runners.compiled as compiled  # the module whose BUCKETS the runner reads
 from conftest import EOS_NEVER, PROMPT, llama, perturbed_copy, t5
 from ngram_assisted import NGramStorage, chained_speculative_generate, ngram_assisted_speculative_generate
 from sampling import (
@@ -184,3 +184,48 @@ def test_prepacked_linears_run_inside_the_compiled_graph_as_one_call_each_with_t
         assert "prepacked linears" in compiled.compiled_label(model)
         for length, rows in [(20, 1), (21, 1), (24, 3), (25, 1)]:
             torch.testing.assert_close(fast(ids[:, :length], rows), slow(ids[:, :length], rows), rtol=1e-5, atol=1e-6)
+
+
+def test_our_graphs_share_key_value_heads_in_the_kernel_and_leave_the_model_on_transformers_sdpa(models):
+    """A grouped-query model's compiled passes run ``runners.attention.sdpa_shared_kv`` (SDPA's own
+    ``enable_gqa``, no copy of the cache per query head), the same attention as transformers' SDPA;
+    outside our graphs the model is back on transformers' "sdpa" (eager passes and the peers)."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from runners.attention import NAME, sdpa_shared_kv
+
+    target, _ = models
+    from transformers.masking_utils import AttentionMaskInterface
+
+    # its mask too: for a name it does not know, transformers builds none and every cached slot is attended
+    assert NAME in AttentionInterface._global_mapping and NAME in AttentionMaskInterface._global_mapping
+    assert target.config._attn_implementation == "sdpa"
+    layer = target.model.layers[0].self_attn
+    generator = torch.Generator().manual_seed(3)
+    query = torch.randn(1, 4, 3, 8, dtype=torch.float64, generator=generator)
+    key, value = (torch.randn(1, 2, 16, 8, dtype=torch.float64, generator=generator) for _ in range(2))
+    mask = torch.ones(1, 1, 3, 16, dtype=torch.bool).tril(diagonal=12)
+    ours, theirs = sdpa_shared_kv(layer, query, key, value, mask, scaling=0.3), sdpa_attention_forward(
+        layer, query, key, value, mask, scaling=0.3)
+    torch.testing.assert_close(ours[0], theirs[0], rtol=1e-12, atol=1e-12)
+
+
+def test_float32_graphs_autotune_inductor_gemm_templates_against_mkl_with_the_eager_logits():
+    """On CPU the frozen float32 linears are built with inductor's C++ GEMM templates, autotuned
+    against MKL's (``CPU_GEMM``); the logits stay the eager static runner's, to float32 rounding, and
+    the autotuning options are off again outside our graphs' builds."""
+    import torch._inductor.config
+
+    from runners import set_prepack
+
+    model = llama(vocab=96, layers=1, window=256, seed=5).to(torch.float32)
+    set_prepack(model, False)
+    ids = torch.tensor([PROMPT * 3])
+    with pytest.MonkeyPatch.context() as patch, torch.no_grad():
+        patch.setattr(compiled, "BUCKETS", (1, 4))
+        assert compiled.CPU_GEMM == "cpp"
+        fast, slow = CompiledRunner(model), KVCacheModel(model, True, cache="static")
+        for length, rows in [(20, 1), (21, 1), (24, 3), (25, 1)]:
+            torch.testing.assert_close(fast(ids[:, :length], rows), slow(ids[:, :length], rows), rtol=1e-4, atol=1e-5)
+    assert torch._inductor.config.max_autotune is False and torch._inductor.config.freezing is False
