@@ -277,12 +277,13 @@ def load_pair(
         if reason is not None:
             say(f"--compile: the {role} runs eagerly: {reason}", "red")
         if compile and reason is None:
-            # the graphs call the kernels the eager runner would (measured, "auto"): prepacked linears
-            # are one opaque call each in the graph; the model's own are packed by the compiler
+            # "auto": the model's own linears, frozen into the graphs, whose kernels inductor measures
+            # as it builds them (its GEMM templates against MKL, per shape: runners.compiled.CPU_GEMM);
+            # eager kernels measured here would answer another question (docs/profile.md: the
+            # templates beat MKL and oneDNN's prepacked layers on the AVX2 EPYC). "on": oneDNN's.
+            set_prepack(model, prepack in (True, "on"))
             if prepack == "auto" and prepackable(model):
-                _, pair.notes.setdefault(role, {})["kernels"] = startup_kernels(model, role, remeasure, busy=bool(busy))
-            else:
-                set_prepack(model, prepack in (True, "on"))
+                pair.notes.setdefault(role, {})["kernels"] = "compiled: kernels autotuned per shape as the graphs are built"
             seconds = prepare(model, compile_length, lambda text: say(f"{role}: {text} ...", "dim"))
             pair.compile_seconds[role] = seconds
             say(f"Compiled the {role} in {seconds:.1f} s ({compile_source(model) or 'nothing new'}; outside every timed run)")

@@ -117,9 +117,12 @@ class _Compiled:
         if cache is None:
             raise RuntimeError(why_not_compiled(self.model) or "no static cache")
         # one eager pass allocates every layer's keys and values (their heads, dtype and device are
-        # the model's), outside any graph: a graph then only ever writes into them
+        # the model's), outside any graph: a graph then only ever writes into them. Asking for the
+        # hidden states makes transformers install its output-capturing hooks here, under a lock
+        # that dynamo cannot trace, rather than inside the first graph that returns them
         one = torch.zeros((1, 1), dtype=torch.long, device=self.device)
-        self.model(input_ids=one, position_ids=one, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        self.model(input_ids=one, position_ids=one, past_key_values=cache, use_cache=True, logits_to_keep=1,
+                   output_hidden_states=True)
         static.set_length(cache, 0)
         # transformers marks them static and unguarded: a graph (frozen on CPU, replayed on CUDA)
         # would keep reading the first cache's tensors for any later cache; guarded, a graph

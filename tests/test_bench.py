@@ -205,7 +205,7 @@ def test_compiled_benchmark_compiles_before_timing_reports_it_apart_and_runs_the
 
     after_start_up = []
     compile_for = bench.Bench.compile_for
-    monkeypatch.setattr(bench.Bench, "compile_for", lambda self, items: (compile_for(self, items), after_start_up.append(len(compile_events))))
+    monkeypatch.setattr(bench.Bench, "compile_for", lambda self, items, configs: (compile_for(self, items, configs), after_start_up.append(len(compile_events))))
     out = tmp_path / "compiled"
     bench.main(["--target", tiny_models["target"], "--device", "cpu", "--limit", "1", "--categories", "qa", "--compile",
                 "--strategies", "target,ngram,pld,target_eager", "--storages", "basic", "--max-new-tokens", "8",

@@ -229,3 +229,20 @@ def test_float32_graphs_autotune_inductor_gemm_templates_against_mkl_with_the_ea
         for length, rows in [(20, 1), (21, 1), (24, 3), (25, 1)]:
             torch.testing.assert_close(fast(ids[:, :length], rows), slow(ids[:, :length], rows), rtol=1e-4, atol=1e-5)
     assert torch._inductor.config.max_autotune is False and torch._inductor.config.freezing is False
+
+
+def test_graphs_returning_hidden_states_build_on_a_model_never_asked_for_them_before():
+    """transformers installs its output-capturing hooks on the first call asking for hidden states,
+    under a lock dynamo cannot trace: the runner's eager cache pass makes that call, so a graph that
+    returns hidden states builds on a fresh model (the benchmark with ``--compile`` and a head)."""
+    model = llama(layers=2, seed=6)
+    with pytest.MonkeyPatch.context() as patch, torch.no_grad():
+        patch.setattr(compiled, "BUCKETS", (1,))
+        prepare(model, 64, hidden_layers=(0, 2))
+        runner = CompiledRunner(model)
+        runner.hidden_layers = (0, 2)
+        ids = torch.tensor([PROMPT])
+        runner(ids[:, :-1])
+        runner(ids, 1)
+        full = model(input_ids=ids, output_hidden_states=True).hidden_states
+        torch.testing.assert_close(runner.hidden, torch.cat([full[0][0, -1:], full[2][0, -1:]], -1), rtol=1e-6, atol=1e-8)

@@ -165,7 +165,7 @@ def benchmark(args, processor, greedy: bool) -> None:
     if not bench.greedy:
         configs = [c for c in configs if not c.strategy.peer]  # transformers peers: greedy only
     items = bench.items(rows)
-    bench.compile_for(items)
+    bench.compile_for(items, configs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"{len(items)} prompts x {len(configs)} configurations x {args.repeats} repeats, {args.max_new_tokens} new tokens",

@@ -67,16 +67,18 @@ class Bench:
         runner = self.settings.runner  # divergences are replayed on the runner the strategies ran: its kind, compiled or not
         self.runner_factory = lambda model: default_runner(model, runner)
 
-    def compile_for(self, items: List[dict]) -> None:
+    def compile_for(self, items: List[dict], configs: List[Config]) -> None:
         """With ``--compile``: make the compiled graphs hold the longest prompt plus its new tokens,
-        before any timed run (a larger cache is a new set of graphs); counted in ``compile_seconds``."""
+        before any timed run (a larger cache is a new set of graphs); counted in ``compile_seconds``.
+        The graphs that also return hidden states only where a configuration drafts with the head."""
         from runners import prepare
 
         longest = max(len(item["prompt"]) for item in items) + self.args.max_new_tokens
         runners = {"target": self.settings.runner, "drafter": self.settings.drafter_runner}
+        drafts_with_head = any(c.strategy.needs_head or c.key == "merged" for c in configs)
         for role, model in (("target", self.target), ("drafter", self.drafter)):
             if model is not None and runners[role].compiled_for(model):
-                head = self.settings.head if role == "target" else None
+                head = self.settings.head if role == "target" and drafts_with_head else None
                 seconds = prepare(model, longest, lambda text: print(f"{role}: {text} ...", file=sys.stderr),
                                   hidden_layers=head.config.aux_layers if head is not None else ())
                 self.compile_seconds[role] = self.compile_seconds.get(role, 0.0) + seconds
