@@ -53,6 +53,10 @@ def add_shared_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", action="store_true", help="our runners' decoding and verification passes compiled with "
                         "torch.compile over a static cache (inductor with frozen weights on CPU, CUDA graphs on CUDA), "
                         "compiled once at start-up and reported apart; transformers' static-cache peer is compiled too")
+    parser.add_argument("--gemm", choices=["mkl", "templates"], default="mkl", help="with --compile on CPU, the kernels of the "
+                        "frozen linear layers: mkl (MKL's; the embedded model compiles in ~4 min) or templates (inductor's C++ "
+                        "GEMM templates, autotuned against MKL per shape as the graphs are built: passes ~2x faster on a 2-core "
+                        "AVX2 EPYC, ~17 min to compile, at every start; docs/profile.md) (default mkl)")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow model code from the Hub (off: it runs code you have not read)")
     parser.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     parser.add_argument("--processor", default="greedy", help='sampling, as the REPL\'s /processor takes it, e.g. "nucleus 0.6 0.9" (default greedy)')

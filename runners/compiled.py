@@ -38,11 +38,21 @@ from runners.trees import gather_branch, tree_depths, tree_inputs, tree_unsuppor
 # inductor's freezing for the model's own CPU linears (MKL-packed constants); graphs with frozen packed
 # weights are not kept by inductor's disk cache (they bypass it), so they are compiled at every start
 FREEZING = True
-# the frozen linears' kernels: "cpp", inductor's C++ GEMM templates autotuned against ATen's (MKL) when a
-# graph is built, so the faster one per shape on this CPU is kept; "aten": MKL's alone. Measured on a
-# 2-core AVX2 EPYC (docs/profile.md): MKL's 1-row products run on one thread at ~11 GB/s, the templates
-# use both at ~19 GB/s, and 8 rows 2.5x faster
-CPU_GEMM = "cpp"
+# the frozen linears' kernels (``--gemm``): "templates", inductor's C++ GEMM templates autotuned against
+# MKL when a graph is built, so the faster one per shape on this CPU is kept; "mkl": MKL's alone. On a
+# 2-core AVX2 EPYC (docs/profile.md) MKL's 1-row products run on one core at ~12 GB/s, the templates on
+# both at ~18 GB/s (a pass 2x faster), but building them takes inductor ~17 min for the embedded model's
+# six pass lengths, at every start (frozen graphs bypass its cache), against ~4 min with MKL
+CPU_GEMM = "mkl"
+GEMMS = ("mkl", "templates")
+
+
+def set_cpu_gemm(name: str) -> None:
+    """The kernels of the frozen linears in graphs built from now on (``GEMMS``)."""
+    global CPU_GEMM
+    if name not in GEMMS:
+        raise ValueError(f"gemm must be one of {', '.join(GEMMS)}, got {name!r}")
+    CPU_GEMM = name
 BUCKETS = (1, 2, 4, 8, 16, 32)  # 32: suffix decoding's longest draft (24) and a tree of 16 nodes stay compiled
 MIN_CAPACITY = 1024
 
@@ -182,7 +192,7 @@ def _frozen(on: bool):
         return
     import torch._inductor.config
 
-    autotune = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"} if CPU_GEMM == "cpp" else {}
+    autotune = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"} if CPU_GEMM == "templates" else {}
     with torch._inductor.config.patch(freezing=True, **autotune):
         yield
 
@@ -340,7 +350,7 @@ def _how(cuda: bool, packed: bool, dtype: torch.dtype) -> str:
         return "CUDA graphs"
     if packed:
         return "inductor, prepacked linears"
-    templates = CPU_GEMM == "cpp" and dtype in (torch.float32, torch.bfloat16, torch.float16)  # none for float64
+    templates = CPU_GEMM == "templates" and dtype in (torch.float32, torch.bfloat16, torch.float16)  # none for float64
     return "inductor, frozen weights" + (", GEMM templates autotuned against MKL" if templates else ", MKL")
 
 

@@ -211,9 +211,9 @@ def test_our_graphs_share_key_value_heads_in_the_kernel_and_leave_the_model_on_t
     torch.testing.assert_close(ours[0], theirs[0], rtol=1e-12, atol=1e-12)
 
 
-def test_float32_graphs_autotune_inductor_gemm_templates_against_mkl_with_the_eager_logits():
-    """On CPU the frozen float32 linears are built with inductor's C++ GEMM templates, autotuned
-    against MKL's (``CPU_GEMM``); the logits stay the eager static runner's, to float32 rounding, and
+def test_float32_graphs_on_gemm_templates_autotuned_against_mkl_give_the_eager_logits():
+    """With ``--gemm templates`` the frozen float32 linears are built with inductor's C++ GEMM
+    templates, autotuned against MKL's (``CPU_GEMM``); the logits stay the eager static runner's, to float32 rounding, and
     the autotuning options are off again outside our graphs' builds."""
     import torch._inductor.config
 
@@ -224,7 +224,7 @@ def test_float32_graphs_autotune_inductor_gemm_templates_against_mkl_with_the_ea
     ids = torch.tensor([PROMPT * 3])
     with pytest.MonkeyPatch.context() as patch, torch.no_grad():
         patch.setattr(compiled, "BUCKETS", (1, 4))
-        assert compiled.CPU_GEMM == "cpp"
+        patch.setattr(compiled, "CPU_GEMM", "templates")  # --gemm templates
         fast, slow = CompiledRunner(model), KVCacheModel(model, True, cache="static")
         for length, rows in [(20, 1), (21, 1), (24, 3), (25, 1)]:
             torch.testing.assert_close(fast(ids[:, :length], rows), slow(ids[:, :length], rows), rtol=1e-4, atol=1e-5)

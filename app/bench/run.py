@@ -24,11 +24,13 @@ def first_divergence(a: List[int], b: List[int]) -> Optional[int]:
 class Bench:
     def __init__(self, args, processor, greedy: bool):
         from app.session import SetupError, build_settings, cross_preset, load_pair, pair_preset
+        from runners.compiled import set_cpu_gemm
         from sampling.common import output_vocab_size
         from sampling.divergence import default_runner
 
         self.args = args
         self.processor, self.greedy = processor, greedy
+        set_cpu_gemm(args.gemm)  # read as compiled graphs are built
         try:
             preset = {"pair": pair_preset, "cross": cross_preset}.get(args.preset, dict)()
             pair = load_pair(args.target or preset.get("target"), args.drafter or preset.get("drafter"), args.device, dtype=args.dtype,

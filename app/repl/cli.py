@@ -95,6 +95,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     console.print(Text("Speculative Decoding", style="bold red"), Text(" REPL ", style="white on red"))
     meter = LoadMeter()  # what else ran during the start-up measurements
     meter.start()
+    from runners.compiled import set_cpu_gemm
+
+    set_cpu_gemm(args.gemm)  # read as compiled graphs are built
     try:
         pair = load_pair(args.target, args.drafter, args.device, args.drafter_device, args.dtype, args.quantize,
                          args.drafter_quantize, args.trust_remote_code, args.cache, args.prepack, say, args.compile,
