@@ -53,10 +53,9 @@ def add_shared_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", action="store_true", help="our runners' decoding and verification passes compiled with "
                         "torch.compile over a static cache (inductor with frozen weights on CPU, CUDA graphs on CUDA), "
                         "compiled once at start-up and reported apart; transformers' static-cache peer is compiled too")
-    parser.add_argument("--gemm", choices=["mkl", "templates"], default="mkl", help="with --compile on CPU, the kernels of the "
-                        "frozen linear layers: mkl (MKL's; the embedded model compiles in ~4 min) or templates (inductor's C++ "
-                        "GEMM templates, autotuned against MKL per shape as the graphs are built: passes ~2x faster on a 2-core "
-                        "AVX2 EPYC, ~17 min to compile, at every start; docs/profile.md) (default mkl)")
+    parser.add_argument("--gemm", choices=["mkl", "templates"], default="mkl", help="with --compile on CPU, the frozen linears' "
+                        "kernels: mkl (default; minutes to compile) or templates (inductor's C++ GEMM templates autotuned against "
+                        "MKL per shape: passes ~1.6x faster on a 2-core AVX2 EPYC, 11-17 min to compile at every start)")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow model code from the Hub (off: it runs code you have not read)")
     parser.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     parser.add_argument("--processor", default="greedy", help='sampling, as the REPL\'s /processor takes it, e.g. "nucleus 0.6 0.9" (default greedy)')
@@ -281,13 +280,11 @@ def load_pair(
         if reason is not None:
             say(f"--compile: the {role} runs eagerly: {reason}", "red")
         if compile and reason is None:
-            # "auto": the model's own linears, frozen into the graphs, whose kernels inductor measures
-            # as it builds them (its GEMM templates against MKL, per shape: runners.compiled.CPU_GEMM);
-            # eager kernels measured here would answer another question (docs/profile.md: the
-            # templates beat MKL and oneDNN's prepacked layers on the AVX2 EPYC). "on": oneDNN's.
+            # "auto": the model's own linears frozen into the graphs (--gemm: MKL's or inductor's autotuned
+            # templates); an eager kernel measurement would answer another question. "on": oneDNN's.
             set_prepack(model, prepack in (True, "on"))
             if prepack == "auto" and prepackable(model):
-                pair.notes.setdefault(role, {})["kernels"] = "compiled: kernels autotuned per shape as the graphs are built"
+                pair.notes.setdefault(role, {})["kernels"] = "compiled: own linears frozen, kernels by --gemm"
             seconds = prepare(model, compile_length, lambda text: say(f"{role}: {text} ...", "dim"))
             pair.compile_seconds[role] = seconds
             say(f"Compiled the {role} in {seconds:.1f} s ({compile_source(model) or 'nothing new'}; outside every timed run)")

@@ -133,6 +133,13 @@ def run_environment() -> dict:
     return {**machine_key(), "python": platform.python_version(), "cpu_flags": cpu_flags()}
 
 
+def versions_line() -> str:
+    """``run_environment`` in one line: the libraries, Python, the CPU and its vector extensions."""
+    env = run_environment()
+    return (f"torch {env['torch']} · transformers {env['transformers']} · Python {env['python']} · {env['cpu']} "
+            f"({env['cpu_flags'] or 'no AVX2'}), {env['threads']} threads")
+
+
 def model_identity(model) -> dict:
     """A model's name and a cheap fingerprint: its config's hash, parameter count, dtype and device.
     The folder's last component only: a measurement is about speed, which the moved folder keeps."""

@@ -131,16 +131,9 @@ def _help(repl):
         line = Text(f"  {command.usage:<40}", style="bold") + Text(f" {command.what}")
         console.print(line + Text(f"  [{now}]", style="cyan") if now else line)
     console.print("Anything else is a prompt (\\n and \\t become newline and tab).")
+    from utils.measurements import versions_line
+
     console.print(Text("Versions: ", style="bold") + Text(versions_line()))
-
-
-def versions_line() -> str:
-    """What this session's figures are measured with: the libraries, Python, the CPU and its vector extensions."""
-    from utils.measurements import run_environment
-
-    env = run_environment()
-    return (f"torch {env['torch']} · transformers {env['transformers']} · Python {env['python']} · {env['cpu']} "
-            f"({env['cpu_flags'] or 'no AVX2'}), {env['threads']} threads")
 
 
 def _no_template(repl):
