@@ -246,3 +246,21 @@ def test_graphs_returning_hidden_states_build_on_a_model_never_asked_for_them_be
         runner(ids, 1)
         full = model(input_ids=ids, output_hidden_states=True).hidden_states
         torch.testing.assert_close(runner.hidden, torch.cat([full[0][0, -1:], full[2][0, -1:]], -1), rtol=1e-6, atol=1e-8)
+
+
+def test_the_gemm_choice_is_named_in_the_runner_label_and_unknown_kernels_are_refused():
+    """``--gemm`` reaches the graphs through ``set_cpu_gemm``; the label says which kernels a graph
+    gets (no templates exist for float64: MKL's), and a name it does not know changes nothing."""
+    before = compiled.CPU_GEMM
+    try:
+        compiled.set_cpu_gemm("templates")
+        assert compiled._how(False, False, torch.float32).endswith("frozen weights, GEMM templates autotuned against MKL")
+        assert compiled._how(False, False, torch.float64).endswith("frozen weights, MKL")
+        assert compiled._how(False, True, torch.float32) == "inductor, prepacked linears"
+        compiled.set_cpu_gemm("mkl")
+        assert compiled._how(False, False, torch.float32).endswith("frozen weights, MKL")
+        with pytest.raises(ValueError, match="gemm must be one of mkl, templates, got 'fast'"):
+            compiled.set_cpu_gemm("fast")
+        assert compiled.CPU_GEMM == "mkl"
+    finally:
+        compiled.set_cpu_gemm(before)
