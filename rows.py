@@ -70,8 +70,8 @@ def _arctic(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]
 
 
 def _suffix_memory(s: Settings):
-    from sampling.common import output_vocab_size
-    from sampling.suffix_memory import SuffixMemory
+    from runners.limits import output_vocab_size
+    from drafters.suffix_memory import SuffixMemory
 
     return SuffixMemory(s.suffix.max_tree_depth, output_vocab_size(s.target))
 
@@ -102,7 +102,7 @@ def _merged(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]
 def _eagle(prompt: List[int], s: Settings):
     """The EAGLE-3 head's chain drafter: the target's processor, the policy's confidence cutoff and floor."""
     from drafters.eagle import EagleDrafter
-    from sampling.common import output_vocab_size
+    from runners.limits import output_vocab_size
 
     return EagleDrafter(s.head, s.processor, output_vocab_size(s.target), s.policy.p_min, s.policy.min_draft)
 

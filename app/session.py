@@ -199,7 +199,7 @@ def _check_drafter(pair: Pair, drafter_tokenizer, name: str, chat: bool = True, 
     its own is kept (``Pair.drafter_tokenizer``, ``Pair.relation``) unless ``cross_problem`` finds
     something missing, which is said in one line, the drafter dropped (speculative decoding off)."""
     from drafters.cross_tokenizer import same_vocabulary
-    from sampling.common import common_vocab_size
+    from runners.limits import common_vocab_size
 
     if pair.drafter.config.is_encoder_decoder != pair.target.config.is_encoder_decoder:
         raise SetupError("drafter and target must both be decoder-only or both encoder-decoder")

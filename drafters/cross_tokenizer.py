@@ -223,7 +223,7 @@ def cross_drafter(model, config, prompt: List[int], target, tokenizer, drafter_t
     """A ``CrossTokenizerDrafter`` for ``model`` under ``config`` (its processor and runner), after
     checking, in one line each, that the drafter can spell the target prompt's text. ``drafter_prompt``:
     the prompt as the drafter reads it (None: the target prompt's text in the drafter's tokens)."""
-    from sampling.common import context_window, output_vocab_size
+    from runners.limits import context_window, output_vocab_size
 
     if tokenizer is None:
         raise ValueError("a drafter with its own tokenizer needs the target's tokenizer (tokenizer=...)")

@@ -15,7 +15,7 @@ import torch
 from drafters.ngram import NGramDrafter
 from drafters.recycling import RANK_DECAY, RecyclingDrafter
 from drafters.suffix import SuffixDrafter
-from sampling.suffix_tree import TIE, best_match_tree
+from drafters.suffix_tree import TIE, best_match_tree
 
 Branch = Tuple[Tuple[int, ...], float]  # (token path after the context, conditional score of its last token)
 

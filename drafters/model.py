@@ -6,8 +6,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from drafters.base import UNLIMITED, Drafter
-from sampling.common import context_window
-from sampling.config import GenerationConfig
+from runners.limits import context_window
 from runners import KVCacheModel
 from utils.logits_processor import LogitsProcessor
 
@@ -30,9 +29,10 @@ class ModelDrafter(Drafter):
         self.window = window
 
     @classmethod
-    def of(cls, model: Module, config: GenerationConfig, encoder_input_ids: List[int] | None = None) -> "ModelDrafter":
-        """A drafter for ``model`` under ``config``: its processor, cache setting, shared
-        vocabulary, and the policy's confidence cutoff and floor."""
+    def of(cls, model: Module, config, encoder_input_ids: List[int] | None = None) -> "ModelDrafter":
+        """A drafter for ``model`` under ``config`` (a ``sampling.GenerationConfig``, read, not
+        imported: the loops sit above the drafters): its processor, runner, shared vocabulary, and
+        the policy's confidence cutoff and floor."""
         runner = config.make_runner(model, encoder_input_ids, drafter=True)
         policy = config.policy
         return cls(runner, config.processor, config.vocab_size, context_window(model), policy.p_min, policy.min_draft)

@@ -8,7 +8,6 @@ import torch
 from torch import Tensor
 
 from drafters.base import Drafter, write_drafts
-from ngram_assisted.ngram_storage import has_int_path
 
 TREE_CHILDREN = 4  # continuations an n-gram tree considers after each node: the most frequent ones
 
@@ -132,3 +131,9 @@ def ngram_tree_drafter(storage, prompt: List[int], filler_top_k: int = 3) -> NGr
     if not has_int_path(storage):
         raise ValueError("draft trees need a storage with this project's int methods (a CountingNGramStorage)")
     return ngram_drafter(storage, prompt, filler_top_k)
+
+
+def has_int_path(storage) -> bool:
+    """Whether ``storage`` is read through its int API (``CountingNGramStorage.int_path``); any other
+    storage (the reference's ``INgramStorage`` interface alone) through its tensor methods."""
+    return bool(getattr(storage, "int_path", False))

@@ -7,7 +7,7 @@ from typing import Dict, List, Tuple
 from torch import Tensor
 
 from drafters.base import Drafter
-from sampling.common import check_positive_int
+from utils.parsing import check_positive_int
 
 RANK_DECAY = 0.5  # the template's estimate: rank r of a row is right with weight RANK_DECAY^(r + 1)
 MAX_DEPTH = 6

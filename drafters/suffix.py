@@ -14,9 +14,9 @@ from typing import List, Tuple
 from torch import Tensor
 
 from drafters.base import Drafter, write_drafts
-from sampling.common import check_positive_int
-from sampling.suffix_memory import MAX_DEPTH, SuffixMemory
-from sampling.suffix_tree import ROOT, TIE, SuffixTrie, best_match_path, best_match_tree
+from utils.parsing import check_positive_int
+from drafters.suffix_memory import MAX_DEPTH, SuffixMemory
+from drafters.suffix_tree import ROOT, TIE, SuffixTrie, best_match_path, best_match_tree
 
 
 @dataclass

@@ -7,7 +7,8 @@ from torch.nn import Module
 
 from drafters import ChainedDrafter, ModelDrafter, ngram_drafter
 from ngram_assisted.ngram_storage import INgramStorage
-from sampling.common import check_positive_int, common_vocab_size
+from utils.parsing import check_positive_int
+from runners.limits import common_vocab_size
 from sampling.draft_policy import DraftPolicy
 from sampling.entry import generate
 from sampling.stats import GenerationStats

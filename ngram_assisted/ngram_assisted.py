@@ -7,7 +7,8 @@ from torch.nn import Module
 
 from drafters.ngram import NGramDrafter, TensorStorageDrafter, ngram_drafter  # noqa: F401 (importable from here, as before)
 from ngram_assisted.ngram_storage import INgramStorage
-from sampling.common import check_positive_int, reference_keywords
+from sampling.common import reference_keywords
+from utils.parsing import check_positive_int
 from sampling.draft_policy import DraftPolicy
 from sampling.entry import generate
 from sampling.speculative_decoding import speculative  # the loop, looked up at each call (tests verify through another runner)

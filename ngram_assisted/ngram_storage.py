@@ -77,6 +77,12 @@ class CountingNGramStorage(INgramStorage):
     reference's tensor methods are written on top of it."""
 
     # --- int API, used by the decoding loop -------------------------------------------------
+    @property
+    def int_path(self) -> bool:
+        """Whether the drafters may read this storage through the int API: its tensor methods are
+        this project's own (a subclass that overrides them is read through them instead)."""
+        return all(getattr(type(self), name) is getattr(CountingNGramStorage, name) for name in _TENSOR_METHODS)
+
     @abc.abstractmethod
     def context_lengths(self, available: int) -> range:
         """Context lengths to consult, longest first, for a sequence of ``available`` tokens."""
@@ -164,14 +170,6 @@ class CountingNGramStorage(INgramStorage):
 
 
 _TENSOR_METHODS = ("next_token", "has_gram", "update", "initialize")
-
-
-def has_int_path(storage) -> bool:
-    """Whether ``storage`` can be read through the int API: a ``CountingNGramStorage`` whose tensor
-    methods are this project's own (a subclass that overrides them is read through them instead)."""
-    if not isinstance(storage, CountingNGramStorage):
-        return False
-    return all(getattr(type(storage), name) is getattr(CountingNGramStorage, name) for name in _TENSOR_METHODS)
 
 
 class NGramStorage(CountingNGramStorage):

@@ -8,7 +8,7 @@ processes compiling at once both finish with whole entries (the later rename win
 Dynamo still traces each pass shape at every start (its bytecode is not cached); what the caches skip
 is the lowering and the C++ compiler, most of the time.
 
-``compile_cache_dir()``: ``$SPECDEC_COMPILE_CACHE``, else ``$TORCHINDUCTOR_CACHE_DIR`` where the user
+``compile_cache_dir()``: ``$TORCHINDUCTOR_CACHE_DIR`` where the user
 set one, else ``utils.models.cache_dir()/inductor``. ``use_compile_cache()`` points inductor at it
 (before the first graph is built); ``CacheCount`` tells whether a build was served from it.
 """
@@ -34,7 +34,7 @@ def compile_cache_dir() -> Path:
     """Where compiled graphs are kept between starts (see the module's docstring)."""
     from utils.models import cache_dir
 
-    chosen = os.environ.get("SPECDEC_COMPILE_CACHE") or _users_folder()
+    chosen = _users_folder()
     return Path(chosen) if chosen else cache_dir() / "inductor"
 
 

@@ -16,7 +16,6 @@ over a static KV cache kept per model (gpt-fast's ``prefill`` / ``decode_one_tok
   ``compile_events`` counts every graph built; a graph built after ``prepare`` is a bug the tests catch.
 """
 import contextlib
-import inspect
 import time
 import weakref
 from typing import Callable, Dict, List, Optional, Tuple
@@ -29,10 +28,10 @@ from torch.nn import Module
 from runners import static
 from runners.attention import shared_kv_heads
 from runners.compile_cache import CacheCount, use_compile_cache
+from runners.config import why_not_compiled
 from runners.device import model_device
 from runners.hidden import select_hidden
 from runners.prepacking import prepacked
-from utils.quantization import model_quantization
 from runners.trees import gather_branch, tree_depths, tree_inputs, tree_unsupported
 
 # inductor's freezing for the model's own CPU linears (MKL-packed constants); graphs with frozen packed
@@ -55,19 +54,6 @@ def set_cpu_gemm(name: str) -> None:
     CPU_GEMM = name
 BUCKETS = (1, 2, 4, 8, 16, 32)  # 32: suffix decoding's longest draft (24) and a tree of 16 nodes stay compiled
 MIN_CAPACITY = 1024
-
-
-def why_not_compiled(model: Module) -> Optional[str]:
-    """Why ``model`` cannot run compiled passes (one line), or None when it can."""
-    if getattr(model.config, "is_encoder_decoder", False):
-        return "encoder-decoder models run eagerly (their cross-attention cache is not static)"
-    if "position_ids" not in inspect.signature(model.forward).parameters:
-        return f"{type(model).__name__} takes no position_ids: it runs eagerly"
-    if model_device(model).type == "cuda" and model_quantization(model) in ("bitsandbytes", "quanto"):
-        return "bitsandbytes and quanto layers do not compile: the quantized model runs eagerly"
-    if static.static_cache(model, 8) is None:
-        return f"{type(model).__name__}'s cache is not a plain key/value store: it runs eagerly"
-    return None
 
 
 def bucket(rows: int) -> Optional[int]:

@@ -1,11 +1,15 @@
 """How a model's passes run: which KV cache and whether compiled. Built once (from the flags, or
 from a Python call), carried whole in ``sampling.GenerationConfig``, never stored on the model."""
+import inspect
 from dataclasses import dataclass, replace
 from typing import Optional
 
 from torch.nn import Module
 
+from runners import static
 from runners.cache_kind import check_cache, runner_cache
+from runners.device import model_device
+from utils.quantization import model_quantization
 
 
 @dataclass(frozen=True)
@@ -27,8 +31,6 @@ class RunnerConfig:
 
     def compiled_for(self, model: Module) -> bool:
         """Whether ``model``'s runner runs compiled passes under this configuration."""
-        from runners.compiled import why_not_compiled
-
         return self.compile and why_not_compiled(model) is None
 
     def with_(self, **changes) -> "RunnerConfig":
@@ -41,3 +43,17 @@ class RunnerConfig:
 
 
 EAGER = RunnerConfig()
+
+
+def why_not_compiled(model: Module) -> Optional[str]:
+    """Why ``model`` cannot run compiled passes (one line), or None when it can."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        return "encoder-decoder models run eagerly (their cross-attention cache is not static)"
+    if "position_ids" not in inspect.signature(model.forward).parameters:
+        return f"{type(model).__name__} takes no position_ids: it runs eagerly"
+    if model_device(model).type == "cuda" and model_quantization(model) in ("bitsandbytes", "quanto"):
+        return "bitsandbytes and quanto layers do not compile: the quantized model runs eagerly"
+    if static.static_cache(model, 8) is None:
+        return f"{type(model).__name__}'s cache is not a plain key/value store: it runs eagerly"
+    return None
+

@@ -25,7 +25,7 @@ _NAMES = {
     "GenerationStats": "sampling.stats",
     "SuffixDrafter": "sampling.suffix",
     "suffix_generate": "sampling.suffix",
-    "SuffixMemory": "sampling.suffix_memory",
+    "SuffixMemory": "drafters.suffix_memory",
     "draft_tree_and_verify": "sampling.tree_decoding",
 }
 

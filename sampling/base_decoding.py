@@ -5,7 +5,9 @@ import torch
 from torch.nn import Module
 
 from sampling.beam_search import BeamSearch
-from sampling.common import check_positive_int, check_prompt, context_window, generation_end, reference_keywords, stop_token_set
+from sampling.common import check_prompt, generation_end, reference_keywords, stop_token_set
+from utils.parsing import check_positive_int
+from runners.limits import context_window
 from sampling.config import GenerationConfig, Step
 from sampling.encoder_decoder import decoder_inputs
 from sampling.stats import GenerationStats

@@ -9,7 +9,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch.nn import Module
 
-from sampling.common import context_window, output_vocab_size
+from runners.limits import context_window, output_vocab_size
 from sampling.draft_policy import DraftPolicy
 from runners import DEFAULT_CPU_CACHE, KVCacheModel, drop_prepacked, kernels, make_runner, prepackable, runner_cache, set_prepack, synchronize
 from runners.config import EAGER, RunnerConfig

@@ -4,7 +4,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, List, Mapping, Sequence, Tuple
 
 from runners.config import EAGER, RunnerConfig
-from sampling.common import check_positive_int, stop_token_set
+from sampling.common import stop_token_set
+from utils.parsing import check_positive_int
 from sampling.draft_policy import DraftPolicy
 from sampling.stats import GenerationStats
 from utils.logits_processor import GreedyProcessor, LogitsProcessor

@@ -6,7 +6,9 @@ from typing import List, Tuple
 
 from torch.nn import Module
 
-from sampling.common import context_window, generation_end
+from sampling.common import generation_end
+
+from runners.limits import context_window
 
 
 def is_encoder_decoder(model: Module) -> bool:

@@ -6,7 +6,8 @@ import torch
 from torch.nn import Module
 
 from drafters.base import Drafter, as_drafter
-from sampling.common import check_prompt, context_window, generation_end
+from sampling.common import check_prompt, generation_end
+from runners.limits import context_window
 from sampling.config import GenerationConfig
 from sampling.speculative_decoding import draft_and_verify
 from sampling.tree_decoding import draft_tree_and_verify

@@ -12,12 +12,13 @@ from drafters.ngram import ngram_tree_drafter
 from drafters.recycling import RecyclingDrafter
 from drafters.suffix import SuffixDrafter
 from runners.config import RunnerConfig
-from sampling.common import check_positive_int, common_vocab_size
+from utils.parsing import check_positive_int
+from runners.limits import common_vocab_size
 from sampling.draft_policy import DraftPolicy
 from sampling.entry import generate
 from sampling.stats import GenerationStats
 from sampling.suffix import SuffixSettings
-from sampling.suffix_memory import SuffixMemory
+from drafters.suffix_memory import SuffixMemory
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 

@@ -5,7 +5,7 @@ from typing import List, Tuple
 import torch
 
 from drafters.ngram import ngram_tree_drafter
-from sampling.common import check_positive_int
+from utils.parsing import check_positive_int
 from sampling.draft_policy import DraftPolicy
 from sampling.entry import generate
 from utils.logits_processor import GreedyProcessor, LogitsProcessor

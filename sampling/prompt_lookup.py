@@ -6,7 +6,8 @@ import torch
 from torch.nn import Module
 
 from drafters.prompt_lookup import PromptLookupDrafter, lookup_continuation  # noqa: F401 (importable from here, as before)
-from sampling.common import check_positive_int, check_prompt
+from sampling.common import check_prompt
+from utils.parsing import check_positive_int
 from sampling.draft_policy import DraftPolicy
 from sampling.entry import generate
 from sampling.stats import GenerationStats

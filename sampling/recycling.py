@@ -7,7 +7,7 @@ import torch
 from torch.nn import Module
 
 from drafters.recycling import MAX_DEPTH, RANK_DECAY, RecyclingDrafter, tree_template  # noqa: F401 (importable from here, as before)
-from sampling.common import check_positive_int
+from utils.parsing import check_positive_int
 from sampling.draft_policy import DraftPolicy
 from sampling.entry import generate
 from sampling.stats import GenerationStats

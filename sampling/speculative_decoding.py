@@ -10,10 +10,9 @@ from torch.nn import Module
 from drafters.base import Drafter, as_drafter
 from drafters.cross_tokenizer import cross_drafter, same_vocabulary
 from drafters.model import ModelDrafter
+from runners.limits import common_vocab_size, context_window
 from sampling.common import (  # max_fn: the reference's public helper, importable from here
     check_prompt,
-    common_vocab_size,
-    context_window,
     generation_end,
     max_fn,
     reference_keywords,

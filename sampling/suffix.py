@@ -7,11 +7,11 @@ import torch
 from torch.nn import Module
 
 from drafters.suffix import SuffixDrafter, SuffixSettings, check_settings  # noqa: F401 (importable from here, as before)
-from sampling.common import check_positive_int
+from utils.parsing import check_positive_int
 from sampling.draft_policy import DraftPolicy
 from sampling.entry import generate
 from sampling.stats import GenerationStats
-from sampling.suffix_memory import SuffixMemory
+from drafters.suffix_memory import SuffixMemory
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 

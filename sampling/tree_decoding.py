@@ -11,7 +11,9 @@ from typing import List, Tuple
 import torch
 from torch import Tensor
 
-from sampling.common import context_window, generation_end
+from sampling.common import generation_end
+
+from runners.limits import context_window
 from sampling.config import GenerationConfig, Step
 from sampling.draft_policy import DraftPolicy
 from sampling.speculative_decoding import _on_host, _residual, _tensors

@@ -18,7 +18,7 @@ from typing import Callable, Dict, List
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from drafters.suffix import SuffixDrafter, SuffixSettings  # noqa: E402
-from sampling.suffix_memory import SuffixMemory  # noqa: E402
+from drafters.suffix_memory import SuffixMemory  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [str(ROOT / "bench_prompts.jsonl"), str(ROOT / "prompts" / "code_editing.jsonl")]

@@ -10,11 +10,16 @@ from hypothesis import settings
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, T5Config, T5ForConditionalGeneration
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may be downloaded in tests
-# start-up measurements saved by this run only (utils.measurements): a run never reuses what an
-# earlier run (or a REPL) saved, so the suite takes the same paths every time; subprocesses get it too
-MEASUREMENTS_ENV = {"SPECDEC_MEASUREMENTS": tempfile.mkdtemp(prefix="specdec-test-measurements-"),
-                    # compiled graphs too (runners.compile_cache): every run compiles afresh, into a folder of its own
-                    "SPECDEC_COMPILE_CACHE": tempfile.mkdtemp(prefix="specdec-test-compiled-")}
+# the project's cache folder (utils.models.cache_dir, the one switch the library reads) is this run's
+# own: start-up measurements and compiled graphs start afresh at every run, so the suite takes the same
+# paths every time; subprocesses get it too. The models converted in the user's cache (the embedded
+# GGUF, the pair) are linked in, read only, so that a run does not convert them again.
+_USERS_CACHE = Path(os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "speculative-decoding")
+_RUN_CACHE = Path(tempfile.mkdtemp(prefix="specdec-test-cache-"))
+for _entry in _USERS_CACHE.glob("*") if _USERS_CACHE.is_dir() else ():
+    if _entry.is_dir() and _entry.name not in ("measurements", "inductor", "eagle"):
+        (_RUN_CACHE / _entry.name).symlink_to(_entry, target_is_directory=True)
+MEASUREMENTS_ENV = {"SPECDEC_CACHE": str(_RUN_CACHE)}
 os.environ.update(MEASUREMENTS_ENV)
 # tiny models: a second thread only adds synchronisation (measured: the tiny-model tests run
 # several times faster with one); SPECDEC_TEST_THREADS changes it

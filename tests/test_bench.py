@@ -201,7 +201,7 @@ def test_compiled_benchmark_compiles_before_timing_reports_it_apart_and_runs_the
     """--compile: our strategies run compiled passes (named in the title), the compile time is its own
     line, target AR on the eager runner runs alongside as a peer, no greedy run diverges, and no
     graph is built after the start-up compilation."""
-    from utils.compiled import compile_events
+    from runners.compiled import compile_events
 
     after_start_up = []
     compile_for = bench.Bench.compile_for

@@ -18,9 +18,10 @@ from sampling import (
     suffix_generate,
     token_recycling_generate,
 )
-from utils.caching import KVCacheModel
-from utils.caching import RunnerConfig
-from utils.compiled import CompiledRunner, compile_events, make_runner, prepare, why_not_compiled
+from runners import KVCacheModel
+from runners import RunnerConfig
+from runners import make_runner
+from runners.compiled import CompiledRunner, compile_events, prepare, why_not_compiled
 from utils.logits_processor import NucleusProcessor
 
 LENGTH = 40

@@ -21,7 +21,7 @@ from sampling import (
 from sampling.config import GenerationConfig
 from sampling.speculative_decoding import ModelDrafter, draft_and_verify
 from test_lossless_sampling import LENGTH, PROMPT as TINY_PROMPT, chi_square_pvalue, exact_distribution
-from utils.caching import KVCacheModel, RunnerConfig
+from runners import KVCacheModel, RunnerConfig
 from utils.logits_processor import (
     GreedyProcessor,
     MultinomialProcessor,

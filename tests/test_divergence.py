@@ -13,7 +13,7 @@ from sampling.base_decoding import generate_with
 from sampling.config import GenerationConfig
 from sampling.divergence import DISAGREEMENT, NEAR_TIE, PassRecorder, classify_divergence, replay, verdict
 from sampling.speculative_decoding import draft_and_verify
-from utils.caching import KVCacheModel
+from runners import KVCacheModel
 
 WRONG = 3  # a token the tiny target never chooses here
 

@@ -5,7 +5,7 @@ import torch
 from conftest import EOS_NEVER, PROMPT, llama, perturbed_copy
 from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
 from sampling import GenerationStats, autoregressive_generate, speculative_generate
-from utils.caching import KVCacheModel, prune_cache
+from runners import KVCacheModel, prune_cache
 
 
 class FedTokens:

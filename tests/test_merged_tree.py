@@ -19,7 +19,7 @@ from sampling.tree_decoding import draft_tree_and_verify
 from sampling.tree_shape import best_chain, choose_nodes
 from test_lossless_sampling import LENGTH, PROMPT as TINY_PROMPT
 from test_trees import SAMPLING, accept_first_child_anyway, exact, pvalue
-from utils.caching import KVCacheModel, RunnerConfig
+from runners import KVCacheModel, RunnerConfig
 
 GEN = 30
 COSTS = (1.0, 1.1, 1.15, 1.2, 1.3, 1.4, 1.6, 1.8)

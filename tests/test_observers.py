@@ -10,9 +10,9 @@ from transformers import AutoTokenizer
 
 from conftest import EOS_NEVER, PROMPT, llama, perturbed_copy
 from sampling import GenerationConfig, GenerationStats, Observer, Step, speculative_generate
-from sampling.drafters import ModelDrafter
+from drafters import ModelDrafter
 from sampling.speculative_decoding import draft_and_verify
-from utils.caching import KVCacheModel
+from runners import KVCacheModel
 from utils.models import embedded_model_dir
 from utils.printing import DebugView, screen
 

@@ -1,4 +1,4 @@
-"""The runner family (runners/): one interface, the old import paths kept, a package a newcomer can read."""
+"""The runner family (runners/): one interface, the reference's cache functions at its path, a package a newcomer can read."""
 import ast
 import subprocess
 import sys
@@ -8,7 +8,6 @@ import torch
 
 import runners
 import utils.caching
-import utils.compiled
 from conftest import PROMPT, llama, t5
 from runners import BeamRunner, KVCacheModel, Runner, make_runner
 
@@ -23,12 +22,12 @@ def test_every_runner_make_runner_gives_is_a_runner():
     assert not isinstance(BeamRunner(model), Runner)  # a batch of beams: start/extend, no rollback
 
 
-def test_the_shims_export_the_same_objects_as_the_new_homes():
-    for name in utils.caching.__all__:
-        assert getattr(utils.caching, name) is getattr(runners, name), name
-    for name in utils.compiled.__all__:
-        home = runners if name == "make_runner" else runners.compiled
-        assert getattr(utils.compiled, name) is getattr(home, name), name
+def test_the_reference_cache_path_holds_only_the_references_functions_and_the_runners_use_them():
+    names = {n for n in vars(utils.caching) if not n.startswith("_")}
+    assert names == {"prune_cache", "prune_tuple_cache", "prune_dynamic_cache"}
+    for name in names:
+        assert getattr(runners, name) is getattr(utils.caching, name), name
+    assert not (ROOT / "utils" / "compiled.py").exists() and not (ROOT / "sampling" / "drafters.py").exists()
 
 
 IMPORT_ALONE = '''

@@ -27,7 +27,6 @@ def slow_clock(step: float = 10.0):
 def cache(tmp_path, monkeypatch):
     """A private cache folder: the real one is never read or written."""
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
-    monkeypatch.setenv("SPECDEC_MEASUREMENTS", str(tmp_path / "measurements"))
     return tmp_path / "measurements"
 
 
@@ -198,14 +197,14 @@ def test_remeasure_is_a_flag_of_both_programs():
 def kernel_passes(monkeypatch):
     """Deterministic pass times under each kernel option: own layers 6 ms + 5 ms a position, prepacked
     12 ms + 1 ms a position (own wins decoding, prepacked wins verification passes)."""
-    from utils.caching import prepacked
+    from runners import prepacked
 
     monkeypatch.setattr(calibration._Timer, "seconds",
                         lambda self, rows: (0.012 + 0.001 * rows) if prepacked(self.model) else (0.006 + 0.005 * rows))
 
 
 def test_the_kernel_measurement_is_saved_reused_and_gives_the_model_its_decoding_choice(monkeypatch):
-    from utils.caching import prepackable, prepacked
+    from runners import prepackable, prepacked
 
     model = llama(window=512).to(torch.float32)
     if not prepackable(model):
@@ -222,7 +221,7 @@ def test_the_kernel_measurement_is_saved_reused_and_gives_the_model_its_decoding
 
 
 def test_a_kernel_measurement_past_its_budget_keeps_the_models_own_linears(monkeypatch):
-    from utils.caching import prepackable, prepacked
+    from runners import prepackable, prepacked
 
     model = llama(window=512).to(torch.float32)
     if not prepackable(model):
@@ -233,7 +232,7 @@ def test_a_kernel_measurement_past_its_budget_keeps_the_models_own_linears(monke
 
 
 def test_an_unreadable_saved_kernel_measurement_is_named_and_measured_again(cache, monkeypatch):
-    from utils.caching import prepackable
+    from runners import prepackable
 
     model = llama(window=512).to(torch.float32)
     if not prepackable(model):

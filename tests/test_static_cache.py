@@ -5,7 +5,7 @@ import torch
 from transformers import MistralConfig, MistralForCausalLM
 
 import runners.static
-import utils.caching as caching
+import runners as caching
 from conftest import EOS_NEVER, PROMPT, gpt2, llama, perturbed_copy, t5
 from ngram_assisted import NGramStorage, chained_speculative_generate, ngram_assisted_speculative_generate
 from sampling import (
@@ -15,7 +15,7 @@ from sampling import (
     speculative_generate,
     speculative_generate_encoder_decoder,
 )
-from utils.caching import KVCacheModel, RunnerConfig
+from runners import KVCacheModel, RunnerConfig
 
 LENGTH = 60
 

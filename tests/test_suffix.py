@@ -10,13 +10,13 @@ from hypothesis import strategies as st
 from conftest import EOS_NEVER, PROMPT, examples
 from sampling import GenerationStats, autoregressive_generate, suffix_generate
 from sampling.suffix import SuffixDrafter
-from sampling.suffix_memory import SuffixMemory
-from sampling.suffix_tree import ROOT, SuffixTrie, best_match_path, best_match_tree, budget_for
+from drafters.suffix_memory import SuffixMemory
+from drafters.suffix_tree import ROOT, SuffixTrie, best_match_path, best_match_tree, budget_for
 from test_lossless_sampling import LENGTH, PROCESSORS, chi_square_pvalue, exact_distribution, sample_many, tiny_pair  # noqa: F401
 from test_lossless_sampling import PROMPT as TINY_PROMPT
 from test_hostile_input import NUMBERISH, repl, snapshot  # noqa: F401 (repl: the in-process REPL fixture)
 from test_control_combinations import CONTROLS, GEN, PROCESSORS as COMBINED, PROMPTS, VOCAB, pair as combined_pair, policy_of, reference
-from utils.caching import RunnerConfig
+from runners import RunnerConfig
 
 texts = st.lists(st.integers(0, 4), min_size=1, max_size=60)  # a small alphabet: many repeats
 depths = st.integers(1, 8)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import examples
-from sampling.suffix_tree import SuffixTrie, best_match_path
+from drafters.suffix_tree import SuffixTrie, best_match_path
 
 
 def ours(text, depth=8, most=8):

@@ -12,11 +12,11 @@ from conftest import examples, gpt2, llama
 from ngram_assisted import NGramStorage
 from sampling import DraftPolicy, GenerationStats, autoregressive_generate, ngram_tree_generate, token_recycling_generate, tree_decoding
 from sampling.config import GenerationConfig
-from sampling.drafters import NGramDrafter
+from drafters import NGramDrafter
 from sampling.speculative_decoding import draft_and_verify
 from sampling.tree_decoding import draft_tree_and_verify
 from test_lossless_sampling import LENGTH, PROMPT as TINY_PROMPT, chi_square_pvalue, exact_distribution
-from utils.caching import KVCacheModel, RunnerConfig, tree_depths
+from runners import KVCacheModel, RunnerConfig, tree_depths
 from utils.logits_processor import GreedyProcessor, MultinomialProcessor, TopKProcessor
 
 PROMPT = [5, 17, 33, 5, 17, 40, 2, 9]

@@ -1,32 +1,49 @@
-"""Compatibility shim: the runners and their caches live in the ``runners`` package now.
+"""The reference's cache functions, at the reference's path (``utils/caching.py``): they prune a
+KV cache, legacy tuples or a transformers ``Cache``. The runners (``runners/``) roll their caches
+back with them; the runners themselves are imported from ``runners``."""
 
-    KVCacheModel                                   runners/eager.py
-    prune_cache, prune_tuple_cache,
-    prune_dynamic_cache                            runners/dynamic.py (reference-compatible names, kept here)
-    static cache operations                        runners/static.py
-    RunnerConfig                                   runners/config.py
-    default_cache, runner_cache,
-    CACHES, DEFAULT_CPU_CACHE                      runners/cache_kind.py
-    PrepackedLinear, set_prepack, prepackable,
-    prepacked, kernels, drop_prepacked,
-    prepack_fits                                   runners/prepacking.py
-    gather_branch, tree_depths, tree_mask,
-    tree_unsupported                               runners/trees.py
-    model_device, synchronize                      runners/device.py
 
-New code imports from ``runners``; these names stay importable from here.
-"""
-from runners.cache_kind import CACHES, DEFAULT_CPU_CACHE, default_cache, runner_cache
-from runners.config import RunnerConfig
-from runners.device import model_device, synchronize
-from runners.dynamic import prune_cache, prune_dynamic_cache, prune_tuple_cache
-from runners.eager import KVCacheModel
-from runners.prepacking import PrepackedLinear, drop_prepacked, kernels, prepack_fits, prepackable, prepacked, set_prepack
-from runners.trees import gather_branch, tree_depths, tree_mask, tree_unsupported
+def prune_cache(cache, num_tokens_to_discard: int):
+    """Drop the last ``num_tokens_to_discard`` positions of a KV cache; returns the pruned cache.
 
-__all__ = [
-    "CACHES", "DEFAULT_CPU_CACHE", "KVCacheModel", "PrepackedLinear", "default_cache", "drop_prepacked",
-    "gather_branch", "kernels", "model_device", "prepack_fits", "prepackable", "prepacked", "prune_cache",
-    "prune_dynamic_cache", "prune_tuple_cache", "runner_cache", "RunnerConfig", "set_prepack", "synchronize",
-    "tree_depths", "tree_mask", "tree_unsupported",
-]
+    A transformers ``Cache`` (``DynamicCache``, ``EncoderDecoderCache``, ...) is cropped in place
+    with ``Cache.crop`` and a negative count, which means "remove that many tokens" both in
+    transformers 4.x (where a positive argument is an absolute length) and 5.x (which only
+    accepts negative counts). A legacy tuple cache gets a new, shorter tuple
+    (``prune_tuple_cache``). ``None`` stays ``None``; 0 tokens leaves the cache as it is.
+    """
+    if cache is None:
+        return None
+    if isinstance(cache, (tuple, list)):
+        return prune_tuple_cache(cache, num_tokens_to_discard)
+    if not hasattr(cache, "crop"):
+        raise ValueError(f"Unsupported cache type: {type(cache).__name__}")
+    if num_tokens_to_discard > 0:
+        cache.crop(-num_tokens_to_discard)
+    return cache
+
+
+def prune_tuple_cache(cache, num_tokens_to_discard: int):
+    """Prune a legacy tuple cache (one tuple per layer of 2 tensors, or 4 for an encoder-decoder:
+    self-attention keys and values, then cross-attention keys and values; each
+    ``[batch, heads, positions, head_dim]``): a new tuple without the last ``num_tokens_to_discard``
+    positions of the self-attention tensors. The cross-attention tensors hold the encoder's
+    positions and are kept whole (the reference cut them too), and 0 tokens keeps everything
+    (the reference's ``[:-0]`` emptied the cache)."""
+    if cache is None:
+        return None
+    keep = None if num_tokens_to_discard <= 0 else -num_tokens_to_discard
+    pruned = []
+    for layer in cache:
+        if layer is None:
+            pruned.append(None)
+            continue
+        pruned.append(tuple(t[:, :, :keep, :] if i < 2 else t for i, t in enumerate(layer)))
+    return tuple(pruned)
+
+
+def prune_dynamic_cache(cache, num_tokens_to_discard: int):
+    """Prune a ``DynamicCache`` in place (``Cache.crop``) and return the same instance."""
+    if cache is None:
+        return None
+    return prune_cache(cache, num_tokens_to_discard)

@@ -1,6 +1,6 @@
 """Reading and writing the files this tool keeps (n-gram storages, suffix memories): bounded reads
 of regular files only, and atomic replacement on write. Used by ``ngram_assisted.persistence`` and
-``sampling.suffix_memory``; imports nothing of this project."""
+``drafters.suffix_memory``; imports nothing of this project."""
 import os
 import stat
 import tempfile

@@ -154,11 +154,10 @@ def model_identity(model) -> dict:
 
 # ---- saved results --------------------------------------------------------------------------------
 def measurements_dir() -> Path:
-    """``$SPECDEC_MEASUREMENTS``, else ``cache_dir()/measurements`` (the test suite keeps its own,
-    emptied at every run, so that a run never depends on what an earlier one saved)."""
+    """``cache_dir()/measurements`` (the test suite points the cache folder at one of its own)."""
     from utils.models import cache_dir
 
-    return Path(os.environ.get("SPECDEC_MEASUREMENTS") or cache_dir() / "measurements")
+    return cache_dir() / "measurements"
 
 
 def saved_path(kind: str, key: dict) -> Path:

@@ -237,9 +237,13 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
     """Whether a TCP connection to the Hub (or the HTTPS proxy in use) opens within ``timeout`` s."""
     import socket
     from urllib.parse import urlsplit
+    from urllib.request import getproxies
 
-    proxy = next((os.environ[k] for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy") if os.environ.get(k)), None)
-    url = urlsplit(proxy if proxy and "://" in proxy else f"http://{proxy}" if proxy else os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    from huggingface_hub import constants  # the Hub library's own settings (HF_ENDPOINT), as it reads them
+
+    proxies = getproxies()
+    proxy = proxies.get("https") or proxies.get("all")
+    url = urlsplit(proxy if proxy and "://" in proxy else f"http://{proxy}" if proxy else constants.ENDPOINT)
     try:
         port = url.port or (443 if url.scheme == "https" else 80)
         with socket.create_connection((url.hostname or "", port), timeout=timeout):
@@ -267,8 +271,9 @@ def hub_local_only(name: str) -> bool:
         cached = isinstance(try_to_load_from_cache(name, "config.json"), str)
     except Exception:  # an id the Hub library refuses: not cached
         cached = False
-    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-    if offline:
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
         if cached:
             return True
         raise OSError(f"{name} is not a local folder and not in the Hugging Face cache, and HF_HUB_OFFLINE is set: "

@@ -195,3 +195,9 @@ def parse_processor(words: List[str]):
         return cls(**kwargs), words[0], kwargs
     except ValueError as error:
         raise UsageError(f"{error}; {line}") from None
+
+
+def check_positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value

@@ -25,7 +25,7 @@ class Bench:
     def __init__(self, args, processor, greedy: bool):
         from app.session import SetupError, build_settings, cross_preset, load_pair, pair_preset
         from runners.compiled import set_cpu_gemm
-        from sampling.common import output_vocab_size
+        from runners.limits import output_vocab_size
         from sampling.divergence import default_runner
 
         self.args = args

@@ -209,7 +209,7 @@ def _ngram_save(repl, words):
 
 def _static_tier(repl, path, make):
     """Make the static n-gram tier with ``make(path)``; refused when it fails or fits another vocabulary."""
-    from sampling.common import output_vocab_size
+    from runners.limits import output_vocab_size
 
     try:
         storage = make(path)
@@ -229,7 +229,7 @@ def _ngram_load(repl, path):
 
 def _ngram_build(repl, path):
     from ngram_assisted import build_storage
-    from sampling.common import output_vocab_size
+    from runners.limits import output_vocab_size
 
     vocab = output_vocab_size(repl.settings.target)
     return _static_tier(repl, path, lambda p: build_storage(p, repl.settings.tokenizer, repl.storage_n, repl.storage_kind, vocab))

@@ -53,13 +53,13 @@ class Repl:
         self.reset_in_between = True
         self.new_storage()
         from sampling import SuffixMemory
-        from sampling.common import output_vocab_size
+        from runners.limits import output_vocab_size
 
         self.suffix_memory = SuffixMemory(settings.suffix.max_tree_depth, output_vocab_size(settings.target))  # /suffix_global
         self._warm_up()
 
     def new_storage(self) -> None:
-        from sampling.common import output_vocab_size
+        from runners.limits import output_vocab_size
         from strategies import STORAGES
 
         self.settings.storage = STORAGES[self.storage_kind](self.storage_n, output_vocab_size(self.settings.target))

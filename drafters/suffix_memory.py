@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from sampling.suffix_tree import SuffixTrie
+from drafters.suffix_tree import SuffixTrie
 from utils.files import read_regular_file, write_atomically
 
 FORMAT = "speculative-decoding/suffix-memory"
