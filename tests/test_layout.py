@@ -113,6 +113,33 @@ def test_no_import_cycle_between_the_projects_modules():
     assert not new, f"new import cycles (docs/layout.md): {new}"
 
 
+def package_graph(graph: Dict[str, Set[str]]) -> Dict[str, Set[str]]:
+    """The import graph between top-level packages (a root module is a package of its own)."""
+    top = {module: module.split(".")[0] for module in graph}
+    packages: Dict[str, Set[str]] = {name: set() for name in top.values()}
+    for module, edges in graph.items():
+        packages[top[module]] |= {top[edge] for edge in edges if top[edge] != top[module]}
+    return packages
+
+
+# Circles between top-level packages allowed to remain while the start-up measurement moves out of
+# sampling/ and utils/ (issue 41): the list may only shrink.
+KNOWN_PACKAGE_CYCLES: List[Set[str]] = [{"runners", "utils"}, {"drafters", "eagle", "sampling"}]
+
+
+def test_no_import_circle_between_top_level_packages():
+    """The packages are floors: utils and runners at the bottom, then the drafters, the loops, the
+    programs; a package imports only from the floors below it."""
+    found = cycles(package_graph(import_graph(project_modules())))
+    new = [sorted(component) for component in found if not any(component <= known for known in KNOWN_PACKAGE_CYCLES)]
+    assert not new, f"new circles between packages (docs/layout.md): {new}"
+
+
+def test_a_circle_through_two_packages_is_found_even_without_a_module_cycle():
+    graph = {"a": set(), "a.x": {"b.y"}, "a.w": set(), "b": set(), "b.y": set(), "b.z": {"a.w"}}
+    assert not cycles(graph) and cycles(package_graph(graph)) == [{"a", "b"}]
+
+
 def test_the_programs_have_no_cycle_at_all():
     """The programs' own modules (app/ and the root's entry points) are in no cycle, known or not."""
     programs = {"bench", "infer", "session", "strategies"}
@@ -146,6 +173,8 @@ def test_files_and_functions_stay_short():
     assert not long_files and not long_functions, (long_files, long_functions)
 
 
-if __name__ == "__main__":  # the cycles as they are now
+if __name__ == "__main__":  # the cycles as they are now: between modules, then between packages
     for component in cycles(import_graph(project_modules())):
         print(sorted(component))
+    for component in cycles(package_graph(import_graph(project_modules()))):
+        print("packages:", sorted(component))
