@@ -16,8 +16,8 @@ outside the timed runs; --strict exits with status 1 on any disagreement.
 """
 # The program lives in app/bench/ (cli, run, report, intervals, plots, llama_cpp, replay, configs,
 # prompts); this entry point keeps `python bench.py` and the names other code reads as `bench.X`.
-from app.bench.cli import DEFAULT_STRATEGIES, build_parser, gamma_list, group_spec, main, pause_spec, write_reports
-from app.bench.configs import Config, baseline, make_configs, refuse_trees
+from app.bench.cli import build_parser, gamma_list, group_spec, main, pause_spec, write_reports
+from app.bench.configs import Config, baseline, default_strategies, make_configs, refuse_trees
 from app.bench.intervals import NO_DIFFERENCE, RESAMPLES, ratio_cell, ratio_interval
 from app.bench.llama_cpp import llama_cpp_report, llama_cpp_tokens_per_s
 from app.bench.plots import error_bars, gamma_sweep, plots, theoretical_speedup
@@ -41,12 +41,12 @@ from app.bench.report import (
 from app.bench.run import Bench, first_divergence
 
 __all__ = [
-    "Bench", "CODE_EDITING", "Config", "DEFAULT_GROUP", "DEFAULT_PROMPTS", "DEFAULT_STRATEGIES", "LEGEND", "NO_DIFFERENCE",
-    "RESAMPLES", "ROOT", "baseline", "build_parser", "check_strict", "compared_peers", "divergence_cell", "divergence_columns",
-    "error_bars", "first_divergence", "gamma_list", "gamma_sweep", "group_spec", "kernels_report", "llama_cpp_report",
-    "llama_cpp_tokens_per_s", "load_prompts", "main", "make_configs", "markdown", "ordered_categories", "pause_spec", "plots",
-    "ratio_cell", "ratio_interval", "refuse_trees", "replay_report", "speedup_cell", "speedup_matrix", "summarize",
-    "theoretical_speedup", "versus_column", "versus_table", "write_reports",
+    "Bench", "CODE_EDITING", "Config", "DEFAULT_GROUP", "DEFAULT_PROMPTS", "LEGEND", "NO_DIFFERENCE", "RESAMPLES", "ROOT",
+    "baseline", "build_parser", "check_strict", "compared_peers", "default_strategies", "divergence_cell",
+    "divergence_columns", "error_bars", "first_divergence", "gamma_list", "gamma_sweep", "group_spec", "kernels_report",
+    "llama_cpp_report", "llama_cpp_tokens_per_s", "load_prompts", "main", "make_configs", "markdown", "ordered_categories",
+    "pause_spec", "plots", "ratio_cell", "ratio_interval", "refuse_trees", "replay_report", "speedup_cell",
+    "speedup_matrix", "summarize", "theoretical_speedup", "versus_column", "versus_table", "write_reports",
 ]
 
 if __name__ == "__main__":

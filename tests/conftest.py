@@ -67,9 +67,10 @@ def llama(vocab=VOCAB, layers=2, window=256, seed=0, init=0.02):
     return LlamaForCausalLM(config).to(torch.float64).eval()
 
 
-def gpt2(vocab=VOCAB, layers=2, window=256, seed=0):
+def gpt2(vocab=VOCAB, layers=2, window=256, seed=0, init=0.02):
     _seeded(seed)
-    config = GPT2Config(vocab_size=vocab, n_embd=32, n_layer=layers, n_head=4, n_positions=window, bos_token_id=1, eos_token_id=1)
+    config = GPT2Config(vocab_size=vocab, n_embd=32, n_layer=layers, n_head=4, n_positions=window, bos_token_id=1, eos_token_id=1,
+                        initializer_range=init)
     return GPT2LMHeadModel(config).to(torch.float64).eval()
 
 

@@ -218,3 +218,15 @@ def test_compiled_benchmark_compiles_before_timing_reports_it_apart_and_runs_the
     assert {r["key"] for r in records} == {"target", "ngram", "pld", "target_eager"}
     assert [r for r in records if r["diverged_at"] is not None] == []
     assert after_start_up == [len(compile_events)]  # nothing compiled inside the warm-up or a timed run
+
+
+def test_the_default_strategies_are_read_from_the_strategy_table():
+    """Without --strategies: our chain rows, then transformers' peers but the two run only when named
+    (docs/benchmark.md's table of keys says which); those needing a drafter or a head skipped without one."""
+    from app.bench.configs import default_strategies
+
+    assert default_strategies() == ("target,ngram,pld,suffix,speculative,chained,drafter,eagle,"
+                                    "hf_generate,hf_generate_static,hf_prompt_lookup,hf_assisted")
+    configs = bench.make_configs(bench.build_parser().parse_args([]), have_drafter=False)
+    assert list(dict.fromkeys(c.key for c in configs)) == ["target", "ngram", "pld", "suffix", "hf_generate", "hf_generate_static",
+                                                          "hf_prompt_lookup"]

@@ -8,12 +8,11 @@ import pytest
 
 from conftest import EOS_NEVER, PROMPT, llama
 from drafters import Drafter, write_drafts
+from drafting import assert_greedy_exact
 
 
 class RepeatNgram(Drafter):
     """Drafts the tokens that followed the latest earlier occurrence of the last ``n`` tokens."""
-
-    memory_key = ("repeat_ngram",)
 
     def __init__(self, n: int = 2):
         self.n = n
@@ -40,15 +39,9 @@ def row():
     assert "repeat_ngram" not in strategies.EVERY and "repeat_n" not in strategies.PARAMS
 
 
-def test_greedy_output_equals_target_autoregressive():
-    from sampling import autoregressive_generate, generate
-
-    model = llama()
-    expected = autoregressive_generate(PROMPT, model, max_gen_len=24, eos_tokens_id=EOS_NEVER)
-    for n in (1, 2, 3):
-        drafter = RepeatNgram(n)
-        out, rate = generate(PROMPT, model, drafter, dict(max_gen_len=24, eos_tokens_id=EOS_NEVER, use_cache=True), gamma=4)
-        assert out == expected and 0.0 <= rate <= 1.0
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_greedy_output_equals_target_autoregressive(n):
+    assert_greedy_exact(lambda prompt, config: RepeatNgram(n))
 
 
 def test_the_row_runs_with_its_parameter(row):

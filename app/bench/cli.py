@@ -18,10 +18,6 @@ from app.session import add_shared_flags
 from utils.load import BUSY
 from utils.parsing import flag_list_type, flag_type, parse_limited
 
-DEFAULT_STRATEGIES = ("target,ngram,pld,suffix,speculative,chained,drafter,eagle,hf_generate,hf_generate_static,hf_assisted,"
-                      "hf_prompt_lookup")
-
-
 def gamma_list(text: str) -> List[int | str]:
     """``1,2,4,auto``: draft-length bounds (the REPL's /gamma range), ``auto`` for the calibrated policy's own choice."""
     words = [w.strip() for w in text.split(",") if w.strip()]
@@ -79,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "alternating with target AR, and report the ratio")
     p.add_argument("--gguf", help="the GGUF file llama.cpp runs (default: the embedded model's)")
     p.add_argument("--threads", type=int, help="llama.cpp threads (default: torch's thread count)")
-    p.add_argument("--strategies", default=DEFAULT_STRATEGIES, help=f"comma-separated (default: {DEFAULT_STRATEGIES}); "
-                   "those needing a drafter or a head are skipped without one")
+    p.add_argument("--strategies", help="comma-separated keys (docs/benchmark.md lists them; default: every strategy row "
+                   "drafting chains, and transformers' peers but target_eager and hf_assisted_default: "
+                   "app.bench.configs.default_strategies); those needing a drafter or a head are skipped without one")
     p.add_argument("--gamma", type=gamma_list, default=[4], help="most drafts per step, e.g. 1,2,4,8 (default 4); "
                    "auto: the calibrated policy's cost-optimal length, up to the longest measured pass")
     p.add_argument("--ngram-n", type=flag_list_type("--ngram-n", "n"), default=[3], help="n-gram sizes for NASD, e.g. 2,3,4 (default 3)")

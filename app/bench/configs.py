@@ -59,11 +59,29 @@ def baseline() -> Config:
     return Config(next(key for key, strategy in EVERY.items() if strategy.baseline))
 
 
+# transformers' peers (``strategies.PEERS``) that run only when named: our eager runner as a peer (beside
+# --compile's compiled rows) and transformers' assisted generation at its own defaults (not at our gamma)
+NAMED_ONLY = ("target_eager", "hf_assisted_default")
+
+
+def default_strategies() -> str:
+    """``--strategies``' default, read from the table: our rows that draft chains (``strategies.STRATEGIES``
+    without ``trees``; the tree rows run when named), then ``strategies.PEERS`` but ``NAMED_ONLY``; each
+    part ordered by what it needs (the baseline, nothing, a drafter model, a draft head), else as in the table."""
+    from strategies import PEERS, STRATEGIES
+
+    def needs(strategy):
+        return not strategy.baseline, strategy.needs_head, strategy.needs_drafter
+
+    ours = sorted((s for s in STRATEGIES if not s.trees), key=needs)
+    return ",".join(s.key for s in ours + sorted((p for p in PEERS if p.key not in NAMED_ONLY), key=needs))
+
+
 def make_configs(args, have_drafter: bool, have_head: bool = False) -> List[Config]:
     from strategies import EVERY
 
     configs = []
-    for key in [k.strip() for k in args.strategies.split(",") if k.strip()]:
+    for key in [k.strip() for k in (args.strategies or default_strategies()).split(",") if k.strip()]:
         if key not in EVERY:
             raise SystemExit(f"error: unknown strategy {key!r}; known: {', '.join(EVERY)}")
         strategy = EVERY[key]

@@ -300,25 +300,34 @@ def param_command(param) -> Command:
                    f"{'n' if param.type is int else 'x'} from {_range(param.name)} (default {param.default})")
 
 
+def toggle_line(strategy) -> str:
+    """A row's toggle line in /help: its ``help``, else its title and what its fields say it drafts and needs."""
+    needs = [flag for flag, needed in (("--drafter", strategy.needs_drafter), ("--head", strategy.needs_head)) if needed]
+    return strategy.help or (strategy.title + ("; a tree a step, verified in one pass" if strategy.trees else "")
+                             + (f"; needs {' and '.join(needs)}" if needs else ""))
+
+
 def row_commands(strategy) -> List[Command]:
     """A row's commands: its toggle ``/key`` and one command per parameter."""
-    return [strategy_toggle(strategy.key, strategy.help or strategy.title)] + [param_command(p) for p in strategy.params]
+    return [strategy_toggle(strategy.key, toggle_line(strategy))] + [param_command(p) for p in strategy.params]
 
 
 class CommandTable(Mapping):
-    """The built-in commands, then those of every strategy row without a built-in toggle (a row
-    added by ``strategies.register``), read from the strategies' table at each lookup."""
+    """The built-in commands and, after ``rows_after``, those of every strategy row (``row_commands``),
+    read from ``strategies.STRATEGIES`` at each lookup: a row of the table, or one added by
+    ``strategies.register``, has its toggle and parameter commands. A built-in name wins."""
 
-    def __init__(self, built_in: Dict[str, Command]):
-        self.built_in = built_in
+    def __init__(self, built_in: Dict[str, Command], rows_after: str):
+        self.built_in, self.rows_after = built_in, rows_after
 
     def _all(self) -> Dict[str, Command]:
         from strategies import STRATEGIES
 
-        table = dict(self.built_in)
-        for strategy in STRATEGIES:
-            if f"/{strategy.key}" not in self.built_in:
-                table.update((command.name, command) for command in row_commands(strategy))
+        table = {}
+        for name, command in self.built_in.items():
+            table[name] = command
+            if name == self.rows_after:
+                table.update((c.name, c) for strategy in STRATEGIES for c in row_commands(strategy) if c.name not in self.built_in)
         return table
 
     def __getitem__(self, name: str) -> Command:
@@ -331,15 +340,12 @@ class CommandTable(Mapping):
         return len(self._all())
 
 
+# the commands that are not a strategy row's (those come from the strategies' table: ``CommandTable``)
 BUILT_IN: Dict[str, Command] = {command.name: command for command in [
     Command("/quit", "", "quit", _quit),
     Command("/clear", "", "clear the screen", lambda repl: console.clear()),
     Command("/help", "", "this list, with the current values", _help),
     toggle("/debug", "show each speculative step in color", SETTINGS, "debug", "debug"),
-    strategy_toggle("speculative", "speculative decoding with the drafter"),
-    strategy_toggle("ngram", "n-gram assisted speculative decoding"),
-    strategy_toggle("target", "target autoregressive"),
-    strategy_toggle("drafter", "drafter autoregressive"),
     toggle("/cache", "KV cache", SETTINGS, "use_cache", "cache"),
     toggle("/chat", "apply the chat template", REPL, "chat", "chat", check=_no_template),
     number("/length", "<n>", "most new tokens", SETTINGS, "max_gen_len", f"n from {_range('length')}"),
@@ -353,15 +359,10 @@ BUILT_IN: Dict[str, Command] = {command.name: command for command in [
     number("/top_k_filler", "<n>", "target top-k tokens added to the storage (1 = NAPD)", SETTINGS, "top_k_filler",
            f"n from {_range('top_k_filler')}"),
     toggle("/reset_in_between", "empty the n-gram storage before each prompt", REPL, "reset_in_between", "reset in between"),
-    strategy_toggle("pld", "prompt lookup decoding"),
     Command("/pld_params", "<min> <max> <num_tokens>", "prompt lookup n-gram sizes, drafts", _pld_params,
             (limited("pld_ngram", "min"), limited("pld_ngram", "max"), limited("pld_num_tokens", "num_tokens")),
             lambda repl: f"{repl.settings.pld_min_ngram} {repl.settings.pld_max_ngram} {repl.settings.pld_num_tokens}",
             f"min <= max, both from {_range('pld_ngram')}; num_tokens from {_range('pld_num_tokens')}"),
-    strategy_toggle("chained", "n-gram storage drafts, drafter model when it knows nothing"),
-    strategy_toggle("tree_ngram", "n-gram storage drafts a tree of its top branches, verified in one pass"),
-    strategy_toggle("recycling", "token recycling: a static tree from the target's past top-k, verified in one pass"),
-    strategy_toggle("tree_suffix", "suffix tree drafts a tree of its most frequent branches, verified in one pass"),
     number("/tree_size", "<n>", "most nodes of a draft tree (the calibrated policy keeps those that pay)", SETTINGS, "tree_size",
            f"n from {_range('tree_size')}"),
     Command("/ngram_save", "<file> [--force]", "save the n-gram storage (JSON)", _ngram_save, None,
@@ -369,7 +370,6 @@ BUILT_IN: Dict[str, Command] = {command.name: command for command in [
     Command("/ngram_load", "<file>", "load a storage as the static fallback tier", _ngram_load, (parse_path,),
             lambda repl: "static tier loaded" if repl.settings.static_storage is not None else ""),
     Command("/ngram_build", "<corpus file>", "build the static tier from a text file", _ngram_build, (parse_path,)),
-    strategy_toggle("suffix", "suffix-tree drafting (SuffixDecoding)"),
     Command("/suffix_params", "<depth> <max_tokens> <factor> <offset> <min_prob>",
             "suffix tree depth; drafts <= min(max_tokens, factor x match + offset), none below min_prob", _suffix_params,
             (lambda w: parse_int(w, "depth", 1, 64), lambda w: parse_int(w, "max_tokens", 1, 128),
@@ -397,4 +397,4 @@ BUILT_IN: Dict[str, Command] = {command.name: command for command in [
     Command("/stats", "", "detailed statistics of the last prompt", _stats),
     toggle("/stream", "print tokens as they are accepted", REPL, "stream", "stream"),
 ]}
-COMMANDS = CommandTable(BUILT_IN)
+COMMANDS = CommandTable(BUILT_IN, rows_after="/debug")  # /help: the strategy rows' toggles after /debug
