@@ -14,7 +14,7 @@ from utils.parsing import UsageError, flag_type, parse_processor
 if TYPE_CHECKING:
     from strategies import Settings
 
-# say(text, style): one line of progress; style is a rich style ("dim", "red") or ""
+# say(text, style=""): one line of progress; style (positional or by keyword) is a rich style ("dim", "red") or ""
 Say = Callable[..., None]
 
 

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from measure.kernels import KernelChoice
 from runners.config import RunnerConfig
 
 Say = Callable[[str], None]  # one line (an announcement, a saved file ignored or not written)
@@ -48,7 +49,7 @@ class Finding:
 
     def as_dict(self) -> dict:
         value = self.value
-        if hasattr(value, "seconds"):  # a KernelChoice: seconds a pass by option and positions
+        if isinstance(value, KernelChoice):  # seconds a pass, by option and positions
             value = {option: list(times) for option, times in value.seconds.items()}
         elif isinstance(value, tuple):
             value = list(value)

@@ -135,7 +135,7 @@ def test_the_start_up_walks_down_the_floors_and_enters_each_file_at_most_twice(t
     pair, settings = start(reused, tiny_models)  # and the next start reuses it
     assert pair.measured.target.kernels.source == "remembered" and pair.measured.costs.draft_cost.source == "remembered"
     for trace in (cut, measured, reused):
-        assert "measure/entry.py" in trace.routes and "measure/timing.py" in trace.routes or trace is reused
+        assert "measure/entry.py" in trace.routes and ("measure/timing.py" in trace.routes) == (trace is not reused)
         over = {name: sorted(" > ".join(r) for r in trace.routes[name]) for name, n in trace.entries().items() if n > MOST}
         assert not over, over
         back = [route for routes in trace.routes.values() for route in routes if len(set(route)) < len(route)]
