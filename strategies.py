@@ -30,7 +30,7 @@ from rows import (  # our strategies' run functions
     _recycling, _speculative, _suffix, _suffix_memory, _target_eager, _tree_ngram, _tree_suffix,
 )
 from sampling.suffix import SuffixSettings
-from sampling.calibration import OWN, PREPACKED, KernelChoice
+from measure.kernels import OWN, PREPACKED, KernelChoice
 from runners import EAGER, RunnerConfig, kernels, prepacked, synchronize
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 

@@ -20,7 +20,7 @@ def head_flag(parser) -> None:
 def load_for(value: Optional[str], pair, embedded: bool, say: Say = to_stderr,
              length: Optional[int] = 1000) -> Tuple[Optional[object], str]:
     """``(head or None, one line describing it)`` for ``--head value`` (None: the default) and the
-    target of ``pair`` (``app.session.Pair``); a compiled target gets the graphs that also return the
+    target of ``pair`` (``app.pair.Pair``); a compiled target gets the graphs that also return the
     head's hidden states, for sequences of ``length`` positions (counted in its compile seconds;
     None: the caller builds them). The head's draft step is timed against an eager target pass
     (a compiled one could need new graphs here). A head that cannot be read or does not fit the

@@ -6,8 +6,8 @@ import torch
 from torch.nn import Module
 
 from eagle.head import Eagle3Head, HeadCache
+from measure.timing import PassTimer, compared
 from runners import EAGER, RunnerConfig, synchronize
-from sampling.calibration import _compared, _Timer
 
 
 class HeadTimer:
@@ -38,5 +38,5 @@ def measure_step_cost(head: Eagle3Head, target: Module, context: int = 128, repe
                       runner: RunnerConfig = EAGER) -> float:
     """A head step over one position relative to a one-position target pass after ``context``
     positions (medians of ``repeats`` interleaved rounds after a warm-up each): ~1 s on the embedded model."""
-    medians, _ = _compared([(HeadTimer(head, context), 1), (_Timer(target, context, 1, runner=runner), 1)], repeats, None)
+    medians, _ = compared([(HeadTimer(head, context), 1), (PassTimer(target, context, 1, runner=runner), 1)], repeats)
     return round(medians[0] / medians[1], 4)

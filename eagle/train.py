@@ -254,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = end_tokens(target, tokenizer)
     dtype = args.data_dtype
     if dtype == "auto":
-        from utils.cpu_dtype import choose_cpu_dtype
+        from measure.dtype import choose_cpu_dtype
 
         dtype, reason = choose_cpu_dtype(target.config.hidden_size, target.config.intermediate_size, rows=16)
         print(f"data dtype: {reason}")

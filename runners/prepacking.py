@@ -29,7 +29,7 @@ class PrepackedLinear(Module):
 
     Where MKL is slow (it repacks weights at every call on some x86 CPUs, and takes a generic path
     on others) this halves a float32 step; where it is not, oneDNN's path is slower. So it is a
-    per-machine choice, measured at start-up (``sampling.calibration.choose_kernels``), never a
+    per-machine choice, measured at start-up (``measure.choose_kernels``), never a
     default. Same result up to float32 rounding (~1e-5); costs one extra copy of the weights.
     ``set_prepack`` makes it the model's own module, so every caller (our runners and
     transformers' ``generate``) runs the same kernel.

@@ -1,6 +1,17 @@
-"""How much to draft each step: fixed, adaptive, with a floor, and paused when drafts do not pay."""
+"""How much to draft each step: fixed, adaptive, with a floor, and paused when drafts do not pay;
+the calibrated policy built from the measured costs (``measure``)."""
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import TYPE_CHECKING, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:
+    from torch.nn import Module
+
+    from measure.record import Costs
+    from runners.config import RunnerConfig
+
+# Cost-aware pausing threshold of the calibrated policy: drafting pauses while a drafting step
+# emits fewer tokens than its verification pass costs in single-token passes (1.0 = break-even).
+DEFAULT_MIN_GAIN = 1.0
 
 
 @dataclass
@@ -63,7 +74,7 @@ class DraftPolicy:
     draft_cost: float = 0.0
     auto: bool = False
     remember: bool = False
-    calibration: str = ""  # how row_costs were obtained, for the record (sampling.calibration.calibrated_policy)
+    calibration: str = ""  # how row_costs were obtained, for the record (``calibrated``: the costs' line)
 
     def __post_init__(self):
         for name in ("min_draft", "pause_after", "pause_steps", "max_gamma"):
@@ -84,6 +95,17 @@ class DraftPolicy:
             raise ValueError("auto draft lengths need measured row_costs (measure_row_costs)")
         self._memory = {}  # drafter key -> (hits, trials, next pause, paying) at its last generation's end
         self.start(1)
+
+    @classmethod
+    def calibrated(cls, costs: "Costs", auto: bool = False, min_gain: float = DEFAULT_MIN_GAIN, **policy) -> "DraftPolicy":
+        """The REPL's and the benchmark's policy, from measured ``costs`` (``measure.Costs``: the
+        start-up record's, or ``measure.measure_costs``'): the verification costs (padded passes,
+        cost-optimal lengths, ``auto`` when asked and they are usable), the drafter's cost, cost-aware
+        pausing at ``min_gain``. Costs not usable: a constant length, and ``calibration`` says why."""
+        rows = costs.row_costs.value or None
+        draft = 0.0 if costs.draft_cost is None else costs.draft_cost.value
+        return cls(min_gain=min_gain, row_costs=rows, draft_cost=draft, calibration=costs.row_costs.line,
+                   auto=auto and rows is not None, **policy)
 
     def start(self, gamma: int, cheap: bool = True, drafter_key=None, step_cost: Optional[float] = None) -> None:
         """Reset the state for a new generation that drafts ``gamma`` tokens per step; ``cheap``:
@@ -232,3 +254,18 @@ class DraftPolicy:
         if self.pause_after and self.zero_streak >= self.pause_after:
             self.paused, self.zero_streak = self.next_pause, self.pause_after - 1
             self.next_pause *= 2
+
+
+def calibrated_policy(target: "Module", min_gain: float = DEFAULT_MIN_GAIN, drafter: Optional["Module"] = None,
+                      row_costs: Optional[Sequence[float]] = None, runner: Optional["RunnerConfig"] = None,
+                      drafter_runner: Optional["RunnerConfig"] = None, **policy) -> DraftPolicy:
+    """A notebook's calibrated policy: ``DraftPolicy.calibrated`` over costs measured now on ``target``
+    where it runs (``measure.measure_costs``: verification costs, a few seconds, taken again once when
+    not plausible; a ``drafter`` model's pass cost). ``row_costs`` given (measured before, ``--row-costs``)
+    are checked, not measured (ValueError when they cannot be real). ``runner`` and ``drafter_runner``:
+    the configurations the rows run the models under (default eager), measured as they run."""
+    from measure import measure_costs
+    from runners.config import EAGER
+
+    costs = measure_costs(target, runner or EAGER, drafter, drafter_runner, row_costs)
+    return DraftPolicy.calibrated(costs, min_gain=min_gain, **policy)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from utils.load import LoadMeter, LoadSummary, cpu_flags  # noqa: E402
-from utils.measurements import cpu_model  # noqa: E402
+from measure.machine import cpu_model  # noqa: E402
 
 SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]  # q k v o gate up down
 LAYERS = 30

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from app.heads import SHIPPED  # noqa: E402
 from eagle.cost import HeadTimer  # noqa: E402
 from eagle.format import load_head  # noqa: E402
-from sampling.calibration import _compared, _Timer, choose_kernels  # noqa: E402
+from measure.timing import PassTimer, choose_kernels, compared  # noqa: E402
 from utils.models import load_embedded  # noqa: E402
 
 
@@ -32,8 +32,8 @@ def main() -> None:
     target, _ = load_embedded()
     _, line = choose_kernels(target)
     head = load_head(args.head, target)
-    target_timer, head_timer = _Timer(target, args.context, 5), HeadTimer(head, args.context)
-    medians, _ = _compared([(target_timer, 1), (target_timer, 5), (head_timer, 1), (head_timer, 4)], args.rounds, None)
+    target_timer, head_timer = PassTimer(target, args.context, 5), HeadTimer(head, args.context)
+    medians, _ = compared([(target_timer, 1), (target_timer, 5), (head_timer, 1), (head_timer, 4)], args.rounds, None)
     one, five, step, depth = (1000 * m for m in medians)
     print(line)
     print(f"target pass, {args.context} cached: 1 new position {one:.2f} ms, 5 new positions {five:.2f} ms")

@@ -15,7 +15,7 @@ PLAUSIBLE_COSTS = (1.0, 1.1, 1.15, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 2.0)
 
 def test_benchmark_writes_runs_summary_tables_and_plots_with_no_greedy_divergence(tiny_models, tmp_path, capsys, monkeypatch):
     # --gamma auto needs plausible measured costs: a busy machine must not decide whether this test runs
-    monkeypatch.setattr("sampling.calibration.measure_row_costs", lambda model, **kwargs: PLAUSIBLE_COSTS)
+    monkeypatch.setattr("measure.timing.measure_row_costs", lambda model, **kwargs: PLAUSIBLE_COSTS)
     out = tmp_path / "results"
     bench.main(["--target", tiny_models["target"], "--drafter", tiny_models["drafter"], "--device", "cpu", "--limit", "1",
                 "--categories", "summarization,writing", "--gamma", "1,3,auto", "--ngram-n", "2,3", "--top-k-filler", "1,3",
@@ -38,6 +38,11 @@ def test_benchmark_writes_runs_summary_tables_and_plots_with_no_greedy_divergenc
     # each timed run carries what the other processes used meanwhile, and what it was measured with
     assert all(r["others_cores"] >= 0 and isinstance(r["noisy"], bool) and r["busy_limit"] == 0.3 for r in records)
     assert all(r["environment"]["torch"] and r["environment"]["transformers"] and r["environment"]["python"] for r in records)
+    # and what the start-up measured and chose (``measure.Measured.as_dict``): one record, written with every run
+    measured = records[0]["measured"]
+    assert all(r["measured"] == measured for r in records) and measured["drafter"] is not None
+    assert measured["target"]["cache"]["value"] in ("static", "dynamic") and measured["target"]["kernels"]["source"] in ("measured", "remembered")
+    assert measured["row_costs"]["line"].startswith("Verification cost by positions 1..12") and measured["draft_cost"]["value"] > 0
     summary = list(csv.DictReader((out / "summary.csv").open()))
     baseline = [row for row in summary if row["config"] == "target"]
     assert baseline and all(float(row["speedup"]) == 1.0 for row in baseline)

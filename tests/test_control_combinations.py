@@ -283,12 +283,13 @@ def test_a_reused_policy_gives_the_same_result_whatever_ran_before():
 
 # ---- calibration ----------------------------------------------------------------------------
 def test_implausible_verification_costs_are_measured_again_then_not_used(monkeypatch):
-    from sampling import calibration
+    from measure import timing
+    from sampling import calibrated_policy
 
     assert plausible_row_costs((1.0, 1.1, 1.3, 1.2)) and not plausible_row_costs((1.0, 1.1, 0.3, 0.13))
     measured = iter([(1.0, 0.39, 0.13), (1.0, 0.2, 0.3)])
-    monkeypatch.setattr(calibration, "measure_row_costs", lambda model, **kwargs: next(measured))
-    policy = calibration.calibrated_policy(pair("llama")[0])
+    monkeypatch.setattr(timing, "measure_row_costs", lambda model, **kwargs: next(measured))
+    policy = calibrated_policy(pair("llama")[0])
     assert policy.row_costs is None and "not plausible" in policy.calibration
     measured = iter([(1.0, 0.39, 0.13), (1.0, 1.1, 1.2)])
-    assert calibration.calibrated_policy(pair("llama")[0]).row_costs == (1.0, 1.1, 1.2)
+    assert calibrated_policy(pair("llama")[0]).row_costs == (1.0, 1.1, 1.2)

@@ -1,7 +1,7 @@
 """--dtype auto for the pair on CPU: bfloat16 only when measured clearly faster, and the choice named."""
 import torch
 
-from utils.cpu_dtype import CLEARLY_FASTER, choose_cpu_dtype
+from measure.dtype import CLEARLY_FASTER, choose_cpu_dtype
 
 
 def clock(bf16_share: float):

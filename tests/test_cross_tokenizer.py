@@ -216,9 +216,10 @@ def drafters(tmp_path_factory):
 
 
 def load(target: str, drafter: str, lines: list):
-    from app.session import load_pair
+    from app.pair import load_pair
 
-    return load_pair(target, drafter, "cpu", cache="dynamic", prepack="off", say=lambda text, style="": lines.append(text))
+    return load_pair(target, drafter, "cpu", cache="dynamic", prepack="off", say=lambda text, style="": lines.append(text),
+                     calibrate=False)
 
 
 @pytest.mark.parametrize("kind, missing", [
@@ -235,7 +236,7 @@ def test_a_drafter_that_cannot_translate_is_one_line_and_the_other_strategies_ru
     said = [line for line in lines if missing in line]
     assert len(said) == 1 and drafters[kind] in said[0] and said[0].endswith("speculative decoding off")
     assert pair.drafter is None and pair.drafter_tokenizer is None
-    settings = build_settings(pair, GreedyProcessor(), length=4, calibrate=False)
+    settings = build_settings(pair, GreedyProcessor(), length=4)
     assert len(run_strategy(BY_KEY["target"], encode(pair.tokenizer, "Hi", True), settings).tokens) == 4
 
 
@@ -250,7 +251,7 @@ def test_the_session_accepts_a_drafter_with_its_own_tokenizer(tiny_models, draft
     shared = Translation(pair.tokenizer, pair.drafter_tokenizer).shared
     assert f"{shared} spelled identically" in pair.describe("drafter") and shared > 0
     assert "translation: text (greedy) / intersection (sampling)" in pair.describe("drafter")
-    settings = build_settings(pair, GreedyProcessor(), length=12, calibrate=False)
+    settings = build_settings(pair, GreedyProcessor(), length=12)
     prompt = encode(pair.tokenizer, "def area(r):", True)
     own = settings.drafter_prompt(prompt)
     text = pair.drafter_tokenizer.apply_chat_template([{"role": "user", "content": "def area(r):"}], add_generation_prompt=True,
@@ -280,7 +281,7 @@ def test_transformers_universal_assisted_generation_runs_our_gamma(tiny_models, 
 
     monkeypatch.setattr(hf.AssistedCandidateGeneratorDifferentTokenizers, "get_candidates", spy)
     pair = load(tiny_models["target"], drafters["cross"], [])
-    settings = build_settings(pair, GreedyProcessor(), gamma=3, length=10, calibrate=False)
+    settings = build_settings(pair, GreedyProcessor(), gamma=3, length=10)
     prompt = encode(pair.tokenizer, "Hello", True)
     result = run_strategy(EVERY["hf_assisted"], prompt, settings)
     assert steps and set(steps) == {("AssistedCandidateGeneratorDifferentTokenizers", 3, "constant", 0.0)}

@@ -132,7 +132,7 @@ def test_peer_labels_say_what_ran():
 def test_compiled_static_cache_peer_runs_and_records_the_models_own_layers():
     """transformers compiles its own static-cache step over the model's own linear layers: the row's
     kernels are chosen as "own" and its result says so, whatever the measured choice of the other rows."""
-    from sampling.calibration import OWN, KernelChoice
+    from measure import OWN, KernelChoice
     from strategies import row_kernels
 
     target = llama(layers=1)

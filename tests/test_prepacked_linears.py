@@ -11,7 +11,7 @@ import runners as caching
 from conftest import EOS_NEVER, PROMPT, llama, perturbed_copy
 from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
 from sampling import autoregressive_generate, prompt_lookup_generate, speculative_generate
-from sampling.calibration import OWN, PREPACKED, KernelChoice, choose_kernels, choose_prepack
+from measure import OWN, PREPACKED, KernelChoice, choose_kernels, choose_prepack
 from runners import KVCacheModel, PrepackedLinear, kernels, prepackable, prepacked, set_prepack
 
 pytestmark = pytest.mark.skipif(not prepackable(llama().to(torch.float32)), reason="needs oneDNN (mkldnn)")

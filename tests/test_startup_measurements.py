@@ -1,6 +1,7 @@
 """Start-up measurements on a busy machine: budgets with a named fallback, progress, saved results
-reused (unless --remeasure), keys, unreadable saved files, atomic writes, the load hint.
-Every clock here is fake: nothing asserts on real time."""
+reused (unless --remeasure), keys, unreadable saved files, atomic writes, the load hint, and the one
+record the entry returns (``measure.startup`` -> ``Measured``). Every clock here is fake: nothing
+asserts on real time."""
 import json
 import re
 
@@ -8,8 +9,13 @@ import pytest
 import torch
 
 from conftest import llama
-from sampling import calibration, startup
-from utils import measurements
+from measure import ImplausibleCosts, Options, startup
+from measure import budgets, machine, saved, steps, timing
+from measure.costs import costs_line
+from measure.kernels import OWN, PREPACKED
+from measure.record import FIXED, GIVEN, MEASURED, REMEMBERED
+from runners.config import EAGER
+from sampling import DraftPolicy
 
 
 def slow_clock(step: float = 10.0):
@@ -37,7 +43,7 @@ def model():
 
 def fake_passes(monkeypatch):
     """Deterministic pass times: one position 10 ms, each more 1 ms."""
-    monkeypatch.setattr(calibration._Timer, "seconds", lambda self, rows: 0.010 + 0.001 * (rows - 1))
+    monkeypatch.setattr(timing.PassTimer, "seconds", lambda self, rows: 0.010 + 0.001 * (rows - 1))
 
 
 def lines():
@@ -45,87 +51,96 @@ def lines():
     return said, said.append
 
 
+def quiet(**options) -> Options:
+    return Options(say=lambda text: None, **options)
+
+
 def test_a_measurement_past_its_budget_falls_back_and_says_so(model):
     said, say = lines()
-    cache, line = startup.startup_cache(model, clock=slow_clock(), say=say)
-    assert line == "dynamic KV cache (fallback: measurement over its 3 s budget)"
-    assert cache == "dynamic"
-    assert said == ["Measuring the target's KV cache (static and dynamic, 7 rounds, budget 3 s) ..."]
-    costs, note = startup.verification_costs(model, clock=slow_clock(), say=say)
-    assert costs == () and note == "Verification costs not measured (fallback: measurement over its 5 s budget): constant draft length"
-    assert said[-1] == "Measuring verification costs (1-12 positions, budget 5 s) ..."
+    measured = startup(model, EAGER, Options(clock=slow_clock(), say=say))
+    cache = measured.target.cache
+    assert cache.line == "dynamic KV cache (fallback: measurement over its 3 s budget)"
+    assert cache.value == measured.target.runner.cache == "dynamic" and cache.source == MEASURED and cache.noisy
+    assert measured.target.kernels.source == FIXED  # float64: nothing to prepack, nothing measured
+    rows = measured.costs.row_costs
+    assert rows.value == () and rows.line == "Verification costs not measured (fallback: measurement over its 5 s budget): constant draft length"
+    assert said == ["Measuring the target's KV cache (static and dynamic, 7 rounds, budget 3 s) ...",
+                    "Measuring verification costs (1-12 positions, budget 5 s) ..."]
+    assert measured.noisy() and measured.lines() == [rows.line]
 
 
 def test_a_verification_curve_cut_short_keeps_the_positions_timed_and_extrapolates_the_rest(model, monkeypatch):
     fake_passes(monkeypatch)
     # 0.3 s a reading: the budget of 5 s is spent at the 17th check (4 before the context's passes of 32
     # positions, then one before each pass: position 1 warmed up and timed, 2 warmed up and timed, ... 6)
-    costs, note = startup.verification_costs(model, clock=slow_clock(0.3), say=lambda text: None)
-    assert note == "positions 1-6 measured, 7-12 extrapolated: measurement over its 5 s budget"
+    found = steps.verification_step(model, EAGER, quiet(clock=slow_clock(0.3)))
+    costs = found.value
+    assert found.line.endswith("(positions 1-6 measured, 7-12 extrapolated: measurement over its 5 s budget)")
     assert costs[:6] == (1.0, 1.1, 1.2, 1.3, 1.4, 1.5) and costs[6:] == pytest.approx([1.6, 1.7, 1.8, 1.9, 2.0, 2.1])
-    policy, _ = startup.startup_policy(model, remeasure=True, clock=slow_clock(0.3), say=lambda text: None)
+    measured = startup(model, EAGER, quiet(cache=None, remeasure=True, clock=slow_clock(0.3)))
+    policy = DraftPolicy.calibrated(measured.costs)
     assert policy.row_costs == costs and policy.calibration.endswith("(positions 1-6 measured, 7-12 extrapolated: "
                                                                      "measurement over its 5 s budget)")
 
 
 def test_a_drafter_cost_past_its_budget_falls_back_to_the_parameter_counts_ratio(model):
     drafter = llama(window=512, layers=1)
-    cost, note = startup.draft_cost(drafter, model, clock=slow_clock(), say=lambda text: None)
+    found = steps.drafter_step(drafter, model, EAGER, EAGER, quiet(clock=slow_clock()))
     ratio = sum(p.numel() for p in drafter.parameters()) / sum(p.numel() for p in model.parameters())
-    assert cost == round(ratio, 3) and note == "fallback: the parameter counts' ratio, measurement over its 2 s budget"
+    assert found.value == round(ratio, 3) and found.noisy
+    assert found.line == f"a drafter pass costs {found.value:.2f} (fallback: the parameter counts' ratio, measurement over its 2 s budget)"
 
 
 def test_a_saved_result_is_reused_with_its_date_unless_remeasure(model, monkeypatch):
     fake_passes(monkeypatch)
     measured = []
-    real = calibration.measure_row_costs
-    monkeypatch.setattr(calibration, "measure_row_costs", lambda *a, **k: measured.append(1) or real(*a, **k))
-    quiet = dict(say=lambda text: None)
-    first, note = startup.verification_costs(model, **quiet)
-    assert measured == [1] and note == ""
-    again, note = startup.verification_costs(model, **quiet)
-    assert measured == [1] and again == first and re.fullmatch(r"reused from \d{4}-\d\d-\d\d \d\d:\d\d", note)
-    _, note = startup.verification_costs(model, remeasure=True, **quiet)
-    assert measured == [1, 1] and "reused" not in note
-    policy, _ = startup.startup_policy(model, **quiet)
+    real = timing.measure_row_costs
+    monkeypatch.setattr(timing, "measure_row_costs", lambda *a, **k: measured.append(1) or real(*a, **k))
+    first = steps.verification_step(model, EAGER, quiet())
+    assert measured == [1] and first.line == costs_line(first.value) and first.source == MEASURED
+    again = steps.verification_step(model, EAGER, quiet())
+    assert measured == [1] and again.value == first.value and again.source == REMEMBERED
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d", again.when) and again.line.endswith(f"(reused from {again.when})")
+    remeasured = steps.verification_step(model, EAGER, quiet(remeasure=True))
+    assert measured == [1, 1] and "reused" not in remeasured.line
+    policy = DraftPolicy.calibrated(startup(model, EAGER, quiet(cache=None)).costs)
     assert re.search(r"Verification cost by positions 1\.\.12: .* \(reused from \d{4}-\d\d-\d\d \d\d:\d\d\)$", policy.calibration)
 
 
 def test_a_reused_choice_is_applied_and_named_on_the_header(model):
-    _, first = startup.startup_cache(model, clock=slow_clock(), say=lambda text: None)
-    startup.startup_cache(model, clock=slow_clock(), say=lambda text: None, busy=True)  # the fallback is noisy: reused only when busy
-    cache, second = startup.startup_cache(model, say=lambda text: None, busy=True)
-    assert re.fullmatch(r"dynamic KV cache \(fallback: measurement over its 3 s budget; reused from [0-9: -]+\)", second)
-    assert first != second and cache == "dynamic"
+    first = steps.cache_step(model, "target", quiet(clock=slow_clock()))
+    steps.cache_step(model, "target", quiet(clock=slow_clock(), busy="busy"))  # the fallback is noisy: reused only when busy
+    second = steps.cache_step(model, "target", quiet(busy="busy"))
+    assert re.fullmatch(r"dynamic KV cache \(fallback: measurement over its 3 s budget; reused from [0-9: -]+\)", second.line)
+    assert first.line != second.line and second.value == "dynamic" and second.source == REMEMBERED and second.noisy
 
 
 def test_a_noisy_saved_result_is_measured_again_on_a_quiet_machine(cache):
     calls = []
     measure = lambda: (calls.append(1) or {"value": len(calls)}, False)  # noqa: E731
-    check = lambda result: None  # noqa: E731
-    measurements.remembered("probe", {"k": 1}, measure, check, busy=True)
-    assert measurements.remembered("probe", {"k": 1}, measure, check, busy=True)[0] == {"value": 1}
-    assert measurements.remembered("probe", {"k": 1}, measure, check, busy=False) == ({"value": 2}, "")
-    assert measurements.remembered("probe", {"k": 1}, measure, check, busy=True)[1].startswith("reused from")
+    steps.remembered("probe", {"k": 1}, measure, quiet(busy="busy"))
+    assert steps.remembered("probe", {"k": 1}, measure, quiet(busy="busy"))[0] == {"value": 1}
+    assert steps.remembered("probe", {"k": 1}, measure, quiet()) == ({"value": 2}, "", False)
+    assert steps.remembered("probe", {"k": 1}, measure, quiet(busy="busy"))[1]  # reused: its date
     assert len(calls) == 2
 
 
 def test_keys_differ_with_threads_dtype_and_model(model):
     threads = torch.get_num_threads()
     try:
-        one = measurements.machine_key()
+        one = machine.machine_key()
         torch.set_num_threads(threads + 1)
-        more = measurements.machine_key()
+        more = machine.machine_key()
     finally:
         torch.set_num_threads(threads)
     assert one != more and one["threads"] == threads
     assert set(one) >= {"cpu", "threads", "torch", "transformers"}
-    identity = measurements.model_identity(model)
-    as_float32 = measurements.model_identity(llama(window=512).to(torch.float32))
-    other = measurements.model_identity(llama(window=512, layers=3))
+    identity = saved.model_identity(model)
+    as_float32 = saved.model_identity(llama(window=512).to(torch.float32))
+    other = saved.model_identity(llama(window=512, layers=3))
     assert identity["dtype"] == "float64" and as_float32["dtype"] == "float32"
-    paths = {measurements.saved_path("cache", {**one, "model": m}) for m in (identity, as_float32, other)}
-    assert len(paths | {measurements.saved_path("cache", {**more, "model": identity})}) == 4
+    paths = {saved.saved_path("cache", {**one, "model": m}) for m in (identity, as_float32, other)}
+    assert len(paths | {saved.saved_path("cache", {**more, "model": identity})}) == 4
 
 
 @pytest.mark.parametrize("content, reason", [
@@ -135,55 +150,61 @@ def test_keys_differ_with_threads_dtype_and_model(model):
 ])
 def test_an_unreadable_saved_measurement_is_named_in_one_line_and_replaced(model, monkeypatch, cache, content, reason):
     fake_passes(monkeypatch)
-    startup.verification_costs(model, say=lambda text: None)
+    steps.verification_step(model, EAGER, quiet())
     [path] = cache.glob("verification-*.json")
     path.write_text(content)
     said, say = lines()
-    costs, note = startup.verification_costs(model, say=say)
+    found = steps.verification_step(model, EAGER, Options(say=say))
     assert said[0].startswith(f"ignoring unreadable measurement {path}: {reason}") and said[0].endswith("; measuring again")
     assert len(said) == 2 and said[1].startswith("Measuring verification costs")
-    assert json.loads(path.read_text())["result"]["costs"] == list(costs) and note == ""
+    assert json.loads(path.read_text())["result"]["costs"] == list(found.value) and found.line == costs_line(found.value)
 
 
 def test_a_saved_measurement_of_the_wrong_shape_is_replaced(model, monkeypatch, cache):
     fake_passes(monkeypatch)
-    startup.verification_costs(model, say=lambda text: None)
+    steps.verification_step(model, EAGER, quiet())
     [path] = cache.glob("verification-*.json")
     record = json.loads(path.read_text())
     record["result"]["costs"] = [1.0, 0.1]  # not plausible
     path.write_text(json.dumps(record))
     said, say = lines()
-    startup.verification_costs(model, say=say)
+    steps.verification_step(model, EAGER, Options(say=say))
     assert said[0] == f"ignoring unreadable measurement {path}: costs [1.0, 0.1] are not plausible; measuring again"
 
 
 def test_a_saved_measurement_is_written_atomically_with_no_temporary_file_left(cache, monkeypatch):
-    path = measurements.save("probe", {"k": 1}, {"value": 1}, noisy=False)
+    path = saved.save("probe", {"k": 1}, {"value": 1}, noisy=False)
     assert [p.name for p in cache.iterdir()] == [path.name]
     assert json.loads(path.read_text())["result"] == {"value": 1}
 
     def failing(source, target):
         raise OSError("disk full")
 
-    monkeypatch.setattr(measurements.os, "replace", failing)
+    monkeypatch.setattr("utils.files.os.replace", failing)
     with pytest.raises(OSError):
-        measurements.save("probe", {"k": 1}, {"value": 2}, noisy=False)
+        saved.save("probe", {"k": 1}, {"value": 2}, noisy=False)
     assert [p.name for p in cache.iterdir()] == [path.name]  # the old file kept whole, the temporary one removed
     assert json.loads(path.read_text())["result"] == {"value": 1}
 
 
 def test_the_load_hint_names_a_load_above_the_cpus():
-    assert measurements.busy_note(lambda: (3.2, 1.0, 1.0), cpus=2) == "the machine is busy (load 3.2 on 2 CPUs): figures will be noisy"
-    assert measurements.busy_note(lambda: (1.9, 5.0, 5.0), cpus=2) == ""
+    assert machine.busy_note(lambda: (3.2, 1.0, 1.0), cpus=2) == "the machine is busy (load 3.2 on 2 CPUs): figures will be noisy"
+    assert machine.busy_note(lambda: (1.9, 5.0, 5.0), cpus=2) == ""
 
 
-def test_progress_is_a_line_and_redraws_only_on_a_terminal(capsys):
-    assert measurements.announce("Measuring x ...", tty=False) is None
-    progress = measurements.announce("Measuring y ...", tty=True)
-    progress(3, 12)
-    progress(12, 12)
+def test_progress_is_drawn_by_the_app_on_a_terminal_and_measure_prints_nothing(model, capsys):
+    from app.pair import measure_options, progress_bar
+
+    progress_bar(3, 12)
+    progress_bar(12, 12)
+    progress_bar(0, 0)  # the measurement is over
     err = capsys.readouterr().err
-    assert err.startswith("Measuring x ...\nMeasuring y ...\n") and "3/12 passes" in err and err.endswith("\r\033[K")
+    assert "3/12 passes" in err and err.endswith("12/12 passes\r\033[K\r\033[K")
+    assert measure_options().progress is None  # stderr is no terminal here
+    said, say = lines()
+    startup(model, EAGER, Options(clock=slow_clock(), say=say))
+    printed = capsys.readouterr()
+    assert printed.out == printed.err == "" and len(said) == 2  # its lines went to say, and nowhere else
 
 
 def test_remeasure_is_a_flag_of_both_programs():
@@ -199,60 +220,90 @@ def kernel_passes(monkeypatch):
     12 ms + 1 ms a position (own wins decoding, prepacked wins verification passes)."""
     from runners import prepacked
 
-    monkeypatch.setattr(calibration._Timer, "seconds",
+    monkeypatch.setattr(timing.PassTimer, "seconds",
                         lambda self, rows: (0.012 + 0.001 * rows) if prepacked(self.model) else (0.006 + 0.005 * rows))
 
 
-def test_the_kernel_measurement_is_saved_reused_and_gives_the_model_its_decoding_choice(monkeypatch):
-    from runners import prepackable, prepacked
-
-    model = llama(window=512).to(torch.float32)
-    if not prepackable(model):
-        pytest.skip("needs oneDNN (mkldnn)")
-    kernel_passes(monkeypatch)
-    choice, line = startup.startup_kernels(model, say=lambda text: None)
-    assert choice.for_width(1) == calibration.OWN and choice.for_width(5) == calibration.PREPACKED
-    assert not prepacked(model) and line.startswith("kernels by measurement: decoding 13.0 ms a pass prepacked, 11.0 ms own")
-    policy, _ = startup.startup_policy(model, kernel_choice=choice, say=lambda text: None)
-    assert policy.row_costs == choice.row_costs(calibration.PREPACKED) and "from the kernel measurement" in policy.calibration
-    monkeypatch.setattr(calibration._Timer, "seconds", lambda self, rows: pytest.fail("measured again"))
-    again, line = startup.startup_kernels(model, say=lambda text: None)
-    assert again == choice and re.search(r"reused from \d{4}-\d\d-\d\d \d\d:\d\d\)$", line) and not prepacked(model)
-
-
-def test_a_kernel_measurement_past_its_budget_keeps_the_models_own_linears(monkeypatch):
-    from runners import prepackable, prepacked
-
-    model = llama(window=512).to(torch.float32)
-    if not prepackable(model):
-        pytest.skip("needs oneDNN (mkldnn)")
-    choice, line = startup.startup_kernels(model, clock=slow_clock(), say=lambda text: None)
-    assert choice is None and not prepacked(model)
-    assert line == "the model's own linears (fallback: measurement over its 5 s budget)"
-
-
-def test_an_unreadable_saved_kernel_measurement_is_named_and_measured_again(cache, monkeypatch):
+def float32_model():
     from runners import prepackable
 
     model = llama(window=512).to(torch.float32)
     if not prepackable(model):
         pytest.skip("needs oneDNN (mkldnn)")
+    return model
+
+
+def test_the_kernel_measurement_is_saved_reused_and_gives_the_model_its_decoding_choice(monkeypatch):
+    from runners import prepacked
+
+    model = float32_model()
     kernel_passes(monkeypatch)
-    startup.startup_kernels(model, say=lambda text: None)
-    (saved,) = cache.glob("kernels-*.json")
-    data = json.loads(saved.read_text())
+    measured = startup(model, EAGER, quiet(cache=None))
+    found = measured.target.kernels
+    choice = found.value
+    assert choice.for_width(1) == OWN and choice.for_width(5) == PREPACKED and found.source == MEASURED
+    assert not prepacked(model) and found.line.startswith("kernels by measurement: decoding 13.0 ms a pass prepacked, 11.0 ms own")
+    rows = measured.costs.row_costs
+    assert rows.value == choice.row_costs(PREPACKED) and rows.line.endswith("(prepacked linears, from the kernel measurement)")
+    monkeypatch.setattr(timing.PassTimer, "seconds", lambda self, rows: pytest.fail("measured again"))
+    again = steps.kernels_step(model, "target", EAGER, quiet())
+    assert again.value == choice and re.search(r"reused from \d{4}-\d\d-\d\d \d\d:\d\d\)$", again.line) and not prepacked(model)
+
+
+def test_a_kernel_measurement_past_its_budget_keeps_the_models_own_linears(monkeypatch):
+    from runners import prepacked
+
+    model = float32_model()
+    found = steps.kernels_step(model, "target", EAGER, quiet(clock=slow_clock()))
+    assert found.value is None and not prepacked(model) and found.noisy
+    assert found.line == "the model's own linears (fallback: measurement over its 5 s budget)"
+
+
+def test_an_unreadable_saved_kernel_measurement_is_named_and_measured_again(cache, monkeypatch):
+    model = float32_model()
+    kernel_passes(monkeypatch)
+    steps.kernels_step(model, "target", EAGER, quiet())
+    (saved_file,) = cache.glob("kernels-*.json")
+    data = json.loads(saved_file.read_text())
     data["result"]["seconds"]["own"] = [1.0]  # fewer positions than the other option
-    saved.write_text(json.dumps(data))
+    saved_file.write_text(json.dumps(data))
     said, say = lines()
-    choice, _ = startup.startup_kernels(model, say=say)
-    assert any(text.startswith(f"ignoring unreadable measurement {saved}") for text in said) and len(choice.seconds["own"]) == 12
+    found = steps.kernels_step(model, "target", EAGER, Options(say=say))
+    assert any(text.startswith(f"ignoring unreadable measurement {saved_file}") for text in said) and len(found.value.seconds["own"]) == 12
 
 
 def test_a_larger_model_gets_proportionally_larger_budgets_up_to_a_ceiling():
     small, tiny = llama(window=512), torch.nn.Linear(2, 2)
-    assert startup.budget_scale(None) == startup.budget_scale(tiny) == 1.0  # never below the embedded model's
+    assert budgets.budget_scale(None) == budgets.budget_scale(tiny) == 1.0  # never below the embedded model's
     big = torch.nn.Linear(1, 1)
-    big.weight = torch.nn.Parameter(torch.empty(int(4 * startup.EMBEDDED_PARAMETERS), 1, device="meta"))
-    assert startup.budget_scale(big) == pytest.approx(4.0, rel=1e-3)
-    big.weight = torch.nn.Parameter(torch.empty(int(100 * startup.EMBEDDED_PARAMETERS), 1, device="meta"))
-    assert startup.budget_scale(big) == startup.MAX_SCALE and startup.budget_scale(small) == 1.0
+    big.weight = torch.nn.Parameter(torch.empty(int(4 * budgets.EMBEDDED_PARAMETERS), 1, device="meta"))
+    assert budgets.budget_scale(big) == pytest.approx(4.0, rel=1e-3)
+    big.weight = torch.nn.Parameter(torch.empty(int(100 * budgets.EMBEDDED_PARAMETERS), 1, device="meta"))
+    assert budgets.budget_scale(big) == budgets.MAX_SCALE and budgets.budget_scale(small) == 1.0
+
+
+def test_costs_given_by_a_flag_are_checked_before_anything_is_measured_and_named_given(model):
+    said, say = lines()
+    with pytest.raises(ImplausibleCosts, match="not plausible"):
+        startup(model, EAGER, Options(row_costs=(1.0, 9.0), say=say))
+    assert said == []
+    measured = startup(model, EAGER, quiet(cache=None, row_costs=(1, 1.2, 1.1)))
+    rows = measured.costs.row_costs
+    assert rows.source == GIVEN and rows.value == (1.0, 1.2, 1.1)
+    assert measured.lines() == ["Verification cost by positions 1..3: 1.00 1.20 1.10 (given, not measured)"]
+
+
+def test_the_record_is_immutable_and_its_dict_is_json(model, monkeypatch):
+    fake_passes(monkeypatch)
+    drafter = llama(window=512, layers=1)
+    measured = startup(model, EAGER, quiet(), drafter=drafter)
+    with pytest.raises(AttributeError):
+        measured.costs = None
+    record = json.loads(json.dumps(measured.as_dict()))
+    assert set(record) == {"target", "drafter", "dtype", "row_costs", "draft_cost", "busy", "noisy"}
+    assert record["target"]["cache"]["value"] in ("static", "dynamic") and record["drafter"]["runner"]["compile"] is False
+    assert record["row_costs"]["source"] == MEASURED and record["draft_cost"]["value"] == measured.costs.draft_cost.value
+    [line] = measured.lines()
+    assert line.startswith("Verification cost by positions 1..12: 1.00 1.10") and " · a drafter pass costs " in line
+    assert measured.notes("target") == {"cache": measured.target.cache.line} and measured.notes("drafter")["cache"]
+    assert startup(model, EAGER, quiet(calibrate=False)).lines() == []

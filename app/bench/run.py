@@ -23,7 +23,8 @@ def first_divergence(a: List[int], b: List[int]) -> Optional[int]:
 
 class Bench:
     def __init__(self, args, processor, greedy: bool):
-        from app.session import SetupError, build_settings, cross_preset, load_pair, pair_preset
+        from app.pair import cross_preset, load_pair, pair_preset
+        from app.session import SetupError, build_settings
         from runners.compiled import set_cpu_gemm
         from runners.limits import output_vocab_size
         from sampling.divergence import default_runner
@@ -36,19 +37,20 @@ class Bench:
             pair = load_pair(args.target or preset.get("target"), args.drafter or preset.get("drafter"), args.device, dtype=args.dtype,
                              quantize=args.quantize, trust_remote_code=args.trust_remote_code, cache=args.cache,
                              prepack=args.prepack, compile=args.compile, measure_dtype=preset.get("measure_dtype", False),
-                             remeasure=args.remeasure, chat=not args.no_chat)
+                             remeasure=args.remeasure, chat=not args.no_chat, calibrate=not args.no_calibrate,
+                             row_costs=args.row_costs)
         except SetupError as error:
             raise SystemExit(f"error: {error}") from None
         self.target, self.tokenizer, self.drafter, self.drafter_label = pair.target, pair.tokenizer, pair.drafter, pair.drafter_label
         self.compile_seconds = pair.compile_seconds  # role -> seconds, start-up compilation
+        self.measured = pair.measured  # what the start-up measured and chose, written with every run
         # weights, cache, runner and prepacking, as the REPL says them
         self.target_label = pair.describe("target") + pair.header_note()
-        self.kernel_line = pair.notes.get("target", {}).get("kernels") or f"--prepack {args.prepack}"
+        self.kernel_line = pair.measured.target.kernels.line or f"--prepack {args.prepack}"
         self.vocab = output_vocab_size(self.target)
         try:
-            self.settings = build_settings(pair, self.processor, length=args.max_new_tokens, calibrate=not args.no_calibrate,
-                                           adaptive=args.adaptive, pause=args.pause, min_gain=args.min_gain,
-                                           remember=args.policy_memory, row_costs=args.row_costs, remeasure=args.remeasure)
+            self.settings = build_settings(pair, self.processor, length=args.max_new_tokens, adaptive=args.adaptive,
+                                           pause=args.pause, min_gain=args.min_gain, remember=args.policy_memory)
         except SetupError as error:
             raise SystemExit(f"error: {error}") from None
         from app.heads import load_for
@@ -194,10 +196,10 @@ def timed_runs(bench: Bench, configs: List[Config], items: List[dict], out: Path
     from tqdm import tqdm
 
     from sampling.divergence import PassRecorder
+    from measure import run_environment
     from utils.load import LoadMeter
-    from utils.measurements import run_environment
 
-    repeats, meter, environment = bench.args.repeats, LoadMeter(), run_environment()
+    repeats, meter, environment, measured = bench.args.repeats, LoadMeter(), run_environment(), bench.measured.as_dict()
     records = []
     with open(out / "runs.jsonl", "w") as log, tqdm(total=len(items) * len(configs) * repeats, file=sys.stderr) as bar:
         for index, (item, repeat) in enumerate((item, repeat) for item in items for repeat in range(repeats)):
@@ -215,7 +217,7 @@ def timed_runs(bench: Bench, configs: List[Config], items: List[dict], out: Path
                                                 if config.strategy.baseline)
             for config, result, recorder, window in sorted(results, key=lambda run: configs.index(run[0])):
                 record = {**run_record(bench, item, repeat, config, result, reference), **window.record(bench.args.busy),
-                          "environment": environment}
+                          "environment": environment, "measured": measured}
                 if record["diverged_at"] is not None:
                     record["divergence"] = bench.classify(item["prompt"], reference, result.tokens, recorder.passes,
                                                           result.kernels, reference_kernels)

@@ -8,7 +8,8 @@ from rich.text import Text
 
 from app.repl.repl import Repl, replaced_line
 from app.heads import head_flag, load_for
-from app.session import SetupError, add_shared_flags, build_settings, cross_preset, load_pair, pair_preset, read_processor
+from app.pair import cross_preset, load_pair, pair_preset
+from app.session import SetupError, add_shared_flags, build_settings, read_processor
 from utils.load import LoadMeter
 from utils.parsing import MAX_LINE, UsageError, flag_type, sanitize_text
 from utils.printing import console
@@ -21,8 +22,8 @@ PRESETS = {
         "quantize": "int8",
         "device": "cuda",
     },
-    "pair": {},  # Qwen2.5-Coder-1.5B-Instruct + 0.5B, once installed (session.pair_preset)
-    "cross": {},  # its 1.5B drafted for by the embedded SmolLM2-135M, another tokenizer (session.cross_preset)
+    "pair": {},  # Qwen2.5-Coder-1.5B-Instruct + 0.5B, once installed (app.pair.pair_preset)
+    "cross": {},  # its 1.5B drafted for by the embedded SmolLM2-135M, another tokenizer (app.pair.cross_preset)
 }
 
 
@@ -101,7 +102,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     try:
         pair = load_pair(args.target, args.drafter, args.device, args.drafter_device, args.dtype, args.quantize,
                          args.drafter_quantize, args.trust_remote_code, args.cache, args.prepack, say, args.compile,
-                         measure_dtype=preset.get("measure_dtype", False), remeasure=args.remeasure, chat=not args.no_chat)
+                         measure_dtype=preset.get("measure_dtype", False), remeasure=args.remeasure, chat=not args.no_chat,
+                         calibrate=not args.no_calibrate, row_costs=args.row_costs)
     except SetupError as error:
         fail(str(error))
     console.print(Text("Target: ", style="bold") + Text(pair.describe("target") + (f" · {pair.dtype_note}" if pair.dtype_note else "")))
@@ -117,8 +119,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     if pair.busy_note:  # a line of its own: the target's line ends with its runner, as scripts read it
         console.print(Text("Load: ", style="bold") + Text(pair.busy_note, style="yellow"))
     try:
-        settings = build_settings(pair, processor, args.gamma, args.length, not args.no_calibrate, say=say, row_costs=args.row_costs,
-                                  remeasure=args.remeasure)
+        settings = build_settings(pair, processor, args.gamma, args.length, say=say)
     except SetupError as error:
         fail(str(error))
     settings.head = head

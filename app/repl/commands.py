@@ -131,7 +131,7 @@ def _help(repl):
         line = Text(f"  {command.usage:<40}", style="bold") + Text(f" {command.what}")
         console.print(line + Text(f"  [{now}]", style="cyan") if now else line)
     console.print("Anything else is a prompt (\\n and \\t become newline and tab).")
-    from utils.measurements import versions_line
+    from measure import versions_line
 
     console.print(Text("Versions: ", style="bold") + Text(versions_line()))
 

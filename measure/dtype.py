@@ -1,14 +1,15 @@
 """``--dtype auto`` on CPU for a model too big to keep in float32 without asking (``--preset pair``):
 bfloat16 only where this CPU runs a bfloat16 matmul of the model's shape clearly faster than the
-float32 one the model would run (prepacked for oneDNN when it would be), measured at start-up."""
+float32 one the model would run (prepacked for oneDNN when it would be), measured before loading."""
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 import torch
 
 if TYPE_CHECKING:
-    from utils.measurements import Budget
+    from measure.timing import Budget
 
 CLEARLY_FASTER = 0.8  # bfloat16 must take at most this share of float32's time
 Seconds = Callable[[torch.dtype, int, int, int, bool], float]
@@ -38,7 +39,7 @@ def choose_cpu_dtype(inner: int, outer: int, rows: int = 4, prepacked: bool = Fa
     """``(dtype name, reason)``: bfloat16 when its matmul of the model's shape (a few rows, as decoding
     and verification run) takes at most ``CLEARLY_FASTER`` of float32's, else float32. ``prepacked``:
     float32 layers could be prepacked, and each row of a comparison gets the faster of the two
-    kernels (``sampling.calibration.KernelChoice``), so float32 is timed both ways and the faster counts.
+    kernels (``measure.kernels.KernelChoice``), so float32 is timed both ways and the faster counts.
     A ``budget`` spent after the float32 timing: float32, the safe default, and the reason says it fell back."""
     own = seconds(torch.float32, rows, inner, outer, False)
     packed = seconds(torch.float32, rows, inner, outer, True) if prepacked else float("inf")
@@ -54,16 +55,21 @@ def choose_cpu_dtype(inner: int, outer: int, rows: int = 4, prepacked: bool = Fa
                     f"took {ratio:.2f} of {versus} time ({verdict})")
 
 
-def choose_for_folder(folder, prepack: bool = True, budget: Optional["Budget"] = None) -> Tuple[str, str]:
-    """``choose_cpu_dtype`` for the model in ``folder``: its layers' shape from the config, and whether
-    its float32 linear layers would be prepacked (``--prepack`` on and the copy fits in memory)."""
-    from transformers import AutoConfig
+@dataclass(frozen=True)
+class Shape:
+    """A model folder's linear layers: ``inner`` x ``outer`` (hidden and intermediate sizes), and the
+    bytes of its float32 linear weights (the embedding is no linear layer)."""
 
-    from runners import prepack_fits
+    inner: int
+    outer: int
+    linear_bytes: int
+
+
+def folder_shape(folder) -> Shape:
+    """The ``Shape`` of the model in ``folder``, from its config and weight files (nothing loaded)."""
+    from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(folder)
     hidden = config.hidden_size
-    weights = sum(f.stat().st_size for f in Path(folder).glob("*.safetensors"))  # float32: the embedding is no linear layer
-    linear_bytes = weights - 4 * hidden * getattr(config, "vocab_size", 0)
-    return choose_cpu_dtype(hidden, getattr(config, "intermediate_size", None) or 4 * hidden,
-                            prepacked=prepack and prepack_fits(linear_bytes), budget=budget)
+    weights = sum(f.stat().st_size for f in Path(folder).glob("*.safetensors"))
+    return Shape(hidden, getattr(config, "intermediate_size", None) or 4 * hidden, weights - 4 * hidden * getattr(config, "vocab_size", 0))

@@ -1,0 +1,287 @@
+"""The model pair both programs run: loaded (the target, the drafter, checked against each other),
+compiled where ``--compile`` asks, and measured at start-up (``measure.startup``: kernels, KV cache
+kinds, the dtype, the policy's costs), with how to name each model in a header.
+
+Anything that stops loading raises ``app.session.SetupError`` with one readable line."""
+import functools
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+from app.session import Say, SetupError, first_line, to_stderr
+from utils.parsing import parse_int
+
+if TYPE_CHECKING:
+    from torch.nn import Module
+
+    from measure import Finding, Measured, Options
+
+
+@dataclass
+class Pair:
+    """The target, its tokenizer, and the drafter (None without one), with how to name them, and what
+    the start-up measured and chose for them (``measured``: ``measure.Measured``)."""
+
+    target: "Module"
+    tokenizer: object
+    target_label: str
+    quantize: str
+    drafter: Optional["Module"] = None
+    drafter_label: str = ""
+    drafter_quantize: str = "none"
+    compile_seconds: Dict[str, float] = field(default_factory=dict)  # role -> seconds spent compiling at start-up
+    measured: Optional["Measured"] = None  # set by ``load_pair``: kernels, cache kinds, dtype, costs, the load hint
+    end_tokens: List[int] = field(default_factory=list)  # the target's end-of-sequence and end-of-turn ids
+    drafter_tokenizer: object = None  # set only for a drafter with a tokenizer of its own (``drafters.cross_tokenizer``)
+    relation: str = ""  # how such a drafter relates to the target: shared tokens, the translation used
+
+    def runner(self, role: str):
+        """The ``RunnerConfig`` the ``role``'s passes run under (eager, the device's cache if none was set)."""
+        from runners import EAGER
+
+        model = None if self.measured is None else self.measured.target if role == "target" else self.measured.drafter
+        return EAGER if model is None else model.runner
+
+    def describe(self, role: str) -> str:
+        """One line for the target or the drafter: ``describe`` with how its settings were chosen
+        (the drafter's with how it relates to the target, for one with its own tokenizer)."""
+        model, label, quantize = ((self.target, self.target_label, self.quantize) if role == "target"
+                                  else (self.drafter, self.drafter_label, self.drafter_quantize))
+        notes = {} if self.measured is None else self.measured.notes(role)
+        line = describe(model, label, quantize, notes, self.runner(role))
+        return line + (f" · {self.relation}" if role == "drafter" and self.relation else "")
+
+    @property
+    def dtype_note(self) -> str:
+        """Why this dtype, when it was chosen by measurement (``--preset pair``), else ""."""
+        found = None if self.measured is None else self.measured.dtype
+        return "" if found is None else found.line
+
+    @property
+    def busy_note(self) -> str:
+        """The machine's load made start-up figures noisy (``measure.busy_note``), else ""."""
+        return "" if self.measured is None else self.measured.busy
+
+    def header_note(self) -> str:
+        """What the target's header line adds after ``describe``: the dtype's reason, the machine's load."""
+        return "".join(f" · {note}" for note in (self.dtype_note, self.busy_note) if note)
+
+    @property
+    def encoder_decoder(self) -> bool:
+        return bool(getattr(self.target.config, "is_encoder_decoder", False))
+
+
+def _check_device(flag: str, value: Optional[str]) -> None:
+    import torch
+
+    try:
+        if value not in (None, "auto"):
+            torch.device(value)
+    except (RuntimeError, ValueError):
+        raise SetupError(f"{flag} must be cpu, cuda, cuda:N, mps or auto, got {value[:40]!r}") from None
+
+
+def _load(role: str, name: Optional[str], where: str, dtype: str, quantize: str, trust_remote_code: bool,
+          target: Optional["Module"] = None, say: Say = to_stderr) -> tuple:
+    """``(model, tokenizer, label)``; a drafter ``layers:N`` is a copy of the first N layers of ``target``,
+    where ``target`` is (its tokenizer is None: the target's)."""
+    from utils.models import load_model, truncated_drafter
+
+    try:
+        if role == "drafter" and name.startswith("layers:"):
+            count = parse_int(name[len("layers:"):], "--drafter layers:N", 1, 1_000_000)
+            return truncated_drafter(target, count), None, f"first {count} layers of the target"
+        return load_model(name, where, dtype, quantize, trust_remote_code, say=functools.partial(say, style="dim"),
+                          tokenizer_required=role == "target")  # a drafter's missing one: said by _check_drafter
+    except (Exception, KeyboardInterrupt) as error:  # one clear line, no traceback
+        raise SetupError(f"could not load the {role} '{name or 'embedded'}': {first_line(error)}") from None
+
+
+def _measured_dtype(target: str, device: str, options: "Options", say: Say) -> "Finding":
+    """The dtype for ``--dtype auto`` on a model worth measuring (``--preset pair``): measured on CPU
+    (``measure.startup_dtype``), bfloat16 on an accelerator."""
+    from pathlib import Path
+
+    from measure import FIXED, Finding, startup_dtype
+    from utils.models import gguf_model_dir
+
+    if device != "cpu":
+        return Finding("bfloat16", "bfloat16 (--dtype auto on an accelerator)", FIXED)
+    try:
+        folder = gguf_model_dir(Path(target), functools.partial(say, style="dim")) if target.endswith(".gguf") else target
+        return startup_dtype(folder, options)
+    except (Exception, KeyboardInterrupt) as error:
+        raise SetupError(f"could not measure a dtype for '{target}': {first_line(error)}") from None
+
+
+def pair_preset() -> dict:
+    """``--preset pair``: the real drafter pair's GGUF files, with the dtype chosen by measurement;
+    SetupError saying how to install it when it is not installed."""
+    from utils.pair import DRAFTER, INSTALL_HINT, TARGET, gguf_path, installed
+
+    if not installed():
+        raise SetupError(f"the pair (Qwen2.5-Coder-1.5B-Instruct + 0.5B) is not installed: {INSTALL_HINT}")
+    return {"target": str(gguf_path(TARGET)), "drafter": str(gguf_path(DRAFTER)), "measure_dtype": True}
+
+
+def cross_preset() -> dict:
+    """``--preset cross``: the pair's Qwen2.5-Coder-1.5B-Instruct target drafted for by the embedded
+    SmolLM2-135M-Instruct, a model with another tokenizer (``drafters.cross_tokenizer``)."""
+    from utils.models import embedded_model_dir
+
+    return {**pair_preset(), "drafter": str(embedded_model_dir(lambda text: None))}
+
+
+def _check_drafter(pair: Pair, drafter_tokenizer, name: str, chat: bool = True, say: Say = to_stderr) -> None:
+    """SetupError when the drafter cannot draft for the target at all; a drafter with a tokenizer of
+    its own is kept (``Pair.drafter_tokenizer``, ``Pair.relation``) unless ``cross_problem`` finds
+    something missing, which is said in one line, the drafter dropped (speculative decoding off)."""
+    from drafters.cross_tokenizer import same_vocabulary
+    from runners.limits import common_vocab_size
+
+    if pair.drafter.config.is_encoder_decoder != pair.target.config.is_encoder_decoder:
+        raise SetupError("drafter and target must both be decoder-only or both encoder-decoder")
+    try:
+        common_vocab_size(pair.drafter, pair.target, pair.tokenizer)
+        sizes = None
+    except ValueError as error:
+        sizes = str(error)
+    same = drafter_tokenizer is not None and same_vocabulary(pair.tokenizer, drafter_tokenizer)
+    if same or (drafter_tokenizer is None and sizes is None):
+        if sizes is None:
+            return
+        raise SetupError(f"the drafter cannot draft for this target: {sizes}")
+    if pair.encoder_decoder:
+        raise SetupError(f"the drafter cannot draft for this target: {sizes or 'drafter and target tokenizers differ'}")
+    from drafters.cross_tokenizer import cross_problem, relation
+
+    problem = cross_problem(pair.tokenizer, drafter_tokenizer, name, chat)
+    if problem is not None:
+        say(f"{problem}: speculative decoding off", "red")
+        pair.drafter, pair.drafter_label = None, ""
+        return
+    pair.drafter_tokenizer, pair.relation = drafter_tokenizer, relation(pair.tokenizer, drafter_tokenizer)
+
+
+def progress_bar(done: int, total: int) -> None:
+    """A start-up measurement's progress on a terminal (``measure.Options.progress``): one line on
+    stderr redrawn with ``\\r`` between passes (no thread: a spinner's would compete with the passes
+    timed), cleared when the passes are done or the measurement is over (0, 0)."""
+    if total <= 0:
+        sys.stderr.write("\r\033[K")
+    else:
+        width = 24
+        filled = width * done // total
+        end = "\r\033[K" if done >= total else ""
+        sys.stderr.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} passes{end}")
+    sys.stderr.flush()
+
+
+def measure_options(prepack: bool | str = "auto", cache: Optional[str] = "auto", calibrate: bool = True,
+                    row_costs: Optional[Tuple[float, ...]] = None, remeasure: bool = False, busy: str = "") -> "Options":
+    """``measure.Options`` for the flags: each measurement announced on stderr (a builtin's partial:
+    ``measure`` calls nothing of the app back), a progress bar on a terminal."""
+    from measure import Options
+
+    word = {True: "on", False: "off"}.get(prepack, prepack)
+    return Options(prepack=word, cache=cache, calibrate=calibrate, row_costs=row_costs, remeasure=remeasure, busy=busy,
+                   say=functools.partial(print, file=sys.stderr, flush=True), progress=progress_bar if sys.stderr.isatty() else None)
+
+
+def _runners(pair: Pair, cache: Optional[str], prepack: bool | str, compile: bool, compile_length: int, say: Say) -> Dict[str, object]:
+    """Each model's ``RunnerConfig`` from ``--cache`` and ``--compile`` (the cache kind measured later
+    with "auto"); a model that compiles gets its kernels (own linears frozen, oneDNN's with ``--prepack
+    on``) and is compiled here for sequences of ``compile_length`` positions, before anything is timed."""
+    from runners import RunnerConfig, compile_source, prepare, set_prepack, why_not_compiled
+
+    runners = {}
+    for role, model in (("target", pair.target), ("drafter", pair.drafter)):
+        if model is None:
+            continue
+        reason = why_not_compiled(model) if compile else None
+        runners[role] = RunnerConfig(None if cache == "auto" else cache, compile and reason is None)
+        if reason is not None:
+            say(f"--compile: the {role} runs eagerly: {reason}", "red")
+        if compile and reason is None:
+            # the model's own linears frozen into the graphs (--gemm: MKL's or inductor's autotuned templates);
+            # an eager kernel measurement would answer another question. "on": oneDNN's.
+            set_prepack(model, prepack in (True, "on"))
+            seconds = prepare(model, compile_length, lambda text: say(f"{role}: {text} ...", "dim"))
+            pair.compile_seconds[role] = seconds
+            say(f"Compiled the {role} in {seconds:.1f} s ({compile_source(model) or 'nothing new'}; outside every timed run)")
+    return runners
+
+
+def load_pair(
+    target: Optional[str], drafter: Optional[str], device: Optional[str] = None, drafter_device: Optional[str] = None,
+    dtype: str = "auto", quantize: str = "none", drafter_quantize: Optional[str] = None, trust_remote_code: bool = False,
+    cache: Optional[str] = None, prepack: bool | str = "auto", say: Say = to_stderr, compile: bool = False,
+    compile_length: int = 1000, measure_dtype: bool = False, remeasure: bool = False, chat: bool = True,
+    calibrate: bool = True, row_costs: Optional[Tuple[float, ...]] = None,
+) -> Pair:
+    """Load the target (None: the embedded model) and the drafter (None: none; ``layers:N``: the
+    first N layers of the target), check that the drafter can draft for the target, compile those
+    that ``compile`` asks for (``_runners``), and measure them (``measure.startup``: ``Pair.measured``):
+    each one's kernels (``prepack`` "auto": measured, each row later runs on its own best option;
+    "on"/"off": given) and KV cache kind (``cache`` "auto": measured on CPU), then, with ``calibrate``,
+    the drafter's cost and the target's verification costs (``row_costs``: given, ``--row-costs``).
+    ``measure_dtype`` with ``dtype`` auto: bfloat16 on CUDA; on CPU bfloat16 only where a matmul of
+    the target's shape measures clearly faster in it (``measure.dtype``), else float32. Measurements
+    run within their budgets and are reused from earlier starts unless ``remeasure`` (docs/startup.md).
+    A drafter with another tokenizer drafts across tokenizers; one that cannot (``cross_problem``; the
+    chat template matters when ``chat``) is dropped with one line."""
+    import torch
+
+    from measure import ImplausibleCosts, busy_note, startup
+    from utils.models import end_tokens, resolve_device
+
+    torch.set_grad_enabled(False)
+    for flag, value in (("--target", target), ("--drafter", drafter)):
+        if value is not None and not value.strip():
+            raise SetupError(f"{flag} is empty: give a model folder, a .gguf file or a Hub id")
+    _check_device("--device", device)
+    _check_device("--drafter-device", drafter_device)
+    device = resolve_device(device)
+    say(f"Loading target: {target or 'embedded SmolLM2-135M-Instruct'} ...", "dim")
+    # the load is read before anything of ours loads the machine
+    options = measure_options(prepack, cache, calibrate, row_costs, remeasure, busy_note())
+    chosen = None
+    if measure_dtype and dtype == "auto" and target is not None:
+        chosen = _measured_dtype(target, device, options, say)
+        dtype = chosen.value
+    model, tokenizer, label = _load("target", target, device, dtype, quantize, trust_remote_code, say=say)
+    pair = Pair(model, tokenizer, label, quantize, end_tokens=end_tokens(model, tokenizer))
+    if drafter is not None:
+        say(f"Loading drafter: {drafter} ...", "dim")
+        layers = drafter.startswith("layers:")
+        drafter_quantize = quantize if layers else drafter_quantize or quantize
+        where = resolve_device(drafter_device or device)
+        pair.drafter, drafter_tokenizer, pair.drafter_label = _load("drafter", drafter, where, dtype, drafter_quantize,
+                                                                    trust_remote_code, model, say)
+        pair.drafter_quantize = drafter_quantize
+        _check_drafter(pair, drafter_tokenizer, drafter, chat, say)
+    runners = _runners(pair, cache, prepack, compile, compile_length, say)
+    try:
+        pair.measured = startup(pair.target, runners["target"], options, pair.drafter, runners.get("drafter"), chosen)
+    except ImplausibleCosts as error:
+        raise SetupError(f"--row-costs: {error}") from None
+    return pair
+
+
+def describe(model: "Module", label: str, quantize: str, notes: Optional[Dict[str, str]] = None, runner=None) -> str:
+    """One line: the model, where it runs, its weights, its KV cache and its runner (compiled or
+    eager: ``runner``, a ``RunnerConfig``; None: the defaults) and, eager, whether its linear layers
+    are prepacked; ``notes`` say how the cache and the kernels were chosen (the measurements)."""
+    from runners import EAGER, compiled_label, prepacked
+    from utils.quantization import model_quantization
+
+    notes, runner = notes or {}, runner or EAGER
+    if model_quantization(model) in ("int4", "int8"):
+        quantize += " (CPU weight-only kernels, bfloat16 activations)"
+    line = f"{label} · {next(model.parameters()).device} · {model.dtype} · quantization {quantize} · "
+    if runner.compiled_for(model):
+        return line + f"static KV cache · {compiled_label(model)}"
+    line += notes.get("cache", f"{runner.cache_for(model)} KV cache") + " · eager"
+    if "kernels" in notes:
+        return line + f" · {notes['kernels']}"
+    return line + (" · prepacked linears" if prepacked(model) else "")

@@ -1,0 +1,215 @@
+"""Each start-up measurement within its budget, or its saved result: the kernels, the KV cache kind,
+the CPU dtype, the verification costs and the drafter's cost. A step announces itself
+(``Options.say``: "Measuring ..., budget 3 s) ..."), runs within ``measure.budgets`` with a safe
+fallback, is saved per machine, model and settings (``measure.saved``) and reused on the next start
+unless ``Options.remeasure`` (or it was noisy and the machine is quiet now). Every step returns a
+``Finding``. Called by ``measure.entry`` only; the calls below (timing, kernels, saved, dtype) are
+made from here.
+
+Only speed depends on them (kernels, cache kind, the policy's costs): never a generated token."""
+import hashlib
+from pathlib import Path
+from typing import Callable, Optional, Tuple
+
+from torch.nn import Module
+
+from measure import dtype, kernels, saved, timing
+from measure.budgets import budget_seconds
+from measure.costs import checked, costs_line, implausible_line, plausible_row_costs
+from measure.kernels import KernelChoice
+from measure.machine import machine_key
+from measure.record import FIXED, GIVEN, MEASURED, REMEMBERED, Finding, ModelMeasured, Options
+from runners.cache_kind import runner_cache
+from runners.config import RunnerConfig
+from runners.device import model_device
+
+MAX_ROWS = 12  # positions the verification costs are measured for (1..12)
+
+
+def remembered(kind: str, key: dict, measure: Callable[[], Tuple[dict, bool]], options: Options) -> Tuple[dict, str, bool]:
+    """``(result, when, noisy)``: the result saved for ``kind`` and ``key`` (``when`` its date) unless
+    ``options.remeasure``, or unless it was noisy and the machine is quiet now (a better measurement is
+    possible); else ``measure()`` (the result and whether its budget stopped it), saved, ``when`` ""."""
+    found = None
+    if not options.remeasure:
+        found, problem = saved.recall(kind, key)
+        if problem:
+            options.say(f"ignoring unreadable measurement {saved.saved_path(kind, key)}: {problem}; measuring again")
+    if found is not None and not (found.noisy and not options.busy):
+        return found.result, found.when, found.noisy
+    result, stopped = measure()
+    noisy = bool(options.busy) or stopped
+    try:
+        saved.save(kind, key, result, noisy=noisy)
+    except OSError as error:  # a read-only cache: measured, not saved
+        options.say(f"could not save the measurement in {saved.measurements_dir()}: {error.strerror}")
+    return result, "", noisy
+
+
+def _budget(kind: str, what: str, options: Options, model: Optional[Module] = None) -> timing.Budget:
+    """The budget of one measurement (``BUDGETS``, scaled by the model's size), announced:
+    "Measuring <what>, budget 3 s) ..."."""
+    seconds = budget_seconds(kind, model)
+    options.say(f"Measuring {what}, budget {seconds:g} s) ...")
+    return timing.Budget(seconds, options.clock, options.progress)
+
+
+def _found(value, line: str, when: str, noisy: bool) -> Finding:
+    return Finding(value, line, REMEMBERED if when else MEASURED, when, noisy)
+
+
+def _reused(when: str) -> str:
+    return f"reused from {when}" if when else ""
+
+
+def _with_source(line: str, source: str) -> str:
+    """``line`` ending in ")" with "; <source>" inside its parentheses."""
+    return f"{line[:-1]}; {source})" if source and line.endswith(")") else line + (f" ({source})" if source else "")
+
+
+def _model_key(model: Module, runner: RunnerConfig) -> dict:
+    """A model as a measurement of its passes depends on it: identity, kernels, compiled, cache kind."""
+    return {"model": saved.model_identity(model), **kernels.identity(model), "compiled": runner.compiled_for(model),
+            "cache": runner.cache_for(model)}
+
+
+def kernels_step(model: Module, role: str, runner: RunnerConfig, options: Options) -> Finding:
+    """The model's kernels: measured (``--prepack auto``: ``measure_kernels``, the model given the
+    faster for decoding), or saved and given back to it; a flag's, or the compiled graphs' (the app
+    froze them before compiling), with nothing measured. ``value``: the ``KernelChoice`` or None."""
+    if runner.compiled_for(model):
+        line = "compiled: own linears frozen, kernels by --gemm" if options.prepack == "auto" and kernels.measurable(model) else ""
+        return Finding(None, line, GIVEN)
+    if options.prepack != "auto" or not kernels.measurable(model):
+        kernels.by_flag(model, options.prepack == "on")
+        return Finding(None, "", GIVEN if options.prepack != "auto" else FIXED)
+    key = {**machine_key(), "model": saved.model_identity(model), "context": 64, "repeats": 3, "max_rows": 12}
+
+    def measure() -> Tuple[dict, bool]:
+        budget = _budget("prepack", f"the {role}'s kernels (prepacked and own linears, 1-12 positions, 3 rounds", options, model)
+        choice, line = kernels.decide(model, timing.measure_kernels(model, budget=budget), budget)
+        budget.finish()
+        seconds = {o: list(t) for o, t in choice.seconds.items()} if choice is not None else None
+        return {"seconds": seconds, "line": line}, budget.stopped
+
+    result, when, noisy = remembered("kernels", key, measure, options)
+    choice = None
+    if result["seconds"] is not None:
+        choice = KernelChoice({o: tuple(float(t) for t in times) for o, times in result["seconds"].items()})
+    if when:  # reused: give the model what the saved measurement chose
+        kernels.reuse(model, choice)
+    return _found(choice, _with_source(result["line"], _reused(when)), when, noisy)
+
+
+def cache_step(model: Module, role: str, options: Options) -> Finding:
+    """The KV cache kind (``choose_cache``) within its budget, or its saved choice; ``value``: "static" or "dynamic"."""
+    if runner_cache(model, "static") != "static":
+        return Finding(*timing.choose_cache(model), FIXED)  # nothing to measure
+    key = {**machine_key(), "model": saved.model_identity(model), **kernels.identity(model), "compiled": False,
+           "context": 256, "repeats": 7}
+
+    def measure() -> Tuple[dict, bool]:
+        budget = _budget("cache", f"the {role}'s KV cache (static and dynamic, 7 rounds", options, model)
+        cache, line = timing.choose_cache(model, budget=budget)
+        budget.finish()
+        return {"cache": cache, "line": line}, budget.stopped
+
+    result, when, noisy = remembered("cache", key, measure, options)
+    return _found(result["cache"], _with_source(result["line"], _reused(when)), when, noisy)
+
+
+def model_step(model: Module, role: str, runner: RunnerConfig, options: Options) -> ModelMeasured:
+    """One model's kernels, then (``--cache auto``, eager on CPU) its KV cache kind, put in its runner."""
+    found = kernels_step(model, role, runner, options)
+    if options.cache != "auto" or runner.compiled_for(model) or model_device(model).type != "cpu":
+        return ModelMeasured(role, runner, found)
+    cache = cache_step(model, role, options)
+    return ModelMeasured(role, runner.with_(cache=cache.value), found, cache)
+
+
+def given_costs(options: Options) -> Optional[Finding]:
+    """``--row-costs``: the costs given, checked (``ImplausibleCosts``), or None when none were."""
+    if options.row_costs is None:
+        return None
+    costs = checked(options.row_costs)
+    return Finding(costs, costs_line(costs, "given, not measured"), GIVEN)
+
+
+def verification_step(target: Module, runner: RunnerConfig, options: Options) -> Finding:
+    """The target's verification costs by positions (``measure_row_costs``, taken again once when not
+    plausible) within their budget, or saved. A budget cut short: the positions timed, the rest
+    extrapolated (the line says which); too short, or never plausible: () and the line says why."""
+    key = {**machine_key(), **_model_key(target, runner), "max_rows": MAX_ROWS}
+
+    def measure() -> Tuple[dict, bool]:
+        budget = _budget("verification", f"verification costs (1-{MAX_ROWS} positions", options, target)
+        costs: Tuple[float, ...] = ()
+        for _ in range(2):
+            costs = timing.measure_row_costs(target, max_rows=MAX_ROWS, budget=budget, runner=runner)
+            if plausible_row_costs(costs) or budget.exhausted():
+                break
+        budget.finish()
+        plausible = plausible_row_costs(costs)
+        if plausible:
+            note = f"{budget.note}: {budget.reason}" if budget.stopped and budget.note else ""
+        elif budget.stopped:
+            note = f"Verification costs not measured (fallback: {budget.reason}): constant draft length"
+        else:
+            note = implausible_line(costs)
+        return {"costs": list(costs) if plausible else [], "note": note}, budget.stopped or not plausible
+
+    result, when, noisy = remembered("verification", key, measure, options)
+    costs = tuple(float(c) for c in result["costs"])
+    if not costs:
+        return _found((), result["note"] + (f" ({_reused(when)})" if when else ""), when, noisy)
+    return _found(costs, costs_line(costs, "; ".join(part for part in (result["note"], _reused(when)) if part)), when, noisy)
+
+
+def row_costs_step(target: Module, runner: RunnerConfig, choice: Finding, options: Options) -> Finding:
+    """The verification costs the calibrated policy reads: the costs of the drafting rows' kernels from
+    the kernel measurement (``choice``) when it covers 1-12 positions plausibly, else measured on those
+    kernels (``verification_step``)."""
+    kernel_choice: Optional[KernelChoice] = choice.value
+    option = None if kernel_choice is None else kernel_choice.for_auto()
+    if option is not None and len(kernel_choice.seconds[option]) >= MAX_ROWS and plausible_row_costs(kernel_choice.row_costs(option)):
+        costs = kernel_choice.row_costs(option)
+        return Finding(costs, costs_line(costs, f"{option} linears, from the kernel measurement"), choice.source, choice.when, choice.noisy)
+    with kernels.under(target, option):  # the drafting rows' kernels
+        return verification_step(target, runner, options)
+
+
+def drafter_step(drafter: Module, target: Module, runner: RunnerConfig, drafter_runner: RunnerConfig, options: Options) -> Finding:
+    """A drafter pass against a target pass (``measure_draft_cost``) within its budget, or saved. Cut
+    short before 2 rounds: the ratio of their parameter counts. ``value``: the cost."""
+    key = {**machine_key(), "drafter": _model_key(drafter, drafter_runner), "target": _model_key(target, runner)}
+
+    def measure() -> Tuple[dict, bool]:
+        budget = _budget("drafter", "the drafter's cost (7 rounds against the target", options, target)
+        cost = timing.measure_draft_cost(drafter, target, budget=budget, runner=runner, drafter_runner=drafter_runner)
+        budget.finish()
+        if cost is None:
+            ratio = sum(p.numel() for p in drafter.parameters()) / sum(p.numel() for p in target.parameters())
+            return {"cost": round(ratio, 3), "note": f"fallback: the parameter counts' ratio, {budget.reason}"}, True
+        return {"cost": cost, "note": f"{budget.note}: {budget.reason}" if budget.stopped and budget.note else ""}, budget.stopped
+
+    result, when, noisy = remembered("drafter", key, measure, options)
+    cost, note = float(result["cost"]), "; ".join(part for part in (result["note"], _reused(when)) if part)
+    return _found(cost, f"a drafter pass costs {cost:.2f}" + (f" ({note})" if note else ""), when, noisy)
+
+
+def dtype_step(folder, options: Options) -> Finding:
+    """The CPU dtype of the model in ``folder`` (``choose_cpu_dtype`` of its layers' shape) within its
+    budget, or saved. Keyed by the folder's config rather than loaded weights: it runs before loading."""
+    prepack = options.prepack != "off"
+    config = (Path(folder) / "config.json").read_bytes()
+    key = {**machine_key(), "model": Path(folder).name, "config": hashlib.sha256(config).hexdigest()[:16], "prepack": prepack}
+
+    def measure() -> Tuple[dict, bool]:
+        budget = _budget("dtype", "the dtype (float32 and bfloat16 matmuls of the model's shape", options)
+        shape = dtype.folder_shape(folder)
+        chosen, reason = dtype.choose_cpu_dtype(shape.inner, shape.outer, prepacked=kernels.would_prepack(prepack, shape.linear_bytes),
+                                                budget=budget)
+        return {"dtype": chosen, "line": reason}, budget.stopped
+
+    result, when, noisy = remembered("dtype", key, measure, options)
+    return _found(result["dtype"], result["line"] + (f" ({_reused(when)})" if when else ""), when, noisy)

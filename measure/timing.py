@@ -1,0 +1,263 @@
+"""Timing: the ``Budget`` a start-up measurement runs under, the timers (a cached runner fed a context,
+timing passes after it), interleaved rounds, and every timed model pass of the start-up: the kernel
+options' curve (``measure_kernels``), the KV cache kinds (``choose_cache``), the verification costs
+by positions (``measure_row_costs``) and a drafter's cost (``measure_draft_cost``).
+
+Seconds are ``time.perf_counter`` seconds, the device synchronised around each pass; costs are
+relative to a one-position pass. A budget is asked between passes, never inside one. What the figures
+decide lives above: ``measure.kernels`` (which kernels each row runs on), ``measure.costs`` (which
+costs can be real)."""
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+import torch
+from torch.nn import Module
+
+from measure.kernels import OWN, PREPACKED, KernelChoice, decide
+from measure.record import Clock, Progress
+from runners import DEFAULT_CPU_CACHE, KVCacheModel, kernels, make_runner, prepackable, runner_cache, synchronize
+from runners.config import EAGER, RunnerConfig
+from runners.limits import context_window, output_vocab_size
+
+MIN_ROUNDS = 2  # timed rounds a comparison needs before its budget may cut it short
+_PREFILL_STEP = 32  # positions a budgeted timer feeds its context in, between checks of its budget
+
+
+@dataclass
+class Budget:
+    """``seconds`` of ``clock`` for one measurement, started when made. ``exhausted()`` is asked
+    between passes; once true the measurement stops and ``stopped`` stays true. ``note``: what was
+    measured when the budget cut it short; ``reason``: the budget named for a fallback's line."""
+
+    seconds: float
+    clock: Clock = time.perf_counter
+    progress: Optional[Progress] = None
+    stopped: bool = field(default=False, init=False)
+    note: str = field(default="", init=False)
+    reason: str = field(default="", init=False)
+
+    def __post_init__(self) -> None:
+        self.started = self.clock()
+        self.reason = f"measurement over its {self.seconds:g} s budget"
+
+    def exhausted(self) -> bool:
+        if not self.stopped and self.clock() - self.started > self.seconds:
+            self.stopped = True
+        return self.stopped
+
+    def tick(self, done: int, total: int) -> None:
+        if self.progress is not None:
+            self.progress(done, total)
+
+    def finish(self) -> None:
+        """The measurement is over: its progress line, if any, is cleared."""
+        if self.progress is not None:
+            self.progress(0, 0)
+
+
+class PassTimer:
+    """A cached runner of ``model`` that has read ``context`` random tokens, and times passes after them.
+
+    The tokens are drawn from the model's own vocabulary (or the first ``vocab``), and the context is
+    cut to leave ``room`` positions inside the model's window: both asked of the model, never assumed.
+    ``runner``: the configuration the passes run under (the rows' own)."""
+
+    def __init__(self, model: Module, context: int, room: int, vocab: int | None = None, budget: Optional[Budget] = None,
+                 runner: RunnerConfig = EAGER):
+        window = context_window(model)
+        self.context = max(1, min(context, window - room)) if window else context
+        vocab = vocab or output_vocab_size(model)
+        self.ids = torch.randint(vocab, (1, self.context + room), generator=torch.Generator().manual_seed(0))
+        encoder = self.ids[0, : self.context].tolist() if getattr(model.config, "is_encoder_decoder", False) else None
+        self.model, self.runner = model, make_runner(model, True, encoder, runner)
+        _prefill(self, budget)
+
+    def seconds(self, rows: int) -> float:
+        """Seconds of one cached pass over ``rows`` new positions (the device synchronised around it)."""
+        synchronize(self.model)
+        start = time.perf_counter()
+        self.runner(self.ids[:, : self.context + rows], rows)
+        synchronize(self.model)
+        self.runner.rollback(self.context)
+        return time.perf_counter() - start
+
+
+class _EagerTimer(PassTimer):
+    """A ``PassTimer`` over an eager runner with the given cache kind."""
+
+    def __init__(self, model: Module, context: int, cache: Optional[str] = None, budget: Optional[Budget] = None):
+        self.model, self.context = model, context
+        self.ids = torch.randint(output_vocab_size(model), (1, context + 1), generator=torch.Generator().manual_seed(0))
+        encoder = self.ids[0, :context].tolist() if getattr(model.config, "is_encoder_decoder", False) else None
+        self.runner = KVCacheModel(model, True, encoder_input_ids=encoder, cache=cache)
+        _prefill(self, budget)
+
+
+class _UnderKernels:
+    """A timer's passes under one kernel option (the swap outside the clock)."""
+
+    def __init__(self, timer: PassTimer, option: str):
+        self.timer, self.option = timer, option
+
+    def seconds(self, rows: int) -> float:
+        with kernels(self.timer.model, self.option == PREPACKED):
+            return self.timer.seconds(rows)
+
+
+def _prefill(timer: PassTimer, budget: Optional[Budget]) -> None:
+    """Feed the timer's context. With a ``budget``: in passes of ``_PREFILL_STEP`` positions, asked
+    before each, so that a busy machine stops after one short pass rather than a long one (a timer
+    left unfed is never timed: the budget stays spent)."""
+    step = timer.context if budget is None else _PREFILL_STEP
+    for end in range(min(step, timer.context), timer.context + step, step):
+        if budget is not None and budget.exhausted():
+            return
+        timer.runner(timer.ids[:, : min(end, timer.context)], 1)
+
+
+def samples(passes: List[Tuple[PassTimer, int]], repeats: int, budget: Optional[Budget] = None) -> List[List[float]]:
+    """Seconds of each ``(timer, rows)`` pass in ``repeats`` interleaved rounds, each pass warmed up
+    once just before its first timing. With a ``budget``, asked before every pass: once it is spent
+    the rounds stop there, so the passes timed are a prefix of the last round (fewer samples, never
+    a pass cut short; a busy machine still gets the first passes of the first round). A timer is
+    anything with ``seconds(rows)`` (``eagle.cost.HeadTimer`` too)."""
+    timed: List[List[float]] = [[] for _ in passes]
+    total, done = len(passes) * (repeats + 1), 0
+    for round_ in range(repeats):
+        for (timer, rows), times in zip(passes, timed):
+            for warm_up in (True, False) if round_ == 0 else (False,):
+                if budget is not None and budget.exhausted():
+                    return timed
+                seconds = timer.seconds(rows)
+                if not warm_up:
+                    times.append(seconds)
+                done += 1
+                if budget is not None:
+                    budget.tick(done, total)
+    return timed
+
+
+def compared(passes: List[Tuple[PassTimer, int]], repeats: int, budget: Optional[Budget] = None) -> Tuple[Optional[List[float]], str]:
+    """Median seconds of each ``(timer, rows)`` pass over ``repeats`` interleaved rounds (``samples``),
+    within ``budget``: ``(medians, "")``, ``(medians, "k of n rounds")`` from the complete rounds when
+    the budget ran out after ``MIN_ROUNDS`` of them, or ``(None, "")`` before."""
+    timed = samples(passes, repeats, budget)
+    rounds = min(len(times) for times in timed)
+    if rounds < min(MIN_ROUNDS, repeats):
+        return None, ""
+    return [statistics.median(times[:rounds]) for times in timed], "" if rounds == repeats else f"{rounds} of {repeats} rounds"
+
+
+def _extrapolated(costs: List[float], max_rows: int) -> List[float]:
+    """``costs`` of positions 1..n continued to ``max_rows`` along their least-squares line."""
+    n = len(costs)
+    mean_r, mean_c = (n + 1) / 2, sum(costs) / n
+    slope = sum((r - mean_r) * (c - mean_c) for r, c in enumerate(costs, 1)) / sum((r - mean_r) ** 2 for r in range(1, n + 1))
+    return costs + [max(costs[-1], mean_c + slope * (r - mean_r)) for r in range(n + 1, max_rows + 1)]
+
+
+@torch.no_grad()
+def measure_row_costs(model: Module, max_rows: int = 12, context: int = 128, repeats: int = 5,
+                      budget: Optional[Budget] = None, runner: RunnerConfig = EAGER) -> Tuple[float, ...]:
+    """Time of one cached target pass over r new positions (r = 1..max_rows) after ``context``
+    positions, relative to r = 1: the cost of verifying r - 1 drafts in single-token steps.
+
+    Medians of ``repeats`` interleaved rounds, the device synchronised around each pass. About
+    ``max_rows * (repeats + 1)`` passes: ~3 s for SmolLM2-135M on a 2-core CPU.
+
+    With a ``budget`` that runs out: the positions timed at least once (1..n, n >= 2) from the
+    samples they have, the rest extrapolated along their line, and ``budget.note`` says which;
+    () when fewer than 2 positions were timed (not plausible: the caller's fallback). ``runner``:
+    the runner configuration the passes run under (the rows' own).
+    """
+    timer = PassTimer(model, context, max_rows, budget=budget, runner=runner)
+    timed_passes = samples([(timer, rows) for rows in range(1, max_rows + 1)], repeats, budget)
+    timed = [statistics.median(times) for times in timed_passes if times]
+    if len(timed) < 2:
+        return ()
+    costs = [m / timed[0] for m in timed]
+    if budget is not None and len(timed) < max_rows:
+        budget.note = f"positions 1-{len(timed)} measured, {len(timed) + 1}-{max_rows} extrapolated"
+        costs = _extrapolated(costs, max_rows)
+    elif budget is not None and budget.stopped:
+        budget.note = f"{min(len(t) for t in timed_passes)} of {repeats} rounds"
+    return tuple(round(c, 3) for c in costs)
+
+
+@torch.no_grad()
+def measure_draft_cost(drafter: Module, target: Module, context: int = 128, repeats: int = 7,
+                       budget: Optional[Budget] = None, runner: RunnerConfig = EAGER,
+                       drafter_runner: Optional[RunnerConfig] = None) -> Optional[float]:
+    """Time of one cached one-position pass of ``drafter`` relative to one of ``target`` (medians
+    of ``repeats`` interleaved passes after one warm-up each): the ``draft_cost`` of a drafter model.
+    With a ``budget``: from the rounds that fit (``budget.note``), None when fewer than 2 did."""
+    vocab = min(output_vocab_size(drafter), output_vocab_size(target))
+    timers = [PassTimer(drafter, context, 1, vocab, budget, drafter_runner or runner), PassTimer(target, context, 1, vocab, budget, runner)]
+    medians, rounds = compared([(timer, 1) for timer in timers], repeats, budget)
+    if medians is None:
+        return None
+    if budget is not None:
+        budget.note = rounds
+    return round(medians[0] / medians[1], 3)
+
+
+@torch.no_grad()
+def measure_kernels(model: Module, max_rows: int = 12, context: int = 64, repeats: int = 3,
+                    budget: Optional[Budget] = None) -> Optional[KernelChoice]:
+    """Time cached passes over 1..``max_rows`` positions with the model's float32 CPU linear layers
+    prepacked and with its own (interleaved, each pair of passes back to back; medians). None when
+    nothing can be prepacked (other dtypes, devices, no oneDNN), or a ``budget`` ran out before both
+    options had a pass timed; cut short later, the positions timed under both (``budget.note``).
+    The model's kernels are as before."""
+    if not prepackable(model):
+        return None
+    timer = PassTimer(model, context, max_rows, budget=budget)
+    passes = [(_UnderKernels(timer, option), rows) for rows in range(1, max_rows + 1) for option in (PREPACKED, OWN)]
+    timed = samples(passes, repeats, budget)
+    widths = next((i for i in range(max_rows) if not (timed[2 * i] and timed[2 * i + 1])), max_rows)
+    if widths == 0:
+        return None
+    if budget is not None and budget.stopped:
+        rounds = min(len(timed[i]) for i in range(2 * widths))
+        budget.note = f"positions 1-{widths} of 1-{max_rows}" if widths < max_rows else f"{rounds} of {repeats} rounds"
+    return KernelChoice({option: tuple(statistics.median(timed[2 * i + k]) for i in range(widths))
+                         for k, option in enumerate((PREPACKED, OWN))})
+
+
+@torch.no_grad()
+def choose_kernels(model: Module, budget: Optional[Budget] = None) -> Tuple[Optional[KernelChoice], str]:
+    """Measure the kernel options of ``model`` (``measure_kernels``), give it the faster for plain
+    decoding, and return the measurement with one line saying what was measured and chosen (None
+    and the model's own linears when nothing could be measured). A notebook calls this once per
+    model to run what the REPL and the benchmark run; ``strategies.run_strategy`` then gives each
+    row its own option."""
+    if not prepackable(model):
+        return None, "no float32 CPU linear layers to prepack"
+    return decide(model, measure_kernels(model, budget=budget), budget)
+
+
+@torch.no_grad()
+def choose_prepack(model: Module, budget: Optional[Budget] = None) -> str:
+    """``choose_kernels``' line only: the model gets the kernels that decode fastest."""
+    return choose_kernels(model, budget)[1]
+
+
+@torch.no_grad()
+def choose_cache(model: Module, context: int = 256, repeats: int = 7, budget: Optional[Budget] = None) -> Tuple[str, str]:
+    """Measure one-position cached passes of ``model`` after ``context`` positions with the static KV
+    cache and with the model's dynamic one; returns ``(cache, line)``: the faster (static only when
+    at least 5% faster) and one line saying what was measured. A model that cannot take the
+    static cache keeps the dynamic one, and says so. A ``budget`` spent before 2 rounds: the CPU
+    default (``DEFAULT_CPU_CACHE``), and the line says it fell back."""
+    if runner_cache(model, "static") != "static":
+        return "dynamic", "the model's dynamic KV cache (it cannot take the static one)"
+    medians, rounds = compared([(_EagerTimer(model, context, cache="static", budget=budget), 1),
+                                (_EagerTimer(model, context, cache="dynamic", budget=budget), 1)], repeats, budget)
+    if medians is None:
+        return DEFAULT_CPU_CACHE, f"{DEFAULT_CPU_CACHE} KV cache (fallback: {budget.reason})"
+    static, dynamic = medians
+    chosen = "static" if static < 0.95 * dynamic else "dynamic"
+    cut = f"; {rounds}: {budget.reason}" if rounds else ""
+    return chosen, f"{chosen} KV cache (measured {static * 1e3:.1f} ms a pass static, {dynamic * 1e3:.1f} ms dynamic{cut})"
