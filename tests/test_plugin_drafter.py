@@ -47,7 +47,7 @@ def test_greedy_output_equals_target_autoregressive():
     expected = autoregressive_generate(PROMPT, model, max_gen_len=24, eos_tokens_id=EOS_NEVER)
     for n in (1, 2, 3):
         drafter = RepeatNgram(n)
-        out, rate = generate(PROMPT, model, drafter, dict(max_gen_len=24, eos_tokens_id=EOS_NEVER, use_cache=True), gamma=4)
+        out, rate = generate(PROMPT, model, drafter, dict(max_gen_len=24, eos_tokens_id=EOS_NEVER, use_cache=True, gamma=4))
         assert out == expected and 0.0 <= rate <= 1.0
 
 
