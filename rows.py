@@ -6,21 +6,14 @@ library's public functions, with the settings of ``strategies.Settings`` (its ro
 so that ``strategies`` (which reads these functions) and this module form no import cycle."""
 from __future__ import annotations
 
-from typing import List
+from typing import Callable, List
 
 from torch.nn import Module
 
+from drafters import ChainedSpec, DraftContext, DrafterSpec, NGramTreeSpec, PromptLookupSpec, RecyclingSpec, SuffixSpec
 from drafters.cross_tokenizer import translation
-from ngram_assisted import chained_speculative_generate, ngram_assisted_speculative_generate
-from sampling import (
-    GenerationStats,
-    autoregressive_generate,
-    ngram_tree_generate,
-    prompt_lookup_generate,
-    speculative_generate,
-    suffix_generate,
-    token_recycling_generate,
-)
+from ngram_assisted import ngram_assisted_speculative_generate
+from sampling import GenerationStats, autoregressive_generate, generate, speculative_generate
 
 
 def _speculative(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
@@ -40,33 +33,42 @@ def _ngram(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
         first_target=True, stop_if_unknown=s.stop_if_unknown, policy=s.policy)[0]
 
 
-def _prompt_lookup(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    return prompt_lookup_generate(
-        prompt, s.target, s.tokenizer, num_pred_tokens=s.pld_num_tokens, max_ngram_size=s.pld_max_ngram,
-        min_ngram_size=s.pld_min_ngram, **_common(s, stats), policy=s.policy)[0]
+def spec_row(spec: Callable[[Settings], DrafterSpec]) -> Callable[[List[int], Settings, GenerationStats], List[int]]:
+    """A row's run function from ``spec(settings)``: the one entry, ``sampling.generate``, with the
+    drafter that spec describes and the settings' live objects."""
+    def run(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+        arguments = dict(tokenizer=s.tokenizer, gamma=s.gamma, **_common(s, stats), policy=s.policy, drafter_runner=s.drafter_runner)
+        return generate(prompt, s.target, spec(s), arguments, drafting(s))[0]
+
+    return run
 
 
-def _chained(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    return chained_speculative_generate(
-        prompt, s.lookup_storage(), s.drafter, s.target, s.tokenizer, gamma=s.gamma, filler_top_k=s.top_k_filler,
-        **_common(s, stats), policy=s.policy, drafter_runner=s.drafter_runner)[0]
+def drafting(s: Settings) -> DraftContext:
+    """The live objects the settings give a drafter spec."""
+    return DraftContext(tokenizer=s.tokenizer, drafter=s.drafter, drafter_tokenizer=s.drafter_tokenizer, drafter_prompt=s.drafter_prompt,
+                        storage=s.lookup_storage(), memory=s.suffix_memory, head=s.head)
 
 
-def _suffix(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    return suffix_generate(prompt, s.target, s.tokenizer, **s.suffix.arguments(), memory=s.suffix_memory, **_common(s, stats),
-                           policy=s.policy)[0]
+def _prompt_lookup(s: Settings) -> PromptLookupSpec:
+    return PromptLookupSpec(s.pld_num_tokens, s.pld_max_ngram, s.pld_min_ngram)
 
 
-def _tree_suffix(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    return suffix_generate(prompt, s.target, s.tokenizer, **s.suffix.arguments(), memory=s.suffix_memory, **_common(s, stats),
-                           policy=s.policy, trees=True)[0]
+def _chained(s: Settings) -> ChainedSpec:
+    return ChainedSpec(s.top_k_filler)
 
 
-def _arctic(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    from sampling.suffix_arctic import arctic_suffix_generate
+def _suffix(s: Settings) -> SuffixSpec:
+    return SuffixSpec(**s.suffix.arguments())
 
-    return arctic_suffix_generate(prompt, s.target, s.suffix_memory, s.suffix, tokenizer=s.tokenizer, **_common(s, stats),
-                                  policy=s.policy)[0]
+
+def _tree_suffix(s: Settings) -> SuffixSpec:
+    return SuffixSpec(**s.suffix.arguments(), trees=True)
+
+
+def _arctic(s: Settings):
+    from drafters.arctic import ArcticSpec
+
+    return ArcticSpec(**s.suffix.arguments())
 
 
 def _suffix_memory(s: Settings):
@@ -77,35 +79,35 @@ def _suffix_memory(s: Settings):
 
 
 def _arctic_memory(s: Settings):
-    from sampling.suffix_arctic import arctic_cache
+    from drafters.arctic import arctic_cache
 
     return arctic_cache(s.suffix.max_tree_depth, global_memory=True)
 
 
-def _tree_ngram(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    return ngram_tree_generate(prompt, s.lookup_storage(), s.target, s.tokenizer, tree_size=s.tree_size,
-                               filler_top_k=s.top_k_filler, **_common(s, stats), policy=s.policy)[0]
+def _tree_ngram(s: Settings) -> NGramTreeSpec:
+    return NGramTreeSpec(s.tree_size, s.top_k_filler)
 
 
-def _recycling(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    return token_recycling_generate(prompt, s.target, s.tokenizer, tree_size=s.tree_size, **_common(s, stats), policy=s.policy)[0]
+def _recycling(s: Settings) -> RecyclingSpec:
+    return RecyclingSpec(s.tree_size)
 
 
-def _merged(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    from sampling.merged import merged_generate
+def _merged(s: Settings):
+    from drafters.merged import MergedSpec
 
-    return merged_generate(prompt, s.target, s.tokenizer, tree_size=s.tree_size, storage=s.lookup_storage(), filler_top_k=s.top_k_filler,
-                           suffix=s.suffix, memory=s.suffix_memory, drafter=s.drafter, **_common(s, stats), policy=s.policy,
-                           drafter_runner=s.drafter_runner, head=s.head)[0]
+    return MergedSpec(s.tree_size, s.top_k_filler, suffix=s.suffix)
 
 
-def _eagle(prompt: List[int], s: Settings):
-    """The EAGLE-3 head's chain drafter: the target's processor, the policy's confidence cutoff and floor."""
-    from drafters.eagle import EagleDrafter
-    from runners.limits import output_vocab_size
+def _eagle(s: Settings):
+    from drafters.eagle import EagleSpec
 
-    return EagleDrafter(s.head, s.processor, output_vocab_size(s.target), s.policy.p_min, s.policy.min_draft)
+    return EagleSpec()
 
+
+def _eagle_tree(s: Settings):
+    from drafters.eagle import EagleSpec
+
+    return EagleSpec(trees=True, tree_size=s.tree_size)
 
 
 def _autoregressive(model: Module, prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:

@@ -25,11 +25,11 @@ from peers import (  # transformers' paths, the benchmark's peers
     _hf_prompt_lookup,
     transformers_assisted_defaults,
 )
-from rows import (  # our strategies' run functions
-    _arctic, _arctic_memory, _autoregressive, _chained, _common, _drafter_ar, _eagle, _merged, _ngram, _prompt_lookup,
-    _recycling, _speculative, _suffix, _suffix_memory, _target_eager, _tree_ngram, _tree_suffix,
+from rows import (  # our strategies' run functions, and the drafter specs of those that run through sampling.generate
+    _arctic, _arctic_memory, _autoregressive, _chained, _common, _drafter_ar, _eagle, _eagle_tree, _merged, _ngram, _prompt_lookup,
+    _recycling, _speculative, _suffix, _suffix_memory, _target_eager, _tree_ngram, _tree_suffix, spec_row,
 )
-from sampling.suffix import SuffixSettings
+from drafters.suffix import SuffixSettings
 from measure.kernels import OWN, PREPACKED, KernelChoice
 from runners import EAGER, RunnerConfig, kernels, prepacked, synchronize
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
@@ -122,7 +122,7 @@ class Strategy:
     needs_drafter: bool  # a drafter model (``Settings.drafter``)
     speculative: bool
     decoder_only: bool
-    # runs the row; None for a row that gives ``drafter`` instead (run by ``sampling.generate``)
+    # runs the row; None for a row that gives ``spec`` or ``drafter`` instead (run by ``sampling.generate``)
     generate: Optional[Callable[[List[int], Settings, GenerationStats], List[int]]] = None
     takes_gamma: bool = False  # drafts at most ``Settings.gamma`` tokens a step
     auto_gamma: bool = False  # also lets the calibrated policy choose the draft length (gamma "auto")
@@ -142,12 +142,13 @@ class Strategy:
     params: Tuple[Param, ...] = ()  # its own settings (``Param``): REPL commands, limits, /help, benchmark label
     help: str = ""  # its REPL toggle's line in /help (default: the title)
     needs_head: bool = False  # drafts with a learned head (``Settings.head``): skipped, or refused in the REPL, without one
+    spec: Optional[Callable[[Settings], Any]] = None  # spec(settings) -> the drafters.DrafterSpec the row runs
 
     def __post_init__(self):
-        if self.generate is None and self.drafter is None:
-            raise ValueError(f"strategy {self.key}: give generate or drafter")
+        if self.generate is None and self.drafter is None and self.spec is None:
+            raise ValueError(f"strategy {self.key}: give generate, spec or drafter")
         if self.generate is None:
-            object.__setattr__(self, "generate", _drafter_row(self))
+            object.__setattr__(self, "generate", spec_row(self.spec) if self.spec is not None else _drafter_row(self))
         if self.params and not self.label_words:
             object.__setattr__(self, "label_words", " ".join(f"{p.name}={p.default}" for p in self.params))
 
@@ -158,9 +159,9 @@ def _drafter_row(strategy: "Strategy") -> Callable[[List[int], Settings, Generat
     from sampling import generate
 
     def run(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-        arguments = dict(tokenizer=s.tokenizer, **_common(s, stats), policy=s.policy, drafter_runner=s.drafter_runner)
-        return generate(prompt, s.target, lambda p, config: strategy.drafter(p, s), arguments, trees=strategy.trees,
-                        gamma=s.tree_size if strategy.trees else s.gamma)[0]
+        arguments = dict(tokenizer=s.tokenizer, **_common(s, stats), policy=s.policy, drafter_runner=s.drafter_runner,
+                         trees=strategy.trees, gamma=s.tree_size if strategy.trees else s.gamma)
+        return generate(prompt, s.target, lambda p, config: strategy.drafter(p, s), arguments)[0]
 
     return run
 
@@ -170,20 +171,20 @@ STRATEGIES = [
              model_drafts=True, gamma_peer="hf_assisted"),
     Strategy("ngram", "N-gram assisted", "yellow", False, True, True, _ngram, takes_gamma=True, auto_gamma=True,
              takes_storage=True),
-    Strategy("pld", "Prompt lookup", "magenta", False, True, True, _prompt_lookup),
-    Strategy("chained", "Chained n-gram+drafter", "bright_green", True, True, True, _chained, takes_gamma=True,
+    Strategy("pld", "Prompt lookup", "magenta", False, True, True, spec=_prompt_lookup),
+    Strategy("chained", "Chained n-gram+drafter", "bright_green", True, True, True, spec=_chained, takes_gamma=True,
              auto_gamma=True, takes_storage=True, storages=("basic",)),
-    Strategy("suffix", "Suffix tree", "bright_magenta", False, True, True, _suffix, suffix=True),
-    Strategy("tree_ngram", "N-gram tree", "bright_yellow", False, True, True, _tree_ngram, takes_storage=True,
+    Strategy("suffix", "Suffix tree", "bright_magenta", False, True, True, spec=_suffix, suffix=True),
+    Strategy("tree_ngram", "N-gram tree", "bright_yellow", False, True, True, spec=_tree_ngram, takes_storage=True,
              storages=("basic",), trees=True),
-    Strategy("recycling", "Token recycling", "bright_magenta", False, True, True, _recycling, trees=True),
-    Strategy("tree_suffix", "Suffix tree, draft trees", "magenta", False, True, True, _tree_suffix, suffix=True, trees=True),
-    Strategy("merged", "Merged tree (suffix, n-gram, recycling, drafter)", "bright_cyan", False, True, True, _merged,
+    Strategy("recycling", "Token recycling", "bright_magenta", False, True, True, spec=_recycling, trees=True),
+    Strategy("tree_suffix", "Suffix tree, draft trees", "magenta", False, True, True, spec=_tree_suffix, suffix=True, trees=True),
+    Strategy("merged", "Merged tree (suffix, n-gram, recycling, drafter)", "bright_cyan", False, True, True, spec=_merged,
              takes_storage=True, storages=("basic",), suffix=True, trees=True,
              help="one draft tree merged from every drafter (and the head, with one), verified in one pass"),
-    Strategy("eagle", "EAGLE-3 head", "bright_blue", False, True, True, drafter=_eagle, takes_gamma=True, needs_head=True,
+    Strategy("eagle", "EAGLE-3 head", "bright_blue", False, True, True, spec=_eagle, takes_gamma=True, needs_head=True,
              help="the learned EAGLE-3 head drafts chains from the target's hidden states (--head)"),
-    Strategy("eagle_tree", "EAGLE-3 head, dynamic trees", "blue", False, True, True, drafter=_eagle, trees=True,
+    Strategy("eagle_tree", "EAGLE-3 head, dynamic trees", "blue", False, True, True, spec=_eagle_tree, trees=True,
              needs_head=True, help="the learned EAGLE-3 head drafts dynamic trees (EAGLE-2), verified in one pass"),
     Strategy("target", "Target AR", "blue", False, False, False, lambda p, s, st: _autoregressive(s.target, p, s, st),
              baseline=True),
@@ -308,11 +309,11 @@ PEERS = [
 # drafter with a global memory across the prompts, and the authors' implementation (arctic-inference,
 # optional) through our verification loop, without and with its global tree
 SUFFIX_PEERS = [
-    Strategy("suffix_global", "Suffix tree + global memory", "bright_magenta", False, True, True, _suffix, memory=_suffix_memory,
+    Strategy("suffix_global", "Suffix tree + global memory", "bright_magenta", False, True, True, spec=_suffix, memory=_suffix_memory,
              suffix=True),
-    Strategy("arctic", "arctic-inference suffix", "bright_white", False, True, True, _arctic, suffix=True,
+    Strategy("arctic", "arctic-inference suffix", "bright_white", False, True, True, spec=_arctic, suffix=True,
              requires="arctic_inference"),
-    Strategy("arctic_global", "arctic-inference suffix + global tree", "bright_white", False, True, True, _arctic,
+    Strategy("arctic_global", "arctic-inference suffix + global tree", "bright_white", False, True, True, spec=_arctic,
              memory=_arctic_memory, suffix=True, requires="arctic_inference"),
 ]
 EVERY = {s.key: s for s in STRATEGIES + PEERS + SUFFIX_PEERS}  # ours and transformers' paths, by key

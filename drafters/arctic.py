@@ -2,11 +2,13 @@
 the benchmark's peer for ``suffix``. Optional: install it with ``pip install arctic-inference==0.3.0``
 (a source distribution; cmake and a C++20 compiler, no GPU)."""
 import itertools
+from dataclasses import dataclass
 from typing import List, Tuple
 
 from torch import Tensor
 
 from drafters.base import Drafter, write_drafts
+from drafters.spec import DraftContext, DrafterSpec
 from drafters.suffix import SuffixSettings
 
 _REQUESTS = itertools.count()
@@ -60,3 +62,17 @@ class ArcticSuffixDrafter(Drafter):
 
     def finish(self, output: List[int] | None) -> None:
         self.stop()
+
+
+@dataclass(frozen=True)
+class ArcticSpec(SuffixSettings, DrafterSpec):
+    """``SuffixSpec`` (path mode) with the authors' drafter: ``DraftContext.memory`` is its
+    ``SuffixDecodingCache`` (``arctic_cache``), which keeps what its ``global_memory`` asked for across
+    generations; None: a fresh one without global memory each generation."""
+
+    def budget(self) -> int:
+        return self.max_spec_tokens
+
+    def make(self, prompt: List[int], target, config, context: DraftContext) -> ArcticSuffixDrafter:
+        cache = context.memory if context.memory is not None else arctic_cache(self.max_tree_depth)
+        return ArcticSuffixDrafter(cache, prompt, self)

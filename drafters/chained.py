@@ -1,10 +1,16 @@
 """A chain of drafters: the first that proposes something drafts (llama.cpp tries its n-gram caches
 before the draft model)."""
+from dataclasses import dataclass
 from typing import List, Tuple
 
 from torch import Tensor
 
 from drafters.base import Drafter, as_drafter
+from drafters.model import ModelDrafter
+from drafters.ngram import ngram_drafter
+from drafters.spec import DraftContext, DrafterSpec
+from runners.limits import common_vocab_size
+from utils.parsing import check_positive_int
 
 
 class ChainedDrafter(Drafter):
@@ -38,3 +44,25 @@ class ChainedDrafter(Drafter):
     def finish(self, output: List[int] | None) -> None:
         for drafter in self.drafters:
             drafter.finish(output)
+
+
+@dataclass(frozen=True)
+class ChainedSpec(DrafterSpec):
+    """Chained drafting: the n-gram storage ``DraftContext.storage`` drafts when it knows the context
+    (it learns from every step as in NASD, ``filler_top_k``), else the drafter model
+    ``DraftContext.drafter``. A storage's step is verified by token comparison, a model's by rejection
+    sampling: both keep greedy exact and sampling lossless."""
+
+    filler_top_k: int = 3
+
+    def __post_init__(self):
+        check_positive_int("filler_top_k", self.filler_top_k)
+
+    def prepare(self, target, context: DraftContext) -> dict:
+        drafter = context.need("drafter", "chained drafting")
+        return {**super().prepare(target, context), "vocab_size": common_vocab_size(drafter, target, context.tokenizer)}
+
+    def make(self, prompt: List[int], target, config, context: DraftContext) -> ChainedDrafter:
+        storage = context.need("storage", "chained drafting")
+        return ChainedDrafter(ngram_drafter(storage, prompt, self.filler_top_k, stop_if_unknown=True),
+                              ModelDrafter.of(context.drafter, config))

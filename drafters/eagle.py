@@ -9,14 +9,18 @@ the next proposal feeds the pairs the head has not seen, then drafts: a draft at
 position ``cur - 1 + d`` and reads its parent's output with its own token. Drafts the target rejected
 leave cache slots past ``fed``, written over by the next feed.
 """
-from typing import Any, List, Tuple
+from dataclasses import dataclass
+from typing import Any, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from drafters.base import Drafter
+from drafters.spec import DraftContext, DrafterSpec
 from eagle.head import Eagle3Head, HeadCache
 from runners.hidden import check_layers
+from runners.limits import output_vocab_size
+from utils.parsing import check_positive_int
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 
@@ -206,3 +210,28 @@ class EagleDrafter(Drafter):
                 grown[: self.known] = self.features[: self.known]
             self.features = grown
         self.features[first:end] = rows
+
+
+@dataclass(frozen=True)
+class EagleSpec(DrafterSpec):
+    """The learned EAGLE-3 head ``DraftContext.head`` drafting for its target: chains of at most the
+    generation's ``gamma`` tokens (the policy's ``p_min`` cutoff and ``min_draft`` floor), or with
+    ``trees`` dynamic trees of up to ``tree_size`` nodes (the ``top_k`` best children of the ``top_k``
+    best nodes, ``depth`` levels), verified in one target pass. Greedy exact, sampling lossless."""
+
+    trees: bool = False
+    tree_size: int = 16
+    top_k: int = 4
+    depth: int = 5
+
+    def __post_init__(self):
+        for name in ("tree_size", "top_k", "depth"):
+            check_positive_int(name, getattr(self, name))
+
+    def budget(self) -> Optional[int]:
+        return self.tree_size if self.trees else None
+
+    def make(self, prompt: List[int], target, config, context: DraftContext) -> EagleDrafter:
+        head, policy = context.need("head", "EAGLE drafting"), config.policy
+        return EagleDrafter(head, config.processor, config.vocab_size or output_vocab_size(target), policy.p_min, policy.min_draft,
+                            self.top_k, self.depth)

@@ -10,15 +10,20 @@ estimates (its *owner*, credited when it is accepted). The drafts are determinis
 the target's own token walks down the tree, so greedy output is the target's and sampled output
 follows the target's distribution whatever the sources propose.
 """
+from dataclasses import dataclass, field
 from typing import Dict, List, Tuple
 
 from torch import Tensor
 
 from drafters.base import Drafter
+from drafters.eagle import EagleDrafter
 from drafters.merged_sources import Calibration, HeadSource, ModelSource, ngram_branches, recycling_branches, suffix_branches
-from drafters.ngram import NGramDrafter
+from drafters.ngram import NGramDrafter, ngram_tree_drafter
 from drafters.recycling import RecyclingDrafter
-from drafters.suffix import SuffixDrafter
+from drafters.spec import DraftContext, DrafterSpec
+from drafters.suffix import SuffixDrafter, SuffixSettings, check_memory
+from runners.limits import common_vocab_size
+from utils.parsing import check_positive_int
 
 Path = Tuple[int, ...]
 
@@ -143,3 +148,47 @@ class MergedDrafter(Drafter):
     def finish(self, output: List[int] | None) -> None:
         if self.suffix is not None:
             self.suffix.finish(output)
+
+
+@dataclass(frozen=True)
+class MergedSpec(DrafterSpec):
+    """One draft tree merged from every drafter, up to ``tree_size`` nodes best first by estimated
+    acceptance, verified in one target pass: the suffix trie (``suffix``; ``DraftContext.memory``, its
+    global tree), the n-gram storage ``DraftContext.storage`` (None: no n-gram source; ``filler_top_k``),
+    token recycling (``recycling_top_k``; 0: none), the drafter model ``DraftContext.drafter`` when
+    given (its ``model_top_k`` tokens at each of ``model_depth`` depths) and the head
+    ``DraftContext.head`` when given (its dynamic tree). Deterministic drafts: greedy exact, sampling
+    lossless; ``GenerationStats.accepted_by`` counts accepted drafts by source."""
+
+    tree_size: int = 16
+    filler_top_k: int = 3
+    recycling_top_k: int = 8
+    suffix: SuffixSettings = field(default_factory=SuffixSettings)
+    model_top_k: int = 3
+    model_depth: int = 4
+    trees = True
+
+    def __post_init__(self):
+        for name in ("tree_size", "filler_top_k", "model_top_k", "model_depth") + (("recycling_top_k",) if self.recycling_top_k else ()):
+            check_positive_int(name, getattr(self, name))
+
+    def budget(self) -> int:
+        return self.tree_size
+
+    def prepare(self, target, context: DraftContext) -> dict:
+        check_memory(context.memory, self.suffix.max_tree_depth)
+        return super().prepare(target, context)
+
+    def make(self, prompt: List[int], target, config, context: DraftContext) -> MergedDrafter:
+        recycling = None
+        if self.recycling_top_k:
+            recycling = RecyclingDrafter(None, self.recycling_top_k)
+            recycling.seed(prompt)
+        model = None
+        if context.drafter is not None:
+            model = ModelSource(config.make_runner(context.drafter, drafter=True), common_vocab_size(context.drafter, target, context.tokenizer),
+                                self.model_top_k, self.model_depth)
+        learned = None if context.head is None else HeadSource(EagleDrafter.of(context.head, config))
+        suffix = SuffixDrafter(prompt, **self.suffix.arguments(), memory=context.memory)
+        ngram = None if context.storage is None else ngram_tree_drafter(context.storage, prompt, self.filler_top_k)
+        return MergedDrafter(suffix, ngram, recycling, model, learned)

@@ -1,4 +1,5 @@
 """A small language model ``M_q`` drafting for the target (Leviathan et al. 2023; Chen et al. 2023)."""
+from dataclasses import dataclass
 from typing import List, Tuple
 
 import torch
@@ -6,7 +7,9 @@ from torch import Tensor
 from torch.nn import Module
 
 from drafters.base import UNLIMITED, Drafter
-from runners.limits import context_window
+from drafters.cross_tokenizer import cross_drafter, same_vocabulary
+from drafters.spec import DraftContext, DrafterSpec
+from runners.limits import common_vocab_size, context_window
 from runners import KVCacheModel
 from utils.logits_processor import LogitsProcessor
 
@@ -57,3 +60,31 @@ class ModelDrafter(Drafter):
 
     def accept(self, tokens: List[int], start: int, n_accepted: int, fetched: None) -> None:
         self.model.rollback(start + n_accepted)
+
+
+@dataclass(frozen=True)
+class ModelSpec(DrafterSpec):
+    """Speculative decoding with the drafter model ``DraftContext.drafter`` (Leviathan et al. 2023;
+    Chen et al. 2023): it drafts the generation's ``gamma`` tokens a step with the target's processor,
+    verified by rejection sampling (greedy: token comparison). Decoder-only or encoder-decoder pairs
+    sharing one vocabulary (``DraftContext.tokenizer`` lets output layers differ by padding rows); with
+    ``DraftContext.drafter_tokenizer`` of another vocabulary, it drafts across tokenizers
+    (``drafters.cross_tokenizer``; decoder-only; ``drafter_prompt`` renders its prompt)."""
+
+    def crosses(self, context: DraftContext) -> bool:
+        """Whether the drafter drafts in a vocabulary of its own."""
+        return context.drafter_tokenizer is not None and not same_vocabulary(context.tokenizer, context.drafter_tokenizer)
+
+    def prepare(self, target: Module, context: DraftContext) -> dict:
+        drafter = context.need("drafter", "speculative decoding")
+        if not self.crosses(context):
+            return {**super().prepare(target, context), "vocab_size": common_vocab_size(drafter, target, context.tokenizer)}
+        if getattr(target.config, "is_encoder_decoder", False):
+            raise ValueError("a drafter with its own tokenizer drafts for decoder-only models only")
+        return super().prepare(target, context)
+
+    def make(self, prompt: List[int], target: Module, config, context: DraftContext) -> Drafter:
+        if not self.crosses(context):
+            return ModelDrafter.of(context.drafter, config, encoder_input_ids=context.encoder_input_ids)
+        own = context.drafter_prompt(prompt) if context.drafter_prompt is not None else None
+        return cross_drafter(context.drafter, config, prompt, target, context.tokenizer, context.drafter_tokenizer, own)

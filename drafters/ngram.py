@@ -2,12 +2,15 @@
 predictions (``ngram_assisted.ngram_storage``), chains or trees, and learns from every step."""
 import heapq
 import itertools
+from dataclasses import dataclass
 from typing import List, Tuple
 
 import torch
 from torch import Tensor
 
 from drafters.base import Drafter, write_drafts
+from drafters.spec import DraftContext, DrafterSpec
+from utils.parsing import check_positive_int
 
 TREE_CHILDREN = 4  # continuations an n-gram tree considers after each node: the most frequent ones
 
@@ -137,3 +140,41 @@ def has_int_path(storage) -> bool:
     """Whether ``storage`` is read through its int API (``CountingNGramStorage.int_path``); any other
     storage (the reference's ``INgramStorage`` interface alone) through its tensor methods."""
     return bool(getattr(storage, "int_path", False))
+
+
+@dataclass(frozen=True)
+class NGramSpec(DrafterSpec):
+    """NASD: chains drafted from the n-gram storage ``DraftContext.storage`` (seeded with the prompt's
+    n-grams), at most the generation's ``gamma`` a step; the storage learns every emitted token and
+    the target's ``filler_top_k`` most probable tokens at each verified position (1: NAPD). An unknown
+    context ends a draft with ``stop_if_unknown``, else a random token fills it (the reference)."""
+
+    filler_top_k: int = 3
+    stop_if_unknown: bool = False
+
+    def __post_init__(self):
+        check_positive_int("filler_top_k", self.filler_top_k)
+
+    def make(self, prompt: List[int], target, config, context: DraftContext) -> NGramDrafter:
+        return ngram_drafter(context.need("storage", "n-gram drafting"), prompt, self.filler_top_k, self.stop_if_unknown)
+
+
+@dataclass(frozen=True)
+class NGramTreeSpec(DrafterSpec):
+    """NASD with draft trees: the storage ``DraftContext.storage`` (this project's int methods) proposes
+    its most probable branches by count, up to ``tree_size`` nodes best first, verified in one target
+    pass; it learns as ``NGramSpec``'s does. Needs a decoder-only target with full attention."""
+
+    tree_size: int = 16
+    filler_top_k: int = 3
+    trees = True
+
+    def __post_init__(self):
+        check_positive_int("filler_top_k", self.filler_top_k)
+        check_positive_int("tree_size", self.tree_size)
+
+    def budget(self) -> int:
+        return self.tree_size
+
+    def make(self, prompt: List[int], target, config, context: DraftContext) -> NGramDrafter:
+        return ngram_tree_drafter(context.need("storage", "n-gram drafting"), prompt, self.filler_top_k)

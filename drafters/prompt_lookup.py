@@ -1,9 +1,12 @@
 """Prompt lookup (Saxena 2023; transformers' ``prompt_lookup_num_tokens``, vLLM's ``ngram``)."""
+from dataclasses import dataclass
 from typing import List, Sequence, Tuple
 
 from torch import Tensor
 
 from drafters.base import Drafter, write_drafts
+from drafters.spec import DraftContext, DrafterSpec
+from utils.parsing import check_positive_int
 
 
 def lookup_continuation(tokens: Sequence[int], min_ngram: int, max_ngram: int, count: int) -> List[int]:
@@ -27,3 +30,27 @@ class PromptLookupDrafter(Drafter):
 
     def propose(self, ids: Tensor, tokens: List[int], k: int) -> Tuple[int, None]:
         return write_drafts(ids, len(tokens), lookup_continuation(tokens, self.min_ngram, self.max_ngram, k)), None
+
+
+@dataclass(frozen=True)
+class PromptLookupSpec(DrafterSpec):
+    """Prompt lookup decoding (Saxena 2023; transformers' ``prompt_lookup_num_tokens``, vLLM's ``ngram``):
+    the longest suffix n-gram (``max_ngram_size`` down to ``min_ngram_size`` tokens) is searched in the
+    prompt and the generated text; the ``num_pred_tokens`` tokens that followed its earliest
+    occurrence are the drafts. Deterministic: greedy exact, sampling lossless."""
+
+    num_pred_tokens: int = 10
+    max_ngram_size: int = 3
+    min_ngram_size: int = 1
+
+    def __post_init__(self):
+        check_positive_int("num_pred_tokens", self.num_pred_tokens)
+        low, high = check_positive_int("min_ngram_size", self.min_ngram_size), check_positive_int("max_ngram_size", self.max_ngram_size)
+        if low > high:
+            raise ValueError(f"min_ngram_size ({low}) must be <= max_ngram_size ({high})")
+
+    def budget(self) -> int:
+        return self.num_pred_tokens
+
+    def make(self, prompt: List[int], target, config, context: DraftContext) -> PromptLookupDrafter:
+        return PromptLookupDrafter(self.min_ngram_size, self.max_ngram_size)

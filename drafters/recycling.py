@@ -2,11 +2,13 @@
 for every token it has seen, kept in an adjacency table and read out into a static draft tree."""
 import functools
 import heapq
+from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
 from torch import Tensor
 
 from drafters.base import Drafter
+from drafters.spec import DraftContext, DrafterSpec
 from utils.parsing import check_positive_int
 
 RANK_DECAY = 0.5  # the template's estimate: rank r of a row is right with weight RANK_DECAY^(r + 1)
@@ -88,3 +90,27 @@ class RecyclingDrafter(Drafter):
         for i in path:  # an accepted node's row is the one in its real context: it wins over a sibling's
             self.table[nodes[i]] = fetched[1 + i]
         self.table[tokens[start - 1]] = fetched[0]
+
+
+@dataclass(frozen=True)
+class RecyclingSpec(DrafterSpec):
+    """Token Recycling (Luo et al. 2025): the target's ``top_k`` next tokens of every token it has
+    scored, kept in an adjacency table (``DraftContext.table``: a dict kept across generations; None:
+    a fresh one), drafted as a static tree of up to ``tree_size`` nodes (``tree_template``) and
+    verified in one target pass. Deterministic drafts: greedy exact, sampling lossless."""
+
+    tree_size: int = 24
+    top_k: int = 8
+    trees = True
+
+    def __post_init__(self):
+        check_positive_int("tree_size", self.tree_size)
+        check_positive_int("top_k", self.top_k)
+
+    def budget(self) -> int:
+        return self.tree_size
+
+    def make(self, prompt: List[int], target, config, context: DraftContext) -> RecyclingDrafter:
+        drafter = RecyclingDrafter(context.table, self.top_k)
+        drafter.seed(prompt)
+        return drafter

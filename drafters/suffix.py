@@ -8,18 +8,19 @@ Defaults are the authors' (``arctic_inference`` ``SuffixDecodingCache.speculate`
 ``max_spec_factor`` 1.0, ``max_spec_offset`` 0, ``min_token_prob`` 0.1, and at most
 ``max_spec_tokens`` = ``max_tree_depth`` drafts a step.
 """
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import List, Tuple
 
 from torch import Tensor
 
 from drafters.base import Drafter, write_drafts
+from drafters.spec import DraftContext, DrafterSpec
 from utils.parsing import check_positive_int
 from drafters.suffix_memory import MAX_DEPTH, SuffixMemory
 from drafters.suffix_tree import ROOT, TIE, SuffixTrie, best_match_path, best_match_tree
 
 
-@dataclass
+@dataclass(frozen=True)
 class SuffixSettings:
     """SuffixDecoding's settings, with the authors' defaults (see the module's docstring)."""
 
@@ -30,15 +31,48 @@ class SuffixSettings:
     min_token_prob: float = 0.1
 
     def __post_init__(self):
-        check_settings(**asdict(self))
+        check_settings(**self.arguments())
 
     def describe(self) -> str:
         return (f"depth {self.max_tree_depth}, <= min({self.max_spec_tokens}, {self.max_spec_factor:g} x match + "
                 f"{self.max_spec_offset:g}) drafts, min prob {self.min_token_prob:g}")
 
     def arguments(self) -> dict:
-        """As ``suffix_generate`` takes them."""
-        return asdict(self)
+        """The five settings by name (``SuffixDrafter``'s keywords)."""
+        return {name: getattr(self, name) for name in SETTINGS}
+
+
+SETTINGS = ("max_tree_depth", "max_spec_tokens", "max_spec_factor", "max_spec_offset", "min_token_prob")
+
+
+@dataclass(frozen=True)
+class SuffixSpec(SuffixSettings, DrafterSpec):
+    """Suffix decoding: drafts from a suffix trie over the prompt and the generation (``SuffixDrafter``)
+    and, with ``DraftContext.memory`` (a ``SuffixMemory`` of depth ``max_tree_depth``), over earlier
+    outputs too: this generation's output joins it at the end. Each step drafts at most
+    ``max_spec_tokens`` tokens (``min(max_spec_tokens, match_len * max_spec_factor + max_spec_offset)``
+    for a match of ``match_len`` tokens, none below the estimated probability ``min_token_prob``).
+    ``trees``: each step proposes a tree of up to ``max_spec_tokens`` nodes (the best match's most
+    frequent branches), verified in one target pass (needs full attention). Deterministic drafts:
+    greedy exact, sampling lossless."""
+
+    trees: bool = False
+
+    def budget(self) -> int:
+        return self.max_spec_tokens
+
+    def prepare(self, target, context: DraftContext) -> dict:
+        check_memory(context.memory, self.max_tree_depth)
+        return super().prepare(target, context)
+
+    def make(self, prompt: List[int], target, config, context: DraftContext) -> "SuffixDrafter":
+        return SuffixDrafter(prompt, **self.arguments(), memory=context.memory)
+
+
+def check_memory(memory: SuffixMemory | None, depth: int) -> None:
+    """One line when a global memory's depth is not the drafter's ``max_tree_depth``."""
+    if memory is not None and memory.max_depth != depth:
+        raise ValueError(f"the memory's depth is {memory.max_depth}, not max_tree_depth {depth}")
 
 
 class SuffixDrafter(Drafter):

@@ -12,7 +12,6 @@ _ENTRY_POINTS = {
     "ngram_drafter": "drafters.ngram",
     "ngram_assisted_speculative_generate": "ngram_assisted.ngram_assisted",
     "ChainedDrafter": "drafters.chained",
-    "chained_speculative_generate": "ngram_assisted.chained",
 }
 
 
@@ -32,7 +31,6 @@ __all__ = [
     "ngram_drafter",
     "ngram_assisted_speculative_generate",
     "ChainedDrafter",
-    "chained_speculative_generate",
     "TieredStorage",
     "build_storage",
     "load_storage",

@@ -1,17 +1,19 @@
-"""NASD: n-gram assisted speculative decoding (an n-gram storage replaces the drafter model)."""
-from runners.config import RunnerConfig
+"""NASD: n-gram assisted speculative decoding (an n-gram storage replaces the drafter model): the
+reference's ``ngram_assisted_speculative_generate``, a thin wrapper over the one entry
+(``sampling.generate`` with ``drafters.NGramSpec``)."""
 from typing import Callable, List, Tuple
 
 import torch
 from torch.nn import Module
 
-from drafters.ngram import NGramDrafter, TensorStorageDrafter, ngram_drafter  # noqa: F401 (importable from here, as before)
+from drafters.ngram import NGramDrafter, NGramSpec, TensorStorageDrafter, ngram_drafter  # noqa: F401 (importable from here, as before)
+from drafters.spec import DraftContext
 from ngram_assisted.ngram_storage import INgramStorage
+from runners.config import RunnerConfig
+from sampling.chain_decoding import speculative  # the loop, looked up at each call (tests verify through another runner)
 from sampling.common import reference_keywords
-from utils.parsing import check_positive_int
 from sampling.draft_policy import DraftPolicy
 from sampling.entry import generate
-from sampling.speculative_decoding import speculative  # the loop, looked up at each call (tests verify through another runner)
 from sampling.stats import GenerationStats
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
@@ -42,6 +44,5 @@ def ngram_assisted_speculative_generate(
     Returns:
         (new token ids, acceptance rate = accepted drafts / drafted tokens).
     """
-    filler = check_positive_int("filler_top_k", filler_top_k)
-    return generate(inputs, target, lambda prompt, config: ngram_drafter(ngramstorage, prompt, filler, stop_if_unknown), locals(),
-                    loop=lambda *run: speculative(*run)[0])
+    spec = NGramSpec(filler_top_k, stop_if_unknown)
+    return generate(inputs, target, spec, locals(), DraftContext(storage=ngramstorage), loop=lambda *run: speculative(*run)[0])

@@ -37,7 +37,7 @@ def _rows(input_ids: Tensor) -> list:
 class INgramStorage(abc.ABC):
     """The reference's interface of an n-gram storage, on tensors: predicts the next token from the
     tokens before it. A storage written against it (these five methods, nothing else) drafts for
-    ``ngram_assisted_speculative_generate`` and ``chained_speculative_generate`` through its tensor
+    ``ngram_assisted_speculative_generate`` and chained drafting (``drafters.ChainedSpec``) through its tensor
     methods; this project's storages (``CountingNGramStorage``) are read through a faster int path.
     """
 

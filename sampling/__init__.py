@@ -1,5 +1,6 @@
-"""Generation loops and their public entry points. Names load on first use (PEP 562), so that a
-module of this package (``sampling.common``, ``sampling.config``) imports without the rest: the
+"""Generation loops and their public entry points: ``generate``, the one entry every drafter runs
+through (a spec from ``drafters``), and the reference's functions, thin wrappers over it. Names load
+on first use (PEP 562), so that a module of this package (``sampling.common``, ``sampling.config``) imports without the rest: the
 drafters (``drafters``) build on those, and the entry points here build on the drafters."""
 import importlib
 
@@ -11,20 +12,16 @@ _NAMES = {
     "measure_draft_cost": "measure.timing",  # the measurements live in measure/, re-exported here
     "measure_row_costs": "measure.timing",
     "plausible_row_costs": "measure.costs",
+    "draft_and_verify": "sampling.chain_decoding",
     "GenerationConfig": "sampling.config",
     "Observer": "sampling.config",
     "Step": "sampling.config",
     "DraftPolicy": "sampling.draft_policy",
     "generate": "sampling.entry",
-    "merged_generate": "sampling.merged",
-    "ngram_tree_generate": "sampling.ngram_tree",
-    "prompt_lookup_generate": "sampling.prompt_lookup",
-    "token_recycling_generate": "sampling.recycling",
     "speculative_generate": "sampling.speculative_decoding",
     "speculative_generate_encoder_decoder": "sampling.speculative_decoding",
     "GenerationStats": "sampling.stats",
-    "SuffixDrafter": "sampling.suffix",
-    "suffix_generate": "sampling.suffix",
+    "SuffixDrafter": "drafters.suffix",
     "SuffixMemory": "drafters.suffix_memory",
     "draft_tree_and_verify": "sampling.tree_decoding",
 }

@@ -54,13 +54,17 @@ class Streamer(Observer):
         self.callback(emitted, min(step.accepted, len(emitted)))
 
 
-@dataclass
+@dataclass(frozen=True)
 class GenerationConfig:
-    """Everything a generation loop needs besides the prompt, the models and the drafter.
+    """Everything a generation loop needs besides the prompt, the models and the drafter: built once
+    per generation (from a public function's arguments, or a strategy row's ``RunConfig``), carried
+    whole, never changed (``dataclasses.replace`` makes another).
 
     ``gamma`` bounds the drafts per step (``policy`` may choose fewer, or more only with
-    ``policy.auto``); ``vocab_size`` is the number of logit columns drafter and target share
-    (None: all of them); ``stats`` is filled as the generation goes."""
+    ``policy.auto``); with ``trees`` it is a draft tree's most nodes and ``sampling.generate`` runs the
+    tree loop. ``vocab_size`` is the number of logit columns drafter and target share (None: all of
+    them). The generation's own live parts: ``policy`` (its state is the generation's), ``stats``
+    (filled as it goes) and ``observers``."""
 
     processor: LogitsProcessor = field(default_factory=GreedyProcessor)
     max_gen_len: int = 40
@@ -68,6 +72,7 @@ class GenerationConfig:
     use_cache: bool = False
     first_target: bool = True
     gamma: int = 5
+    trees: bool = False
     skip_sample_adjustment: bool = False
     vocab_size: int | None = None
     policy: DraftPolicy = field(default_factory=DraftPolicy)
@@ -80,7 +85,7 @@ class GenerationConfig:
     def of(cls, arguments: Mapping[str, Any], **fields) -> "GenerationConfig":
         """The configuration a public function's ``arguments`` (its ``locals()``) describe, by the
         reference's names: ``logits_processor``, ``max_gen_len``, ``eos_tokens_id``, ``use_cache``,
-        ``first_target``, ``gamma``, ``skip_sample_adjustment``, ``debug`` (the debug view, with
+        ``first_target``, ``gamma``, ``trees``, ``skip_sample_adjustment``, ``debug`` (the debug view, with
         ``tokenizer``), and this project's ``stats``, ``policy``, ``streamer``, ``runner`` and
         ``drafter_runner`` (``RunnerConfig``s; the drafter's defaults to the target's) and ``compile``
         (a bool that overrides both configurations' ``compile``). ``fields`` set fields directly.
@@ -101,6 +106,7 @@ class GenerationConfig:
             use_cache=bool(a.get("use_cache", False)),
             first_target=bool(a.get("first_target", True)),
             gamma=check_positive_int("gamma", a.get("gamma", 5)),
+            trees=bool(a.get("trees", False)),
             skip_sample_adjustment=bool(a.get("skip_sample_adjustment", False)),
             policy=a["policy"] if a.get("policy") is not None else DraftPolicy(),
             stats=a["stats"] if a.get("stats") is not None else GenerationStats(),

@@ -16,7 +16,7 @@ from sampling.common import generation_end
 from runners.limits import context_window
 from sampling.config import GenerationConfig, Step
 from sampling.draft_policy import DraftPolicy
-from sampling.speculative_decoding import _on_host, _residual, _tensors
+from sampling.chain_decoding import _on_host, _residual, _tensors
 from sampling.tree_shape import best_prefix, choose_nodes, rank_estimates
 from drafters.base import Drafter, as_drafter
 from runners import tree_depths

@@ -20,13 +20,21 @@ sys.path.insert(0, str(ROOT))
 
 from utils.load import BUSY, LoadMeter, LoadSummary  # noqa: E402
 
-# Runs inside the revision's checkout; uses only names both revisions export.
+# Runs inside the revision's checkout: the one entry's prompt lookup where the revision has it
+# (``sampling.generate`` with ``drafters.PromptLookupSpec``), else the earlier ``prompt_lookup_generate``.
 WORKLOAD = r'''
 import json, sys, time
 import torch
 torch.set_grad_enabled(False)
 from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
-from sampling import autoregressive_generate, prompt_lookup_generate, speculative_generate
+from sampling import autoregressive_generate, speculative_generate
+try:
+    from drafters import PromptLookupSpec
+    from sampling import generate
+    prompt_lookup = lambda p, **common: generate(p, model, PromptLookupSpec(), common)
+except ImportError:
+    from sampling import prompt_lookup_generate
+    prompt_lookup = lambda p, **common: prompt_lookup_generate(p, model, **common)
 from utils.models import end_tokens, load_embedded, truncated_drafter
 
 new_tokens, count = int(sys.argv[1]), int(sys.argv[2])
@@ -41,7 +49,7 @@ vocab = model.config.vocab_size
 runs = {
     "target AR": lambda p: autoregressive_generate(p, model, **common),
     "NASD g4": lambda p: ngram_assisted_speculative_generate(p, NGramStorage(3, vocab), model, gamma=4, **common)[0],
-    "prompt lookup": lambda p: prompt_lookup_generate(p, model, **common)[0],
+    "prompt lookup": lambda p: prompt_lookup(p, **common)[0],
     "speculative g4 (10 layers)": lambda p: speculative_generate(p, drafter, model, gamma=4, **common)[0],
 }
 for run in runs.values():

@@ -60,10 +60,11 @@ def assert_greedy_exact(make_drafter: Callable, trees: bool = False, models: Ite
             for gamma in gammas:
                 for first in first_target:
                     stats = GenerationStats()
-                    arguments = dict(max_gen_len=length, eos_tokens_id=EOS_NEVER, first_target=first, stats=stats, **_runner(cache))
+                    arguments = dict(max_gen_len=length, eos_tokens_id=EOS_NEVER, first_target=first, stats=stats, trees=trees,
+                                     gamma=gamma, **_runner(cache))
                     run = f"{name}, cache {cache}, gamma {gamma}, first_target {first}"
                     try:
-                        out, rate = generate(list(prompt), _model(name), make_drafter, arguments, trees=trees, gamma=gamma)
+                        out, rate = generate(list(prompt), _model(name), make_drafter, arguments)
                     except Exception as error:  # a loop the drafter broke may fail before it diverges
                         raise AssertionError(f"{run}: the generation failed: {type(error).__name__}: {error}") from error
                     if out != expected:

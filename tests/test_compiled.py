@@ -9,15 +9,9 @@ import torch._dynamo
 
 import runners.compiled as compiled  # the module whose BUCKETS the runner reads
 from conftest import EOS_NEVER, PROMPT, llama, perturbed_copy, t5
-from ngram_assisted import NGramStorage, chained_speculative_generate, ngram_assisted_speculative_generate
-from sampling import (
-    autoregressive_generate,
-    ngram_tree_generate,
-    prompt_lookup_generate,
-    speculative_generate,
-    suffix_generate,
-    token_recycling_generate,
-)
+from drafters import ChainedSpec, DraftContext, NGramTreeSpec, PromptLookupSpec, RecyclingSpec, SuffixSpec
+from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
+from sampling import autoregressive_generate, generate, speculative_generate
 from runners import KVCacheModel
 from runners import RunnerConfig
 from runners import make_runner
@@ -46,19 +40,20 @@ def run_all(target, drafter, compile, processor=None, prompt=PROMPT):
         common["logits_processor"] = processor
     vocab = target.config.vocab_size
     runs = {}
-    for name, generate in {
+    for name, run in {
         "target": lambda: autoregressive_generate(prompt, target, **common),
         "speculative": lambda: speculative_generate(prompt, drafter, target, gamma=3, **common)[0],
         "ngram": lambda: ngram_assisted_speculative_generate(prompt, NGramStorage(2, vocab), target, gamma=3, **common)[0],
-        "pld": lambda: prompt_lookup_generate(prompt, target, num_pred_tokens=5, **common)[0],
-        "chained": lambda: chained_speculative_generate(prompt, NGramStorage(2, vocab), drafter, target, gamma=2, **common)[0],
-        "suffix": lambda: suffix_generate(prompt, target, max_spec_tokens=3, **common)[0],
-        "tree_ngram": lambda: ngram_tree_generate(prompt, NGramStorage(2, vocab), target, tree_size=6, **common)[0],
-        "recycling": lambda: token_recycling_generate(prompt, target, tree_size=6, **common)[0],
-        "tree_suffix": lambda: suffix_generate(prompt, target, max_spec_tokens=6, trees=True, **common)[0],
+        "pld": lambda: generate(prompt, target, PromptLookupSpec(num_pred_tokens=5), common)[0],
+        "chained": lambda: generate(prompt, target, ChainedSpec(), {**common, "gamma": 2},
+                                    DraftContext(storage=NGramStorage(2, vocab), drafter=drafter))[0],
+        "suffix": lambda: generate(prompt, target, SuffixSpec(max_spec_tokens=3), common)[0],
+        "tree_ngram": lambda: generate(prompt, target, NGramTreeSpec(tree_size=6), common, DraftContext(storage=NGramStorage(2, vocab)))[0],
+        "recycling": lambda: generate(prompt, target, RecyclingSpec(tree_size=6), common)[0],
+        "tree_suffix": lambda: generate(prompt, target, SuffixSpec(max_spec_tokens=6, trees=True), common)[0],
     }.items():
         torch.manual_seed(7)
-        runs[name] = generate()
+        runs[name] = run()
     return runs
 
 

@@ -9,13 +9,14 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig, MistralForCausalLM
 
 from conftest import examples, llama, perturbed_copy
-from ngram_assisted import NGramStorage, OneLevelNGramStorage, chained_speculative_generate, ngram_assisted_speculative_generate
+import sampling
+from drafters import ChainedSpec, DraftContext, PromptLookupSpec
+from ngram_assisted import NGramStorage, OneLevelNGramStorage, ngram_assisted_speculative_generate
 from sampling import (
     DraftPolicy,
     GenerationStats,
     autoregressive_generate,
     plausible_row_costs,
-    prompt_lookup_generate,
     speculative_generate,
 )
 from sampling.config import GenerationConfig
@@ -99,9 +100,10 @@ def generate(drafter: str, target, model, prompt, processor, policy, use_cache, 
     if drafter == "model":
         return speculative_generate(prompt, model, target, gamma=gamma, **common)[0]
     if drafter == "pld":
-        return prompt_lookup_generate(prompt, target, num_pred_tokens=gamma, **common)[0]
+        return sampling.generate(prompt, target, PromptLookupSpec(num_pred_tokens=gamma), common)[0]
     if drafter == "chained":
-        return chained_speculative_generate(prompt, NGramStorage(2, vocab), model, target, gamma=gamma, **common)[0]
+        return sampling.generate(prompt, target, ChainedSpec(), {**common, "gamma": gamma},
+                                 DraftContext(storage=NGramStorage(2, vocab), drafter=model))[0]
     storage = (NGramStorage if drafter == "ngram_basic" else OneLevelNGramStorage)(3, vocab)
     return ngram_assisted_speculative_generate(prompt, storage, target, gamma=gamma, **common)[0]
 

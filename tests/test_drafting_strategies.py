@@ -3,9 +3,10 @@ import pytest
 import torch
 
 from conftest import EOS_NEVER, PROMPT, llama, perturbed_copy
-from ngram_assisted import NGramStorage, chained_speculative_generate, ngram_assisted_speculative_generate
-from sampling import DraftPolicy, GenerationStats, measure_draft_cost, measure_row_costs, autoregressive_generate, prompt_lookup_generate, speculative_generate
-from sampling.prompt_lookup import lookup_continuation
+from drafters import ChainedSpec, DraftContext, PromptLookupSpec
+from drafters.prompt_lookup import lookup_continuation
+from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
+from sampling import DraftPolicy, GenerationStats, measure_draft_cost, measure_row_costs, autoregressive_generate, generate, speculative_generate
 from test_lossless_sampling import LENGTH, PROCESSORS, PROMPT as TINY_PROMPT, chi_square_pvalue, exact_distribution, sample_many, tiny_pair  # noqa: F401
 
 POLICIES = {
@@ -33,8 +34,9 @@ def run_all(target, drafter, policy_factory, use_cache, **kw):
     return {
         "speculative": speculative_generate(PROMPT, drafter, target, gamma=3, policy=policy_factory(), **common)[0],
         "ngram": ngram_assisted_speculative_generate(PROMPT, NGramStorage(3, vocab), target, gamma=3, policy=policy_factory(), **common)[0],
-        "pld": prompt_lookup_generate(PROMPT, target, num_pred_tokens=4, policy=policy_factory(), **common)[0],
-        "chained": chained_speculative_generate(PROMPT, NGramStorage(3, vocab), drafter, target, gamma=3, policy=policy_factory(), **common)[0],
+        "pld": generate(PROMPT, target, PromptLookupSpec(num_pred_tokens=4), dict(policy=policy_factory(), **common))[0],
+        "chained": generate(PROMPT, target, ChainedSpec(), dict(gamma=3, policy=policy_factory(), **common),
+                            DraftContext(storage=NGramStorage(3, vocab), drafter=drafter))[0],
     }
 
 
@@ -51,8 +53,8 @@ def test_greedy_drafting_strategies_equal_autoregressive_under_every_policy(mode
 def test_greedy_prompt_lookup_equals_autoregressive_for_any_parameters(models, min_ngram, max_ngram, tokens):
     target, _ = models
     expected = autoregressive_generate(PROMPT, target, max_gen_len=60, eos_tokens_id=EOS_NEVER, use_cache=True)
-    out, rate = prompt_lookup_generate(PROMPT, target, num_pred_tokens=tokens, max_ngram_size=max_ngram, min_ngram_size=min_ngram,
-                                       max_gen_len=60, eos_tokens_id=EOS_NEVER, use_cache=True)
+    spec = PromptLookupSpec(num_pred_tokens=tokens, max_ngram_size=max_ngram, min_ngram_size=min_ngram)
+    out, rate = generate(PROMPT, target, spec, dict(max_gen_len=60, eos_tokens_id=EOS_NEVER, use_cache=True))
     assert out == expected and 0.0 <= rate <= 1.0
 
 
@@ -68,7 +70,7 @@ def test_prompt_lookup_refuses_bad_parameters(models):
     target, _ = models
     for kwargs in ({"num_pred_tokens": 0}, {"min_ngram_size": 0}, {"min_ngram_size": 3, "max_ngram_size": 2}):
         with pytest.raises(ValueError):
-            prompt_lookup_generate(PROMPT, target, **kwargs)
+            generate(PROMPT, target, PromptLookupSpec(**kwargs))
 
 
 def test_adaptive_length_shrinks_after_a_rejection_and_regrows_up_to_gamma():
@@ -243,8 +245,8 @@ def test_p_min_stops_the_drafter_when_it_is_not_confident():
 def test_chained_drafter_uses_the_storage_when_it_knows_and_the_model_otherwise(models):
     target, drafter = models
     stats = GenerationStats()
-    chained_speculative_generate(PROMPT, NGramStorage(3, 96), drafter, target, gamma=4, max_gen_len=60, eos_tokens_id=EOS_NEVER,
-                                 use_cache=True, stats=stats)
+    generate(PROMPT, target, ChainedSpec(), dict(gamma=4, max_gen_len=60, eos_tokens_id=EOS_NEVER, use_cache=True, stats=stats),
+             DraftContext(storage=NGramStorage(3, 96), drafter=drafter))
     ngram_only, model_only = GenerationStats(), GenerationStats()
     ngram_assisted_speculative_generate(PROMPT, NGramStorage(3, 96), target, gamma=4, max_gen_len=60, eos_tokens_id=EOS_NEVER,
                                         use_cache=True, stop_if_unknown=True, stats=ngram_only)
@@ -256,9 +258,8 @@ def test_chained_drafter_uses_the_storage_when_it_knows_and_the_model_otherwise(
 def test_sampled_prompt_lookup_follows_target_distribution(tiny_pair, use_cache):
     target, _ = tiny_pair
     processor = PROCESSORS["multinomial"]
-    samples = sample_many(lambda: prompt_lookup_generate(
-        TINY_PROMPT, target, num_pred_tokens=2, logits_processor=processor, max_gen_len=LENGTH, eos_tokens_id=[],
-        use_cache=use_cache, first_target=False)[0])
+    samples = sample_many(lambda: generate(TINY_PROMPT, target, PromptLookupSpec(num_pred_tokens=2), dict(
+        logits_processor=processor, max_gen_len=LENGTH, eos_tokens_id=[], use_cache=use_cache, first_target=False))[0])
     assert chi_square_pvalue(samples, exact_distribution(target, processor)) > 1e-3
 
 
@@ -266,9 +267,9 @@ def test_sampled_prompt_lookup_follows_target_distribution(tiny_pair, use_cache)
 def test_sampled_chained_drafting_follows_target_distribution(tiny_pair, name):
     target, drafter = tiny_pair
     processor = PROCESSORS[name]
-    samples = sample_many(lambda: chained_speculative_generate(
-        TINY_PROMPT, NGramStorage(2, 4), drafter, target, gamma=2, filler_top_k=1, logits_processor=processor,
-        max_gen_len=LENGTH, eos_tokens_id=[], use_cache=True, first_target=False)[0])
+    samples = sample_many(lambda: generate(TINY_PROMPT, target, ChainedSpec(filler_top_k=1), dict(
+        gamma=2, logits_processor=processor, max_gen_len=LENGTH, eos_tokens_id=[], use_cache=True, first_target=False),
+        DraftContext(storage=NGramStorage(2, 4), drafter=drafter))[0])
     assert chi_square_pvalue(samples, exact_distribution(target, processor)) > 1e-3
 
 

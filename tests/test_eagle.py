@@ -64,7 +64,7 @@ def run(target, head, gamma, processor=None, stats=None, **arguments):
     if processor is not None:
         common["logits_processor"] = processor
     common.update(arguments)
-    return generate(PROMPT, target, lambda p, config: EagleDrafter.of(head, config), common, gamma=gamma)[0]
+    return generate(PROMPT, target, lambda p, config: EagleDrafter.of(head, config), {**common, "gamma": gamma})[0]
 
 
 def test_a_head_trained_here_learns_the_target_and_its_drafts_are_accepted(trained):
@@ -107,7 +107,7 @@ def test_each_draft_is_what_the_head_drafts_from_scratch_on_the_accepted_sequenc
             return count, q
 
     generate(PROMPT, target, lambda p, config: Spy.of(head, config),
-             dict(max_gen_len=LENGTH, eos_tokens_id=EOS_NEVER, use_cache=True), gamma=4)
+             dict(max_gen_len=LENGTH, eos_tokens_id=EOS_NEVER, use_cache=True, gamma=4))
     assert len(seen) > 5
     layers = head.config.aux_layers
     for tokens, drafts in seen:
@@ -177,7 +177,7 @@ def test_sampled_output_follows_the_target_distribution(tiny_vocabulary, name, t
     stats = GenerationStats()
     samples = sample_many(lambda: generate([1, 2, 3, 1, 2], target, lambda p, c: EagleDrafter.of(head, c, top_k=2, depth=2), dict(
         logits_processor=processor, max_gen_len=SAMPLED, eos_tokens_id=[], use_cache=True, first_target=True, stats=stats,
-    ), gamma=3 if trees else 2, trees=trees)[0])
+        gamma=3 if trees else 2, trees=trees))[0])
     assert stats.accepted > 0
     assert chi_square_pvalue(samples, exact_distribution(target, processor, length=SAMPLED)) > 1e-3
 
@@ -186,8 +186,7 @@ def test_the_sampling_test_sees_a_head_whose_drafts_skip_the_residual(tiny_vocab
     target, head = tiny_vocabulary
     processor = PROCESSORS["multinomial"]
     samples = sample_many(lambda: generate([1, 2, 3, 1, 2], target, lambda p, c: EagleDrafter.of(head, c), dict(
-        logits_processor=processor, max_gen_len=SAMPLED, eos_tokens_id=[], use_cache=True, skip_sample_adjustment=True,
-    ), gamma=2)[0])
+        logits_processor=processor, max_gen_len=SAMPLED, eos_tokens_id=[], use_cache=True, skip_sample_adjustment=True, gamma=2))[0])
     assert chi_square_pvalue(samples, exact_distribution(target, processor, length=SAMPLED)) < 1e-6
 
 
@@ -243,7 +242,7 @@ def test_dynamic_trees_are_greedy_exact_and_accept_more_than_one_token_a_pass(tr
         stats = GenerationStats()
         out, _ = generate(PROMPT, target, lambda p, config: EagleDrafter.of(head, config, **shape),
                           dict(max_gen_len=LENGTH, eos_tokens_id=EOS_NEVER, use_cache=True, stats=stats,
-                               runner=RunnerConfig(cache=cache)), trees=True, gamma=budget)
+                               runner=RunnerConfig(cache=cache), trees=True, gamma=budget))
         assert out == expected and stats.accepted > 0
 
 
@@ -264,13 +263,13 @@ def test_a_tree_holds_every_ancestor_and_ranks_by_path_probability(trained):
 
 
 def test_the_merged_tree_with_the_head_as_a_source_is_greedy_exact_and_credits_it(trained):
-    from sampling.merged import merged_generate
+    from drafters import DraftContext, MergedSpec
 
     target, head, _ = trained
     expected = autoregressive_generate(PROMPT, target, max_gen_len=LENGTH, eos_tokens_id=EOS_NEVER)
     stats = GenerationStats()
-    out, _ = merged_generate(PROMPT, target, tree_size=12, head=head, max_gen_len=LENGTH, eos_tokens_id=EOS_NEVER,
-                             use_cache=True, stats=stats)
+    out, _ = generate(PROMPT, target, MergedSpec(tree_size=12), dict(max_gen_len=LENGTH, eos_tokens_id=EOS_NEVER, use_cache=True,
+                                                                     stats=stats), DraftContext(head=head))
     assert out == expected and stats.accepted_by.get("head", 0) > 0, stats.accepted_by
 
 

@@ -12,9 +12,9 @@ from conftest import examples, llama, perturbed_copy
 from drafters.base import Drafter
 from drafters.merged import merge
 from ngram_assisted import NGramStorage
-from sampling import DraftPolicy, GenerationStats, autoregressive_generate, tree_decoding
+from drafters import DraftContext, MergedSpec
+from sampling import DraftPolicy, GenerationStats, autoregressive_generate, generate, tree_decoding
 from sampling.config import GenerationConfig
-from sampling.merged import merged_generate
 from sampling.tree_decoding import draft_tree_and_verify
 from sampling.tree_shape import best_chain, choose_nodes
 from test_lossless_sampling import LENGTH, PROMPT as TINY_PROMPT
@@ -44,9 +44,10 @@ def reference(prompt: tuple, length: int = GEN):
 
 def run_merged(prompt, with_model=False, use_cache=True, costs=None, size=12, stats=None, length=GEN, eos=(), cache=None):
     policy = DraftPolicy(row_costs=costs) if costs is not None else None
-    return merged_generate(list(prompt), target(), tree_size=size, storage=NGramStorage(3, target().config.vocab_size),
-                           drafter=drafter_model() if with_model else None, max_gen_len=length, eos_tokens_id=list(eos),
-                           use_cache=use_cache, stats=stats, policy=policy, runner=RunnerConfig(cache=cache))[0]
+    context = DraftContext(storage=NGramStorage(3, target().config.vocab_size), drafter=drafter_model() if with_model else None)
+    return generate(list(prompt), target(), MergedSpec(tree_size=size), dict(
+        max_gen_len=length, eos_tokens_id=list(eos), use_cache=use_cache, stats=stats, policy=policy, runner=RunnerConfig(cache=cache)),
+        context)[0]
 
 
 prompts = st.lists(st.integers(0, 95), min_size=3, max_size=12).map(lambda p: p + p[:4])  # a repeat: the suffix and n-grams draft
@@ -85,9 +86,9 @@ def sampled_merged(tiny, runs=RUNS):
     target_model, model = tiny
     torch.manual_seed(1234)
     stats = GenerationStats()
-    samples = [tuple(merged_generate(list(TINY_PROMPT), target_model, tree_size=8, storage=NGramStorage(2, 4), drafter=model,
-                                     logits_processor=SAMPLING["multinomial"], max_gen_len=LENGTH, eos_tokens_id=[],
-                                     use_cache=True, stats=stats)[0]) for _ in range(runs)]
+    common = dict(logits_processor=SAMPLING["multinomial"], max_gen_len=LENGTH, eos_tokens_id=[], use_cache=True, stats=stats)
+    samples = [tuple(generate(list(TINY_PROMPT), target_model, MergedSpec(tree_size=8), common,
+                              DraftContext(storage=NGramStorage(2, 4), drafter=model))[0]) for _ in range(runs)]
     assert stats.accepted > runs // 4, "drafts must be accepted often for the test to mean anything"
     return samples
 

@@ -10,7 +10,8 @@ import runners as caching
 
 from conftest import EOS_NEVER, PROMPT, llama, perturbed_copy
 from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
-from sampling import autoregressive_generate, prompt_lookup_generate, speculative_generate
+from drafters import PromptLookupSpec
+from sampling import autoregressive_generate, generate, speculative_generate
 from measure import OWN, PREPACKED, KernelChoice, choose_kernels, choose_prepack
 from runners import KVCacheModel, PrepackedLinear, kernels, prepackable, prepacked, set_prepack
 
@@ -108,7 +109,7 @@ def test_greedy_speculative_equals_autoregressive_in_float32_with_prepacked_laye
     nasd, _ = ngram_assisted_speculative_generate(
         PROMPT, NGramStorage(3, 300), target, gamma=4, max_gen_len=40, eos_tokens_id=EOS_NEVER, use_cache=use_cache
     )
-    pld, _ = prompt_lookup_generate(PROMPT, target, max_gen_len=40, eos_tokens_id=EOS_NEVER, use_cache=use_cache)
+    pld, _ = generate(PROMPT, target, PromptLookupSpec(), dict(max_gen_len=40, eos_tokens_id=EOS_NEVER, use_cache=use_cache))
     assert out == reference and nasd == reference and pld == reference
 
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from conftest import EOS_NEVER, PROMPT, llama, perturbed_copy
-from ngram_assisted import NGramStorage, chained_speculative_generate, ngram_assisted_speculative_generate
-from sampling import DraftPolicy, autoregressive_generate, prompt_lookup_generate, speculative_generate
+from drafters import ChainedSpec, DraftContext, PromptLookupSpec
+from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
+from sampling import DraftPolicy, autoregressive_generate, generate, speculative_generate
 from utils.quantization import WeightOnlyLinear, model_quantization, quantize_cpu
 
 LENGTH = 40
@@ -74,8 +75,9 @@ def test_greedy_every_strategy_equals_target_ar_under_the_same_quantized_weights
         runs = {
             "speculative": speculative_generate(PROMPT, drafter, target, gamma=3, policy=policy(), **common),
             "ngram": ngram_assisted_speculative_generate(PROMPT, NGramStorage(3, vocab), target, gamma=4, policy=policy(), **common),
-            "pld": prompt_lookup_generate(PROMPT, target, num_pred_tokens=5, policy=policy(), **common),
-            "chained": chained_speculative_generate(PROMPT, NGramStorage(3, vocab), drafter, target, gamma=3, policy=policy(), **common),
+            "pld": generate(PROMPT, target, PromptLookupSpec(num_pred_tokens=5), dict(policy=policy(), **common)),
+            "chained": generate(PROMPT, target, ChainedSpec(), dict(gamma=3, policy=policy(), **common),
+                                DraftContext(storage=NGramStorage(3, vocab), drafter=drafter)),
         }
         for name, (out, rate) in runs.items():
             assert out == expected, name

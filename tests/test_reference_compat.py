@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from conftest import PROMPT, gpt2, llama, t5
-from ngram_assisted import INgramStorage, NGramStorage, OneLevelNGramStorage, chained_speculative_generate
+from drafters import ChainedSpec, DraftContext
+from ngram_assisted import INgramStorage, NGramStorage, OneLevelNGramStorage
 from ngram_assisted import ngram_assisted_speculative_generate
-from sampling import autoregressive_generate, beam_search_generate
+from sampling import autoregressive_generate, beam_search_generate, generate
 from utils.logits_processor import GreedyProcessor
 
 REQUIRED = inspect.Parameter.empty
@@ -442,8 +443,8 @@ def test_a_reference_interface_storage_drafts_for_chained_drafting():
 
     drafter = perturbed_copy(target, 0.2, seed=1)
     expected = autoregressive_generate(PROMPT, target, max_gen_len=16, eos_tokens_id=[], use_cache=True)
-    out, acceptance = chained_speculative_generate(PROMPT, BigramTable(2, target.config.vocab_size), drafter, target, gamma=3,
-                                                   max_gen_len=16, eos_tokens_id=[], use_cache=True)
+    out, acceptance = generate(PROMPT, target, ChainedSpec(), dict(gamma=3, max_gen_len=16, eos_tokens_id=[], use_cache=True),
+                               DraftContext(storage=BigramTable(2, target.config.vocab_size), drafter=drafter))
     assert out == expected and type(acceptance) is float
 
 

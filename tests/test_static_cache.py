@@ -7,11 +7,12 @@ from transformers import MistralConfig, MistralForCausalLM
 import runners.static
 import runners as caching
 from conftest import EOS_NEVER, PROMPT, gpt2, llama, perturbed_copy, t5
-from ngram_assisted import NGramStorage, chained_speculative_generate, ngram_assisted_speculative_generate
+from drafters import ChainedSpec, DraftContext, PromptLookupSpec
+from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
 from sampling import (
     autoregressive_generate,
     autoregressive_generate_encoder_decoder,
-    prompt_lookup_generate,
+    generate,
     speculative_generate,
     speculative_generate_encoder_decoder,
 )
@@ -50,8 +51,9 @@ def run_all(target, drafter, use_cache, cache=None):
         "target": autoregressive_generate(PROMPT, target, **common),
         "speculative": speculative_generate(PROMPT, drafter, target, gamma=3, **common)[0],
         "ngram": ngram_assisted_speculative_generate(PROMPT, NGramStorage(3, vocab), target, gamma=5, **common)[0],
-        "pld": prompt_lookup_generate(PROMPT, target, num_pred_tokens=6, **common)[0],
-        "chained": chained_speculative_generate(PROMPT, NGramStorage(3, vocab), drafter, target, gamma=3, **common)[0],
+        "pld": generate(PROMPT, target, PromptLookupSpec(num_pred_tokens=6), common)[0],
+        "chained": generate(PROMPT, target, ChainedSpec(), {**common, "gamma": 3},
+                            DraftContext(storage=NGramStorage(3, vocab), drafter=drafter))[0],
     }
 
 

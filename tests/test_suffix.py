@@ -8,8 +8,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import EOS_NEVER, PROMPT, examples
-from sampling import GenerationStats, autoregressive_generate, suffix_generate
-from sampling.suffix import SuffixDrafter
+from drafters import DraftContext, SuffixSpec
+from sampling import GenerationStats, autoregressive_generate, generate
+from drafters.suffix import SuffixDrafter
 from drafters.suffix_memory import SuffixMemory
 from drafters.suffix_tree import ROOT, SuffixTrie, best_match_path, best_match_tree, budget_for
 from test_lossless_sampling import LENGTH, PROCESSORS, chi_square_pvalue, exact_distribution, sample_many, tiny_pair  # noqa: F401
@@ -242,13 +243,13 @@ def test_greedy_suffix_decoding_equals_autoregressive(pair, cache):
     use_cache = cache != "off"
     expected = autoregressive_generate(PROMPT, target, max_gen_len=60, eos_tokens_id=EOS_NEVER, use_cache=False)
     runner = RunnerConfig(cache=cache if use_cache else None)
+    common = dict(max_gen_len=60, eos_tokens_id=EOS_NEVER, use_cache=use_cache, runner=runner)
     for settings_ in (dict(), dict(max_spec_tokens=6, max_tree_depth=4, max_spec_offset=2.0, min_token_prob=0.0)):
-        out, _ = suffix_generate(PROMPT, target, max_gen_len=60, eos_tokens_id=EOS_NEVER, use_cache=use_cache, runner=runner, **settings_)
+        out, _ = generate(PROMPT, target, SuffixSpec(**settings_), common)
         assert out == expected, settings_
     memory = SuffixMemory(24)
     for _ in range(2):  # the second run drafts from the first's output
-        out, rate = suffix_generate(PROMPT, target, max_gen_len=60, eos_tokens_id=EOS_NEVER, use_cache=use_cache, memory=memory,
-                                    runner=runner)
+        out, rate = generate(PROMPT, target, SuffixSpec(), common, DraftContext(memory=memory))
         assert out == expected
     assert rate > 0 and memory.outputs == [expected, expected]
 
@@ -258,7 +259,8 @@ def test_bad_suffix_settings_are_refused_in_one_line(pair):
     for bad in (dict(max_spec_tokens=0), dict(max_tree_depth=0), dict(max_tree_depth=65), dict(min_token_prob=1.5),
                 dict(max_spec_factor=-1.0), dict(memory=SuffixMemory(8))):
         with pytest.raises(ValueError) as error:
-            suffix_generate(PROMPT, target, max_gen_len=5, **bad)
+            memory = bad.pop("memory", None)
+            generate(PROMPT, target, SuffixSpec(**bad), dict(max_gen_len=5), DraftContext(memory=memory))
         assert "\n" not in str(error.value)
 
 
@@ -270,8 +272,8 @@ def test_sampled_suffix_decoding_follows_target_distribution(tiny_pair, name, us
     rates = []
 
     def run():
-        out, rate = suffix_generate(TINY_PROMPT, target, max_gen_len=LENGTH, eos_tokens_id=[], logits_processor=processor,
-                                    use_cache=use_cache, first_target=False, min_token_prob=0.0)
+        out, rate = generate(TINY_PROMPT, target, SuffixSpec(min_token_prob=0.0), dict(
+            max_gen_len=LENGTH, eos_tokens_id=[], logits_processor=processor, use_cache=use_cache, first_target=False))
         rates.append(rate)
         return out
 
@@ -323,14 +325,15 @@ def test_the_repl_toggles_suffix_and_its_global_memory_saves_loads_and_refuses_a
 
 def test_the_authors_drafter_is_greedy_exact_through_our_loop_and_proposes_trees(pair):
     pytest.importorskip("arctic_inference.suffix_decoding")
-    from sampling.suffix import SuffixSettings
-    from sampling.suffix_arctic import ArcticSuffixDrafter, arctic_cache, arctic_suffix_generate
+    from drafters.arctic import ArcticSpec, ArcticSuffixDrafter, arctic_cache
+    from drafters.suffix import SuffixSettings
 
     target, _ = pair
     expected = autoregressive_generate(PROMPT, target, max_gen_len=60, eos_tokens_id=EOS_NEVER, use_cache=True)
     cache = arctic_cache(24, global_memory=True)
     for _ in range(2):
-        out, rate = arctic_suffix_generate(PROMPT, target, cache, max_gen_len=60, eos_tokens_id=EOS_NEVER, use_cache=True)
+        out, rate = generate(PROMPT, target, ArcticSpec(), dict(max_gen_len=60, eos_tokens_id=EOS_NEVER, use_cache=True),
+                             DraftContext(memory=cache))
         assert out == expected
     assert rate > 0 and not cache.active_requests
     text = [1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2]
@@ -362,9 +365,9 @@ def test_suffix_under_every_combination_of_controls_runs_and_greedy_is_exact(kin
     if remembered:
         memory.add(reference(kind, 1 - prompt))  # the other prompt's output: what the global tree would hold
     torch_seed(0)
-    out, _ = suffix_generate(list(PROMPTS[prompt]), target, max_spec_tokens=most, logits_processor=COMBINED[processor],
-                             max_gen_len=GEN, eos_tokens_id=[], use_cache=cache != "off", policy=policy, stats=stats,
-                             memory=memory, runner=RunnerConfig(cache=None if cache == "off" else cache))
+    out, _ = generate(list(PROMPTS[prompt]), target, SuffixSpec(max_spec_tokens=most), dict(
+        logits_processor=COMBINED[processor], max_gen_len=GEN, eos_tokens_id=[], use_cache=cache != "off", policy=policy, stats=stats,
+        runner=RunnerConfig(cache=None if cache == "off" else cache)), DraftContext(memory=memory))
     assert len(out) == GEN and all(0 <= t < VOCAB for t in out)
     if processor == "greedy":
         assert out == reference(kind, prompt)

@@ -10,10 +10,10 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from conftest import examples, gpt2, llama
 from ngram_assisted import NGramStorage
-from sampling import DraftPolicy, GenerationStats, autoregressive_generate, ngram_tree_generate, token_recycling_generate, tree_decoding
+from sampling import DraftPolicy, GenerationStats, autoregressive_generate, generate, tree_decoding
 from sampling.config import GenerationConfig
-from drafters import NGramDrafter
-from sampling.speculative_decoding import draft_and_verify
+from drafters import DraftContext, NGramDrafter, NGramTreeSpec, RecyclingSpec
+from sampling.chain_decoding import draft_and_verify
 from sampling.tree_decoding import draft_tree_and_verify
 from test_lossless_sampling import LENGTH, PROMPT as TINY_PROMPT, chi_square_pvalue, exact_distribution
 from runners import KVCacheModel, RunnerConfig, tree_depths
@@ -138,8 +138,9 @@ def run_tree_strategy(strategy, model, use_cache, policy=None, stats=None, proce
     common = dict(logits_processor=processor, max_gen_len=length, eos_tokens_id=[], use_cache=use_cache, policy=policy, stats=stats,
                   runner=RunnerConfig(cache=cache))
     if strategy == "tree_ngram":
-        return ngram_tree_generate(list(prompt), NGramStorage(3, model.config.vocab_size), model, tree_size=size, **common)[0]
-    return token_recycling_generate(list(prompt), model, tree_size=size, **common)[0]
+        context = DraftContext(storage=NGramStorage(3, model.config.vocab_size))
+        return generate(list(prompt), model, NGramTreeSpec(tree_size=size), common, context)[0]
+    return generate(list(prompt), model, RecyclingSpec(tree_size=size), common)[0]
 
 
 @pytest.mark.parametrize("cache", ["static", "dynamic", "off"])
@@ -393,9 +394,9 @@ def test_tree_strategies_refuse_a_sliding_window_model_in_one_line():
     from test_control_combinations import mistral
 
     with pytest.raises(ValueError, match="sliding-window"):
-        token_recycling_generate(PROMPT, mistral(), max_gen_len=4, use_cache=True)
+        generate(PROMPT, mistral(), RecyclingSpec(), dict(max_gen_len=4, use_cache=True))
     with pytest.raises(ValueError, match="sliding-window"):
-        ngram_tree_generate(PROMPT, NGramStorage(3, 24), mistral(), max_gen_len=4, use_cache=True)
+        generate(PROMPT, mistral(), NGramTreeSpec(), dict(max_gen_len=4, use_cache=True), DraftContext(storage=NGramStorage(3, 24)))
 
 
 def test_the_repl_toggles_the_tree_strategies_and_their_size(tiny_models):
@@ -423,7 +424,7 @@ def test_ngram_trees_are_the_storages_top_branches_best_first():
 
 
 def test_recycling_reads_its_table_into_the_static_tree_and_learns_every_row():
-    from sampling.recycling import RecyclingDrafter, tree_template
+    from drafters.recycling import RecyclingDrafter, tree_template
 
     shape = tree_template(6, 3)
     assert shape == ((0,), (1,), (0, 0), (2,), (0, 1), (1, 0))  # best first: every prefix a tree
@@ -442,7 +443,7 @@ def test_suffix_trees_are_greedy_exact_with_both_caches():
     output equals target AR with the dynamic and the static cache (its sampled output is lossless by
     the same argument as every deterministic tree: the target's own sample walks down the tree)."""
     from conftest import llama as tiny_llama
-    from sampling import autoregressive_generate, suffix_generate
+    from drafters import SuffixSpec
     from runners import RunnerConfig
 
     target = tiny_llama(layers=2, window=512)
@@ -450,6 +451,6 @@ def test_suffix_trees_are_greedy_exact_with_both_caches():
     for cache in ("dynamic", "static"):
         runner = RunnerConfig(cache=cache)
         reference = autoregressive_generate(prompt, target, max_gen_len=40, eos_tokens_id=[], use_cache=True, runner=runner)
-        trees, _ = suffix_generate(prompt, target, max_spec_tokens=8, max_gen_len=40, eos_tokens_id=[], use_cache=True, trees=True,
-                                   runner=runner)
+        trees, _ = generate(prompt, target, SuffixSpec(max_spec_tokens=8, trees=True),
+                            dict(max_gen_len=40, eos_tokens_id=[], use_cache=True, runner=runner))
         assert trees == reference

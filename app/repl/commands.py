@@ -3,7 +3,7 @@ are read, what it does and the value /help shows. ``app.repl.repl.Repl`` dispatc
 /help, the usage lines of refusals and the shown values are all drawn from it. A command sees the
 REPL as a ``ReplState`` (``app.repl.state``): this module does not import the REPL."""
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -236,7 +236,7 @@ def _ngram_build(repl, path):
 
 
 def _suffix_params(repl, depth, most, factor, offset, min_prob):
-    from sampling.suffix import SuffixSettings
+    from drafters.suffix import SuffixSettings
 
     repl.settings.suffix = SuffixSettings(depth, most, factor, offset, min_prob)
     repl.suffix_memory.set_depth(depth)
@@ -270,7 +270,7 @@ def _suffix_load(repl, path):
         repl.suffix_memory.load(path)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    repl.settings.suffix.max_tree_depth = repl.suffix_memory.max_depth
+    repl.settings.suffix = replace(repl.settings.suffix, max_tree_depth=repl.suffix_memory.max_depth)
     state = "on" if repl.settings.suffix_memory is not None else "off: /suffix_global turns it on"
     return f"suffix global memory loaded from {path}: {repl.suffix_memory.describe()} ({state})"
 

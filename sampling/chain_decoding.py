@@ -1,0 +1,132 @@
+"""Speculative decoding's chain loop (Leviathan et al. 2023, arXiv:2211.17192; Chen et al. 2023,
+arXiv:2302.01318): the one verification loop every chain drafter runs in (trees: ``tree_decoding``)."""
+import time
+from typing import Any, Iterator, List, Tuple
+
+import torch
+from torch import Tensor
+
+from drafters.base import Drafter, as_drafter
+from runners import Runner
+from runners.limits import context_window
+from sampling.common import generation_end
+from sampling.config import GenerationConfig, Step
+from utils.logits_processor import GreedyProcessor
+
+
+def _residual(p: Tensor, q: Tensor) -> Tensor:
+    """norm(max(0, p - q)) row-wise; falls back to p where p <= q everywhere (rounding only)."""
+    r = torch.clamp(p - q, min=0)
+    mass = r.sum(dim=-1, keepdim=True)
+    return torch.where(mass > 0, r / mass.clamp(min=torch.finfo(r.dtype).tiny), p)
+
+
+def _tensors(tree: Any) -> List[Tensor]:
+    """The tensors of ``tree`` (a tensor, None, or a list of these), in order."""
+    if isinstance(tree, Tensor):
+        return [tree]
+    return [t for branch in tree for t in _tensors(branch)] if isinstance(tree, (list, tuple)) else []
+
+
+def _on_host(tree: Any, values: Iterator[int]) -> Any:
+    """``tree`` with each tensor replaced by its next values from ``values``, nested as its shape."""
+    if isinstance(tree, Tensor):
+        flat = [next(values) for _ in range(tree.numel())]
+        for size in reversed(tree.shape[1:]):
+            flat = [flat[i : i + size] for i in range(0, len(flat), size)]
+        return flat
+    return [_on_host(branch, values) for branch in tree] if isinstance(tree, (list, tuple)) else None
+
+
+@torch.no_grad()
+def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config: GenerationConfig) -> List[int]:
+    """The speculative loop shared by every drafter; returns the new tokens (prompt excluded).
+
+    Each step the drafter proposes ``k <= gamma`` tokens ``d_1..d_k`` and the target ``M_p`` scores
+    the sequence plus all drafts in one forward pass, giving ``p_1..p_{k+1}``. Acceptance:
+
+    * greedy processor, or a drafter with no probabilities (n-gram, lookup): the target draws its
+      own token ``t_i ~ p_i`` (argmax when greedy); drafts are accepted while ``d_i == t_i``, and
+      the first ``t_i`` that differs is emitted. Exact for greedy; lossless when sampling, since
+      every emitted token is the target's own sample.
+    * a drafter model ``M_q`` with probabilities ``q_i``, sampling: accept ``d_i`` when
+      ``r_i < p_i(d_i) / q_i(d_i)``, ``r_i ~ U(0, 1)``; at the first rejection emit a token from
+      ``norm(max(0, p_i - q_i))`` (from ``p_i`` if ``skip_sample_adjustment``, which is lossy).
+
+    After ``n`` accepted drafts the bonus ``t_{n+1} ~ p_{n+1}`` is emitted too; caches keep the
+    first ``len + n`` positions. Generation stops after ``config.max_gen_len`` new tokens, a stop
+    token, or at the target's window. ``config.policy`` sets each step's draft length; observers
+    see each step.
+    """
+    drafter = as_drafter(drafter)
+    end = generation_end(len(prompt), config.max_gen_len, context_window(target.model))
+    ids = torch.zeros((1, end), dtype=torch.long, device=target.device)
+    ids[0, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=target.device)
+    tokens = list(prompt)
+    processor, policy, stats = config.processor, config.policy, config.stats
+    greedy = isinstance(processor, GreedyProcessor)
+    drafting = not config.first_target
+    policy.start(config.gamma, drafter.cheap, drafter.memory_key, drafter.step_cost)
+    drafter.attach(target)
+    while len(tokens) < end:
+        cur = len(tokens)
+        k = max(0, min(policy.length(policy.bound()), end - cur - 1, drafter.max_drafts(cur))) if drafting else 0
+        drafting = True
+        q = None
+        clock = time.perf_counter()
+        if k > 0 and drafter.cheap and policy.auto:  # drafting is free next to verifying: fill the padded pass
+            k = min(policy.rows(k, end - cur) - 1, drafter.max_drafts(cur))
+        if k < policy.min_draft:  # decided before drawing any draft, so no sample is discarded
+            k = 0
+        if k > 0:
+            proposed, q = drafter.propose(ids, tokens, k)
+            if q is not None and proposed < min(k, policy.min_draft):
+                raise RuntimeError("a drafter with probabilities stopped before min_draft drafts: dropping them would bias sampling")
+            k = policy.keep(proposed)
+            q = q[:k] if q is not None else None
+        drafted_at = time.perf_counter()
+        rows = policy.rows(k, end - cur)  # positions past cur + k are padding, discarded below
+        logits = target(ids[:, : cur + rows - 1], rows)[: k + 1]
+        if config.vocab_size is not None:
+            logits = logits[:, : config.vocab_size]
+        p = processor(logits)  # [k + 1, V]
+        drafts = ids[0, cur : cur + k]
+        if q is not None and k > 0 and not greedy:
+            q = q.to(p.device)
+            at = torch.arange(k, device=p.device)
+            r = torch.rand(k, device=p.device, dtype=p.dtype)
+            matches = r * q[at, drafts] < p[at, drafts]
+            corrections = p[:k] if config.skip_sample_adjustment else _residual(p[:k], q)
+            own = torch.cat([processor.sample(corrections), processor.sample(p[k:])])[:, 0]
+        else:
+            own = processor.sample(p)[:, 0]
+            matches = own[:k] == drafts
+        wanted = drafter.fetch(p)
+        parts = [drafts, matches.long(), own] + [t.reshape(-1).to(own.device) for t in _tensors(wanted)]
+        # the only host-device synchronisation of the step
+        fetched = torch.cat(parts).tolist()
+        draft_list, match_list, own_list = fetched[:k], fetched[k : 2 * k], fetched[2 * k : 3 * k + 1]
+        n = match_list.index(0) if 0 in match_list else k
+        emitted = draft_list[:n] + [own_list[n]]
+        stop_at = next((i for i, t in enumerate(emitted) if t in config.stop_tokens), None)
+        if stop_at is not None:
+            emitted = emitted[: stop_at + 1]
+        ids[0, cur + n] = own[n]
+        tokens.extend(emitted)
+        target.rollback(cur + n)
+        policy.update(k, n, rows)
+        stats.record_step(k, min(n, len(emitted)), len(emitted))
+        stats.draft_seconds += drafted_at - clock
+        stats.verify_seconds += time.perf_counter() - drafted_at
+        config.observe(Step(tokens, cur, len(prompt), draft_list, n, own_list[n], stop_at is not None, rows=rows))
+        if stop_at is not None:
+            break
+        drafter.accept(tokens, cur, n, _on_host(wanted, iter(fetched[3 * k + 1 :])))
+    stats.paused_steps += policy.paused_steps
+    policy.finish()
+    return tokens[len(prompt) :]
+
+
+def speculative(prompt: List[int], target: Runner, drafter: Drafter, config: GenerationConfig) -> Tuple[List[int], float]:
+    """``draft_and_verify``, returned as the reference's public functions return: (new token ids, acceptance rate)."""
+    return draft_and_verify(prompt, target, drafter, config), config.stats.acceptance_rate
