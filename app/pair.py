@@ -188,13 +188,13 @@ def measure_options(prepack: bool | str = "auto", cache: Optional[str] = "auto",
                    say=functools.partial(print, file=sys.stderr, flush=True), progress=progress_bar if sys.stderr.isatty() else None)
 
 
-def _runners(pair: Pair, cache: Optional[str], prepack: bool | str, compile: bool, compile_length: int, say: Say) -> Dict[str, object]:
+def _runners(pair: Pair, options: "LoadOptions", say: Say) -> Dict[str, object]:
     """Each model's ``RunnerConfig`` from ``--cache`` and ``--compile`` (the cache kind measured later
     with "auto"); a model that compiles gets its kernels (own linears frozen, oneDNN's with ``--prepack
-    on``) and is compiled here for sequences of ``compile_length`` positions, before anything is timed."""
+    on``) and is compiled here for sequences of ``options.compile_length`` positions, before anything is timed."""
     from runners import RunnerConfig, compile_source, prepare, set_prepack, why_not_compiled
 
-    runners = {}
+    runners, cache, compile = {}, options.cache, options.compile
     for role, model in (("target", pair.target), ("drafter", pair.drafter)):
         if model is None:
             continue
@@ -205,31 +205,51 @@ def _runners(pair: Pair, cache: Optional[str], prepack: bool | str, compile: boo
         if compile and reason is None:
             # the model's own linears frozen into the graphs (--gemm: MKL's or inductor's autotuned templates);
             # an eager kernel measurement would answer another question. "on": oneDNN's.
-            set_prepack(model, prepack in (True, "on"))
-            seconds = prepare(model, compile_length, lambda text: say(f"{role}: {text} ...", "dim"))
+            set_prepack(model, options.prepack in (True, "on"))
+            seconds = prepare(model, options.compile_length, lambda text: say(f"{role}: {text} ...", "dim"))
             pair.compile_seconds[role] = seconds
             say(f"Compiled the {role} in {seconds:.1f} s ({compile_source(model) or 'nothing new'}; outside every timed run)")
     return runners
 
 
-def load_pair(
-    target: Optional[str], drafter: Optional[str], device: Optional[str] = None, drafter_device: Optional[str] = None,
-    dtype: str = "auto", quantize: str = "none", drafter_quantize: Optional[str] = None, trust_remote_code: bool = False,
-    cache: Optional[str] = None, prepack: bool | str = "auto", say: Say = to_stderr, compile: bool = False,
-    compile_length: int = 1000, measure_dtype: bool = False, remeasure: bool = False, chat: bool = True,
-    calibrate: bool = True, row_costs: Optional[Tuple[float, ...]] = None,
-) -> Pair:
+@dataclass(frozen=True)
+class LoadOptions:
+    """How ``load_pair`` loads and measures the pair (the flags both programs share): where
+    (``device``; the drafter's ``drafter_device`` defaults to it), the weights (``dtype``, ``quantize``;
+    the drafter's ``drafter_quantize`` defaults to the target's), ``trust_remote_code``, the KV cache
+    kind (``cache``), the kernels (``prepack``), compilation (``compile``, for ``compile_length``
+    positions), ``measure_dtype``, ``remeasure``, the chat template (``chat``), the calibration
+    (``calibrate``) and verification costs given by ``--row-costs`` (``row_costs``)."""
+
+    device: Optional[str] = None
+    drafter_device: Optional[str] = None
+    dtype: str = "auto"
+    quantize: str = "none"
+    drafter_quantize: Optional[str] = None
+    trust_remote_code: bool = False
+    cache: Optional[str] = None
+    prepack: bool | str = "auto"
+    compile: bool = False
+    compile_length: int = 1000
+    measure_dtype: bool = False
+    remeasure: bool = False
+    chat: bool = True
+    calibrate: bool = True
+    row_costs: Optional[Tuple[float, ...]] = None
+
+
+def load_pair(target: Optional[str], drafter: Optional[str], options: LoadOptions = LoadOptions(), say: Say = to_stderr) -> Pair:
     """Load the target (None: the embedded model) and the drafter (None: none; ``layers:N``: the
     first N layers of the target), check that the drafter can draft for the target, compile those
-    that ``compile`` asks for (``_runners``), and measure them (``measure.startup``: ``Pair.measured``):
-    each one's kernels (``prepack`` "auto": measured, each row later runs on its own best option;
-    "on"/"off": given) and KV cache kind (``cache`` "auto": measured on CPU), then, with ``calibrate``,
-    the drafter's cost and the target's verification costs (``row_costs``: given, ``--row-costs``).
-    ``measure_dtype`` with ``dtype`` auto: bfloat16 on CUDA; on CPU bfloat16 only where a matmul of
-    the target's shape measures clearly faster in it (``measure.dtype``), else float32. Measurements
-    run within their budgets and are reused from earlier starts unless ``remeasure`` (docs/startup.md).
-    A drafter with another tokenizer drafts across tokenizers; one that cannot (``cross_problem``; the
-    chat template matters when ``chat``) is dropped with one line."""
+    that ``options.compile`` asks for (``_runners``), and measure them (``measure.startup``:
+    ``Pair.measured``): each one's kernels (``prepack`` "auto": measured, each row later runs on its
+    own best option; "on"/"off": given) and KV cache kind (``cache`` "auto": measured on CPU), then,
+    with ``calibrate``, the drafter's cost and the target's verification costs (``row_costs``: given,
+    ``--row-costs``). ``measure_dtype`` with ``dtype`` auto: bfloat16 on CUDA; on CPU bfloat16 only
+    where a matmul of the target's shape measures clearly faster in it (``measure.dtype``), else
+    float32. Measurements run within their budgets and are reused from earlier starts unless
+    ``remeasure`` (docs/startup.md). A drafter with another tokenizer drafts across tokenizers; one
+    that cannot (``cross_problem``; the chat template matters when ``chat``) is dropped with one line."""
     import torch
 
     from measure import ImplausibleCosts, busy_note, startup
@@ -239,30 +259,31 @@ def load_pair(
     for flag, value in (("--target", target), ("--drafter", drafter)):
         if value is not None and not value.strip():
             raise SetupError(f"{flag} is empty: give a model folder, a .gguf file or a Hub id")
-    _check_device("--device", device)
-    _check_device("--drafter-device", drafter_device)
-    device = resolve_device(device)
+    _check_device("--device", options.device)
+    _check_device("--drafter-device", options.drafter_device)
+    device, dtype = resolve_device(options.device), options.dtype
     say(f"Loading target: {target or 'embedded SmolLM2-135M-Instruct'} ...", "dim")
     # the load is read before anything of ours loads the machine
-    options = measure_options(prepack, cache, calibrate, row_costs, remeasure, busy_note())
+    measuring = measure_options(options.prepack, options.cache, options.calibrate, options.row_costs, options.remeasure,
+                                busy_note())
     chosen = None
-    if measure_dtype and dtype == "auto" and target is not None:
-        chosen = _measured_dtype(target, device, options, say)
+    if options.measure_dtype and dtype == "auto" and target is not None:
+        chosen = _measured_dtype(target, device, measuring, say)
         dtype = chosen.value
-    model, tokenizer, label = _load("target", target, device, dtype, quantize, trust_remote_code, say=say)
-    pair = Pair(model, tokenizer, label, quantize, end_tokens=end_tokens(model, tokenizer))
+    model, tokenizer, label = _load("target", target, device, dtype, options.quantize, options.trust_remote_code, say=say)
+    pair = Pair(model, tokenizer, label, options.quantize, end_tokens=end_tokens(model, tokenizer))
     if drafter is not None:
         say(f"Loading drafter: {drafter} ...", "dim")
         layers = drafter.startswith("layers:")
-        drafter_quantize = quantize if layers else drafter_quantize or quantize
-        where = resolve_device(drafter_device or device)
+        drafter_quantize = options.quantize if layers else options.drafter_quantize or options.quantize
+        where = resolve_device(options.drafter_device or device)
         pair.drafter, drafter_tokenizer, pair.drafter_label = _load("drafter", drafter, where, dtype, drafter_quantize,
-                                                                    trust_remote_code, model, say)
+                                                                    options.trust_remote_code, model, say)
         pair.drafter_quantize = drafter_quantize
-        _check_drafter(pair, drafter_tokenizer, drafter, chat, say)
-    runners = _runners(pair, cache, prepack, compile, compile_length, say)
+        _check_drafter(pair, drafter_tokenizer, drafter, options.chat, say)
+    runners = _runners(pair, options, say)
     try:
-        pair.measured = startup(pair.target, runners["target"], options, pair.drafter, runners.get("drafter"), chosen)
+        pair.measured = startup(pair.target, runners["target"], measuring, pair.drafter, runners.get("drafter"), chosen)
     except ImplausibleCosts as error:
         raise SetupError(f"--row-costs: {error}") from None
     return pair

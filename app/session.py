@@ -7,6 +7,7 @@ as ``error: ...`` and exits 1, the benchmark exits with it.
 """
 import argparse
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from utils.parsing import UsageError, flag_type, parse_processor
@@ -88,10 +89,19 @@ def read_processor(text: str, auto: bool = False, calibrate: bool = True):
         raise SetupError(str(error).replace("usage: /processor", "--processor")) from None
 
 
-def build_settings(
-    pair: "Pair", processor, gamma: int | str = 4, length: int = 35, adaptive: bool = False,
-    pause: Optional[Tuple[int, int]] = None, min_gain: Optional[float] = None, remember: bool = False, say: Say = to_stderr,
-) -> "Settings":
+@dataclass(frozen=True)
+class PolicyFlags:
+    """The draft policy's flags (``--adaptive``, ``--pause``, ``--min-gain``, ``--remember``): the
+    policy is otherwise what the start-up costs make it (``DraftPolicy.calibrated``)."""
+
+    adaptive: bool = False
+    pause: Optional[Tuple[int, int]] = None
+    min_gain: Optional[float] = None
+    remember: bool = False
+
+
+def build_settings(pair: "Pair", processor, gamma: int | str = 4, length: int = 35, flags: PolicyFlags = PolicyFlags(),
+                   say: Say = to_stderr) -> "Settings":
     """``strategies.Settings`` for ``pair`` (an ``app.pair.Pair``), with the policy calibrated on the costs it measured at start-up
     (``sampling.DraftPolicy.calibrated``, ``min_gain`` its default when None) or, loaded without
     calibration, the library's default policy (``min_gain`` 0 when None). ``gamma`` "auto" needs
@@ -100,7 +110,9 @@ def build_settings(
     from sampling import DraftPolicy
     from strategies import Settings
 
-    options = dict(adaptive=adaptive, remember=remember, **({"pause_after": pause[0], "pause_steps": pause[1]} if pause else {}))
+    pause, min_gain = flags.pause, flags.min_gain
+    options = dict(adaptive=flags.adaptive, remember=flags.remember,
+                   **({"pause_after": pause[0], "pause_steps": pause[1]} if pause else {}))
     auto = gamma == "auto"
     measured = pair.measured
     costs = None if measured is None else measured.costs

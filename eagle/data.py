@@ -107,8 +107,11 @@ def _generate(model: Module, tokenizer, texts: List[str], max_new: int, sample: 
     return cut
 
 
+QUESTION_BATCH = 32  # openers continued in one batched generation
+
+
 def write_questions(model: Module, tokenizer, path: Path, count: int, overlap: Overlap, stop: List[int],
-                    seed: int = 0, batch: int = 32, progress=None) -> int:
+                    seed: int = 0, progress=None) -> int:
     """Append questions to ``path`` until it holds ``count``; returns how many were dropped for
     overlapping an evaluation set. Each is an opener of ours continued by the model, sampled."""
     rows = read_jsonl(path)
@@ -118,7 +121,7 @@ def write_questions(model: Module, tokenizer, path: Path, count: int, overlap: O
     rng = random.Random(seed + len(rows))
     while len(rows) < count:
         torch.manual_seed(seed + len(rows))
-        openers = [rng.choice(OPENERS) for _ in range(batch)]
+        openers = [rng.choice(OPENERS) for _ in range(QUESTION_BATCH)]
         made = _generate(model, tokenizer, [prefix + o for o in openers], 64, True, stop)
         new = []
         for opener, ids in zip(openers, made):

@@ -270,7 +270,7 @@ class CompiledRunner:
             self.rollback(cur - 1)
         start = self.cached
         self._reserve(cur + n)
-        kwargs = tree_inputs(self.model, ids, start, cur, nodes, parents, depth, static.capacity(self.cache), self.device)
+        kwargs = tree_inputs(self, ids, start, cur, nodes, parents, depth, static.capacity(self.cache))
         logits = self._eager(dict(kwargs, logits_to_keep=n + 1), start)
         self.forward_passes += 1
         self.cached = cur + n

@@ -134,7 +134,7 @@ class KVCacheModel:
         if self.use_cache and self.cache is None:
             self.cache = rollback_capable_cache(self.model)
         kv_length = self.capacity if self.use_cache and self.capacity else cur + n
-        kwargs = tree_inputs(self.model, ids, start, cur, nodes, parents, depth, kv_length, self.device)
+        kwargs = tree_inputs(self, ids, start, cur, nodes, parents, depth, kv_length)
         kwargs.update(past_key_values=self.cache, use_cache=self.use_cache)
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = n + 1

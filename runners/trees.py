@@ -42,17 +42,19 @@ def compute_dtype(model: Module) -> torch.dtype:
     return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
 
 
-def tree_inputs(model: Module, ids: Tensor, start: int, cur: int, nodes: List[int], parents: List[int],
-                depth: List[int], kv_length: int, device) -> dict:
-    """The forward's keywords of a tree pass: ``input_ids`` ``[1, cur - start + N]`` (the uncached
-    accepted positions ``ids[0, start:cur]``, then the ``N`` nodes), ``position_ids`` (node ``i`` at
+def tree_inputs(runner, ids: Tensor, start: int, cur: int, nodes: List[int], parents: List[int], depth: List[int],
+                kv_length: int) -> dict:
+    """The forward's keywords of a tree pass of ``runner`` (its ``model`` and ``device``): ``input_ids``
+    ``[1, cur - start + N]`` (the uncached accepted positions ``ids[0, start:cur]``, then the ``N``
+    nodes), ``position_ids`` (node ``i`` at
     ``cur + depth(i)``) and the ``attention_mask`` over ``kv_length`` key slots (node ``i`` at slot
     ``cur + i``: the cache's capacity for a static cache, ``cur + N`` otherwise). ``depth`` is
     ``tree_depths(parents)``, computed by the caller before it touches its cache."""
+    device = runner.device
     node_ids = torch.tensor(nodes, dtype=torch.long, device=device)
     new = torch.cat([ids[0, start:cur].to(device), node_ids]).unsqueeze(0)
     positions = torch.cat([torch.arange(start, cur), cur + torch.tensor(depth, dtype=torch.long)]).to(device)
-    mask = tree_mask(start, cur, parents, kv_length, compute_dtype(model), device)
+    mask = tree_mask(start, cur, parents, kv_length, compute_dtype(runner.model), device)
     return {"input_ids": new, "position_ids": positions.unsqueeze(0), "attention_mask": mask}
 
 

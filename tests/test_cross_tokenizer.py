@@ -216,10 +216,10 @@ def drafters(tmp_path_factory):
 
 
 def load(target: str, drafter: str, lines: list):
-    from app.pair import load_pair
+    from app.pair import LoadOptions, load_pair
 
-    return load_pair(target, drafter, "cpu", cache="dynamic", prepack="off", say=lambda text, style="": lines.append(text),
-                     calibrate=False)
+    return load_pair(target, drafter, LoadOptions("cpu", cache="dynamic", prepack="off", calibrate=False),
+                     say=lambda text, style="": lines.append(text))
 
 
 @pytest.mark.parametrize("kind, missing", [

@@ -173,6 +173,32 @@ def test_files_and_functions_stay_short():
     assert not long_files and not long_functions, (long_files, long_functions)
 
 
+MAX_PARAMETERS = 8
+
+
+def parameter_count(function: ast.FunctionDef) -> int:
+    """Its parameters, ``self``/``cls`` and ``*args``/``**kwargs`` aside."""
+    a = function.args
+    names = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
+    return len(names) - (1 if names and names[0] in ("self", "cls") else 0)
+
+
+def test_no_function_takes_more_than_eight_parameters_but_the_references():
+    """The reference's public functions keep their signatures (``test_reference_compat.REFERENCE``);
+    every other function of the project takes at most eight parameters (a frozen options object
+    carries the rest)."""
+    from test_reference_compat import REFERENCE
+
+    exempt = {name for _, name in REFERENCE}
+    found = []
+    for module, path in project_modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name not in exempt:
+                if parameter_count(node) > MAX_PARAMETERS:
+                    found.append(f"{module}.{node.name} ({parameter_count(node)})")
+    assert not found, found
+
+
 if __name__ == "__main__":  # the cycles as they are now: between modules, then between packages
     for component in cycles(import_graph(project_modules())):
         print(sorted(component))

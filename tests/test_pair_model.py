@@ -12,9 +12,10 @@ LENGTH = 16
 
 @pytest.fixture(scope="module")
 def qwen_pair():
+    from app.pair import LoadOptions
     from session import encode, load_pair
 
-    loaded = load_pair(str(pair.gguf_path(pair.TARGET)), str(pair.gguf_path(pair.DRAFTER)), "cpu", dtype="float32",
+    loaded = load_pair(str(pair.gguf_path(pair.TARGET)), str(pair.gguf_path(pair.DRAFTER)), LoadOptions("cpu", dtype="float32"),
                        say=lambda *a, **k: None)
     request = "Rename the variable `x` to `total` and return the whole function.\n\ndef add_all(values):\n    x = 0\n" \
               "    for value in values:\n        x += value\n    return x"

@@ -94,13 +94,13 @@ def slow_clock(step: float = 10.0):
 
 def start(trace: Trace, models: Dict[str, str], clock=None, remeasure: bool = False):
     """``load_pair`` then ``build_settings``, as the REPL runs them, traced."""
-    from app.pair import load_pair
+    from app.pair import LoadOptions, load_pair
     from app.session import build_settings
     from utils.logits_processor import GreedyProcessor
 
     say = lambda text, style="": None  # noqa: E731
-    pair = trace.run(load_pair, models["target"], models["drafter"], "cpu", cache="auto", say=say, measure_dtype=True,
-                     remeasure=remeasure)
+    options = LoadOptions("cpu", cache="auto", measure_dtype=True, remeasure=remeasure)
+    pair = trace.run(load_pair, models["target"], models["drafter"], options, say=say)
     return pair, trace.run(build_settings, pair, GreedyProcessor(), "auto", 8, say=say)
 
 

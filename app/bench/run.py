@@ -23,8 +23,8 @@ def first_divergence(a: List[int], b: List[int]) -> Optional[int]:
 
 class Bench:
     def __init__(self, args, processor, greedy: bool):
-        from app.pair import cross_preset, load_pair, pair_preset
-        from app.session import SetupError, build_settings
+        from app.pair import LoadOptions, cross_preset, load_pair, pair_preset
+        from app.session import PolicyFlags, SetupError, build_settings
         from runners.compiled import set_cpu_gemm
         from runners.limits import output_vocab_size
         from sampling.divergence import default_runner
@@ -34,11 +34,11 @@ class Bench:
         set_cpu_gemm(args.gemm)  # read as compiled graphs are built
         try:
             preset = {"pair": pair_preset, "cross": cross_preset}.get(args.preset, dict)()
-            pair = load_pair(args.target or preset.get("target"), args.drafter or preset.get("drafter"), args.device, dtype=args.dtype,
-                             quantize=args.quantize, trust_remote_code=args.trust_remote_code, cache=args.cache,
-                             prepack=args.prepack, compile=args.compile, measure_dtype=preset.get("measure_dtype", False),
-                             remeasure=args.remeasure, chat=not args.no_chat, calibrate=not args.no_calibrate,
-                             row_costs=args.row_costs)
+            options = LoadOptions(args.device, dtype=args.dtype, quantize=args.quantize, trust_remote_code=args.trust_remote_code,
+                                  cache=args.cache, prepack=args.prepack, compile=args.compile,
+                                  measure_dtype=preset.get("measure_dtype", False), remeasure=args.remeasure,
+                                  chat=not args.no_chat, calibrate=not args.no_calibrate, row_costs=args.row_costs)
+            pair = load_pair(args.target or preset.get("target"), args.drafter or preset.get("drafter"), options)
         except SetupError as error:
             raise SystemExit(f"error: {error}") from None
         self.target, self.tokenizer, self.drafter, self.drafter_label = pair.target, pair.tokenizer, pair.drafter, pair.drafter_label
@@ -49,8 +49,8 @@ class Bench:
         self.kernel_line = pair.measured.target.kernels.line or f"--prepack {args.prepack}"
         self.vocab = output_vocab_size(self.target)
         try:
-            self.settings = build_settings(pair, self.processor, length=args.max_new_tokens, adaptive=args.adaptive,
-                                           pause=args.pause, min_gain=args.min_gain, remember=args.policy_memory)
+            flags = PolicyFlags(args.adaptive, args.pause, args.min_gain, args.policy_memory)
+            self.settings = build_settings(pair, self.processor, length=args.max_new_tokens, flags=flags)
         except SetupError as error:
             raise SystemExit(f"error: {error}") from None
         from app.heads import load_for

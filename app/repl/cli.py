@@ -8,7 +8,7 @@ from rich.text import Text
 
 from app.repl.repl import Repl, replaced_line
 from app.heads import head_flag, load_for
-from app.pair import cross_preset, load_pair, pair_preset
+from app.pair import LoadOptions, cross_preset, load_pair, pair_preset
 from app.session import SetupError, add_shared_flags, build_settings, read_processor
 from utils.load import LoadMeter
 from utils.parsing import MAX_LINE, UsageError, flag_type, sanitize_text
@@ -100,10 +100,11 @@ def main(argv: Optional[List[str]] = None) -> None:
 
     set_cpu_gemm(args.gemm)  # read as compiled graphs are built
     try:
-        pair = load_pair(args.target, args.drafter, args.device, args.drafter_device, args.dtype, args.quantize,
-                         args.drafter_quantize, args.trust_remote_code, args.cache, args.prepack, say, args.compile,
-                         measure_dtype=preset.get("measure_dtype", False), remeasure=args.remeasure, chat=not args.no_chat,
-                         calibrate=not args.no_calibrate, row_costs=args.row_costs)
+        options = LoadOptions(args.device, args.drafter_device, args.dtype, args.quantize, args.drafter_quantize,
+                              args.trust_remote_code, args.cache, args.prepack, args.compile,
+                              measure_dtype=preset.get("measure_dtype", False), remeasure=args.remeasure, chat=not args.no_chat,
+                              calibrate=not args.no_calibrate, row_costs=args.row_costs)
+        pair = load_pair(args.target, args.drafter, options, say)
     except SetupError as error:
         fail(str(error))
     console.print(Text("Target: ", style="bold") + Text(pair.describe("target") + (f" · {pair.dtype_note}" if pair.dtype_note else "")))
