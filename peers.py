@@ -1,36 +1,33 @@
 """transformers' own generation paths, the benchmark's peers: their rows are in ``strategies.PEERS``.
-Each runs greedy on ``strategies.Settings`` and fills ``GenerationStats`` as ours do.
-
-``Settings`` below names ``strategies.Settings``; it is not imported, not even for type checking,
-so that ``strategies`` (which reads these functions) and this module form no import cycle."""
-from __future__ import annotations
-
+Each runs greedy with a run's values (``RunConfig``) and live objects (``RunContext``) and fills
+``GenerationStats`` as ours do."""
 from contextlib import contextmanager
 from typing import List
 
 import torch
 from torch.nn import Module
 
+from configuration import RunConfig, RunContext
 from sampling.stats import GenerationStats
 from runners import model_device
-from utils.logits_processor import GreedyProcessor
 
 
-def _hf_generate(prompt: List[int], s: Settings, stats: GenerationStats, **extra) -> List[int]:
+def _hf_generate(prompt: List[int], c: RunConfig, x: RunContext, stats: GenerationStats, **extra) -> List[int]:
     """transformers ``generate`` (greedy), counting only new tokens."""
-    if not isinstance(s.processor, GreedyProcessor):
+    if not c.greedy:
         raise ValueError("the transformers peers are run greedy only")
-    ids = torch.tensor([prompt], device=model_device(s.target))
-    out = s.target.generate(
-        ids, attention_mask=torch.ones_like(ids), max_new_tokens=s.max_gen_len, do_sample=False,
-        eos_token_id=s.eos_tokens_id or None, pad_token_id=(s.eos_tokens_id or [0])[0], use_cache=s.use_cache, **extra,
+    ids = torch.tensor([prompt], device=model_device(x.target))
+    eos = list(c.eos_tokens_id)
+    out = x.target.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=c.max_gen_len, do_sample=False,
+        eos_token_id=eos or None, pad_token_id=(eos or [0])[0], use_cache=c.use_cache, **extra,
     )
     tokens = out[0, len(prompt):].tolist()
     stats.generated = len(tokens)
     return tokens
 
 
-def _hf_generate_static(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+def _hf_generate_static(prompt: List[int], c: RunConfig, x: RunContext, stats: GenerationStats) -> List[int]:
     """transformers ``generate`` with its static cache, compiled as transformers does it: by itself,
     with its own settings, on CUDA; on CPU only with ``hf_compile`` (``--compile``), through a
     ``CompileConfig``. The cache's length comes in buckets of 512 positions, so that a compiled
@@ -38,11 +35,11 @@ def _hf_generate_static(prompt: List[int], s: Settings, stats: GenerationStats) 
     prompt length (a build inside a timed run would time the compiler)."""
     from transformers import StaticCache
 
-    length = -(-(len(prompt) + s.max_gen_len) // 512) * 512
-    extra = {"past_key_values": StaticCache(config=s.target.config, max_cache_len=length)}
-    if model_device(s.target).type == "cuda":
+    length = -(-(len(prompt) + c.max_gen_len) // 512) * 512
+    extra = {"past_key_values": StaticCache(config=x.target.config, max_cache_len=length)}
+    if model_device(x.target).type == "cuda":
         pass  # transformers compiles the static-cache step by itself, with its defaults
-    elif s.hf_compile:
+    elif c.hf_compile:
         from transformers import CompileConfig
 
         config = CompileConfig(fullgraph=False, dynamic=False, mode="default")
@@ -50,7 +47,7 @@ def _hf_generate_static(prompt: List[int], s: Settings, stats: GenerationStats) 
         extra["compile_config"] = config  # on the model's own layers: ``strategies.row_kernels`` gives it those
     else:
         extra["disable_compile"] = True
-    return _hf_generate(prompt, s, stats, **extra)
+    return _hf_generate(prompt, c, x, stats, **extra)
 
 
 # transformers 5.23 reads these from the *assistant's* generation config (AssistedCandidateGenerator.__init__,
@@ -128,34 +125,34 @@ def _observed_steps(model: Module, stats: GenerationStats):
             del model._get_candidate_generator
 
 
-def _assistant(s: Settings) -> dict:
-    """``generate``'s arguments for the drafter: with a tokenizer of its own (``Settings.drafter_tokenizer``),
+def _assistant(x: RunContext) -> dict:
+    """``generate``'s arguments for the drafter: with a tokenizer of its own (``RunContext.drafter_tokenizer``),
     both tokenizers, so that transformers runs Universal Assisted Generation (greedy: its drafts
     re-tokenized through text, ``AssistedCandidateGeneratorDifferentTokenizers``), as our speculative
     row then drafts across tokenizers. Its draft length counts the assistant's tokens, ours the target's."""
-    if s.drafter_tokenizer is None:
-        return {"assistant_model": s.drafter}
-    return {"assistant_model": s.drafter, "tokenizer": s.tokenizer, "assistant_tokenizer": s.drafter_tokenizer}
+    if x.drafter_tokenizer is None:
+        return {"assistant_model": x.drafter}
+    return {"assistant_model": x.drafter, "tokenizer": x.tokenizer, "assistant_tokenizer": x.drafter_tokenizer}
 
 
-def _hf_assisted(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    """transformers assisted generation drafting ``s.gamma`` tokens every step: constant schedule, no
+def _hf_assisted(prompt: List[int], c: RunConfig, x: RunContext, stats: GenerationStats) -> List[int]:
+    """transformers assisted generation drafting ``c.gamma`` tokens every step: constant schedule, no
     confidence stop (threshold 0: its ``ConfidenceCriteria`` needs > 0, and None would become 0.4)."""
-    with _assistant_config(s.drafter, num_assistant_tokens=s.gamma, num_assistant_tokens_schedule="constant",
-                           assistant_confidence_threshold=0.0), _observed_steps(s.target, stats):
-        return _hf_generate(prompt, s, stats, **_assistant(s))
+    with _assistant_config(x.drafter, num_assistant_tokens=c.gamma, num_assistant_tokens_schedule="constant",
+                           assistant_confidence_threshold=0.0), _observed_steps(x.target, stats):
+        return _hf_generate(prompt, c, x, stats, **_assistant(x))
 
 
-def _hf_assisted_default(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+def _hf_assisted_default(prompt: List[int], c: RunConfig, x: RunContext, stats: GenerationStats) -> List[int]:
     """transformers assisted generation with its own defaults (``transformers_assisted_defaults``),
     whatever the drafter's generation config says."""
-    with _assistant_config(s.drafter, **dict.fromkeys(ASSISTANT_FIELDS)), _observed_steps(s.target, stats):
-        return _hf_generate(prompt, s, stats, **_assistant(s))
+    with _assistant_config(x.drafter, **dict.fromkeys(ASSISTANT_FIELDS)), _observed_steps(x.target, stats):
+        return _hf_generate(prompt, c, x, stats, **_assistant(x))
 
 
-def _hf_prompt_lookup(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+def _hf_prompt_lookup(prompt: List[int], c: RunConfig, x: RunContext, stats: GenerationStats) -> List[int]:
     """transformers prompt lookup with our ``pld`` row's settings: ``pld_num_tokens`` drafts, n-grams of
     ``pld_max_ngram`` tokens down to 1 (transformers' floor; ``pld_min_ngram`` is 1 by default)."""
-    with _observed_steps(s.target, stats):
-        return _hf_generate(prompt, s, stats, prompt_lookup_num_tokens=s.pld_num_tokens,
-                            max_matching_ngram_size=s.pld_max_ngram)
+    with _observed_steps(x.target, stats):
+        return _hf_generate(prompt, c, x, stats, prompt_lookup_num_tokens=c.param("pld_num_tokens"),
+                            max_matching_ngram_size=c.param("pld_max_ngram"))

@@ -1,130 +1,128 @@
-"""Each of our strategies' run function: ``generate(prompt, settings, stats) -> new tokens`` over the
-library's public functions, with the settings of ``strategies.Settings`` (its rows are in
-``strategies.STRATEGIES``; transformers' paths are in ``peers.py``).
-
-``Settings`` below names ``strategies.Settings``; it is not imported, not even for type checking,
-so that ``strategies`` (which reads these functions) and this module form no import cycle."""
-from __future__ import annotations
-
+"""Our strategies' rows: each row's drafter spec, built from the run's values (``RunConfig``), which
+``spec_row`` runs through the one entry, ``sampling.generate``, with the run's live objects
+(``RunContext``); and the run functions of the rows over the reference's public functions
+(``speculative_generate``, ``ngram_assisted_speculative_generate``) and plain decoding. A run
+function is ``generate(prompt, config, context, stats) -> new tokens`` (the rows are in
+``strategies.STRATEGIES``; transformers' paths are in ``peers.py``)."""
 from typing import Callable, List
 
 from torch.nn import Module
 
-from drafters import ChainedSpec, DraftContext, DrafterSpec, NGramTreeSpec, PromptLookupSpec, RecyclingSpec, SuffixSpec
+from configuration import RunConfig, RunContext
+from drafters import ChainedSpec, DrafterSpec, NGramTreeSpec, PromptLookupSpec, RecyclingSpec, SuffixSpec
+from drafters.arctic import ArcticSpec
 from drafters.cross_tokenizer import translation
+from drafters.eagle import EagleSpec
+from drafters.merged import MergedSpec
 from ngram_assisted import ngram_assisted_speculative_generate
 from sampling import GenerationStats, autoregressive_generate, generate, speculative_generate
 
 
-def _speculative(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    cross = dict(drafter_tokenizer=s.drafter_tokenizer, drafter_inputs=s.drafter_prompt(prompt)) if s.drafter_prompt else {}
-    return speculative_generate(prompt, s.drafter, s.target, s.tokenizer, gamma=s.gamma, **_common(s, stats), policy=s.policy,
-                                drafter_runner=s.drafter_runner, **cross)[0]
+def arguments(config: RunConfig, context: RunContext, stats: GenerationStats) -> dict:
+    """One generation's arguments by the reference's names: ``config``'s values, ``context``'s stream,
+    ``stats`` to fill, and a policy of the config's values with the run's memory."""
+    return dict(logits_processor=config.logits_processor(), max_gen_len=config.max_gen_len, eos_tokens_id=list(config.eos_tokens_id),
+                use_cache=config.use_cache, debug=config.debug, tokenizer=context.tokenizer, stats=stats, streamer=context.streamer,
+                runner=config.runner, drafter_runner=config.drafter_runner, policy=context.policy(config))
 
 
-def _common(s: Settings, stats: GenerationStats) -> dict:
-    return dict(logits_processor=s.processor, max_gen_len=s.max_gen_len, eos_tokens_id=s.eos_tokens_id, use_cache=s.use_cache,
-                debug=s.debug, stats=stats, streamer=s.streamer, runner=s.runner)
-
-
-def _ngram(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    return ngram_assisted_speculative_generate(
-        prompt, s.lookup_storage(), s.target, s.tokenizer, gamma=s.gamma, filler_top_k=s.top_k_filler, **_common(s, stats),
-        first_target=True, stop_if_unknown=s.stop_if_unknown, policy=s.policy)[0]
-
-
-def spec_row(spec: Callable[[Settings], DrafterSpec]) -> Callable[[List[int], Settings, GenerationStats], List[int]]:
-    """A row's run function from ``spec(settings)``: the one entry, ``sampling.generate``, with the
-    drafter that spec describes and the settings' live objects."""
-    def run(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-        arguments = dict(tokenizer=s.tokenizer, gamma=s.gamma, **_common(s, stats), policy=s.policy, drafter_runner=s.drafter_runner)
-        return generate(prompt, s.target, spec(s), arguments, drafting(s))[0]
+def spec_row(spec: Callable[[RunConfig], DrafterSpec]) -> Callable[[List[int], RunConfig, RunContext, GenerationStats], List[int]]:
+    """A row's run function from ``spec(config)``: the one entry, ``sampling.generate``, with the
+    drafter that spec describes, at most the config's ``gamma`` drafts a step unless the spec sets
+    its own budget, and the context's live objects."""
+    def run(prompt: List[int], config: RunConfig, context: RunContext, stats: GenerationStats) -> List[int]:
+        values = dict(arguments(config, context, stats), gamma=config.gamma)
+        return generate(prompt, context.target, spec(config), values, context.drafting())[0]
 
     return run
 
 
-def drafting(s: Settings) -> DraftContext:
-    """The live objects the settings give a drafter spec."""
-    return DraftContext(tokenizer=s.tokenizer, drafter=s.drafter, drafter_tokenizer=s.drafter_tokenizer, drafter_prompt=s.drafter_prompt,
-                        storage=s.lookup_storage(), memory=s.suffix_memory, head=s.head)
+def _speculative(prompt: List[int], c: RunConfig, x: RunContext, stats: GenerationStats) -> List[int]:
+    cross = dict(drafter_tokenizer=x.drafter_tokenizer, drafter_inputs=x.drafter_prompt(prompt)) if x.drafter_prompt else {}
+    return speculative_generate(prompt, x.drafter, x.target, gamma=c.gamma, **arguments(c, x, stats), **cross)[0]
 
 
-def _prompt_lookup(s: Settings) -> PromptLookupSpec:
-    return PromptLookupSpec(s.pld_num_tokens, s.pld_max_ngram, s.pld_min_ngram)
+def _ngram(prompt: List[int], c: RunConfig, x: RunContext, stats: GenerationStats) -> List[int]:
+    values = {k: v for k, v in arguments(c, x, stats).items() if k != "drafter_runner"}
+    return ngram_assisted_speculative_generate(prompt, x.lookup_storage(), x.target, gamma=c.gamma, filler_top_k=c.param("top_k_filler"),
+                                               first_target=True, stop_if_unknown=c.stop_if_unknown, **values)[0]
 
 
-def _chained(s: Settings) -> ChainedSpec:
-    return ChainedSpec(s.top_k_filler)
+def _prompt_lookup(c: RunConfig) -> PromptLookupSpec:
+    return PromptLookupSpec(c.param("pld_num_tokens"), c.param("pld_max_ngram"), c.param("pld_min_ngram"))
 
 
-def _suffix(s: Settings) -> SuffixSpec:
-    return SuffixSpec(**s.suffix.arguments())
+def _chained(c: RunConfig) -> ChainedSpec:
+    return ChainedSpec(c.param("top_k_filler"))
 
 
-def _tree_suffix(s: Settings) -> SuffixSpec:
-    return SuffixSpec(**s.suffix.arguments(), trees=True)
+def _suffix(c: RunConfig) -> SuffixSpec:
+    return SuffixSpec(**c.suffix.arguments())
 
 
-def _arctic(s: Settings):
-    from drafters.arctic import ArcticSpec
-
-    return ArcticSpec(**s.suffix.arguments())
+def _tree_suffix(c: RunConfig) -> SuffixSpec:
+    return SuffixSpec(**c.suffix.arguments(), trees=True)
 
 
-def _suffix_memory(s: Settings):
+def _arctic(c: RunConfig) -> ArcticSpec:
+    return ArcticSpec(**c.suffix.arguments())
+
+
+def _suffix_memory(c: RunConfig, x: RunContext):
     from runners.limits import output_vocab_size
     from drafters.suffix_memory import SuffixMemory
 
-    return SuffixMemory(s.suffix.max_tree_depth, output_vocab_size(s.target))
+    return SuffixMemory(c.param("max_tree_depth"), output_vocab_size(x.target))
 
 
-def _arctic_memory(s: Settings):
+def _arctic_memory(c: RunConfig, x: RunContext):
     from drafters.arctic import arctic_cache
 
-    return arctic_cache(s.suffix.max_tree_depth, global_memory=True)
+    return arctic_cache(c.param("max_tree_depth"), global_memory=True)
 
 
-def _tree_ngram(s: Settings) -> NGramTreeSpec:
-    return NGramTreeSpec(s.tree_size, s.top_k_filler)
+def _tree_ngram(c: RunConfig) -> NGramTreeSpec:
+    return NGramTreeSpec(c.param("tree_size"), c.param("top_k_filler"))
 
 
-def _recycling(s: Settings) -> RecyclingSpec:
-    return RecyclingSpec(s.tree_size)
+def _recycling(c: RunConfig) -> RecyclingSpec:
+    return RecyclingSpec(c.param("tree_size"))
 
 
-def _merged(s: Settings):
-    from drafters.merged import MergedSpec
-
-    return MergedSpec(s.tree_size, s.top_k_filler, suffix=s.suffix)
+def _merged(c: RunConfig) -> MergedSpec:
+    return MergedSpec(c.param("tree_size"), c.param("top_k_filler"), suffix=c.suffix)
 
 
-def _eagle(s: Settings):
-    from drafters.eagle import EagleSpec
-
+def _eagle(c: RunConfig) -> EagleSpec:
     return EagleSpec()
 
 
-def _eagle_tree(s: Settings):
-    from drafters.eagle import EagleSpec
-
-    return EagleSpec(trees=True, tree_size=s.tree_size)
+def _eagle_tree(c: RunConfig) -> EagleSpec:
+    return EagleSpec(trees=True, tree_size=c.param("tree_size"))
 
 
-def _autoregressive(model: Module, prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-    runner = s.drafter_runner if model is s.drafter and model is not s.target else s.runner
-    return autoregressive_generate(prompt, model, **{**_common(s, stats), "runner": runner})
+def _autoregressive(model: Module, prompt: List[int], c: RunConfig, x: RunContext, stats: GenerationStats) -> List[int]:
+    runner = c.drafter_runner if model is x.drafter and model is not x.target else c.runner
+    return autoregressive_generate(prompt, model, **_plain(c, x, stats), runner=runner)
 
 
-def _drafter_ar(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+def _plain(c: RunConfig, x: RunContext, stats: GenerationStats) -> dict:
+    """``arguments`` for plain decoding: no policy, no drafter, no tokenizer."""
+    return dict(logits_processor=c.logits_processor(), max_gen_len=c.max_gen_len, eos_tokens_id=list(c.eos_tokens_id),
+                use_cache=c.use_cache, debug=c.debug, stats=stats, streamer=x.streamer)
+
+
+def _drafter_ar(prompt: List[int], c: RunConfig, x: RunContext, stats: GenerationStats) -> List[int]:
     """The drafter alone; one with its own tokenizer reads its own prompt and writes target tokens."""
-    if s.drafter_tokenizer is None:
-        return _autoregressive(s.drafter, prompt, s, stats)
-    spelling = translation(s.tokenizer, s.drafter_tokenizer)
-    own = (s.drafter_prompt(prompt) if s.drafter_prompt else None) or spelling.to_drafter(prompt)
-    out = autoregressive_generate(own, s.drafter, **{**_common(s, stats), "eos_tokens_id": spelling.stops(s.eos_tokens_id)})
+    if x.drafter_tokenizer is None:
+        return _autoregressive(x.drafter, prompt, c, x, stats)
+    spelling = translation(x.tokenizer, x.drafter_tokenizer)
+    own = (x.drafter_prompt(prompt) if x.drafter_prompt else None) or spelling.to_drafter(prompt)
+    out = autoregressive_generate(own, x.drafter, **{**_plain(c, x, stats), "eos_tokens_id": spelling.stops(list(c.eos_tokens_id))},
+                                  runner=c.runner)
     return spelling.back(prompt, out)
 
 
-def _target_eager(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
+def _target_eager(prompt: List[int], c: RunConfig, x: RunContext, stats: GenerationStats) -> List[int]:
     """Target AR on our eager runner, whatever ``--compile`` says: the compiled runner's own yardstick."""
-    return autoregressive_generate(prompt, s.target, **_common(s, stats), compile=False)
+    return autoregressive_generate(prompt, x.target, **_plain(c, x, stats), runner=c.runner, compile=False)

@@ -2,20 +2,21 @@
 
 Each strategy has a key, a title, what it needs and takes (a drafter, a draft length, an n-gram
 storage), its part in the benchmark (baseline, drafter alone, transformers peer, the peer it is
-compared with), and one function that runs it on a prompt with the current settings and returns
-the new tokens and their statistics (ours in ``rows.py``, transformers' in ``peers.py``; a row
-that gives a ``drafter`` instead runs through ``sampling.generate``).
+compared with), and how it runs on a prompt with a run's values (``RunConfig``) and live objects
+(``RunContext``, both in ``configuration.py``): a function that returns the new tokens and their
+statistics (ours in ``rows.py``, transformers' in ``peers.py``), or the drafter spec it builds from
+the config (``spec``; a registered row: the drafter it makes, ``drafter``), run through the one
+entry, ``sampling.generate``.
 """
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
-from torch.nn import Module
 
-from ngram_assisted import INgramStorage, TieredStorage
+from configuration import PARAMS, Param, RunConfig, RunContext  # noqa: F401 (importable from here)
 from ngram_assisted.persistence import KINDS as STORAGES  # noqa: F401 (the one table of storage kinds)
-from sampling import DraftPolicy, GenerationStats
+from sampling import GenerationStats
 from peers import (  # transformers' paths, the benchmark's peers
     ASSISTANT_FIELDS,  # noqa: F401 (importable from here, as before)
     _hf_assisted,
@@ -26,60 +27,13 @@ from peers import (  # transformers' paths, the benchmark's peers
     transformers_assisted_defaults,
 )
 from rows import (  # our strategies' run functions, and the drafter specs of those that run through sampling.generate
-    _arctic, _arctic_memory, _autoregressive, _chained, _common, _drafter_ar, _eagle, _eagle_tree, _merged, _ngram, _prompt_lookup,
-    _recycling, _speculative, _suffix, _suffix_memory, _target_eager, _tree_ngram, _tree_suffix, spec_row,
+    _arctic, _arctic_memory, _autoregressive, _chained, _drafter_ar, _eagle, _eagle_tree, _merged, _ngram, _prompt_lookup,
+    _recycling, _speculative, _suffix, _suffix_memory, _target_eager, _tree_ngram, _tree_suffix, arguments, spec_row,
 )
-from drafters.suffix import SuffixSettings
-from measure.kernels import OWN, PREPACKED, KernelChoice
-from runners import EAGER, RunnerConfig, kernels, prepacked, synchronize
-from utils.logits_processor import GreedyProcessor, LogitsProcessor
+from measure.kernels import OWN, PREPACKED
+from runners import kernels, prepacked, synchronize
 
-
-@dataclass
-class Settings:
-    """Everything a strategy needs besides the prompt."""
-
-    target: Module
-    tokenizer: object
-    drafter: Optional[Module] = None
-    processor: LogitsProcessor = field(default_factory=GreedyProcessor)
-    gamma: int = 4
-    max_gen_len: int = 35
-    eos_tokens_id: List[int] = field(default_factory=list)
-    use_cache: bool = True
-    debug: bool = False
-    storage: Optional[INgramStorage] = None
-    top_k_filler: int = 3
-    stop_if_unknown: bool = False  # NASD: end a draft where the storage does not know the context (the REPL: on)
-    encoder_decoder: bool = False
-    static_storage: Optional[INgramStorage] = None  # read-only fallback tier (built from a corpus or loaded)
-    pld_min_ngram: int = 1
-    pld_max_ngram: int = 3
-    pld_num_tokens: int = 10
-    policy: DraftPolicy = field(default_factory=DraftPolicy)
-    hf_compile: bool = False  # the transformers static-cache peer compiles its forward (also on CPU)
-    suffix: SuffixSettings = field(default_factory=SuffixSettings)
-    suffix_memory: Optional[object] = None  # the global tree over earlier outputs (a SuffixMemory; the arctic peer's cache); None: off
-    streamer: Optional[Callable[[List[int], int], None]] = None
-    tree_size: int = 16  # most nodes of a draft tree (tree_ngram, recycling); the calibrated policy keeps those that pay
-    # the target's kernels per row: measured options (``choose_kernels``; None: the model's as they
-    # are), each row on the option that gives it the most tokens per second (``row_kernels``)
-    kernel_choice: Optional[KernelChoice] = None
-    runner: RunnerConfig = EAGER  # how the target's passes run (cache kind, compiled): every row the same
-    drafter_runner: RunnerConfig = EAGER  # how the drafter model's passes run
-    params: Dict[str, Any] = field(default_factory=dict)  # a registered row's parameters by name (``Param``; unset: its default)
-    # a drafter's own tokenizer (None: the target's): drafting across tokenizers, the prompt as drafter_prompt renders it
-    drafter_tokenizer: Optional[object] = None
-    drafter_prompt: Optional[Callable[[List[int]], Optional[List[int]]]] = None
-    head: Optional[Module] = None  # a learned draft head for the target (``eagle.head.Eagle3Head``; ``--head``), or None
-
-    def param(self, name: str) -> Any:
-        """The value of the registered parameter ``name``: as set (the REPL's ``/name``), else its default."""
-        return self.params[name] if name in self.params else PARAMS[name].default
-
-    def lookup_storage(self) -> INgramStorage:
-        """The n-gram storage a strategy drafts from: the generation's own, then the static tier."""
-        return self.storage if self.static_storage is None else TieredStorage(self.storage, self.static_storage)
+Run = Callable[[List[int], RunConfig, RunContext, GenerationStats], List[int]]  # a row's run: the new tokens
 
 
 @dataclass
@@ -88,6 +42,7 @@ class Result:
     seconds: float
     stats: GenerationStats
     kernels: str = ""  # the target's linear layers during the run: "prepacked", "own" ("": not a choice here)
+    config: Optional[RunConfig] = None  # the values it ran with
 
     @property
     def tokens_per_second(self) -> float:
@@ -95,36 +50,16 @@ class Result:
 
 
 @dataclass(frozen=True)
-class Param:
-    """One parameter of a strategy row: the REPL's ``/name <value>`` command, its limits in
-    ``utils.parsing.LIMITS``, its line in /help, and ``Settings.param(name)``."""
-
-    name: str
-    type: type  # int or float
-    default: Any
-    low: Any
-    high: Any
-    help: str = ""
-
-    def __post_init__(self):
-        if self.type not in (int, float) or not self.low <= self.default <= self.high:
-            raise ValueError(f"parameter {self.name}: an int or float type, and low <= default <= high")
-
-
-PARAMS: Dict[str, Param] = {}  # every registered row's parameters, by name
-
-
-@dataclass(frozen=True)
 class Strategy:
     key: str
     title: str
     color: str
-    needs_drafter: bool  # a drafter model (``Settings.drafter``)
+    needs_drafter: bool  # a drafter model (``RunContext.drafter``)
     speculative: bool
     decoder_only: bool
     # runs the row; None for a row that gives ``spec`` or ``drafter`` instead (run by ``sampling.generate``)
-    generate: Optional[Callable[[List[int], Settings, GenerationStats], List[int]]] = None
-    takes_gamma: bool = False  # drafts at most ``Settings.gamma`` tokens a step
+    generate: Optional[Run] = None
+    takes_gamma: bool = False  # drafts at most ``RunConfig.gamma`` tokens a step
     auto_gamma: bool = False  # also lets the calibrated policy choose the draft length (gamma "auto")
     model_drafts: bool = False  # every draft is the drafter model's: its cost counts in the expected speedup
     takes_storage: bool = False  # drafts from an n-gram storage (kind, n, filler top-k)
@@ -133,16 +68,16 @@ class Strategy:
     drafter_ar: bool = False  # the drafter model alone: a draft's cost against the baseline, not the target's output
     peer: str = ""  # a transformers path (greedy only): how the benchmark names it in its table against them
     gamma_peer: str = ""  # the transformers peer that drafts as this strategy does, compared at the same gamma
-    memory: Optional[Callable[[Settings], object]] = None  # the benchmark gives it this memory across prompts (``suffix_memory``)
-    suffix: bool = False  # takes ``Settings.suffix`` (the benchmark reports them)
+    memory: Optional[Callable[[RunConfig, RunContext], object]] = None  # the benchmark gives it this memory across prompts (``suffix_memory``)
+    suffix: bool = False  # takes ``RunConfig.suffix`` (the benchmark reports them)
     requires: str = ""  # an optional package it needs: the benchmark skips it, with a line, when not installed
-    trees: bool = False  # verifies draft trees (Settings.tree_size nodes at most): needs full attention (tree_unsupported)
+    trees: bool = False  # verifies draft trees (``tree_size`` nodes at most): needs full attention (tree_unsupported)
     label_words: str = ""  # what else its benchmark label says it ran (a transformers peer's settings)
-    drafter: Optional[Callable[[List[int], Settings], Any]] = None  # make(prompt, settings) -> a drafters.Drafter
+    drafter: Optional[Callable[[List[int], RunConfig], Any]] = None  # make(prompt, config) -> a drafters.Drafter
     params: Tuple[Param, ...] = ()  # its own settings (``Param``): REPL commands, limits, /help, benchmark label
     help: str = ""  # its REPL toggle's line in /help (default: the title)
-    needs_head: bool = False  # drafts with a learned head (``Settings.head``): skipped, or refused in the REPL, without one
-    spec: Optional[Callable[[Settings], Any]] = None  # spec(settings) -> the drafters.DrafterSpec the row runs
+    needs_head: bool = False  # drafts with a learned head (``RunContext.head``): skipped, or refused in the REPL, without one
+    spec: Optional[Callable[[RunConfig], Any]] = None  # spec(config) -> the drafters.DrafterSpec the row runs
 
     def __post_init__(self):
         if self.generate is None and self.drafter is None and self.spec is None:
@@ -153,15 +88,15 @@ class Strategy:
             object.__setattr__(self, "label_words", " ".join(f"{p.name}={p.default}" for p in self.params))
 
 
-def _drafter_row(strategy: "Strategy") -> Callable[[List[int], Settings, GenerationStats], List[int]]:
-    """A row's ``generate`` from its ``drafter``: ``sampling.generate`` with the settings, at most
-    ``Settings.gamma`` drafts a step (``tree_size`` nodes for a tree row)."""
+def _drafter_row(strategy: "Strategy") -> Run:
+    """A row's run from its ``drafter``: ``sampling.generate`` with the config, at most its ``gamma``
+    drafts a step (``tree_size`` nodes for a tree row)."""
     from sampling import generate
 
-    def run(prompt: List[int], s: Settings, stats: GenerationStats) -> List[int]:
-        arguments = dict(tokenizer=s.tokenizer, **_common(s, stats), policy=s.policy, drafter_runner=s.drafter_runner,
-                         trees=strategy.trees, gamma=s.tree_size if strategy.trees else s.gamma)
-        return generate(prompt, s.target, lambda p, config: strategy.drafter(p, s), arguments)[0]
+    def run(prompt: List[int], config: RunConfig, context: RunContext, stats: GenerationStats) -> List[int]:
+        values = dict(arguments(config, context, stats), trees=strategy.trees,
+                      gamma=config.param("tree_size") if strategy.trees else config.gamma)
+        return generate(prompt, context.target, lambda p, _: strategy.drafter(p, config), values)[0]
 
     return run
 
@@ -190,7 +125,7 @@ STRATEGIES = [
              help="the learned EAGLE-3 head drafts chains from the target's hidden states (--head)"),
     Strategy("eagle_tree", "EAGLE-3 head, dynamic trees", "blue", False, True, True, spec=_eagle_tree, trees=True,
              needs_head=True, help="the learned EAGLE-3 head drafts dynamic trees (EAGLE-2), verified in one pass"),
-    Strategy("target", "Target AR", "blue", False, False, False, lambda p, s, st: _autoregressive(s.target, p, s, st),
+    Strategy("target", "Target AR", "blue", False, False, False, lambda p, c, x, st: _autoregressive(x.target, p, c, x, st),
              baseline=True, help="target autoregressive"),
     Strategy("drafter", "Drafter AR", "cyan", True, False, False, _drafter_ar, drafter_ar=True, help="drafter autoregressive"),
 ]
@@ -246,49 +181,51 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
-def pass_rows(strategy: Strategy, s: Settings) -> Optional[int]:
+def pass_rows(strategy: Strategy, config: RunConfig) -> Optional[int]:
     """Positions of the target passes a row makes (1: plain decoding; a draft of g: g + 1); None
     when the length varies (the calibrated policy's own, suffix drafts, transformers' confidence stop)."""
     if strategy.takes_gamma:
-        return None if s.policy.auto and strategy.auto_gamma else s.gamma + 1
+        return None if config.policy.auto and strategy.auto_gamma else config.gamma + 1
     if strategy.key in ("pld", "hf_prompt_lookup"):
-        return s.pld_num_tokens + 1
+        return config.param("pld_num_tokens") + 1
     if strategy.trees:
-        return s.tree_size + 1
+        return config.param("tree_size") + 1
     return None if strategy.speculative or strategy.model_drafts else 1
 
 
-def row_kernels(strategy: Strategy, s: Settings) -> Optional[str]:
+def row_kernels(strategy: Strategy, config: RunConfig) -> Optional[str]:
     """The target's kernels for ``strategy``'s row: those that give it the most tokens per second by
     the measured pass costs (``KernelChoice``); a transformers peer gets those of the row it is
     compared with, by the same rule (it makes the same passes), except transformers' compiled static-cache
     peer, which compiles the model's own layers (a prepacked one would be our kernel inside its graph).
     None: no choice to make."""
-    if strategy.key == "hf_generate_static" and s.hf_compile:
+    if strategy.key == "hf_generate_static" and config.hf_compile:
         return OWN
-    if s.kernel_choice is None:
+    choice = config.kernel_choice
+    if choice is None:
         return None
-    rows = pass_rows(strategy, s)
-    return s.kernel_choice.for_auto() if rows is None else s.kernel_choice.for_width(rows)
+    rows = pass_rows(strategy, config)
+    return choice.for_auto() if rows is None else choice.for_width(rows)
 
 
-def run_strategy(strategy: Strategy, prompt: List[int], settings: Settings, seed: int = 42) -> Result:
-    """Run one strategy after ``seed`` on its row's kernels (``row_kernels``), timing it with the
-    device synchronised on both ends."""
-    models = [m for m in (settings.target, settings.drafter) if m is not None]
-    option = row_kernels(strategy, settings)
-    with kernels(settings.target, None if option is None else option == PREPACKED):
+def run_strategy(strategy: Strategy, prompt: List[int], config: RunConfig, context: RunContext, seed: int = 42) -> Result:
+    """Run one strategy with ``config``'s values and ``context``'s live objects, after ``seed``, on
+    its row's kernels (``row_kernels``), timing it with the device synchronised on both ends."""
+    target = context.target
+    models = [m for m in (target, context.drafter) if m is not None]
+    option = row_kernels(strategy, config)
+    with kernels(target, None if option is None else option == PREPACKED):
         set_seed(seed)
         stats = GenerationStats()
         for model in models:
             synchronize(model)
         start = time.perf_counter()
-        tokens = strategy.generate(prompt, settings, stats)
+        tokens = strategy.generate(prompt, config, context, stats)
         for model in models:
             synchronize(model)
         seconds = time.perf_counter() - start
-        used = ("prepacked" if prepacked(settings.target) else "own") if option is not None or prepacked(settings.target) else ""
-    return Result(tokens, seconds, stats, used)
+        used = ("prepacked" if prepacked(target) else "own") if option is not None or prepacked(target) else ""
+    return Result(tokens, seconds, stats, used, config)
 
 
 # ---- peers: transformers' own generation paths, for the benchmark (their code: ``peers.py``) ----
@@ -300,7 +237,7 @@ PEERS = [
     Strategy("hf_generate_static", "transformers generate, static cache (compiled by transformers on CUDA; on CPU with --compile)",
              "white", False, False, True, _hf_generate_static, peer="generate (static cache)"),
     Strategy("hf_prompt_lookup", "transformers prompt lookup, our pld's settings", "white", False, False, True, _hf_prompt_lookup,
-             peer="prompt lookup", label_words=f"g={Settings.pld_num_tokens} n<={Settings.pld_max_ngram}"),
+             peer="prompt lookup", label_words=f"g={PARAMS['pld_num_tokens'].default} n<={PARAMS['pld_max_ngram'].default}"),
     Strategy("hf_assisted", "transformers assisted, same draft length, constant, no confidence stop", "white", True, False, True,
              _hf_assisted, takes_gamma=True, model_drafts=True, peer="assisted, same draft length", label_words="constant"),
     Strategy("hf_assisted_default", "transformers assisted, its defaults ({num_assistant_tokens} tokens, "

@@ -1,6 +1,6 @@
 """What the REPL (app/repl) and the benchmark (app/bench) both set up before running strategies:
-their shared flags, the settings with the calibrated policy (for a pair loaded and measured by
-``app.pair.load_pair``), and prompts as token ids.
+their shared flags, the run's config (with the calibrated policy) and context for a pair loaded and
+measured by ``app.pair.load_pair``, and prompts as token ids.
 
 Anything that stops the set-up raises ``SetupError`` with one readable line; the REPL prints it
 as ``error: ...`` and exits 1, the benchmark exits with it.
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 from utils.parsing import UsageError, flag_type, parse_processor
 
 if TYPE_CHECKING:
-    from strategies import Settings
+    from configuration import RunConfig, RunContext
 
 # say(text, style=""): one line of progress; style (positional or by keyword) is a rich style ("dim", "red") or ""
 Say = Callable[..., None]
@@ -100,15 +100,16 @@ class PolicyFlags:
     remember: bool = False
 
 
-def build_settings(pair: "Pair", processor, gamma: int | str = 4, length: int = 35, flags: PolicyFlags = PolicyFlags(),
-                   say: Say = to_stderr) -> "Settings":
-    """``strategies.Settings`` for ``pair`` (an ``app.pair.Pair``), with the policy calibrated on the costs it measured at start-up
+def build_settings(pair: "Pair", processor: str = "greedy", gamma: int | str = 4, length: int = 35,
+                   flags: PolicyFlags = PolicyFlags(), say: Say = to_stderr) -> Tuple["RunConfig", "RunContext"]:
+    """The run's values (``configuration.RunConfig``) and live objects (``RunContext``) for ``pair``
+    (an ``app.pair.Pair``), with the policy calibrated on the costs it measured at start-up
     (``sampling.DraftPolicy.calibrated``, ``min_gain`` its default when None) or, loaded without
-    calibration, the library's default policy (``min_gain`` 0 when None). ``gamma`` "auto" needs
-    plausible measured costs: without them the policy bounds drafts by 4, and ``say`` says so; the
-    record's lines (the costs) are said too."""
-    from sampling import DraftPolicy
-    from strategies import Settings
+    calibration, the library's default policy (``min_gain`` 0 when None). ``processor``: the sampling
+    as ``--processor`` takes it. ``gamma`` "auto" needs plausible measured costs: without them the
+    policy bounds drafts by 4, and ``say`` says so; the record's lines (the costs) are said too."""
+    from configuration import RunConfig, RunContext
+    from sampling import DraftPolicy, PolicySettings
 
     pause, min_gain = flags.pause, flags.min_gain
     options = dict(adaptive=flags.adaptive, remember=flags.remember,
@@ -120,19 +121,19 @@ def build_settings(pair: "Pair", processor, gamma: int | str = 4, length: int = 
         policy = DraftPolicy.calibrated(costs, auto, **({} if min_gain is None else {"min_gain": min_gain}), **options)
     else:
         policy = DraftPolicy(min_gain=min_gain or 0.0, **options)
-    settings = Settings(target=pair.target, tokenizer=pair.tokenizer, drafter=pair.drafter, processor=processor,
-                        gamma=4 if auto else gamma, max_gen_len=length, eos_tokens_id=pair.end_tokens,
-                        encoder_decoder=pair.encoder_decoder, policy=policy,
-                        kernel_choice=None if measured is None else measured.target.kernels.value,
-                        runner=pair.runner("target"), drafter_runner=pair.runner("drafter"),
-                        drafter_tokenizer=pair.drafter_tokenizer,
-                        drafter_prompt=None if pair.drafter_tokenizer is None else rendered_for(pair.drafter_tokenizer))
+    config = RunConfig(processor=processor, gamma=4 if auto else gamma, max_gen_len=length,
+                       eos_tokens_id=tuple(pair.end_tokens), policy=PolicySettings.of(policy),
+                       kernel_choice=None if measured is None else measured.target.kernels.value,
+                       runner=pair.runner("target"), drafter_runner=pair.runner("drafter"))
+    context = RunContext(target=pair.target, tokenizer=pair.tokenizer, drafter=pair.drafter,
+                         drafter_tokenizer=pair.drafter_tokenizer,
+                         drafter_prompt=None if pair.drafter_tokenizer is None else rendered_for(pair.drafter_tokenizer))
     if costs is not None:
         if auto and not policy.auto:
-            say(f"gamma auto needs plausible verification costs: gamma <= {settings.gamma} instead", "red")
+            say(f"gamma auto needs plausible verification costs: gamma <= {config.gamma} instead", "red")
         for line in measured.lines():
             say(line)
-    return settings
+    return config, context
 
 
 # the conversations ``encode`` rendered lately, by the ids it gave: a drafter with its own tokenizer

@@ -19,19 +19,19 @@ NAME = "specdec_sdpa_gqa"
 
 
 def sdpa_shared_kv(module: Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                   attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
-                   is_causal: Optional[bool] = None, **kwargs):
+                   attention_mask: Optional[torch.Tensor], **kwargs):
     """transformers' attention-interface signature: ``query`` ``[B, Hq, r, D]``, ``key``/``value``
-    ``[B, Hkv, L, D]``, a mask over the L positions; returns ``([B, r, Hq, D], None)``. Anything but a
-    masked grouped-query call (a bias, a soft cap, no mask) goes to transformers' own SDPA."""
+    ``[B, Hkv, L, D]``, a mask over the L positions, and keywords (``dropout``, ``scaling``,
+    ``is_causal``, ...); returns ``([B, r, Hq, D], None)``. Anything but a masked grouped-query call
+    (a bias, a soft cap, no mask) goes to transformers' own SDPA."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = getattr(module, "num_key_value_groups", 1)
     if groups == 1 or attention_mask is None or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
-                                                           scale=scaling, enable_gqa=True)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)  # its defaults: as ours
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           dropout_p=kwargs.get("dropout", 0.0), scale=kwargs.get("scaling"),
+                                                           enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None
 
 

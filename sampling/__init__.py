@@ -17,6 +17,7 @@ _NAMES = {
     "Observer": "sampling.config",
     "Step": "sampling.config",
     "DraftPolicy": "sampling.draft_policy",
+    "PolicySettings": "sampling.draft_policy",
     "generate": "sampling.entry",
     "speculative_generate": "sampling.speculative_decoding",
     "speculative_generate_encoder_decoder": "sampling.speculative_decoding",

@@ -1,7 +1,11 @@
 """How much to draft each step: fixed, adaptive, with a floor, and paused when drafts do not pay;
-the calibrated policy built from the measured costs (``measure``)."""
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence, Tuple
+the calibrated policy built from the measured costs (``measure``).
+
+``DraftPolicy`` decides and learns within a generation (and, with ``remember``, across them);
+``PolicySettings`` holds its values alone, frozen (a run's configuration keeps those, and each
+generation gets a ``DraftPolicy`` made from them, with the memory its run keeps: ``policy``)."""
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:
     from torch.nn import Module
@@ -77,22 +81,7 @@ class DraftPolicy:
     calibration: str = ""  # how row_costs were obtained, for the record (``calibrated``: the costs' line)
 
     def __post_init__(self):
-        for name in ("min_draft", "pause_after", "pause_steps", "max_gamma"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        if not isinstance(self.min_gain, (int, float)) or self.min_gain < 0:
-            raise ValueError(f"min_gain must be >= 0, got {self.min_gain!r}")
-        if self.row_costs is not None:
-            self.row_costs = tuple(float(c) for c in self.row_costs)
-            if not self.row_costs or any(not c > 0 for c in self.row_costs):
-                raise ValueError(f"row_costs must be positive relative costs, got {self.row_costs!r}")
-        if isinstance(self.draft_cost, bool) or not isinstance(self.draft_cost, (int, float)) or not 0 <= self.draft_cost < 1e3:
-            raise ValueError(f"draft_cost must be >= 0, got {self.draft_cost!r}")
-        if isinstance(self.p_min, bool) or not isinstance(self.p_min, (int, float)) or not 0.0 <= self.p_min < 1.0:
-            raise ValueError(f"p_min must be in [0, 1), got {self.p_min!r}")
-        if self.auto and self.row_costs is None:
-            raise ValueError("auto draft lengths need measured row_costs (measure_row_costs)")
+        self.row_costs = _checked(self)
         self._memory = {}  # drafter key -> (hits, trials, next pause, paying) at its last generation's end
         self.start(1)
 
@@ -269,3 +258,64 @@ def calibrated_policy(target: "Module", min_gain: float = DEFAULT_MIN_GAIN, draf
 
     costs = measure_costs(target, runner or EAGER, drafter, drafter_runner, row_costs)
     return DraftPolicy.calibrated(costs, min_gain=min_gain, **policy)
+def _checked(values: Any) -> Tuple[float, ...] | None:
+    """Refuse, in one line, a value out of range among ``values``' policy fields; returns its
+    ``row_costs`` as a tuple of floats (None stays None)."""
+    for name in ("min_draft", "pause_after", "pause_steps", "max_gamma"):
+        value = getattr(values, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    if not isinstance(values.min_gain, (int, float)) or values.min_gain < 0:
+        raise ValueError(f"min_gain must be >= 0, got {values.min_gain!r}")
+    costs = values.row_costs
+    if costs is not None:
+        costs = tuple(float(c) for c in costs)
+        if not costs or any(not c > 0 for c in costs):
+            raise ValueError(f"row_costs must be positive relative costs, got {costs!r}")
+    draft_cost, p_min = values.draft_cost, values.p_min
+    if isinstance(draft_cost, bool) or not isinstance(draft_cost, (int, float)) or not 0 <= draft_cost < 1e3:
+        raise ValueError(f"draft_cost must be >= 0, got {draft_cost!r}")
+    if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not 0.0 <= p_min < 1.0:
+        raise ValueError(f"p_min must be in [0, 1), got {p_min!r}")
+    if values.auto and costs is None:
+        raise ValueError("auto draft lengths need measured row_costs (measure_row_costs)")
+    return costs
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """A ``DraftPolicy``'s values (the same fields, the same checks), frozen: they print, compare, hash
+    and are written as a dict (``asdict``). ``policy(memory)`` makes the policy of one generation."""
+
+    adaptive: bool = False
+    min_draft: int = 0
+    pause_after: int = 0
+    pause_steps: int = 8
+    p_min: float = 0.0
+    max_gamma: int = 64
+    min_gain: float = 0.0
+    row_costs: Tuple[float, ...] | None = None
+    draft_cost: float = 0.0
+    auto: bool = False
+    remember: bool = False
+    calibration: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "row_costs", _checked(self))
+
+    @classmethod
+    def of(cls, policy: DraftPolicy) -> "PolicySettings":
+        """The values of ``policy`` (what it learned is not a value: it is left out)."""
+        return cls(**{f.name: getattr(policy, f.name) for f in fields(cls)})
+
+    def policy(self, memory: dict | None = None) -> DraftPolicy:
+        """A ``DraftPolicy`` with these values; ``memory``: the records it keeps of drafter models with
+        ``remember`` (a dict shared by every generation of a run; None: its own)."""
+        made = DraftPolicy(**asdict(self))
+        if memory is not None:
+            made._memory = memory
+        return made
+
+    def bound(self) -> int | None:
+        """``DraftPolicy.bound``: the most drafts a step may ask for beyond ``gamma``; None: ``gamma`` is the bound."""
+        return len(self.row_costs) - 1 if self.auto else None

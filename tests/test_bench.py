@@ -184,14 +184,14 @@ def test_the_benchmark_checks_the_pair_as_the_repl_does(tiny_models, tmp_path):
 def test_each_configuration_has_its_own_policy_and_the_warm_up_leaves_no_memory(tiny_models, tmp_path, monkeypatch):
     """With --policy-memory, what one configuration's policy remembers never reaches another's."""
     seen = {}
-    original = bench.Bench.settings_for
+    original = bench.Bench.context_for
 
-    def recording(self, config):
-        settings = original(self, config)
-        seen.setdefault(config.label, []).append(settings.policy)
-        return settings
+    def recording(self, config, repeat=0, observer=None):
+        context = original(self, config, repeat, observer)
+        seen.setdefault(config.label, []).append(context.policy_memory)
+        return context
 
-    monkeypatch.setattr(bench.Bench, "settings_for", recording)
+    monkeypatch.setattr(bench.Bench, "context_for", recording)
     bench.main(["--target", tiny_models["target"], "--drafter", tiny_models["drafter"], "--device", "cpu", "--limit", "1",
                 "--categories", "summarization", "--strategies", "speculative,chained", "--gamma", "1,3,3", "--policy-memory",
                 "--max-new-tokens", "6", "--out", str(tmp_path)])
@@ -199,6 +199,33 @@ def test_each_configuration_has_its_own_policy_and_the_warm_up_leaves_no_memory(
     assert all(len(runs) == 2 for runs in seen.values())  # the warm-up, then the one timed run (g=3 given twice runs once)
     assert all(warm_up is not timed for warm_up, timed in seen.values())
     assert len({id(timed) for _, timed in seen.values()}) == len(seen)  # no two configurations share a policy
+
+
+def test_each_run_record_carries_its_config_which_reads_back_equal(tiny_models, tmp_path, monkeypatch):
+    """runs.jsonl writes beside every result the run's values (``RunConfig.to_dict``): read back with
+    ``RunConfig.from_dict``, each is the config the run had, and the configurations' own values show."""
+    from configuration import RunConfig
+
+    seen = {}
+    original = bench.Bench.run_config
+
+    def recording(self, config):
+        values = original(self, config)
+        seen.setdefault(config.label, set()).add(values)
+        return values
+
+    monkeypatch.setattr(bench.Bench, "run_config", recording)
+    bench.main(["--target", tiny_models["target"], "--device", "cpu", "--limit", "1", "--categories", "qa", "--strategies",
+                "target,ngram,pld,tree_ngram", "--gamma", "2,3", "--top-k-filler", "1", "--tree-size", "5", "--max-new-tokens", "6",
+                "--no-calibrate", "--out", str(tmp_path)])
+    records = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    assert records and all(len(values) == 1 for values in seen.values())
+    for record in records:
+        config = RunConfig.from_dict(record["run_config"])
+        assert {config} == seen[record["config"]] and config.to_dict() == record["run_config"]
+    ngram = [RunConfig.from_dict(r["run_config"]) for r in records if r["key"] == "ngram"]
+    assert {c.gamma for c in ngram} == {2, 3} and {c.param("top_k_filler") for c in ngram} == {1}
+    assert all(RunConfig.from_dict(r["run_config"]).param("tree_size") == 5 for r in records)
 
 
 def test_compiled_benchmark_compiles_before_timing_reports_it_apart_and_runs_the_eager_yardstick(tiny_models, tmp_path,

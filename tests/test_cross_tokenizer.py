@@ -236,8 +236,8 @@ def test_a_drafter_that_cannot_translate_is_one_line_and_the_other_strategies_ru
     said = [line for line in lines if missing in line]
     assert len(said) == 1 and drafters[kind] in said[0] and said[0].endswith("speculative decoding off")
     assert pair.drafter is None and pair.drafter_tokenizer is None
-    settings = build_settings(pair, GreedyProcessor(), length=4)
-    assert len(run_strategy(BY_KEY["target"], encode(pair.tokenizer, "Hi", True), settings).tokens) == 4
+    config, context = build_settings(pair, "greedy", length=4)
+    assert len(run_strategy(BY_KEY["target"], encode(pair.tokenizer, "Hi", True), config, context).tokens) == 4
 
 
 def test_the_session_accepts_a_drafter_with_its_own_tokenizer(tiny_models, drafters):
@@ -251,16 +251,16 @@ def test_the_session_accepts_a_drafter_with_its_own_tokenizer(tiny_models, draft
     shared = Translation(pair.tokenizer, pair.drafter_tokenizer).shared
     assert f"{shared} spelled identically" in pair.describe("drafter") and shared > 0
     assert "translation: text (greedy) / intersection (sampling)" in pair.describe("drafter")
-    settings = build_settings(pair, GreedyProcessor(), length=12)
+    config, context = build_settings(pair, "greedy", length=12)
     prompt = encode(pair.tokenizer, "def area(r):", True)
-    own = settings.drafter_prompt(prompt)
+    own = context.drafter_prompt(prompt)
     text = pair.drafter_tokenizer.apply_chat_template([{"role": "user", "content": "def area(r):"}], add_generation_prompt=True,
                                                       tokenize=False)
     assert text.startswith("<|im_start|>user\n") and own == pair.drafter_tokenizer(text, add_special_tokens=False).input_ids
-    result = run_strategy(BY_KEY["speculative"], prompt, settings)
-    assert result.tokens == run_strategy(BY_KEY["target"], prompt, settings).tokens
+    result = run_strategy(BY_KEY["speculative"], prompt, config, context)
+    assert result.tokens == run_strategy(BY_KEY["target"], prompt, config, context).tokens
     assert result.stats.drafted > 0
-    assert len(run_strategy(BY_KEY["drafter"], prompt, settings).tokens) > 0  # the drafter alone, written in target tokens
+    assert len(run_strategy(BY_KEY["drafter"], prompt, config, context).tokens) > 0  # the drafter alone, written in target tokens
 
 
 def test_transformers_universal_assisted_generation_runs_our_gamma(tiny_models, drafters, monkeypatch):
@@ -281,9 +281,9 @@ def test_transformers_universal_assisted_generation_runs_our_gamma(tiny_models, 
 
     monkeypatch.setattr(hf.AssistedCandidateGeneratorDifferentTokenizers, "get_candidates", spy)
     pair = load(tiny_models["target"], drafters["cross"], [])
-    settings = build_settings(pair, GreedyProcessor(), gamma=3, length=10)
+    config, context = build_settings(pair, "greedy", gamma=3, length=10)
     prompt = encode(pair.tokenizer, "Hello", True)
-    result = run_strategy(EVERY["hf_assisted"], prompt, settings)
+    result = run_strategy(EVERY["hf_assisted"], prompt, config, context)
     assert steps and set(steps) == {("AssistedCandidateGeneratorDifferentTokenizers", 3, "constant", 0.0)}
     assert result.stats.peer_settings["translation"] == "text (UAG)"
-    assert result.tokens == run_strategy(EVERY["target"], prompt, settings).tokens
+    assert result.tokens == run_strategy(EVERY["target"], prompt, config, context).tokens

@@ -92,12 +92,12 @@ def test_every_repl_toggle_runs_its_own_row():
 
     from app.repl.commands import BUILT_IN, COMMANDS
     from conftest import llama
-    from strategies import STRATEGIES, Settings
+    from strategies import STRATEGIES, RunConfig, RunContext
     from utils.parsing import UsageError
 
     assert not {f"/{s.key}" for s in STRATEGIES} & set(BUILT_IN), "a built-in command would hide a row's toggle"
     for strategy in STRATEGIES:
-        repl = SimpleNamespace(settings=Settings(target=llama(), tokenizer=None), enabled={})
+        repl = SimpleNamespace(config=RunConfig(), context=RunContext(target=llama(), tokenizer=None), enabled={})
         try:
             said = COMMANDS[f"/{strategy.key}"](repl, [])
         except UsageError as refused:

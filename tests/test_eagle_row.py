@@ -37,17 +37,18 @@ def pair():
 def test_each_row_with_the_head_is_greedy_exact_and_drafts_with_it(pair, key, cache, monkeypatch):
     from drafters.eagle import EagleDrafter
     from runners import RunnerConfig
-    from strategies import BY_KEY, Settings, run_strategy
+    from strategies import BY_KEY, RunConfig, RunContext, run_strategy
 
     target, head = pair
     asked = []
     for name in ("propose", "propose_tree"):  # a spy: the row drafts with this head
         method = getattr(EagleDrafter, name)
         monkeypatch.setattr(EagleDrafter, name, lambda self, *a, _m=method: asked.append(self.head) or _m(self, *a))
-    settings = Settings(target=target, tokenizer=None, max_gen_len=24, eos_tokens_id=EOS_NEVER, head=head, runner=RunnerConfig(cache))
-    expected = run_strategy(BY_KEY["target"], PROMPT, settings).tokens
+    config = RunConfig(max_gen_len=24, eos_tokens_id=EOS_NEVER, runner=RunnerConfig(cache))
+    context = RunContext(target=target, tokenizer=None, head=head)
+    expected = run_strategy(BY_KEY["target"], PROMPT, config, context).tokens
     assert asked == []
-    result = run_strategy(BY_KEY[key], PROMPT, settings)
+    result = run_strategy(BY_KEY[key], PROMPT, config, context)
     assert result.tokens == expected and result.stats.drafted > 0
     assert asked and all(h is head for h in asked)
 
@@ -75,17 +76,17 @@ def test_the_policy_counts_the_heads_measured_step_cost_not_the_drafter_models(p
 
 def test_the_repl_toggle_refuses_without_a_head_and_turns_on_with_one(pair):
     from app.repl.commands import COMMANDS
-    from strategies import Settings
+    from strategies import RunConfig, RunContext
     from utils.parsing import UsageError
 
     target, head = pair
-    repl = SimpleNamespace(settings=Settings(target=target, tokenizer=None), enabled={})
+    repl = SimpleNamespace(config=RunConfig(), context=RunContext(target=target, tokenizer=None), enabled={})
     for key in ("/eagle", "/eagle_tree"):
         with pytest.raises(UsageError) as refused:
             COMMANDS[key](repl, [])
         assert "--head PATH" in str(refused.value) and "\n" not in str(refused.value)
     assert repl.enabled == {}
-    repl.settings.head = head
+    repl.context.head = head
     assert COMMANDS["/eagle"](repl, []) == "EAGLE-3 head: on" and repl.enabled["eagle"]
 
 

@@ -82,36 +82,36 @@ def repl():
     from transformers import AutoTokenizer
 
     from conftest import llama
-    from strategies import Settings
+    from strategies import RunConfig, RunContext
     from utils.models import embedded_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir())
     target = llama(vocab=49152, layers=1, window=4096)
-    settings_ = Settings(target=target, tokenizer=tokenizer, max_gen_len=2, eos_tokens_id=[])
-    return infer.Repl(settings_, True, "greedy", {"temperature": 1.0}, 42)
+    return infer.Repl(RunConfig(max_gen_len=2), RunContext(target=target, tokenizer=tokenizer), True, 42)
 
 
 def snapshot(repl):
-    s = repl.settings
+    s, x = repl.config, repl.context
     policy = {f.name: getattr(s.policy, f.name) for f in dataclasses.fields(s.policy)}
     return (
         [repl.value_of(name) for name in repl.commands], dict(repl.enabled), repl.chat, repl.stream, repl.reset_in_between,
-        repl.storage_kind, repl.storage_n, id(s.storage), id(s.static_storage), repr(s.processor), s.gamma, s.max_gen_len,
-        s.top_k_filler, s.pld_min_ngram, s.pld_max_ngram, s.pld_num_tokens, s.use_cache, s.debug, policy,
+        repl.storage_kind, repl.storage_n, id(x.storage), id(x.static_storage), s.processor, s.gamma, s.max_gen_len,
+        s.param("top_k_filler"), s.param("pld_min_ngram"), s.param("pld_max_ngram"), s.param("pld_num_tokens"), s.use_cache, s.debug,
+        policy, s,
     )
 
 
 def within_limits(repl):
-    s, p = repl.settings, repl.settings.policy
-    checks = [("gamma", s.gamma), ("length", s.max_gen_len), ("n", repl.storage_n), ("top_k_filler", s.top_k_filler),
-              ("pld_ngram", s.pld_min_ngram), ("pld_ngram", s.pld_max_ngram), ("pld_num_tokens", s.pld_num_tokens),
-              ("min_draft", p.min_draft), ("pause_after", p.pause_after), ("pause_steps", p.pause_steps), ("p_min", p.p_min),
-              ("min_gain", p.min_gain)]
+    s, p = repl.config, repl.config.policy
+    checks = [("gamma", s.gamma), ("length", s.max_gen_len), ("n", repl.storage_n), ("top_k_filler", s.param("top_k_filler")),
+              ("pld_ngram", s.param("pld_min_ngram")), ("pld_ngram", s.param("pld_max_ngram")),
+              ("pld_num_tokens", s.param("pld_num_tokens")), ("min_draft", p.min_draft), ("pause_after", p.pause_after),
+              ("pause_steps", p.pause_steps), ("p_min", p.p_min), ("min_gain", p.min_gain)]
     checks += [(name, value) for name, value in repl.processor_args.items()]
     for key, value in checks:
         low, high = LIMITS[key]
         assert math.isfinite(value) and low <= value <= high, (key, value)
-    assert s.pld_min_ngram <= s.pld_max_ngram
+    assert s.param("pld_min_ngram") <= s.param("pld_max_ngram")
 
 
 SAFE_COMMANDS = ["/quit", "/help", "/debug", "/speculative", "/ngram", "/target", "/drafter", "/cache", "/chat", "/length",

@@ -1,11 +1,13 @@
 """transformers' peers run what their rows say: a spy on transformers' own candidate generators records,
 step by step, how many tokens were drafted and with which schedule and confidence threshold."""
+from typing import Tuple
+
 import pytest
 from transformers.generation import candidate_generator as hf
 
 import bench
 from conftest import llama, perturbed_copy
-from strategies import EVERY, Settings, run_strategy, transformers_assisted_defaults
+from strategies import EVERY, RunConfig, RunContext, run_strategy, transformers_assisted_defaults
 
 PROMPT = [5, 17, 33, 5, 17, 40, 2, 9, 5, 17, 33, 71, 5, 17, 33, 5, 17, 40]  # repeats: prompt lookup finds matches
 LENGTH = 40
@@ -43,14 +45,14 @@ def models():
     return target, perturbed_copy(target, 0.2, seed=1)
 
 
-def settings(models, gamma: int = 4) -> Settings:
+def settings(models, gamma: int = 4) -> Tuple[RunConfig, RunContext]:
     target, drafter = models
-    return Settings(target, None, drafter=drafter, gamma=gamma, max_gen_len=LENGTH)
+    return RunConfig(gamma=gamma, max_gen_len=LENGTH), RunContext(target, None, drafter=drafter)
 
 
-def run(key: str, s: Settings):
+def run(key: str, s: Tuple[RunConfig, RunContext]):
     """The row as the benchmark runs it (``Bench.run`` -> ``run_strategy``)."""
-    return run_strategy(EVERY[key], PROMPT, s)
+    return run_strategy(EVERY[key], PROMPT, *s)
 
 
 def assistant_fields(model) -> dict:
@@ -77,11 +79,12 @@ def test_same_settings_assisted_row_drafts_its_gamma_constant_without_a_confiden
 def test_recommended_assisted_row_runs_transformers_defaults_whatever_the_drafter_says(models, spy):
     defaults = transformers_assisted_defaults()
     s = settings(models)
-    s.drafter.generation_config.num_assistant_tokens = 7  # a drafter whose own config says otherwise
+    drafter = s[1].drafter
+    drafter.generation_config.num_assistant_tokens = 7  # a drafter whose own config says otherwise
     try:
         result = run("hf_assisted_default", s)
     finally:
-        s.drafter.generation_config.num_assistant_tokens = None
+        drafter.generation_config.num_assistant_tokens = None
     first = spy[0]
     assert (first["num_assistant_tokens"], first["schedule"], first["threshold"]) == (
         defaults["num_assistant_tokens"], defaults["num_assistant_tokens_schedule"], defaults["assistant_confidence_threshold"])
@@ -94,7 +97,7 @@ def test_recommended_assisted_row_runs_transformers_defaults_whatever_the_drafte
 
 def test_assistant_generation_config_is_restored_after_every_assisted_row(models, spy):
     s = settings(models, gamma=2)
-    config = s.drafter.generation_config
+    config = s[1].drafter.generation_config
     mine = {"num_assistant_tokens": 9, "num_assistant_tokens_schedule": "heuristic", "assistant_confidence_threshold": 0.25}
     for name, value in mine.items():
         setattr(config, name, value)
@@ -103,24 +106,24 @@ def test_assistant_generation_config_is_restored_after_every_assisted_row(models
         for key in ("hf_assisted", "hf_assisted_default", "hf_assisted"):
             run(key, s)
             assert config.to_dict() == before, key
-        assert assistant_fields(s.drafter) == mine
+        assert assistant_fields(s[1].drafter) == mine
     finally:
         for name in mine:
             setattr(config, name, None)
-    assert "_get_candidate_generator" not in vars(s.target)  # the step observer is gone too
+    assert "_get_candidate_generator" not in vars(s[1].target)  # the step observer is gone too
 
 
 def test_prompt_lookup_row_drafts_our_pld_length_with_our_ngram_size(models, spy):
-    s = settings(models)
-    s.pld_num_tokens, s.pld_max_ngram = 3, 2
-    result = run("hf_prompt_lookup", s)
+    config, context = settings(models)
+    result = run("hf_prompt_lookup", (config.with_(pld_num_tokens=3, pld_max_ngram=2), context))
     assert spy and {step["class"] for step in spy} == {"PromptLookupCandidateGenerator"}
     assert all(step["num_output_tokens"] == 3 and step["max_matching_ngram_size"] == 2 for step in spy)
     assert max(step["drafted"] for step in spy) == 3  # the prompt repeats itself: full drafts occur
     assert result.stats.drafted_by_step == [step["drafted"] for step in spy]
     assert sum(result.stats.emitted_by_step) == len(result.tokens)
     assert result.stats.accepted <= result.stats.drafted
-    assert bench.Config("hf_prompt_lookup").label == f"hf_prompt_lookup[g={Settings.pld_num_tokens} n<={Settings.pld_max_ngram}]"
+    assert bench.Config("hf_prompt_lookup").label == (
+        f"hf_prompt_lookup[g={RunConfig().param('pld_num_tokens')} n<={RunConfig().param('pld_max_ngram')}]")
 
 
 def test_peer_labels_say_what_ran():
@@ -137,6 +140,6 @@ def test_compiled_static_cache_peer_runs_and_records_the_models_own_layers():
 
     target = llama(layers=1)
     choice = KernelChoice({"prepacked": (1.0,) * 12, "own": (2.0,) * 12})  # prepacked measured faster everywhere
-    settings = Settings(target, None, max_gen_len=LENGTH, kernel_choice=choice, hf_compile=True)
-    assert row_kernels(EVERY["hf_generate_static"], settings) == OWN
-    assert row_kernels(EVERY["target"], settings) == "prepacked"
+    config = RunConfig(max_gen_len=LENGTH, kernel_choice=choice, hf_compile=True)
+    assert row_kernels(EVERY["hf_generate_static"], config) == OWN
+    assert row_kernels(EVERY["target"], config) == "prepacked"

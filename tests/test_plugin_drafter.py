@@ -45,32 +45,31 @@ def test_greedy_output_equals_target_autoregressive(n):
 
 
 def test_the_row_runs_with_its_parameter(row):
-    from strategies import BY_KEY, Settings, run_strategy
+    from strategies import BY_KEY, RunConfig, RunContext, run_strategy
 
     model = llama()
-    settings = Settings(target=model, tokenizer=None, max_gen_len=16, eos_tokens_id=EOS_NEVER)
-    target = run_strategy(BY_KEY["target"], PROMPT, settings)
+    config, context = RunConfig(max_gen_len=16, eos_tokens_id=EOS_NEVER), RunContext(target=model, tokenizer=None)
+    target = run_strategy(BY_KEY["target"], PROMPT, config, context)
     for n in (2, 3):
-        settings.params["repeat_n"] = n
-        result = run_strategy(row, PROMPT, settings)
+        result = run_strategy(row, PROMPT, config.with_(repeat_n=n), context)
         assert result.tokens == target.tokens and result.stats.drafted > 0
     assert row.label_words == "repeat_n=2"
 
 
 def test_the_repl_gets_a_toggle_and_a_limited_parameter_command(row):
     from app.repl.commands import COMMANDS
-    from strategies import Settings
+    from strategies import RunConfig, RunContext
     from utils.parsing import LIMITS, UsageError
 
     assert LIMITS["repeat_n"] == (1, 8)
-    repl = SimpleNamespace(settings=Settings(target=llama(), tokenizer=None), enabled={})
+    repl = SimpleNamespace(config=RunConfig(), context=RunContext(target=llama(), tokenizer=None), enabled={})
     assert COMMANDS["/repeat_ngram"](repl, []) == "Repeat n-gram: on" and repl.enabled["repeat_ngram"]
-    assert COMMANDS["/repeat_n"](repl, ["3"]) == "repeat_n: 3" and repl.settings.param("repeat_n") == 3
+    assert COMMANDS["/repeat_n"](repl, ["3"]) == "repeat_n: 3" and repl.config.param("repeat_n") == 3
     for bad in ("0", "9", "two", "1.5"):
         with pytest.raises(UsageError) as refused:
             COMMANDS["/repeat_n"](repl, [bad])
         assert "\n" not in str(refused.value) and "usage: /repeat_n <n>" in str(refused.value) and "1 to 8" in str(refused.value)
-    assert repl.settings.param("repeat_n") == 3
+    assert repl.config.param("repeat_n") == 3
     help_lines = {command.usage: command.what for command in COMMANDS.values()}
     assert help_lines["/repeat_n <n>"].startswith("tokens matched") and help_lines["/repeat_ngram"].startswith("draft what")
     assert COMMANDS["/repeat_n"].value(repl) == 3

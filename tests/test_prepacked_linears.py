@@ -146,19 +146,19 @@ def test_every_row_and_its_transformers_peer_run_the_kernels_the_row_names(float
     """A spy on the prepacked layers: target AR and transformers generate decode on the own layers
     (faster at one position here), speculative decoding and transformers' assisted generation at the
     same draft length on the prepacked ones; the model is as before after each row."""
-    from strategies import EVERY, Settings, run_strategy
+    from strategies import EVERY, RunConfig, RunContext, run_strategy
 
     target, drafter = float32_pair
     choice = KernelChoice({OWN: (1.0, 1.01, 0.97, 1.75, 1.85, 1.96), PREPACKED: (1.03, 1.14, 1.21, 1.25, 1.29, 1.29)})
-    settings = Settings(target=target, tokenizer=None, drafter=drafter, gamma=4, max_gen_len=8, eos_tokens_id=[],
-                        kernel_choice=choice)
+    config = RunConfig(gamma=4, max_gen_len=8, kernel_choice=choice)
+    context = RunContext(target=target, tokenizer=None, drafter=drafter)
     calls, hooks = count_prepacked_calls(target)
     ran = {}
     try:
         for key in ("target", "hf_generate", "speculative", "hf_assisted"):
             calls[0] = 0
             before = prepacked(target)
-            result = run_strategy(EVERY[key], PROMPT, settings)
+            result = run_strategy(EVERY[key], PROMPT, config, context)
             ran[key] = (result.kernels, calls[0] > 0)
             assert prepacked(target) == before
     finally:

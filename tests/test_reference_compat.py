@@ -629,27 +629,27 @@ REFERENCE_COMMANDS = {  # command: (arguments as the reference takes them, the s
 @pytest.fixture(scope="module")
 def repl(tiny_models):
     from infer import Repl
-    from strategies import Settings
+    from strategies import RunConfig, RunContext
     from utils.models import end_tokens, load_model
 
     target, tokenizer, _ = load_model(tiny_models["target"], "cpu", "auto", "none", False)
     drafter = load_model(tiny_models["drafter"], "cpu", "auto", "none", False)[0]
-    settings = Settings(target=target, tokenizer=tokenizer, drafter=drafter, eos_tokens_id=end_tokens(target, tokenizer))
-    return Repl(settings, True, "greedy", {"temperature": 1.0}, 42)
+    config = RunConfig(eos_tokens_id=end_tokens(target, tokenizer))
+    return Repl(config, RunContext(target=target, tokenizer=tokenizer, drafter=drafter), True, 42)
 
 
 def test_the_repl_starts_with_the_references_defaults(repl):
-    s = repl.settings
-    assert (s.gamma, s.max_gen_len, s.debug, s.top_k_filler) == (4, 35, False, 3)
+    s = repl.config
+    assert (s.gamma, s.max_gen_len, s.debug, s.param("top_k_filler")) == (4, 35, False, 3)
     assert repl.enabled["speculative"] and repl.enabled["ngram"] and repl.enabled["target"] and not repl.enabled["drafter"]
-    assert (repl.storage_kind, repl.storage_n, type(s.storage)) == ("basic", 3, NGramStorage)
+    assert (repl.storage_kind, repl.storage_n, type(repl.context.storage)) == ("basic", 3, NGramStorage)
     assert repl.reset_in_between and repl.chat and repl.seed == 42
-    assert (repl.processor_name, repl.processor_args, type(s.processor)) == ("greedy", {"temperature": 1.0}, GreedyProcessor)
+    assert (repl.processor_name, repl.processor_args, type(s.logits_processor())) == ("greedy", {"temperature": 1.0}, GreedyProcessor)
     assert s.use_cache  # the one default on purpose different: the reference's cache was broken, this one is exact
 
 
 def test_every_reference_command_takes_the_references_arguments(repl):
-    s = repl.settings
+    s = repl.config
     before = {key: repl.enabled[key] for key in ("speculative", "target", "drafter", "ngram")}
     flags = (s.debug, s.use_cache, repl.chat, repl.reset_in_between)
     for name, words in REFERENCE_COMMANDS.items():
@@ -659,13 +659,14 @@ def test_every_reference_command_takes_the_references_arguments(repl):
                 repl.handle(name)
             continue
         repl.handle(" ".join([name] + words))
-    assert (s.max_gen_len, s.gamma, s.top_k_filler, repl.storage_kind, repl.storage_n) == (20, 3, 1, "onelevel", 4)
-    assert type(s.storage) is OneLevelNGramStorage and s.storage.n == 4
-    assert (type(s.processor).__name__, s.processor.temperature, s.processor.top_p) == ("NucleusProcessor", 0.6, 0.9)
+    s, storage, processor = repl.config, repl.context.storage, repl.config.logits_processor()  # a command replaces the config
+    assert (s.max_gen_len, s.gamma, s.param("top_k_filler"), repl.storage_kind, repl.storage_n) == (20, 3, 1, "onelevel", 4)
+    assert type(storage) is OneLevelNGramStorage and storage.n == 4
+    assert (type(processor).__name__, processor.temperature, processor.top_p) == ("NucleusProcessor", 0.6, 0.9)
     assert {key: not value for key, value in before.items()} == {key: repl.enabled[key] for key in before}
     assert (s.debug, s.use_cache, repl.chat, repl.reset_in_between) == tuple(not f for f in flags)
     repl.handle("/processor greedy 1.0")  # the reference requires the temperature; it is accepted too
-    assert type(s.processor) is GreedyProcessor
+    assert type(repl.config.logits_processor()) is GreedyProcessor
     for name, words in REFERENCE_COMMANDS.items():  # back to the defaults
         if not words and name not in ("/quit", "/clear"):
             repl.handle(name)
@@ -688,13 +689,10 @@ def test_the_repl_runs_nasd_as_the_reference_experiment_does(repl, monkeypatch):
     monkeypatch.setattr(rows, "ngram_assisted_speculative_generate", spy)
     for key in ("speculative", "target", "pld"):
         monkeypatch.setitem(repl.enabled, key, False)
-    repl.settings.max_gen_len = 4
-    try:
-        repl.compare("Hi")
-    finally:
-        repl.settings.max_gen_len = 35
+    monkeypatch.setattr(repl, "config", repl.config.with_(max_gen_len=4))
+    repl.compare("Hi")
     assert seen["first_target"] is True and seen["stop_if_unknown"] is True
-    assert (seen["gamma"], seen["filler_top_k"]) == (repl.settings.gamma, repl.settings.top_k_filler)
+    assert (seen["gamma"], seen["filler_top_k"]) == (repl.config.gamma, repl.config.param("top_k_filler"))
 
 
 def test_inference_cli_is_the_references_entry_point(monkeypatch):

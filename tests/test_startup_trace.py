@@ -96,12 +96,11 @@ def start(trace: Trace, models: Dict[str, str], clock=None, remeasure: bool = Fa
     """``load_pair`` then ``build_settings``, as the REPL runs them, traced."""
     from app.pair import LoadOptions, load_pair
     from app.session import build_settings
-    from utils.logits_processor import GreedyProcessor
 
     say = lambda text, style="": None  # noqa: E731
     options = LoadOptions("cpu", cache="auto", measure_dtype=True, remeasure=remeasure)
     pair = trace.run(load_pair, models["target"], models["drafter"], options, say=say)
-    return pair, trace.run(build_settings, pair, GreedyProcessor(), "auto", 8, say=say)
+    return pair, trace.run(build_settings, pair, "greedy", "auto", 8, say=say)
 
 
 @pytest.fixture
@@ -125,14 +124,14 @@ def test_the_start_up_walks_down_the_floors_and_enters_each_file_at_most_twice(t
 
     cut, reused, measured = Trace(), Trace(), Trace()
     quiet_measurements(slow_clock())
-    pair, settings = start(cut, tiny_models)  # nothing saved: every measurement starts, past its budget at once
+    pair, (config, _) = start(cut, tiny_models)  # nothing saved: every measurement starts, past its budget at once
     assert pair.measured.target.kernels.line == "the model's own linears (fallback: measurement over its 5 s budget)"
-    assert settings.policy.calibration.startswith("Verification costs not measured (fallback")
+    assert config.policy.calibration.startswith("Verification costs not measured (fallback")
     monkeypatch.setattr(timing.PassTimer, "seconds", lambda self, rows: 0.010 + 0.001 * rows)  # deterministic passes
     quiet_measurements(None)
-    pair, settings = start(measured, tiny_models, remeasure=True)  # a quiet start measures it all again, saved
-    assert settings.policy.row_costs is not None and pair.measured.target.kernels.source == "measured"
-    pair, settings = start(reused, tiny_models)  # and the next start reuses it
+    pair, (config, _) = start(measured, tiny_models, remeasure=True)  # a quiet start measures it all again, saved
+    assert config.policy.row_costs is not None and pair.measured.target.kernels.source == "measured"
+    pair, (config, _) = start(reused, tiny_models)  # and the next start reuses it
     assert pair.measured.target.kernels.source == "remembered" and pair.measured.costs.draft_cost.source == "remembered"
     for trace in (cut, measured, reused):
         assert "measure/entry.py" in trace.routes and ("measure/timing.py" in trace.routes) == (trace is not reused)

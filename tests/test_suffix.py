@@ -388,13 +388,13 @@ def test_any_suffix_command_is_done_or_refused_in_one_line_with_every_setting_un
     import infer
 
     line = " ".join([name, *words])
-    before = snapshot(repl), repl.settings.suffix, repl.settings.suffix_memory, repl.suffix_memory.outputs
+    before = snapshot(repl), repl.config.suffix, repl.context.suffix_memory, repl.suffix_memory.outputs
     try:
         repl.handle(line)
     except infer.UsageError as error:
         assert "\n" not in str(error).strip() and str(error)
-        assert (snapshot(repl), repl.settings.suffix, repl.settings.suffix_memory, repl.suffix_memory.outputs) == before, line
+        assert (snapshot(repl), repl.config.suffix, repl.context.suffix_memory, repl.suffix_memory.outputs) == before, line
         return
-    s = repl.settings.suffix
+    s = repl.config.suffix
     assert 1 <= s.max_tree_depth <= 64 and 1 <= s.max_spec_tokens <= 128 and 0 <= s.min_token_prob <= 1
     assert repl.suffix_memory.max_depth == s.max_tree_depth

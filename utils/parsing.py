@@ -19,6 +19,11 @@ LIMITS = {
     "pld_ngram": (1, 64),
     "pld_num_tokens": (1, 128),
     "tree_size": (1, 256),  # nodes of a draft tree: one pass over all of them
+    "max_tree_depth": (1, 64),  # the suffix trie's depth
+    "max_spec_tokens": (1, 128),  # suffix drafts per step
+    "max_spec_factor": (0.0, 64.0),
+    "max_spec_offset": (-64.0, 64.0),
+    "min_token_prob": (0.0, 1.0),
     "min_draft": (0, 128),
     "pause_after": (0, 1_000_000),
     "pause_steps": (1, 1_000_000),

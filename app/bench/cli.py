@@ -157,7 +157,7 @@ def benchmark(args, processor, greedy: bool) -> None:
     """Load the pair, time every configuration on every prompt, write the reports (and Spec-Bench's answer files)."""
     rows = load_prompts(args.prompts, args.categories, args.limit)
     bench = Bench(args, processor, greedy=greedy)
-    configs = make_configs(args, bench.drafter is not None, bench.settings.head is not None)
+    configs = make_configs(args, bench.drafter is not None, bench.context.head is not None)
     configs = [c for c in configs if not c.strategy.trees or not refuse_trees(bench.target, c)]
     if not bench.greedy:
         configs = [c for c in configs if not c.strategy.peer]  # transformers peers: greedy only

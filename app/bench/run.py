@@ -1,5 +1,6 @@
-"""The benchmark's runs: ``Bench`` (the pair, the settings, one timed run of a configuration), the
-interleaved timed loop over prompts, repeats and configurations, and the record of each run."""
+"""The benchmark's runs: ``Bench`` (the pair, the run's config and context, one timed run of a
+configuration), the interleaved timed loop over prompts, repeats and configurations, and the record
+of each run (with the config it ran with, ``RunConfig.to_dict``)."""
 import json
 import sys
 from dataclasses import replace
@@ -11,7 +12,7 @@ from app.bench.llama_cpp import llama_cpp_report
 from app.bench.report import depth_report, kernels_report, sources_report
 
 if TYPE_CHECKING:
-    from sampling import DraftPolicy
+    from configuration import RunConfig, RunContext
 
 
 def first_divergence(a: List[int], b: List[int]) -> Optional[int]:
@@ -50,25 +51,24 @@ class Bench:
         self.vocab = output_vocab_size(self.target)
         try:
             flags = PolicyFlags(args.adaptive, args.pause, args.min_gain, args.policy_memory)
-            self.settings = build_settings(pair, self.processor, length=args.max_new_tokens, flags=flags)
+            self.config, self.context = build_settings(pair, args.processor, length=args.max_new_tokens, flags=flags)
         except SetupError as error:
             raise SystemExit(f"error: {error}") from None
         from app.heads import load_for
 
         try:
-            self.settings.head, self.head_line = load_for(args.head, pair, (args.target or preset.get("target")) is None,
+            self.context.head, self.head_line = load_for(args.head, pair, (args.target or preset.get("target")) is None,
                                                           lambda text, style="": print(text, file=sys.stderr), length=None)
         except SetupError as error:
             raise SystemExit(f"error: {error}") from None
-        self.settings.hf_compile = args.compile
-        self.settings.tree_size = args.tree_size
-        policy = self.settings.policy
+        self.config = self.config.with_(hf_compile=args.compile, tree_size=args.tree_size)
+        policy = self.config.policy
         if "auto" in args.gamma and policy.row_costs is None:
             raise SystemExit("error: --gamma auto needs plausible verification costs, and those measured were not (see above)")
         self.row_costs = policy.row_costs
-        self.policies: Dict[Config, "DraftPolicy"] = {}  # each configuration's own (its memory, with --policy-memory)
+        self.policy_memories: Dict[Config, dict] = {}  # each configuration's own policy memory (with --policy-memory)
         self.memories: Dict[tuple, object] = {}  # (configuration, repeat): a suffix memory across the prompts, in order
-        runner = self.settings.runner  # divergences are replayed on the runner the strategies ran: its kind, compiled or not
+        runner = self.config.runner  # divergences are replayed on the runner the strategies ran: its kind, compiled or not
         self.runner_factory = lambda model: default_runner(model, runner)
 
     def compile_for(self, items: List[dict], configs: List[Config]) -> None:
@@ -78,11 +78,11 @@ class Bench:
         from runners import prepare
 
         longest = max(len(item["prompt"]) for item in items) + self.args.max_new_tokens
-        runners = {"target": self.settings.runner, "drafter": self.settings.drafter_runner}
+        runners = {"target": self.config.runner, "drafter": self.config.drafter_runner}
         drafts_with_head = any(c.strategy.needs_head or c.key == "merged" for c in configs)
         for role, model in (("target", self.target), ("drafter", self.drafter)):
             if model is not None and runners[role].compiled_for(model):
-                head = self.settings.head if role == "target" and drafts_with_head else None
+                head = self.context.head if role == "target" and drafts_with_head else None
                 seconds = prepare(model, longest, lambda text: print(f"{role}: {text} ...", file=sys.stderr),
                                   hidden_layers=head.config.aux_layers if head is not None else ())
                 self.compile_seconds[role] = self.compile_seconds.get(role, 0.0) + seconds
@@ -111,35 +111,35 @@ class Bench:
                 prompt = encode(self.tokenizer, messages, not self.args.no_chat)
                 items.append({**row, "turn": turn, "prompt": prompt})
                 if turn + 1 < len(row["turns"]):
-                    answer = run_strategy(baseline().strategy, prompt, replace(self.settings, processor=self._greedy()), self.args.seed)
+                    answer = run_strategy(baseline().strategy, prompt, self.config.with_(processor="greedy"), self.context, self.args.seed)
                     messages.append({"role": "assistant", "content": self.tokenizer.decode(answer.tokens, skip_special_tokens=True)})
         return items
 
-    def _greedy(self):
-        from utils.logits_processor import GreedyProcessor
+    def run_config(self, config: Config) -> "RunConfig":
+        """The run's values for ``config``: its gamma (or the calibrated policy's, "auto"), filler and parameters."""
+        auto = config.gamma == "auto"
+        values = self.config.with_(gamma=self.config.gamma if auto else config.gamma, top_k_filler=config.filler, **dict(config.params))
+        return values.with_policy(auto=auto)
 
-        return GreedyProcessor()
-
-    def settings_for(self, config: Config):
+    def context_for(self, config: Config, repeat: int = 0, observer=None) -> "RunContext":
+        """The run's live objects for ``config``: a new storage of its kind, its suffix memory across the
+        repeat's prompts, ``observer`` (an ``Observer``) as the stream, and its own policy memory: what
+        one configuration's policy remembers never reaches another's."""
         from strategies import STORAGES
 
-        auto = config.gamma == "auto"
-        # a copy of the calibrated policy per configuration: what one remembers never reaches another
-        policy = self.policies.setdefault(config, replace(self.settings.policy, auto=auto))
-        return replace(self.settings, gamma=self.settings.gamma if auto else config.gamma, top_k_filler=config.filler, policy=policy,
-                       storage=STORAGES[config.storage](config.n, self.vocab), params={**self.settings.params, **dict(config.params)})
+        return replace(self.context, storage=STORAGES[config.storage](config.n, self.vocab), suffix_memory=self.memory(config, repeat),
+                       streamer=observer, policy_memory=self.policy_memories.setdefault(config, {}))
 
     def memory(self, config: Config, repeat: int):
         """The global memory a strategy with one keeps across the prompts of one repeat (None for the others)."""
         make = config.strategy.memory
-        return self.memories.setdefault((config, repeat), make(self.settings)) if make is not None else None
+        return self.memories.setdefault((config, repeat), make(self.config, self.context)) if make is not None else None
 
     def run(self, config: Config, prompt: List[int], observer=None, repeat: int = 0):
         """One timed run; ``observer`` (an ``Observer``) sees its steps."""
         from strategies import run_strategy
 
-        settings = replace(self.settings_for(config), suffix_memory=self.memory(config, repeat))
-        return run_strategy(config.strategy, prompt, replace(settings, streamer=observer) if observer else settings, self.args.seed)
+        return run_strategy(config.strategy, prompt, self.run_config(config), self.context_for(config, repeat, observer), self.args.seed)
 
     def classify(self, prompt: List[int], reference: List[int], tokens: List[int], passes: list,
                  kernels: str = "", reference_kernels: str = "") -> dict:
@@ -187,7 +187,7 @@ def warm_up(bench: Bench, configs: List[Config], prompt: List[int]) -> None:
     memory nor in a suffix memory."""
     for config in configs:
         bench.run(config, prompt[:32])
-    bench.policies.clear()
+    bench.policy_memories.clear()
     bench.memories.clear()
 
 
@@ -241,10 +241,10 @@ def run_record(bench: Bench, item: dict, repeat: int, config: Config, result, re
         "paused_steps": st.paused_steps, "tokens": result.tokens, "steps": st.emitted_by_step,
         "kernels": result.kernels, "drafts": st.drafted_by_step, "peer_settings": st.peer_settings or None,
         "accepted_by": st.accepted_by or None, "head": bench.head_line if config.strategy.needs_head or (
-            config.key == "merged" and bench.settings.head is not None) else None,
+            config.key == "merged" and bench.context.head is not None) else None,
         "text": bench.tokenizer.decode(result.tokens, skip_special_tokens=True),
         "diverged_at": first_divergence(result.tokens, reference) if bench.greedy and not config.strategy.drafter_ar else None,
-        "divergence": None,
+        "divergence": None, "run_config": result.config.to_dict(),
     }
 
 
@@ -252,11 +252,11 @@ def report_title(bench: Bench, configs: List[Config]) -> str:
     """The report's title: the pair, the processor, the lengths, the policy (and the suffix settings)."""
     args = bench.args
     title = (f"{bench.target_label}" + (f" + drafter {bench.drafter_label}" if bench.drafter_label else "")
-             + (f" + head {bench.head_line}" if bench.settings.head is not None else "")
+             + (f" + head {bench.head_line}" if bench.context.head is not None else "")
              + f" · {args.processor} · {args.max_new_tokens} new tokens · {args.repeats} repeat(s)"
-             + f" · policy: {bench.settings.policy.describe()}")
+             + f" · policy: {bench.config.policy.policy().describe()}")
     if any(config.strategy.suffix for config in configs):
-        title += f" · suffix: {bench.settings.suffix.describe()}" + (
+        title += f" · suffix: {bench.config.suffix.describe()}" + (
             ", global memory over the earlier prompts' outputs" if any(config.strategy.memory for config in configs) else "")
     return title
 

@@ -80,7 +80,7 @@ def main(argv: Optional[List[str]] = None) -> None:
             setattr(args, key, preset[key])
     args.quantize = args.quantize or "none"
     try:
-        processor, processor_name, processor_args = read_processor(args.processor, args.gamma == "auto", not args.no_calibrate)
+        read_processor(args.processor, args.gamma == "auto", not args.no_calibrate)  # refused here, in one line
     except SetupError as error:
         fail(str(error))
     if args.prompt is not None:
@@ -120,16 +120,16 @@ def main(argv: Optional[List[str]] = None) -> None:
     if pair.busy_note:  # a line of its own: the target's line ends with its runner, as scripts read it
         console.print(Text("Load: ", style="bold") + Text(pair.busy_note, style="yellow"))
     try:
-        settings = build_settings(pair, processor, args.gamma, args.length, say=say)
+        config, context = build_settings(pair, args.processor, args.gamma, args.length, say=say)
     except SetupError as error:
         fail(str(error))
-    settings.head = head
+    context.head = head
     if not args.no_calibrate:
-        console.print(f"[bold]Policy:[/bold] {settings.policy.describe(settings.gamma)}")
+        console.print(f"[bold]Policy:[/bold] {context.policy(config).describe(config.gamma)}")
     window = meter.stop()
     if window.record()["noisy"] and not pair.busy_note:
         console.print(Text("Load: ", style="bold") + Text(window.note("start-up"), style="yellow"))
-    repl = Repl(settings, not args.no_chat, processor_name, processor_args, args.seed)
+    repl = Repl(config, context, not args.no_chat, args.seed)
     if args.prompt is not None:
         try:
             repl.compare(args.prompt)

@@ -3,14 +3,13 @@ are read, what it does and the value /help shows. ``app.repl.repl.Repl`` dispatc
 /help, the usage lines of refusals and the shown values are all drawn from it. A command sees the
 REPL as a ``ReplState`` (``app.repl.state``): this module does not import the REPL."""
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from operator import attrgetter
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from rich.table import Table
 from rich.text import Text
 
-from app.repl.state import ReplState
+from app.repl.state import POLICY, REPL, SETTINGS, Owner, ReplState
 from app.repl.stats import _stats, suffix_memory_line  # noqa: F401 (suffix_memory_line: importable from here, as before)
 from utils.parsing import LIMITS, UsageError, parse_float, parse_int, parse_limited, parse_path, parse_processor
 from utils.printing import console
@@ -65,24 +64,20 @@ class Command:
             raise self.refusal(str(error)) from None
 
 
-SETTINGS, POLICY, REPL = attrgetter("settings"), attrgetter("settings.policy"), lambda repl: repl
-
-
 def limited(key: str, name: str | None = None) -> Callable[[str], Any]:
     """A word parser for the setting ``key`` of ``utils.parsing.LIMITS``."""
     return lambda word: parse_limited(word, name or key, key)
 
 
-def toggle(name: str, what: str, owner: Callable, attribute: str, label: str, check: Callable | None = None) -> Command:
-    """A command without words that turns ``owner(repl).attribute`` on or off (after ``check(repl)``)."""
+def toggle(name: str, what: str, owner: Owner, attribute: str, label: str, check: Callable | None = None) -> Command:
+    """A command without words that turns ``attribute`` of ``owner`` on or off (after ``check(repl)``)."""
     def run(repl):
         if check is not None:
             check(repl)
-        box = owner(repl)
-        setattr(box, attribute, not getattr(box, attribute))
-        return f"{label}: {on_off(getattr(box, attribute))}"
+        owner.set(repl, attribute, not owner.get(repl, attribute))
+        return f"{label}: {on_off(owner.get(repl, attribute))}"
 
-    return Command(name, "", what, run, value=lambda repl: getattr(owner(repl), attribute))
+    return Command(name, "", what, run, value=lambda repl: owner.get(repl, attribute))
 
 
 def strategy_toggle(key: str, what: str) -> Command:
@@ -91,16 +86,16 @@ def strategy_toggle(key: str, what: str) -> Command:
         from strategies import BY_KEY
 
         strategy = BY_KEY[key]
-        if strategy.needs_drafter and repl.settings.drafter is None:
+        if strategy.needs_drafter and repl.context.drafter is None:
             raise UsageError("no drafter loaded: restart with --drafter MODEL (a Hub id, a local folder or a GGUF file)")
-        if strategy.needs_head and repl.settings.head is None:
+        if strategy.needs_head and repl.context.head is None:
             raise UsageError("no draft head loaded: restart with --head PATH (a speculators or EAGLE-3 head folder)")
-        if strategy.decoder_only and repl.settings.encoder_decoder:
+        if strategy.decoder_only and repl.context.encoder_decoder:
             raise UsageError(f"{strategy.title} works with decoder-only models only")
         if strategy.trees and not repl.enabled.get(key, False):
             from runners import tree_unsupported
 
-            reason = tree_unsupported(repl.settings.target)
+            reason = tree_unsupported(repl.context.target)
             if reason is not None:
                 raise UsageError(f"{strategy.title}: {reason}")
         repl.enabled[key] = not repl.enabled.get(key, False)
@@ -109,15 +104,15 @@ def strategy_toggle(key: str, what: str) -> Command:
     return Command(f"/{key}", "", what, run, value=lambda repl: repl.enabled.get(key, False))
 
 
-def number(name: str, args: str, what: str, owner: Callable, attribute: str, note: str) -> Command:
+def number(name: str, args: str, what: str, owner: Owner, attribute: str, note: str) -> Command:
     """``/key <value>``: one number within the range of ``key`` (the name without its slash)."""
     key = name[1:]
 
     def run(repl, value):
-        setattr(owner(repl), attribute, value)
+        owner.set(repl, attribute, value)
         return f"{key}: {value}"
 
-    return Command(name, args, what, run, (limited(key),), lambda repl: getattr(owner(repl), attribute), note)
+    return Command(name, args, what, run, (limited(key),), lambda repl: owner.get(repl, attribute), note)
 
 
 def _quit(repl):
@@ -137,7 +132,7 @@ def _help(repl):
 
 
 def _no_template(repl):
-    if not repl.chat and not getattr(repl.settings.tokenizer, "chat_template", None):
+    if not repl.chat and not getattr(repl.context.tokenizer, "chat_template", None):
         raise UsageError("this tokenizer has no chat template")
 
 
@@ -146,21 +141,22 @@ def _gamma_word(word: str):
 
 
 def _gamma(repl, value):
-    policy = repl.settings.policy
+    policy = repl.config.policy
     if value == "auto":
         if policy.row_costs is None and not policy.calibration:
             raise UsageError("/gamma auto needs the measured verification costs: restart without --no-calibrate")
         if policy.row_costs is None:
             raise UsageError("/gamma auto needs plausible verification costs, and those measured at start-up were not")
-        policy.auto = True
-        return f"gamma: auto (cost-optimal, up to {policy.bound()} drafts per step)"
-    repl.settings.gamma, policy.auto = value, False
+        repl.config = repl.config.with_policy(auto=True)
+        return f"gamma: auto (cost-optimal, up to {repl.config.policy.bound()} drafts per step)"
+    repl.config = repl.config.with_(gamma=value).with_policy(auto=False)
     return f"gamma: {value} (at most {value} drafts per step)"
 
 
 def _processor(repl, words):
-    processor, repl.processor_name, repl.processor_args = parse_processor(words)
-    repl.settings.processor = processor
+    _, name, values = parse_processor(words)
+    repl.config = repl.config.with_(processor=" ".join(words))
+    repl.processor_name, repl.processor_args = name, values
     return f"processor: {repl.value_of('/processor')}"
 
 
@@ -181,8 +177,7 @@ def _storage(repl, kind, n):
 def _pld_params(repl, low, high, count):
     if low > high:
         raise ValueError(f"min must be <= max, got {low} > {high}")
-    s = repl.settings
-    s.pld_min_ngram, s.pld_max_ngram, s.pld_num_tokens = low, high, count
+    repl.config = repl.config.with_(pld_min_ngram=low, pld_max_ngram=high, pld_num_tokens=count)
     return f"prompt lookup: n-grams {low} to {high}, {count} tokens"
 
 
@@ -199,7 +194,7 @@ def _ngram_save(repl, words):
 
     path, force = _path_and_force(words)
     try:
-        save_storage(repl.settings.storage, path, overwrite=force)
+        save_storage(repl.context.storage, path, overwrite=force)
     except (OSError, ValueError) as error:
         message = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
         hint = "; /ngram_save <file> --force overwrites it" if "left as it is" in message else ""
@@ -215,9 +210,9 @@ def _static_tier(repl, path, make):
         storage = make(path)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    if storage.vocab_size != output_vocab_size(repl.settings.target):
+    if storage.vocab_size != output_vocab_size(repl.context.target):
         raise UsageError(f"{path} was built for a vocabulary of {storage.vocab_size}, not this target's")
-    repl.settings.static_storage = storage
+    repl.context.static_storage = storage
     return f"static n-gram tier: {path} ({type(storage).__name__}, n={storage.n})"
 
 
@@ -231,22 +226,23 @@ def _ngram_build(repl, path):
     from ngram_assisted import build_storage
     from runners.limits import output_vocab_size
 
-    vocab = output_vocab_size(repl.settings.target)
-    return _static_tier(repl, path, lambda p: build_storage(p, repl.settings.tokenizer, repl.storage_n, repl.storage_kind, vocab))
+    vocab = output_vocab_size(repl.context.target)
+    return _static_tier(repl, path, lambda p: build_storage(p, repl.context.tokenizer, repl.storage_n, repl.storage_kind, vocab))
 
 
 def _suffix_params(repl, depth, most, factor, offset, min_prob):
     from drafters.suffix import SuffixSettings
 
-    repl.settings.suffix = SuffixSettings(depth, most, factor, offset, min_prob)
+    settings = SuffixSettings(depth, most, factor, offset, min_prob)
+    repl.config = repl.config.with_(**settings.arguments())
     repl.suffix_memory.set_depth(depth)
-    return f"suffix: {repl.settings.suffix.describe()}"
+    return f"suffix: {settings.describe()}"
 
 
 def _suffix_global(repl):
-    s = repl.settings
-    s.suffix_memory = None if s.suffix_memory is not None else repl.suffix_memory
-    return f"suffix global memory: {on_off(s.suffix_memory is not None)} ({repl.suffix_memory.describe()})"
+    x = repl.context
+    x.suffix_memory = None if x.suffix_memory is not None else repl.suffix_memory
+    return f"suffix global memory: {on_off(x.suffix_memory is not None)} ({repl.suffix_memory.describe()})"
 
 
 def _suffix_reset(repl):
@@ -270,33 +266,33 @@ def _suffix_load(repl, path):
         repl.suffix_memory.load(path)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    repl.settings.suffix = replace(repl.settings.suffix, max_tree_depth=repl.suffix_memory.max_depth)
-    state = "on" if repl.settings.suffix_memory is not None else "off: /suffix_global turns it on"
+    repl.config = repl.config.with_(max_tree_depth=repl.suffix_memory.max_depth)
+    state = "on" if repl.context.suffix_memory is not None else "off: /suffix_global turns it on"
     return f"suffix global memory loaded from {path}: {repl.suffix_memory.describe()} ({state})"
 
 
 def _pause(repl, after, steps):
-    repl.settings.policy.pause_after, repl.settings.policy.pause_steps = after, steps
+    repl.config = repl.config.with_policy(pause_after=after, pause_steps=steps)
     return f"pause: after {after} fruitless steps, for {steps} steps" if after else "pause: off"
 
 
 def _memory(repl):
-    policy = repl.settings.policy
-    policy.remember = not policy.remember
-    if not policy.remember:
-        policy.forget()
-    return ("policy memory: on (drafter models' records carry over to the next prompts)" if policy.remember
+    remember = not repl.config.policy.remember
+    repl.config = repl.config.with_policy(remember=remember)
+    if not remember:
+        repl.context.policy_memory.clear()
+    return ("policy memory: on (drafter models' records carry over to the next prompts)" if remember
             else "policy memory: off (forgotten; every prompt starts fresh)")
 
 
 def param_command(param) -> Command:
-    """``/name <value>`` for a strategy row's ``Param``: within ``LIMITS[name]``, into ``Settings.params``."""
+    """``/name <value>`` for a strategy row's ``Param``: within ``LIMITS[name]``, into the config's parameters."""
     def run(repl, value):
-        repl.settings.params[param.name] = value
+        repl.config = repl.config.with_(**{param.name: value})
         return f"{param.name}: {value}"
 
     return Command(f"/{param.name}", "<n>" if param.type is int else "<x>", param.help or param.name, run,
-                   (limited(param.name),), lambda repl: repl.settings.param(param.name),
+                   (limited(param.name),), lambda repl: repl.config.param(param.name),
                    f"{'n' if param.type is int else 'x'} from {_range(param.name)} (default {param.default})")
 
 
@@ -350,7 +346,7 @@ BUILT_IN: Dict[str, Command] = {command.name: command for command in [
     toggle("/chat", "apply the chat template", REPL, "chat", "chat", check=_no_template),
     number("/length", "<n>", "most new tokens", SETTINGS, "max_gen_len", f"n from {_range('length')}"),
     Command("/gamma", "<n|auto>", "most drafts per step (auto: the calibrated policy's choice)", _gamma, (_gamma_word,),
-            lambda repl: "auto" if repl.settings.policy.auto else repl.settings.gamma,
+            lambda repl: "auto" if repl.config.policy.auto else repl.config.gamma,
             f"n from {_range('gamma')}: at most n drafts per step; auto: the calibrated policy chooses"),
     Command("/processor", "<greedy|multinomial|topk|nucleus|topknucleus> <args...>", "sampling", _processor, None,
             lambda repl: " ".join([repl.processor_name] + [f"{k}={v}" for k, v in repl.processor_args.items()])),
@@ -361,24 +357,24 @@ BUILT_IN: Dict[str, Command] = {command.name: command for command in [
     toggle("/reset_in_between", "empty the n-gram storage before each prompt", REPL, "reset_in_between", "reset in between"),
     Command("/pld_params", "<min> <max> <num_tokens>", "prompt lookup n-gram sizes, drafts", _pld_params,
             (limited("pld_ngram", "min"), limited("pld_ngram", "max"), limited("pld_num_tokens", "num_tokens")),
-            lambda repl: f"{repl.settings.pld_min_ngram} {repl.settings.pld_max_ngram} {repl.settings.pld_num_tokens}",
+            lambda repl: " ".join(str(repl.config.param(f"pld_{name}")) for name in ("min_ngram", "max_ngram", "num_tokens")),
             f"min <= max, both from {_range('pld_ngram')}; num_tokens from {_range('pld_num_tokens')}"),
     number("/tree_size", "<n>", "most nodes of a draft tree (the calibrated policy keeps those that pay)", SETTINGS, "tree_size",
            f"n from {_range('tree_size')}"),
     Command("/ngram_save", "<file> [--force]", "save the n-gram storage (JSON)", _ngram_save, None,
             note="--force: overwrite a file that is not a saved storage"),
     Command("/ngram_load", "<file>", "load a storage as the static fallback tier", _ngram_load, (parse_path,),
-            lambda repl: "static tier loaded" if repl.settings.static_storage is not None else ""),
+            lambda repl: "static tier loaded" if repl.context.static_storage is not None else ""),
     Command("/ngram_build", "<corpus file>", "build the static tier from a text file", _ngram_build, (parse_path,)),
     Command("/suffix_params", "<depth> <max_tokens> <factor> <offset> <min_prob>",
             "suffix tree depth; drafts <= min(max_tokens, factor x match + offset), none below min_prob", _suffix_params,
             (lambda w: parse_int(w, "depth", 1, 64), lambda w: parse_int(w, "max_tokens", 1, 128),
              lambda w: parse_float(w, "factor", 0.0, 64.0), lambda w: parse_float(w, "offset", -64.0, 64.0),
              lambda w: parse_float(w, "min_prob", 0.0, 1.0)),
-            lambda repl: " ".join(f"{v:g}" for v in repl.settings.suffix.arguments().values()),
+            lambda repl: " ".join(f"{v:g}" for v in repl.config.suffix.arguments().values()),
             "depth 1 to 64, max_tokens 1 to 128, factor 0 to 64, offset -64 to 64, min_prob 0 to 1 (defaults 24 24 1 0 0.1)"),
     Command("/suffix_global", "", "suffix drafting also matches a global tree over earlier outputs", _suffix_global,
-            value=lambda repl: repl.settings.suffix_memory is not None),
+            value=lambda repl: repl.context.suffix_memory is not None),
     Command("/suffix_reset", "", "empty the global suffix memory", _suffix_reset, value=lambda repl: repl.suffix_memory.describe()),
     Command("/suffix_save", "<file> [--force]", "save the global suffix memory (JSON)", _suffix_save, None,
             note="--force: overwrite a file that is not a saved suffix memory"),
@@ -388,12 +384,12 @@ BUILT_IN: Dict[str, Command] = {command.name: command for command in [
     number("/p_min", "<p>", "drafter model stops below this top probability (0 = off)", POLICY, "p_min", "0 <= p < 1"),
     Command("/pause", "<after> <steps>", "stop drafting after <after> fruitless steps (0 = off)", _pause,
             (limited("pause_after", "after"), limited("pause_steps", "steps")),
-            lambda repl: f"{repl.settings.policy.pause_after} {repl.settings.policy.pause_steps}",
+            lambda repl: f"{repl.config.policy.pause_after} {repl.config.policy.pause_steps}",
             f"after from {_range('pause_after')}, 0 = off; steps from {_range('pause_steps')}"),
     number("/min_gain", "<x>", "pause drafting while steps emit fewer than x tokens per unit of cost (0 = off)", POLICY, "min_gain",
            f"x from {_range('min_gain')}, 0 = off; 1 = drafting steps must pay for their verification pass"),
     Command("/memory", "", "the policy remembers drafter models across prompts (off forgets)", _memory,
-            value=lambda repl: repl.settings.policy.remember),
+            value=lambda repl: repl.config.policy.remember),
     Command("/stats", "", "detailed statistics of the last prompt", _stats),
     toggle("/stream", "print tokens as they are accepted", REPL, "stream", "stream"),
 ]}

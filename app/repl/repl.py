@@ -1,4 +1,4 @@
-"""The REPL: its state (settings and toggles), one line at a time (a /command or a prompt), each
+"""The REPL: its state (the run's config and context, and toggles), one line at a time (a /command or a prompt), each
 enabled strategy run on a prompt, their results, the table, and the divergences explained."""
 import copy
 from typing import List
@@ -8,7 +8,7 @@ from rich.text import Text
 
 from app.repl.commands import COMMANDS, on_off, suffix_memory_line
 from app.session import encode, first_line
-from utils.parsing import MAX_LINE, UsageError, sanitize_text
+from utils.parsing import MAX_LINE, UsageError, parse_processor, sanitize_text
 from utils.printing import console, screen  # the one screen the REPL, the debug view and the stream share
 
 
@@ -29,22 +29,23 @@ def replaced_line(count: int) -> str:
 
 
 class Repl:
-    """The REPL's state (settings and toggles); its commands are ``COMMANDS``."""
+    """The REPL's state: the run's values (``config``, a ``configuration.RunConfig``, replaced by the
+    commands that change one) and live objects (``context``), and its toggles; its commands are ``COMMANDS``."""
 
     commands = COMMANDS
 
-    def __init__(self, settings, chat: bool, processor_name: str, processor_args: dict, seed: int):
+    def __init__(self, config, context, chat: bool, seed: int):
         from strategies import STRATEGIES
 
-        self.settings = settings
-        settings.stop_if_unknown = True  # NASD as the reference's REPL runs it
+        self.config = config.with_(stop_if_unknown=True)  # NASD as the reference's REPL runs it
+        self.context = context
         self.seed = seed
-        self.chat = chat and bool(getattr(settings.tokenizer, "chat_template", None))
-        self.processor_name, self.processor_args = processor_name, processor_args
+        self.chat = chat and bool(getattr(context.tokenizer, "chat_template", None))
+        _, self.processor_name, self.processor_args = parse_processor(self.config.processor.split())
         self.enabled = {s.key: False for s in STRATEGIES}
         self.enabled.update(
-            speculative=settings.drafter is not None, ngram=not settings.encoder_decoder, pld=not settings.encoder_decoder, target=True,
-            eagle=settings.head is not None,
+            speculative=context.drafter is not None, ngram=not context.encoder_decoder, pld=not context.encoder_decoder, target=True,
+            eagle=context.head is not None,
         )
         self.stream = False
         self.last: list = []  # (strategy, result) of the last prompt, for /stats
@@ -55,27 +56,22 @@ class Repl:
         from sampling import SuffixMemory
         from runners.limits import output_vocab_size
 
-        self.suffix_memory = SuffixMemory(settings.suffix.max_tree_depth, output_vocab_size(settings.target))  # /suffix_global
+        self.suffix_memory = SuffixMemory(self.config.param("max_tree_depth"), output_vocab_size(context.target))  # /suffix_global
         self._warm_up()
 
     def new_storage(self) -> None:
         from runners.limits import output_vocab_size
         from strategies import STORAGES
 
-        self.settings.storage = STORAGES[self.storage_kind](self.storage_n, output_vocab_size(self.settings.target))
+        self.context.storage = STORAGES[self.storage_kind](self.storage_n, output_vocab_size(self.context.target))
 
     def _warm_up(self) -> None:
         """One short pass through each model, so that the first strategy timed pays no start-up cost."""
         from strategies import BY_KEY, run_strategy
 
-        s = self.settings
-        saved = s.max_gen_len, s.debug
-        s.max_gen_len, s.debug = 2, False
-        try:
-            for key in ("target", "drafter") if s.drafter is not None else ("target",):
-                run_strategy(BY_KEY[key], self.encode("Hi"), s, self.seed)
-        finally:
-            s.max_gen_len, s.debug = saved
+        short = self.config.with_(max_gen_len=2, debug=False)
+        for key in ("target", "drafter") if self.context.drafter is not None else ("target",):
+            run_strategy(BY_KEY[key], self.encode("Hi"), short, self.context, self.seed)
 
     def value_of(self, name: str) -> str:
         """The current value of the command ``name``, as /help shows it ("" for none)."""
@@ -106,7 +102,7 @@ class Repl:
         self.compare(line)
 
     def encode(self, text: str) -> List[int]:
-        return encode(self.settings.tokenizer, text, self.chat)
+        return encode(self.context.tokenizer, text, self.chat)
 
     def compare(self, text: str) -> None:
         from strategies import STRATEGIES
@@ -114,30 +110,30 @@ class Repl:
         prompt = self.encode(text)
         if not prompt:
             raise UsageError("the prompt is empty once tokenized: nothing to generate from")
-        if self.settings.debug:
+        if self.config.debug:
             self.say(f"prompt: {len(text)} characters, {len(prompt)} tokens")
         if self.reset_in_between:
-            self.settings.storage.reset()
+            self.context.storage.reset()
         results = []
         self.last = results
         enabled = [strategy for strategy in STRATEGIES if self.enabled.get(strategy.key, False)]
         learning = [strategy for strategy in enabled if strategy.takes_storage]
-        own = self.settings.storage  # what the first strategy drafting from it learns is kept for the next prompt
+        own = self.context.storage  # what the first strategy drafting from it learns is kept for the next prompt
         before = copy.deepcopy(own) if len(learning) > 1 else None
         # the same for the global suffix memory (/suffix_global), which suffix and tree_suffix both read and extend
         suffixes = [strategy for strategy in enabled if strategy.suffix]
-        memory = self.settings.suffix_memory
+        memory = self.context.suffix_memory
         memory_before = copy.deepcopy(memory) if memory is not None and len(suffixes) > 1 else None
         try:
             for strategy in enabled:
                 # every strategy drafting from the storage starts from it as it was before this prompt
-                self.settings.storage = copy.deepcopy(before) if strategy in learning[1:] else own
-                self.settings.suffix_memory = copy.deepcopy(memory_before) if strategy in suffixes[1:] and memory is not None else memory
+                self.context.storage = copy.deepcopy(before) if strategy in learning[1:] else own
+                self.context.suffix_memory = copy.deepcopy(memory_before) if strategy in suffixes[1:] and memory is not None else memory
                 if not self.run(strategy, prompt, results):
                     return
         finally:
-            self.settings.storage = own
-            self.settings.suffix_memory = memory
+            self.context.storage = own
+            self.context.suffix_memory = memory
         if results:
             self.print_table(results)
             self.explain_divergences(prompt, results)
@@ -151,18 +147,18 @@ class Repl:
 
         recorder = PassRecorder()
         self.passes[strategy.key] = recorder.passes
-        self.settings.streamer = recorder
+        self.context.streamer = recorder
         if self.stream:
             console.rule(Text(strategy.title, style=f"bold {strategy.color}"))
-            self.settings.streamer = (self._streamer(), recorder)
+            self.context.streamer = (self._streamer(), recorder)
         try:
-            result = run_strategy(strategy, prompt, self.settings, self.seed)
+            result = run_strategy(strategy, prompt, self.config, self.context, self.seed)
         except (KeyboardInterrupt, ValueError) as error:
             screen.end_line()  # a stream may have left the line open
             console.print(Text(f"{strategy.title}: {error if isinstance(error, ValueError) else 'interrupted'}", style="red"))
             return False
         finally:
-            self.settings.streamer = None
+            self.context.streamer = None
         screen.end_line()
         results.append((strategy, result))
         self.print_result(strategy, result)
@@ -174,27 +170,27 @@ class Repl:
         from sampling.divergence import NEAR_TIE, classify_divergence, on_kernels
         from runners import make_runner
 
-        runner, use_cache = self.settings.runner, self.settings.use_cache  # the runner the strategies ran: /cache, --compile
+        runner, use_cache = self.config.runner, self.config.use_cache  # the runner the strategies ran: /cache, --compile
         replayed = lambda model: make_runner(model, use_cache, config=runner)  # noqa: E731
         reference, kernels = next(((r.tokens, r.kernels) for s, r in results if s.baseline), (None, ""))
-        if self.processor_name != "greedy" or self.settings.encoder_decoder or reference is None:
+        if self.processor_name != "greedy" or self.context.encoder_decoder or reference is None:
             return
         for strategy, result in results:
             if strategy.baseline or strategy.drafter_ar or result.tokens == reference:
                 continue
-            found = classify_divergence(self.settings.target, prompt, reference, result.tokens, self.passes[strategy.key],
+            found = classify_divergence(self.context.target, prompt, reference, result.tokens, self.passes[strategy.key],
                                         on_kernels(replayed, kernels), on_kernels(replayed, result.kernels))
             console.print(Text(f"{strategy.title}: {found.line()}", style="yellow" if found.verdict == NEAR_TIE else "bold red"))
 
     def _streamer(self):
         """Prints each step's new text; in debug mode accepted drafts green, the target's tokens blue."""
-        tokenizer, generated, shown = self.settings.tokenizer, [], [""]
+        tokenizer, generated, shown = self.context.tokenizer, [], [""]
 
         def stream(tokens: List[int], n_drafted: int) -> None:
             before = len(generated)
             generated.extend(tokens)
             text = tokenizer.decode(generated, skip_special_tokens=True)
-            if self.settings.debug and n_drafted:
+            if self.config.debug and n_drafted:
                 drafted = tokenizer.decode(generated[: before + n_drafted], skip_special_tokens=True)
                 piece = Text(drafted[len(shown[0]) :], style="green") + Text(text[len(drafted) :], style="blue")
             else:
@@ -206,7 +202,7 @@ class Repl:
 
     def print_result(self, strategy, result) -> None:
         if not self.stream:
-            text = self.settings.tokenizer.decode(result.tokens, skip_special_tokens=True)
+            text = self.context.tokenizer.decode(result.tokens, skip_special_tokens=True)
             console.rule(Text(strategy.title, style=f"bold {strategy.color}"))
             console.print(Text("Out: ", style=strategy.color) + Text(text))
         line = f"{result.tokens_per_second:.1f} tokens/s · {len(result.tokens)} tokens in {result.seconds:.2f} s"
@@ -219,8 +215,8 @@ class Repl:
 
     def print_table(self, results) -> None:
         baseline = next((r.tokens_per_second for s, r in results if s.key == "target"), None)
-        policy = self.settings.policy
-        gamma = "auto" if policy.auto else f"<= {self.settings.gamma}"
+        policy = self.context.policy(self.config)
+        gamma = "auto" if policy.auto else f"<= {self.config.gamma}"
         caption = f"policy: {policy.describe()}" + (f" · {suffix_memory_line(self)}" if self.enabled["suffix"] or self.enabled["tree_suffix"] else "")
         table = Table(title=f"seed {self.seed} · gamma {gamma} · {self.value_of('/processor')} · speedup over target AR",
                       caption=caption + kernels_caption(results))

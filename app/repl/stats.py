@@ -8,7 +8,7 @@ from utils.printing import console
 
 def suffix_memory_line(repl) -> str:
     """The global suffix memory's state, for /stats and the table's caption."""
-    if repl.settings.suffix_memory is None:
+    if repl.context.suffix_memory is None:
         return "suffix global memory: off"
     return f"suffix global memory: on, {repl.suffix_memory.describe()}"
 
@@ -33,7 +33,7 @@ def _stats(repl):
         if r.stats.accepted_by:
             shares = ", ".join(f"{k} {v}" for k, v in sorted(r.stats.accepted_by.items(), key=lambda i: -i[1]))
             console.print(Text(f"{strategy.title}: accepted drafts by source: {shares}", style=strategy.color))
-    policy = repl.settings.policy
-    console.print(f"policy: {policy.describe(repl.settings.gamma)}"
+    policy = repl.context.policy(repl.config)
+    console.print(f"policy: {policy.describe(repl.config.gamma)}"
                   + ("" if policy.remember else " · memory off: each prompt starts fresh"))
-    console.print(f"suffix: {repl.settings.suffix.describe()} · {suffix_memory_line(repl)}")
+    console.print(f"suffix: {repl.config.suffix.describe()} · {suffix_memory_line(repl)}")
