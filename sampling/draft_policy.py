@@ -4,7 +4,7 @@ the calibrated policy built from the measured costs (``measure``).
 ``DraftPolicy`` decides and learns within a generation (and, with ``remember``, across them);
 ``PolicySettings`` holds its values alone, frozen (a run's configuration keeps those, and each
 generation gets a ``DraftPolicy`` made from them, with the memory its run keeps: ``policy``)."""
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:
@@ -282,23 +282,8 @@ def _checked(values: Any) -> Tuple[float, ...] | None:
     return costs
 
 
-@dataclass(frozen=True)
-class PolicySettings:
-    """A ``DraftPolicy``'s values (the same fields, the same checks), frozen: they print, compare, hash
-    and are written as a dict (``asdict``). ``policy(memory)`` makes the policy of one generation."""
-
-    adaptive: bool = False
-    min_draft: int = 0
-    pause_after: int = 0
-    pause_steps: int = 8
-    p_min: float = 0.0
-    max_gamma: int = 64
-    min_gain: float = 0.0
-    row_costs: Tuple[float, ...] | None = None
-    draft_cost: float = 0.0
-    auto: bool = False
-    remember: bool = False
-    calibration: str = ""
+class _Values:
+    """What ``PolicySettings`` adds to ``DraftPolicy``'s value fields."""
 
     def __post_init__(self):
         object.__setattr__(self, "row_costs", _checked(self))
@@ -319,3 +304,10 @@ class PolicySettings:
     def bound(self) -> int | None:
         """``DraftPolicy.bound``: the most drafts a step may ask for beyond ``gamma``; None: ``gamma`` is the bound."""
         return len(self.row_costs) - 1 if self.auto else None
+
+
+# made from ``DraftPolicy``'s fields, so that the two never differ
+PolicySettings = make_dataclass("PolicySettings", [(f.name, f.type, field(default=f.default)) for f in fields(DraftPolicy)],
+                                bases=(_Values,), frozen=True, namespace={"__module__": __name__, "__doc__": (
+                                    "A ``DraftPolicy``'s values, frozen: they print, compare, hash and are written as a "
+                                    "dict (``asdict``). ``policy(memory)`` makes the policy of one generation.")})
