@@ -262,3 +262,13 @@ def test_the_default_strategies_are_read_from_the_strategy_table():
     configs = bench.make_configs(bench.build_parser().parse_args([]), have_drafter=False)
     assert list(dict.fromkeys(c.key for c in configs)) == ["target", "ngram", "pld", "suffix", "hf_generate", "hf_generate_static",
                                                           "hf_prompt_lookup"]
+
+
+def test_the_kernels_section_names_what_every_row_ran():
+    """A row that made no kernel choice ran the model's own linear layers, and its cell says so
+    (a compiled GPU report left it blank beside transformers' compiled peer)."""
+    from app.bench.report import kernels_report
+
+    assert kernels_report([{"config": "target", "kernels": ""}, {"config": "pld", "kernels": ""}], "--prepack auto") == ""
+    section = kernels_report([{"config": "target", "kernels": ""}, {"config": "hf_generate_static", "kernels": "own"}], "--prepack auto")
+    assert "| target | own (no choice made) |" in section and "|  |" not in section

@@ -194,6 +194,7 @@ def kernels_report(records: List[dict], measured: str) -> str:
     ran = {r["config"]: r.get("kernels", "") for r in records}
     if not any(ran.values()):
         return ""
+    ran = {config: kernels or "own (no choice made)" for config, kernels in ran.items()}  # "": the model's own, unchosen
     lines = ["", "## kernels", "", f"The target's linear layers, each row on those its passes run fastest on ({measured}).", ""]
     if len(set(ran.values())) == 1:
         return "\n".join(lines + [f"Every row: {next(iter(ran.values()))} linear layers.", ""])
