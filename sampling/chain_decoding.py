@@ -38,6 +38,19 @@ def _on_host(tree: Any, values: Iterator[int]) -> Any:
     return [_on_host(branch, values) for branch in tree] if isinstance(tree, (list, tuple)) else None
 
 
+def _loop_start(prompt: List[int], target: Runner, drafter, config: GenerationConfig) -> Tuple[Drafter, int, Tensor, List[int]]:
+    """What both loops start from: the drafter as a ``Drafter``, attached to ``target``; ``end``, the
+    last position the generation may reach; ``ids`` (1, end), the prompt written in; the tokens so far.
+    The policy is started for the drafter."""
+    drafter = as_drafter(drafter)
+    end = generation_end(len(prompt), config.max_gen_len, context_window(target.model))
+    ids = torch.zeros((1, end), dtype=torch.long, device=target.device)
+    ids[0, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=target.device)
+    config.policy.start(config.gamma, drafter.cheap, drafter.memory_key, drafter.step_cost)
+    drafter.attach(target)
+    return drafter, end, ids, list(prompt)
+
+
 @torch.no_grad()
 def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config: GenerationConfig) -> List[int]:
     """The speculative loop shared by every drafter; returns the new tokens (prompt excluded).
@@ -58,16 +71,10 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
     token, or at the target's window. ``config.policy`` sets each step's draft length; observers
     see each step.
     """
-    drafter = as_drafter(drafter)
-    end = generation_end(len(prompt), config.max_gen_len, context_window(target.model))
-    ids = torch.zeros((1, end), dtype=torch.long, device=target.device)
-    ids[0, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=target.device)
-    tokens = list(prompt)
+    drafter, end, ids, tokens = _loop_start(prompt, target, drafter, config)
     processor, policy, stats = config.processor, config.policy, config.stats
     greedy = isinstance(processor, GreedyProcessor)
     drafting = not config.first_target
-    policy.start(config.gamma, drafter.cheap, drafter.memory_key, drafter.step_cost)
-    drafter.attach(target)
     while len(tokens) < end:
         cur = len(tokens)
         k = max(0, min(policy.length(policy.bound()), end - cur - 1, drafter.max_drafts(cur))) if drafting else 0

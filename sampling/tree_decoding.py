@@ -11,14 +11,11 @@ from typing import List, Tuple
 import torch
 from torch import Tensor
 
-from sampling.common import generation_end
-
-from runners.limits import context_window
 from sampling.config import GenerationConfig, Step
 from sampling.draft_policy import DraftPolicy
-from sampling.chain_decoding import _on_host, _residual, _tensors
+from sampling.chain_decoding import _loop_start, _on_host, _residual, _tensors
 from sampling.tree_shape import best_prefix, choose_nodes, rank_estimates
-from drafters.base import Drafter, as_drafter
+from drafters.base import Drafter
 from runners import tree_depths
 from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
@@ -208,17 +205,11 @@ def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, confi
     host-device sync per step. Statistics count a step's *levels* (its deepest branch) as drafts,
     so per-position acceptance reads per depth.
     """
-    drafter = as_drafter(drafter)
-    end = generation_end(len(prompt), config.max_gen_len, context_window(target.model))
-    ids = torch.zeros((1, end), dtype=torch.long, device=target.device)
-    ids[0, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=target.device)
-    tokens = list(prompt)
+    drafter, end, ids, tokens = _loop_start(prompt, target, drafter, config)
     processor, policy, stats = config.processor, config.policy, config.stats
     greedy = isinstance(processor, GreedyProcessor)
     with_probs = drafter.tree_probs
     drafting = not config.first_target
-    policy.start(config.gamma, drafter.cheap, drafter.memory_key, drafter.step_cost)
-    drafter.attach(target)
     record = TreeRecord()
     while len(tokens) < end:
         cur = len(tokens)
