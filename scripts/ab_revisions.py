@@ -52,6 +52,8 @@ runs = {
     "prompt lookup": lambda p: prompt_lookup(p, **common)[0],
     "speculative g4 (10 layers)": lambda p: speculative_generate(p, drafter, model, gamma=4, **common)[0],
 }
+only = [name for name in sys.argv[3].split(",") if name] if len(sys.argv) > 3 else []
+runs = {name: run for name, run in runs.items() if not only or name in only}
 for run in runs.values():
     run(prompts[0][:32])  # warm-up
 out = {}
@@ -67,8 +69,8 @@ print(json.dumps(out))
 '''
 
 
-def measure(tree: Path, new_tokens: int, prompts: int) -> dict:
-    done = subprocess.run([sys.executable, "-c", WORKLOAD, str(new_tokens), str(prompts)], cwd=tree, capture_output=True, text=True)
+def measure(tree: Path, new_tokens: int, prompts: int, only: str = "") -> dict:
+    done = subprocess.run([sys.executable, "-c", WORKLOAD, str(new_tokens), str(prompts), only], cwd=tree, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"error: the workload failed in {tree}:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -82,6 +84,7 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=4, help="first prompts of bench_prompts.jsonl (default 4)")
     p.add_argument("--busy", type=float, default=BUSY, help=f"cores of other processes above which a run is noisy (default {BUSY:g})")
     p.add_argument("--strict", action="store_true", help="exit with status 1 when any run was noisy")
+    p.add_argument("--only", default="", help='comma-separated workload names to run alone, e.g. "NASD g4" (default: all)')
     args = p.parse_args()
     meter, windows = LoadMeter(), []
     with tempfile.TemporaryDirectory() as scratch:
@@ -94,7 +97,7 @@ def main() -> None:
                 order = list(sides) if round_ % 2 == 0 else list(sides)[::-1]
                 for side in order:
                     meter.start()  # the workload runs in a child process: ours, not noise
-                    samples[side].append(measure(sides[side], args.new_tokens, args.prompts))
+                    samples[side].append(measure(sides[side], args.new_tokens, args.prompts, args.only))
                     window = meter.stop()
                     windows.append({"seconds": window.seconds, **window.record(args.busy)})
                 print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
