@@ -272,3 +272,19 @@ def test_the_kernels_section_names_what_every_row_ran():
     assert kernels_report([{"config": "target", "kernels": ""}, {"config": "pld", "kernels": ""}], "--prepack auto") == ""
     section = kernels_report([{"config": "target", "kernels": ""}, {"config": "hf_generate_static", "kernels": "own"}], "--prepack auto")
     assert "| target | own (no choice made) |" in section and "|  |" not in section
+
+
+def test_the_title_names_the_head_only_where_a_row_drafts_with_it():
+    """A head loaded by default is in the report's title only when an EAGLE row or the merged tree ran."""
+    from types import SimpleNamespace
+
+    from app.bench.run import report_title
+    from strategies import BY_KEY, RunConfig
+
+    bench = SimpleNamespace(target_label="target", drafter_label="", head_line="a head", context=SimpleNamespace(head=object()),
+                            args=SimpleNamespace(processor="greedy", max_new_tokens=8, repeats=1), config=RunConfig())
+    rows = lambda *keys: [SimpleNamespace(strategy=BY_KEY[key], key=key) for key in keys]  # noqa: E731
+    assert " + head " not in report_title(bench, rows("target", "pld"))
+    assert all(" + head a head" in report_title(bench, rows("target", key)) for key in ("eagle", "eagle_tree", "merged"))
+    bench.context.head = None
+    assert " + head " not in report_title(bench, rows("target", "eagle"))

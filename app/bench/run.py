@@ -79,7 +79,7 @@ class Bench:
 
         longest = max(len(item["prompt"]) for item in items) + self.args.max_new_tokens
         runners = {"target": self.config.runner, "drafter": self.config.drafter_runner}
-        drafts_with_head = any(c.strategy.needs_head or c.key == "merged" for c in configs)
+        drafts_with_head = any(drafts_with(c) for c in configs)
         for role, model in (("target", self.target), ("drafter", self.drafter)):
             if model is not None and runners[role].compiled_for(model):
                 head = self.context.head if role == "target" and drafts_with_head else None
@@ -240,19 +240,25 @@ def run_record(bench: Bench, item: dict, repeat: int, config: Config, result, re
         "target_passes": st.target_forward_passes, "drafted_at": st.drafted_at, "accepted_at": st.accepted_at,
         "paused_steps": st.paused_steps, "tokens": result.tokens, "steps": st.emitted_by_step,
         "kernels": result.kernels, "drafts": st.drafted_by_step, "peer_settings": st.peer_settings or None,
-        "accepted_by": st.accepted_by or None, "head": bench.head_line if config.strategy.needs_head or (
-            config.key == "merged" and bench.context.head is not None) else None,
+        "accepted_by": st.accepted_by or None, "head": bench.head_line if bench.context.head is not None and drafts_with(config) else None,
         "text": bench.tokenizer.decode(result.tokens, skip_special_tokens=True),
         "diverged_at": first_divergence(result.tokens, reference) if bench.greedy and not config.strategy.drafter_ar else None,
         "divergence": None, "run_config": result.config.to_dict(),
     }
 
 
+def drafts_with(config: Config) -> bool:
+    """Whether ``config``'s row drafts with the learned head when one is loaded: an EAGLE row, or the
+    merged tree (the head is one of its sources)."""
+    return config.strategy.needs_head or config.key == "merged"
+
+
 def report_title(bench: Bench, configs: List[Config]) -> str:
-    """The report's title: the pair, the processor, the lengths, the policy (and the suffix settings)."""
+    """The report's title: the pair (the head only where a row drafts with it), the processor, the
+    lengths, the policy (and the suffix settings)."""
     args = bench.args
     title = (f"{bench.target_label}" + (f" + drafter {bench.drafter_label}" if bench.drafter_label else "")
-             + (f" + head {bench.head_line}" if bench.context.head is not None else "")
+             + (f" + head {bench.head_line}" if bench.context.head is not None and any(drafts_with(c) for c in configs) else "")
              + f" · {args.processor} · {args.max_new_tokens} new tokens · {args.repeats} repeat(s)"
              + f" · policy: {bench.config.policy.policy().describe()}")
     if any(config.strategy.suffix for config in configs):
