@@ -1,0 +1,65 @@
+"""Host time a token of target AR, ours against transformers', on a tiny random Llama whose compute is
+negligible (hidden size 32, 2 layers, one thread): what each loop costs around the model. Eager by
+default; ``--compile``: our compiled passes against transformers' compiled static-cache ``generate``
+(CPU inductor: a minute or two to build, outside the timing). Run it alone:
+
+    ../shared/tools/quiet -- .venv/bin/python scripts/host_overhead.py [--compile] [--device cuda]
+"""
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM, StaticCache  # noqa: E402
+
+from runners import RunnerConfig, prepare, synchronize  # noqa: E402
+from sampling import autoregressive_generate  # noqa: E402
+
+PROMPT, NEW = list(range(1, 17)), 256
+
+
+def per_token(run, model, repeats: int = 5) -> float:
+    """Milliseconds a token: the median of ``repeats`` timed runs after one untimed."""
+    run()
+    times = []
+    for _ in range(repeats):
+        synchronize(model)
+        start = time.perf_counter()
+        run()
+        synchronize(model)
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times) / NEW
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--compile", action="store_true", help="the compiled paths (ours: CUDA graphs or inductor; transformers': its own)")
+    p.add_argument("--device", default="cpu")
+    args = p.parse_args()
+    torch.set_grad_enabled(False)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                         num_key_value_heads=2, max_position_embeddings=1024)).eval().to(args.device)
+    ids = torch.tensor([PROMPT], device=args.device)
+    ours = lambda cache: lambda: autoregressive_generate(PROMPT, model, max_gen_len=NEW, eos_tokens_id=[], use_cache=True,  # noqa: E731
+                                                         runner=RunnerConfig(cache, args.compile))
+    hf_extra = lambda: {}  # noqa: E731
+    if args.compile:
+        prepare(model, len(PROMPT) + NEW)
+        config = CompileConfig(fullgraph=False, dynamic=False, mode="default")
+        config._compile_all_devices = True
+        hf_extra = lambda: {"past_key_values": StaticCache(config=model.config, max_cache_len=512), "compile_config": config}  # noqa: E731
+    runs = {"ours, static cache": ours("static")} if args.compile else {"ours, static cache": ours("static"), "ours, dynamic cache": ours("dynamic")}
+    runs["transformers generate" + (", static cache, compiled" if args.compile else "")] = lambda: model.generate(
+        ids, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, pad_token_id=0, **hf_extra())
+    for name, run in runs.items():
+        print(f"{name}: {per_token(run, model):.3f} ms a token ({NEW} tokens, median of 5)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
