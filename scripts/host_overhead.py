@@ -1,5 +1,5 @@
 """Host time a token of target AR, ours against transformers', on a tiny random Llama whose compute is
-negligible (hidden size 32, 2 layers, one thread): what each loop costs around the model. Eager by
+negligible (hidden size 32, 2 layers unless --layers, one thread): what each loop costs around the model. Eager by
 default; ``--compile``: our compiled passes against transformers' compiled static-cache ``generate``
 (CPU inductor: a minute or two to build, outside the timing). Run it alone:
 
@@ -39,11 +39,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--compile", action="store_true", help="the compiled paths (ours: CUDA graphs or inductor; transformers': its own)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--layers", type=int, default=2, help="decoder layers (default 2): a cost that grows with them is per layer")
     args = p.parse_args()
     torch.set_grad_enabled(False)
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=args.layers, num_attention_heads=2,
                                          num_key_value_heads=2, max_position_embeddings=1024)).eval().to(args.device)
     ids = torch.tensor([PROMPT], device=args.device)
     ours = lambda cache: lambda: autoregressive_generate(PROMPT, model, max_gen_len=NEW, eos_tokens_id=[], use_cache=True,  # noqa: E731
@@ -53,7 +54,8 @@ def main() -> None:
         prepare(model, len(PROMPT) + NEW)
         config = CompileConfig(fullgraph=False, dynamic=False, mode="default")
         config._compile_all_devices = True
-        hf_extra = lambda: {"past_key_values": StaticCache(config=model.config, max_cache_len=512), "compile_config": config}  # noqa: E731
+        own = {} if args.device.startswith("cuda") else {"compile_config": config}  # on CUDA transformers compiles by itself, as the peer
+        hf_extra = lambda: {"past_key_values": StaticCache(config=model.config, max_cache_len=512), **own}  # noqa: E731
     runs = {"ours, static cache": ours("static")} if args.compile else {"ours, static cache": ours("static"), "ours, dynamic cache": ours("dynamic")}
     runs["transformers generate" + (", static cache, compiled" if args.compile else "")] = lambda: model.generate(
         ids, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, pad_token_id=0, **hf_extra())
