@@ -140,7 +140,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     from app.session import SetupError, read_processor
 
     try:
-        processor, processor_name, _ = read_processor(args.processor, "auto" in args.gamma, not args.no_calibrate)
+        _, processor_name, _ = read_processor(args.processor, "auto" in args.gamma, not args.no_calibrate)  # refused here, in one line
     except SetupError as error:
         raise SystemExit(f"error: {error}") from None
     if args.replay:
@@ -150,13 +150,13 @@ def main(argv: Optional[List[str]] = None) -> None:
         records = [json.loads(line) for line in Path(args.from_runs).read_text().splitlines() if line.strip()]
         write_reports(records, Path(args.out), f"re-made from {args.from_runs}", groups=args.group or (DEFAULT_GROUP,))
         return check_strict(records, args.strict)
-    benchmark(args, processor, greedy=processor_name == "greedy")
+    benchmark(args, greedy=processor_name == "greedy")
 
 
-def benchmark(args, processor, greedy: bool) -> None:
+def benchmark(args, greedy: bool) -> None:
     """Load the pair, time every configuration on every prompt, write the reports (and Spec-Bench's answer files)."""
     rows = load_prompts(args.prompts, args.categories, args.limit)
-    bench = Bench(args, processor, greedy=greedy)
+    bench = Bench(args, greedy=greedy)
     configs = make_configs(args, bench.drafter is not None, bench.context.head is not None)
     configs = [c for c in configs if not c.strategy.trees or not refuse_trees(bench.target, c)]
     if not bench.greedy:

@@ -23,7 +23,7 @@ def first_divergence(a: List[int], b: List[int]) -> Optional[int]:
 
 
 class Bench:
-    def __init__(self, args, processor, greedy: bool):
+    def __init__(self, args, greedy: bool):
         from app.pair import LoadOptions, cross_preset, load_pair, pair_preset
         from app.session import PolicyFlags, SetupError, build_settings
         from runners.compiled import set_cpu_gemm
@@ -31,7 +31,7 @@ class Bench:
         from sampling.divergence import default_runner
 
         self.args = args
-        self.processor, self.greedy = processor, greedy
+        self.greedy = greedy
         set_cpu_gemm(args.gemm)  # read as compiled graphs are built
         try:
             preset = {"pair": pair_preset, "cross": cross_preset}.get(args.preset, dict)()
