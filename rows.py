@@ -119,7 +119,7 @@ def _drafter_ar(prompt: List[int], c: RunConfig, x: RunContext, stats: Generatio
     spelling = translation(x.tokenizer, x.drafter_tokenizer)
     own = (x.drafter_prompt(prompt) if x.drafter_prompt else None) or spelling.to_drafter(prompt)
     out = autoregressive_generate(own, x.drafter, **{**_plain(c, x, stats), "eos_tokens_id": spelling.stops(list(c.eos_tokens_id))},
-                                  runner=c.runner)
+                                  runner=c.drafter_runner)
     return spelling.back(prompt, out)
 
 

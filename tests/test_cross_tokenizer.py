@@ -287,3 +287,21 @@ def test_transformers_universal_assisted_generation_runs_our_gamma(tiny_models, 
     assert steps and set(steps) == {("AssistedCandidateGeneratorDifferentTokenizers", 3, "constant", 0.0)}
     assert result.stats.peer_settings["translation"] == "text (UAG)"
     assert result.tokens == run_strategy(EVERY["target"], prompt, config, context).tokens
+
+
+def test_the_drafter_alone_runs_on_the_drafters_runner_whatever_its_tokenizer(tiny_models, drafters, monkeypatch):
+    """The "Drafter AR" row runs the drafter's passes as ``drafter_runner`` says, with its own tokenizer
+    too (it ran them on the target's runner before)."""
+    import rows
+    from app.session import build_settings, encode
+    from runners import RunnerConfig
+    from strategies import BY_KEY, run_strategy
+
+    ran = []
+    real = rows.autoregressive_generate
+    monkeypatch.setattr(rows, "autoregressive_generate", lambda prompt, model, **kw: ran.append((model, kw["runner"])) or real(prompt, model, **kw))
+    pair = load(tiny_models["target"], drafters["cross"], [])
+    config, context = build_settings(pair, "greedy", length=4)
+    config = config.with_(runner=RunnerConfig("static"), drafter_runner=RunnerConfig("dynamic"))
+    run_strategy(BY_KEY["drafter"], encode(pair.tokenizer, "Hi", True), config, context)
+    assert ran == [(pair.drafter, RunnerConfig("dynamic"))]
