@@ -154,9 +154,8 @@ def _gamma(repl, value):
 
 
 def _processor(repl, words):
-    _, name, values = parse_processor(words)
+    parse_processor(words)  # a malformed one is refused with its usage line
     repl.config = repl.config.with_(processor=" ".join(words))
-    repl.processor_name, repl.processor_args = name, values
     return f"processor: {repl.value_of('/processor')}"
 
 

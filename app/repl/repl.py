@@ -41,7 +41,6 @@ class Repl:
         self.context = context
         self.seed = seed
         self.chat = chat and bool(getattr(context.tokenizer, "chat_template", None))
-        _, self.processor_name, self.processor_args = parse_processor(self.config.processor.split())
         self.enabled = {s.key: False for s in STRATEGIES}
         self.enabled.update(
             speculative=context.drafter is not None, ngram=not context.encoder_decoder, pld=not context.encoder_decoder, target=True,
@@ -58,6 +57,16 @@ class Repl:
 
         self.suffix_memory = SuffixMemory(self.config.param("max_tree_depth"), output_vocab_size(context.target))  # /suffix_global
         self._warm_up()
+
+    @property
+    def processor_name(self) -> str:
+        """The sampling's name, read from the config (``/processor`` replaces it): one place for it."""
+        return parse_processor(self.config.processor.split())[1]
+
+    @property
+    def processor_args(self) -> dict:
+        """The sampling's values by name, read from the config."""
+        return parse_processor(self.config.processor.split())[2]
 
     def new_storage(self) -> None:
         from runners.limits import output_vocab_size

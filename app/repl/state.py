@@ -14,7 +14,7 @@ class ReplState(Protocol):
     context: "RunContext"  # the run's live objects: models, storages, the suffix memory on or off
     enabled: Dict[str, bool]  # strategy key -> run on each prompt
     chat: bool
-    processor_name: str
+    processor_name: str  # read from the config's processor
     processor_args: Dict[str, Any]
     storage_kind: str
     storage_n: int
