@@ -1,5 +1,6 @@
 """The REPL driven as a user would: a real subprocess on a pseudo-terminal or a pipe."""
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -15,10 +16,17 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "\n> "  # the REPL prompt at the start of a line (usage lines contain "<n> ")
 
 
+def _sigint_ignored():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def spawn(*args):
+    """The REPL on a pseudo-terminal, started with SIGINT ignored, as a script's background job (or a
+    test runner started with ``&``) starts it: Ctrl-C at its terminal must interrupt all the same."""
     child = pexpect.spawn(sys.executable, ["infer.py", "--device", "cpu", *args], cwd=str(ROOT), encoding="utf-8",
-                          timeout=120, dimensions=(60, 200), env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(Path.home()), **MEASUREMENTS_ENV,
-                                                                 "TERM": "xterm", "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"})
+                          timeout=120, dimensions=(60, 200), preexec_fn=_sigint_ignored,
+                          env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(Path.home()), **MEASUREMENTS_ENV,
+                               "TERM": "xterm", "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"})
     child.expect("Type a prompt")
     child.expect(PROMPT)
     return child

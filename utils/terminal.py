@@ -9,7 +9,9 @@ U+FFFD and are counted. A line longer than ``MAX_LINE`` characters is cut there 
 """
 import codecs
 import os
+import signal
 import sys
+import threading
 from dataclasses import dataclass
 
 from utils.parsing import MAX_LINE, sanitize_text
@@ -23,6 +25,23 @@ class Line:
     text: str
     replaced: int = 0  # bytes that were not UTF-8
     cut: int = 0  # characters dropped beyond MAX_LINE
+
+
+def ctrl_c_interrupts(stdin=None) -> bool:
+    """On a terminal, make Ctrl-C raise ``KeyboardInterrupt`` even where this process was started with
+    SIGINT ignored (a script's background job, a test runner started with ``&``: such a child inherits
+    the ignored signal, and Python then installs no handler). A user at the terminal who presses
+    Ctrl-C means it. Returns whether Ctrl-C now interrupts; off a terminal nothing changes."""
+    stdin = stdin or sys.stdin
+    try:
+        interactive = stdin.isatty()
+    except (ValueError, OSError):
+        interactive = False
+    if not interactive or threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    return True
 
 
 def read_line(prompt: str = "> ", stdin=None, stdout=None, limit: int = MAX_LINE) -> Line | None:

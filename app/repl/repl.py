@@ -241,8 +241,9 @@ class Repl:
         console.print(table)
 
     def loop(self) -> None:
-        from utils.terminal import read_line
+        from utils.terminal import ctrl_c_interrupts, read_line
 
+        ctrl_c_interrupts()
         while True:
             try:
                 line = read_line("> ")
