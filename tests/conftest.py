@@ -13,12 +13,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may be downloaded in tes
 # the project's cache folder (utils.models.cache_dir, the one switch the library reads) is this run's
 # own: start-up measurements and compiled graphs start afresh at every run, so the suite takes the same
 # paths every time; subprocesses get it too. The models converted in the user's cache (the embedded
-# GGUF, the pair) are linked in, read only, so that a run does not convert them again.
-_USERS_CACHE = Path(os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "speculative-decoding")
-_RUN_CACHE = Path(tempfile.mkdtemp(prefix="specdec-test-cache-"))
-for _entry in _USERS_CACHE.glob("*") if _USERS_CACHE.is_dir() else ():
-    if _entry.is_dir() and _entry.name not in ("measurements", "inductor", "eagle"):
-        (_RUN_CACHE / _entry.name).symlink_to(_entry, target_is_directory=True)
+# GGUF, the pair) are linked in, read only, so that a run does not convert them again. One run is one
+# folder however many processes run it: pytest-xdist's workers (and a pytest started by a test) find
+# the folder in _RUN_CACHE_ENV and share it, so a graph compiled or a start-up measured by one of them
+# is on disk for the others (every save there is atomic); the process that made it removes it at the end.
+_RUN_CACHE_ENV = "SPECDEC_TEST_RUN_CACHE"
+_MADE_HERE = not os.environ.get(_RUN_CACHE_ENV)
+if _MADE_HERE:
+    _USERS_CACHE = Path(os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "speculative-decoding")
+    _RUN_CACHE = Path(tempfile.mkdtemp(prefix="specdec-test-cache-"))
+    for _entry in _USERS_CACHE.glob("*") if _USERS_CACHE.is_dir() else ():
+        if _entry.is_dir() and _entry.name not in ("measurements", "inductor", "eagle"):
+            (_RUN_CACHE / _entry.name).symlink_to(_entry, target_is_directory=True)
+    os.environ[_RUN_CACHE_ENV] = str(_RUN_CACHE)
+else:
+    _RUN_CACHE = Path(os.environ[_RUN_CACHE_ENV])
 MEASUREMENTS_ENV = {"SPECDEC_CACHE": str(_RUN_CACHE)}
 os.environ.update(MEASUREMENTS_ENV)
 # tiny models: a second thread only adds synchronisation (measured: the tiny-model tests run
@@ -41,6 +50,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 def examples(n: int) -> int:
     """A property test's number of examples: ``n`` under the "ci" profile, ``n * DEV_SCALE`` under "dev"."""
     return n * DEV_SCALE if settings.get_current_profile_name() == "dev" else n
+
+
+def pytest_unconfigure(config):
+    if _MADE_HERE:
+        shutil.rmtree(_RUN_CACHE, ignore_errors=True)  # the links only: the user's models stay
 
 
 def _seeded(seed: int):
