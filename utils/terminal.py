@@ -27,31 +27,29 @@ class Line:
     cut: int = 0  # characters dropped beyond MAX_LINE
 
 
-def ctrl_c_interrupts(stdin=None) -> bool:
+def _on_terminal(stdin) -> bool:
+    try:
+        return stdin.isatty()
+    except (ValueError, OSError):
+        return False
+
+
+def ctrl_c_interrupts(stdin=None) -> None:
     """On a terminal, make Ctrl-C raise ``KeyboardInterrupt`` even where this process was started with
     SIGINT ignored (a script's background job, a test runner started with ``&``: such a child inherits
     the ignored signal, and Python then installs no handler). A user at the terminal who presses
-    Ctrl-C means it. Returns whether Ctrl-C now interrupts; off a terminal nothing changes."""
-    stdin = stdin or sys.stdin
-    try:
-        interactive = stdin.isatty()
-    except (ValueError, OSError):
-        interactive = False
-    if not interactive or threading.current_thread() is not threading.main_thread():
-        return False
+    Ctrl-C means it. Off a terminal, or off the main thread, nothing changes."""
+    if not _on_terminal(stdin or sys.stdin) or threading.current_thread() is not threading.main_thread():
+        return
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    return True
 
 
 def read_line(prompt: str = "> ", stdin=None, stdout=None, limit: int = MAX_LINE) -> Line | None:
     """One line without its end; None at the end of input."""
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
-    try:
-        interactive = stdin.isatty()
-    except (ValueError, OSError):
-        interactive = False
+    interactive = _on_terminal(stdin)
     if interactive:
         try:
             import termios  # noqa: F401
