@@ -77,8 +77,8 @@ class RunConfig:
     are written as JSON (``to_dict``). ``processor``: the sampling, as ``/processor`` takes it;
     ``eos_tokens_id``: the end tokens; ``stop_if_unknown``: NASD ends a draft at an unknown context
     (the REPL: on); ``hf_compile``: transformers' static-cache peer compiles its forward; ``policy``:
-    the draft policy's values; ``kernel_choice``: the target's measured kernel options per row
-    (None: the model's as they are); ``runner``, ``drafter_runner``: how the target's and the drafter
+    the draft policy's values; ``kernel_choice``: the target's measured kernel options by pass
+    width, the plan every row runs (None: the model's as they are); ``runner``, ``drafter_runner``: how the target's and the drafter
     model's passes run; ``params``: every row parameter set away from its default (``Param``)."""
 
     processor: str = "greedy"

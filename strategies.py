@@ -30,7 +30,7 @@ from rows import (  # our strategies' run functions, and the drafter specs of th
     _arctic, _arctic_memory, _autoregressive, _chained, _drafter_ar, _eagle, _eagle_tree, _merged, _ngram, _prompt_lookup,
     _recycling, _speculative, _suffix, _suffix_memory, _target_eager, _tree_ngram, _tree_suffix, arguments, spec_row,
 )
-from measure.kernels import OWN, PREPACKED
+from measure.kernels import OWN, PREPACKED, model_label
 from runners import kernels, prepacked, synchronize
 
 Run = Callable[[List[int], RunConfig, RunContext, GenerationStats], List[int]]  # a row's run: the new tokens
@@ -181,31 +181,14 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
-def pass_rows(strategy: Strategy, config: RunConfig) -> Optional[int]:
-    """Positions of the target passes a row makes (1: plain decoding; a draft of g: g + 1); None
-    when the length varies (the calibrated policy's own, suffix drafts, transformers' confidence stop)."""
-    if strategy.takes_gamma:
-        return None if config.policy.auto and strategy.auto_gamma else config.gamma + 1
-    if strategy.key in ("pld", "hf_prompt_lookup"):
-        return config.param("pld_num_tokens") + 1
-    if strategy.trees:
-        return config.param("tree_size") + 1
-    return None if strategy.speculative or strategy.model_drafts else 1
-
-
 def row_kernels(strategy: Strategy, config: RunConfig) -> Optional[str]:
-    """The target's kernels for ``strategy``'s row: those that give it the most tokens per second by
-    the measured pass costs (``KernelChoice``); a transformers peer gets those of the row it is
-    compared with, by the same rule (it makes the same passes), except transformers' compiled static-cache
-    peer, which compiles the model's own layers (a prepacked one would be our kernel inside its graph).
-    None: no choice to make."""
+    """The target's kernels for ``strategy``'s row: None, the model's plan as the kernel measurement
+    gave it (``KernelChoice``: each pass width on its faster kernels), the same for every row, so that
+    no row pays for a choice made for another width; the model's own layers for transformers' compiled
+    static-cache peer, which compiles them (a prepacked one would be our kernel inside its graph)."""
     if strategy.key == "hf_generate_static" and config.hf_compile:
         return OWN
-    choice = config.kernel_choice
-    if choice is None:
-        return None
-    rows = pass_rows(strategy, config)
-    return choice.for_auto() if rows is None else choice.for_width(rows)
+    return None
 
 
 def run_strategy(strategy: Strategy, prompt: List[int], config: RunConfig, context: RunContext, seed: int = 42) -> Result:
@@ -224,7 +207,7 @@ def run_strategy(strategy: Strategy, prompt: List[int], config: RunConfig, conte
         for model in models:
             synchronize(model)
         seconds = time.perf_counter() - start
-        used = ("prepacked" if prepacked(target) else "own") if option is not None or prepacked(target) else ""
+        used = model_label(target) if option is not None or prepacked(target) or config.kernel_choice is not None else ""
     return Result(tokens, seconds, stats, used, config)
 
 

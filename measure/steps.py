@@ -83,7 +83,8 @@ def kernels_step(model: Module, role: str, runner: RunnerConfig, options: Option
     if options.prepack != "auto" or not kernels.measurable(model):
         kernels.by_flag(model, options.prepack == "on")
         return Finding(None, "", GIVEN if options.prepack != "auto" else FIXED)
-    key = {**machine_key(), "model": saved.model_identity(model), "context": 64, "repeats": 3, "max_rows": 12}
+    key = {**machine_key(), "model": saved.model_identity(model), "context": 64, "repeats": 3, "max_rows": 12,
+           "plan": "by width"}
 
     def measure() -> Tuple[dict, bool]:
         budget = _budget("prepack", f"the {role}'s kernels (prepacked and own linears, 1-12 positions, 3 rounds", options, model)
@@ -166,16 +167,15 @@ def verification_step(target: Module, runner: RunnerConfig, options: Options) ->
 
 
 def row_costs_step(target: Module, runner: RunnerConfig, choice: Finding, options: Options) -> Finding:
-    """The verification costs the calibrated policy reads: the costs of the drafting rows' kernels from
-    the kernel measurement (``choice``) when it covers 1-12 positions plausibly, else measured on those
-    kernels (``verification_step``)."""
+    """The verification costs the calibrated policy reads: those of the kernel plan (each pass width on
+    its faster kernels) from the kernel measurement (``choice``) when it covers 1-12 positions
+    plausibly, else measured on the model as it is (``verification_step``)."""
     kernel_choice: Optional[KernelChoice] = choice.value
-    option = None if kernel_choice is None else kernel_choice.for_auto()
-    if option is not None and len(kernel_choice.seconds[option]) >= MAX_ROWS and plausible_row_costs(kernel_choice.row_costs(option)):
-        costs = kernel_choice.row_costs(option)
-        return Finding(costs, costs_line(costs, f"{option} linears, from the kernel measurement"), choice.source, choice.when, choice.noisy)
-    with kernels.under(target, option):  # the drafting rows' kernels
-        return verification_step(target, runner, options)
+    if kernel_choice is not None and kernel_choice.widths() >= MAX_ROWS and plausible_row_costs(kernel_choice.row_costs()):
+        costs = kernel_choice.row_costs()
+        return Finding(costs, costs_line(costs, f"{kernel_choice.label()}, from the kernel measurement"), choice.source,
+                       choice.when, choice.noisy)
+    return verification_step(target, runner, options)  # on the kernels the model was given, as every row runs
 
 
 def drafter_step(drafter: Module, target: Module, runner: RunnerConfig, drafter_runner: RunnerConfig, options: Options) -> Finding:

@@ -4,7 +4,7 @@ import contextlib
 import copy
 import os
 import weakref
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -41,6 +41,7 @@ class PrepackedLinear(Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
         self.linear = [linear]  # the module it replaces (a list: not a submodule, no second state_dict entry)
+        self.own_at: Tuple[bool, ...] = ()  # by pass width 1..R: True where the layer's own kernel runs (``set_prepack``)
         self._pack()
         self.key = len(_BY_KEY)  # what a compiled graph calls it by (``packed_linear``)
         _BY_KEY.append(weakref.ref(self))
@@ -55,9 +56,21 @@ class PrepackedLinear(Module):
         ``copy.deepcopy`` of a prepacked model, as ``utils.models.truncated_drafter`` makes, works."""
         return PrepackedLinear(copy.deepcopy(self.linear[0], memo))
 
+    def runs_own(self, x: Tensor) -> bool:
+        """Whether a pass over ``x``'s rows (positions) runs the layer's own kernel (``own_at``; widths
+        past the plan take its last entry)."""
+        plan = self.own_at
+        return bool(plan) and plan[min(x.numel() // self.in_features, len(plan)) - 1]
+
     def forward(self, x: Tensor) -> Tensor:
-        if torch.compiler.is_compiling():  # one opaque call in the graph, the same kernel (``packed_linear``)
+        if torch.compiler.is_compiling():  # one opaque call in the graph, the same kernels (``packed_linear``)
             return packed_linear(x, self.weight, self.key)
+        return self.run(x)
+
+    def run(self, x: Tensor) -> Tensor:
+        """The layer on ``x`` ``[..., in]`` with the kernel its plan names for this width."""
+        if self.runs_own(x):
+            return torch.nn.functional.linear(x, self.weight, self.bias)
         if self.weight._version != self.source[0][1]:  # the weights were changed in place since packing
             self._pack()
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.packed_bias, "none", [], "")
@@ -70,9 +83,7 @@ def packed_linear(x: Tensor, weight: Tensor, key: int) -> Tensor:
     layer = _BY_KEY[key]()
     if layer is None or layer.weight is not weight and layer.weight.data_ptr() != weight.data_ptr():
         raise RuntimeError("a compiled graph calls a prepacked layer that no longer exists")
-    if layer.weight._version != layer.source[0][1]:
-        layer._pack()
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), layer.packed, layer.packed_bias, "none", [], "")
+    return layer.run(x)
 
 
 @packed_linear.register_fake
@@ -141,16 +152,28 @@ def prepackable(model: Module) -> List[Swap]:
     return swaps
 
 
-def set_prepack(model: Module, on: bool) -> bool:
+def set_prepack(model: Module, on: bool, own_at: Sequence[bool] = ()) -> bool:
     """Make the model's float32 CPU linear layers ``PrepackedLinear`` (``on``) or its own
     ``nn.Linear`` again; returns whether they are prepacked now (False where ``prepackable`` finds
-    nothing). The modules themselves change: every caller of the model, transformers' ``generate``
-    included, runs what this chose, and ``prepacked(model)`` reads it back. Plain dict writes:
-    ``Module.__setattr__`` on 200 layers costs about a millisecond."""
+    nothing). ``own_at``: by pass width 1..R, True where the prepacked layers run the layer's own
+    kernel instead (a width past R takes the last entry; empty: prepacked at every width), so that
+    each pass runs on the kernels measured fastest for its width. The modules themselves change:
+    every caller of the model, transformers' ``generate`` included, runs what this chose, and
+    ``prepacked(model)`` / ``plan(model)`` read it back. Plain dict writes: ``Module.__setattr__``
+    on 200 layers costs about a millisecond."""
     swaps = prepackable(model) if on or prepacked(model) else []
+    own_at = tuple(bool(o) for o in own_at) if on else ()
     for modules, name, packed, own in swaps:
         modules[name] = packed if on else own
+        packed.own_at = own_at
     return bool(on and swaps)
+
+
+def plan(model: Module) -> Optional[Tuple[bool, ...]]:
+    """The model's kernels by pass width: None (its own layers), () (prepacked at every width), or
+    ``own_at`` as ``set_prepack`` took it."""
+    layer = next((m for m in model.modules() if type(m) is PrepackedLinear), None)
+    return None if layer is None else layer.own_at
 
 
 def prepacked(model: Module) -> bool:
@@ -159,16 +182,29 @@ def prepacked(model: Module) -> bool:
 
 
 @contextlib.contextmanager
-def kernels(model: Module, prepack: bool | None):
-    """``model`` with its linear layers prepacked or its own (None: as they are) for the block, then as before."""
-    before = prepacked(model) if prepack is not None else None
-    if prepack is not None and prepack != before:
-        set_prepack(model, prepack)
+def kernels(model: Module, prepack: bool | Tuple[bool, ...] | None):
+    """``model`` for the block with its linear layers prepacked (True), its own (False), prepacked
+    with their own kernel at the widths a plan marks (a tuple, ``set_prepack``'s ``own_at``), or as
+    they are (None); then as before."""
+    if prepack is None:
+        yield model
+        return
+    wanted = () if prepack is True else prepack
+    before = plan(model)
+    if wanted is False or before != wanted:
+        _set_plan(model, False if wanted is False else wanted)
     try:
         yield model
     finally:
-        if prepack is not None and prepack != before:
-            set_prepack(model, before)
+        _set_plan(model, False if before is None else before)
+
+
+def _set_plan(model: Module, value: bool | Tuple[bool, ...]) -> None:
+    """``set_prepack`` from a plan as ``kernels`` takes it (False: the model's own layers)."""
+    if value is False:
+        set_prepack(model, False)
+    else:
+        set_prepack(model, True, value)
 
 
 def drop_prepacked(model: Module) -> None:

@@ -41,9 +41,10 @@ def default_runner(model: Module, config: Optional[RunnerConfig] = None):
 
 
 class _OnKernels:
-    """A runner whose passes run on given kernels (the prepacked or the model's own linear layers)."""
+    """A runner whose passes run on given kernels (``runners.kernels``' value: the prepacked or the
+    model's own linear layers, or a plan by pass width)."""
 
-    def __init__(self, runner, model: Module, prepack: bool):
+    def __init__(self, runner, model: Module, prepack):
         self.runner, self.model, self.prepack = runner, model, prepack
         self.cache_kind, self.device = getattr(runner, "cache_kind", "?"), getattr(runner, "device", "cpu")
 
@@ -58,11 +59,15 @@ class _OnKernels:
 
 
 def on_kernels(runner_factory: Callable[[Module], object], option: str) -> Callable[[Module], object]:
-    """``runner_factory`` whose runners pass on the kernels ``option`` ("prepacked", "own"; "": as the
-    model is), for replaying a run that had other kernels than the model has now."""
+    """``runner_factory`` whose runners pass on the kernels ``option`` ("prepacked", "own", a plan by
+    width as ``measure.kernels.plan_label`` names it; "": as the model is), for replaying a run that
+    had other kernels than the model has now."""
     if not option:
         return runner_factory
-    return lambda model: _OnKernels(runner_factory(model), model, option == "prepacked")
+    from measure.kernels import label_plan
+
+    plan = label_plan(option)
+    return lambda model: _OnKernels(runner_factory(model), model, plan)
 
 
 class PassRecorder(Observer):

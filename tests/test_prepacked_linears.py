@@ -13,7 +13,9 @@ from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
 from drafters import PromptLookupSpec
 from sampling import autoregressive_generate, generate, speculative_generate
 from measure import OWN, PREPACKED, KernelChoice, choose_kernels, choose_prepack
+from measure.kernels import label_plan, model_label, plan_label
 from runners import KVCacheModel, PrepackedLinear, kernels, prepackable, prepacked, set_prepack
+from runners.prepacking import plan
 
 pytestmark = pytest.mark.skipif(not prepackable(llama().to(torch.float32)), reason="needs oneDNN (mkldnn)")
 
@@ -68,6 +70,21 @@ def count_prepacked_calls(model):
     return calls, hooks
 
 
+def spy_on_widths(model):
+    """A spy: the pass widths at which a prepacked layer of ``model`` ran, by kernel ({"own": {...},
+    "oneDNN": {...}}); returns them and the calls that remove the spy."""
+    calls, undo = {"own": set(), "oneDNN": set()}, []
+    for layer in model.modules():
+        if type(layer) is PrepackedLinear:
+            def runs_own(x, layer=layer, real=layer.runs_own):
+                own = real(x)
+                calls["own" if own else "oneDNN"].add(x.numel() // layer.in_features)
+                return own
+            layer.runs_own = runs_own
+            undo.append(lambda layer=layer: layer.__dict__.pop("runs_own"))
+    return calls, undo
+
+
 def test_transformers_generate_runs_the_same_prepacked_kernels_as_our_runner(float32_pair):
     """Like for like: the kernels are the model's, so a transformers peer on the same model runs them too."""
     target, _ = float32_pair
@@ -117,55 +134,78 @@ def test_choose_kernels_measures_both_gives_the_model_its_decoding_choice_and_sa
     model = llama(vocab=300).to(torch.float32)
     choice, line = choose_kernels(model)
     assert set(choice.seconds) == {PREPACKED, OWN} and all(len(t) == 12 and min(t) > 0 for t in choice.seconds.values())
-    assert re.match(r"kernels by measurement: decoding [0-9.]+ ms a pass prepacked, [0-9.]+ ms own; decoding on (prepacked|own), "
-                    r"drafting rows on (prepacked|own)", line)
-    assert prepacked(model) == (choice.for_width(1) == PREPACKED)
+    assert re.match(r"kernels by measurement: decoding [0-9.]+ ms a pass prepacked, [0-9.]+ ms own; every pass on "
+                    r"(prepacked|own|((own|prepacked) at [0-9]+(-[0-9]+)?, )+(own|prepacked) at [0-9]+\+ positions) "
+                    r"\(costs by positions 1..12: chosen 1.00 ", line)
+    assert prepacked(model) == choice.uses(PREPACKED) and model_label(model) == choice.label()
     if not choice.uses(PREPACKED):  # the copies made for the measurement are freed
         assert not any(layer in prepacking._PREPACKED for layer in model.modules())
     assert choose_prepack(llama(vocab=300)) == "no float32 CPU linear layers to prepack"  # float64
 
 
-def test_each_row_gets_the_kernels_its_passes_run_fastest_on():
-    """The Intel CPU's pair: own layers win one position, prepacked ones win verification passes."""
+def test_each_pass_width_gets_the_kernels_measured_fastest_for_it():
+    """The Intel CPU's pair: own layers win 1-3 positions, prepacked ones win verification passes."""
     own = (1.00, 1.01, 0.97, 1.75, 1.85, 1.96, 2.52)
     packed = (1.03, 1.14, 1.21, 1.25, 1.29, 1.29, 1.43)
     choice = KernelChoice({OWN: own, PREPACKED: packed})
-    assert choice.for_width(1) == OWN and choice.for_width(2) == OWN and choice.for_width(5) == PREPACKED
+    assert choice.for_width(1) == OWN and choice.for_width(3) == OWN and choice.for_width(4) == PREPACKED
     assert choice.for_width(99) == PREPACKED  # past the measured passes: the longest one's
-    assert choice.uses(PREPACKED) and choice.uses(OWN)
-    # a varying draft length: the option whose best pass length gives the most expected tokens a second
-    assert KernelChoice({OWN: own, PREPACKED: (1.03, 1.10, 1.12, 1.15, 1.18, 1.2, 1.3)}).for_auto() == PREPACKED
-    assert KernelChoice({OWN: own, PREPACKED: (1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9)}).for_auto() == OWN
+    assert choice.own_at() == (True, True, True, False, False, False, False)
+    assert choice.label() == "own at 1-3, prepacked at 4+ positions" and label_plan(choice.label()) == (True, True, True, False)
+    # the policy's costs are the plan's: each width at its faster kernels, relative to the fastest one-position pass
+    assert choice.row_costs() == (1.0, 1.01, 0.97, 1.25, 1.29, 1.29, 1.43)
+    assert choice.row_costs(PREPACKED)[:2] == (1.0, round(1.14 / 1.03, 3))
     # prepacking must be clearly faster somewhere (it costs a copy of the weights): 3% is not enough
     close = KernelChoice({OWN: (1.0, 1.1), PREPACKED: (0.97, 1.07)})
-    assert close.for_width(1) == OWN and close.for_auto() == OWN and not close.uses(PREPACKED)
-    assert choice.row_costs(PREPACKED)[:2] == (1.0, round(1.14 / 1.03, 3))
+    assert close.for_width(1) == OWN and not close.uses(PREPACKED) and close.label() == OWN and close.row_costs() == (1.0, 1.1)
+    assert plan_label(None) == OWN and plan_label(()) == PREPACKED and plan_label((False, True)) == "prepacked at 1, own at 2+ positions"
 
 
-def test_every_row_and_its_transformers_peer_run_the_kernels_the_row_names(float32_pair):
-    """A spy on the prepacked layers: target AR and transformers generate decode on the own layers
-    (faster at one position here), speculative decoding and transformers' assisted generation at the
-    same draft length on the prepacked ones; the model is as before after each row."""
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 9])
+def test_a_prepacked_layer_runs_the_kernel_its_plan_names_for_the_pass_width(rows):
+    """By width: the model's own kernel (exactly ``F.linear``) where the plan says own, oneDNN's where
+    it says prepacked, and the plan's last entry for passes longer than it."""
+    layer = torch.nn.Linear(64, 48).to(torch.float32)
+    packed = PrepackedLinear(layer)
+    packed.own_at = (True, False, True)
+    x = torch.randn(1, rows, 64, generator=torch.Generator().manual_seed(rows))
+    own = torch.nn.functional.linear(x, layer.weight, layer.bias)
+    oneDNN = torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed.packed, packed.bias.detach(), "none", [], "")
+    assert torch.equal(packed(x), own if rows in (1, 3) or rows > 3 else oneDNN)
+    packed.own_at = ()
+    assert torch.equal(packed(x), oneDNN)
+
+
+def test_every_row_and_its_transformers_peer_run_one_plan_so_one_position_costs_the_same_everywhere(float32_pair):
+    """A spy on the kernels by width: with own layers measured faster at 1-3 positions and prepacked ones
+    at 4+, every row's one-position passes run on the own kernels and every pass of 4+ positions (the
+    prompt's, speculative decoding's and transformers' assisted generation's verification of 4 drafts)
+    on oneDNN; every row's result names the one plan, and the model is as before after each row."""
     from strategies import EVERY, RunConfig, RunContext, run_strategy
 
     target, drafter = float32_pair
     choice = KernelChoice({OWN: (1.0, 1.01, 0.97, 1.75, 1.85, 1.96), PREPACKED: (1.03, 1.14, 1.21, 1.25, 1.29, 1.29)})
     config = RunConfig(gamma=4, max_gen_len=8, kernel_choice=choice)
     context = RunContext(target=target, tokenizer=None, drafter=drafter)
-    calls, hooks = count_prepacked_calls(target)
-    ran = {}
+    calls, hooks = spy_on_widths(target)
+    ran, widths = {}, {}
+    before = plan(target)
     try:
-        for key in ("target", "hf_generate", "speculative", "hf_assisted"):
-            calls[0] = 0
-            before = prepacked(target)
-            result = run_strategy(EVERY[key], PROMPT, config, context)
-            ran[key] = (result.kernels, calls[0] > 0)
-            assert prepacked(target) == before
+        with kernels(target, choice.own_at()):
+            for key in ("target", "hf_generate", "speculative", "hf_assisted"):
+                calls["own"].clear(), calls["oneDNN"].clear()
+                result = run_strategy(EVERY[key], PROMPT, config, context)
+                ran[key] = result.kernels
+                assert calls["own"] <= {1, 2, 3} and min(calls["oneDNN"]) >= 4, (key, calls)
+                widths[key] = (1 in calls["own"], 5 in calls["oneDNN"])
+                assert plan(target) == choice.own_at()
     finally:
         for hook in hooks:
-            hook.remove()
-    assert ran == {"target": ("own", False), "hf_generate": ("own", False),
-                   "speculative": ("prepacked", True), "hf_assisted": ("prepacked", True)}
+            hook()
+    assert plan(target) == before
+    label = "own at 1-3, prepacked at 4+ positions"
+    assert ran == dict.fromkeys(("target", "hf_generate", "speculative", "hf_assisted"), label)
+    assert widths == {"target": (True, False), "hf_generate": (True, False), "speculative": (True, True), "hf_assisted": (False, True)}
 
 
 def test_a_divergence_is_replayed_on_the_kernels_each_run_had(float32_pair):

@@ -233,8 +233,8 @@ def float32_model():
     return model
 
 
-def test_the_kernel_measurement_is_saved_reused_and_gives_the_model_its_decoding_choice(monkeypatch):
-    from runners import prepacked
+def test_the_kernel_measurement_is_saved_reused_and_gives_the_model_each_widths_faster_kernels(monkeypatch):
+    from measure.kernels import model_label
 
     model = float32_model()
     kernel_passes(monkeypatch)
@@ -242,12 +242,15 @@ def test_the_kernel_measurement_is_saved_reused_and_gives_the_model_its_decoding
     found = measured.target.kernels
     choice = found.value
     assert choice.for_width(1) == OWN and choice.for_width(5) == PREPACKED and found.source == MEASURED
-    assert not prepacked(model) and found.line.startswith("kernels by measurement: decoding 13.0 ms a pass prepacked, 11.0 ms own")
-    rows = measured.costs.row_costs
-    assert rows.value == choice.row_costs(PREPACKED) and rows.line.endswith("(prepacked linears, from the kernel measurement)")
+    plan = "own at 1, prepacked at 2+ positions"
+    assert model_label(model) == plan and found.line.startswith("kernels by measurement: decoding 13.0 ms a pass prepacked, 11.0 ms own; "
+                                                                f"every pass on {plan} (costs by positions 1..12: chosen 1.00 1.27 1.36 ")
+    rows = measured.costs.row_costs  # the plan's: 11 ms at one position, then prepacked's 12 ms + 1 ms a position
+    assert rows.value == choice.row_costs() == tuple(round((12 + r) / 11, 3) if r > 1 else 1.0 for r in range(1, 13))
+    assert rows.line.endswith(f"({plan}, from the kernel measurement)")
     monkeypatch.setattr(timing.PassTimer, "seconds", lambda self, rows: pytest.fail("measured again"))
     again = steps.kernels_step(model, "target", EAGER, quiet())
-    assert again.value == choice and re.search(r"reused from \d{4}-\d\d-\d\d \d\d:\d\d\)$", again.line) and not prepacked(model)
+    assert again.value == choice and re.search(r"reused from \d{4}-\d\d-\d\d \d\d:\d\d\)$", again.line) and model_label(model) == plan
 
 
 def test_a_kernel_measurement_past_its_budget_keeps_the_models_own_linears(monkeypatch):
