@@ -7,46 +7,54 @@ from typing import Dict, Optional, Sequence, Tuple
 
 from torch.nn import Module
 
-from runners.prepacking import drop_prepacked, plan, prepack_fits, prepackable, set_prepack
+from runners.prepacking import OWN, PREPACKED, SKINNY, drop_packed_copies, drop_prepacked, plan, prepack_fits, prepackable, set_prepack
 from utils.quantization import model_quantization
 
-PREPACKED, OWN = "prepacked", "own"  # the kernel options of a float32 CPU model's linear layers
 PREPACK_MARGIN = 0.95  # prepacking costs a copy of the weights: made only where some pass runs at least 5% faster
+OPTIONS = (OWN, PREPACKED, SKINNY)  # every kernel a plan may name, in the order labels and lines list them
 
 
 @dataclass(frozen=True)
 class KernelChoice:
     """Seconds of one cached pass of a model over r = 1..R new positions under each kernel option
-    (``PREPACKED`` / ``OWN`` linear layers), measured on this machine: what decides, for each pass
-    width, the kernels it runs on (``own_at``). Every row runs the same plan, so a drafting row's
-    one-position passes cost what target AR's cost."""
+    measured on this machine (``OWN``, ``PREPACKED``, and ``SKINNY`` where it builds): what decides,
+    for each pass width, the kernels it runs on (``route``). Every row runs the same plan, so a
+    drafting row's one-position passes cost what target AR's cost."""
 
     seconds: Dict[str, Tuple[float, ...]]
 
     def pays(self) -> bool:
-        """Whether prepacking is clearly faster (``PREPACK_MARGIN``) for some pass length: otherwise
-        its copy of the weights is not worth keeping."""
-        return any(p < PREPACK_MARGIN * o for p, o in zip(self.seconds[PREPACKED], self.seconds[OWN]))
+        """Whether prepacking is clearly faster (``PREPACK_MARGIN``) for some pass length than the
+        fastest other option: otherwise its copy of the weights is not worth keeping."""
+        others = [o for o in self.seconds if o != PREPACKED]
+        return PREPACKED in self.seconds and any(
+            self.seconds[PREPACKED][i] < PREPACK_MARGIN * min(self.seconds[o][i] for o in others) for i in range(self.widths()))
 
     def widths(self) -> int:
         return len(self.seconds[OWN])
 
-    def for_width(self, rows: int) -> str:
-        """The kernels of a pass over ``rows`` positions (past the measured passes: the longest one's)."""
-        i = max(1, min(rows, self.widths())) - 1
-        return PREPACKED if self.pays() and self.seconds[PREPACKED][i] < self.seconds[OWN][i] else OWN
+    def options(self) -> Tuple[str, ...]:
+        """The options a plan may use: the measured ones, less prepacking where it does not pay."""
+        return tuple(o for o in OPTIONS if o in self.seconds and (o != PREPACKED or self.pays()))
 
-    def own_at(self) -> Tuple[bool, ...]:
-        """By pass width 1..R, whether it runs the model's own layers (``set_prepack``'s plan)."""
-        return tuple(self.for_width(r) == OWN for r in range(1, self.widths() + 1))
+    def for_width(self, rows: int) -> str:
+        """The kernels of a pass over ``rows`` positions; past the measured passes, the faster at the
+        longest one of those made for any number of rows (the skinny kernel is for a few only)."""
+        i = max(1, min(rows, self.widths())) - 1
+        options = [o for o in self.options() if o != SKINNY or rows <= self.widths()]
+        return min(options, key=lambda o: self.seconds[o][i])
+
+    def route(self) -> Tuple[str, ...]:
+        """The kernel by pass width 1..R, then one entry for longer passes (``set_prepack``'s route)."""
+        return tuple(self.for_width(r) for r in range(1, self.widths() + 2))
 
     def uses(self, option: str) -> bool:
         """Whether some pass width runs on ``option``."""
-        return any(self.for_width(r) == option for r in range(1, self.widths() + 1))
+        return option in self.route()
 
     def label(self) -> str:
-        """What the passes run on: "own", "prepacked", or by width ("own at 1-2, prepacked at 3+ positions")."""
-        return plan_label(self.own_at() if self.uses(PREPACKED) else None)
+        """What the passes run on: one option, or each by width ("own at 1, skinny at 2-12, prepacked at 13+ positions")."""
+        return plan_label(self.route())
 
     def row_costs(self, option: Optional[str] = None) -> Tuple[float, ...]:
         """Relative pass costs (r = 1 costs 1), as ``measure_row_costs`` gives them: of the chosen plan
@@ -56,42 +64,42 @@ class KernelChoice:
         return tuple(round(t / times[0], 3) for t in times)
 
     def line(self) -> str:
-        """One line: both options' one-position passes, the plan, and the costs of the plan and of both options."""
-        one = {option: times[0] * 1e3 for option, times in self.seconds.items()}
+        """One line: each option's one-position pass, the plan, and the costs of the plan and of each option."""
+        measured = [o for o in OPTIONS if o in self.seconds]
+        one = ", ".join(f"{self.seconds[o][0] * 1e3:.1f} ms {o}" for o in measured)
         costs = " · ".join(f"{name} {' '.join(f'{c:.2f}' for c in self.row_costs(option))}"
-                           for name, option in (("chosen", None), (PREPACKED, PREPACKED), (OWN, OWN)))
-        return (f"kernels by measurement: decoding {one[PREPACKED]:.1f} ms a pass prepacked, {one[OWN]:.1f} ms own; "
+                           for name, option in [("chosen", None)] + [(o, o) for o in measured])
+        return (f"kernels by measurement: a one-position pass {one}; "
                 f"every pass on {self.label()} (costs by positions 1..{self.widths()}: {costs})")
 
 
-def plan_label(own_at: Optional[Sequence[bool]]) -> str:
-    """The name of a kernel plan (``runners.prepacking.plan``): "own" (None, or own at every width),
-    "prepacked" (at every width), else the widths of each, e.g. "own at 1-2, prepacked at 3+ positions"."""
-    if own_at is None or (own_at and all(own_at)):
+def plan_label(route: Optional[Sequence[str]]) -> str:
+    """The name of a kernel plan (``runners.prepacking.plan``): one option when the route names one
+    (None: "own"), else the widths of each, e.g. "own at 1-2, prepacked at 3+ positions"."""
+    if route is None:
         return OWN
-    if not any(own_at):
-        return PREPACKED
+    if len(set(route)) == 1:
+        return route[0]
     ranges, start = [], 1
-    for width in range(2, len(own_at) + 2):
-        if width > len(own_at) or own_at[width - 1] != own_at[start - 1]:
-            name = OWN if own_at[start - 1] else PREPACKED
-            ranges.append(f"{name} at {start}" + ("+" if width > len(own_at) else f"-{width - 1}" if width - 1 > start else ""))
+    for width in range(2, len(route) + 2):
+        if width > len(route) or route[width - 1] != route[start - 1]:
+            ranges.append(f"{route[start - 1]} at {start}" + ("+" if width > len(route) else f"-{width - 1}" if width - 1 > start else ""))
             start = width
     return ", ".join(ranges) + " positions"
 
 
-def label_plan(label: str) -> bool | Tuple[bool, ...]:
-    """The plan ``plan_label`` named (False: the model's own layers; True: prepacked at every width)."""
+def label_plan(label: str) -> bool | Tuple[str, ...]:
+    """The plan ``plan_label`` named, as ``runners.kernels`` takes it (False: the model's own layers)."""
     if label == OWN:
         return False
-    if label == PREPACKED:
-        return True
-    own_at = []
+    if label in OPTIONS:
+        return (label,)
+    route = []
     for part in label.removesuffix(" positions").split(", "):
         name, _, widths = part.partition(" at ")
         first, _, last = widths.rstrip("+").partition("-")
-        own_at += [name == OWN] * (int(last or first) - int(first) + 1)
-    return tuple(own_at)
+        route += [name] * (int(last or first) - int(first) + 1)
+    return tuple(route)
 
 
 def model_label(model: Module) -> str:
@@ -101,11 +109,13 @@ def model_label(model: Module) -> str:
 
 def apply_kernels(model: Module, choice: Optional[KernelChoice]) -> str:
     """Give ``model`` the plan ``choice`` measured (each pass width on its faster kernels); its label.
-    The prepacked copies are freed when no width would use them."""
+    Its layers are its own again, and oneDNN's copies freed, when every width runs them."""
     if choice is None:
         return ""
-    if choice.uses(PREPACKED):
-        set_prepack(model, True, choice.own_at())
+    if set(choice.route()) != {OWN}:
+        set_prepack(model, True, choice.route())
+        if not choice.uses(PREPACKED):
+            drop_packed_copies(model)
     else:
         drop_prepacked(model)
     return choice.label()

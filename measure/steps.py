@@ -19,6 +19,7 @@ from measure.costs import checked, costs_line, implausible_line, plausible_row_c
 from measure.kernels import KernelChoice
 from measure.machine import machine_key
 from measure.record import FIXED, GIVEN, MEASURED, REMEMBERED, Finding, ModelMeasured, Options
+from runners import skinny
 from runners.cache_kind import runner_cache
 from runners.config import RunnerConfig
 from runners.device import model_device
@@ -84,7 +85,7 @@ def kernels_step(model: Module, role: str, runner: RunnerConfig, options: Option
         kernels.by_flag(model, options.prepack == "on")
         return Finding(None, "", GIVEN if options.prepack != "auto" else FIXED)
     key = {**machine_key(), "model": saved.model_identity(model), "context": 64, "repeats": 3, "max_rows": 12,
-           "plan": "by width"}
+           "plan": "by width", "skinny": skinny.identity()}
 
     def measure() -> Tuple[dict, bool]:
         budget = _budget("prepack", f"the {role}'s kernels (prepacked and own linears, 1-12 positions, 3 rounds", options, model)

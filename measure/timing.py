@@ -15,9 +15,10 @@ from typing import List, Optional, Tuple
 import torch
 from torch.nn import Module
 
-from measure.kernels import OWN, PREPACKED, KernelChoice, decide
+from measure.kernels import OWN, PREPACKED, SKINNY, KernelChoice, decide
 from measure.record import Clock, Progress
 from runners import DEFAULT_CPU_CACHE, KVCacheModel, kernels, make_runner, prepackable, runner_cache, synchronize
+from runners import skinny
 from runners.config import EAGER, RunnerConfig
 from runners.limits import context_window, output_vocab_size
 
@@ -102,7 +103,7 @@ class _UnderKernels:
         self.timer, self.option = timer, option
 
     def seconds(self, rows: int) -> float:
-        with kernels(self.timer.model, self.option == PREPACKED):
+        with kernels(self.timer.model, (self.option,)):
             return self.timer.seconds(rows)
 
 
@@ -206,24 +207,26 @@ def measure_draft_cost(drafter: Module, target: Module, context: int = 128, repe
 @torch.no_grad()
 def measure_kernels(model: Module, max_rows: int = 12, context: int = 64, repeats: int = 3,
                     budget: Optional[Budget] = None) -> Optional[KernelChoice]:
-    """Time cached passes over 1..``max_rows`` positions with the model's float32 CPU linear layers
-    prepacked and with its own (interleaved, each pair of passes back to back; medians). None when
-    nothing can be prepacked (other dtypes, devices, no oneDNN), or a ``budget`` ran out before both
-    options had a pass timed; cut short later, the positions timed under both (``budget.note``).
-    The model's kernels are as before."""
+    """Time cached passes over 1..``max_rows`` positions with the model's float32 CPU linear layers on
+    each kernel option: prepacked, its own, and the skinny kernel where it builds here (interleaved,
+    each option's pass back to back with the others'; medians). None when nothing can be prepacked
+    (other dtypes, devices, no oneDNN), or a ``budget`` ran out before every option had a pass timed;
+    cut short later, the positions timed under all (``budget.note``). The model's kernels are as before."""
     if not prepackable(model):
         return None
+    options = (PREPACKED, OWN) + ((SKINNY,) if skinny.available()[0] else ())
+    n = len(options)
     timer = PassTimer(model, context, max_rows, budget=budget)
-    passes = [(_UnderKernels(timer, option), rows) for rows in range(1, max_rows + 1) for option in (PREPACKED, OWN)]
+    passes = [(_UnderKernels(timer, option), rows) for rows in range(1, max_rows + 1) for option in options]
     timed = samples(passes, repeats, budget)
-    widths = next((i for i in range(max_rows) if not (timed[2 * i] and timed[2 * i + 1])), max_rows)
+    widths = next((i for i in range(max_rows) if not all(timed[n * i + k] for k in range(n))), max_rows)
     if widths == 0:
         return None
     if budget is not None and budget.stopped:
-        rounds = min(len(timed[i]) for i in range(2 * widths))
+        rounds = min(len(timed[i]) for i in range(n * widths))
         budget.note = f"positions 1-{widths} of 1-{max_rows}" if widths < max_rows else f"{rounds} of {repeats} rounds"
-    return KernelChoice({option: tuple(statistics.median(timed[2 * i + k]) for i in range(widths))
-                         for k, option in enumerate((PREPACKED, OWN))})
+    return KernelChoice({option: tuple(statistics.median(timed[n * i + k]) for i in range(widths))
+                         for k, option in enumerate(options)})
 
 
 @torch.no_grad()
@@ -231,8 +234,8 @@ def choose_kernels(model: Module, budget: Optional[Budget] = None) -> Tuple[Opti
     """Measure the kernel options of ``model`` (``measure_kernels``), give it the faster for plain
     decoding, and return the measurement with one line saying what was measured and chosen (None
     and the model's own linears when nothing could be measured). A notebook calls this once per
-    model to run what the REPL and the benchmark run; ``strategies.run_strategy`` then gives each
-    row its own option."""
+    model to run what the REPL and the benchmark run: every pass on the kernels measured faster for
+    its width."""
     if not prepackable(model):
         return None, "no float32 CPU linear layers to prepack"
     return decide(model, measure_kernels(model, budget=budget), budget)

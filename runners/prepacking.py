@@ -1,5 +1,7 @@
-"""Prepacked linear layers: a float32 CPU ``nn.Linear`` computed by oneDNN from a weight reordered
-once, made the model's own module (``set_prepack``) so that every caller runs the same kernel."""
+"""Linear layers that run, at each pass width, the kernel measured fastest for it: a float32 CPU
+``nn.Linear`` made the model's own ``PrepackedLinear`` module (``set_prepack``), so that every caller
+runs the same kernels, computed by the layer's own ``F.linear`` (MKL), by oneDNN from a weight
+reordered once, or by the skinny kernel (``runners.skinny``), as its route says."""
 import contextlib
 import copy
 import os
@@ -11,6 +13,7 @@ from torch import Tensor
 from torch.nn import Module
 
 
+OWN, PREPACKED, SKINNY = "own", "prepacked", "skinny"  # the kernels a float32 CPU linear layer can run on
 # oneDNN's blocked weight layout is chosen for passes of this many rows (verification passes);
 # whether prepacking pays at all is measured on the machine that runs it (``choose_kernels``).
 _ROW_HINT = 8
@@ -25,7 +28,11 @@ _BY_KEY: List["weakref.ref[PrepackedLinear]"] = []
 
 
 class PrepackedLinear(Module):
-    """A float32 CPU ``nn.Linear`` computed by oneDNN from a copy of its weight reordered once.
+    """A float32 CPU ``nn.Linear`` that runs, for each pass width, the kernel its ``route`` names:
+    ``route[r - 1]`` for a pass over r positions (rows), the last entry for longer passes. The kernels:
+    ``OWN`` (the layer's own ``F.linear``), ``PREPACKED`` (oneDNN, from a copy of its weight
+    reordered once, made when a route first asks for it) and ``SKINNY`` (``runners.skinny``, on the
+    weight itself).
 
     Where MKL is slow (it repacks weights at every call on some x86 CPUs, and takes a generic path
     on others) this halves a float32 step; where it is not, oneDNN's path is slower. So it is a
@@ -41,12 +48,14 @@ class PrepackedLinear(Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
         self.linear = [linear]  # the module it replaces (a list: not a submodule, no second state_dict entry)
-        self.own_at: Tuple[bool, ...] = ()  # by pass width 1..R: True where the layer's own kernel runs (``set_prepack``)
-        self._pack()
+        self.route: Tuple[str, ...] = (PREPACKED,)  # the kernel by pass width (``set_prepack``)
+        self.packed = self.packed_bias = None
+        self.source = _source(linear)
         self.key = len(_BY_KEY)  # what a compiled graph calls it by (``packed_linear``)
         _BY_KEY.append(weakref.ref(self))
 
     def _pack(self) -> None:
+        """(Re)make oneDNN's copy of the weight (a route asks for it, or the weight changed in place)."""
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), _ROW_HINT)
         self.packed_bias = self.bias.detach() if self.bias is not None else None
         self.source = _source(self.linear[0])
@@ -54,13 +63,16 @@ class PrepackedLinear(Module):
     def __deepcopy__(self, memo: dict) -> "PrepackedLinear":
         """A copy packed from a copy of its layer (oneDNN's packed tensor has no storage to copy):
         ``copy.deepcopy`` of a prepacked model, as ``utils.models.truncated_drafter`` makes, works."""
-        return PrepackedLinear(copy.deepcopy(self.linear[0], memo))
+        made = PrepackedLinear(copy.deepcopy(self.linear[0], memo))
+        made.route = self.route
+        if self.packed is not None:
+            made._pack()
+        return made
 
-    def runs_own(self, x: Tensor) -> bool:
-        """Whether a pass over ``x``'s rows (positions) runs the layer's own kernel (``own_at``; widths
-        past the plan take its last entry)."""
-        plan = self.own_at
-        return bool(plan) and plan[min(x.numel() // self.in_features, len(plan)) - 1]
+    def kernel_for(self, x: Tensor) -> str:
+        """The kernel of a pass over ``x``'s rows (positions): its route's entry for that width."""
+        route = self.route
+        return route[min(x.numel() // self.in_features, len(route)) - 1]
 
     def forward(self, x: Tensor) -> Tensor:
         if torch.compiler.is_compiling():  # one opaque call in the graph, the same kernels (``packed_linear``)
@@ -68,10 +80,15 @@ class PrepackedLinear(Module):
         return self.run(x)
 
     def run(self, x: Tensor) -> Tensor:
-        """The layer on ``x`` ``[..., in]`` with the kernel its plan names for this width."""
-        if self.runs_own(x):
+        """The layer on ``x`` ``[..., in]`` with the kernel its route names for this width."""
+        kernel = self.kernel_for(x)
+        if kernel == OWN:
             return torch.nn.functional.linear(x, self.weight, self.bias)
-        if self.weight._version != self.source[0][1]:  # the weights were changed in place since packing
+        if kernel == SKINNY:
+            from runners.skinny import skinny_linear
+
+            return skinny_linear(x, self.weight, self.bias)
+        if self.packed is None or self.weight._version != self.source[0][1]:  # not made yet, or the weights changed in place
             self._pack()
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.packed_bias, "none", [], "")
 
@@ -152,54 +169,58 @@ def prepackable(model: Module) -> List[Swap]:
     return swaps
 
 
-def set_prepack(model: Module, on: bool, own_at: Sequence[bool] = ()) -> bool:
+def set_prepack(model: Module, on: bool, route: Sequence[str] = (PREPACKED,)) -> bool:
     """Make the model's float32 CPU linear layers ``PrepackedLinear`` (``on``) or its own
-    ``nn.Linear`` again; returns whether they are prepacked now (False where ``prepackable`` finds
-    nothing). ``own_at``: by pass width 1..R, True where the prepacked layers run the layer's own
-    kernel instead (a width past R takes the last entry; empty: prepacked at every width), so that
-    each pass runs on the kernels measured fastest for its width. The modules themselves change:
-    every caller of the model, transformers' ``generate`` included, runs what this chose, and
-    ``prepacked(model)`` / ``plan(model)`` read it back. Plain dict writes: ``Module.__setattr__``
-    on 200 layers costs about a millisecond."""
+    ``nn.Linear`` again; returns whether they are ``PrepackedLinear`` now (False where ``prepackable``
+    finds nothing). ``route``: the kernel by pass width 1..R (``OWN``, ``PREPACKED``, ``SKINNY``; a
+    longer pass takes the last entry), so that each pass runs on the kernels measured fastest for
+    its width; oneDNN's copies of the weights are made only when the route uses them. The modules
+    themselves change: every caller of the model, transformers' ``generate`` included, runs what
+    this chose, and ``prepacked(model)`` / ``plan(model)`` read it back. Plain dict writes:
+    ``Module.__setattr__`` on 200 layers costs about a millisecond."""
+    route = tuple(route)
+    if on and (not route or any(k not in (OWN, PREPACKED, SKINNY) for k in route)):
+        raise ValueError(f"a route names kernels among {OWN}, {PREPACKED}, {SKINNY}; got {route!r}")
     swaps = prepackable(model) if on or prepacked(model) else []
-    own_at = tuple(bool(o) for o in own_at) if on else ()
     for modules, name, packed, own in swaps:
         modules[name] = packed if on else own
-        packed.own_at = own_at
+        if on:
+            packed.route = route
+            if PREPACKED in route and packed.packed is None:
+                packed._pack()
     return bool(on and swaps)
 
 
-def plan(model: Module) -> Optional[Tuple[bool, ...]]:
-    """The model's kernels by pass width: None (its own layers), () (prepacked at every width), or
-    ``own_at`` as ``set_prepack`` took it."""
-    layer = next((m for m in model.modules() if type(m) is PrepackedLinear), None)
-    return None if layer is None else layer.own_at
-
-
 def prepacked(model: Module) -> bool:
-    """Whether ``model``'s linear layers are prepacked (``set_prepack``): read from its modules."""
+    """Whether ``model``'s linear layers are ``PrepackedLinear`` ones (``set_prepack``): read from its modules."""
     return any(type(m) is PrepackedLinear for m in model.modules())
 
 
+def plan(model: Module) -> Optional[Tuple[str, ...]]:
+    """The model's kernels by pass width: None (its own layers), or the ``route`` ``set_prepack`` gave."""
+    layer = next((m for m in model.modules() if type(m) is PrepackedLinear), None)
+    return None if layer is None else layer.route
+
+
 @contextlib.contextmanager
-def kernels(model: Module, prepack: bool | Tuple[bool, ...] | None):
-    """``model`` for the block with its linear layers prepacked (True), its own (False), prepacked
-    with their own kernel at the widths a plan marks (a tuple, ``set_prepack``'s ``own_at``), or as
-    they are (None); then as before."""
+def kernels(model: Module, prepack: bool | Tuple[str, ...] | None):
+    """``model`` for the block with its linear layers prepacked (True), its own (False), on a route
+    by pass width (a tuple, ``set_prepack``'s), or as they are (None); then as before."""
     if prepack is None:
         yield model
         return
-    wanted = () if prepack is True else prepack
+    wanted = (PREPACKED,) if prepack is True else prepack
     before = plan(model)
-    if wanted is False or before != wanted:
-        _set_plan(model, False if wanted is False else wanted)
+    if before != (wanted or None):
+        _set_plan(model, wanted)
     try:
         yield model
     finally:
-        _set_plan(model, False if before is None else before)
+        if plan(model) != before:
+            _set_plan(model, False if before is None else before)
 
 
-def _set_plan(model: Module, value: bool | Tuple[bool, ...]) -> None:
+def _set_plan(model: Module, value: bool | Tuple[str, ...]) -> None:
     """``set_prepack`` from a plan as ``kernels`` takes it (False: the model's own layers)."""
     if value is False:
         set_prepack(model, False)
@@ -212,3 +233,11 @@ def drop_prepacked(model: Module) -> None:
     set_prepack(model, False)
     for layer in model.modules():
         _PREPACKED.pop(layer, None)
+
+
+def drop_packed_copies(model: Module) -> None:
+    """Free oneDNN's copies of the weights of the model's ``PrepackedLinear`` layers (a route that no
+    longer uses them); a route that asks again makes them again."""
+    for layer in model.modules():
+        if type(layer) is PrepackedLinear:
+            layer.packed = layer.packed_bias = None

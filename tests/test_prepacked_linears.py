@@ -13,8 +13,9 @@ from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
 from drafters import PromptLookupSpec
 from sampling import autoregressive_generate, generate, speculative_generate
 from measure import OWN, PREPACKED, KernelChoice, choose_kernels, choose_prepack
-from measure.kernels import label_plan, model_label, plan_label
+from measure.kernels import SKINNY, label_plan, model_label, plan_label
 from runners import KVCacheModel, PrepackedLinear, kernels, prepackable, prepacked, set_prepack
+from runners import skinny
 from runners.prepacking import plan
 
 pytestmark = pytest.mark.skipif(not prepackable(llama().to(torch.float32)), reason="needs oneDNN (mkldnn)")
@@ -76,12 +77,12 @@ def spy_on_widths(model):
     calls, undo = {"own": set(), "oneDNN": set()}, []
     for layer in model.modules():
         if type(layer) is PrepackedLinear:
-            def runs_own(x, layer=layer, real=layer.runs_own):
-                own = real(x)
-                calls["own" if own else "oneDNN"].add(x.numel() // layer.in_features)
-                return own
-            layer.runs_own = runs_own
-            undo.append(lambda layer=layer: layer.__dict__.pop("runs_own"))
+            def kernel_for(x, layer=layer, real=layer.kernel_for):
+                kernel = real(x)
+                calls["own" if kernel == OWN else "oneDNN" if kernel == PREPACKED else kernel].add(x.numel() // layer.in_features)
+                return kernel
+            layer.kernel_for = kernel_for
+            undo.append(lambda layer=layer: layer.__dict__.pop("kernel_for"))
     return calls, undo
 
 
@@ -130,16 +131,18 @@ def test_greedy_speculative_equals_autoregressive_in_float32_with_prepacked_laye
     assert out == reference and nasd == reference and pld == reference
 
 
-def test_choose_kernels_measures_both_gives_the_model_its_decoding_choice_and_says_so():
+def test_choose_kernels_measures_every_option_gives_the_model_its_plan_and_says_so():
     model = llama(vocab=300).to(torch.float32)
     choice, line = choose_kernels(model)
-    assert set(choice.seconds) == {PREPACKED, OWN} and all(len(t) == 12 and min(t) > 0 for t in choice.seconds.values())
-    assert re.match(r"kernels by measurement: decoding [0-9.]+ ms a pass prepacked, [0-9.]+ ms own; every pass on "
-                    r"(prepacked|own|((own|prepacked) at [0-9]+(-[0-9]+)?, )+(own|prepacked) at [0-9]+\+ positions) "
+    assert set(choice.seconds) == {PREPACKED, OWN} | ({SKINNY} if skinny.available()[0] else set()) and all(len(t) == 12 and min(t) > 0 for t in choice.seconds.values())
+    kernel = "(own|prepacked|skinny)"
+    assert re.match(rf"kernels by measurement: a one-position pass [0-9.]+ ms own, [0-9.]+ ms prepacked(, [0-9.]+ ms skinny)?; "
+                    rf"every pass on ({kernel}|({kernel} at [0-9]+(-[0-9]+)?, )+{kernel} at [0-9]+\+ positions) "
                     r"\(costs by positions 1..12: chosen 1.00 ", line)
-    assert prepacked(model) == choice.uses(PREPACKED) and model_label(model) == choice.label()
-    if not choice.uses(PREPACKED):  # the copies made for the measurement are freed
-        assert not any(layer in prepacking._PREPACKED for layer in model.modules())
+    assert prepacked(model) == (set(choice.route()) != {OWN}) and model_label(model) == choice.label()
+    if not choice.uses(PREPACKED):  # oneDNN's copies made for the measurement are freed
+        assert all(layer.packed is None for layer in model.modules() if type(layer) is PrepackedLinear)
+        assert prepacked(model) or not any(layer in prepacking._PREPACKED for layer in model.modules())
     assert choose_prepack(llama(vocab=300)) == "no float32 CPU linear layers to prepack"  # float64
 
 
@@ -150,15 +153,16 @@ def test_each_pass_width_gets_the_kernels_measured_fastest_for_it():
     choice = KernelChoice({OWN: own, PREPACKED: packed})
     assert choice.for_width(1) == OWN and choice.for_width(3) == OWN and choice.for_width(4) == PREPACKED
     assert choice.for_width(99) == PREPACKED  # past the measured passes: the longest one's
-    assert choice.own_at() == (True, True, True, False, False, False, False)
-    assert choice.label() == "own at 1-3, prepacked at 4+ positions" and label_plan(choice.label()) == (True, True, True, False)
+    assert choice.route() == (OWN,) * 3 + (PREPACKED,) * 5  # widths 1..7, then longer passes
+    assert choice.label() == "own at 1-3, prepacked at 4+ positions" and label_plan(choice.label()) == (OWN,) * 3 + (PREPACKED,)
     # the policy's costs are the plan's: each width at its faster kernels, relative to the fastest one-position pass
     assert choice.row_costs() == (1.0, 1.01, 0.97, 1.25, 1.29, 1.29, 1.43)
     assert choice.row_costs(PREPACKED)[:2] == (1.0, round(1.14 / 1.03, 3))
     # prepacking must be clearly faster somewhere (it costs a copy of the weights): 3% is not enough
     close = KernelChoice({OWN: (1.0, 1.1), PREPACKED: (0.97, 1.07)})
     assert close.for_width(1) == OWN and not close.uses(PREPACKED) and close.label() == OWN and close.row_costs() == (1.0, 1.1)
-    assert plan_label(None) == OWN and plan_label(()) == PREPACKED and plan_label((False, True)) == "prepacked at 1, own at 2+ positions"
+    assert plan_label(None) == OWN and plan_label((PREPACKED,)) == PREPACKED
+    assert plan_label((PREPACKED, OWN)) == "prepacked at 1, own at 2+ positions" and label_plan(OWN) is False
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 9])
@@ -167,12 +171,13 @@ def test_a_prepacked_layer_runs_the_kernel_its_plan_names_for_the_pass_width(row
     it says prepacked, and the plan's last entry for passes longer than it."""
     layer = torch.nn.Linear(64, 48).to(torch.float32)
     packed = PrepackedLinear(layer)
-    packed.own_at = (True, False, True)
+    packed.route = (OWN, PREPACKED, OWN)
     x = torch.randn(1, rows, 64, generator=torch.Generator().manual_seed(rows))
     own = torch.nn.functional.linear(x, layer.weight, layer.bias)
+    packed._pack()
     oneDNN = torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed.packed, packed.bias.detach(), "none", [], "")
     assert torch.equal(packed(x), own if rows in (1, 3) or rows > 3 else oneDNN)
-    packed.own_at = ()
+    packed.route = (PREPACKED,)
     assert torch.equal(packed(x), oneDNN)
 
 
@@ -191,14 +196,14 @@ def test_every_row_and_its_transformers_peer_run_one_plan_so_one_position_costs_
     ran, widths = {}, {}
     before = plan(target)
     try:
-        with kernels(target, choice.own_at()):
+        with kernels(target, choice.route()):
             for key in ("target", "hf_generate", "speculative", "hf_assisted"):
                 calls["own"].clear(), calls["oneDNN"].clear()
                 result = run_strategy(EVERY[key], PROMPT, config, context)
                 ran[key] = result.kernels
                 assert calls["own"] <= {1, 2, 3} and min(calls["oneDNN"]) >= 4, (key, calls)
                 widths[key] = (1 in calls["own"], 5 in calls["oneDNN"])
-                assert plan(target) == choice.own_at()
+                assert plan(target) == choice.route()
     finally:
         for hook in hooks:
             hook()

@@ -1,0 +1,65 @@
+"""The skinny kernel (``runners.skinny``) computes what ``F.linear`` computes, a row at a time in a
+fixed order (so a verification pass's linear layers give each position what a one-position pass
+gives it, whatever the thread count), and a model on it decodes losslessly."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import EOS_NEVER, PROMPT, llama
+from drafters import PromptLookupSpec
+from runners import KVCacheModel, kernels, prepackable, skinny
+from sampling import autoregressive_generate, generate
+
+pytestmark = pytest.mark.skipif(not skinny.available()[0], reason=f"the skinny kernel does not build here: {skinny.available()[1]}")
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 12, 13])
+@pytest.mark.parametrize("out_features,in_features", [(48, 64), (7, 13), (33, 8), (5, 100)])
+def test_skinny_linear_equals_f_linear_over_any_rows_odd_shapes_and_bias(rows, out_features, in_features):
+    generator = torch.Generator().manual_seed(rows * 1000 + out_features)
+    x = torch.randn(2, rows, in_features, generator=generator)
+    weight, bias = torch.randn(out_features, in_features, generator=generator), torch.randn(out_features, generator=generator)
+    for b in (bias, None):
+        exact = torch.nn.functional.linear(x.double(), weight.double(), None if b is None else b.double())
+        torch.testing.assert_close(skinny.skinny_linear(x, weight, b).double(), exact, rtol=1e-5, atol=1e-5)
+
+
+def test_each_row_is_computed_alone_the_same_with_any_rows_and_any_thread_count():
+    generator = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(12, 576, generator=generator), torch.randn(1536, 576, generator=generator)
+    many = skinny.skinny_linear(x, weight, None)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = [skinny.skinny_linear(x[i : i + 1], weight, None) for i in range(12)]
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(alone[i][0], many[i]) for i in range(12))
+
+
+@pytest.mark.skipif(not prepackable(llama().to(torch.float32)), reason="routes live on PrepackedLinear (needs oneDNN)")
+def test_a_model_on_the_skinny_kernel_matches_its_own_layers_and_decodes_losslessly():
+    target = llama(vocab=300, init=0.2).to(torch.float32)
+    ids = torch.tensor([PROMPT])
+    with kernels(target, False):
+        own = KVCacheModel(target)(ids, 5)
+        reference = autoregressive_generate(PROMPT, target, 30, eos_tokens_id=EOS_NEVER, use_cache=True)
+    with kernels(target, ("skinny",)):
+        torch.testing.assert_close(KVCacheModel(target)(ids, 5), own, rtol=1e-4, atol=1e-4)
+        ar = autoregressive_generate(PROMPT, target, 30, eos_tokens_id=EOS_NEVER, use_cache=True)
+        pld, _ = generate(PROMPT, target, PromptLookupSpec(), dict(max_gen_len=30, eos_tokens_id=EOS_NEVER, use_cache=True))
+    assert ar == reference and pld == reference
+
+
+def test_a_compiler_that_fails_gives_one_reason_and_no_kernel(tmp_path):
+    """A broken compiler: the kernel is unavailable with its reason, nothing half-written is left, and
+    the start-up measurement simply has one option fewer."""
+    code = ("import runners.skinny as s; ok, why = s.available(); print(ok); print(why); "
+            "import os; print(sorted(p for p in os.listdir(os.path.join(os.environ['SPECDEC_CACHE'], 'kernels')) if p.endswith('.so')))")
+    env = {"PATH": "/usr/bin:/bin", "CC": "/bin/false", "SPECDEC_CACHE": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(skinny.SOURCE.parents[1]), timeout=120)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stderr
+    assert lines[0] == "False" and lines[1].startswith("the skinny kernel did not build: /bin/false failed") and lines[2] == "[]"
