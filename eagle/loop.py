@@ -52,23 +52,26 @@ class Run:
 # ---- the head's start: the target's last layer, its output layer over the draft vocabulary ---------
 def initial_head(target, config: HeadConfig, vocabulary: torch.Tensor) -> Eagle3Head:
     """A head whose layer starts as the target's last layer reading the highest fused layer (``fc``
-    picks it out), and whose ``lm_head`` and ``norm`` are the target's own rows and final norm (float32)."""
+    picks it out), and whose ``lm_head`` and ``norm`` are the target's own rows and final norm. Built
+    in float32 on the CPU (the caller moves it), whatever the target's device."""
     head = Eagle3Head(config, embed_tokens=target.get_input_embeddings())
     head.set_vocabulary(vocabulary)
     h, last = config.hidden_size, target.model.layers[-1]
+    cpu = lambda t: t.detach().to("cpu")  # noqa: E731
     with torch.no_grad():
         head.fc.weight.zero_()
         head.fc.weight[:, -config.target_hidden_size :] = torch.eye(h)
         attention, mine = last.self_attn, head.layers[0].self_attn
         for name in ("q_proj", "k_proj", "v_proj"):
-            getattr(mine, name).weight[:, h:] = getattr(attention, name).weight
+            getattr(mine, name).weight[:, h:] = cpu(getattr(attention, name).weight)
             getattr(mine, name).weight[:, :h].normal_(0, 0.02)
-        mine.o_proj.weight.copy_(attention.o_proj.weight)
-        head.layers[0].mlp.load_state_dict(last.mlp.state_dict())
-        head.layers[0].hidden_norm.weight.copy_(last.input_layernorm.weight)
-        head.layers[0].post_attention_layernorm.weight.copy_(last.post_attention_layernorm.weight)
-        head.norm.weight.copy_(target.model.norm.weight)
-        head.lm_head.weight.copy_(target.get_output_embeddings().weight[vocabulary])
+        mine.o_proj.weight.copy_(cpu(attention.o_proj.weight))
+        head.layers[0].mlp.load_state_dict({k: cpu(v) for k, v in last.mlp.state_dict().items()})
+        head.layers[0].hidden_norm.weight.copy_(cpu(last.input_layernorm.weight))
+        head.layers[0].post_attention_layernorm.weight.copy_(cpu(last.post_attention_layernorm.weight))
+        head.norm.weight.copy_(cpu(target.model.norm.weight))
+        rows = target.get_output_embeddings().weight
+        head.lm_head.weight.copy_(cpu(rows[vocabulary.to(rows.device)]))
     return head.float()
 
 
@@ -149,10 +152,12 @@ def train(head: Eagle3Head, batches: Batches, held_out: Batches, recipe: Recipe,
     bar = tqdm(total=total, initial=step, desc="training", unit="batch", dynamic_ncols=True, disable=not world.main)
     saved, begun = time.monotonic(), time.monotonic() - spent
     last = total if run.stop_after is None else min(total, step + run.stop_after)
+    order, shuffled = list(range(len(batches))), None
     while step < last and not world.any(time.monotonic() - begun >= recipe.minutes * 60, device):
         epoch, index = divmod(step, len(batches))
-        order = list(range(len(batches)))
-        random.Random(recipe.seed * 1000 + epoch).shuffle(order)
+        if shuffled != epoch:  # each epoch's order of batches, from its own seed
+            order, shuffled = list(range(len(batches))), epoch
+            random.Random(recipe.seed * 1000 + epoch).shuffle(order)
         with _autocast(batches):
             loss, shown = _step_loss(head, batches[order[index]], recipe, world, device)
         optimizer.zero_grad(set_to_none=True)
