@@ -4,16 +4,21 @@ task), its own greedy answers to them, and the target's features and distributio
 answers. Nothing is read from an evaluation set, and ``overlapping`` drops any question that shares
 a run of words with one (Spec-Bench, the project's benchmark prompts).
 
-Every stage appends to a JSONL file as it goes, so a stopped run resumes where it stopped.
+The data is written a chunk at a time (``write_chunk``) into the artifact of ``eagle.artifact``, which
+keeps it with the head, so a stopped run resumes at the chunk it was writing.
 """
+import hashlib
 import json
 import random
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, List, Sequence
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch.nn import Module
+
+from eagle.artifact import DataError, DataRecipe
 
 # how a user turn starts: ours, spread over writing, roleplay, reasoning, math, coding, science,
 # humanities and plain questions (the categories a head must serve), never taken from an evaluation set
@@ -68,23 +73,88 @@ def evaluation_texts(paths: Sequence[Path]) -> List[str]:
     return texts
 
 
-def read_jsonl(path: Path) -> List[dict]:
-    """The complete lines of ``path`` (a line cut by a stop is dropped)."""
+def _seed(*parts: int) -> int:
+    """A seed derived from ``parts`` (the same on every machine and Python)."""
+    return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:6], "big")
+
+
+def _device(model: Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+QUESTION_BATCH = 32  # openers continued in one batched generation
+FRUITLESS = 20  # batches in a row without a usable question before writing gives up
+
+
+@dataclass(frozen=True)
+class ChunkWriter:
+    """How chunks are written: the data recipe, the overlap check, the end tokens, the answers' batch."""
+
+    recipe: DataRecipe
+    overlap: Overlap
+    stop: Tuple[int, ...]
+    batch: int = 16
+
+
+def write_chunk(model: Module, tokenizer, index: int, seen: set, how: ChunkWriter) -> Tuple[list, dict]:
+    """Chunk ``index``: ``recipe.chunk_questions`` questions (prompt ids not in ``seen``) and the model's
+    greedy answers, as ``[(prompt ids, answer ids)]``, and its facts (questions dropped for overlap,
+    the device and dtype). Each question is an opener of ours continued by the model, sampled from
+    seeds derived from (recipe seed, ``index``, attempt), so a chunk does not depend on which process
+    writes it or where a writer stopped (on the same kind of device and dtype)."""
+    recipe, stop = how.recipe, list(how.stop)
+    prefix = user_turn_prefix(tokenizer)
+    rng = random.Random(_seed(recipe.seed, index))
+    prompts: List[List[int]] = []
+    taken, dropped, attempt, fruitless = set(seen), 0, 0, 0
+    while len(prompts) < recipe.chunk_questions:
+        torch.manual_seed(_seed(recipe.seed, index, attempt))
+        attempt += 1
+        openers = [rng.choice(OPENERS) for _ in range(QUESTION_BATCH)]
+        begun = [tokenizer(prefix + o, add_special_tokens=False).input_ids for o in openers]
+        made = _generate(model, begun, recipe.question_tokens, (recipe.temperature, recipe.top_p), stop)
+        before = len(prompts)
+        for opener, ids in zip(openers, made):
+            if not ids or ids[-1] not in stop:
+                continue  # ran past the question's length: not a question
+            question = (opener + tokenizer.decode(ids[:-1])).strip()
+            if len(question.split()) < 5:
+                continue
+            if how.overlap(question):
+                dropped += 1
+                continue
+            text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)
+            prompt = tuple(tokenizer(text, add_special_tokens=False).input_ids)
+            if prompt not in taken and len(prompts) < recipe.chunk_questions:
+                taken.add(prompt)
+                prompts.append(list(prompt))
+        fruitless = 0 if len(prompts) > before else fruitless + 1
+        if fruitless >= FRUITLESS:
+            raise DataError(f"the target wrote no usable question in {FRUITLESS} batches of {QUESTION_BATCH} "
+                            f"(each must end within {recipe.question_tokens} tokens and have 5 words)")
     rows = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    return rows
+    for group in _batches(prompts, how.batch):
+        rows.extend(zip(group, _generate(model, group, recipe.answer_tokens, None, stop)))
+    weight = next(model.parameters())
+    return rows, {"dropped_for_overlap": dropped, "written_on": f"{weight.device.type} {str(weight.dtype).removeprefix('torch.')}"}
 
 
-def _append(path: Path, rows: Iterable[dict]) -> None:
-    with open(path, "a") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-        f.flush()
+@torch.no_grad()
+def _generate(model: Module, prompts: List[List[int]], max_new: int, sample: Optional[Tuple[float, float]],
+              stop: List[int]) -> List[List[int]]:
+    """New token ids for each of ``prompts`` (ids; one left-padded batch on the model's device), cut
+    after the first stop token; ``sample``: ``(temperature, top_p)``, else greedy."""
+    width = max(len(p) for p in prompts)
+    pad = stop[0]  # under the attention mask: any id does
+    ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], device=_device(model))
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=_device(model))
+    kwargs = dict(do_sample=True, temperature=sample[0], top_p=sample[1]) if sample else dict(do_sample=False)
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, eos_token_id=stop, pad_token_id=pad, **kwargs)
+    cut = []
+    for row in out[:, width:].tolist():
+        end = next((i + 1 for i, t in enumerate(row) if t in stop), len(row))
+        cut.append(row[:end])
+    return cut
 
 
 def _batches(items: Sequence, size: int) -> Iterator[Sequence]:
@@ -92,83 +162,13 @@ def _batches(items: Sequence, size: int) -> Iterator[Sequence]:
         yield items[i : i + size]
 
 
-@torch.no_grad()
-def _generate(model: Module, tokenizer, texts: List[str], max_new: int, sample: bool, stop: List[int]) -> List[List[int]]:
-    """New token ids for each of ``texts`` (left-padded batch), cut after the first stop token."""
-    tokenizer.padding_side = "left"
-    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    kwargs = dict(do_sample=True, temperature=0.9, top_p=0.95) if sample else dict(do_sample=False)
-    out = model.generate(**batch, max_new_tokens=max_new, eos_token_id=stop, pad_token_id=tokenizer.pad_token_id, **kwargs)
-    new = out[:, batch.input_ids.shape[1] :].tolist()
-    cut = []
-    for row in new:
-        end = next((i + 1 for i, t in enumerate(row) if t in stop), len(row))
-        cut.append(row[:end])
-    return cut
-
-
-QUESTION_BATCH = 32  # openers continued in one batched generation
-
-
-def write_questions(model: Module, tokenizer, path: Path, count: int, overlap: Overlap, stop: List[int],
-                    seed: int = 0, progress=None) -> int:
-    """Append questions to ``path`` until it holds ``count``; returns how many were dropped for
-    overlapping an evaluation set. Each is an opener of ours continued by the model, sampled."""
-    rows = read_jsonl(path)
-    seen = {r["question"] for r in rows}
-    dropped = 0
-    prefix = user_turn_prefix(tokenizer)
-    rng = random.Random(seed + len(rows))
-    while len(rows) < count:
-        torch.manual_seed(seed + len(rows))
-        openers = [rng.choice(OPENERS) for _ in range(QUESTION_BATCH)]
-        made = _generate(model, tokenizer, [prefix + o for o in openers], 64, True, stop)
-        new = []
-        for opener, ids in zip(openers, made):
-            if not ids or ids[-1] not in stop:
-                continue  # ran past 64 tokens: not a question
-            question = (opener + tokenizer.decode(ids[:-1])).strip()
-            if len(question.split()) < 5 or question in seen:
-                continue
-            if overlap(question):
-                dropped += 1
-                continue
-            seen.add(question)
-            new.append({"question": question})
-        new = new[: count - len(rows)]
-        _append(path, new)
-        rows += new
-        if progress is not None:
-            progress.update(len(new))
-    return dropped
-
-
-def write_answers(model: Module, tokenizer, questions: Path, path: Path, max_new: int, stop: List[int],
-                  batch: int = 16, progress=None) -> None:
-    """Append the model's greedy answer to every question not yet answered in ``path``: the prompt
-    rendered by the chat template and the answer, as token ids (``ids``, ``prompt_length``)."""
-    asked = [r["question"] for r in read_jsonl(questions)]
-    done = len(read_jsonl(path))
-    todo = asked[done:]
-    for group in _batches(todo, batch):
-        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
-                   for q in group]
-        answers = _generate(model, tokenizer, prompts, max_new, False, stop)
-        rows = []
-        for q, prompt, answer in zip(group, prompts, answers):
-            ids = tokenizer(prompt, add_special_tokens=False).input_ids
-            rows.append({"question": q, "ids": ids + answer, "prompt_length": len(ids)})
-        _append(path, rows)
-        if progress is not None:
-            progress.update(sum(len(r["ids"]) - r["prompt_length"] for r in rows))
-
-
 def draft_vocabulary(rows: Sequence[dict], size: int, always: Sequence[int], vocab: int) -> torch.Tensor:
     """The ``size`` target ids most frequent in the answers (``always`` first: end tokens), ascending
     id order after the choice; pads with the lowest unused ids when the data has fewer distinct tokens."""
     counts = torch.zeros(vocab, dtype=torch.long)
     for row in rows:
-        counts.index_add_(0, torch.tensor(row["ids"][row["prompt_length"] :]), torch.ones(len(row["ids"]) - row["prompt_length"], dtype=torch.long))
+        answer = torch.as_tensor(row["ids"][row["prompt_length"] :], dtype=torch.long)
+        counts.index_add_(0, answer, torch.ones(len(answer), dtype=torch.long))
     counts[torch.tensor(list(always), dtype=torch.long)] = counts.max() + 1
     chosen = torch.argsort(counts, descending=True, stable=True)[: min(size, vocab)]
     return chosen.sort().values

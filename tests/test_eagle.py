@@ -7,9 +7,9 @@ import torch
 
 from conftest import EOS_NEVER, PROMPT, llama
 from drafters.eagle import EagleDrafter
-from eagle.features import sequence_features
+from eagle.features import ItemBatches, batch_tensors, length_groups, ordered_groups, sequence_features
 from eagle.head import Eagle3Head, HeadCache, HeadConfig
-from eagle.train import Recipe, batch_tensors, initial_head, train
+from eagle.loop import Recipe, Run, initial_head, train
 from runners import KVCacheModel, RunnerConfig
 from sampling import GenerationStats, autoregressive_generate, generate
 from test_lossless_sampling import PROCESSORS, chi_square_pvalue, exact_distribution, sample_many
@@ -47,7 +47,10 @@ def tiny_head(target, recipe: Recipe, checkpoint, draft_vocab: int = 64, stop_af
     index = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
     index[vocabulary] = torch.arange(draft_vocab)
     head = initial_head(target, config, vocabulary)
-    figures = train(head, items[:-8], items[-8:], index, recipe, checkpoint, say=lambda text: None, stop_after=stop_after)
+    learn, held = items[:-8], items[-8:]
+    batches = ItemBatches(learn, length_groups([len(i["ids"]) for i in learn], recipe.batch_sequences), index)
+    held_out = ItemBatches(held, ordered_groups(len(held), recipe.batch_sequences), index)
+    figures = train(head, batches, held_out, recipe, checkpoint, Run(say=lambda text: None, stop_after=stop_after))
     return head.to(torch.float64).eval(), figures
 
 

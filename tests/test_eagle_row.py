@@ -14,7 +14,7 @@ import torch
 from conftest import EOS_NEVER, MEASUREMENTS_ENV, PROMPT, llama, save_tiny
 from eagle.format import save_head
 from eagle.head import HeadConfig
-from eagle.train import initial_head
+from eagle.loop import initial_head
 
 ROOT = Path(__file__).resolve().parents[1]
 
