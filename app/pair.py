@@ -203,13 +203,28 @@ def _runners(pair: Pair, options: "LoadOptions", say: Say) -> Dict[str, object]:
         if reason is not None:
             say(f"--compile: the {role} runs eagerly: {reason}", "red")
         if compile and reason is None:
-            # the model's own linears frozen into the graphs (--gemm: MKL's or inductor's autotuned templates);
-            # an eager kernel measurement would answer another question. "on": oneDNN's.
-            set_prepack(model, options.prepack in (True, "on"))
+            # the model's own linears frozen into the graphs (--gemm: MKL's or inductor's autotuned templates),
+            # or called on the skinny kernel (--gemm skinny); an eager kernel measurement would answer another
+            # question. "on": oneDNN's.
+            _compiled_kernels(model, role, options.prepack in (True, "on"), say)
             seconds = prepare(model, options.compile_length, lambda text: say(f"{role}: {text} ...", "dim"))
             pair.compile_seconds[role] = seconds
             say(f"Compiled the {role} in {seconds:.1f} s ({compile_source(model) or 'nothing new'}; outside every timed run)")
     return runners
+
+
+def _compiled_kernels(model, role: str, prepack: bool, say: Say) -> None:
+    """The linears a model's graphs call: oneDNN's (``prepack``), the skinny kernel's up to 12 positions
+    (``--gemm skinny``, where it builds and the layers are float32 CPU ones; else MKL's, said), or its own."""
+    from runners import compiled, prepackable, set_prepack, skinny
+
+    if compiled.CPU_GEMM == "skinny" and not prepack:
+        built, why = skinny.available()
+        if built and prepackable(model):
+            set_prepack(model, True, compiled.SKINNY_ROUTE)
+            return
+        say(f"--gemm skinny: the {role}'s graphs use MKL: {why or 'no float32 CPU linear layers'}", "red")
+    set_prepack(model, prepack)
 
 
 @dataclass(frozen=True)

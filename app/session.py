@@ -51,9 +51,11 @@ def add_shared_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", action="store_true", help="our runners' decoding and verification passes compiled with "
                         "torch.compile over a static cache (inductor with frozen weights on CPU, CUDA graphs on CUDA), "
                         "compiled once at start-up and reported apart; transformers' static-cache peer is compiled too")
-    parser.add_argument("--gemm", choices=["mkl", "templates"], default="mkl", help="with --compile on CPU, the frozen linears' "
-                        "kernels: mkl (default; minutes to compile) or templates (inductor's C++ GEMM templates autotuned against "
-                        "MKL per shape: passes ~1.6x faster on a 2-core AVX2 EPYC, 11-17 min to compile at every start)")
+    parser.add_argument("--gemm", choices=["mkl", "templates", "skinny"], default="mkl", help="with --compile on CPU, the linears' "
+                        "kernels: mkl (default; frozen; minutes to compile) or templates (frozen; inductor's C++ GEMM templates "
+                        "autotuned against MKL per shape: passes ~1.6x faster on a 2-core AVX2 EPYC, 11-17 min to compile at every "
+                        "start) or skinny (the skinny kernel up to 12 positions, MKL past them; not frozen, so the graphs are kept "
+                        "on disk between starts)")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow model code from the Hub (off: it runs code you have not read)")
     parser.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     parser.add_argument("--processor", default="greedy", help='sampling, as the REPL\'s /processor takes it, e.g. "nucleus 0.6 0.9" (default greedy)')

@@ -7,7 +7,8 @@ from typing import Dict, Optional, Sequence, Tuple
 
 from torch.nn import Module
 
-from runners.prepacking import OWN, PREPACKED, SKINNY, drop_packed_copies, drop_prepacked, plan, prepack_fits, prepackable, set_prepack
+from runners.prepacking import (OWN, PREPACKED, SKINNY, drop_packed_copies, drop_prepacked, label_plan, plan, plan_label,  # noqa: F401 (label_plan: importable from here)
+                                prepack_fits, prepackable, set_prepack)
 from utils.quantization import model_quantization
 
 PREPACK_MARGIN = 0.95  # prepacking costs a copy of the weights: made only where some pass runs at least 5% faster
@@ -71,35 +72,6 @@ class KernelChoice:
                            for name, option in [("chosen", None)] + [(o, o) for o in measured])
         return (f"kernels by measurement: a one-position pass {one}; "
                 f"every pass on {self.label()} (costs by positions 1..{self.widths()}: {costs})")
-
-
-def plan_label(route: Optional[Sequence[str]]) -> str:
-    """The name of a kernel plan (``runners.prepacking.plan``): one option when the route names one
-    (None: "own"), else the widths of each, e.g. "own at 1-2, prepacked at 3+ positions"."""
-    if route is None:
-        return OWN
-    if len(set(route)) == 1:
-        return route[0]
-    ranges, start = [], 1
-    for width in range(2, len(route) + 2):
-        if width > len(route) or route[width - 1] != route[start - 1]:
-            ranges.append(f"{route[start - 1]} at {start}" + ("+" if width > len(route) else f"-{width - 1}" if width - 1 > start else ""))
-            start = width
-    return ", ".join(ranges) + " positions"
-
-
-def label_plan(label: str) -> bool | Tuple[str, ...]:
-    """The plan ``plan_label`` named, as ``runners.kernels`` takes it (False: the model's own layers)."""
-    if label == OWN:
-        return False
-    if label in OPTIONS:
-        return (label,)
-    route = []
-    for part in label.removesuffix(" positions").split(", "):
-        name, _, widths = part.partition(" at ")
-        first, _, last = widths.rstrip("+").partition("-")
-        route += [name] * (int(last or first) - int(first) + 1)
-    return tuple(route)
 
 
 def model_label(model: Module) -> str:

@@ -31,7 +31,7 @@ from runners.compile_cache import CacheCount, use_compile_cache
 from runners.config import why_not_compiled
 from runners.device import model_device
 from runners.hidden import select_hidden
-from runners.prepacking import prepacked
+from runners.prepacking import plan, plan_label, prepacked
 from runners.trees import gather_branch, tree_depths, tree_inputs, tree_unsupported
 
 # inductor's freezing for the model's own CPU linears (MKL-packed constants); graphs with frozen packed
@@ -41,9 +41,13 @@ FREEZING = True
 # MKL when a graph is built, so the faster one per shape on this CPU is kept; "mkl": MKL's alone. On a
 # 2-core AVX2 EPYC (docs/profile.md) MKL's 1-row products run on one core at ~12 GB/s, the templates on
 # both at ~18 GB/s (a pass 2x faster), but building them takes inductor ~17 min for the embedded model's
-# six pass lengths, at every start (frozen graphs bypass its cache), against ~4 min with MKL
+# six pass lengths, at every start (frozen graphs bypass its cache), against ~4 min with MKL; "skinny":
+# the linears unfrozen, each one opaque call (``packed_linear``) to the skinny kernel up to 12 positions
+# (``runners.skinny``: every core, the weight read once) and MKL past them (``SKINNY_ROUTE``), so the
+# graphs are not frozen and inductor's disk cache keeps them
 CPU_GEMM = "mkl"
-GEMMS = ("mkl", "templates")
+GEMMS = ("mkl", "templates", "skinny")
+SKINNY_ROUTE = ("skinny",) * 12 + ("own",)
 
 
 def set_cpu_gemm(name: str) -> None:
@@ -331,11 +335,11 @@ def compile_source(model: Module) -> str:
     return state.cache_count.source if state is not None else ""
 
 
-def _how(cuda: bool, packed: bool, dtype: torch.dtype) -> str:
+def _how(cuda: bool, packed: bool, dtype: torch.dtype, route: Optional[Tuple[str, ...]] = None) -> str:
     if cuda:
         return "CUDA graphs"
     if packed:
-        return "inductor, prepacked linears"
+        return "inductor, prepacked linears" if route in (None, ("prepacked",)) else f"inductor, linears on {plan_label(route)}"
     templates = CPU_GEMM == "templates" and dtype in (torch.float32, torch.bfloat16, torch.float16)  # none for float64
     return "inductor, frozen weights" + (", GEMM templates autotuned against MKL" if templates else ", MKL")
 
@@ -343,7 +347,7 @@ def _how(cuda: bool, packed: bool, dtype: torch.dtype) -> str:
 def compiled_label(model: Module) -> str:
     """How ``model``'s passes run, for the header lines: "compiled (...)"."""
     state = _STATE.get(model)
-    how = _how(model_device(model).type == "cuda", prepacked(model), next(model.parameters()).dtype)
+    how = _how(model_device(model).type == "cuda", prepacked(model), next(model.parameters()).dtype, plan(model))
     shapes = f", passes of {'/'.join(map(str, BUCKETS))} positions"
     capacity = f", cache of {state.capacity} positions" if state is not None and state.capacity else ""
     source = compile_source(model)

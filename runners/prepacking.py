@@ -241,3 +241,32 @@ def drop_packed_copies(model: Module) -> None:
     for layer in model.modules():
         if type(layer) is PrepackedLinear:
             layer.packed = layer.packed_bias = None
+
+
+def plan_label(route: Optional[Sequence[str]]) -> str:
+    """The name of a kernel plan (``runners.prepacking.plan``): one option when the route names one
+    (None: "own"), else the widths of each, e.g. "own at 1-2, prepacked at 3+ positions"."""
+    if route is None:
+        return OWN
+    if len(set(route)) == 1:
+        return route[0]
+    ranges, start = [], 1
+    for width in range(2, len(route) + 2):
+        if width > len(route) or route[width - 1] != route[start - 1]:
+            ranges.append(f"{route[start - 1]} at {start}" + ("+" if width > len(route) else f"-{width - 1}" if width - 1 > start else ""))
+            start = width
+    return ", ".join(ranges) + " positions"
+
+
+def label_plan(label: str) -> bool | Tuple[str, ...]:
+    """The plan ``plan_label`` named, as ``runners.kernels`` takes it (False: the model's own layers)."""
+    if label == OWN:
+        return False
+    if label in (OWN, PREPACKED, SKINNY):
+        return (label,)
+    route = []
+    for part in label.removesuffix(" positions").split(", "):
+        name, _, widths = part.partition(" at ")
+        first, _, last = widths.rstrip("+").partition("-")
+        route += [name] * (int(last or first) - int(first) + 1)
+    return tuple(route)

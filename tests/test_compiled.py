@@ -15,7 +15,8 @@ from sampling import autoregressive_generate, generate, speculative_generate
 from runners import KVCacheModel
 from runners import RunnerConfig
 from runners import make_runner
-from runners.compiled import CompiledRunner, compile_events, prepare, why_not_compiled
+from runners import prepackable
+from runners.compiled import CompiledRunner, compile_events, compiled_label, prepare, why_not_compiled
 from utils.logits_processor import NucleusProcessor
 
 LENGTH = 40
@@ -227,6 +228,27 @@ def test_float32_graphs_on_gemm_templates_autotuned_against_mkl_give_the_eager_l
     assert torch._inductor.config.max_autotune is False and torch._inductor.config.freezing is False
 
 
+def test_float32_graphs_calling_the_skinny_kernel_give_the_eager_logits_and_name_it():
+    """With ``--gemm skinny`` the graphs call each linear as one opaque op that runs the skinny kernel
+    up to 12 positions and MKL past them (``SKINNY_ROUTE``, no freezing): the logits stay the eager
+    static runner's on the model's own layers, to float32 rounding, and the label names the route."""
+    from runners import kernels, skinny
+
+    if not skinny.available()[0] or not prepackable(llama(vocab=96, layers=1).to(torch.float32)):
+        pytest.skip("the skinny kernel does not build here, or no oneDNN for routes")
+    model = llama(vocab=96, layers=1, window=256, seed=5).to(torch.float32)
+    ids = torch.tensor([PROMPT * 3])
+    with pytest.MonkeyPatch.context() as patch, torch.no_grad():
+        patch.setattr(compiled, "BUCKETS", (1, 4))
+        with kernels(model, False):
+            slow = [KVCacheModel(model, True, cache="static")(ids[:, :length], rows) for length, rows in [(20, 1), (21, 1), (24, 3), (25, 1)]]
+        with kernels(model, compiled.SKINNY_ROUTE):
+            fast = CompiledRunner(model)
+            for (length, rows), expected in zip([(20, 1), (21, 1), (24, 3), (25, 1)], slow):
+                torch.testing.assert_close(fast(ids[:, :length], rows), expected, rtol=1e-4, atol=1e-5)
+            assert "linears on skinny at 1-12, own at 13+ positions" in compiled_label(model)
+
+
 def test_graphs_returning_hidden_states_build_on_a_model_never_asked_for_them_before():
     """transformers installs its output-capturing hooks on the first call asking for hidden states,
     under a lock dynamo cannot trace: the runner's eager cache pass makes that call, so a graph that
@@ -255,7 +277,7 @@ def test_the_gemm_choice_is_named_in_the_runner_label_and_unknown_kernels_are_re
         assert compiled._how(False, True, torch.float32) == "inductor, prepacked linears"
         compiled.set_cpu_gemm("mkl")
         assert compiled._how(False, False, torch.float32).endswith("frozen weights, MKL")
-        with pytest.raises(ValueError, match="gemm must be one of mkl, templates, got 'fast'"):
+        with pytest.raises(ValueError, match="gemm must be one of mkl, templates, skinny, got 'fast'"):
             compiled.set_cpu_gemm("fast")
         assert compiled.CPU_GEMM == "mkl"
     finally:
