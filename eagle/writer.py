@@ -21,8 +21,9 @@ Greedy output equals transformers' greedy ``generate`` on each prompt alone wher
 within rounding of each other (tested in float32; in bfloat16 a near-tie can flip, as between any two
 batchings of the same model).
 """
+import functools
 from collections import deque
-from typing import Deque, List, Optional, Sequence, Tuple
+from typing import Deque, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -87,6 +88,7 @@ def supported(model: Module) -> Optional[str]:
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def _cache_class():
     from transformers.cache_utils import Cache
 
@@ -136,7 +138,8 @@ class Writer:
         weight = next(model.parameters())
         self.device, self.dtype = weight.device, weight.dtype
         self.cache = slot_cache(model, batch, capacity)
-        self.cache.slots = torch.zeros((batch, 1), dtype=torch.long, device=self.device)
+        self.step_slots = torch.zeros((batch, 1), dtype=torch.long, device=self.device)  # the decoding pass's, kept
+        self.cache.slots = self.step_slots
         self.stops = torch.tensor(self.stop, device=self.device)
         self.compiled = compile
         self.decode = self._decode
@@ -163,8 +166,7 @@ class Writer:
                                 cache=cache, use_cache=True,
                                 logits_to_keep=torch.tensor([[len(p) - 1] for p in prompts], device=self.device)).logits
         finally:
-            cache.rows, cache.limit = None, None
-            cache.slots = torch.zeros((self.batch, 1), dtype=torch.long, device=self.device)
+            cache.rows, cache.limit, cache.slots = None, None, self.step_slots
         return logits[:, -1].argmax(-1).tolist()
 
     @torch.no_grad()
@@ -208,12 +210,22 @@ class Writer:
                         owner[row], position[row] = -1, 0
 
 
+KEPT = "_specdec_answer_writers"  # the model's attribute keeping its compiled writers, by (batch, capacity, stop)
+
+
 def write_answers(model: Module, prompts: Sequence[Sequence[int]], max_new: int, stop: Sequence[int], batch: int,
                   compile: bool = False) -> List[List[int]]:
     """The greedy answers of ``model`` to ``prompts`` (token ids), ``batch`` rows at a time, each cut
-    after its first token in ``stop`` and at ``max_new`` tokens; in the prompts' order."""
+    after its first token in ``stop`` and at ``max_new`` tokens; in the prompts' order. ``compile``:
+    the decoding pass compiled (CUDA graphs on CUDA), its writer kept for later calls of the same shape."""
     if not prompts:
         return []
-    capacity = max(len(p) for p in prompts) + max_new
-    capacity = -(-capacity // 64) * 64 if compile else capacity  # one graph for nearby lengths
-    return Writer(model, min(batch, len(prompts)), capacity, stop, compile).run(prompts, max_new)
+    capacity, batch = max(len(p) for p in prompts) + max_new, min(batch, len(prompts))
+    if not compile:
+        return Writer(model, batch, capacity, stop).run(prompts, max_new)
+    capacity = -(-capacity // 256) * 256  # one graph for nearby lengths
+    kept: Dict[tuple, Writer] = model.__dict__.setdefault(KEPT, {})  # every chunk reuses one graph
+    key = (batch, capacity, tuple(stop))
+    if key not in kept:
+        kept[key] = Writer(model, batch, capacity, stop, compile=True)
+    return kept[key].run(prompts, max_new)
