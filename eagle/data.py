@@ -88,12 +88,16 @@ FRUITLESS = 20  # batches in a row without a usable question before writing give
 
 @dataclass(frozen=True)
 class ChunkWriter:
-    """How chunks are written: the data recipe, the overlap check, the end tokens, the answers' batch."""
+    """How chunks are written: the data recipe, the overlap check, the end tokens, the answers' batch,
+    and the answers' writer: ``ours`` (``eagle.writer``, its decoding pass compiled when ``compile``)
+    or ``transformers`` (``generate`` in left-padded batches)."""
 
     recipe: DataRecipe
     overlap: Overlap
     stop: Tuple[int, ...]
     batch: int = 16
+    writer: str = "ours"
+    compile: bool = False
 
 
 def write_chunk(model: Module, tokenizer, index: int, seen: set, how: ChunkWriter) -> Tuple[list, dict]:
@@ -132,11 +136,16 @@ def write_chunk(model: Module, tokenizer, index: int, seen: set, how: ChunkWrite
         if fruitless >= FRUITLESS:
             raise DataError(f"the target wrote no usable question in {FRUITLESS} batches of {QUESTION_BATCH} "
                             f"(each must end within {recipe.question_tokens} tokens and have 5 words)")
-    rows = []
-    for group in _batches(prompts, how.batch):
-        rows.extend(zip(group, _generate(model, group, recipe.answer_tokens, None, stop)))
+    if how.writer == "ours":
+        from eagle.writer import write_answers
+
+        rows = list(zip(prompts, write_answers(model, prompts, recipe.answer_tokens, stop, how.batch, how.compile)))
+    else:
+        rows = [row for group in _batches(prompts, how.batch)
+                for row in zip(group, _generate(model, group, recipe.answer_tokens, None, stop))]
     weight = next(model.parameters())
-    return rows, {"dropped_for_overlap": dropped, "written_on": f"{weight.device.type} {str(weight.dtype).removeprefix('torch.')}"}
+    return rows, {"dropped_for_overlap": dropped, "written_on": f"{weight.device.type} {str(weight.dtype).removeprefix('torch.')}",
+                  "answers_by": how.writer}
 
 
 @torch.no_grad()

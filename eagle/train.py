@@ -52,6 +52,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         p.add_argument("--" + name.replace("_", "-"), type=type(value), default=None, help=f"default {value}")
     p.add_argument("--chunk-questions", type=int, default=None, help=f"questions per data chunk (default {DataRecipe.chunk_questions})")
     p.add_argument("--data-batch", type=int, default=None, help="answers written at once (default 16 on CPU, 128 on CUDA)")
+    p.add_argument("--writer", default="ours", choices=("ours", "transformers"),
+                   help="who writes the greedy answers: ours (eagle.writer: a static cache whose rows are refilled; its decoding "
+                   "pass compiled with CUDA graphs on CUDA) or transformers' generate")
     p.add_argument("--data-only", action="store_true", help="grow the data folder to --questions, then stop")
     p.add_argument("--train-only", action="store_true", help="write no data: train on what the data folder holds")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many training steps of this run (checkpointed)")
@@ -114,7 +117,7 @@ def run(args: argparse.Namespace, argv, device: str, world: World) -> int:
     if world.main and not args.train_only and held(manifest) < goal:
         owner = Owner(label, sha, vocab_size, command)
         batch = args.data_batch or (128 if on_cuda else 16)
-        _grow(folder, goal, owner, data_recipe, (target, tokenizer), batch, say)
+        _grow(folder, goal, owner, data_recipe, (target, tokenizer), (batch, args.writer), say)
     world.barrier()
     manifest = read_manifest(folder)
     rows = read_rows(folder, manifest, vocab_size, goal)  # every chunk checked again: another process may have grown it
@@ -167,15 +170,26 @@ def _data_recipe(args: argparse.Namespace, recipe: Recipe, manifest, target, say
                       chunk_questions=args.chunk_questions or DataRecipe.chunk_questions, dtype=dtype)
 
 
-def _grow(folder: Path, goal: int, owner: Owner, recipe: DataRecipe, model, batch: int, say) -> None:
-    """Grow the data folder to ``goal`` questions, written by ``model`` (target, tokenizer) in ``recipe.dtype``."""
+def _grow(folder: Path, goal: int, owner: Owner, recipe: DataRecipe, model, how: tuple, say) -> None:
+    """Grow the data folder to ``goal`` questions, written by ``model`` (target, tokenizer) in ``recipe.dtype``,
+    ``how = (answers' batch, writer)``; our writer's decoding pass is compiled on CUDA only."""
     from eagle.data import ChunkWriter, Overlap, evaluation_texts, write_chunk
     from utils.models import end_tokens
 
     target, tokenizer = model
     dtype = getattr(torch, recipe.dtype)
     writer = target if next(target.parameters()).dtype == dtype else copy.deepcopy(target).to(dtype)
-    how = ChunkWriter(recipe, Overlap(evaluation_texts(EVALUATION_SETS), recipe.overlap_words), tuple(end_tokens(target, tokenizer)), batch)
+    batch, answers_by = how
+    if answers_by == "ours":
+        from eagle.writer import supported
+
+        why = supported(target)
+        if why is not None:
+            say(f"data: our answer writer cannot run {why}: transformers' generate writes the answers")
+            answers_by = "transformers"
+    on_cuda = next(target.parameters()).device.type == "cuda"
+    how = ChunkWriter(recipe, Overlap(evaluation_texts(EVALUATION_SETS), recipe.overlap_words), tuple(end_tokens(target, tokenizer)),
+                      batch, answers_by, compile=on_cuda)
     grow(folder, goal, owner, recipe, lambda index, seen: write_chunk(writer, tokenizer, index, seen, how), say)
 
 

@@ -78,7 +78,7 @@ def test_data_grows_in_whole_chunks_and_a_stopped_run_resumes_to_the_same_data(t
 
     def stop_in_the_second_chunk(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 3:  # chunk 0: its questions and its answers; then a stop
+        if len(calls) == 2:  # chunk 0's questions (its answers: eagle.writer); then a stop in chunk 1's
             raise KeyboardInterrupt
         return generate(*args, **kwargs)
 
