@@ -40,13 +40,13 @@ def median_ms(run: Callable[[], object], repeats: int = 10) -> float:
     return statistics.median(times) * 1000
 
 
-def layers_run(weights, rows: int, dtype=torch.float32) -> Callable[[], None]:
+def layers_run(weights, rows: int, dtype=torch.float32, linear: Callable = F.linear) -> Callable[[], None]:
     inputs = {width: torch.randn(rows, width, dtype=dtype) for width in (576, 1536)}
 
     def run():
         for layer in weights:
             for weight in layer:
-                F.linear(inputs[weight.shape[1]], weight)
+                linear(inputs[weight.shape[1]], weight)
     return run
 
 
@@ -89,8 +89,17 @@ def main() -> None:
         ms = median_ms(layers_run(weights, 1))
         print(f"| 30 layers' linears ({megabytes:.0f} MB), 1 row, MKL, {count} thread(s) | {ms:.1f} | {megabytes / ms:.1f} |")
     torch.set_num_threads(threads)
-    ms = median_ms(layers_run(weights, 5))
-    print(f"| the same, 5 rows, MKL | {ms:.1f} | {megabytes / ms:.1f} |")
+    for rows in (2, 5, 8, 12):
+        ms = median_ms(layers_run(weights, rows))
+        print(f"| the same, {rows} rows, MKL | {ms:.1f} | {megabytes / ms:.1f} |")
+    from runners import skinny
+
+    if skinny.available()[0]:
+        for rows in (1, 2, 5, 8, 12):
+            ms = median_ms(layers_run(weights, rows, linear=lambda x, w: skinny.skinny_linear(x, w, None)))
+            print(f"| the same, {rows} row(s), the skinny kernel (`runners/skinny_gemm.c`) | {ms:.1f} | {megabytes / ms:.1f} |")
+    else:
+        print(f"| the skinny kernel | - | - | ({skinny.available()[1]})")
     halves = [[w.to(torch.bfloat16) for w in layer] for layer in weights]
     for rows in (1, 5):
         ms = median_ms(layers_run(halves, rows, torch.bfloat16), 5)
