@@ -25,14 +25,14 @@ import torch._dynamo
 from torch import Tensor
 from torch.nn import Module
 
-from runners import static
 from runners.attention import shared_kv_heads
 from runners.compile_cache import CacheCount, use_compile_cache
 from runners.config import why_not_compiled
 from runners.device import model_device
 from runners.hidden import select_hidden
 from runners.prepacking import plan, plan_label, prepacked
-from runners.trees import gather_branch, tree_depths, tree_inputs, tree_unsupported
+from runners.static import capacity as cache_capacity, carry, set_length, static_cache
+from runners.trees import TreePasses
 
 # inductor's freezing for the model's own CPU linears (MKL-packed constants); graphs with frozen packed
 # weights are not kept by inductor's disk cache (they bypass it), so they are compiled at every start
@@ -113,7 +113,7 @@ class _Compiled:
             self.capacity, self.caches = capacity, []
         if self.caches:
             return self.caches.pop()
-        cache = static.static_cache(self.model, self.capacity)
+        cache = static_cache(self.model, self.capacity)
         if cache is None:
             raise RuntimeError(why_not_compiled(self.model) or "no static cache")
         # one eager pass allocates every layer's keys and values (their heads, dtype and device are
@@ -123,7 +123,7 @@ class _Compiled:
         one = torch.zeros((1, 1), dtype=torch.long, device=self.device)
         self.model(input_ids=one, position_ids=one, past_key_values=cache, use_cache=True, logits_to_keep=1,
                    output_hidden_states=True)
-        static.set_length(cache, 0)
+        set_length(cache, 0)
         # transformers marks them static and unguarded: a graph (frozen on CPU, replayed on CUDA)
         # would keep reading the first cache's tensors for any later cache; guarded, a graph
         # belongs to one cache, and another cache of the pool gets graphs of its own
@@ -133,7 +133,7 @@ class _Compiled:
         return cache
 
     def give_back(self, cache) -> None:
-        if cache is not None and static.capacity(cache) == self.capacity:
+        if cache is not None and cache_capacity(cache) == self.capacity:
             self.caches.append(cache)
 
     def run(self, ids: Tensor, start: int, cache, layers: Tuple[int, ...] = ()) -> Tuple[Tensor, Optional[Tensor]]:
@@ -168,7 +168,7 @@ class _Compiled:
                 torch.cuda.synchronize(self.device)
             self.compile_seconds += time.perf_counter() - clock
         if size != rows:
-            static.set_length(cache, start + rows)
+            set_length(cache, start + rows)
         return logits[:rows], hidden[:rows] if hidden is not None else None
 
 
@@ -199,7 +199,7 @@ def compiled(model: Module) -> _Compiled:
     return state
 
 
-class CompiledRunner:
+class CompiledRunner(TreePasses):
     """A ``runners.Runner`` over compiled passes: ``runner(ids, n_last)`` returns the logits
     ``[n_last, V]`` of the last ``n_last`` positions of ``ids`` ``[1, L]``, feeding only the positions
     the cache does not hold; ``rollback(length)`` moves the write position back. Same tokens as the
@@ -227,14 +227,14 @@ class CompiledRunner:
 
     def _reserve(self, length: int) -> None:
         """Hold a cache of the pool with room for ``length`` positions plus one pass of the largest
-        bucket: a regrowth mid-generation carries what the old cache holds (``static.carry``)."""
+        bucket: a regrowth mid-generation carries what the old cache holds (``runners.static.carry``)."""
         if self.cache is not None and length + BUCKETS[-1] <= self.cache.layers[0].max_cache_len:  # per pass: inline
             return
         old, self.cache = self.cache, self.state.take_cache(length)
         if old is not None and self.cached:
-            static.carry(old, self.cache, self.cached)
+            carry(old, self.cache, self.cached)
         else:
-            static.set_length(self.cache, 0)
+            set_length(self.cache, 0)
         if self._release is not None:
             self._release.detach()
         self._release = weakref.finalize(self, self.state.give_back, self.cache)
@@ -259,32 +259,21 @@ class CompiledRunner:
     def rollback(self, length: int) -> None:
         """Forget the cached positions ``length`` and after (no-op when they are not cached)."""
         if self.cached > length:
-            static.set_length(self.cache, length)
+            set_length(self.cache, length)
             self.cached = length
 
-    def tree_pass(self, ids: Tensor, cur: int, nodes: List[int], parents: List[int]) -> Tensor:
-        """``KVCacheModel.tree_pass`` into this runner's static cache: logits ``[1 + N, V]`` of the root
-        and every node of a draft tree, in one pass. The pass runs eagerly (a tree's mask is an input
-        the compiled graphs do not take); the chain passes around it stay compiled."""
-        reason = tree_unsupported(self.model)
-        if reason is not None:
-            raise ValueError(reason)
-        depth, n = tree_depths(parents), len(nodes)
-        if self.cached >= cur:  # the root's logits need the last accepted token fed
-            self.rollback(cur - 1)
-        start = self.cached
-        self._reserve(cur + n)
-        kwargs = tree_inputs(self, ids, start, cur, nodes, parents, depth, static.capacity(self.cache))
+    # draft trees (``TreePasses``): the tree pass runs eagerly into the static cache (a tree's mask
+    # is an input the compiled graphs do not take); the chain passes around it stay compiled
+    def _tree_room(self, length: int) -> int:
+        """A cache of the pool for ``length`` positions; the tree mask spans its capacity."""
+        self._reserve(length)
+        return cache_capacity(self.cache)
+
+    def _tree_forward(self, kwargs: dict, start: int, n: int) -> Tensor:
+        """Logits ``[1 + n, V]`` of the tree pass ``kwargs`` feeding positions ``start..``."""
         logits = self._eager(dict(kwargs, logits_to_keep=n + 1), start)
         self.forward_passes += 1
-        self.cached = cur + n
         return logits
-
-    def keep_branch(self, cur: int, path: List[int]) -> None:
-        """After a tree pass at ``cur``: the branch ``path`` (node indices, root to leaf) gathered into
-        positions ``cur, cur + 1, ...``; the cache then holds ``cur + len(path)`` positions."""
-        gather_branch(self.cache, cur, path)
-        self.rollback(cur + len(path))
 
     def _eager(self, kwargs: dict, start: int) -> Tensor:
         """Logits ``[n, V]`` of an eager pass into this runner's cache (a prompt, a tree) feeding

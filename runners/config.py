@@ -6,9 +6,9 @@ from typing import Optional
 
 from torch.nn import Module
 
-from runners import static
 from runners.cache_kind import check_cache, runner_cache
 from runners.device import model_device
+from runners.static import static_cache
 from utils.quantization import model_quantization
 
 
@@ -53,7 +53,7 @@ def why_not_compiled(model: Module) -> Optional[str]:
         return f"{type(model).__name__} takes no position_ids: it runs eagerly"
     if model_device(model).type == "cuda" and model_quantization(model) in ("bitsandbytes", "quanto"):
         return "bitsandbytes and quanto layers do not compile: the quantized model runs eagerly"
-    if static.static_cache(model, 8) is None:
+    if static_cache(model, 8) is None:
         return f"{type(model).__name__}'s cache is not a plain key/value store: it runs eagerly"
     return None
 

@@ -1,20 +1,19 @@
 """The eager runner, ``KVCacheModel``: the model's own forward, over its dynamic cache or a static one."""
 import inspect
-from typing import List
 
 import torch
 from torch import Tensor
 from torch.nn import Module
 
-from runners import static
 from runners.cache_kind import check_cache, runner_cache
 from runners.device import model_device
 from runners.dynamic import prune_cache, rollback_capable_cache
 from runners.hidden import select_hidden
-from runners.trees import gather_branch, tree_depths, tree_inputs, tree_unsupported
+from runners.static import carry, grown_capacity, set_length, static_cache
+from runners.trees import TreePasses
 
 
-class KVCacheModel:
+class KVCacheModel(TreePasses):
     """A model and its KV cache, for one sequence (batch size 1): a ``runners.Runner``.
 
     ``model(ids, n_last)`` returns the logits ``[n_last, V]`` of the last ``n_last`` positions of
@@ -54,7 +53,6 @@ class KVCacheModel:
         params = inspect.signature(model.forward).parameters
         self._logits_to_keep = "logits_to_keep" in params
         self.capacity = 0  # positions preallocated by a static cache
-        self._trees_checked = False
         self.hidden_layers: tuple = ()  # runners.base.Runner: hidden states kept with each pass
         self.hidden = None
         self.hidden_start = 0
@@ -88,71 +86,44 @@ class KVCacheModel:
         """Make the static cache hold ``length`` positions: allocate it, or regrow it (copying what it holds)."""
         if length <= self.capacity:
             return
-        capacity = static.grown_capacity(length, self.capacity)
-        cache = static.static_cache(self.model, capacity)
+        capacity = grown_capacity(length, self.capacity)
+        cache = static_cache(self.model, capacity)
         if cache is None:
             self.cache_kind = "dynamic"  # the model's own dynamic cache from here on
             return
         if self.cache is not None:
             if self.capacity == 0:  # dynamic states from before (cannot happen with a fixed kind)
                 raise RuntimeError("a runner cannot switch to a static cache mid-generation")
-            static.carry(self.cache, cache, self.cached)
+            carry(self.cache, cache, self.cached)
         self.cache, self.capacity = cache, capacity
 
     def rollback(self, length: int) -> None:
         """Forget the cached positions ``length`` and after (no-op when they are not cached)."""
         if self.use_cache and self.cached > length:
             if self.capacity:  # static: move the write position back; stale entries are masked, then overwritten
-                static.set_length(self.cache, length)
+                set_length(self.cache, length)
             else:
                 prune_cache(self.cache, self.cached - length)
             self.cached = length
 
-    # ---- draft trees: one pass over many branches, then keep the accepted one ------------------
-    def tree_pass(self, ids: Tensor, cur: int, nodes: List[int], parents: List[int]) -> Tensor:
-        """Score a draft tree in one forward pass; returns logits ``[1 + N, V]``.
-
-        ``ids[:, :cur]`` is the accepted sequence; every uncached position of it and the ``N`` nodes
-        are fed together. Row 0 is the distribution after ``ids[0, cur - 1]`` (the root), row
-        ``1 + i`` the one after node ``i``. Node ``i`` sits at position ``cur + depth(i)`` and attends
-        to the accepted prefix, its ancestors and itself (a 4D additive mask, which transformers
-        passes through as it is, with explicit ``position_ids``). Node ``i``'s keys and values are
-        cached at slot ``cur + i`` until ``keep_branch``.
-        """
-        if not self._trees_checked:  # once per runner: it reads the forward's signature
-            reason = tree_unsupported(self.model)
-            if reason is not None:
-                raise ValueError(reason)
-            self._trees_checked = True
-        depth = tree_depths(parents)
-        n = len(nodes)
-        if self.use_cache and self.cached >= cur:  # the root's logits need the last accepted token fed
-            self.rollback(cur - 1)
-        start = self.cached if self.use_cache else 0
+    # ---- draft trees (``TreePasses``): one pass over many branches, then keep the accepted one ----
+    def _tree_room(self, length: int) -> int:
+        """A cache for ``length`` positions; the tree mask's key slots (static: the capacity)."""
         if self.use_cache and self.cache_kind == "static":
-            self._reserve(cur + n)
+            self._reserve(length)
         if self.use_cache and self.cache is None:
             self.cache = rollback_capable_cache(self.model)
-        kv_length = self.capacity if self.use_cache and self.capacity else cur + n
-        kwargs = tree_inputs(self, ids, start, cur, nodes, parents, depth, kv_length)
+        return self.capacity if self.use_cache and self.capacity else length
+
+    def _tree_forward(self, kwargs: dict, start: int, n: int) -> Tensor:
+        """Logits ``[1 + n, V]`` of the tree pass ``kwargs`` feeding positions ``start..``."""
         kwargs.update(past_key_values=self.cache, use_cache=self.use_cache)
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = n + 1
         out = self._forward(kwargs, start)
         if self.use_cache:
             self.cache = out.past_key_values
-            self.cached = cur + n
         return out.logits[0, -(n + 1) :]
-
-    def keep_branch(self, cur: int, path: List[int]) -> None:
-        """After a tree pass at ``cur``: keep positions ``< cur`` and the nodes of ``path`` (node
-        indices, root to leaf), moved to positions ``cur, cur + 1, ...``; the cache then holds
-        ``cur + len(path)`` positions. Static cache: the branch's rows are gathered into place and
-        the write position moved; dynamic cache: gathered into place, then cropped."""
-        if not self.use_cache or self.cache is None:
-            return
-        gather_branch(self.cache, cur, path)
-        self.rollback(cur + len(path))
 
     def _forward(self, kwargs: dict, start: int):
         """One forward pass feeding positions ``start..``; keeps the hidden states asked for."""

@@ -1,5 +1,6 @@
 """Draft trees in one forward pass: node depths, the tree attention mask, the pass's inputs, and
-the gather that keeps the accepted branch. Shared by every runner's ``tree_pass``/``keep_branch``."""
+the gather that keeps the accepted branch, and ``TreePasses``: ``tree_pass``/``keep_branch`` written once
+for every runner."""
 import inspect
 from typing import List
 
@@ -86,3 +87,54 @@ def tree_unsupported(model: Module) -> str | None:
     if sliding:
         return f"draft trees need full attention in every layer; {name} has sliding-window (or other) layers"
     return None
+
+
+class TreePasses:
+    """``Runner.tree_pass`` and ``Runner.keep_branch``, written once for every runner. The runner has
+    ``model``, ``device``, ``cache``, ``cached``, ``use_cache``, ``forward_passes`` and ``rollback``, and
+    its two steps of a tree pass:
+
+    * ``_tree_room(length) -> kv_length``: a cache that holds ``length`` positions (reserved or made),
+      and the key slots the tree mask spans (a static cache's capacity, else ``length``);
+    * ``_tree_forward(kwargs, start, n) -> Tensor``: one forward pass with the tree's ``kwargs``
+      (``tree_inputs``) into its cache, feeding positions ``start..``; logits ``[1 + n, V]`` of the
+      root and the ``n`` nodes; it counts the pass and keeps the cache the model returns.
+    """
+
+    _trees_checked = False  # per runner, once: tree_unsupported reads the forward's signature
+
+    def tree_pass(self, ids: Tensor, cur: int, nodes: List[int], parents: List[int]) -> Tensor:
+        """Score a draft tree in one forward pass; returns logits ``[1 + N, V]``.
+
+        ``ids[:, :cur]`` is the accepted sequence; every uncached position of it and the ``N`` nodes
+        are fed together. Row 0 is the distribution after ``ids[0, cur - 1]`` (the root), row
+        ``1 + i`` the one after node ``i``. Node ``i`` sits at position ``cur + depth(i)`` and attends
+        to the accepted prefix, its ancestors and itself (a 4D additive mask, which transformers
+        passes through as it is, with explicit ``position_ids``). Node ``i``'s keys and values are
+        cached at slot ``cur + i`` until ``keep_branch``. A compiled runner runs this pass eagerly
+        (a tree's mask is an input its graphs do not take) into its static cache.
+        """
+        if not self._trees_checked:
+            reason = tree_unsupported(self.model)
+            if reason is not None:
+                raise ValueError(reason)
+            self._trees_checked = True
+        depth, n = tree_depths(parents), len(nodes)
+        if self.use_cache and self.cached >= cur:  # the root's logits need the last accepted token fed
+            self.rollback(cur - 1)
+        start = self.cached if self.use_cache else 0
+        kv_length = self._tree_room(cur + n)
+        logits = self._tree_forward(tree_inputs(self, ids, start, cur, nodes, parents, depth, kv_length), start, n)
+        if self.use_cache:
+            self.cached = cur + n
+        return logits
+
+    def keep_branch(self, cur: int, path: List[int]) -> None:
+        """After a tree pass at ``cur``: keep positions ``< cur`` and the nodes of ``path`` (node
+        indices, root to leaf), moved to positions ``cur, cur + 1, ...``; the cache then holds
+        ``cur + len(path)`` positions. Static cache: the branch's rows are gathered into place and
+        the write position moved; dynamic cache: gathered into place, then cropped."""
+        if not self.use_cache or self.cache is None:
+            return
+        gather_branch(self.cache, cur, path)
+        self.rollback(cur + len(path))

@@ -6,14 +6,23 @@ Each run's window records what the other processes used meanwhile (``utils.load`
 with a QUIET or NOISY line, and ``--strict`` exits with status 1 on a noisy one.
 
     .venv/bin/python scripts/ab_revisions.py --base HEAD~1 --rounds 4
+
+On a GPU (``--device cuda``; ``--compile`` for compiled passes, CUDA graphs there; ``--dtype
+bfloat16``) the model is moved to the device and the device is synchronised before and after each
+timed generation, so that a regression between two revisions (158.9 against 109.0 tokens/s for
+compiled target AR, docs/gpu.md) is measured in one run:
+
+    python3 scripts/ab_revisions.py --base 4bce501 --device cuda --compile --rounds 2
 """
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Iterator, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -37,14 +46,26 @@ except ImportError:
     prompt_lookup = lambda p, **common: prompt_lookup_generate(p, model, **common)
 from utils.models import end_tokens, load_embedded, truncated_drafter
 
-new_tokens, count = int(sys.argv[1]), int(sys.argv[2])
+args = json.loads(sys.argv[1])
+new_tokens, count, device = args["new_tokens"], args["prompts"], torch.device(args["device"])
 model, tokenizer = load_embedded()
+if device.type != "cpu" or args["dtype"] != "float32":
+    model = model.to(device=device, dtype=getattr(torch, args["dtype"]))
 drafter = truncated_drafter(model, 10)
+sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 rows = [json.loads(line) for line in open("bench_prompts.jsonl") if line.strip()][:count]
 texts = [tokenizer.apply_chat_template([{"role": "user", "content": r["turns"][0]}], add_generation_prompt=True, tokenize=False)
          for r in rows]
 prompts = [tokenizer(text, add_special_tokens=False).input_ids for text in texts]
 common = dict(max_gen_len=new_tokens, eos_tokens_id=end_tokens(model, tokenizer), use_cache=True)
+if args["compile"]:  # compiled passes (every revision since 2026-11-23); every graph built before timing
+    common["compile"] = True
+    try:
+        from runners import prepare
+    except ImportError:
+        from utils.compiled import prepare
+    prepare(model)
+    prepare(drafter)
 vocab = model.config.vocab_size
 runs = {
     "target AR": lambda p: autoregressive_generate(p, model, **common),
@@ -52,7 +73,7 @@ runs = {
     "prompt lookup": lambda p: prompt_lookup(p, **common)[0],
     "speculative g4 (10 layers)": lambda p: speculative_generate(p, drafter, model, gamma=4, **common)[0],
 }
-only = [name for name in sys.argv[3].split(",") if name] if len(sys.argv) > 3 else []
+only = [name for name in args["only"].split(",") if name]
 runs = {name: run for name, run in runs.items() if not only or name in only}
 for run in runs.values():
     run(prompts[0][:32])  # warm-up
@@ -61,22 +82,46 @@ for name, run in runs.items():
     tokens, seconds = 0, 0.0
     for prompt in prompts:
         torch.manual_seed(0)
+        sync()
         start = time.perf_counter()
         tokens += len(run(prompt))
+        sync()
         seconds += time.perf_counter() - start
     out[name] = tokens / seconds
 print(json.dumps(out))
 '''
 
 
-def measure(tree: Path, new_tokens: int, prompts: int, only: str = "") -> dict:
-    done = subprocess.run([sys.executable, "-c", WORKLOAD, str(new_tokens), str(prompts), only], cwd=tree, capture_output=True, text=True)
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "bfloat16")
+
+
+def workload_args(args: argparse.Namespace) -> str:
+    """The workload's one argument: what each side runs (JSON; the same for both sides)."""
+    return json.dumps({"new_tokens": args.new_tokens, "prompts": args.prompts, "only": args.only, "device": args.device,
+                       "compile": args.compile, "dtype": args.dtype})
+
+
+def check_device(device: str) -> None:
+    """Refuse, in one line, a device this machine does not have (before any checkout is made)."""
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit(f"error: --device cuda, but torch {torch.__version__} sees no CUDA device here; "
+                             "run on a GPU machine or leave --device out (cpu)")
+
+
+def measure(tree: Path, workload: str) -> dict:
+    """One run of the workload in ``tree``: tokens/s per strategy."""
+    done = subprocess.run([sys.executable, "-c", WORKLOAD, workload], cwd=tree, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"error: the workload failed in {tree}:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    """The command line (``argv``; None: ``sys.argv``)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--base", default="HEAD", help="the revision to compare with (default HEAD)")
     p.add_argument("--rounds", type=int, default=4, help="ABBA rounds (default 4)")
@@ -85,25 +130,50 @@ def main() -> None:
     p.add_argument("--busy", type=float, default=BUSY, help=f"cores of other processes above which a run is noisy (default {BUSY:g})")
     p.add_argument("--strict", action="store_true", help="exit with status 1 when any run was noisy")
     p.add_argument("--only", default="", help='comma-separated workload names to run alone, e.g. "NASD g4" (default: all)')
-    args = p.parse_args()
-    meter, windows = LoadMeter(), []
+    p.add_argument("--device", choices=DEVICES, default="cpu",
+                   help="where both sides run (default cpu); cuda synchronises the device around every timed generation")
+    p.add_argument("--compile", action="store_true", help="compiled passes on both sides (CUDA graphs on cuda), built before timing")
+    p.add_argument("--base-tree", default="",
+                   help="an unpacked checkout of --base (git archive) to run instead of making a worktree; --base is then its label")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="the model's dtype (default float32)")
+    return p.parse_args(argv)
+
+
+@contextlib.contextmanager
+def base_checkout(base: str, base_tree: str = "") -> Iterator[Path]:
+    """The other side's files: ``base_tree`` as it is (an unpacked ``git archive``, where there is no
+    git history, as on a GPU machine), else a detached worktree of ``base``, removed afterwards."""
+    if base_tree:
+        yield Path(base_tree).resolve()
+        return
     with tempfile.TemporaryDirectory() as scratch:
-        base = Path(scratch) / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base), args.base], cwd=ROOT, check=True)
+        tree = Path(scratch) / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), base], cwd=ROOT, check=True)
         try:
-            sides = {"this tree": ROOT, args.base: base}
-            samples = {side: [] for side in sides}
-            for round_ in range(args.rounds):
-                order = list(sides) if round_ % 2 == 0 else list(sides)[::-1]
-                for side in order:
-                    meter.start()  # the workload runs in a child process: ours, not noise
-                    samples[side].append(measure(sides[side], args.new_tokens, args.prompts, args.only))
-                    window = meter.stop()
-                    windows.append({"seconds": window.seconds, **window.record(args.busy)})
-                print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
+            yield tree
         finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False)
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
+
+
+def main() -> None:
+    args = parse()
+    check_device(args.device)
+    workload = workload_args(args)
+    meter, windows = LoadMeter(), []
+    with base_checkout(args.base, args.base_tree) as base:
+        sides = {"this tree": ROOT, args.base: base}
+        samples = {side: [] for side in sides}
+        for round_ in range(args.rounds):
+            order = list(sides) if round_ % 2 == 0 else list(sides)[::-1]
+            for side in order:
+                meter.start()  # the workload runs in a child process: ours, not noise
+                samples[side].append(measure(sides[side], workload))
+                window = meter.stop()
+                windows.append({"seconds": window.seconds, **window.record(args.busy)})
+            print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
     names = list(samples["this tree"][0])
+    print(f"{args.device} · {args.dtype} · {'compiled' if args.compile else 'eager'} · {args.new_tokens} new tokens · "
+          f"{args.prompts} prompts · {args.rounds} rounds\n")
     print(f"| strategy | this tree (tok/s) | {args.base} (tok/s) | ratio, median of rounds | ratio, lowest to highest |\n"
           "| --- | ---: | ---: | ---: | ---: |")
     for name in names:

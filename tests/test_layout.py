@@ -113,6 +113,51 @@ def test_no_import_cycle_between_the_projects_modules():
     assert not new, f"new import cycles (docs/layout.md): {new}"
 
 
+# Packages whose modules still import the package itself; the list may only shrink.
+KNOWN_SELF_IMPORTS = {"measure"}
+
+
+def self_imports(modules: Dict[str, Path]) -> List[str]:
+    """Modules of a package that import that package, i.e. its ``__init__`` (``from runners import
+    static``, ``import runners``, ``from . import x``), as "module: line"."""
+    found = []
+    for module, path in modules.items():
+        if path.name == "__init__.py" or "." not in module:
+            continue
+        package = module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                named = package if node.level == 1 and not node.module else node.module if not node.level else None
+                hit = named == package
+            elif isinstance(node, ast.Import):
+                hit = any(alias.name == package for alias in node.names)
+            else:
+                continue
+            if hit:
+                found.append(f"{module}: {node.lineno}")
+    return found
+
+
+def test_no_module_imports_its_own_package():
+    """A package's ``__init__`` imports its modules, so a module that imports the package reads a
+    half-run ``__init__``: ``runners.config`` -> ``runners`` -> ``runners.compiled`` -> ``runners.config``
+    was such a circle. A module names its siblings' modules (``from runners.static import carry``)."""
+    found = [hit for hit in self_imports(project_modules()) if hit.split(".")[0] not in KNOWN_SELF_IMPORTS]
+    assert not found, f"modules that import their own package's __init__ (docs/layout.md): {found}"
+
+
+def test_a_module_that_imports_its_own_package_is_found(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    files = {"pkg": "from pkg.a import x\n", "pkg.a": "from pkg import b\n", "pkg.b": "import pkg.a\n",
+             "pkg.c": "from . import a\n"}
+    modules = {}
+    for name, text in files.items():
+        path = tmp_path / "pkg" / ("__init__.py" if name == "pkg" else name.split(".")[1] + ".py")
+        path.write_text(text)
+        modules[name] = path
+    assert self_imports(modules) == ["pkg.a: 1", "pkg.c: 1"]
+
+
 def package_graph(graph: Dict[str, Set[str]]) -> Dict[str, Set[str]]:
     """The import graph between top-level packages (a root module is a package of its own)."""
     top = {module: module.split(".")[0] for module in graph}
