@@ -58,9 +58,9 @@ class _OnKernels:
 
 
 def on_kernels(runner_factory: Callable[[Module], object], option: str) -> Callable[[Module], object]:
-    """``runner_factory`` whose runners pass on the kernels ``option`` ("prepacked", "own"; "": as the
-    model is), for replaying a run that had other kernels than the model has now."""
-    if not option:
+    """``runner_factory`` whose runners pass on the kernels ``option`` ("prepacked", "own"; "" or
+    "llama.cpp": as the runner is), for replaying a run that had other kernels than the model has now."""
+    if option not in ("prepacked", "own"):
         return runner_factory
     return lambda model: _OnKernels(runner_factory(model), model, option == "prepacked")
 
