@@ -45,7 +45,9 @@ class RunnerConfig:
         if self.gguf is not None:
             from runners.llama_model import gguf_model
 
-            return f"llama.cpp ({gguf_model(self.gguf).weights} GGUF kernels)"
+            model = gguf_model(self.gguf)
+            caveat = "" if model.exact else ", with llamafile's kernels: passes of 1 and of 2+ positions round apart"
+            return f"llama.cpp ({model.weights} GGUF kernels{caveat})"
         return f"{self.cache_for(model)} KV cache · " + ("compiled" if self.compiled_for(model) else "eager")
 
 

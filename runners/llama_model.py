@@ -81,6 +81,12 @@ class GGUFModel:
         self._context = None  # the one context runners share (``context``), made on first use
 
     @property
+    def exact(self) -> bool:
+        """Whether this llama.cpp build computes a position's logits alike in passes of any width: not
+        where it has llamafile's sgemm (passes of 2+ positions on its kernels, of 1 on ggml's)."""
+        return "LLAMAFILE = 1" not in library().llama_print_system_info().decode("utf-8", "replace")
+
+    @property
     def weights(self) -> str:
         """The file's weight type as llama.cpp names it ("Q4_1"), the last word of its description."""
         return self.description.split()[-1] if self.description else "GGUF"
