@@ -74,7 +74,7 @@ class LlamaCppRunner:
         context.positions[:count] = numpy.arange(start, length)
         context.outputs[:count] = 0
         context.outputs[count - n_last : count] = 1
-        logits = context.decode(count, n_last)
+        logits = self._decode(count, n_last)
         self.cached = length
         self.forward_passes += 1
         return logits
@@ -129,13 +129,14 @@ class LlamaCppRunner:
         everyone = list(range(len(leaves) + 1))
         for k in range(count):
             self._set_sequences(k, everyone if k < prefix else sequences[k - prefix])
+        self._leaves, self._tree_cur = len(leaves), cur  # dropped by the next call, whatever happens here
         try:
-            logits = context.decode(count, n + 1)
+            logits = self._decode(count, n + 1)
         finally:
             context.seq_counts[:count] = 1
             for k in range(count):
                 context.batch.seq_id[k][0] = 0
-        self._leaves, self._leaf_of, self._tree_cur = len(leaves), [s[0] for s in sequences], cur
+        self._leaf_of = [s[0] for s in sequences]
         self.cached = cur + n
         self.forward_passes += 1
         return logits
@@ -165,6 +166,14 @@ class LlamaCppRunner:
                 lib.llama_memory_seq_rm(self.context.memory, s, -1, -1)
             self._leaves = 0
             self.cached = min(self.cached, self._tree_cur)
+
+    def _decode(self, count: int, rows: int) -> Tensor:
+        """``LlamaContext.decode``; when llama.cpp fails, ``cached`` is what sequence 0 still holds."""
+        try:
+            return self.context.decode(count, rows)
+        except RuntimeError:
+            self.cached = int(library().llama_memory_seq_pos_max(self.context.memory, 0)) + 1
+            raise
 
     def _room(self, length: int, count: int) -> None:
         """RuntimeError (one line) when ``length`` positions do not fit llama.cpp's context."""

@@ -141,11 +141,14 @@ def test_hidden_states_are_refused_in_one_line():
 
 
 def test_bad_input_is_one_line(gguf):
-    """A token outside the vocabulary, a sequence longer than the context, a missing file: one line each."""
+    """A token outside the vocabulary, a sequence longer than the context, a missing file: one line each,
+    and a refused pass leaves the runner usable."""
     target = runner()
     with pytest.raises(RuntimeError, match=r"^llama\.cpp could not decode a pass of 2 positions \(code -1\): .*invalid token") as error:
         target(ids_of([1, gguf.n_vocab + 5]), 1)
     assert "\n" not in str(error.value)
+    target(ids_of([1, 2]), 1)  # the refused pass left nothing behind: the runner goes on
+    assert target.cached == 2
     with pytest.raises(RuntimeError, match=r"do not fit llama\.cpp's context of 8192"):
         target(torch.ones((1, gguf.n_ctx + 1), dtype=torch.long), 1)
     with pytest.raises(FileNotFoundError, match="no GGUF file at"):
