@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN = $(VENV)/bin
 
-.PHONY: setup run test fetch-pair run-pair lock
+.PHONY: setup run test fetch-pair run-pair lock llama-cpp
 setup: $(VENV)/.installed
 
 # constraints.txt holds the exact versions (CI's too); `make lock` refreshes it within requirements.txt.
@@ -37,3 +37,13 @@ fetch-pair: setup
 
 run-pair: fetch-pair
 	$(BIN)/python infer.py --preset pair $(ARGS)
+
+# llama.cpp's kernels as a runner (--runner llama-cpp; docs/llama-cpp.md): llama-cpp-python built from its
+# source distribution for this CPU, into $(VENV); not part of setup (about 20 minutes on 2 busy cores).
+# --no-cache-dir: pip's cached wheel would come back whatever CMAKE_ARGS say. LLAMAFILE off: one kernel
+# for every pass width, so that drafting on llama.cpp emits its target AR's tokens.
+LLAMA_CPP_PYTHON ?= llama-cpp-python==0.3.36
+llama-cpp: setup
+	CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_LLAMAFILE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) \
+		$(BIN)/pip install --no-deps --no-cache-dir --no-binary llama-cpp-python "$(LLAMA_CPP_PYTHON)"
+	$(BIN)/pip install -q "diskcache>=5.6.1"

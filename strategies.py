@@ -208,6 +208,9 @@ def run_strategy(strategy: Strategy, prompt: List[int], config: RunConfig, conte
             synchronize(model)
         seconds = time.perf_counter() - start
         used = model_label(target) if option is not None or prepacked(target) or config.kernel_choice is not None else ""
+    ours = not strategy.peer or strategy.key == "target_eager"  # rows whose target passes go through config.runner
+    if config.runner.gguf is not None and ours and not strategy.drafter_ar:
+        used = "llama.cpp"
     return Result(tokens, seconds, stats, used, config)
 
 

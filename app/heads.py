@@ -38,6 +38,8 @@ def load_for(value: Optional[str], pair, embedded: bool, say: Say = to_stderr,
     from runners import prepare
 
     target, runner = pair.target, pair.runner("target")
+    if runner.gguf is not None:
+        return None, "none (llama.cpp gives no hidden states: the eagle rows need --runner torch)"
     say(f"Loading head: {path} ...", "dim")
     try:
         head = load_head(path, target)

@@ -5,6 +5,7 @@ kinds, the dtype, the policy's costs), with how to name each model in a header.
 Anything that stops loading raises ``app.session.SetupError`` with one readable line."""
 import functools
 import sys
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
@@ -251,6 +252,21 @@ class LoadOptions:
     chat: bool = True
     calibrate: bool = True
     row_costs: Optional[Tuple[float, ...]] = None
+    runner: str = "torch"  # what runs the target's passes: "torch" or "llama-cpp" (its GGUF file's, ``runners.llama_cpp``)
+
+
+def llama_cpp_target(target: Optional[str]) -> str:
+    """The GGUF file llama.cpp runs for ``--runner llama-cpp`` (None: the embedded model's); SetupError
+    in one line for a target that is no GGUF file, or without llama-cpp-python."""
+    from runners.llama_model import llama_cpp_missing
+    from utils.models import embedded_gguf
+
+    if target is not None and not target.lower().endswith(".gguf"):
+        raise SetupError(f"--runner llama-cpp runs a GGUF file: the embedded model or --target FILE.gguf, not {target}")
+    missing = llama_cpp_missing()
+    if missing is not None:
+        raise SetupError(f"--runner llama-cpp: {missing}")
+    return str(embedded_gguf() if target is None else Path(target).expanduser())
 
 
 def load_pair(target: Optional[str], drafter: Optional[str], options: LoadOptions = LoadOptions(), say: Say = to_stderr) -> Pair:
@@ -285,6 +301,7 @@ def load_pair(target: Optional[str], drafter: Optional[str], options: LoadOption
     if options.measure_dtype and dtype == "auto" and target is not None:
         chosen = _measured_dtype(target, device, measuring, say)
         dtype = chosen.value
+    gguf = llama_cpp_target(target) if options.runner == "llama-cpp" else None  # refused before anything loads
     model, tokenizer, label = _load("target", target, device, dtype, options.quantize, options.trust_remote_code, say=say)
     pair = Pair(model, tokenizer, label, options.quantize, end_tokens=end_tokens(model, tokenizer))
     if drafter is not None:
@@ -297,6 +314,9 @@ def load_pair(target: Optional[str], drafter: Optional[str], options: LoadOption
         pair.drafter_quantize = drafter_quantize
         _check_drafter(pair, drafter_tokenizer, drafter, options.chat, say)
     runners = _runners(pair, options, say)
+    if gguf is not None:
+        runners["target"] = runners["target"].with_(gguf=gguf, compile=False)
+        say(f"The target's passes run on {runners['target'].describe(model)}; the drafter and transformers' peers on torch")
     try:
         pair.measured = startup(pair.target, runners["target"], measuring, pair.drafter, runners.get("drafter"), chosen)
     except ImplausibleCosts as error:
@@ -312,6 +332,8 @@ def describe(model: "Module", label: str, quantize: str, notes: Optional[Dict[st
     from utils.quantization import model_quantization
 
     notes, runner = notes or {}, runner or EAGER
+    if runner.gguf is not None:  # the torch model is only what the loops read of it (and the peers' model)
+        return f"{label} · target on {runner.describe(model)}, {Path(runner.gguf).name} · cpu"
     if model_quantization(model) in ("int4", "int8"):
         quantize += " (CPU weight-only kernels, bfloat16 activations)"
     line = f"{label} · {next(model.parameters()).device} · {model.dtype} · quantization {quantize} · "

@@ -56,6 +56,10 @@ def add_shared_flags(parser: argparse.ArgumentParser) -> None:
                         "autotuned against MKL per shape: passes ~1.6x faster on a 2-core AVX2 EPYC, 11-17 min to compile at every "
                         "start) or skinny (the skinny kernel up to 12 positions, MKL past them; not frozen, so the graphs are kept "
                         "on disk between starts)")
+    parser.add_argument("--runner", choices=["torch", "llama-cpp"], default="torch", help="what runs the target's passes: "
+                        "torch (default), or llama.cpp's kernels on the target's GGUF file (the embedded model, or --target "
+                        "FILE.gguf; needs llama-cpp-python: make llama-cpp). A drafter model and transformers' peers stay on "
+                        "torch; llama.cpp gives no hidden states, so the eagle rows are left out (docs/llama-cpp.md)")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow model code from the Hub (off: it runs code you have not read)")
     parser.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     parser.add_argument("--processor", default="greedy", help='sampling, as the REPL\'s /processor takes it, e.g. "nucleus 0.6 0.9" (default greedy)')

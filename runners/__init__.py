@@ -10,6 +10,8 @@ decoding loop calls. ``make_runner`` is the one place that picks which runner a 
     dynamic.py     the dynamic cache's operations and the reference-compatible ``prune_*``
     trees.py       draft trees: depths, the tree mask, a tree pass's inputs, the branch gather
     prepacking.py  prepacked (oneDNN) linear layers, the model's own modules
+    llama_cpp.py   ``LlamaCppRunner``: a GGUF target on llama.cpp's kernels (llama-cpp-python, optional)
+    llama_model.py a GGUF file loaded by llama.cpp (``GGUFModel``: its config) and its one context
     config.py      ``RunnerConfig``: which cache, compiled or not; carried in ``GenerationConfig``
     cache_kind.py  the cache names and the device's default
     device.py      ``model_device``, ``synchronize``
@@ -37,8 +39,15 @@ from runners.trees import gather_branch, tree_depths, tree_mask, tree_unsupporte
 
 def make_runner(model: Module, use_cache: bool = True, encoder_input_ids: Optional[List[int]] = None,
                 config: RunnerConfig = EAGER) -> Runner:
-    """The runner the loops use for ``model`` under ``config``: compiled passes when it asks for them
-    and the model can take them with a cache, else the eager ``KVCacheModel`` with its cache kind."""
+    """The runner the loops use for ``model`` under ``config``: llama.cpp's over ``config.gguf`` when it
+    names a GGUF file, compiled passes when it asks for them and the model can take them with a cache,
+    else the eager ``KVCacheModel`` with its cache kind."""
+    if config.gguf is not None:
+        if not use_cache or encoder_input_ids is not None:
+            raise ValueError("llama.cpp's runner decodes decoder-only models with their KV cache (use_cache on)")
+        from runners.llama_cpp import LlamaCppRunner  # llama-cpp-python is optional: imported when asked for
+
+        return LlamaCppRunner(config.gguf, model)
     if use_cache and encoder_input_ids is None and config.compiled_for(model):
         return CompiledRunner(model)
     return KVCacheModel(model, use_cache, encoder_input_ids=encoder_input_ids, cache=config.cache)

@@ -76,6 +76,9 @@ def tree_unsupported(model: Module) -> str | None:
     """Why ``model`` cannot verify draft trees (one line), or None when it can: a tree pass needs a
     decoder-only model with ``position_ids`` and full attention in every layer (a sliding window
     would have to be drawn into the tree mask, and a dynamic sliding layer keeps only its window)."""
+    own = getattr(model, "tree_unsupported", None)
+    if callable(own):  # a model that is no transformers module says it itself (runners.llama_model.GGUFModel)
+        return own()
     name = type(model).__name__
     if getattr(model.config, "is_encoder_decoder", False):
         return f"draft trees need a decoder-only model; {name} is encoder-decoder"

@@ -60,9 +60,9 @@ class _OnKernels:
 
 def on_kernels(runner_factory: Callable[[Module], object], option: str) -> Callable[[Module], object]:
     """``runner_factory`` whose runners pass on the kernels ``option`` ("prepacked", "own", a plan by
-    width as ``measure.kernels.plan_label`` names it; "": as the model is), for replaying a run that
-    had other kernels than the model has now."""
-    if not option:
+    width as ``measure.kernels.plan_label`` names it; "" or "llama.cpp": as the runner is), for
+    replaying a run that had other kernels than the model has now."""
+    if not option or option == "llama.cpp":
         return runner_factory
     from measure.kernels import label_plan
 
