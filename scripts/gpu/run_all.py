@@ -210,13 +210,13 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def main() -> None:
     args = parse()
     deadline = time.monotonic() + (args.budget or (7200 if args.smoke else 540))
-    out, work = Path(args.out), Path(tempfile.mkdtemp(prefix="specdec-work-"))  # $OUT takes a few files: the rest goes in the archive
-    out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     revision = set_up(Path(args.stage) if args.stage else None, env) or "this checkout"
     about = machine(env, args.device)
     if args.device.startswith("cuda") and "no CUDA device" in about:
         raise SystemExit(f"error: --device {args.device}, but {about}")
+    out, work = Path(args.out), Path(tempfile.mkdtemp(prefix="specdec-work-"))  # $OUT takes a few files: the rest goes in the archive
+    out.mkdir(parents=True, exist_ok=True)
     summary = [f"# The prepared run{' (smoke: tiny sizes, no figure)' if args.smoke else ''}", "",
                f"{about} · revision {revision} · {'SMOKE' if args.smoke else 'FULL'} sizes", ""]
     wanted = set(args.phases.split(",")) if args.phases else None
