@@ -1,0 +1,240 @@
+"""The prepared GPU run (issue 50; docs/gpu.md, "The prepared run"): in ONE call on a fresh GPU machine,
+set up from what the calls before it staged (``scripts/gpu/carry.py``: the wheels and the embedded
+GGUF in parts), then run the comparison phase by phase within a time budget, and leave under --out:
+``summary.md`` (the machine, each phase's command, seconds, status and report), ``results.tar.gz``
+(every phase's folder: results.md, summary.csv, runs.jsonl, plots, its output) and ``run_all.log``.
+Both are rewritten after every phase, so a call stopped at its limit still returns what was done.
+
+The phases, in this order; one that the budget no longer holds is skipped, and the summary says so:
+
+    explain             torch._dynamo.explain of our compiled passes on the embedded model: graphs, breaks, guards
+    warm-compile        the compiled phases' graphs built at once for both dtypes, untimed (CUDA only: on CPU
+                        our frozen graphs are not kept on disk, so building them ahead saves nothing)
+    eager-float32       bench.py, ours (target AR, NASD, prompt lookup, suffix, the n-gram tree, the EAGLE-3
+                        head's chains and trees) and transformers' (generate, static-cache generate, prompt lookup)
+    compiled-float32    bench.py --compile --head none: target AR, NASD, prompt lookup, suffix, and
+                        transformers' compiled static-cache generate
+    compiled-bfloat16, eager-bfloat16   the same in bfloat16
+    host-overhead       scripts/host_overhead.py --compile, 30 layers: host time a token, ours against transformers'
+    compiled-head-float32   bench.py --compile with the EAGLE-3 rows (graphs that also return hidden states)
+
+On the GPU machine (the last call; ``run_all.sh`` stages and calls this):
+
+    python3 scripts/gpu/run_all.py --stage /tmp/specdec-stage --out $OUT
+
+Smoke test, on any machine, in the environment it runs in (nothing staged), tiny sizes:
+
+    .venv/bin/python scripts/gpu/run_all.py --smoke --device cpu --out /tmp/specdec-smoke
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from carry import assemble  # noqa: E402
+
+PROMPTS = ("bench_prompts.jsonl", "prompts/code_editing.jsonl")
+EAGER_ROWS = "target,ngram,pld,suffix,tree_ngram,eagle,eagle_tree,hf_generate,hf_generate_static,hf_prompt_lookup"
+COMPILED_ROWS = "target,ngram,pld,suffix,hf_generate_static"
+HEAD_ROWS = "target,eagle,eagle_tree"
+WARM_ROWS = "target,hf_generate_static"  # every graph of the compiled phases: ours (prepare) and transformers'
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much each phase runs: the benchmark's prompts and lengths, and the host-overhead model's."""
+
+    categories: str
+    limit: int
+    new_tokens: int
+    repeats: int
+    layers: int  # host-overhead's tiny model
+    host_tokens: int
+    host_repeats: int
+
+
+FULL = Sizes("summarization,coding,code_editing,qa,writing", 1, 64, 2, 30, 256, 5)  # docs/gpu.md's 2026-11-26 runs
+SMOKE = Sizes("qa", 1, 8, 1, 2, 16, 1)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One step: its commands (``python`` arguments from the repository root; more than one run at
+    once), the seconds below which it is not started, the most it may take (0: what is left), and
+    why it is skipped where it is."""
+
+    name: str
+    commands: Tuple[Tuple[str, ...], ...]
+    floor: int
+    skip: str = ""  # a reason to skip it on this run, or ""
+    cap: int = 0
+
+
+def bench(device: str, sizes: Sizes, dtype: str, rows: str, out: Path, compiled: bool = False, head: bool = True) -> Tuple[str, ...]:
+    """A ``bench.py`` command line: the embedded model, greedy, the basic n-gram storage."""
+    argv = ["bench.py", "--device", device, "--dtype", dtype, "--prompts", *PROMPTS, "--categories", sizes.categories,
+            "--limit", str(sizes.limit), "--max-new-tokens", str(sizes.new_tokens), "--repeats", str(sizes.repeats),
+            "--storages", "basic", "--strategies", rows, "--out", str(out)]
+    return tuple(argv + (["--compile"] if compiled else []) + ([] if head else ["--head", "none"]))
+
+
+def phases(device: str, sizes: Sizes, work: Path) -> List[Phase]:
+    """Every phase, in the order they run."""
+    cuda = device.startswith("cuda")
+    warm = Sizes(sizes.categories, sizes.limit, sizes.new_tokens, 1, sizes.layers, sizes.host_tokens, sizes.host_repeats)
+    compiled = {d: bench(device, sizes, d, COMPILED_ROWS, work / f"compiled-{d}", compiled=True, head=False) for d in ("float32", "bfloat16")}
+    host = ("scripts/host_overhead.py", "--compile", "--device", device, "--layers", str(sizes.layers), "--new-tokens",
+            str(sizes.host_tokens), "--repeats", str(sizes.host_repeats))
+    return [
+        Phase("explain", (("scripts/host_overhead.py", "--explain", "--embedded", "--device", device),), 60),
+        Phase("warm-compile", tuple(bench(device, warm, d, WARM_ROWS, work / f"warm-{d}", compiled=True, head=False)
+                                    for d in ("float32", "bfloat16")), 240,
+              "" if cuda else "on CPU our frozen graphs are not kept on disk (runners.compiled.FREEZING): nothing to build ahead",
+              cap=240),  # stopped there, it leaves on disk the graphs it finished
+        Phase("eager-float32", (bench(device, sizes, "float32", EAGER_ROWS, work / "eager-float32"),), 120),
+        Phase("compiled-float32", (compiled["float32"],), 90),
+        Phase("compiled-bfloat16", (compiled["bfloat16"],), 90),
+        Phase("eager-bfloat16", (bench(device, sizes, "bfloat16", EAGER_ROWS, work / "eager-bfloat16"),), 120),
+        Phase("host-overhead", (host,), 60),
+        Phase("compiled-head-float32", (bench(device, sizes, "float32", HEAD_ROWS, work / "compiled-head-float32", compiled=True),), 180),
+    ]
+
+
+def run_phase(phase: Phase, work: Path, env: Dict[str, str], seconds: float) -> Tuple[str, float]:
+    """Run the phase's commands at once, each with its output in ``work/<name>[-i].out``/``.err``; stop
+    them all at ``seconds``. Returns its status ("done", "failed (exit N)", "stopped at the budget") and wall time."""
+    start, procs = time.monotonic(), []
+    for i, command in enumerate(phase.commands):
+        stem = work / (phase.name if len(phase.commands) == 1 else f"{phase.name}-{i + 1}")
+        with open(f"{stem}.out", "w") as out, open(f"{stem}.err", "w") as err:
+            procs.append(subprocess.Popen([sys.executable, *command], cwd=ROOT, env=env, stdout=out, stderr=err, start_new_session=True))
+    codes: List[Optional[int]] = []
+    for proc in procs:
+        try:
+            codes.append(proc.wait(timeout=max(1.0, seconds - (time.monotonic() - start))))
+        except subprocess.TimeoutExpired:
+            codes.append(None)
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    wall = time.monotonic() - start
+    if any(code is None for code in codes):
+        return f"stopped at the budget after {wall:.0f} s", wall
+    bad = [code for code in codes if code != 0]
+    return ("done" if not bad else f"failed (exit {bad[0]})"), wall
+
+
+def error_tail(text: str, lines: int = 15) -> List[str]:
+    """The last ``lines`` of a process's stderr, Python's warnings (and the source line each quotes) left out."""
+    kept, after_warning = [], False
+    for line in text.splitlines():
+        if "Warning" in line:
+            after_warning = True
+        elif not (after_warning and line.startswith("  ")):
+            kept.append(line)
+            after_warning = False
+    return kept[-lines:]
+
+
+def phase_report(phase: Phase, work: Path, finished: bool) -> str:
+    """What the phase wrote: each benchmark's results.md, each script's output; the end of its
+    errors when it did not finish."""
+    parts = []
+    for i, command in enumerate(phase.commands):
+        stem = work / (phase.name if len(phase.commands) == 1 else f"{phase.name}-{i + 1}")
+        out = Path(command[command.index("--out") + 1]) if "--out" in command else None
+        if out is not None and (out / "results.md").is_file() and not phase.name.startswith("warm"):
+            parts.append((out / "results.md").read_text())
+        elif Path(f"{stem}.out").is_file() and not phase.name.startswith("warm"):
+            parts.append("    " + "\n    ".join(Path(f"{stem}.out").read_text().splitlines()[-60:]))
+        err = Path(f"{stem}.err")
+        if not finished and err.is_file():
+            parts.append(f"{err.name}, last lines:\n\n    " + "\n    ".join(error_tail(err.read_text())))
+    return "\n\n".join(parts)
+
+
+def machine(env: Dict[str, str], device: str) -> str:
+    """One line on the software and the device, read in the environment the phases get."""
+    probe = ("import sys, torch, transformers; d = sys.argv[1]; "
+             "name = torch.cuda.get_device_name(0) if d.startswith('cuda') and torch.cuda.is_available() else 'no CUDA device'; "
+             "print(f'Python {sys.version.split()[0]} · torch {torch.__version__} · transformers {transformers.__version__} · "
+             "{name} · {torch.get_num_threads()} threads')")
+    done = subprocess.run([sys.executable, "-c", probe, device], cwd=ROOT, env=env, capture_output=True, text=True)
+    return done.stdout.strip() or f"(the probe failed: {done.stderr.strip().splitlines()[-1:] or ['no output']})"
+
+
+def set_up(stage: Optional[Path], env: Dict[str, str]) -> str:
+    """The environment the phases run in: with ``stage``, the carried GGUF joined and the carried wheels
+    installed into a site folder first on ``PYTHONPATH``, and the project's cache in /tmp; returns the
+    revision the carried files were packed at ("" without a stage)."""
+    env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
+    if stage is None:
+        return ""
+    site = Path("/tmp/specdec-site")
+    manifest = assemble(stage, site)
+    env["PYTHONPATH"] = os.pathsep.join([str(site)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.setdefault("SPECDEC_CACHE", "/tmp/specdec-cache")
+    return manifest.get("revision", "")
+
+
+def write_out(out: Path, work: Path, summary: List[str]) -> None:
+    """``summary.md`` and ``results.tar.gz`` (the work folder) under ``out``, replaced whole."""
+    (out / "summary.md").write_text("\n".join(summary) + "\n")
+    partial = out / "results.tar.gz.partial"
+    with tarfile.open(partial, "w:gz") as tar:
+        tar.add(work, arcname="results")
+    partial.replace(out / "results.tar.gz")
+
+
+def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="where summary.md, results.tar.gz and run_all.log go ($OUT on the GPU machine)")
+    p.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    p.add_argument("--stage", help="the folder the calls staged (carry.py's files); none: the environment this runs in")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes (1 prompt, 8 tokens, 1 repeat, 2 layers): proves the script, measures nothing")
+    p.add_argument("--budget", type=float, help="seconds for everything, set-up included (default 540; 7200 with --smoke)")
+    p.add_argument("--phases", help="comma-separated phase names to run (default: all)")
+    return p.parse_args(argv)
+
+
+def main() -> None:
+    args = parse()
+    deadline = time.monotonic() + (args.budget or (7200 if args.smoke else 540))
+    env = dict(os.environ)
+    revision = set_up(Path(args.stage) if args.stage else None, env) or "this checkout"
+    about = machine(env, args.device)
+    if args.device.startswith("cuda") and "no CUDA device" in about:
+        raise SystemExit(f"error: --device {args.device}, but {about}")
+    out, work = Path(args.out), Path(tempfile.mkdtemp(prefix="specdec-work-"))  # $OUT takes a few files: the rest goes in the archive
+    out.mkdir(parents=True, exist_ok=True)
+    summary = [f"# The prepared run{' (smoke: tiny sizes, no figure)' if args.smoke else ''}", "",
+               f"{about} · revision {revision} · {'SMOKE' if args.smoke else 'FULL'} sizes", ""]
+    wanted = set(args.phases.split(",")) if args.phases else None
+    with open(out / "run_all.log", "w") as log:
+        for phase in phases(args.device, SMOKE if args.smoke else FULL, work):
+            left = deadline - time.monotonic() - 15  # room to pack
+            skip = "not asked for (--phases)" if wanted is not None and phase.name not in wanted else phase.skip
+            skip = skip or (f"{left:.0f} s left, under its floor of {phase.floor} s" if left < phase.floor else "")
+            status, wall = (f"skipped: {skip}", 0.0) if skip else run_phase(phase, work, env, min(left, phase.cap or left))
+            line = f"{phase.name}: {status}" + (f" ({wall:.0f} s)" if wall else "")
+            print(line, file=log, flush=True)
+            print(line, file=sys.stderr, flush=True)
+            commands = "\n".join(f"    {Path(sys.executable).name} " + " ".join(c) for c in phase.commands)
+            summary += [f"## {phase.name}: {status}" + (f", {wall:.0f} s" if wall else ""), "", commands, ""]
+            if not skip:
+                summary += [phase_report(phase, work, status == "done"), ""]
+            write_out(out, work, summary)
+
+
+if __name__ == "__main__":
+    main()

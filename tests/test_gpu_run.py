@@ -1,0 +1,78 @@
+"""The prepared GPU run's parts that run anywhere (docs/gpu.md, "The prepared run"): what the calls
+carry fits each call and joins back byte for byte, a part that never arrived is refused in one line,
+every benchmark command it runs is one the benchmark accepts, a phase past its budget is stopped."""
+import json
+import random
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+
+import carry  # noqa: E402
+import run_all  # noqa: E402
+
+
+def test_the_calls_each_fit_and_carry_the_wheels_whole_and_the_gguf_once_in_order():
+    sizes = {Path("a.whl"): 14, Path("b.whl"): 3}
+    calls = carry.plan_calls(sizes, 98, 45)
+    assert [call.size(sizes) for call in calls] == [45, 45, 25]
+    assert [f for call in calls for f in call.files] == list(sizes) and calls[0].files == list(sizes)
+    ranges = [r for call in calls for r in call.ranges]
+    assert ranges[0][0] == 0 and ranges[-1][1] == 98 and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+
+
+def test_a_file_larger_than_a_call_is_refused():
+    with pytest.raises(ValueError):
+        carry.plan_calls({Path("big.whl"): 50}, 10, 45)
+
+
+def stage_all(out: Path, stage: Path) -> None:
+    stage.mkdir()
+    for call in sorted(out.glob("call*")):
+        for path in call.iterdir():
+            shutil.copy(path, stage / path.name)
+
+
+def test_the_staged_parts_join_into_the_gguf_and_a_missing_part_is_refused_in_one_line(tmp_path):
+    data = random.Random(0).randbytes(1000)
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(data)
+    calls = carry.plan_calls({}, len(data), 300)
+    manifest = carry.write_calls(calls, gguf, tmp_path / "out")
+    assert len(manifest["gguf"]["parts"]) == 4 and sorted(p.name for p in (tmp_path / "out").iterdir()) == ["call1", "call2", "call3", "call4"]
+    stage_all(tmp_path / "out", tmp_path / "stage")
+    carry.assemble(tmp_path / "stage", tmp_path / "site")
+    assert (tmp_path / "site" / carry.PACKAGE / "model.gguf").read_bytes() == data
+    (tmp_path / "stage" / "gguf.part02").unlink()
+    with pytest.raises(SystemExit) as refused:
+        carry.assemble(tmp_path / "stage", tmp_path / "site2")
+    assert "gguf.part02" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_every_benchmark_command_of_the_run_is_one_the_benchmark_accepts(tmp_path):
+    from app.bench.cli import build_parser
+
+    for sizes in (run_all.FULL, run_all.SMOKE):
+        for phase in run_all.phases("cuda", sizes, tmp_path):
+            for command in phase.commands:
+                if command[0] == "bench.py":
+                    args = build_parser().parse_args(list(command[1:]))
+                    assert args.device == "cuda" and args.max_new_tokens == sizes.new_tokens
+
+
+def test_on_cpu_the_warm_compile_phase_is_skipped_with_its_reason(tmp_path):
+    names = {phase.name: phase for phase in run_all.phases("cpu", run_all.SMOKE, tmp_path)}
+    assert names["warm-compile"].skip and not names["eager-float32"].skip
+    assert {"explain", "eager-float32", "compiled-float32", "eager-bfloat16", "compiled-bfloat16", "host-overhead"} <= set(names)
+
+
+def test_a_phase_past_its_budget_is_stopped_and_a_failing_one_says_its_exit_status(tmp_path):
+    both = run_all.Phase("both", (("-c", "import time; time.sleep(120)"), ("-c", "pass")), 0)
+    status, _ = run_all.run_phase(both, tmp_path, {"PATH": "/usr/bin:/bin"}, 2)
+    assert status.startswith("stopped at the budget")
+    failing = run_all.Phase("failing", (("-c", "raise SystemExit(3)"),), 0)
+    assert run_all.run_phase(failing, tmp_path, {"PATH": "/usr/bin:/bin"}, 60)[0] == "failed (exit 3)"
