@@ -211,7 +211,36 @@ def _runners(pair: Pair, options: "LoadOptions", say: Say) -> Dict[str, object]:
             seconds = prepare(model, options.compile_length, lambda text: say(f"{role}: {text} ...", "dim"))
             pair.compile_seconds[role] = seconds
             say(f"Compiled the {role} in {seconds:.1f} s ({compile_source(model) or 'nothing new'}; outside every timed run)")
+            pays = compile_pays(model, runners[role])
+            if pays:
+                say(f"--compile, the {role}: {pays}", "red" if "does not pay" in pays else "dim")
     return runners
+
+
+PAYS = 1.3  # --compile pays where a compiled one-position pass is at least this much faster than an eager one
+
+
+def compile_pays(model, runner) -> str:
+    """Whether compiling pays for ``model`` on this CPU, measured now: one-position cached passes,
+    compiled (``runner``) and eager on the same kernels, interleaved (5 rounds, medians); one line,
+    saying "does not pay" below ``PAYS``. "" on CUDA (graphs pay there) or when nothing could be timed."""
+    import torch
+
+    from measure.timing import PassTimer, compared
+    from runners import EAGER
+    from runners.device import model_device
+
+    if model_device(model).type != "cpu":
+        return ""
+    with torch.no_grad():
+        timers = [PassTimer(model, 128, 1, runner=runner), PassTimer(model, 128, 1, runner=EAGER.with_(cache="dynamic"))]
+        medians, _ = compared([(timer, 1) for timer in timers], repeats=5)
+    if medians is None:
+        return ""
+    fast, slow = medians
+    ratio = slow / fast
+    verdict = "pays" if ratio >= PAYS else f"does not pay on this CPU (below {PAYS}x)"
+    return f"a compiled one-position pass {fast * 1e3:.1f} ms, an eager one {slow * 1e3:.1f} ms ({ratio:.2f}x): compiling {verdict}"
 
 
 def _compiled_kernels(model, role: str, prepack: bool, say: Say) -> None:

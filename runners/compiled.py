@@ -303,7 +303,7 @@ def prepare(model: Module, length: int = MIN_CAPACITY - BUCKETS[-1], say: Callab
     sizes = sorted({b for b, _ in todo})
     with_hidden = f" (and with hidden states of layers {list(hidden_layers)})" if any(layers for _, layers in todo) else ""
     say(f"compiling {type(model).__name__}: passes over {', '.join(map(str, sizes))} positions{with_hidden}, "
-        f"cache of {state.capacity} positions ({_how(state.cuda, state.packed, next(model.parameters()).dtype)})")
+        f"cache of {state.capacity} positions ({_how(state.cuda, state.packed, next(model.parameters()).dtype, plan(model))})")
     before, state.cache_count = state.compile_seconds, CacheCount()
     ids = torch.zeros((1, BUCKETS[-1]), dtype=torch.long, device=state.device)
     for _ in range(2):  # twice: CUDA graphs record on the run after their warm-up

@@ -260,7 +260,7 @@ def test_a_kernel_measurement_past_its_budget_keeps_the_models_own_linears(monke
     model = float32_model()
     found = steps.kernels_step(model, "target", EAGER, quiet(clock=slow_clock()))
     assert found.value is None and not prepacked(model) and found.noisy
-    assert found.line == "the model's own linears (fallback: measurement over its 7.5 s budget)"
+    assert found.line == "the model's own linears (fallback: measurement over its 10 s budget)"
 
 
 def test_an_unreadable_saved_kernel_measurement_is_named_and_measured_again(cache, monkeypatch):

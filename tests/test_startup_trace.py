@@ -125,7 +125,7 @@ def test_the_start_up_walks_down_the_floors_and_enters_each_file_at_most_twice(t
     cut, reused, measured = Trace(), Trace(), Trace()
     quiet_measurements(slow_clock())
     pair, (config, _) = start(cut, tiny_models)  # nothing saved: every measurement starts, past its budget at once
-    assert pair.measured.target.kernels.line == "the model's own linears (fallback: measurement over its 7.5 s budget)"
+    assert pair.measured.target.kernels.line == "the model's own linears (fallback: measurement over its 10 s budget)"
     assert config.policy.calibration.startswith("Verification costs not measured (fallback")
     monkeypatch.setattr(timing.PassTimer, "seconds", lambda self, rows: 0.010 + 0.001 * rows)  # deterministic passes
     quiet_measurements(None)
