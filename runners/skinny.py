@@ -97,6 +97,9 @@ def skinny_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     library, why = _library()
     if library is None:
         raise RuntimeError(why)
+    if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu":
+        return torch.nn.functional.linear(x, weight, bias)  # the kernel is float32 CPU only (autocast, a moved model)
+    weight, bias = weight.contiguous(), None if bias is None else bias.contiguous()
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     out = torch.empty((rows.shape[0], weight.shape[0]), dtype=torch.float32)
     library.skinny_linear(rows.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),

@@ -63,3 +63,13 @@ def test_a_compiler_that_fails_gives_one_reason_and_no_kernel(tmp_path):
     lines = done.stdout.splitlines()
     assert done.returncode == 0, done.stderr
     assert lines[0] == "False" and lines[1].startswith("the skinny kernel did not build: /bin/false failed") and lines[2] == "[]"
+
+
+def test_a_transposed_weight_or_other_dtypes_still_give_f_linear():
+    """The kernel reads a contiguous float32 weight: a transposed view is made contiguous first, and
+    bfloat16 inputs (autocast) take ``F.linear`` itself."""
+    generator = torch.Generator().manual_seed(3)
+    x, weight = torch.randn(3, 40, generator=generator), torch.randn(40, 24, generator=generator).t()
+    torch.testing.assert_close(skinny.skinny_linear(x, weight, None), torch.nn.functional.linear(x, weight), rtol=1e-5, atol=1e-5)
+    halves = x.to(torch.bfloat16), weight.to(torch.bfloat16)
+    assert torch.equal(skinny.skinny_linear(*halves, None), torch.nn.functional.linear(*halves))
