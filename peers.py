@@ -10,6 +10,7 @@ from torch.nn import Module
 from configuration import RunConfig, RunContext
 from sampling.stats import GenerationStats
 from runners import model_device
+from runners.cache_kind import cache_keyword
 
 
 def _hf_generate(prompt: List[int], c: RunConfig, x: RunContext, stats: GenerationStats, **extra) -> List[int]:
@@ -36,7 +37,7 @@ def _hf_generate_static(prompt: List[int], c: RunConfig, x: RunContext, stats: G
     from transformers import StaticCache
 
     length = -(-(len(prompt) + c.max_gen_len) // 512) * 512
-    extra = {"past_key_values": StaticCache(config=x.target.config, max_cache_len=length)}
+    extra = {cache_keyword(x.target): StaticCache(config=x.target.config, max_cache_len=length)}
     if model_device(x.target).type == "cuda":
         pass  # transformers compiles the static-cache step by itself, with its defaults
     elif c.hf_compile:

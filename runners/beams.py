@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
+from runners.cache_kind import cache_keyword, returned_cache
 from runners.device import model_device
 
 
@@ -29,7 +30,7 @@ class BeamRunner:
         """Logits ``[1, V]`` after ``prompt`` (one pass; the cache then holds one row)."""
         out = self.model(input_ids=torch.tensor([prompt], device=self.device), use_cache=True)
         self.forward_passes += 1
-        self.cache, self.cached = out.past_key_values, len(prompt)
+        self.cache, self.cached = returned_cache(out), len(prompt)
         return out.logits[:, -1]
 
     def extend(self, parents: List[int], tokens: List[int]) -> Tensor:
@@ -37,7 +38,7 @@ class BeamRunner:
         ``parents[j]`` (``Cache.reorder_cache``), then row ``j`` is fed ``tokens[j]``."""
         self.cache.reorder_cache(torch.tensor(parents, device=self.device))
         last = torch.tensor([[token] for token in tokens], device=self.device)
-        out = self.model(input_ids=last, past_key_values=self.cache, use_cache=True)
+        out = self.model(input_ids=last, **{cache_keyword(self.model): self.cache}, use_cache=True)
         self.forward_passes += 1
-        self.cache, self.cached = out.past_key_values, self.cached + 1
+        self.cache, self.cached = returned_cache(out), self.cached + 1
         return out.logits[:, -1]

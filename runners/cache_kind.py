@@ -27,3 +27,17 @@ def runner_cache(model: Module, cache: str | None = None) -> str:
     dynamic one for encoder-decoder models and models whose forward takes no ``position_ids``."""
     static_possible = not getattr(model.config, "is_encoder_decoder", False) and "position_ids" in inspect.signature(model.forward).parameters
     return (cache or default_cache(model)) if static_possible else "dynamic"
+
+
+def cache_keyword(model: Module) -> str:
+    """The keyword by which ``model``'s forward (and ``generate``) takes its KV cache: ``cache`` where the
+    installed transformers renamed it (5.24 on: ``past_key_values`` is deprecated, to be removed in
+    5.40), else ``past_key_values``. Read from the forward's own signature, so both kinds of release run."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def returned_cache(out):
+    """The KV cache a forward returned, by the field name its output class declares (``cache`` or
+    ``past_key_values``; None when it returned none)."""
+    fields = getattr(type(out), "__dataclass_fields__", {})
+    return getattr(out, "cache" if "cache" in fields else "past_key_values", None)

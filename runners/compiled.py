@@ -26,6 +26,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from runners.attention import shared_kv_heads
+from runners.cache_kind import cache_keyword
 from runners.compile_cache import CacheCount, use_compile_cache
 from runners.config import why_not_compiled
 from runners.device import model_device
@@ -80,6 +81,7 @@ class _Compiled:
         torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
         use_compile_cache()  # built once per machine: later starts read the graphs from the disk
         self.model = model
+        self.cache_keyword = cache_keyword(model)  # "cache" on transformers 5.24+, else "past_key_values"
         self.device = model_device(model)
         self.cuda = self.device.type == "cuda"
         mode = "reduce-overhead" if self.cuda else None
@@ -97,11 +99,11 @@ class _Compiled:
         self.prepared_seconds = 0.0  # what the last ``prepare`` that built something took
 
     def _forward(self, input_ids: Tensor, position_ids: Tensor, cache) -> Tensor:
-        return self.model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True).logits
+        return self.model(input_ids=input_ids, position_ids=position_ids, **{self.cache_keyword: cache}, use_cache=True).logits
 
     def _forward_hidden(self, input_ids: Tensor, position_ids: Tensor, cache, layers: Tuple[int, ...]) -> Tuple[Tensor, Tensor]:
         """The logits and the hidden states entering ``layers`` (``runners.hidden``), in one graph."""
-        out = self.model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True,
+        out = self.model(input_ids=input_ids, position_ids=position_ids, **{self.cache_keyword: cache}, use_cache=True,
                          output_hidden_states=True)
         return out.logits, select_hidden(out.hidden_states, layers)
 
@@ -121,7 +123,7 @@ class _Compiled:
         # hidden states makes transformers install its output-capturing hooks here, under a lock
         # that dynamo cannot trace, rather than inside the first graph that returns them
         one = torch.zeros((1, 1), dtype=torch.long, device=self.device)
-        self.model(input_ids=one, position_ids=one, past_key_values=cache, use_cache=True, logits_to_keep=1,
+        self.model(input_ids=one, position_ids=one, **{self.cache_keyword: cache}, use_cache=True, logits_to_keep=1,
                    output_hidden_states=True)
         set_length(cache, 0)
         # transformers marks them static and unguarded: a graph (frozen on CPU, replayed on CUDA)
@@ -214,6 +216,7 @@ class CompiledRunner(TreePasses):
         if reason is not None:
             raise ValueError(reason)
         self.model = model
+        self.cache_keyword = cache_keyword(model)  # "cache" on transformers 5.24+, else "past_key_values"
         self.state = compiled(model)
         self.state.packed = prepacked(model)  # the graphs call the same kernels as the eager runner (``set_prepack``)
         self.device = self.state.device
@@ -278,7 +281,7 @@ class CompiledRunner(TreePasses):
     def _eager(self, kwargs: dict, start: int) -> Tensor:
         """Logits ``[n, V]`` of an eager pass into this runner's cache (a prompt, a tree) feeding
         positions ``start..``, keeping the hidden states asked for."""
-        out = self.model(**kwargs, past_key_values=self.cache, use_cache=True, output_hidden_states=bool(self.hidden_layers))
+        out = self.model(**kwargs, **{self.cache_keyword: self.cache}, use_cache=True, output_hidden_states=bool(self.hidden_layers))
         if self.hidden_layers:
             self.hidden, self.hidden_start = select_hidden(out.hidden_states, self.hidden_layers), start
         return out.logits[0]

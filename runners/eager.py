@@ -5,7 +5,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
-from runners.cache_kind import check_cache, runner_cache
+from runners.cache_kind import cache_keyword, check_cache, returned_cache, runner_cache
 from runners.device import model_device
 from runners.dynamic import prune_cache, rollback_capable_cache
 from runners.hidden import select_hidden
@@ -52,6 +52,7 @@ class KVCacheModel(TreePasses):
             self.encoder_outputs = model.get_encoder()(input_ids=encoder_ids)
         params = inspect.signature(model.forward).parameters
         self._logits_to_keep = "logits_to_keep" in params
+        self._cache_keyword = cache_keyword(model)  # "cache" on transformers 5.24+, else "past_key_values"
         self.capacity = 0  # positions preallocated by a static cache
         self.hidden_layers: tuple = ()  # runners.base.Runner: hidden states kept with each pass
         self.hidden = None
@@ -67,7 +68,7 @@ class KVCacheModel(TreePasses):
             self._reserve(length)
         if self.use_cache and self.cache is None and self.encoder_outputs is None:
             self.cache = rollback_capable_cache(self.model)
-        kwargs = {"past_key_values": self.cache, "use_cache": self.use_cache}
+        kwargs = {self._cache_keyword: self.cache, "use_cache": self.use_cache}
         if self.capacity:  # static: positions are given, the write position is the cache's own
             kwargs["position_ids"] = torch.arange(start, length, device=self.device).unsqueeze(0)
         if self.encoder_outputs is not None:
@@ -78,7 +79,7 @@ class KVCacheModel(TreePasses):
             kwargs["logits_to_keep"] = n_last
         out = self._forward(kwargs, start)
         if self.use_cache:
-            self.cache = out.past_key_values
+            self.cache = returned_cache(out)
             self.cached = length
         return out.logits[0, -n_last:]
 
@@ -117,12 +118,12 @@ class KVCacheModel(TreePasses):
 
     def _tree_forward(self, kwargs: dict, start: int, n: int) -> Tensor:
         """Logits ``[1 + n, V]`` of the tree pass ``kwargs`` feeding positions ``start..``."""
-        kwargs.update(past_key_values=self.cache, use_cache=self.use_cache)
+        kwargs.update({self._cache_keyword: self.cache, "use_cache": self.use_cache})
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = n + 1
         out = self._forward(kwargs, start)
         if self.use_cache:
-            self.cache = out.past_key_values
+            self.cache = returned_cache(out)
         return out.logits[0, -(n + 1) :]
 
     def _forward(self, kwargs: dict, start: int):

@@ -21,6 +21,7 @@ import torch  # noqa: E402
 from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM, StaticCache  # noqa: E402
 
 from runners import RunnerConfig, prepare, synchronize  # noqa: E402
+from runners.cache_kind import cache_keyword  # noqa: E402
 from sampling import autoregressive_generate  # noqa: E402
 from utils.models import load_embedded  # noqa: E402
 
@@ -78,7 +79,7 @@ def main() -> None:
         config = CompileConfig(fullgraph=False, dynamic=False, mode="default")
         config._compile_all_devices = True
         own = {} if args.device.startswith("cuda") else {"compile_config": config}  # on CUDA transformers compiles by itself, as the peer
-        hf_extra = lambda: {"past_key_values": StaticCache(config=model.config, max_cache_len=512), **own}  # noqa: E731
+        hf_extra = lambda: {cache_keyword(model): StaticCache(config=model.config, max_cache_len=512), **own}  # noqa: E731
     runs = {"ours, static cache": ours("static")} if args.compile else {"ours, static cache": ours("static"), "ours, dynamic cache": ours("dynamic")}
     runs["transformers generate" + (", static cache, compiled" if args.compile else "")] = lambda: model.generate(
         ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0, **hf_extra())

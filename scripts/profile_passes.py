@@ -68,19 +68,22 @@ def transformers_pass(model, ids) -> Pass:
     from transformers import CompileConfig, StaticCache
 
     from runners import static
+    from runners.cache_kind import cache_keyword
 
     context = ids.shape[1] - 16
     cache = StaticCache(config=model.config, max_cache_len=1024)
     call = model.get_compiled_call(CompileConfig(fullgraph=False, dynamic=False, mode="default"))
 
+    keyword = cache_keyword(model)
+
     def setup():
-        model(input_ids=ids[:, :context], attention_mask=torch.ones_like(ids[:, :context]), past_key_values=cache,
+        model(input_ids=ids[:, :context], attention_mask=torch.ones_like(ids[:, :context]), **{keyword: cache},
               use_cache=True, logits_to_keep=1)
 
     def step(rows: int):
         length = context + rows
         call(input_ids=ids[:, context:length], attention_mask=torch.ones((1, length), dtype=torch.long),
-             position_ids=torch.arange(context, length).unsqueeze(0), past_key_values=cache, use_cache=True,
+             position_ids=torch.arange(context, length).unsqueeze(0), **{keyword: cache}, use_cache=True,
              logits_to_keep=rows)
         static.set_length(cache, context)
 

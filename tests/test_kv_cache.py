@@ -2,6 +2,8 @@
 import pytest
 import torch
 
+from runners.cache_kind import returned_cache
+
 from conftest import EOS_NEVER, PROMPT, llama, perturbed_copy
 from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
 from sampling import GenerationStats, autoregressive_generate, speculative_generate
@@ -96,5 +98,5 @@ def test_rollback_gives_the_same_logits_as_a_fresh_pass(models):
 def test_prune_cache_removes_the_last_positions(models):
     target, _ = models
     out = target(torch.tensor([PROMPT]), use_cache=True)
-    cache = prune_cache(out.past_key_values, 5)
+    cache = prune_cache(returned_cache(out), 5)
     assert cache.get_seq_length() == len(PROMPT) - 5

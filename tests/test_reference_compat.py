@@ -162,18 +162,19 @@ def test_max_fn_is_the_normalised_positive_part():
 def test_prune_helpers_work_on_the_caches_they_were_written_for():
     from transformers import DynamicCache
 
+    from runners.cache_kind import cache_keyword, returned_cache
     from utils.caching import prune_cache, prune_dynamic_cache, prune_tuple_cache
 
     model = llama()
     out = model(torch.tensor([PROMPT]), use_cache=True)
-    cache = out.past_key_values
+    cache = returned_cache(out)
     assert isinstance(cache, DynamicCache)
     assert prune_dynamic_cache(cache, 3) is cache and cache.get_seq_length() == len(PROMPT) - 3
     assert prune_cache(cache, 2) is cache and cache.get_seq_length() == len(PROMPT) - 5
     assert prune_dynamic_cache(None, 1) is None and prune_cache(None, 1) is None
     # a pruned cache continues as if the pruned tokens had never been fed
     kept = PROMPT[: len(PROMPT) - 5]
-    logits = model(torch.tensor([PROMPT[len(kept):len(kept) + 1]]), past_key_values=cache, use_cache=True).logits[0, -1]
+    logits = model(torch.tensor([PROMPT[len(kept):len(kept) + 1]]), **{cache_keyword(model): cache}, use_cache=True).logits[0, -1]
     fresh = model(torch.tensor([kept + PROMPT[len(kept):len(kept) + 1]])).logits[0, -1]
     assert torch.allclose(logits, fresh, atol=1e-9)
 
