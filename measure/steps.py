@@ -88,7 +88,7 @@ def kernels_step(model: Module, role: str, runner: RunnerConfig, options: Option
            "plan": "by width", "skinny": skinny.identity()}
 
     def measure() -> Tuple[dict, bool]:
-        budget = _budget("prepack", f"the {role}'s kernels (own, prepacked and skinny linears, 1-12 positions, 3 rounds", options, model)
+        budget = _budget("prepack", f"the {role}'s kernels ({timing.kernel_options_text()}, 1-12 positions, 3 rounds", options, model)
         choice, line = kernels.decide(model, timing.measure_kernels(model, budget=budget), budget)
         budget.finish()
         seconds = {o: list(t) for o, t in choice.seconds.items()} if choice is not None else None

@@ -204,6 +204,20 @@ def measure_draft_cost(drafter: Module, target: Module, context: int = 128, repe
     return round(medians[0] / medians[1], 3)
 
 
+def kernel_options() -> Tuple[str, ...]:
+    """The kernel options a measurement times here: prepacked, own, and skinny where it is built."""
+    return (PREPACKED, OWN) + ((SKINNY,) if skinny.available()[0] else ())
+
+
+def kernel_options_text() -> str:
+    """What a kernel measurement times here, for its announcement: "own, prepacked and skinny linears",
+    or the options without skinny and why it is missing."""
+    options = kernel_options()
+    names = [o for o in (OWN, PREPACKED, SKINNY) if o in options]
+    text = ", ".join(names[:-1]) + " and " + names[-1] + " linears"
+    return text if SKINNY in options else f"{text}; {skinny.missing()}"
+
+
 @torch.no_grad()
 def measure_kernels(model: Module, max_rows: int = 12, context: int = 64, repeats: int = 3,
                     budget: Optional[Budget] = None) -> Optional[KernelChoice]:
@@ -214,7 +228,7 @@ def measure_kernels(model: Module, max_rows: int = 12, context: int = 64, repeat
     cut short later, the positions timed under all (``budget.note``). The model's kernels are as before."""
     if not prepackable(model):
         return None
-    options = (PREPACKED, OWN) + ((SKINNY,) if skinny.available()[0] else ())
+    options = kernel_options()
     n = len(options)
     timer = PassTimer(model, context, max_rows, budget=budget)
     passes = [(_UnderKernels(timer, option), rows) for rows in range(1, max_rows + 1) for option in options]

@@ -12,7 +12,7 @@ import ctypes
 import functools
 import hashlib
 import os
-import shutil
+import platform
 import subprocess
 from pathlib import Path
 from typing import Optional, Tuple
@@ -24,37 +24,60 @@ SOURCE = Path(__file__).with_name("skinny_gemm.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 
 
-def _cpu_flags() -> str:
+def _cpu_line() -> str:
+    """The CPU's feature line where the kernel says it (x86 ``flags``, aarch64 ``Features``), else ""."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
+            if line.startswith(("flags", "Features")):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return ""
 
 
-def _compiler() -> Optional[str]:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+def compiler_target(compiler: str) -> str:
+    """What ``compiler -march=native`` builds for here: its predefined macros (``__AVX512F__``,
+    ``__ARM_FEATURE_SVE``...: every instruction set the library may use), one per line; "" where the
+    compiler will not say. This, not a /proc line, is what a library built here needs of a CPU."""
+    try:
+        done = subprocess.run([compiler, "-march=native", "-dM", "-E", "-x", "c", os.devnull],
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return "\n".join(sorted(line for line in done.stdout.splitlines() if line.startswith("#define"))) if done.returncode == 0 else ""
+
+
+def library_name(compiler: str) -> str:
+    """The library's file stem: the machine, and a hash of the source, the compiler's version and
+    flags, its real target (``compiler_target``), the OS and the CPU's feature line, so that a cache
+    folder shared by several machines never hands one a library built for another."""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[:1]
+    parts = [SOURCE.read_text(), *version, " ".join(FLAGS), compiler_target(compiler), platform.system(), platform.machine(), _cpu_line()]
+    return f"skinny-{platform.machine() or 'unknown'}-{hashlib.sha256(chr(10).join(parts).encode()).hexdigest()[:16]}"
 
 
 def _build(compiler: str, folder: Path) -> Path:
-    """The library for this source, compiler and CPU: built once, atomically, under a lock."""
+    """The library for this source, compiler and CPU: built once, atomically, under a lock. A build
+    that failed leaves ``<name>.failed`` (its reason), so later starts do not pay for it again."""
+    from utils.files import write_atomically
     from utils.models import exclusive
 
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[:1]
-    digest = hashlib.sha256("\n".join([SOURCE.read_text(), *version, " ".join(FLAGS), _cpu_flags()]).encode()).hexdigest()[:16]
-    library = folder / f"skinny-{digest}.so"
+    name = library_name(compiler)
+    library, failed = folder / f"{name}.so", folder / f"{name}.failed"
     if library.is_file():
         return library
+    if failed.is_file():
+        raise RuntimeError(f"{failed.read_text().strip()} (an earlier start; remove {failed} to try again)")
     folder.mkdir(parents=True, exist_ok=True)
-    with exclusive(folder / f"skinny-{digest}.lock"):
+    with exclusive(folder / f"{name}.lock"):
         if not library.is_file():
-            temporary = folder / f"skinny-{digest}.{os.getpid()}.tmp.so"
+            temporary = folder / f"{name}.{os.getpid()}.tmp.so"
             done = subprocess.run([compiler, *FLAGS, "-o", str(temporary), str(SOURCE)], capture_output=True, text=True, timeout=120)
             if done.returncode != 0:
                 temporary.unlink(missing_ok=True)
-                raise RuntimeError(f"{compiler} failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
+                reason = f"{compiler} failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"
+                write_atomically(failed, (reason + "\n").encode())
+                raise RuntimeError(reason)
             os.replace(temporary, library)
     return library
 
@@ -63,17 +86,17 @@ def _build(compiler: str, folder: Path) -> Path:
 def _library() -> Tuple[Optional[ctypes.CDLL], str]:
     """(the loaded library, its file name) or (None, why not)."""
     from utils.models import cache_dir
+    from utils.toolchain import c_compiler
 
-    compiler = _compiler()
+    compiler = c_compiler()
     if compiler is None:
         return None, "no C compiler (cc, gcc or $CC)"
-    torch.get_num_threads()  # torch's OpenMP runtime is loaded first, so the library shares it (one thread pool)
     try:
         library = ctypes.CDLL(str(_build(compiler, cache_dir() / "kernels")))
     except (OSError, RuntimeError, subprocess.SubprocessError) as error:
         return None, f"the skinny kernel did not build: {error}"
-    library.skinny_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3
-    library.skinny_linear.restype = None
+    library.skinny_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
+    library.skinny_linear.restype = ctypes.c_int
     return library, Path(library._name).name
 
 
@@ -90,18 +113,35 @@ def identity() -> str:
     return name if library is not None else "none"
 
 
+def missing() -> str:
+    """"" where the kernel is here; else why it is not, for the lines that list the options measured."""
+    built, why = available()
+    return "" if built else f"skinny not measured: {why}"
+
+
 def skinny_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     """``F.linear(x, weight, bias)`` for float32 CPU tensors by the skinny kernel: ``x`` ``[..., K]``,
-    ``weight`` ``[N, K]`` (contiguous), ``bias`` ``[N]`` or None -> ``[..., N]``. Each row of the result
-    is computed alone, in a fixed order: it does not depend on how many rows ``x`` has."""
+    ``weight`` ``[N, K]``, ``bias`` ``[N]`` or None -> ``[..., N]``. Each row of the result is computed
+    alone, in a fixed order: it does not depend on how many rows ``x`` has. Anything else (another
+    dtype or device of any of the three, autocast, a moved model) is ``F.linear``'s, which raises on a
+    mismatch as it would: the C code is only ever handed float32 CPU memory of the right sizes."""
     library, why = _library()
     if library is None:
         raise RuntimeError(why)
-    if x.dtype != torch.float32 or weight.dtype != torch.float32 or x.device.type != "cpu":
-        return torch.nn.functional.linear(x, weight, bias)  # the kernel is float32 CPU only (autocast, a moved model)
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors) or weight.dim() != 2 or \
+            x.shape[-1] != weight.shape[1] or (bias is not None and bias.shape != (weight.shape[0],)):
+        return torch.nn.functional.linear(x, weight, bias)
     weight, bias = weight.contiguous(), None if bias is None else bias.contiguous()
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     out = torch.empty((rows.shape[0], weight.shape[0]), dtype=torch.float32)
-    library.skinny_linear(rows.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
-                          rows.shape[0], weight.shape[0], rows.shape[1])
+    # torch's thread count, given explicitly: whichever OpenMP runtime the library loaded (torch's own
+    # or a second one), it runs that many threads, never its own default
+    run_linear(library, rows, weight, bias, out, torch.get_num_threads())
     return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def run_linear(library: ctypes.CDLL, rows: Tensor, weight: Tensor, bias: Optional[Tensor], out: Tensor, threads: int) -> int:
+    """One call of the C kernel on checked, contiguous float32 CPU tensors; the threads it ran on."""
+    return library.skinny_linear(rows.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
+                                 rows.shape[0], weight.shape[0], rows.shape[1], threads)

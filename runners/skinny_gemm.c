@@ -12,6 +12,7 @@
  * on the thread count or on M: row m of y is the same whether computed with 1 or 12 rows. */
 #include <stddef.h>
 #include <stdint.h>
+#include <omp.h>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
@@ -89,11 +90,16 @@ int skinny_simd(void) {
 #endif
 }
 
-/* x: [M, K] contiguous; w: [N, K] contiguous; b: [N] or NULL; y: [M, N] contiguous. */
-void skinny_linear(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N, int64_t K) {
+/* x: [M, K] contiguous; w: [N, K] contiguous; b: [N] or NULL; y: [M, N] contiguous. threads: how many
+ * to run on, given by the caller (torch's count): whichever OpenMP runtime this library was loaded
+ * beside, it never falls back on that runtime's own default. Returns the threads the loop ran on. */
+int skinny_linear(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N, int64_t K, int64_t threads) {
     int64_t pairs = (N + 1) / 2;
-#pragma omp parallel for schedule(static)
+    int ran = 1;
+    if (threads < 1) threads = 1;
+#pragma omp parallel for schedule(static) num_threads((int)threads)
     for (int64_t p = 0; p < pairs; p++) {
+        if (p == 0) ran = omp_get_num_threads();
         int64_t n = 2 * p;
         for (int64_t m0 = 0; m0 < M; m0 += MB) {
             int64_t mb = M - m0 < MB ? M - m0 : MB;
@@ -118,4 +124,5 @@ void skinny_linear(const float *x, const float *w, const float *b, float *y, int
             }
         }
     }
+    return ran;
 }

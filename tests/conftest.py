@@ -52,6 +52,19 @@ def examples(n: int) -> int:
     return n * DEV_SCALE if settings.get_current_profile_name() == "dev" else n
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``needs_cxx`` (they compile graphs with inductor on CPU) or ``needs_cc`` (they build
+    the skinny kernel) skip, with the reason, on a machine without that compiler (a slim image)."""
+    from utils.toolchain import WITHOUT_CC, c_compiler, cxx_compiler
+
+    missing = {"needs_cxx": None if cxx_compiler() else "no C++ compiler for inductor (g++ or $CXX): --compile cannot run on CPU",
+               "needs_cc": None if c_compiler() else f"no C compiler (cc, gcc or $CC): {WITHOUT_CC}"}
+    for item in items:
+        for mark, reason in missing.items():
+            if reason and item.get_closest_marker(mark):
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
 def pytest_unconfigure(config):
     if _MADE_HERE:
         shutil.rmtree(_RUN_CACHE, ignore_errors=True)  # the links only: the user's models stay

@@ -228,6 +228,7 @@ def test_each_run_record_carries_its_config_which_reads_back_equal(tiny_models, 
     assert all(RunConfig.from_dict(r["run_config"]).param("tree_size") == 5 for r in records)
 
 
+@pytest.mark.needs_cxx
 def test_compiled_benchmark_compiles_before_timing_reports_it_apart_and_runs_the_eager_yardstick(tiny_models, tmp_path,
                                                                                                 monkeypatch):
     """--compile: our strategies run compiled passes (named in the title), the compile time is its own

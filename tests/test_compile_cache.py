@@ -13,6 +13,7 @@ import pytest
 from runners import prepack_fits
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.needs_cxx  # inductor compiles C++ on CPU
 
 # one start: a tiny Llama compiled with one bucket, its cache counts, its header and a pass's logits
 START = """

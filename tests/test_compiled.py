@@ -19,6 +19,8 @@ from runners import prepackable
 from runners.compiled import CompiledRunner, compile_events, compiled_label, prepare, why_not_compiled
 from utils.logits_processor import NucleusProcessor
 
+pytestmark = pytest.mark.needs_cxx  # inductor compiles C++ on CPU
+
 LENGTH = 40
 
 

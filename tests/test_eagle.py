@@ -276,6 +276,7 @@ def test_the_merged_tree_with_the_head_as_a_source_is_greedy_exact_and_credits_i
     assert out == expected and stats.accepted_by.get("head", 0) > 0, stats.accepted_by
 
 
+@pytest.mark.needs_cxx
 def test_compiled_passes_give_the_eager_hidden_states_and_the_same_greedy_output(trained, monkeypatch):
     """The compiled runner's graphs that return hidden states are built by ``prepare`` (none after it),
     and a head drafting over them gives target AR's tokens."""

@@ -132,6 +132,7 @@ def test_peer_labels_say_what_ran():
     assert "no confidence stop" in EVERY["hf_assisted"].title and "defaults" in EVERY["hf_assisted_default"].title
 
 
+@pytest.mark.needs_cxx
 def test_compiled_static_cache_peer_runs_and_records_the_models_own_layers():
     """transformers compiles its own static-cache step over the model's own linear layers: the row's
     kernels are chosen as "own" and its result says so, whatever the measured plan the other rows run."""

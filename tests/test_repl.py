@@ -316,6 +316,7 @@ def test_prepacking_is_measured_by_default_or_the_flags_choice_and_named_on_the_
     assert target_line(off).endswith("· eager")
 
 
+@pytest.mark.needs_cxx
 def test_compile_compiles_once_at_start_up_says_how_long_and_names_the_runner(tiny_models):
     result = run("--target", tiny_models["target"], "--compile", "--no-calibrate", "--prompt", "Hi", "--length", "6")
     assert result.returncode == 0, result.stderr
