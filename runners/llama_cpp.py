@@ -51,6 +51,7 @@ class LlamaCppRunner:
         self._leaves = 0  # sequence ids 1..leaves in use by the last tree pass (0: none)
         self._leaf_of: List[int] = []  # node -> a leaf sequence through it
         self._tree_cur = 0
+        self.refeeds = 0  # rollbacks llama.cpp could not make in place: the prefix was fed again
 
     @property
     def hidden_layers(self) -> Tuple[int, ...]:
@@ -86,7 +87,14 @@ class LlamaCppRunner:
             return
         self._drop_tree()
         if self.cached > length:
-            library().llama_memory_seq_rm(self.context.memory, 0, length, -1)
+            lib = library()
+            if not lib.llama_memory_seq_rm(self.context.memory, 0, length, -1):
+                # a memory that cannot drop a partial range (a recurrent or hybrid model's state) keeps
+                # the rejected tokens: drop the whole sequence (which never fails), and the next pass
+                # feeds the accepted prefix again, so nothing is ever decoded on rejected drafts
+                lib.llama_memory_seq_rm(self.context.memory, 0, -1, -1)
+                self.refeeds += 1
+                length = 0
             self.cached = length
 
     # ---- draft trees: one batch, a sequence id per leaf ----------------------------------------

@@ -50,3 +50,28 @@ def test_no_head_is_loaded_for_a_target_on_llama_cpp(tmp_path):
     pair = SimpleNamespace(target=None, runner=lambda role: RunnerConfig(gguf="/models/target.gguf"))
     head, line = load_for(str(tmp_path), pair, embedded=True)
     assert head is None and line == "none (llama.cpp gives no hidden states: the eagle rows need --runner torch)"
+
+
+def test_a_rollback_llama_cpp_refuses_empties_the_sequence_so_no_pass_runs_on_rejected_tokens(monkeypatch):
+    """``llama_memory_seq_rm`` answers False where a model's memory cannot drop a partial range (recurrent,
+    hybrid). The rollback then drops the whole sequence (which never fails) and says the cache holds
+    nothing, so the next pass feeds the accepted prefix again instead of decoding after rejected drafts."""
+    import runners.llama_cpp as llama_cpp
+
+    calls = []
+
+    def seq_rm(memory, seq, start, end):
+        calls.append((seq, start, end))
+        return start == -1  # a whole sequence can go; a partial range cannot
+    monkeypatch.setattr(llama_cpp, "library", lambda: SimpleNamespace(llama_memory_seq_rm=seq_rm))
+    runner = object.__new__(llama_cpp.LlamaCppRunner)
+    runner.context = SimpleNamespace(memory="memory")
+    runner.context.owner = runner
+    runner.cached, runner._leaves, runner._tree_cur, runner.refeeds = 20, 0, 0, 0
+    runner.rollback(15)
+    assert calls == [(0, 15, -1), (0, -1, -1)] and runner.cached == 0 and runner.refeeds == 1
+    calls.clear()
+    monkeypatch.setattr(llama_cpp, "library", lambda: SimpleNamespace(llama_memory_seq_rm=lambda *a: calls.append(a[1:]) or True))
+    runner.cached = 20
+    runner.rollback(15)  # a memory that can: only the rejected positions go
+    assert calls == [(0, 15, -1)] and runner.cached == 15 and runner.refeeds == 1
