@@ -229,6 +229,9 @@ def grow(folder: Path, goal: int, owner: Owner, recipe: DataRecipe, write: Write
                 manifest = {"format": FORMAT, "version": VERSION,
                             "target": {"name": owner.target_name, "sha256": owner.target_sha, "vocab_size": owner.vocab},
                             "recipe": asdict(recipe), "goal": goal, "command": owner.command, "chunks": []}
+                # the manifest first, before any chunk: a writer that dies after renaming chunk 0 into
+                # place leaves a data folder (its chunk is written again), not a foreign-looking one
+                write_atomically(folder / MANIFEST, _manifest_bytes(manifest))
             check_fits(folder, manifest, owner.target_sha, recipe)
             if held(manifest) >= goal:
                 if manifest["chunks"] and goal > int(manifest.get("goal", 0)):

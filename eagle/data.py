@@ -50,10 +50,12 @@ def _shingles(text: str, n: int) -> set:
 
 
 class Overlap:
-    """Whether a text shares a run of ``n`` words with any of the evaluation texts."""
+    """Whether a text shares a run of ``n`` words with any of the evaluation texts. ``record``: what the
+    ban ran against (``evaluation_sets``), kept with every chunk it checked."""
 
-    def __init__(self, texts: Iterable[str], n: int = 8):
+    def __init__(self, texts: Iterable[str], n: int = 8, record: Optional[dict] = None):
         self.n = n
+        self.record = record if record is not None else {"checked": "texts given by the caller"}
         self.seen: set = set()
         for text in texts:
             self.seen |= _shingles(text, n)
@@ -64,13 +66,24 @@ class Overlap:
 
 def evaluation_texts(paths: Sequence[Path]) -> List[str]:
     """Every turn of every prompt in the JSONL files ``paths`` that exist (Spec-Bench's format)."""
-    texts = []
-    for path in paths:
-        if Path(path).is_file():
-            for line in Path(path).read_text().splitlines():
-                if line.strip():
-                    texts.extend(json.loads(line).get("turns", []))
-    return texts
+    return evaluation_sets(paths)[0]
+
+
+def evaluation_sets(paths: Sequence[Path]) -> Tuple[List[str], dict]:
+    """Every turn of the JSONL files ``paths`` (Spec-Bench's format), and the record of what was read:
+    ``{"checked": {file name: {"sha256", "turns"}}, "missing": [paths not found]}``. A missing set is
+    named, never skipped without a word: the questions were not checked against it."""
+    texts: List[str] = []
+    record: dict = {"checked": {}, "missing": []}
+    for path in map(Path, paths):
+        if not path.is_file():
+            record["missing"].append(str(path))
+            continue
+        data = path.read_bytes()
+        turns = [t for line in data.decode().splitlines() if line.strip() for t in json.loads(line).get("turns", [])]
+        texts.extend(turns)
+        record["checked"][path.name] = {"sha256": hashlib.sha256(data).hexdigest(), "turns": len(turns)}
+    return texts, record
 
 
 def _seed(*parts: int) -> int:
@@ -145,7 +158,7 @@ def write_chunk(model: Module, tokenizer, index: int, seen: set, how: ChunkWrite
                 for row in zip(group, _generate(model, group, recipe.answer_tokens, None, stop))]
     weight = next(model.parameters())
     return rows, {"dropped_for_overlap": dropped, "written_on": f"{weight.device.type} {str(weight.dtype).removeprefix('torch.')}",
-                  "answers_by": how.writer}
+                  "answers_by": how.writer, "overlap_ban": how.overlap.record}
 
 
 @torch.no_grad()

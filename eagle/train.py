@@ -173,7 +173,7 @@ def _data_recipe(args: argparse.Namespace, recipe: Recipe, manifest, target, say
 def _grow(folder: Path, goal: int, owner: Owner, recipe: DataRecipe, model, how: tuple, say) -> None:
     """Grow the data folder to ``goal`` questions, written by ``model`` (target, tokenizer) in ``recipe.dtype``,
     ``how = (answers' batch, writer)``; our writer's decoding pass is compiled on CUDA only."""
-    from eagle.data import ChunkWriter, Overlap, evaluation_texts, write_chunk
+    from eagle.data import ChunkWriter, Overlap, evaluation_sets, write_chunk
     from utils.models import end_tokens
 
     target, tokenizer = model
@@ -188,7 +188,10 @@ def _grow(folder: Path, goal: int, owner: Owner, recipe: DataRecipe, model, how:
             say(f"data: our answer writer cannot run {why}: transformers' generate writes the answers")
             answers_by = "transformers"
     on_cuda = next(target.parameters()).device.type == "cuda"
-    how = ChunkWriter(recipe, Overlap(evaluation_texts(EVALUATION_SETS), recipe.overlap_words), tuple(end_tokens(target, tokenizer)),
+    texts, record = evaluation_sets(EVALUATION_SETS)
+    for missing in record["missing"]:
+        say(f"data: {missing} is missing: the questions are not checked against it (the manifest says so)")
+    how = ChunkWriter(recipe, Overlap(texts, recipe.overlap_words, record), tuple(end_tokens(target, tokenizer)),
                       batch, answers_by, compile=on_cuda)
     grow(folder, goal, owner, recipe, lambda index, seen: write_chunk(writer, tokenizer, index, seen, how), say)
 

@@ -92,6 +92,47 @@ def test_data_grows_in_whole_chunks_and_a_stopped_run_resumes_to_the_same_data(t
     assert sorted(p.name for p in stopped.iterdir()) == sorted(p.name for p in data16.iterdir())
 
 
+def test_a_writer_that_dies_after_renaming_chunk_0_leaves_a_data_folder_that_resumes(tiny, data16, tmp_path, monkeypatch):
+    """The manifest is written before the first chunk: a crash between chunk 0's rename and the manifest
+    that lists it leaves a folder read as data (0 chunks; the orphan written again), not refused as foreign."""
+    import eagle.artifact as artifact
+
+    folder, real = tmp_path / "died", artifact.write_atomically
+
+    def die_after_the_first_chunk(path, data):
+        real(path, data)
+        if Path(path).name == artifact.chunk_name(0):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(artifact, "write_atomically", die_after_the_first_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        write_data(tiny, folder, 16)
+    monkeypatch.setattr(artifact, "write_atomically", real)
+    assert (folder / "chunk-00000.jsonl.gz").is_file() and read_manifest(folder)["chunks"] == []
+    assert write_data(tiny, folder, 16) == 0 and chunk_digests(folder) == chunk_digests(data16)
+
+
+def test_the_manifest_records_what_the_overlap_ban_ran_against_and_names_a_missing_set(tmp_path):
+    """Every chunk records the evaluation files its questions were checked against (name, sha256,
+    turns) and those that were missing; a missing file is named, never skipped without a word."""
+    present = tmp_path / "present.jsonl"
+    present.write_text(json.dumps({"turns": ["one two three four five six seven eight nine"]}) + "\n")
+    texts, record = eagle_data.evaluation_sets([present, tmp_path / "absent.jsonl"])
+    assert texts == ["one two three four five six seven eight nine"]
+    assert record["missing"] == [str(tmp_path / "absent.jsonl")]
+    assert record["checked"]["present.jsonl"]["turns"] == 1 and len(record["checked"]["present.jsonl"]["sha256"]) == 64
+    assert eagle_data.Overlap(texts, 8, record)("so one two three four five six seven eight") is True
+
+
+def test_a_written_chunk_says_which_evaluation_sets_its_questions_were_checked_against(data16):
+    for chunk in read_manifest(data16)["chunks"]:
+        ban = chunk["overlap_ban"]
+        assert "bench_prompts.jsonl" in ban["checked"] and isinstance(ban["missing"], list)
+        specbench = ROOT.parent / "shared" / "specbench" / "question.jsonl"
+        assert ("question.jsonl" in ban["checked"]) == specbench.is_file()
+        assert (str(specbench) in ban["missing"]) == (not specbench.is_file())
+
+
 def _write_and_exit(tiny: str, folder: str, questions: int) -> None:
     sys.exit(write_data(tiny, Path(folder), questions))
 
