@@ -39,12 +39,26 @@ class KernelChoice:
         """The options a plan may use: the measured ones, less prepacking where it does not pay."""
         return tuple(o for o in OPTIONS if o in self.seconds and (o != PREPACKED or self.pays()))
 
+    def family(self) -> str:
+        """The one kernel every measured width runs on: the option with the least one-position pass plus
+        mean pass over 1..R (decoding and verification weighted alike). One family, not the faster
+        option width by width: a position's product then does not depend on how many positions share
+        its pass (the skinny kernel sums each row alone), so a drafting row verifies on what target AR
+        decodes on, and noise between close options cannot make the plan alternate by width."""
+        def score(option: str) -> float:
+            times = self.seconds[option][: self.widths()]
+            return times[0] + sum(times) / len(times)
+
+        return min(self.options(), key=score)
+
     def for_width(self, rows: int) -> str:
-        """The kernels of a pass over ``rows`` positions; past the measured passes, the faster at the
-        longest one of those made for any number of rows (the skinny kernel is for a few only)."""
-        i = max(1, min(rows, self.widths())) - 1
-        options = [o for o in self.options() if o != SKINNY or rows <= self.widths()]
-        return min(options, key=lambda o: self.seconds[o][i])
+        """The kernels of a pass over ``rows`` positions: ``family()`` up to the measured widths; past
+        them (a prompt), the faster at the longest one of the options made for any number of rows
+        (the skinny kernel is for a few only)."""
+        if rows <= self.widths():
+            return self.family()
+        options = [o for o in self.options() if o != SKINNY]
+        return min(options, key=lambda o: self.seconds[o][self.widths() - 1])
 
     def route(self) -> Tuple[str, ...]:
         """The kernel by pass width 1..R, then one entry for longer passes (``set_prepack``'s route)."""
@@ -60,7 +74,7 @@ class KernelChoice:
 
     def row_costs(self, option: Optional[str] = None) -> Tuple[float, ...]:
         """Relative pass costs (r = 1 costs 1), as ``measure_row_costs`` gives them: of the chosen plan
-        (each width on its faster kernels), or of one ``option`` throughout."""
+        (``family()`` at every measured width), or of one ``option`` throughout."""
         times = (self.seconds[option] if option is not None else
                  tuple(self.seconds[self.for_width(r)][r - 1] for r in range(1, self.widths() + 1)))
         return tuple(round(t / times[0], 3) for t in times)
@@ -81,7 +95,7 @@ def model_label(model: Module) -> str:
 
 
 def apply_kernels(model: Module, choice: Optional[KernelChoice]) -> str:
-    """Give ``model`` the plan ``choice`` measured (each pass width on its faster kernels); its label.
+    """Give ``model`` the plan ``choice`` measured (one family for the measured widths); its label.
     Its layers are its own again, and oneDNN's copies freed, when every width runs them."""
     if choice is None:
         return ""
@@ -104,7 +118,8 @@ def decide(model: Module, choice: Optional[KernelChoice], budget=None) -> Tuple[
     apply_kernels(model, choice)
     cut = f"; {budget.note}: {budget.reason}" if budget is not None and budget.stopped and budget.note else ""
     missing = f"; {skinny.missing()}" if SKINNY not in choice.seconds and skinny.missing() else ""
-    return choice, choice.line()[:-1] + cut + missing + ")"
+    scaled = f"; {budget.scaled}" if budget is not None and budget.scaled else ""
+    return choice, choice.line()[:-1] + cut + scaled + missing + ")"
 
 
 def reuse(model: Module, choice: Optional[KernelChoice]) -> None:

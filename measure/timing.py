@@ -23,6 +23,9 @@ from runners.config import EAGER, RunnerConfig
 from runners.limits import context_window, output_vocab_size
 
 MIN_ROUNDS = 2  # timed rounds a comparison needs before its budget may cut it short
+# the kernel measurement's budget may grow to this many times itself so that all its rounds run on a
+# slower machine (a probe pass tells what they cost there)
+MOST_SCALED = 4.0
 _PREFILL_STEP = 32  # positions a budgeted timer feeds its context in, between checks of its budget
 
 
@@ -38,6 +41,7 @@ class Budget:
     stopped: bool = field(default=False, init=False)
     note: str = field(default="", init=False)
     reason: str = field(default="", init=False)
+    scaled: str = field(default="", init=False)  # "" or how ``scale_to`` lengthened it
 
     def __post_init__(self) -> None:
         self.started = self.clock()
@@ -47,6 +51,19 @@ class Budget:
         if not self.stopped and self.clock() - self.started > self.seconds:
             self.stopped = True
         return self.stopped
+
+    def scale_to(self, seconds: float, most: float) -> bool:
+        """Let the measurement run ``seconds`` in all (at most ``most`` times its budget), when that is
+        longer than its budget: a slower machine gets the time its passes need, said in ``scaled``.
+        False when even that would not do (the budget stays as it was)."""
+        if seconds <= self.seconds:
+            return True
+        if seconds > most * self.seconds:
+            return False
+        self.scaled = f"budget scaled from {self.seconds:g} s to {seconds:.3g} s for this machine's passes"
+        self.seconds = seconds
+        self.reason = f"measurement over its {self.seconds:.3g} s budget"
+        return True
 
     def tick(self, done: int, total: int) -> None:
         if self.progress is not None:
@@ -232,6 +249,12 @@ def measure_kernels(model: Module, max_rows: int = 12, context: int = 64, repeat
     n = len(options)
     timer = PassTimer(model, context, max_rows, budget=budget)
     passes = [(_UnderKernels(timer, option), rows) for rows in range(1, max_rows + 1) for option in options]
+    if budget is not None and not budget.exhausted():
+        # a one-position pass on each option tells what the whole measurement costs on this machine
+        # (passes grow with width: 1.3x on average over 1-12 measured); the budget grows to fit every
+        # round where that is within MOST_SCALED of it: a plan from one noisy round zig-zagged
+        probe = sum(_UnderKernels(timer, option).seconds(1) for option in options)
+        budget.scale_to(budget.clock() - budget.started + 1.3 * probe * max_rows * (repeats + 1), MOST_SCALED)
     timed = samples(passes, repeats, budget)
     widths = next((i for i in range(max_rows) if not all(timed[n * i + k] for k in range(n))), max_rows)
     if widths == 0:

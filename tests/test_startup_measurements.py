@@ -234,7 +234,10 @@ def float32_model():
     return model
 
 
-def test_the_kernel_measurement_is_saved_reused_and_gives_the_model_each_widths_faster_kernels(monkeypatch):
+def test_the_kernel_measurement_is_saved_reused_and_gives_the_model_one_kernel_family(monkeypatch):
+    """Own layers win one position (11 ms against 13), prepacked ones every verification pass: the
+    plan is one family for every width, prepacked (13 + 18.5 against 11 + 38.5 ms), and its costs
+    are prepacked's."""
     from measure.kernels import model_label
 
     model = float32_model()
@@ -242,16 +245,36 @@ def test_the_kernel_measurement_is_saved_reused_and_gives_the_model_each_widths_
     measured = startup(model, EAGER, quiet(cache=None))
     found = measured.target.kernels
     choice = found.value
-    assert choice.for_width(1) == OWN and choice.for_width(5) == PREPACKED and found.source == MEASURED
-    plan = "own at 1, prepacked at 2+ positions"
+    assert choice.for_width(1) == PREPACKED and choice.for_width(5) == PREPACKED and found.source == MEASURED
+    plan = "prepacked"
     assert model_label(model) == plan and re.match(r"kernels by measurement: a one-position pass 11.0 ms own, 13.0 ms prepacked(, 22.0 ms skinny)?; "
-                                                             rf"every pass on {re.escape(plan)} \(costs by positions 1..12: chosen 1.00 1.27 1.36 ", found.line)
-    rows = measured.costs.row_costs  # the plan's: 11 ms at one position, then prepacked's 12 ms + 1 ms a position
-    assert rows.value == choice.row_costs() == tuple(round((12 + r) / 11, 3) if r > 1 else 1.0 for r in range(1, 13))
+                                                             rf"every pass on {re.escape(plan)} \(costs by positions 1..12: chosen 1.00 1.08 1.15 ", found.line)
+    rows = measured.costs.row_costs  # the plan's: prepacked's 12 ms + 1 ms a position
+    assert rows.value == choice.row_costs() == tuple(round((12 + r) / 13, 3) for r in range(1, 13))
     assert rows.line.endswith(f"({plan}, from the kernel measurement)")
     monkeypatch.setattr(timing.PassTimer, "seconds", lambda self, rows: pytest.fail("measured again"))
     again = steps.kernels_step(model, "target", EAGER, quiet())
     assert again.value == choice and re.search(r"reused from \d{4}-\d\d-\d\d \d\d:\d\d\)$", again.line) and model_label(model) == plan
+
+
+def test_a_slower_machine_gets_every_round_in_a_budget_scaled_to_its_passes(monkeypatch):
+    """Passes five times as slow as the budget was set for: a probe pass says what the rounds cost
+    here, the budget grows to fit all three rounds (said in the line), and no round is cut."""
+    model = float32_model()
+    now = [0.0]
+    times = {("own",): 0.20, ("prepacked",): 0.21, ("skinny",): 0.22}
+
+    def seconds(self, rows):
+        from runners.prepacking import plan
+
+        now[0] += times.get(plan(self.model), 0.20)
+        return times.get(plan(self.model), 0.20)
+
+    monkeypatch.setattr(timing.PassTimer, "seconds", seconds)
+    budget = timing.Budget(10.0, clock=lambda: now[0])
+    choice = timing.measure_kernels(model, budget=budget)
+    assert not budget.stopped and budget.scaled.startswith("budget scaled from 10 s to ")
+    assert budget.seconds > 10.0 and choice is not None and choice.widths() == 12
 
 
 def test_a_kernel_measurement_past_its_budget_keeps_the_models_own_linears(monkeypatch):
