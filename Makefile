@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN = $(VENV)/bin
 
-.PHONY: setup run test fetch-pair run-pair lock llama-cpp
+.PHONY: setup run test fetch-pair run-pair lock llama-cpp openvino
 setup: $(VENV)/.installed
 
 # constraints.txt holds the exact versions (CI's too); `make lock` refreshes it within requirements.txt.
@@ -48,3 +48,17 @@ llama-cpp: setup
 	CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_LLAMAFILE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) \
 		$(BIN)/pip install --no-deps --no-cache-dir --no-binary llama-cpp-python "$(LLAMA_CPP_PYTHON)"
 	$(BIN)/pip install -q "diskcache>=5.6.1"
+
+# OpenVINO GenAI as the benchmark's peer rows ov_plain, ov_pld (docs/openvino.md): a venv of its own, $(OV_VENV)
+# (optimum-intel 2.2's exporter wants transformers < 5.6), and the embedded model exported from the project's own
+# load to OpenVINO IR in float32 into the model cache; not part of setup. Running it again changes nothing.
+OV_VENV ?= .venv-openvino
+openvino: setup $(OV_VENV)/.installed
+	$(BIN)/python scripts/openvino_export.py --python $(OV_VENV)/bin/python
+
+$(OV_VENV)/.installed: requirements-openvino.txt
+	$(PYTHON) -m venv $(OV_VENV)
+	$(OV_VENV)/bin/pip install -q "$(TORCH)"
+	$(OV_VENV)/bin/pip install -q -r requirements-openvino.txt
+	$(OV_VENV)/bin/pip install -q --no-deps "optimum-intel==2.2.0"
+	touch $@

@@ -108,14 +108,14 @@ def exclusive(lock: Path) -> Iterator[None]:
 
 
 def cached_conversion(folder: Path, build: Callable[[Path], None], say: Callable[[str], None] = print,
-                      announce: str | None = None) -> Path:
+                      announce: str | None = None, problem: Callable[[Path], str | None] = model_folder_problem) -> Path:
     """``folder``, built by ``build(temporary_folder)`` unless already complete. Safe to call from
     several processes at once: one builds (under ``<folder>.lock``) while the others wait for it;
     the build goes into a unique ``<folder>.partial-*`` folder renamed into place only when done,
     so nothing half-written ever has the final name. Under the lock, leftovers of interrupted builds
     are removed and an incomplete ``folder`` is rebuilt, each said in one line; ``announce`` is said
-    before a build."""
-    if model_folder_problem(folder) is None:
+    before a build. ``problem(folder)`` says why a folder is incomplete (None: complete; default: a saved model's)."""
+    if problem(folder) is None:
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     with exclusive(folder.with_name(folder.name + ".lock")):
@@ -125,25 +125,25 @@ def cached_conversion(folder: Path, build: Callable[[Path], None], say: Callable
             shutil.rmtree(leftover, ignore_errors=True)
         if leftovers:
             say(f"Removed {len(leftovers)} leftover(s) of an interrupted conversion: {', '.join(p.name for p in leftovers)}")
-        problem = model_folder_problem(folder)
-        if problem is None:  # built by the process we waited for
+        missing = problem(folder)
+        if missing is None:  # built by the process we waited for
             return folder
         if folder.exists():
-            say(f"{folder} is incomplete ({problem}): rebuilding it")
+            say(f"{folder} is incomplete ({missing}): rebuilding it")
             shutil.rmtree(folder) if folder.is_dir() else folder.unlink()
         if announce:
             say(announce)
         temporary = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".partial-"))
         try:
             build(temporary)
-            problem = model_folder_problem(temporary)
-            if problem is not None:
-                raise RuntimeError(f"the conversion into {folder} left an incomplete model ({problem})")
+            missing = problem(temporary)
+            if missing is not None:
+                raise RuntimeError(f"the conversion into {folder} left an incomplete model ({missing})")
             temporary.chmod(0o755)  # mkdtemp's 0700 is for the temporary folder only
             try:
                 temporary.rename(folder)
             except OSError:  # another writer (one that took no lock) finished first: use its folder
-                if model_folder_problem(folder) is not None:
+                if problem(folder) is not None:
                     raise
                 shutil.rmtree(temporary, ignore_errors=True)
         except BaseException:

@@ -1,0 +1,140 @@
+"""OpenVINO GenAI as the benchmark's peer rows (``strategies.OPENVINO_PEERS``; docs/openvino.md): its plain greedy
+decoding and its prompt lookup on the embedded model exported to OpenVINO IR in float32 (``make openvino``), run
+through ``openvino_genai.LLMPipeline`` by a worker process of the OpenVINO venv (``scripts/openvino_worker.py``) on the
+project's own token ids, new-token budget, end tokens and torch's thread count."""
+import atexit
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from configuration import RunConfig, RunContext
+from sampling.stats import GenerationStats
+from utils.models import cache_dir
+
+ROOT = Path(__file__).resolve().parent
+WORKER = ROOT / "scripts" / "openvino_worker.py"
+IR_FILES = ("openvino_model.xml", "openvino_model.bin", "openvino_tokenizer.xml", "openvino_detokenizer.xml", "config.json")
+STAMP = "export.json"  # written last into the export: its versions and what it was verified against
+INSTALL = "install: make openvino (docs/openvino.md)"
+
+
+def venv() -> Path:
+    """The OpenVINO venv: $SPECDEC_OPENVINO_VENV, else ``.venv-openvino`` in the checkout."""
+    return Path(os.environ.get("SPECDEC_OPENVINO_VENV") or ROOT / ".venv-openvino")
+
+
+def ir_dir() -> Path:
+    """Where ``make openvino`` exports the embedded model (float32 IR), in the project's model cache."""
+    return cache_dir() / "SmolLM2-135M-Instruct-openvino-fp32"
+
+
+def ir_problem(folder: Path) -> Optional[str]:
+    """Why ``folder`` is not a complete export (None if it is): a file missing or empty, or no stamp."""
+    for name in IR_FILES + (STAMP,):
+        path = folder / name
+        if not path.is_file() or path.stat().st_size == 0:
+            return f"no {name}"
+    return None
+
+
+def unavailable(args: Any = None) -> str:
+    """Why the OpenVINO rows cannot run here ("" when they can), in one line that says how to install."""
+    python = venv() / "bin" / "python"
+    if not python.is_file():
+        return f"the OpenVINO venv {venv()} is missing; {INSTALL}"
+    if not (venv() / ".installed").is_file():
+        return f"the OpenVINO venv {venv()} is incomplete; {INSTALL}"
+    problem = ir_problem(ir_dir())
+    if problem is not None:
+        return f"the embedded model's OpenVINO export {ir_dir()} is missing or incomplete ({problem}); {INSTALL}"
+    if args is not None and (getattr(args, "target", None) or getattr(args, "preset", None) not in (None, "embedded")):
+        return "the OpenVINO rows run the embedded model only (its export); this run's target is another"
+    return ""
+
+
+class Worker:
+    """One ``scripts/openvino_worker.py`` process: a JSON request a line in, a JSON answer a line out."""
+
+    def __init__(self, ir: Path, threads: int, python: Optional[Path] = None):
+        python = python or venv() / "bin" / "python"
+        self.threads = threads
+        self.process = subprocess.Popen([str(python), str(WORKER), "--ir", str(ir), "--threads", str(threads)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+
+    def ask(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        """The answer to ``request``; RuntimeError with one line for the worker's error or its death."""
+        if self.process.poll() is None:
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+            line = self.process.stdout.readline()
+        else:
+            line = ""
+        if not line:
+            code = self.process.wait()
+            raise RuntimeError(f"the OpenVINO worker ended (exit status {code}); its stderr is above")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"OpenVINO worker: {answer['error']}")
+        return answer
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+_WORKERS: Dict[int, Worker] = {}  # threads -> the worker this process keeps
+
+
+def worker(threads: int) -> Worker:
+    """This process's worker for ``threads`` threads, started at the first call (refused in one line where
+    OpenVINO is not installed), ended at exit."""
+    if threads not in _WORKERS:
+        why = unavailable()
+        if why:
+            raise RuntimeError(why)
+        _WORKERS[threads] = Worker(ir_dir(), threads)
+        atexit.register(_WORKERS[threads].close)
+    return _WORKERS[threads]
+
+
+def ov_generate(prompt: List[int], c: RunConfig, stats: GenerationStats, draft: Optional[int] = None, ngram: int = 3) -> List[int]:
+    """OpenVINO GenAI's greedy decoding of ``prompt``, prompt lookup with ``draft`` tokens and n-grams up to
+    ``ngram`` when ``draft`` is given; ``stats`` gets its steps (``raw_metrics.m_batch_sizes``: the tokens each
+    main-model step emitted, so that accepted drafts are their sum less one per step)."""
+    import torch
+
+    if not c.greedy:
+        raise ValueError("the OpenVINO peers are run greedy only")
+    request = {"op": "generate", "prompt": list(prompt), "max_new_tokens": c.max_gen_len, "stop_token_ids": list(c.eos_tokens_id)}
+    if draft is not None:
+        request.update(num_assistant_tokens=draft, max_ngram_size=ngram)
+    answer = worker(torch.get_num_threads()).ask(request)
+    tokens, steps = answer["tokens"], answer["steps"]
+    stats.generated, stats.target_forward_passes = len(tokens), len(steps)
+    stats.accepted = sum(steps) - len(steps)
+    stats.emitted_by_step = list(steps)
+    stats.peer_settings = {"engine": "OpenVINO GenAI", "threads": torch.get_num_threads(),
+                           **({"num_assistant_tokens": draft, "max_ngram_size": ngram} if draft is not None else {})}
+    return tokens
+
+
+def _ov_plain(prompt: List[int], c: RunConfig, x: RunContext, stats: GenerationStats) -> List[int]:
+    """OpenVINO GenAI's plain greedy decoding."""
+    return ov_generate(prompt, c, stats)
+
+
+def _ov_pld(prompt: List[int], c: RunConfig, x: RunContext, stats: GenerationStats) -> List[int]:
+    """OpenVINO GenAI's prompt lookup at its sample's settings: 5 draft tokens, n-grams up to 3."""
+    return ov_generate(prompt, c, stats, draft=5, ngram=3)
+
+
+def _ov_pld10(prompt: List[int], c: RunConfig, x: RunContext, stats: GenerationStats) -> List[int]:
+    """OpenVINO GenAI's prompt lookup with 10 draft tokens (our ``pld``'s count), n-grams up to 3."""
+    return ov_generate(prompt, c, stats, draft=10, ngram=3)

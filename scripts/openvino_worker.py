@@ -1,0 +1,127 @@
+"""OpenVINO GenAI's greedy decoding of token ids, for the benchmark's ``ov_*`` rows (``peers_openvino.py``).
+
+Runs in the OpenVINO venv (``make openvino``), never in the project's: it imports nothing of the project.
+``python openvino_worker.py --ir FOLDER --threads N`` reads one JSON request a line on stdin and writes one
+JSON answer a line on stdout (anything OpenVINO prints goes to stderr):
+
+    {"op": "generate", "prompt": [ids], "max_new_tokens": 64, "stop_token_ids": [2],
+     "num_assistant_tokens": 5, "max_ngram_size": 3}     (the last two: prompt lookup; absent or null: plain)
+    -> {"tokens": [ids], "steps": [tokens emitted by each main-model step], "seconds": wall time of generate}
+    {"op": "info"} -> {"openvino": version, "openvino_genai": version, "properties": {...}}
+
+A bad request gets {"error": "one line"} and the worker goes on; end of input ends it. Every pipeline runs with
+float32 inference and KV cache, the given threads, and prefix caching off (a repeated prompt is prefilled again).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, List
+
+KINDS = ("plain", "pld")
+
+
+def properties(threads: int) -> Dict[str, Any]:
+    """The CPU plugin's settings: float32 everywhere (its default KV cache is u8), ``threads`` threads."""
+    return {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0,
+            "INFERENCE_NUM_THREADS": threads}
+
+
+class Engine:
+    """The IR's pipelines, plain and prompt lookup, each made at its first request."""
+
+    def __init__(self, ir: str, threads: int):
+        self.ir, self.threads, self.pipelines = ir, threads, {}
+
+    def pipeline(self, kind: str):
+        if kind not in self.pipelines:
+            import openvino_genai as genai
+
+            scheduler = genai.SchedulerConfig()
+            scheduler.enable_prefix_caching = False
+            self.pipelines[kind] = genai.LLMPipeline(self.ir, "CPU", scheduler_config=scheduler, prompt_lookup=kind == "pld",
+                                                     **properties(self.threads))
+        return self.pipelines[kind]
+
+    def generate(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        import numpy as np
+        import openvino as ov
+
+        prompt = _ids(request.get("prompt"), "prompt", least=1)
+        stops = _ids(request.get("stop_token_ids", []), "stop_token_ids")
+        longest = request.get("max_new_tokens")
+        if not isinstance(longest, int) or isinstance(longest, bool) or longest < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {longest!r}")
+        draft, ngram = request.get("num_assistant_tokens"), request.get("max_ngram_size")
+        lookup = draft is not None or ngram is not None
+        if lookup and not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (draft, ngram)):
+            raise ValueError(f"prompt lookup needs positive integers num_assistant_tokens and max_ngram_size, got {draft!r}, {ngram!r}")
+        pipe = self.pipeline("pld" if lookup else "plain")
+        config = pipe.get_generation_config()
+        config.max_new_tokens, config.do_sample, config.min_new_tokens = longest, False, 0
+        config.stop_token_ids = set(stops)
+        config.ignore_eos = not stops  # no stop token asked for: the IR's eos stops nothing either
+        if stops:
+            config.eos_token_id = stops[0]
+        if lookup:
+            config.num_assistant_tokens, config.max_ngram_size = draft, ngram
+        config.validate()
+        ids = ov.Tensor(np.array([prompt], dtype=np.int64))
+        start = time.perf_counter()
+        result = pipe.generate(ids, config)
+        seconds = time.perf_counter() - start
+        return {"tokens": [int(t) for t in result.tokens[0]], "steps": [int(b) for b in result.perf_metrics.raw_metrics.m_batch_sizes],
+                "seconds": seconds}
+
+    def info(self) -> Dict[str, Any]:
+        import openvino
+        import openvino_genai
+
+        return {"openvino": openvino.__version__, "openvino_genai": openvino_genai.__version__, "properties": properties(self.threads)}
+
+
+def _ids(value: Any, name: str, least: int = 0) -> List[int]:
+    if not isinstance(value, list) or len(value) < least or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                                    for t in value):
+        raise ValueError(f"{name} must be a list of at least {least} token ids (non-negative integers)")
+    return value
+
+
+def answer(engine: Engine, line: str) -> Dict[str, Any]:
+    """One request's answer; any failure is one line under "error"."""
+    try:
+        request = json.loads(line)
+        if not isinstance(request, dict):
+            raise ValueError("a request is a JSON object")
+        op = request.get("op")
+        if op == "generate":
+            return engine.generate(request)
+        if op == "info":
+            return engine.info()
+        raise ValueError(f"unknown op {op!r} (generate, info)")
+    except json.JSONDecodeError as error:
+        return {"error": f"not JSON: {error}"}
+    except Exception as error:  # noqa: BLE001 (OpenVINO raises RuntimeError with many lines: its first is kept)
+        first = next((s for s in str(error).splitlines() if s.strip()), type(error).__name__)
+        return {"error": first[:400]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ir", required=True, help="the exported OpenVINO IR folder")
+    parser.add_argument("--threads", type=int, required=True, help="CPU inference threads")
+    args = parser.parse_args()
+    if not os.path.isfile(os.path.join(args.ir, "openvino_model.xml")):
+        raise SystemExit(f"error: no OpenVINO model in {args.ir} (make openvino exports it)")
+    out = os.fdopen(os.dup(1), "w")  # the protocol's stream; fd 1 (what OpenVINO may print) goes to stderr
+    os.dup2(2, 1)
+    engine = Engine(args.ir, args.threads)
+    for line in sys.stdin:
+        if line.strip():
+            out.write(json.dumps(answer(engine, line)) + "\n")
+            out.flush()
+
+
+if __name__ == "__main__":
+    main()
