@@ -26,6 +26,7 @@ from peers import (  # transformers' paths, the benchmark's peers
     _hf_prompt_lookup,
     transformers_assisted_defaults,
 )
+from peers_openvino import _ov_plain, _ov_pld, _ov_pld10, unavailable as unavailable_openvino  # OpenVINO GenAI's rows
 from rows import (  # our strategies' run functions, and the drafter specs of those that run through sampling.generate
     _arctic, _arctic_memory, _autoregressive, _chained, _drafter_ar, _eagle, _eagle_tree, _merged, _ngram, _prompt_lookup,
     _recycling, _speculative, _suffix, _suffix_memory, _target_eager, _tree_ngram, _tree_suffix, arguments, spec_row,
@@ -78,6 +79,9 @@ class Strategy:
     help: str = ""  # its REPL toggle's line in /help (default: the title)
     needs_head: bool = False  # drafts with a learned head (``RunContext.head``): skipped, or refused in the REPL, without one
     spec: Optional[Callable[[RunConfig], Any]] = None  # spec(config) -> the drafters.DrafterSpec the row runs
+    unavailable: Optional[Callable[[Any], str]] = None  # unavailable(bench args) -> why it cannot run here ("": it can)
+    versus: str = ""  # the row of its own engine it is also compared with (its own baseline), by key
+    engine: str = ""  # another engine runs it, not the target's torch model: its name, the report's kernels for it
 
     def __post_init__(self):
         if self.generate is None and self.drafter is None and self.spec is None:
@@ -211,6 +215,8 @@ def run_strategy(strategy: Strategy, prompt: List[int], config: RunConfig, conte
     ours = not strategy.peer or strategy.key == "target_eager"  # rows whose target passes go through config.runner
     if config.runner.gguf is not None and ours and not strategy.drafter_ar:
         used = "llama.cpp"
+    if strategy.engine:
+        used = strategy.engine
     return Result(tokens, seconds, stats, used, config)
 
 
@@ -243,4 +249,15 @@ SUFFIX_PEERS = [
     Strategy("arctic_global", "arctic-inference suffix + global tree", "bright_white", False, True, True, spec=_arctic,
              memory=_arctic_memory, suffix=True, requires="arctic_inference"),
 ]
-EVERY = {s.key: s for s in STRATEGIES + PEERS + SUFFIX_PEERS}  # ours and transformers' paths, by key
+# OpenVINO GenAI (optional: make openvino; docs/openvino.md), run when named: its plain decoding and its prompt
+# lookup on the embedded model's float32 export, each prompt lookup row compared with its plain row too
+_OV = dict(unavailable=unavailable_openvino, engine="OpenVINO GenAI")
+OPENVINO_PEERS = [
+    Strategy("ov_plain", "OpenVINO GenAI, plain greedy decoding", "bright_white", False, False, True, _ov_plain,
+             peer="OpenVINO plain", label_words="f32", **_OV),
+    Strategy("ov_pld", "OpenVINO GenAI prompt lookup, its sample's settings", "bright_white", False, False, True, _ov_pld,
+             peer="OpenVINO prompt lookup", label_words="g=5 n<=3", versus="ov_plain", **_OV),
+    Strategy("ov_pld10", "OpenVINO GenAI prompt lookup, our pld's draft count", "bright_white", False, False, True, _ov_pld10,
+             peer="OpenVINO prompt lookup", label_words="g=10 n<=3", versus="ov_plain", **_OV),
+]
+EVERY = {s.key: s for s in STRATEGIES + PEERS + SUFFIX_PEERS + OPENVINO_PEERS}  # ours and transformers' paths, by key

@@ -183,13 +183,14 @@ def benchmark(args, greedy: bool) -> None:
 
 
 def write_reports(records: List[dict], out: Path, title: str, extra: str = "", groups: tuple = (DEFAULT_GROUP,)) -> None:
-    from strategies import PEERS
+    from strategies import EVERY, PEERS
 
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(records, groups)
+    compared = [p.key for p in PEERS] + sorted({s.versus for s in EVERY.values() if s.versus})  # vs_KEY columns
     with open(out / "summary.csv", "w", newline="") as handle:
         flat = [{**{k: v for k, v in row.items() if k not in ("versus", "versus_ci", "setup")},
-                 **{f"vs_{p.key}{end}": versus_column(row, p.key, end) for p in PEERS for end in ("", "_low", "_high")}}
+                 **{f"vs_{key}{end}": versus_column(row, key, end) for key in compared for end in ("", "_low", "_high")}}
                 for row in summary]
         writer = csv.DictWriter(handle, fieldnames=list(flat[0]))
         writer.writeheader()

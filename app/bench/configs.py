@@ -93,6 +93,10 @@ def make_configs(args, have_drafter: bool, have_head: bool = False) -> List[Conf
         if strategy.requires and importlib.util.find_spec(strategy.requires) is None:
             print(f"skipped {key}: {strategy.requires} is not installed (optional)", file=sys.stderr)
             continue
+        why = strategy.unavailable(args) if strategy.unavailable is not None else ""
+        if why:
+            print(f"skipped {key}: {why}", file=sys.stderr)
+            continue
         grid = {"gamma": [g for g in args.gamma if g != "auto" or strategy.auto_gamma]} if strategy.takes_gamma else {}
         if strategy.takes_storage:
             grid.update(n=args.ngram_n, storage=strategy.storages or args.storages.split(","), filler=args.top_k_filler)

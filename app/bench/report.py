@@ -58,7 +58,7 @@ def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dic
                 versus_ci[peer] = ratio_interval(cells[(category, config)], cells[(category, label)])
         speedup_ci = None if setup.strategy.baseline or not speedups else ratio_interval(
             cells[(category, config)], cells[(category, base_label)])
-        drafted = sum(r["drafted"] for r in runs)
+        drafted, accepted = sum(r["drafted"] for r in runs), sum(r["accepted"] for r in runs)
         steps = sum(r["target_passes"] for r in runs)
         median = statistics.median(tps)
         rows.append({
@@ -70,7 +70,8 @@ def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dic
             "drafts_per_step": drafted / steps if steps and drafted else None,
             "max_draft": max((len(r.get("drafted_at") or []) for r in runs), default=0) if drafted else None,
             "acceptance": sum(r["accepted"] for r in runs) / drafted if drafted else None,
-            "tokens_per_step": sum(r["new_tokens"] for r in runs) / steps if steps and drafted else None,
+            # drafting rows only; a peer that says its steps but not its drafts (OpenVINO) shows them once it accepted some
+            "tokens_per_step": sum(r["new_tokens"] for r in runs) / steps if steps and (drafted or accepted) else None,
             "runs": len(runs), "noisy_runs": sum(bool(r.get("noisy")) for r in runs),
             "others_cores": max((r["others_cores"] for r in runs if r.get("others_cores") is not None), default=None),
             "diverged": sum(r["diverged_at"] is not None for r in runs), **divergence_columns(runs),
@@ -81,10 +82,13 @@ def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dic
 
 def compared_peers(strategy: "Strategy") -> List[str]:
     """The transformers paths one of our strategies is compared with: those taking no gamma (a drafter
-    model's only for a strategy with one), and its own peer (run at the same gamma)."""
+    model's only for a strategy with one), and its own peer (run at the same gamma); for a peer row, the
+    row of its own engine it names (``Strategy.versus``)."""
     from strategies import PEERS
 
-    return [] if strategy.peer else [p.key for p in PEERS if p.key == strategy.gamma_peer or (
+    if strategy.peer:  # a peer row: its own engine's baseline only (OpenVINO's prompt lookup against its plain decoding)
+        return [strategy.versus] if strategy.versus else []
+    return [p.key for p in PEERS if p.key == strategy.gamma_peer or (
         not p.takes_gamma and (not p.needs_drafter or strategy.needs_drafter))]
 
 
