@@ -45,9 +45,7 @@ class Engine:
         return self.pipelines[kind]
 
     def generate(self, request: Dict[str, Any]) -> Dict[str, Any]:
-        import numpy as np
-        import openvino as ov
-
+        """The request checked first (without OpenVINO), then run on its pipeline."""
         prompt = _ids(request.get("prompt"), "prompt", least=1)
         stops = _ids(request.get("stop_token_ids", []), "stop_token_ids")
         longest = request.get("max_new_tokens")
@@ -57,13 +55,15 @@ class Engine:
         lookup = draft is not None or ngram is not None
         if lookup and not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (draft, ngram)):
             raise ValueError(f"prompt lookup needs positive integers num_assistant_tokens and max_ngram_size, got {draft!r}, {ngram!r}")
+        import numpy as np
+        import openvino as ov
+
         pipe = self.pipeline("pld" if lookup else "plain")
         config = pipe.get_generation_config()
         config.max_new_tokens, config.do_sample, config.min_new_tokens = longest, False, 0
         config.stop_token_ids = set(stops)
-        config.ignore_eos = not stops  # no stop token asked for: the IR's eos stops nothing either
-        if stops:
-            config.eos_token_id = stops[0]
+        config.eos_token_id = stops[0] if stops else -1  # none asked for: the IR's eos stops nothing either
+        config.ignore_eos = not stops
         if lookup:
             config.num_assistant_tokens, config.max_ngram_size = draft, ngram
         config.validate()
@@ -102,9 +102,9 @@ def answer(engine: Engine, line: str) -> Dict[str, Any]:
         raise ValueError(f"unknown op {op!r} (generate, info)")
     except json.JSONDecodeError as error:
         return {"error": f"not JSON: {error}"}
-    except Exception as error:  # noqa: BLE001 (OpenVINO raises RuntimeError with many lines: its first is kept)
-        first = next((s for s in str(error).splitlines() if s.strip()), type(error).__name__)
-        return {"error": first[:400]}
+    except Exception as error:  # noqa: BLE001 (OpenVINO's "Check '...' failed at FILE:" lines end with what it means)
+        last = [s.strip() for s in str(error).splitlines() if s.strip()][-1:] or [type(error).__name__]
+        return {"error": last[0][:400]}
 
 
 def main() -> None:

@@ -1,0 +1,113 @@
+"""OpenVINO GenAI's peer rows (``peers_openvino.py``, docs/openvino.md): named in the strategy table, skipped in one
+line that says how to install where the OpenVINO venv or the export is missing, compared with their own plain row;
+the worker refuses a bad request in one line and goes on; and, where ``make openvino`` ran, ov_plain's greedy tokens
+are our target AR's. The tests that run OpenVINO are skipped, with the reason, where it is not installed."""
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+import bench
+import peers_openvino
+from app.bench.configs import default_strategies, make_configs
+from strategies import EVERY, RunConfig, RunContext, run_strategy
+
+WHY = peers_openvino.unavailable()
+installed = pytest.mark.skipif(bool(WHY), reason=WHY or "installed")
+ROWS = ("ov_plain", "ov_pld", "ov_pld10")
+
+
+def worker_module():
+    spec = importlib.util.spec_from_file_location("openvino_worker", peers_openvino.WORKER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def flags(strategies: str, **more) -> argparse.Namespace:
+    values = dict(strategies=strategies, gamma=[4], ngram_n=[3], storages="basic", top_k_filler=[3], param=None, target=None,
+                  preset=None)
+    return argparse.Namespace(**{**values, **more})
+
+
+def test_the_rows_are_named_in_the_table_and_skipped_in_one_line_without_the_venv(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("SPECDEC_OPENVINO_VENV", str(tmp_path / "absent"))
+    assert set(ROWS) <= set(EVERY) and not set(ROWS) & set(default_strategies().split(","))  # run when named only
+    assert all(EVERY[key].peer and EVERY[key].engine == "OpenVINO GenAI" for key in ROWS)
+    assert [c.key for c in make_configs(flags(",".join(("target",) + ROWS)), False)] == ["target"]
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [f"skipped {key}: the OpenVINO venv {tmp_path / 'absent'} is missing; install: make openvino "
+                     "(docs/openvino.md)" for key in ROWS]
+
+
+def test_the_skip_reason_names_what_is_missing(monkeypatch, tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    monkeypatch.setenv("SPECDEC_OPENVINO_VENV", str(venv))
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    assert "is incomplete; install: make openvino" in peers_openvino.unavailable()
+    (venv / ".installed").write_text("")
+    assert "OpenVINO export" in peers_openvino.unavailable() and "(no openvino_model.xml)" in peers_openvino.unavailable()
+    folder = peers_openvino.ir_dir()
+    folder.mkdir(parents=True)
+    for name in peers_openvino.IR_FILES + (peers_openvino.STAMP,):
+        (folder / name).write_text("x")
+    assert peers_openvino.unavailable(flags("ov_plain")) == ""
+    assert "embedded model only" in peers_openvino.unavailable(flags("ov_plain", preset="pair"))
+
+
+@pytest.mark.parametrize("line, said", [
+    ("not json", "not JSON"), ("[1, 2]", "a request is a JSON object"), ('{"op": "train"}', "unknown op 'train'"),
+    ('{"op": "generate", "prompt": [], "max_new_tokens": 4}', "prompt must be a list of at least 1 token ids"),
+    ('{"op": "generate", "prompt": [1, -2], "max_new_tokens": 4}', "prompt must be a list"),
+    ('{"op": "generate", "prompt": [1], "max_new_tokens": 0}', "max_new_tokens must be a positive integer"),
+    ('{"op": "generate", "prompt": [1], "max_new_tokens": 4, "num_assistant_tokens": 5}', "prompt lookup needs"),
+])
+def test_a_bad_request_gets_one_line(line, said):
+    """Checked before OpenVINO is touched: these run without it."""
+    worker = worker_module()
+    answer = worker.answer(worker.Engine("unused", 1), line)
+    assert list(answer) == ["error"] and said in answer["error"] and "\n" not in answer["error"]
+
+
+def test_a_peer_row_is_compared_with_its_own_plain_row():
+    """ov_pld against ov_plain (its own baseline) and against target AR; the tokens/step of a peer that says its steps."""
+    runs = [("target", 8.0, 0, 100), ("ov_plain", 4.0, 0, 100), ("ov_pld", 2.0, 60, 40)]
+    records = [{"category": "qa", "config": bench.Config(key).label, "key": key, "gamma": 4, "repeat": 0, "new_tokens": 100,
+                "seconds": seconds, "drafted": 0, "accepted": accepted, "target_passes": steps, "diverged_at": None}
+               for key, seconds, accepted, steps in runs]
+    rows = {r["key"]: r for r in bench.summarize(records) if r["category"] == "all"}
+    assert rows["ov_pld"]["versus"] == pytest.approx({"ov_plain": 2.0}) and rows["ov_pld"]["speedup"] == pytest.approx(4.0)
+    assert rows["ov_pld"]["tokens_per_step"] == pytest.approx(2.5) and rows["ov_plain"]["tokens_per_step"] is None
+    assert rows["ov_plain"]["versus"] == {} and "vs OpenVINO plain" in bench.markdown(list(rows.values()), "t")
+
+
+@installed
+def test_the_worker_answers_a_bad_request_in_one_line_and_goes_on():
+    worker = peers_openvino.Worker(peers_openvino.ir_dir(), 1)
+    try:
+        with pytest.raises(RuntimeError, match=r"^OpenVINO worker: max_new_tokens must be a positive integer, got 'a'$"):
+            worker.ask({"op": "generate", "prompt": [1, 2], "max_new_tokens": "a"})
+        assert len(worker.ask({"op": "generate", "prompt": [1, 2], "max_new_tokens": 2})["tokens"]) == 2
+    finally:
+        worker.close()
+
+
+@installed
+def test_ov_plain_and_ov_pld_emit_target_ars_greedy_tokens():
+    from app.session import encode
+    from utils.models import end_tokens, load_embedded
+
+    model, tokenizer = load_embedded()
+    prompt = encode(tokenizer, [{"role": "user", "content": "Repeat exactly: the cat sat on the mat, the cat sat on the mat."}], True)
+    config, context = RunConfig(max_gen_len=24, eos_tokens_id=tuple(end_tokens(model, tokenizer))), RunContext(model, tokenizer)
+    ours = run_strategy(EVERY["target"], prompt, config, context)
+    plain = run_strategy(EVERY["ov_plain"], prompt, config, context)
+    lookup = run_strategy(EVERY["ov_pld"], prompt, config, context)
+    assert len(ours.tokens) >= 8 and plain.tokens == ours.tokens and lookup.tokens == ours.tokens
+    assert plain.kernels == "OpenVINO GenAI" and sum(lookup.stats.emitted_by_step) == len(lookup.tokens)
+    stamp = json.loads((Path(peers_openvino.ir_dir()) / peers_openvino.STAMP).read_text())
+    assert stamp["properties"]["KV_CACHE_PRECISION"] == "f32" and stamp["check"]["equal_to_target_ar"]
