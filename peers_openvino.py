@@ -57,11 +57,14 @@ def unavailable(args: Any = None) -> str:
 class Worker:
     """One ``scripts/openvino_worker.py`` process: a JSON request a line in, a JSON answer a line out."""
 
-    def __init__(self, ir: Path, threads: int, python: Optional[Path] = None):
+    def __init__(self, ir: Path, threads: int, python: Optional[Path] = None, env: Optional[Dict[str, str]] = None,
+                 stderr: Any = None):
+        """``env``: variables added to this process's; ``stderr``: where the worker's goes (default: this process's)."""
         python = python or venv() / "bin" / "python"
         self.threads = threads
         self.process = subprocess.Popen([str(python), str(WORKER), "--ir", str(ir), "--threads", str(threads)],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1,
+                                        env={**os.environ, **env} if env else None)
 
     def ask(self, request: Dict[str, Any]) -> Dict[str, Any]:
         """The answer to ``request``; RuntimeError with one line for the worker's error or its death."""

@@ -111,3 +111,17 @@ def test_ov_plain_and_ov_pld_emit_target_ars_greedy_tokens():
     assert plain.kernels == "OpenVINO GenAI" and sum(lookup.stats.emitted_by_step) == len(lookup.tokens)
     stamp = json.loads((Path(peers_openvino.ir_dir()) / peers_openvino.STAMP).read_text())
     assert stamp["properties"]["KV_CACHE_PRECISION"] == "f32" and stamp["check"]["equal_to_target_ar"]
+
+
+def test_the_export_reads_the_precision_in_force_from_openvinos_log():
+    """The export's check: every LLM pipeline float32 with a float32 KV cache, the tokenizers' settings ignored."""
+    spec = importlib.util.spec_from_file_location("openvino_export", peers_openvino.ROOT / "scripts" / "openvino_export.py")
+    export = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(export)
+    block = "Model: {}\n  NETWORK_NAME: x\n  INFERENCE_PRECISION_HINT: {}\n  KV_CACHE_PRECISION: {}\n"
+    log = block.format("OV Tokenizer", "bf16", "u8") + block.format("LLM with Paged Attention", "f32", "f32") * 2
+    assert export.precision_in_force(log) == {"pipelines": 2, "INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
+    with pytest.raises(RuntimeError, match="did not say it ran the model in float32"):
+        export.precision_in_force(log + block.format("LLM with Paged Attention", "f32", "u8"))
+    with pytest.raises(RuntimeError, match="no model properties in its log"):
+        export.precision_in_force("")
