@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -101,19 +102,40 @@ def build(out: Path, python: Path) -> None:
           file=sys.stderr)
 
 
+def genai_version(python: Path) -> str:
+    """The OpenVINO GenAI version installed in ``python``'s venv; SystemExit with one line when it imports none."""
+    done = subprocess.run([str(python), "-c", "import openvino_genai; print(openvino_genai.__version__)"], capture_output=True,
+                          text=True)
+    if done.returncode:
+        raise SystemExit(f"error: {python} cannot import openvino_genai; {INSTALL}")
+    return done.stdout.strip()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", type=Path, default=venv() / "bin" / "python", help="the OpenVINO venv's python")
     args = parser.parse_args()
     if not args.python.is_file():
         raise SystemExit(f"error: no OpenVINO venv at {args.python}; {INSTALL}")
-    folder = ir_dir()
-    if ir_problem(folder) is None:
+    folder, version = ir_dir(), genai_version(args.python)
+
+    def problem(path: Path) -> Optional[str]:
+        """Incomplete, or exported by another OpenVINO GenAI than the venv's."""
+        missing = ir_problem(path)
+        if missing is not None:
+            return missing
+        try:
+            stamped = json.loads((path / STAMP).read_text()).get("openvino_genai")
+        except (ValueError, AttributeError):
+            return f"unreadable {STAMP}"
+        return None if stamped == version else f"exported with OpenVINO GenAI {stamped}, the venv has {version}"
+
+    if problem(folder) is None:
         print(f"OpenVINO export ready (already): {folder}")
         return
     try:
         cached_conversion(folder, lambda out: build(out, args.python), lambda text: print(text, file=sys.stderr),
-                          f"Exporting the embedded model to OpenVINO IR (float32) into {folder} ...", problem=ir_problem)
+                          f"Exporting the embedded model to OpenVINO IR (float32) into {folder} ...", problem=problem)
     except (RuntimeError, OSError) as error:
         raise SystemExit(f"error: {error}") from None
     print(f"OpenVINO export ready: {folder}")
