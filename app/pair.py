@@ -368,7 +368,7 @@ def describe(model: "Module", label: str, quantize: str, notes: Optional[Dict[st
     line = f"{label} · {next(model.parameters()).device} · {model.dtype} · quantization {quantize} · "
     if runner.compiled_for(model):
         return line + f"static KV cache · {compiled_label(model)}"
-    line += notes.get("cache", f"{runner.cache_for(model)} KV cache") + " · eager"
+    line += notes.get("cache", f"{runner.cache_for(model)} KV cache") + " · eager" + runner.forward_note(model)
     if "kernels" in notes:
         return line + f" · {notes['kernels']}"
     return line + (" · prepacked linears" if prepacked(model) else "")

@@ -8,11 +8,10 @@ from torch import Tensor
 from torch.nn import Module
 
 from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache
+from runners.config import LEAN_LABEL as LABEL
 from runners.device import model_device
 from runners.static import grown_capacity
 from runners.trees import TreePasses, compute_dtype
-
-LABEL = "lean Llama forward"  # what the headers say ran the passes (``RunnerConfig.describe``)
 
 
 class LeanRunner(TreePasses):
