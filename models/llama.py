@@ -119,20 +119,21 @@ def causal_mask(start: int, r: int, device: torch.device) -> Optional[Tensor]:
 
 # ---- the forward ----
 class LlamaForward:
-    """The family's forward over ``model``'s own modules (references only: nothing is copied)."""
+    """The family's forward over ``model``'s own modules (references only: nothing is copied). Every
+    module is looked up at each pass, never kept: a kernel plan that swaps the model's linear layers
+    (``runners.kernels``) after this was made is the one that runs."""
 
     def __init__(self, model: Module):
         reason = lean_unsupported(model)
         if reason is not None:
             raise ValueError(reason)
         self.model = model
-        self.config = model.config
-        self.embed = model.model.embed_tokens
-        self.layers = list(model.model.layers[: model.config.num_hidden_layers])
-        self.norm = model.model.norm
-        self.head = model.get_output_embeddings()  # the embeddings' own weight where they are tied
-        rotary = model.model.rotary_emb
-        self.inv_freq, self.rope_scaling = rotary.inv_freq, float(rotary.attention_scaling)
+        self.layer_count = model.config.num_hidden_layers
+
+    @property
+    def head(self) -> Module:
+        """The output layer (the embeddings' own weight where they are tied)."""
+        return self.model.get_output_embeddings()
 
     def __call__(self, ids: Tensor, positions: Tensor, cache: KVCache, start: int, n_last: int,
                  mask: Optional[Tensor] = None, hidden_layers: Sequence[int] = ()) -> Tuple[Tensor, Optional[Tensor]]:
@@ -141,13 +142,13 @@ class LlamaForward:
         ``[1, 1, r, start + r]`` (a tree pass), None: causal. Returns the logits ``[n_last, V]`` of
         the last ``n_last`` positions and, with ``hidden_layers``, the residual stream entering
         those layers ``[r, len(hidden_layers) * H]`` (``runners.hidden.select_hidden``'s), else None."""
-        r, end = ids.shape[0], start + ids.shape[0]
-        h = self.embed(ids[None])  # [1, r, H]
-        cos, sin = rope(positions, self.inv_freq, self.rope_scaling, h.dtype)
+        r, end, body = ids.shape[0], start + ids.shape[0], self.model.model
+        h = body.embed_tokens(ids[None])  # [1, r, H]
+        cos, sin = rope(positions, body.rotary_emb.inv_freq, body.rotary_emb.attention_scaling, h.dtype)
         if mask is None:
             mask = causal_mask(start, r, h.device)
         kept = {}
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(body.layers[: self.layer_count]):
             if i in hidden_layers:
                 kept[i] = h[0]
             h = h + self._attention(layer, h, cos, sin, cache.layers[i], start, end, mask)
@@ -155,7 +156,7 @@ class LlamaForward:
             x = rms_norm(h, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
             h = h + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
         # the final norm and the output layer only where logits are asked for (the norm is per position)
-        h = rms_norm(h[:, r - n_last :], self.norm.weight, self.norm.variance_epsilon)
+        h = rms_norm(h[:, r - n_last :], body.norm.weight, body.norm.variance_epsilon)
         hidden = torch.cat([kept[k] for k in hidden_layers], dim=-1) if hidden_layers else None
         return self.head(h)[0], hidden
 
