@@ -119,16 +119,17 @@ def causal_mask(start: int, r: int, device: torch.device) -> Optional[Tensor]:
 
 # ---- the forward ----
 class LlamaForward:
-    """The family's forward over ``model``'s own modules (references only: nothing is copied). Every
-    module is looked up at each pass, never kept: a kernel plan that swaps the model's linear layers
-    (``runners.kernels``) after this was made is the one that runs."""
+    """The family's forward over ``model``'s own modules (references only: nothing is copied). The
+    decoder layers are kept; the modules inside them and the output layer are looked up at each pass:
+    a kernel plan that swaps the model's linear layers (``runners.kernels``) after this was made is
+    the one that runs."""
 
     def __init__(self, model: Module):
         reason = lean_unsupported(model)
         if reason is not None:
             raise ValueError(reason)
         self.model = model
-        self.layer_count = model.config.num_hidden_layers
+        self.layers = list(model.model.layers[: model.config.num_hidden_layers])
 
     @property
     def head(self) -> Module:
@@ -148,7 +149,7 @@ class LlamaForward:
         if mask is None:
             mask = causal_mask(start, r, h.device)
         kept = {}
-        for i, layer in enumerate(body.layers[: self.layer_count]):
+        for i, layer in enumerate(self.layers):
             if i in hidden_layers:
                 kept[i] = h[0]
             h = h + self._attention(layer, h, cos, sin, cache.layers[i], start, end, mask)

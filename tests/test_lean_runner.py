@@ -194,3 +194,18 @@ def test_make_runner_picks_the_lean_forward_by_default():
     mistral = MistralForCausalLM(MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                                num_attention_heads=4, num_key_value_heads=2, sliding_window=None)).eval()
     assert type(make_runner(mistral)) is LeanRunner
+
+
+def test_the_programs_forward_flag_reaches_the_runner_configs():
+    """``--forward``: "transformers" is carried to each model's ``RunnerConfig``; "lean" refuses, at
+    load, a model outside the family."""
+    from types import SimpleNamespace
+
+    from app.pair import LoadOptions, SetupError, _runners
+
+    say = lambda text, style="": None  # noqa: E731
+    runners = _runners(SimpleNamespace(target=llama(), drafter=qwen2()), LoadOptions(forward="transformers"), say)
+    assert runners["target"].forward == runners["drafter"].forward == "transformers"
+    assert type(make_runner(llama(), config=runners["target"])) is KVCacheModel
+    with pytest.raises(SetupError, match="--forward lean: the target cannot take it: .*outside the Llama family"):
+        _runners(SimpleNamespace(target=gpt2(), drafter=None), LoadOptions(forward="lean"), say)
