@@ -86,11 +86,11 @@ def kernels_step(model: Module, role: str, runner: RunnerConfig, options: Option
         kernels.by_flag(model, options.prepack == "on")
         return Finding(None, "", GIVEN if options.prepack != "auto" else FIXED)
     key = {**machine_key(), "model": saved.model_identity(model), "context": 64, "repeats": 3, "max_rows": 12,
-           "plan": "by width", "skinny": skinny.identity()}
+           "plan": "by width", "skinny": skinny.identity(), **({"forward": "lean"} if runner.lean_for(model) else {})}
 
     def measure() -> Tuple[dict, bool]:
         budget = _budget("prepack", f"the {role}'s kernels (own, prepacked and skinny linears, 1-12 positions, 3 rounds", options, model)
-        choice, line = kernels.decide(model, timing.measure_kernels(model, budget=budget), budget)
+        choice, line = kernels.decide(model, timing.measure_kernels(model, budget=budget, runner=runner), budget)
         budget.finish()
         seconds = {o: list(t) for o, t in choice.seconds.items()} if choice is not None else None
         return {"seconds": seconds, "line": line}, budget.stopped

@@ -206,17 +206,18 @@ def measure_draft_cost(drafter: Module, target: Module, context: int = 128, repe
 
 @torch.no_grad()
 def measure_kernels(model: Module, max_rows: int = 12, context: int = 64, repeats: int = 3,
-                    budget: Optional[Budget] = None) -> Optional[KernelChoice]:
+                    budget: Optional[Budget] = None, runner: RunnerConfig = EAGER) -> Optional[KernelChoice]:
     """Time cached passes over 1..``max_rows`` positions with the model's float32 CPU linear layers on
     each kernel option: prepacked, its own, and the skinny kernel where it builds here (interleaved,
     each option's pass back to back with the others'; medians). None when nothing can be prepacked
     (other dtypes, devices, no oneDNN), or a ``budget`` ran out before every option had a pass timed;
-    cut short later, the positions timed under all (``budget.note``). The model's kernels are as before."""
+    cut short later, the positions timed under all (``budget.note``). The model's kernels are as before.
+    ``runner``: the configuration the passes run under (its forward: lean or transformers')."""
     if not prepackable(model):
         return None
     options = (PREPACKED, OWN) + ((SKINNY,) if skinny.available()[0] else ())
     n = len(options)
-    timer = PassTimer(model, context, max_rows, budget=budget)
+    timer = PassTimer(model, context, max_rows, budget=budget, runner=runner)
     passes = [(_UnderKernels(timer, option), rows) for rows in range(1, max_rows + 1) for option in options]
     timed = samples(passes, repeats, budget)
     widths = next((i for i in range(max_rows) if not all(timed[n * i + k] for k in range(n))), max_rows)
