@@ -33,7 +33,28 @@ def tied_llama():
     return model
 
 
-MODELS = {"llama": llama, "qwen2": qwen2, "tied": tied_llama}
+def mistral(sliding_window=None):
+    """Mistral without a sliding window, with a head size other than hidden / heads (16, not 8)."""
+    torch.manual_seed(4)
+    config = MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=1, head_dim=16, sliding_window=sliding_window)
+    return MistralForCausalLM(config).to(torch.float64).eval()
+
+
+def yarn_llama():
+    """RoPE scaled by YaRN: other frequencies and an attention scaling of the cos/sin (not 1)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(5)
+    rope = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0, "original_max_position_embeddings": 64}
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=256, rope_parameters=rope)
+    model = LlamaForCausalLM(config).to(torch.float64).eval()
+    assert model.model.rotary_emb.attention_scaling != 1.0
+    return model
+
+
+MODELS = {"llama": llama, "qwen2": qwen2, "tied": tied_llama, "mistral": mistral, "yarn": yarn_llama}
 PASSES = ((12, 12), (13, 1), (18, 5), (19, 1), (27, 8), (30, 3))  # (length of ids, new positions asked for)
 
 
@@ -133,7 +154,7 @@ def test_hidden_states_equal_select_hidden(model):
         lean(ids[:, :length], n), own(ids[:, :length], n)
         assert lean.hidden_start == own.hidden_start and torch.equal(lean.hidden, own.hidden), length
     lean.tree_pass(ids, 20, **TREE), own.tree_pass(ids, 20, **TREE)
-    assert lean.hidden.shape == own.hidden.shape == (3 + 5, 2 * 32)
+    assert lean.hidden.shape == own.hidden.shape == (3 + 5, 2 * model.config.hidden_size)
     torch.testing.assert_close(lean.hidden, own.hidden, rtol=0, atol=1e-12)
 
 
@@ -157,9 +178,7 @@ def test_the_models_kernel_plan_applies():
 
 
 def sliding_mistral():
-    config = MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                           num_key_value_heads=2, sliding_window=16)
-    return MistralForCausalLM(config).eval()
+    return mistral(sliding_window=16)
 
 
 def dynamic_rope_llama():
@@ -191,9 +210,7 @@ def test_make_runner_picks_the_lean_forward_by_default():
     assert make_runner(model).cache_kind == "static"
     with pytest.raises(ValueError, match="forward must be"):
         RunnerConfig(forward="fast")
-    mistral = MistralForCausalLM(MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                               num_attention_heads=4, num_key_value_heads=2, sliding_window=None)).eval()
-    assert type(make_runner(mistral)) is LeanRunner
+    assert type(make_runner(mistral())) is LeanRunner and type(make_runner(yarn_llama())) is LeanRunner
 
 
 def test_the_programs_forward_flag_reaches_the_runner_configs():
