@@ -193,14 +193,16 @@ def _runners(pair: Pair, options: "LoadOptions", say: Say) -> Dict[str, object]:
     """Each model's ``RunnerConfig`` from ``--cache`` and ``--compile`` (the cache kind measured later
     with "auto"); a model that compiles gets its kernels (own linears frozen, oneDNN's with ``--prepack
     on``) and is compiled here for sequences of ``options.compile_length`` positions, before anything is timed."""
-    from runners import RunnerConfig, compile_source, prepare, set_prepack, why_not_compiled
+    from runners import RunnerConfig, compile_source, lean_unsupported, prepare, set_prepack, why_not_compiled
 
     runners, cache, compile = {}, options.cache, options.compile
     for role, model in (("target", pair.target), ("drafter", pair.drafter)):
         if model is None:
             continue
+        if options.forward == "lean" and not compile and lean_unsupported(model) is not None:
+            raise SetupError(f"--forward lean: the {role} cannot take it: {lean_unsupported(model)}")
         reason = why_not_compiled(model) if compile else None
-        runners[role] = RunnerConfig(None if cache == "auto" else cache, compile and reason is None)
+        runners[role] = RunnerConfig(None if cache == "auto" else cache, compile and reason is None, forward=options.forward)
         if reason is not None:
             say(f"--compile: the {role} runs eagerly: {reason}", "red")
         if compile and reason is None:
@@ -282,6 +284,7 @@ class LoadOptions:
     calibrate: bool = True
     row_costs: Optional[Tuple[float, ...]] = None
     runner: str = "torch"  # what runs the target's passes: "torch" or "llama-cpp" (its GGUF file's, ``runners.llama_cpp``)
+    forward: str = "auto"  # whose forward the eager runners run (``runners.RunnerConfig.forward``)
 
 
 def llama_cpp_target(target: Optional[str]) -> str:
@@ -368,7 +371,7 @@ def describe(model: "Module", label: str, quantize: str, notes: Optional[Dict[st
     line = f"{label} · {next(model.parameters()).device} · {model.dtype} · quantization {quantize} · "
     if runner.compiled_for(model):
         return line + f"static KV cache · {compiled_label(model)}"
-    line += notes.get("cache", f"{runner.cache_for(model)} KV cache") + " · eager"
+    line += notes.get("cache", f"{runner.cache_for(model)} KV cache") + " · eager" + runner.forward_note(model)
     if "kernels" in notes:
         return line + f" · {notes['kernels']}"
     return line + (" · prepacked linears" if prepacked(model) else "")

@@ -71,7 +71,8 @@ def _with_source(line: str, source: str) -> str:
 def _model_key(model: Module, runner: RunnerConfig) -> dict:
     """A model as a measurement of its passes depends on it: identity, kernels, compiled, cache kind."""
     return {"model": saved.model_identity(model), **kernels.identity(model), "compiled": runner.compiled_for(model),
-            "cache": runner.cache_for(model), **({"llama.cpp": runner.gguf} if runner.gguf is not None else {})}
+            "cache": runner.cache_for(model), **({"llama.cpp": runner.gguf} if runner.gguf is not None else {}),
+            **({"forward": "lean"} if runner.lean_for(model) else {})}
 
 
 def kernels_step(model: Module, role: str, runner: RunnerConfig, options: Options) -> Finding:
@@ -85,11 +86,11 @@ def kernels_step(model: Module, role: str, runner: RunnerConfig, options: Option
         kernels.by_flag(model, options.prepack == "on")
         return Finding(None, "", GIVEN if options.prepack != "auto" else FIXED)
     key = {**machine_key(), "model": saved.model_identity(model), "context": 64, "repeats": 3, "max_rows": 12,
-           "plan": "by width", "skinny": skinny.identity()}
+           "plan": "one family", "skinny": skinny.identity(), **({"forward": "lean"} if runner.lean_for(model) else {})}
 
     def measure() -> Tuple[dict, bool]:
         budget = _budget("prepack", f"the {role}'s kernels ({timing.kernel_options_text()}, 1-12 positions, 3 rounds", options, model)
-        choice, line = kernels.decide(model, timing.measure_kernels(model, budget=budget), budget)
+        choice, line = kernels.decide(model, timing.measure_kernels(model, budget=budget, runner=runner), budget)
         budget.finish()
         seconds = {o: list(t) for o, t in choice.seconds.items()} if choice is not None else None
         return {"seconds": seconds, "line": line}, budget.stopped
@@ -121,9 +122,11 @@ def cache_step(model: Module, role: str, options: Options) -> Finding:
 
 
 def model_step(model: Module, role: str, runner: RunnerConfig, options: Options) -> ModelMeasured:
-    """One model's kernels, then (``--cache auto``, eager on CPU) its KV cache kind, put in its runner."""
+    """One model's kernels, then (``--cache auto``, eager on CPU, transformers' forward) its KV cache
+    kind, put in its runner; the lean forward (``runners.lean``) has one cache kind, static."""
     found = kernels_step(model, role, runner, options)
-    if options.cache != "auto" or runner.compiled_for(model) or runner.gguf is not None or model_device(model).type != "cpu":
+    if (options.cache != "auto" or runner.compiled_for(model) or runner.gguf is not None or model_device(model).type != "cpu"
+            or runner.lean_for(model)):
         return ModelMeasured(role, runner, found)
     cache = cache_step(model, role, options)
     return ModelMeasured(role, runner.with_(cache=cache.value), found, cache)

@@ -237,17 +237,18 @@ def kernel_options_text() -> str:
 
 @torch.no_grad()
 def measure_kernels(model: Module, max_rows: int = 12, context: int = 64, repeats: int = 3,
-                    budget: Optional[Budget] = None) -> Optional[KernelChoice]:
+                    budget: Optional[Budget] = None, runner: RunnerConfig = EAGER) -> Optional[KernelChoice]:
     """Time cached passes over 1..``max_rows`` positions with the model's float32 CPU linear layers on
     each kernel option: prepacked, its own, and the skinny kernel where it builds here (interleaved,
     each option's pass back to back with the others'; medians). None when nothing can be prepacked
     (other dtypes, devices, no oneDNN), or a ``budget`` ran out before every option had a pass timed;
-    cut short later, the positions timed under all (``budget.note``). The model's kernels are as before."""
+    cut short later, the positions timed under all (``budget.note``). The model's kernels are as before.
+    ``runner``: the configuration the passes run under (its forward: lean or transformers')."""
     if not prepackable(model):
         return None
     options = kernel_options()
     n = len(options)
-    timer = PassTimer(model, context, max_rows, budget=budget)
+    timer = PassTimer(model, context, max_rows, budget=budget, runner=runner)
     passes = [(_UnderKernels(timer, option), rows) for rows in range(1, max_rows + 1) for option in options]
     if budget is not None and not budget.exhausted():
         # a one-position pass on each option tells what the whole measurement costs on this machine

@@ -3,6 +3,8 @@ decoding loop calls. ``make_runner`` is the one place that picks which runner a 
 
     base.py        the ``Runner`` protocol: ``__call__``, ``rollback``, ``tree_pass``, ``keep_branch``
     eager.py       ``KVCacheModel``: the model's own forward, dynamic or static cache, encoder-decoder too
+    lean.py        ``LeanRunner``: the Llama family's forward (``models.llama``) over its own static cache;
+                   the default eager runner of the models it covers (``lean_unsupported``)
     compiled.py    ``CompiledRunner``: ``torch.compile``d passes in buckets over a pooled static cache
     compile_cache.py  inductor's on-disk caches in the project's cache folder (compile once per machine)
     beams.py       ``BeamRunner``: a batch of beams over one cache, for beam search (not a ``Runner``)
@@ -12,7 +14,7 @@ decoding loop calls. ``make_runner`` is the one place that picks which runner a 
     prepacking.py  prepacked (oneDNN) linear layers, the model's own modules
     llama_cpp.py   ``LlamaCppRunner``: a GGUF target on llama.cpp's kernels (llama-cpp-python, optional)
     llama_model.py a GGUF file loaded by llama.cpp (``GGUFModel``: its config) and its one context
-    config.py      ``RunnerConfig``: which cache, compiled or not; carried in ``GenerationConfig``
+    config.py      ``RunnerConfig``: which cache, compiled or not, whose forward; carried in ``GenerationConfig``
     cache_kind.py  the cache names and the device's default
     device.py      ``model_device``, ``synchronize``
 
@@ -33,6 +35,7 @@ from runners.config import EAGER, RunnerConfig
 from runners.device import model_device, synchronize
 from runners.dynamic import prune_cache, prune_dynamic_cache, prune_tuple_cache
 from runners.eager import KVCacheModel
+from runners.lean import LeanRunner, lean_unsupported
 from runners.prepacking import PrepackedLinear, drop_prepacked, kernels, prepack_fits, prepackable, prepacked, set_prepack
 from runners.trees import gather_branch, tree_depths, tree_mask, tree_unsupported
 
@@ -41,7 +44,8 @@ def make_runner(model: Module, use_cache: bool = True, encoder_input_ids: Option
                 config: RunnerConfig = EAGER) -> Runner:
     """The runner the loops use for ``model`` under ``config``: llama.cpp's over ``config.gguf`` when it
     names a GGUF file, compiled passes when it asks for them and the model can take them with a cache,
-    else the eager ``KVCacheModel`` with its cache kind."""
+    the lean forward (``LeanRunner``) for an eager cached run of a Llama-family model (``config.lean_for``),
+    else the eager ``KVCacheModel`` (transformers' forward) with its cache kind."""
     if config.gguf is not None:
         if not use_cache or encoder_input_ids is not None:
             raise ValueError("llama.cpp's runner decodes decoder-only models with their KV cache (use_cache on)")
@@ -50,13 +54,15 @@ def make_runner(model: Module, use_cache: bool = True, encoder_input_ids: Option
         return LlamaCppRunner(config.gguf, model)
     if use_cache and encoder_input_ids is None and config.compiled_for(model):
         return CompiledRunner(model)
+    if use_cache and encoder_input_ids is None and config.lean_for(model):
+        return LeanRunner(model)  # forward="lean" for a model outside the family: refused here, with its reason
     return KVCacheModel(model, use_cache, encoder_input_ids=encoder_input_ids, cache=config.cache)
 
 
 __all__ = [
-    "BUCKETS", "CACHES", "DEFAULT_CPU_CACHE", "EAGER", "RunnerConfig", "BeamRunner", "CompiledRunner", "KVCacheModel", "PrepackedLinear",
+    "BUCKETS", "CACHES", "DEFAULT_CPU_CACHE", "EAGER", "RunnerConfig", "BeamRunner", "CompiledRunner", "KVCacheModel", "LeanRunner", "PrepackedLinear",
     "Runner", "bucket", "compile_events", "compile_source", "compiled_graphs", "compiled_label", "default_cache",
-    "drop_prepacked", "gather_branch", "kernels", "make_runner", "model_device", "prepack_fits", "prepackable",
+    "drop_prepacked", "gather_branch", "kernels", "lean_unsupported", "make_runner", "model_device", "prepack_fits", "prepackable",
     "prepacked", "prepare", "prune_cache", "prune_dynamic_cache", "prune_tuple_cache", "runner_cache",
     "set_prepack", "synchronize", "tree_depths", "tree_mask", "tree_unsupported", "why_not_compiled",
 ]

@@ -6,6 +6,8 @@ from typing import Optional
 
 from torch.nn import Module
 
+from models.llama import lean_unsupported
+
 from runners.cache_kind import check_cache, runner_cache
 from runners.device import model_device
 from runners.static import static_cache
@@ -18,19 +20,34 @@ class RunnerConfig:
     ``DEFAULT_CPU_CACHE`` on CPU). ``compile``: compiled passes over a static cache
     (``runners.compiled``) where the model can take them, else eager passes. ``gguf``: the path of a
     GGUF file whose llama.cpp kernels run the passes instead (``runners.llama_cpp``, the model then
-    only says what the loops read of it: its config and vocabulary); None: torch runs them."""
+    only says what the loops read of it: its config and vocabulary); None: torch runs them.
+    ``forward``: whose forward an eager run with a cache takes: "lean" (``runners.lean``, the Llama
+    family's own over a static cache; refused with its reason for another model), "transformers"
+    (the model's own, ``KVCacheModel``), or "auto": lean where ``lean_unsupported`` finds nothing and
+    no dynamic cache is asked for, else transformers'."""
 
     cache: Optional[str] = None
     compile: bool = False
     gguf: Optional[str] = None
+    forward: str = "auto"
 
     def __post_init__(self):
         check_cache(self.cache)
         object.__setattr__(self, "compile", bool(self.compile))
+        if self.forward not in FORWARDS:
+            raise ValueError(f"forward must be one of {', '.join(FORWARDS)}, got {self.forward!r}")
 
     def cache_for(self, model: Module) -> str:
-        """The cache a runner of ``model`` starts with under this configuration (llama.cpp's: static)."""
-        return "static" if self.gguf is not None else runner_cache(model, self.cache)
+        """The cache a runner of ``model`` starts with under this configuration (llama.cpp's and the lean forward's: static)."""
+        return "static" if self.gguf is not None or self.lean_for(model) else runner_cache(model, self.cache)
+
+    def lean_for(self, model: Module) -> bool:
+        """Whether ``model``'s eager cached passes run the lean forward (``runners.lean``) under this configuration."""
+        if self.forward == "transformers" or self.gguf is not None or self.compiled_for(model):
+            return False
+        if self.forward == "lean":
+            return True  # make_runner refuses a model outside the family, with its reason
+        return self.cache != "dynamic" and lean_unsupported(model) is None
 
     def compiled_for(self, model: Module) -> bool:
         """Whether ``model``'s runner runs compiled passes under this configuration (never on llama.cpp)."""
@@ -48,9 +65,15 @@ class RunnerConfig:
             model = gguf_model(self.gguf)
             caveat = "" if model.exact else ", with llamafile's kernels: passes of 1 and of 2+ positions round apart"
             return f"llama.cpp ({model.weights} GGUF kernels{caveat})"
-        return f"{self.cache_for(model)} KV cache · " + ("compiled" if self.compiled_for(model) else "eager")
+        return f"{self.cache_for(model)} KV cache · " + ("compiled" if self.compiled_for(model) else "eager") + self.forward_note(model)
+
+    def forward_note(self, model: Module) -> str:
+        """" · lean Llama forward" where the lean forward runs ``model``'s eager passes, else ""."""
+        return f" · {LEAN_LABEL}" if self.lean_for(model) else ""
 
 
+FORWARDS = ("auto", "lean", "transformers")
+LEAN_LABEL = "lean Llama forward"  # the headers' name of ``runners.lean``'s passes
 EAGER = RunnerConfig()
 
 

@@ -41,7 +41,8 @@ def test_benchmark_writes_runs_summary_tables_and_plots_with_no_greedy_divergenc
     # and what the start-up measured and chose (``measure.Measured.as_dict``): one record, written with every run
     measured = records[0]["measured"]
     assert all(r["measured"] == measured for r in records) and measured["drafter"] is not None
-    assert measured["target"]["cache"]["value"] in ("static", "dynamic") and measured["target"]["kernels"]["source"] in ("measured", "remembered")
+    # the tiny Llama target runs the lean forward (runners.lean): one cache kind, none measured
+    assert measured["target"]["cache"] is None and measured["target"]["kernels"]["source"] in ("measured", "remembered")
     assert measured["row_costs"]["line"].startswith("Verification cost by positions 1..12") and measured["draft_cost"]["value"] > 0
     summary = list(csv.DictReader((out / "summary.csv").open()))
     baseline = [row for row in summary if row["config"] == "target"]

@@ -11,14 +11,15 @@ from runners import KVCacheModel, prune_cache
 
 
 class FedTokens:
-    """Records how many tokens each forward pass of a model is fed."""
+    """Records how many tokens each forward pass of a model is fed: read at its input embeddings, which
+    transformers' forward and the lean one (``runners.lean``) both call with the pass's ids ``[1, r]``."""
 
     def __init__(self, model):
         self.sizes = []
-        self.handle = model.register_forward_pre_hook(self.hook, with_kwargs=True)
+        self.handle = model.get_input_embeddings().register_forward_pre_hook(self.hook, with_kwargs=True)
 
     def hook(self, module, args, kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
+        ids = kwargs.get("input", args[0] if args else None)
         self.sizes.append(ids.shape[1])
 
     def remove(self):

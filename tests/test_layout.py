@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Dict, List, Set
 
 ROOT = Path(sys.argv[1]).resolve() if __name__ == "__main__" and len(sys.argv) > 1 else Path(__file__).resolve().parents[1]
-PACKAGES = ("app", "runners", "drafters", "eagle", "sampling", "ngram_assisted", "measure", "utils", "scripts")
+PACKAGES = ("app", "models", "runners", "drafters", "eagle", "sampling", "ngram_assisted", "measure", "utils", "scripts")
 
 # Cycles allowed to remain: none since the drafters moved to drafters/ and the runners to runners/
 # (issue 28). The list may only shrink; a new cycle fails.

@@ -78,9 +78,11 @@ def test_empty_prompt_is_refused(models):
 
 
 class CountingCalls:
+    """Counts the models' passes, at their input embeddings (transformers' forward and the lean one both call them)."""
+
     def __init__(self, *models):
         self.calls = 0
-        self.handles = [m.register_forward_pre_hook(self.hook) for m in models]
+        self.handles = [m.get_input_embeddings().register_forward_pre_hook(self.hook) for m in models]
 
     def hook(self, *args):
         self.calls += 1

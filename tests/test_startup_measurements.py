@@ -14,8 +14,12 @@ from measure import budgets, machine, saved, steps, timing
 from measure.costs import costs_line
 from measure.kernels import OWN, PREPACKED
 from measure.record import FIXED, GIVEN, MEASURED, REMEMBERED
-from runners.config import EAGER
+from runners.config import EAGER, RunnerConfig
 from sampling import DraftPolicy
+
+
+# transformers' forward, whose KV cache kind is measured (the lean forward has one kind: static)
+TRANSFORMERS = RunnerConfig(forward="transformers")
 
 
 def slow_clock(step: float = 10.0):
@@ -57,7 +61,7 @@ def quiet(**options) -> Options:
 
 def test_a_measurement_past_its_budget_falls_back_and_says_so(model):
     said, say = lines()
-    measured = startup(model, EAGER, Options(clock=slow_clock(), say=say))
+    measured = startup(model, TRANSFORMERS, Options(clock=slow_clock(), say=say))
     cache = measured.target.cache
     assert cache.line == "dynamic KV cache (fallback: measurement over its 3 s budget)"
     assert cache.value == measured.target.runner.cache == "dynamic" and cache.source == MEASURED and cache.noisy
@@ -67,6 +71,14 @@ def test_a_measurement_past_its_budget_falls_back_and_says_so(model):
     assert said == ["Measuring the target's KV cache (static and dynamic, 7 rounds, budget 3 s) ...",
                     "Measuring verification costs (1-12 positions, budget 5 s) ..."]
     assert measured.noisy() and measured.lines() == [rows.line]
+
+
+def test_the_lean_forward_measures_no_cache_kind(model):
+    """A Llama-family model runs the lean forward by default (``runners.lean``): one cache kind, nothing to measure."""
+    said, say = lines()
+    measured = startup(model, EAGER, Options(clock=slow_clock(), say=say))
+    assert measured.target.cache is None and measured.notes("target") == {} and measured.target.runner == EAGER
+    assert said == ["Measuring verification costs (1-12 positions, budget 5 s) ..."]
 
 
 def test_a_verification_curve_cut_short_keeps_the_positions_timed_and_extrapolates_the_rest(model, monkeypatch):
@@ -202,7 +214,7 @@ def test_progress_is_drawn_by_the_app_on_a_terminal_and_measure_prints_nothing(m
     assert "3/12 passes" in err and err.endswith("12/12 passes\r\033[K\r\033[K")
     assert measure_options().progress is None  # stderr is no terminal here
     said, say = lines()
-    startup(model, EAGER, Options(clock=slow_clock(), say=say))
+    startup(model, TRANSFORMERS, Options(clock=slow_clock(), say=say))
     printed = capsys.readouterr()
     assert printed.out == printed.err == "" and len(said) == 2  # its lines went to say, and nowhere else
 
@@ -323,7 +335,7 @@ def test_costs_given_by_a_flag_are_checked_before_anything_is_measured_and_named
 def test_the_record_is_immutable_and_its_dict_is_json(model, monkeypatch):
     fake_passes(monkeypatch)
     drafter = llama(window=512, layers=1)
-    measured = startup(model, EAGER, quiet(), drafter=drafter)
+    measured = startup(model, TRANSFORMERS, quiet(), drafter=drafter)
     with pytest.raises(AttributeError):
         measured.costs = None
     record = json.loads(json.dumps(measured.as_dict()))

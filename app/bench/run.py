@@ -39,7 +39,7 @@ class Bench:
                                   cache=args.cache, prepack=args.prepack, compile=args.compile,
                                   measure_dtype=preset.get("measure_dtype", False), remeasure=args.remeasure,
                                   chat=not args.no_chat, calibrate=not args.no_calibrate, row_costs=args.row_costs,
-                                  runner=args.runner)
+                                  runner=args.runner, forward=args.forward)
             pair = load_pair(args.target or preset.get("target"), args.drafter or preset.get("drafter"), options)
         except SetupError as error:
             raise SystemExit(f"error: {error}") from None

@@ -103,7 +103,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         options = LoadOptions(args.device, args.drafter_device, args.dtype, args.quantize, args.drafter_quantize,
                               args.trust_remote_code, args.cache, args.prepack, args.compile,
                               measure_dtype=preset.get("measure_dtype", False), remeasure=args.remeasure, chat=not args.no_chat,
-                              calibrate=not args.no_calibrate, row_costs=args.row_costs, runner=args.runner)
+                              calibrate=not args.no_calibrate, row_costs=args.row_costs, runner=args.runner,
+                              forward=args.forward)
         pair = load_pair(args.target, args.drafter, options, say)
     except SetupError as error:
         fail(str(error))

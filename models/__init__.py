@@ -1,0 +1,6 @@
+"""Model families' forwards written out, gpt-fast style, over a Hugging Face model's own weights:
+one file per family, read top to bottom, run by ``runners.lean.LeanRunner``.
+
+    llama.py   the Llama family (Llama, SmolLM2, Qwen2/Qwen2.5, Mistral without a sliding window):
+               RMSNorm, RoPE, grouped-query attention over a static KV cache written by position
+"""

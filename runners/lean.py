@@ -1,0 +1,89 @@
+"""``LeanRunner``: the Llama family's own forward (``models.llama``) over a static KV cache it owns,
+behind the ``runners.base.Runner`` interface; the default eager runner of the models it covers
+(``lean_unsupported``: why another model keeps transformers' forward in ``KVCacheModel``)."""
+from typing import Optional
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+
+from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache
+from runners.config import LEAN_LABEL as LABEL
+from runners.device import model_device
+from runners.static import grown_capacity
+from runners.trees import TreePasses, compute_dtype
+
+
+class LeanRunner(TreePasses):
+    """A ``runners.Runner`` over ``models.llama.LlamaForward``: ``runner(ids, n_last)`` returns the
+    logits ``[n_last, V]`` of the last ``n_last`` positions of ``ids`` ``[1, L]``, feeding only
+    ``ids[:, cached:]``; ``rollback(length)`` only moves the write position back (a pass attends to
+    the slots before its own end, so stale ones are never read). The cache holds the first pass's
+    length plus ``runners.static.STATIC_SLACK`` positions, regrown by doubling (copying what it
+    holds). Tree passes (``TreePasses``) attend over the slots ``< cur + N`` with the tree mask."""
+
+    cache_kind = "static"
+    use_cache = True
+
+    def __init__(self, model: Module):
+        self.forward = LlamaForward(model)  # refuses a model outside the family, with its reason
+        self.model = model
+        self.device = model_device(model)
+        self.dtype = compute_dtype(model)
+        self.cache: Optional[KVCache] = None
+        self.capacity = 0
+        self.cached = 0
+        self.forward_passes = 0
+        self.hidden_layers: tuple = ()  # runners.base.Runner: hidden states kept with each pass
+        self.hidden: Optional[Tensor] = None
+        self.hidden_start = 0
+
+    def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
+        length, start = ids.shape[1], self.cached
+        if length - start < n_last:
+            raise RuntimeError(f"asked for {n_last} logits but only {length - start} positions are new")
+        self._reserve(length)
+        new = ids[0, start:length].to(self.device, non_blocking=True)
+        positions = torch.arange(start, length, device=self.device)
+        logits = self._run(new, positions, start, n_last, None)
+        self.cached = length
+        return logits
+
+    def rollback(self, length: int) -> None:
+        """Forget the cached positions ``length`` and after (no-op when they are not cached)."""
+        if self.cached > length:
+            self.cached = length
+
+    def _reserve(self, length: int) -> None:
+        """Make the cache hold ``length`` positions: allocate it, or regrow it (copying what it holds)."""
+        if length <= self.capacity:
+            return
+        capacity = grown_capacity(length, self.capacity)
+        cache = new_cache(self.model, capacity, self.dtype, self.device)
+        if self.cache is not None:
+            for old, new in zip(self.cache.layers, cache.layers):
+                new.keys[:, :, : self.cached].copy_(old.keys[:, :, : self.cached])
+                new.values[:, :, : self.cached].copy_(old.values[:, :, : self.cached])
+        self.cache, self.capacity = cache, capacity
+
+    @torch.no_grad()
+    def _run(self, ids: Tensor, positions: Tensor, start: int, n_last: int, mask: Optional[Tensor]) -> Tensor:
+        """One pass of ``ids`` ``[r]`` at ``positions`` into slots ``start..``; logits ``[n_last, V]``."""
+        logits, hidden = self.forward(ids, positions, self.cache, start, n_last, mask, self.hidden_layers)
+        self.forward_passes += 1
+        if self.hidden_layers:
+            self.hidden, self.hidden_start = hidden, start
+        return logits
+
+    # ---- draft trees (``TreePasses``): the tree's mask spans the slots < cur + N ----
+    def _tree_room(self, length: int) -> int:
+        self._reserve(length)
+        return length
+
+    def _tree_forward(self, kwargs: dict, start: int, n: int) -> Tensor:
+        """Logits ``[1 + n, V]`` of the tree pass ``kwargs`` (``runners.trees.tree_inputs``) from ``start``."""
+        ids, positions = kwargs["input_ids"][0], kwargs["position_ids"][0]
+        return self._run(ids, positions, start, n + 1, kwargs["attention_mask"])
+
+
+__all__ = ["LABEL", "LeanRunner", "lean_unsupported"]
