@@ -6,8 +6,11 @@ rate of depth ``d`` is the *conditional* acceptance of the ``d``-th draft given 
 before it were accepted, learned from each step (depths ``1..n`` accepted, depth ``n + 1``
 rejected, deeper ones unobserved), and, when the drafter reports it, per bucket of its evidence
 (``Drafter.evidence``: a matched context's length, on a log2 scale). Each estimate is shrunk
-toward its parent (bucket -> depth -> the policy's pooled rate) by ``PRIOR`` pseudo-observations,
-so a cell seen once or twice cannot swing a length, and one never seen is its parent.
+toward its parent by ``PRIOR`` pseudo-observations, so a cell seen once or twice cannot swing a
+length, and one never seen is its parent: a bucket's depth toward that depth over every bucket,
+a depth toward the depth before it, depth 1 toward the policy's pooled rate. A depth never
+drafted is thus guessed from the deepest one seen (a copy accepted 5 deep is likely 6 deep), so
+the policy tries it, and learns it, instead of holding at the pooled rate's length.
 """
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -37,15 +40,18 @@ class DepthAcceptance:
     def rate(self, depth: int, prior: float, evidence: Optional[int] = None) -> float:
         """Estimated acceptance of the ``depth``-th draft (1-based) given the ones before it were
         accepted; ``prior``: the pooled rate it shrinks toward; ``evidence``: the draft's own."""
-        rate = self._shrunk((ANY, depth), prior)
+        rate = prior
+        for level in range(1, depth + 1):
+            rate = self._shrunk((ANY, level), rate)
         return rate if evidence is None else self._shrunk((bucket(evidence), depth), rate)
 
     def expected(self, drafts: int, prior: float, evidence: Optional[Sequence[int]] = None) -> List[float]:
         """Expected tokens of a step drafting ``k`` tokens, for every ``k`` in ``0..drafts`` (the
         accepted run plus the target's own token: ``1 + sum_d prod_{j <= d} rate(j)``)."""
-        out, chain = [1.0], 1.0
+        out, chain, rate = [1.0], 1.0, prior
         for depth in range(1, drafts + 1):
-            chain *= self.rate(depth, prior, None if evidence is None else evidence[depth - 1])
+            rate = self._shrunk((ANY, depth), rate)  # the depth's own, toward the one before it
+            chain *= rate if evidence is None else self._shrunk((bucket(evidence[depth - 1]), depth), rate)
             out.append(out[-1] + chain)
         return out
 
