@@ -91,7 +91,7 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
             proposed, q = drafter.propose(ids, tokens, asked)
             if q is not None and proposed < min(k, policy.min_draft):
                 raise RuntimeError("a drafter with probabilities stopped before min_draft drafts: dropping them would bias sampling")
-            if q is None and asked > k:  # deterministic drafts: cutting them never changes what is accepted
+            if q is None and drafter.reports_evidence:  # deterministic drafts: cutting them changes nothing accepted
                 proposed = policy.trim(proposed, drafter.evidence(), k, end - cur)
             k = policy.keep(proposed)
             q = q[:k] if q is not None else None
