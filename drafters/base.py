@@ -24,6 +24,8 @@ class Drafter:
     a distribution, verified by multi-step speculative sampling). ``step_cost``: a draft's cost
     relative to a one-position target pass, when the drafter was measured itself (a learned head);
     None: the policy's ``draft_cost`` (the drafter model's) for one that is not cheap.
+    ``reports_evidence``: ``evidence`` tells what backs each draft of the last ``propose``; a cheap
+    one is then asked for up to the step's bound and the policy cuts by that evidence.
     """
 
     cheap: bool = True
@@ -31,6 +33,7 @@ class Drafter:
     memory_key: Any = None
     supports_trees: bool = False
     tree_probs: bool = False
+    reports_evidence: bool = False
 
     def attach(self, target: Any) -> None:
         """Before the first step: the target's runner (``runners.Runner``) this generation verifies
@@ -60,6 +63,12 @@ class Drafter:
         """For the last ``propose_tree``: each node's estimated chance of being accepted (the product
         along its path), which the tree loop weighs against pass costs; None: the loop estimates
         from the sibling ranks it has seen accepted. Used for deterministic drafts only."""
+        return None
+
+    def evidence(self) -> List[int] | None:
+        """For the last ``propose``: what backs each draft, an int that grows with the chance of its
+        acceptance (a matched context's length), which the policy keys its acceptance by depth on;
+        None: nothing to tell (the policy uses depth alone). Deterministic drafts only."""
         return None
 
     def sources(self, nodes: List[int], path: List[int]) -> List[str]:
@@ -101,6 +110,7 @@ class Structural(Drafter):
         self.memory_key = getattr(inner, "memory_key", None)
         self.tree_probs = hasattr(inner, "propose_tree_with_probs")
         self.supports_trees = self.tree_probs or hasattr(inner, "propose_tree")
+        self.reports_evidence = bool(getattr(inner, "reports_evidence", False))
 
     def _call(self, name: str, *args):
         method = getattr(self.inner, name, None)
@@ -123,6 +133,9 @@ class Structural(Drafter):
 
     def estimates(self):
         return self._call("estimates")
+
+    def evidence(self):
+        return self._call("evidence")
 
     def sources(self, nodes, path):
         return self._call("sources", nodes, path)

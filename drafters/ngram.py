@@ -30,19 +30,29 @@ class NGramDrafter(Drafter):
         self.storage = storage
         self.filler_top_k = filler_top_k
         self.stop_if_unknown = stop_if_unknown
+        self._matched = matched_reader(storage)
+        self.reports_evidence = self._matched is not None
+        self._evidence: List[int] | None = None
 
     def propose(self, ids: Tensor, tokens: List[int], k: int) -> Tuple[int, None]:
         context = tokens[max(0, len(tokens) - self.storage.n + 1) :]
         drafts: List[int] = []
+        evidence: List[int] = []  # each draft's matched context length (0: a random filler)
         for _ in range(k):
-            token = self.storage.predict(context)
+            token, matched = self._matched(context) if self._matched is not None else (self.storage.predict(context), 1)
             if token is None:
                 if self.stop_if_unknown:
                     break
-                token = int(torch.randint(self.storage.vocab_size, ()))
+                token, matched = int(torch.randint(self.storage.vocab_size, ())), 0
             drafts.append(token)
+            evidence.append(matched)
             context = context[1:] + [token] if len(context) >= self.storage.n - 1 else context + [token]
+        self._evidence = evidence if self._matched is not None else None
         return write_drafts(ids, len(tokens), drafts), None
+
+    def evidence(self) -> List[int] | None:
+        """Each draft's matched context length in the storage (0: a random filler)."""
+        return self._evidence
 
     def propose_tree(self, tokens: List[int], budget: int) -> Tuple[List[int], List[int]]:
         """Up to ``budget`` nodes and their parents (-1: the root): the most probable branches by the
@@ -99,6 +109,10 @@ class TensorStorageDrafter(NGramDrafter):
 
     supports_trees = False
 
+    def __init__(self, storage, filler_top_k: int = 3, stop_if_unknown: bool = False):
+        super().__init__(storage, filler_top_k, stop_if_unknown)
+        self.reports_evidence = False  # the tensor methods tell no match length
+
     def propose(self, ids: Tensor, tokens: List[int], k: int) -> Tuple[int, None]:
         cur, count = len(tokens), 0
         for i in range(k):
@@ -134,6 +148,13 @@ def ngram_tree_drafter(storage, prompt: List[int], filler_top_k: int = 3) -> NGr
     if not has_int_path(storage):
         raise ValueError("draft trees need a storage with this project's int methods (a CountingNGramStorage)")
     return ngram_drafter(storage, prompt, filler_top_k)
+
+
+def matched_reader(storage):
+    """``storage.predict_matched`` when it answers as the storage's ``predict`` does (both defined
+    by the same class), else None: a storage that overrides ``predict`` alone drafts without evidence."""
+    owner = next((c for c in type(storage).__mro__ if "predict" in vars(c)), None)
+    return storage.predict_matched if owner is not None and "predict_matched" in vars(owner) else None
 
 
 def has_int_path(storage) -> bool:

@@ -89,6 +89,7 @@ class SuffixDrafter(Drafter):
     bound on a match's score skips the hopeless ones)."""
 
     supports_trees = True
+    reports_evidence = True
 
     def __init__(self, prompt: List[int], max_tree_depth: int = 24, max_spec_tokens: int = 24, max_spec_factor: float = 1.0,
                  max_spec_offset: float = 0.0, min_token_prob: float = 0.1, memory: SuffixMemory | None = None):
@@ -101,6 +102,7 @@ class SuffixDrafter(Drafter):
         self.seen = 0
         self._sync(prompt)
         self.last_match = 0  # the match length of the last draft (0: none)
+        self._drafted = 0  # drafts of the last chain
 
     def _sync(self, tokens: List[int]) -> None:
         """Add ``tokens[self.seen:]`` to the tries' views (the tokens only ever grow)."""
@@ -142,7 +144,13 @@ class SuffixDrafter(Drafter):
         return nodes, parents
 
     def propose(self, ids: Tensor, tokens: List[int], k: int) -> Tuple[int, None]:
-        return write_drafts(ids, len(tokens), self.draft(tokens, k)), None
+        drafts = self.draft(tokens, k)
+        self._drafted = len(drafts)
+        return write_drafts(ids, len(tokens), drafts), None
+
+    def evidence(self) -> List[int]:
+        """Each draft of the last chain: the length of the match it continues."""
+        return [self.last_match] * self._drafted
 
     # accept, accept_tree: the base's (nothing): the next proposal adds the emitted tokens
 

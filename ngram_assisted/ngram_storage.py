@@ -99,6 +99,14 @@ class CountingNGramStorage(INgramStorage):
                 return entry.best
         return None
 
+    def predict_matched(self, tokens: Sequence[int]) -> Tuple[int | None, int]:
+        """``predict``'s token and the length of the context it was found after (0: unknown)."""
+        for j in self.context_lengths(len(tokens)):
+            entry = self.table(j).get(tuple(tokens[len(tokens) - j :]))
+            if entry is not None:
+                return entry.best, j
+        return None, 0
+
     def add(self, context: Sequence[int], tokens: Iterable[int]) -> None:
         """Count each of ``tokens`` once as a continuation of ``context`` (its last n - 1 tokens)."""
         tokens = list(tokens)

@@ -160,6 +160,10 @@ class TieredStorage(CountingNGramStorage):
         token = self.primary.predict(tokens)
         return token if token is not None else self.fallback.predict(tokens)
 
+    def predict_matched(self, tokens: Sequence[int]) -> Tuple[int | None, int]:
+        found = self.primary.predict_matched(tokens)
+        return found if found[0] is not None else self.fallback.predict_matched(tokens)
+
     def add(self, context: Sequence[int], tokens: Iterable[int]) -> None:
         self.primary.add(context, tokens)
 

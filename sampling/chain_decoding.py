@@ -86,9 +86,13 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
         if k < policy.min_draft:  # decided before drawing any draft, so no sample is discarded
             k = 0
         if k > 0:
-            proposed, q = drafter.propose(ids, tokens, k)
+            # a cheap drafter that reports its evidence drafts to the bound, cut below by that evidence
+            asked = min(policy.ask(k), end - cur - 1, drafter.max_drafts(cur)) if drafter.cheap and drafter.reports_evidence else k
+            proposed, q = drafter.propose(ids, tokens, asked)
             if q is not None and proposed < min(k, policy.min_draft):
                 raise RuntimeError("a drafter with probabilities stopped before min_draft drafts: dropping them would bias sampling")
+            if q is None and drafter.reports_evidence:  # deterministic drafts: cutting them changes nothing accepted
+                proposed = policy.trim(proposed, drafter.evidence(), k, end - cur)
             k = policy.keep(proposed)
             q = q[:k] if q is not None else None
         drafted_at = time.perf_counter()

@@ -5,7 +5,9 @@ the calibrated policy built from the measured costs (``measure``).
 ``PolicySettings`` holds its values alone, frozen (a run's configuration keeps those, and each
 generation gets a ``DraftPolicy`` made from them, with the memory its run keeps: ``policy``)."""
 from dataclasses import asdict, dataclass, field, fields, make_dataclass
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
+
+from sampling.depth_acceptance import DepthAcceptance
 
 if TYPE_CHECKING:
     from torch.nn import Module
@@ -16,6 +18,8 @@ if TYPE_CHECKING:
 # Cost-aware pausing threshold of the calibrated policy: drafting pauses while a drafting step
 # emits fewer tokens than its verification pass costs in single-token passes (1.0 = break-even).
 DEFAULT_MIN_GAIN = 1.0
+# by depth, the estimate must clear min_gain by this factor to overrule the running mean's dip
+CONFIDENT = 1.25
 
 
 @dataclass
@@ -40,7 +44,12 @@ class DraftPolicy:
       of cost instead of tokens, and each step drafts the length ``k <= gamma`` that maximises
       expected tokens per unit of cost, ``(1 - a^(k+1)) / (1 - a) / cost(k)`` (Leviathan et al.
       2023, section 3.5), with ``a`` the recent per-draft acceptance rate (cheap drafters may go
-      past ``gamma``, up to the longest measured pass).
+      past ``gamma``, up to the longest measured pass). With ``by_depth`` the expected tokens
+      come from the chain of each depth's own acceptance instead (``depth_acceptance``), so a
+      long verbatim copy drafts long while a drafter whose first drafts fail stays short; a
+      cheap drafter that reports its evidence (``Drafter.evidence``: a matched context's length)
+      is asked for the step's bound and ``trim`` keeps the cost-optimal count by the acceptance
+      of each depth in its evidence's bucket (deterministic drafts only: lossless).
     * ``min_gain``: cost-aware pausing. A drafting step pays when it emits more tokens than its
       verification pass costs in single-token passes. When the running mean of tokens per
       drafting step (divided by the step's relative cost when ``row_costs`` is known; halved
@@ -78,6 +87,7 @@ class DraftPolicy:
     draft_cost: float = 0.0
     auto: bool = False
     remember: bool = False
+    by_depth: bool = True
     calibration: str = ""  # how row_costs were obtained, for the record (``calibrated``: the costs' line)
 
     def __post_init__(self):
@@ -115,6 +125,8 @@ class DraftPolicy:
         self.paused_steps = 0  # steps spent paused, for the statistics
         self.gain = None  # running mean of tokens emitted per drafting step
         self.hits = self.trials = 0.0  # recent accepted drafts / drafts tried (decaying sums)
+        self.depths = DepthAcceptance()  # per depth and evidence, shrunk toward hits / trials
+        self._evidence: Optional[List[int]] = None  # the trimmed drafts' evidence, for ``update``
         self._key = drafter_key if self.remember and not cheap and self.min_gain else None
         remembered = self._memory.get(self._key) if self._key is not None else None
         if remembered is not None:
@@ -143,7 +155,7 @@ class DraftPolicy:
         if gamma is not None:
             parts.append(f"gamma auto ({gamma} first, up to {max(gamma, self.bound())})" if self.auto else f"gamma <= {gamma}")
         if self.row_costs is not None:
-            parts.append("cost-optimal length, padded passes")
+            parts.append("cost-optimal length" + (" by draft depth and evidence" if self.by_depth else "") + ", padded passes")
         if self.adaptive:
             parts.append("adaptive")
         if self.min_draft:
@@ -173,8 +185,50 @@ class DraftPolicy:
             return 0
         if self.row_costs is None or self.trials == 0:
             return self.gamma
+        return self._best(max(longest or 0, self.gamma))
+
+    def _best(self, most: int, evidence: Optional[Sequence[int]] = None, least: int = 1) -> int:
+        """The count in ``least..most`` with the most expected tokens per unit of cost (the shorter on a tie)."""
         rate = self.hits / self.trials
-        return max(range(1, max(longest or 0, self.gamma) + 1), key=lambda k: (self.expected_tokens(k, rate) / self._cost_of(k), -k))
+        if self.by_depth:
+            expected = self.depths.expected(most, rate, evidence)
+        else:
+            expected = [self.expected_tokens(k, rate) for k in range(most + 1)]
+        return max(range(least, most + 1), key=lambda k: (expected[k] / self._cost_of(k), -k))
+
+    def _deep(self) -> bool:
+        """Whether lengths are cost-optimal by depth now (measured costs, some outcomes seen)."""
+        return self.by_depth and self.row_costs is not None and self.trials > 0
+
+    def _expected_to_pay(self) -> bool:
+        """By depth: whether the best length's expected tokens per unit of cost clear ``min_gain`` by
+        ``CONFIDENT``, which overrules a dip of the short running mean (a long draft's outcomes swing
+        between all and nothing); where drafts do not pay (open text) it does not, and pausing is as before."""
+        if not self._deep():
+            return False
+        most = max(self.gamma, self.bound() or 0)
+        expected = self.depths.expected(most, self.hits / self.trials)
+        return max(expected[k] / self._cost_of(k) for k in range(1, most + 1)) >= CONFIDENT * self.min_gain
+
+    def ask(self, planned: int) -> int:
+        """Drafts to ask of a cheap drafter that reports its evidence when ``planned`` are planned:
+        the step's bound (``gamma``, or ``bound`` with ``auto``), which ``trim`` then cuts."""
+        return max(planned, self.gamma, self.bound() or 0) if planned > 0 and self._deep() else planned
+
+    def trim(self, proposed: int, evidence: Optional[Sequence[int]], planned: int, limit: int) -> int:
+        """How many of ``proposed`` deterministic drafts to verify (``planned``: ``length``'s count):
+        with each draft's ``evidence``, the cost-optimal count by the acceptance of each depth in
+        its evidence's bucket (never below ``min_draft``; a cheap drafter with ``auto`` fills the
+        padded pass, of at most ``limit`` positions); without, at most ``planned``. Decided from
+        the drafts' evidence alone, never from the target: lossless."""
+        self._evidence = None
+        if evidence is None or not self._deep() or proposed == 0 or len(evidence) < proposed:
+            return min(proposed, planned)
+        best = self._best(proposed, evidence, least=min(proposed, max(1, self.min_draft)))
+        if self.auto and not self.per_draft:
+            best = min(proposed, self.rows(best, limit) - 1)
+        self._evidence = list(evidence[:best])
+        return best
 
     def _cost_of(self, drafted: int) -> float:
         """``step_cost(drafted)``, remembered for the generation (it is asked every step)."""
@@ -221,8 +275,11 @@ class DraftPolicy:
 
     def update(self, drafted: int, accepted: int, rows: int | None = None) -> None:
         """Learn from a step that verified ``drafted`` drafts in a pass over ``rows`` positions."""
+        evidence, self._evidence = self._evidence, None
         if drafted == 0:
             return
+        if self.by_depth:
+            self.depths.observe(drafted, accepted, evidence if evidence is not None and len(evidence) >= drafted else None)
         self.hits = 0.7 * self.hits + accepted
         self.trials = 0.7 * self.trials + accepted + (accepted < drafted)
         if self.adaptive:
@@ -232,7 +289,7 @@ class DraftPolicy:
             self.gain = tokens if self.gain is None else (self.gain + tokens) / 2
             if self.gain >= self.min_gain:  # an expensive drafter backs off from long pauses slowly
                 self.next_pause = self.pause_steps if not self.per_draft else max(self.pause_steps, self.next_pause // 2)
-            else:
+            elif not self._expected_to_pay():
                 self.paused, self.gain = self.next_pause, self.min_gain  # probe again after the pause
                 self.next_pause = min(2 * self.next_pause, 64)
             return

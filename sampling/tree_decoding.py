@@ -6,12 +6,13 @@ accepted token; parents come before their children). The target scores every nod
 only the accepted branch (``keep_branch``).
 """
 import time
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 from torch import Tensor
 
 from sampling.config import GenerationConfig, Step
+from sampling.depth_acceptance import DECAY, PRIOR
 from sampling.draft_policy import DraftPolicy
 from sampling.chain_decoding import _loop_start, _on_host, _residual, _tensors
 from sampling.tree_shape import best_prefix, choose_nodes, rank_estimates
@@ -25,7 +26,9 @@ TreeDrafter = Drafter  # what the tree loop needs from a source of draft trees: 
 
 class TreeRecord:
     """What a generation's tree steps showed, per sibling rank (the drafter's order): decaying counts
-    of the levels reached that offered a child of that rank, and of those where it was accepted."""
+    of the levels reached that offered a child of that rank, and of those where it was accepted;
+    and the same per (depth, rank), shrunk toward the rank's pooled rate as the chain policy's
+    acceptance by depth is (``depth_acceptance``): a copy that grows likelier deeper grows deeper trees."""
 
     DECAY = 0.7  # as DraftPolicy's record: recent steps weigh most (counts saturate at 1 / (1 - 0.7))
     PRIOR_WEIGHT = 0.5
@@ -33,15 +36,17 @@ class TreeRecord:
     def __init__(self):
         self.offered: List[float] = []
         self.taken: List[float] = []
+        self.by_depth: Dict[Tuple[int, int], List[float]] = {}  # (depth, rank) -> [taken, offered], decayed per observation
 
-    def rate(self, rank: int) -> float:
-        """Estimated chance that the child of ``rank`` is the one accepted at a level reached. Half
-        a pseudo-observation of ``0.5^(rank + 1)`` keeps it defined, and brings a rank that is no
-        longer verified back toward that prior as its record decays, so it is tried again."""
+    def rate(self, rank: int, depth: int | None = None) -> float:
+        """Estimated chance that the child of ``rank`` is the one accepted at a level reached (at
+        ``depth``, 1 for the root's children, when given). Half a pseudo-observation of
+        ``0.5^(rank + 1)`` keeps it defined, and brings a rank that is no longer verified back toward
+        that prior as its record decays, so it is tried again."""
         prior = 0.5 ** (rank + 1)
-        if rank >= len(self.offered):
-            return prior
-        return (self.taken[rank] + self.PRIOR_WEIGHT * prior) / (self.offered[rank] + self.PRIOR_WEIGHT)
+        pooled = prior if rank >= len(self.offered) else (self.taken[rank] + self.PRIOR_WEIGHT * prior) / (self.offered[rank] + self.PRIOR_WEIGHT)
+        cell = self.by_depth.get((depth, rank)) if depth is not None else None
+        return pooled if cell is None else (cell[0] + PRIOR * pooled) / (cell[1] + PRIOR)
 
     def update(self, children: List[List[int]], path: List[int]) -> None:
         """Learn from one step: the rows the walk reached (the root, then each accepted node) and which child it took."""
@@ -55,6 +60,9 @@ class TreeRecord:
                 self.taken += [0.0] * grow
             for rank in range(len(kids)):
                 self.offered[rank] += 1.0
+                hit = level < len(path) and kids[rank] == path[level]
+                cell = self.by_depth.setdefault((level + 1, rank), [0.0, 0.0])
+                cell[0], cell[1] = DECAY * cell[0] + hit, DECAY * cell[1] + 1.0
             if level < len(path):
                 self.taken[kids.index(path[level])] += 1.0
 

@@ -15,14 +15,16 @@ from sampling.draft_policy import DraftPolicy
 
 
 def rank_estimates(rate, parents: Sequence[int]) -> List[float]:
-    """Each node's estimate from the rate of its sibling rank (``rate(rank)``, e.g. ``TreeRecord.rate``):
-    the product of those rates along its path."""
+    """Each node's estimate from the rate of its sibling rank at its depth (``rate(rank, depth)``,
+    e.g. ``TreeRecord.rate``; depth 1: the root's children): the product of those rates along its path."""
     siblings: dict = {}
     out: List[float] = []
+    depths: List[int] = []
     for parent in parents:
         rank = siblings.get(parent, 0)
         siblings[parent] = rank + 1
-        out.append(rate(rank) * (out[parent] if parent >= 0 else 1.0))
+        depths.append(1 + (depths[parent] if parent >= 0 else 0))
+        out.append(rate(rank, depths[-1]) * (out[parent] if parent >= 0 else 1.0))
     return out
 
 

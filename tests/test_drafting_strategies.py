@@ -178,11 +178,12 @@ def test_a_drafter_models_measured_cost_makes_a_slow_drafter_pause_and_draft_sho
     for policy in (model, cheap):
         policy.update(4, 1, rows=5)  # 2 tokens: pays for the cheap drafter, not for the model (4.0)
     assert model.length() == 0 and cheap.length() > 0
-    outcomes = DraftPolicy(row_costs=costs, draft_cost=0.7)
+    # depth-blind (by depth, 2 of 4 accepted every step says: draft 2, whatever the cost)
+    outcomes = DraftPolicy(row_costs=costs, draft_cost=0.7, by_depth=False)
     outcomes.start(4, cheap=False)
     for _ in range(10):
         outcomes.update(4, 2, rows=5)  # acceptance 2/3: the drafter's passes make short drafts better
-    free = DraftPolicy(row_costs=costs)
+    free = DraftPolicy(row_costs=costs, by_depth=False)
     free.start(4, cheap=False)
     for _ in range(10):
         free.update(4, 2, rows=5)
