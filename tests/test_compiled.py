@@ -115,7 +115,10 @@ def test_a_dropped_runner_gives_its_cache_back_for_the_next(models):
 def test_compile_is_off_by_default_and_follows_the_runner_config(models):
     target, _ = models
     compiled_config = RunnerConfig(compile=True)
-    assert isinstance(make_runner(target), KVCacheModel)
+    from runners import LeanRunner
+
+    assert isinstance(make_runner(target), LeanRunner)  # eager: the lean forward of the Llama family
+    assert isinstance(make_runner(target, config=RunnerConfig(forward="transformers")), KVCacheModel)
     assert isinstance(make_runner(target, config=compiled_config), CompiledRunner)
     assert isinstance(make_runner(target, use_cache=False, config=compiled_config), KVCacheModel)  # no cache: nothing to compile over
     assert not any(name.startswith("_specdec") for name in vars(target)), "no setting is stored on the model"
