@@ -248,7 +248,8 @@ def compile_pays(model, runner) -> str:
 def _compiled_kernels(model, role: str, prepack: bool, say: Say) -> None:
     """The linears a model's graphs call: oneDNN's (``prepack``), the skinny kernel's up to 12 positions
     (``--gemm skinny``, where it builds and the layers are float32 CPU ones; else MKL's, said), or its own."""
-    from runners import compiled, prepackable, set_prepack, skinny
+    from kernels import skinny
+    from runners import compiled, prepackable, set_prepack
 
     if compiled.CPU_GEMM == "skinny" and not prepack:
         built, why = skinny.available()

@@ -17,7 +17,7 @@ Seconds = Callable[[torch.dtype, int, int, int, bool], float]
 
 def matmul_seconds(dtype: torch.dtype, rows: int, inner: int, outer: int, prepacked: bool = False, repeats: int = 5) -> float:
     """Best time of a ``rows x inner`` by ``inner x outer`` product in ``dtype`` (one layer's shape);
-    ``prepacked``: float32 from a weight reordered once for oneDNN, as ``runners.prepacking.PrepackedLinear``."""
+    ``prepacked``: float32 from a weight reordered once for oneDNN, as ``kernels.prepacking.PrepackedLinear``."""
     x = torch.randn(rows, inner).to(dtype)
     w = torch.randn(outer, inner).to(dtype)
     if prepacked and dtype == torch.float32:

@@ -1,15 +1,15 @@
 """The model's kernels: ``KernelChoice`` (what a kernel measurement decides for each pass width: prepacked
 or own float32 CPU linear layers), giving the model that plan, and what a measurement's key says of them.
-The one module of ``measure`` that switches a model's kernels (``runners.prepacking``); the timing that
+The one module of ``measure`` that switches a model's kernels (``kernels.prepacking``); the timing that
 feeds a ``KernelChoice`` is ``measure.timing.measure_kernels``."""
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
 from torch.nn import Module
 
-from runners.prepacking import (OWN, PREPACKED, SKINNY, drop_packed_copies, drop_prepacked, label_plan, plan, plan_label,  # noqa: F401 (label_plan: importable from here)
+from kernels.prepacking import (OWN, PREPACKED, SKINNY, drop_packed_copies, drop_prepacked, label_plan, plan, plan_label,  # noqa: F401 (label_plan: importable from here)
                                 prepack_fits, prepackable, set_prepack)
-from runners import skinny
+from kernels import skinny
 from utils.quantization import model_quantization
 
 PREPACK_MARGIN = 0.95  # prepacking costs a copy of the weights: made only where some pass runs at least 5% faster

@@ -19,7 +19,7 @@ from measure.costs import checked, costs_line, implausible_line, plausible_row_c
 from measure.kernels import KernelChoice
 from measure.machine import machine_key
 from measure.record import FIXED, GIVEN, MEASURED, REMEMBERED, Finding, ModelMeasured, Options
-from runners import skinny
+from kernels import skinny
 from runners.cache_kind import runner_cache
 from runners.config import RunnerConfig
 from runners.device import model_device

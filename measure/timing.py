@@ -18,7 +18,7 @@ from torch.nn import Module
 from measure.kernels import OWN, PREPACKED, SKINNY, KernelChoice, decide
 from measure.record import Clock, Progress
 from runners import DEFAULT_CPU_CACHE, KVCacheModel, kernels, make_runner, prepackable, runner_cache, synchronize
-from runners import skinny
+from kernels import skinny
 from runners.config import EAGER, RunnerConfig
 from runners.limits import context_window, output_vocab_size
 

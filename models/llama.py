@@ -4,7 +4,7 @@ without a sliding window), gpt-fast style: no copy of any weight, no ``Cache`` o
 built by transformers, one preallocated KV cache written by position.
 
 Every linear layer is the model's own module, called as transformers calls it: the project's kernel
-plan (``runners.prepacking.PrepackedLinear`` routing each pass width to MKL, oneDNN or the skinny
+plan (``kernels.prepacking.PrepackedLinear`` routing each pass width to MKL, oneDNN or the skinny
 kernel; quantized layers) applies unchanged. Norms, RoPE and attention follow transformers' own
 arithmetic step for step (RMSNorm in float32, cos/sin per pass in float32, SDPA called as
 transformers' ``sdpa_attention_forward`` calls it), so that logits match its forward bit for bit.

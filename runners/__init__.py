@@ -6,18 +6,17 @@ decoding loop calls. ``make_runner`` is the one place that picks which runner a 
     lean.py        ``LeanRunner``: the Llama family's forward (``models.llama``) over its own static cache;
                    the default eager runner of the models it covers (``lean_unsupported``)
     compiled.py    ``CompiledRunner``: ``torch.compile``d passes in buckets over a pooled static cache
-    compile_cache.py  inductor's on-disk caches in the project's cache folder (compile once per machine)
     beams.py       ``BeamRunner``: a batch of beams over one cache, for beam search (not a ``Runner``)
     static.py      the static cache's operations (allocate, regrow with copy, rollback), shared
     dynamic.py     the dynamic cache's operations and the reference-compatible ``prune_*``
     trees.py       draft trees: depths, the tree mask, a tree pass's inputs, the branch gather
-    prepacking.py  prepacked (oneDNN) linear layers, the model's own modules
     llama_cpp.py   ``LlamaCppRunner``: a GGUF target on llama.cpp's kernels (llama-cpp-python, optional)
     llama_model.py a GGUF file loaded by llama.cpp (``GGUFModel``: its config) and its one context
     config.py      ``RunnerConfig``: which cache, compiled or not, whose forward; carried in ``GenerationConfig``
     cache_kind.py  the cache names and the device's default
     device.py      ``model_device``, ``synchronize``
 
+The kernels they run (the skinny kernel, prepacked layers, compile caches) are in ``kernels/``.
 See docs/runners.md.
 """
 from typing import List, Optional
@@ -36,7 +35,7 @@ from runners.device import model_device, synchronize
 from runners.dynamic import prune_cache, prune_dynamic_cache, prune_tuple_cache
 from runners.eager import KVCacheModel
 from runners.lean import LeanRunner, lean_unsupported
-from runners.prepacking import PrepackedLinear, drop_prepacked, kernels, prepack_fits, prepackable, prepacked, set_prepack
+from kernels.prepacking import PrepackedLinear, drop_prepacked, kernels, prepack_fits, prepackable, prepacked, set_prepack
 from runners.trees import gather_branch, tree_depths, tree_mask, tree_unsupported
 
 

@@ -7,8 +7,8 @@ over a static KV cache kept per model (gpt-fast's ``prefill`` / ``decode_one_tok
   keys and values are written past the sequence and forgotten by moving the write position back.
   A pass over more positions than the largest bucket (a prompt) runs eagerly into the same cache.
 * On CPU: the model's kernels (``set_prepack``): prepacked linears as one opaque call each
-  (``runners.prepacking.packed_linear``), or the model's own with inductor's ``freezing`` (weights
-  become constants, packed for MKL; ``FREEZING``); graphs are kept on disk (``runners.compile_cache``);
+  (``kernels.prepacking.packed_linear``), or the model's own with inductor's ``freezing`` (weights
+  become constants, packed for MKL; ``FREEZING``); graphs are kept on disk (``kernels.compile_cache``);
   on CUDA: CUDA graphs (``mode="reduce-overhead"``), each output cloned before the next replay.
 * The cache is kept per model and reused across prompts and strategies: a runner takes one from
   the model's pool (``_Compiled.caches``) and gives it back when it is dropped; its capacity is a
@@ -27,11 +27,11 @@ from torch.nn import Module
 
 from runners.attention import shared_kv_heads
 from runners.cache_kind import cache_keyword
-from runners.compile_cache import CacheCount, use_compile_cache
+from kernels.compile_cache import CacheCount, use_compile_cache
 from runners.config import why_not_compiled
 from runners.device import model_device
 from runners.hidden import select_hidden
-from runners.prepacking import plan, plan_label, prepacked
+from kernels.prepacking import plan, plan_label, prepacked
 from runners.static import capacity as cache_capacity, carry, set_length, static_cache
 from runners.trees import TreePasses
 
@@ -44,7 +44,7 @@ FREEZING = True
 # both at ~18 GB/s (a pass 2x faster), but building them takes inductor ~17 min for the embedded model's
 # six pass lengths, at every start (frozen graphs bypass its cache), against ~4 min with MKL; "skinny":
 # the linears unfrozen, each one opaque call (``packed_linear``) to the skinny kernel up to 12 positions
-# (``runners.skinny``: every core, the weight read once) and MKL past them (``SKINNY_ROUTE``), so the
+# (``kernels.skinny``: every core, the weight read once) and MKL past them (``SKINNY_ROUTE``), so the
 # graphs are not frozen and inductor's disk cache keeps them
 CPU_GEMM = "mkl"
 GEMMS = ("mkl", "templates", "skinny")
@@ -322,7 +322,7 @@ def prepare(model: Module, length: int = MIN_CAPACITY - BUCKETS[-1], say: Callab
 
 def compile_source(model: Module) -> str:
     """Where the last ``prepare`` of ``model`` got its graphs: "cached" (all from the disk, see
-    ``runners.compile_cache``), "fresh", "partly cached", or "" when it built nothing."""
+    ``kernels.compile_cache``), "fresh", "partly cached", or "" when it built nothing."""
     state = _STATE.get(model)
     return state.cache_count.source if state is not None else ""
 

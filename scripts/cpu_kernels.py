@@ -92,12 +92,12 @@ def main() -> None:
     for rows in (2, 5, 8, 12):
         ms = median_ms(layers_run(weights, rows))
         print(f"| the same, {rows} rows, MKL | {ms:.1f} | {megabytes / ms:.1f} |")
-    from runners import skinny
+    from kernels import skinny
 
     if skinny.available()[0]:
         for rows in (1, 2, 5, 8, 12):
             ms = median_ms(layers_run(weights, rows, linear=lambda x, w: skinny.skinny_linear(x, w, None)))
-            print(f"| the same, {rows} row(s), the skinny kernel (`runners/skinny_gemm.c`) | {ms:.1f} | {megabytes / ms:.1f} |")
+            print(f"| the same, {rows} row(s), the skinny kernel (`kernels/skinny_gemm.c`) | {ms:.1f} | {megabytes / ms:.1f} |")
     else:
         print(f"| the skinny kernel | - | - | ({skinny.available()[1]})")
     halves = [[w.to(torch.bfloat16) for w in layer] for layer in weights]

@@ -1,4 +1,4 @@
-"""Compile once per machine, not per start (runners.compile_cache): a second process that prepares
+"""Compile once per machine, not per start (kernels.compile_cache): a second process that prepares
 the same model with the same cache folder takes every graph from the disk (inductor's own hit
 counters, no clock), says "cached", and computes what the first one did; the folder is the one the
 environment names (a temporary one per test here, never the user's)."""
@@ -63,7 +63,7 @@ def test_a_second_start_takes_every_graph_from_the_cache_folder_and_says_cached(
 
 
 def test_the_cache_folder_is_inductors_own_when_the_user_set_one_else_the_projects(monkeypatch, tmp_path):
-    from runners import compile_cache
+    from kernels import compile_cache
 
     monkeypatch.setattr(compile_cache, "_USER_SET", str(tmp_path / "a"))
     assert compile_cache.compile_cache_dir() == tmp_path / "a"

@@ -237,7 +237,8 @@ def test_float32_graphs_calling_the_skinny_kernel_give_the_eager_logits_and_name
     """With ``--gemm skinny`` the graphs call each linear as one opaque op that runs the skinny kernel
     up to 12 positions and MKL past them (``SKINNY_ROUTE``, no freezing): the logits stay the eager
     static runner's on the model's own layers, to float32 rounding, and the label names the route."""
-    from runners import kernels, skinny
+    from kernels import skinny
+    from runners import kernels
 
     if not skinny.available()[0] or not prepackable(llama(vocab=96, layers=1).to(torch.float32)):
         pytest.skip("the skinny kernel does not build here, or no oneDNN for routes")

@@ -160,7 +160,7 @@ def test_hidden_states_equal_select_hidden(model):
 
 def test_the_models_kernel_plan_applies():
     """The lean forward calls the model's own linear modules: a skinny plan is what both runners run."""
-    from runners import skinny
+    from kernels import skinny
 
     if not skinny.available()[0]:
         pytest.skip("the skinny kernel is not built here")

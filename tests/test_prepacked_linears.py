@@ -5,7 +5,7 @@ import re
 import pytest
 import torch
 
-import runners.prepacking as prepacking
+import kernels.prepacking as prepacking
 import runners as caching
 
 from conftest import EOS_NEVER, PROMPT, llama, perturbed_copy
@@ -15,8 +15,8 @@ from sampling import autoregressive_generate, generate, speculative_generate
 from measure import OWN, PREPACKED, KernelChoice, choose_kernels, choose_prepack
 from measure.kernels import SKINNY, label_plan, model_label, plan_label
 from runners import KVCacheModel, PrepackedLinear, kernels, prepackable, prepacked, set_prepack
-from runners import skinny
-from runners.prepacking import plan
+from kernels import skinny
+from kernels.prepacking import plan
 
 pytestmark = pytest.mark.skipif(not prepackable(llama().to(torch.float32)), reason="needs oneDNN (mkldnn)")
 

@@ -1,4 +1,4 @@
-"""The skinny kernel (``runners.skinny``) computes what ``F.linear`` computes, a row at a time in a
+"""The skinny kernel (``kernels.skinny``) computes what ``F.linear`` computes, a row at a time in a
 fixed order (so a verification pass's linear layers give each position what a one-position pass
 gives it, whatever the thread count), and a model on it decodes losslessly."""
 import subprocess
@@ -9,7 +9,8 @@ import torch
 
 from conftest import EOS_NEVER, PROMPT, llama
 from drafters import PromptLookupSpec
-from runners import KVCacheModel, kernels, prepackable, skinny
+from kernels import skinny
+from runners import KVCacheModel, kernels, prepackable
 from sampling import autoregressive_generate, generate
 
 pytestmark = pytest.mark.skipif(not skinny.available()[0], reason=f"the skinny kernel does not build here: {skinny.available()[1]}")
@@ -56,7 +57,7 @@ def test_a_model_on_the_skinny_kernel_matches_its_own_layers_and_decodes_lossles
 def test_a_compiler_that_fails_gives_one_reason_and_no_kernel(tmp_path):
     """A broken compiler: the kernel is unavailable with its reason, nothing half-written is left, and
     the start-up measurement simply has one option fewer."""
-    code = ("import runners.skinny as s; ok, why = s.available(); print(ok); print(why); "
+    code = ("import kernels.skinny as s; ok, why = s.available(); print(ok); print(why); "
             "import os; print(sorted(p for p in os.listdir(os.path.join(os.environ['SPECDEC_CACHE'], 'kernels')) if p.endswith('.so')))")
     env = {"PATH": "/usr/bin:/bin", "CC": "/bin/false", "SPECDEC_CACHE": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(skinny.SOURCE.parents[1]), timeout=120)
@@ -136,7 +137,7 @@ def test_a_failed_build_is_remembered_and_not_retried_at_every_start(tmp_path):
     compiler.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\ncase \"$*\" in *-shared*) echo 'no' >&2; exit 1;; esac\n"
                         "case \"$*\" in *--version*) echo 'fake cc 1.0';; esac\nexit 0\n")
     compiler.chmod(0o755)
-    code = "import runners.skinny as s; ok, why = s.available(); print(ok); print(why)"
+    code = "import kernels.skinny as s; ok, why = s.available(); print(ok); print(why)"
     env = {"PATH": "/usr/bin:/bin", "CC": str(compiler), "SPECDEC_CACHE": str(tmp_path / "cache")}
     outputs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                               cwd=str(skinny.SOURCE.parents[1]), timeout=120) for _ in range(2)]

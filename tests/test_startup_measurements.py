@@ -231,7 +231,7 @@ def kernel_passes(monkeypatch):
     """Deterministic pass times under each kernel option: own layers 6 ms + 5 ms a position, prepacked
     12 ms + 1 ms a position (own wins decoding, prepacked wins verification passes), the skinny kernel
     (where it builds) 20 ms + 2 ms a position (never the faster)."""
-    from runners.prepacking import plan
+    from kernels.prepacking import plan
 
     times = {None: (0.006, 0.005), ("own",): (0.006, 0.005), ("prepacked",): (0.012, 0.001), ("skinny",): (0.020, 0.002)}
     monkeypatch.setattr(timing.PassTimer, "seconds", lambda self, rows: times[plan(self.model)][0] + times[plan(self.model)][1] * rows)
@@ -277,7 +277,7 @@ def test_a_slower_machine_gets_every_round_in_a_budget_scaled_to_its_passes(monk
     times = {("own",): 0.20, ("prepacked",): 0.21, ("skinny",): 0.22}
 
     def seconds(self, rows):
-        from runners.prepacking import plan
+        from kernels.prepacking import plan
 
         now[0] += times.get(plan(self.model), 0.20)
         return times.get(plan(self.model), 0.20)

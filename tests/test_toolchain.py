@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from measure import timing
-from runners import skinny
+from kernels import skinny
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_COMPILERS = {"PATH": "/nonexistent", "CXX": "/nonexistent/g++", "HOME": os.environ.get("HOME", "/tmp")}

@@ -1,5 +1,5 @@
 """The machine's compilers, as the parts that need them find them: a C compiler for the skinny kernel
-(``runners.skinny``: ``$CC``, else ``cc``, else ``gcc``) and the C++ compiler inductor uses for
+(``kernels.skinny``: ``$CC``, else ``cc``, else ``gcc``) and the C++ compiler inductor uses for
 ``--compile`` on CPU (``$CXX``, else ``g++``; ``torch._inductor.cpp_builder.get_cpp_compiler``).
 ``python -m utils.toolchain`` prints the one line ``make setup`` shows."""
 import functools

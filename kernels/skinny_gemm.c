@@ -7,7 +7,7 @@
  * streams its own slice of w once), and each pair of weight rows is multiplied with up to six
  * input rows while it sits in registers, so a pass over 8 positions reads w once, like one over 1.
  *
- * Built at first use by runners/skinny.py with the machine's own compiler and -march=native.
+ * Built at first use by kernels/skinny.py with the machine's own compiler and -march=native.
  * Sums run in a fixed order per output (8 lanes, then a fixed tree), so a result does not depend
  * on the thread count or on M: row m of y is the same whether computed with 1 or 12 rows. */
 #include <stddef.h>

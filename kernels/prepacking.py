@@ -1,7 +1,7 @@
 """Linear layers that run, at each pass width, the kernel measured fastest for it: a float32 CPU
 ``nn.Linear`` made the model's own ``PrepackedLinear`` module (``set_prepack``), so that every caller
 runs the same kernels, computed by the layer's own ``F.linear`` (MKL), by oneDNN from a weight
-reordered once, or by the skinny kernel (``runners.skinny``), as its route says."""
+reordered once, or by the skinny kernel (``kernels.skinny``), as its route says."""
 import contextlib
 import copy
 import os
@@ -21,7 +21,7 @@ _ROW_HINT = 8
 
 # Compiled graphs call prepacked layers by number: oneDNN's packed tensor has no storage, so neither
 # dynamo nor inductor can hold it. The numbers are given in the order layers are prepacked, so a
-# graph read back from inductor's disk cache (``runners.compile_cache``), which matches only a trace
+# graph read back from inductor's disk cache (``kernels.compile_cache``), which matches only a trace
 # with the same numbers, names this process's layers.
 _BY_KEY: List["weakref.ref[PrepackedLinear]"] = []
 
@@ -31,7 +31,7 @@ class PrepackedLinear(Module):
     """A float32 CPU ``nn.Linear`` that runs, for each pass width, the kernel its ``route`` names:
     ``route[r - 1]`` for a pass over r positions (rows), the last entry for longer passes. The kernels:
     ``OWN`` (the layer's own ``F.linear``), ``PREPACKED`` (oneDNN, from a copy of its weight
-    reordered once, made when a route first asks for it) and ``SKINNY`` (``runners.skinny``, on the
+    reordered once, made when a route first asks for it) and ``SKINNY`` (``kernels.skinny``, on the
     weight itself).
 
     Where MKL is slow (it repacks weights at every call on some x86 CPUs, and takes a generic path
@@ -85,7 +85,7 @@ class PrepackedLinear(Module):
         if kernel == OWN:
             return torch.nn.functional.linear(x, self.weight, self.bias)
         if kernel == SKINNY:
-            from runners.skinny import skinny_linear
+            from kernels.skinny import skinny_linear
 
             return skinny_linear(x, self.weight, self.bias)
         if self.packed is None or self.weight._version != self.source[0][1]:  # not made yet, or the weights changed in place
@@ -244,7 +244,7 @@ def drop_packed_copies(model: Module) -> None:
 
 
 def plan_label(route: Optional[Sequence[str]]) -> str:
-    """The name of a kernel plan (``runners.prepacking.plan``): one option when the route names one
+    """The name of a kernel plan (``kernels.prepacking.plan``): one option when the route names one
     (None: "own"), else the widths of each, e.g. "own at 1-2, prepacked at 3+ positions"."""
     if route is None:
         return OWN

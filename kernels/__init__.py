@@ -1,0 +1,8 @@
+"""CPU kernels and compile caches, apart from the runners that use them.
+
+    skinny.py / skinny_gemm.c  the skinny kernel: float32 linears over a few positions, built here at first use
+    prepacking.py              ``PrepackedLinear``: each pass width on the kernel measured fastest for it
+    compile_cache.py           inductor's on-disk caches in the project's cache folder
+
+``runners`` re-exports what callers use of them (``runners.kernels``, ``set_prepack``...).
+"""
