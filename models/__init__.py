@@ -3,4 +3,6 @@ one file per family, read top to bottom, run by ``runners.lean.LeanRunner``.
 
     llama.py   the Llama family (Llama, SmolLM2, Qwen2/Qwen2.5, Mistral without a sliding window):
                RMSNorm, RoPE, grouped-query attention over a static KV cache written by position
+    llama_step.py  the same forward as one step of fixed shapes for torch.compile (``runners.step.StepRunner``):
+               cache written with ``index_copy_`` at a slots tensor, attention over the whole capacity under a mask
 """

@@ -6,6 +6,8 @@ decoding loop calls. ``make_runner`` is the one place that picks which runner a 
     lean.py        ``LeanRunner``: the Llama family's forward (``models.llama``) over its own static cache;
                    the default eager runner of the models it covers (``lean_unsupported``)
     compiled.py    ``CompiledRunner``: ``torch.compile``d passes in buckets over a pooled static cache
+    step.py        ``StepRunner``: the lean forward as compiled steps (``models.llama_step``), one graph per
+                   pass width (CUDA graphs on CUDA): what ``--compile`` runs for the Llama family on CUDA
     beams.py       ``BeamRunner``: a batch of beams over one cache, for beam search (not a ``Runner``)
     static.py      the static cache's operations (allocate, regrow with copy, rollback), shared
     dynamic.py     the dynamic cache's operations and the reference-compatible ``prune_*``
@@ -19,16 +21,16 @@ decoding loop calls. ``make_runner`` is the one place that picks which runner a 
 The kernels they run (the skinny kernel, prepacked layers, compile caches) are in ``kernels/``.
 See docs/runners.md.
 """
-from typing import List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from torch.nn import Module
 
 from runners.base import Runner
 from runners.beams import BeamRunner
 from runners.cache_kind import CACHES, DEFAULT_CPU_CACHE, default_cache, runner_cache
+import runners.compiled as _compiled
 from runners.compiled import (
-    BUCKETS, CompiledRunner, bucket, compile_events, compile_source, compiled_graphs, compiled_label, prepare,
-    why_not_compiled,
+    BUCKETS, MIN_CAPACITY, CompiledRunner, bucket, compile_events, compiled_graphs, compiled_label, why_not_compiled,
 )
 from runners.config import EAGER, RunnerConfig
 from runners.device import model_device, synchronize
@@ -36,6 +38,7 @@ from runners.dynamic import prune_cache, prune_dynamic_cache, prune_tuple_cache
 from runners.eager import KVCacheModel
 from runners.lean import LeanRunner, lean_unsupported
 from kernels.prepacking import PrepackedLinear, drop_prepacked, kernels, prepack_fits, prepackable, prepacked, set_prepack
+from runners.step import StepRunner, prepare_step, step_label, step_source
 from runners.trees import gather_branch, tree_depths, tree_mask, tree_unsupported
 
 
@@ -43,6 +46,8 @@ def make_runner(model: Module, use_cache: bool = True, encoder_input_ids: Option
                 config: RunnerConfig = EAGER) -> Runner:
     """The runner the loops use for ``model`` under ``config``: llama.cpp's over ``config.gguf`` when it
     names a GGUF file, compiled passes when it asks for them and the model can take them with a cache,
+    the lean forward as compiled steps (``StepRunner``: ``config.step_for``, ``--compile`` on CUDA for the Llama
+    family) or transformers' compiled passes (``CompiledRunner``) when compiled passes are asked for,
     the lean forward (``LeanRunner``) for an eager cached run of a Llama-family model (``config.lean_for``),
     else the eager ``KVCacheModel`` (transformers' forward) with its cache kind."""
     if config.gguf is not None:
@@ -51,6 +56,8 @@ def make_runner(model: Module, use_cache: bool = True, encoder_input_ids: Option
         from runners.llama_cpp import LlamaCppRunner  # llama-cpp-python is optional: imported when asked for
 
         return LlamaCppRunner(config.gguf, model)
+    if use_cache and encoder_input_ids is None and config.step_for(model):
+        return StepRunner(model)  # forward="step" for a model outside the family: refused here, with its reason
     if use_cache and encoder_input_ids is None and config.compiled_for(model):
         return CompiledRunner(model)
     if use_cache and encoder_input_ids is None and config.lean_for(model):
@@ -58,10 +65,25 @@ def make_runner(model: Module, use_cache: bool = True, encoder_input_ids: Option
     return KVCacheModel(model, use_cache, encoder_input_ids=encoder_input_ids, cache=config.cache)
 
 
+def prepare(model: Module, length: int = MIN_CAPACITY - BUCKETS[-1], say: Callable[[str], None] = lambda text: None,
+            hidden_layers: Tuple[int, ...] = (), config: Optional[RunnerConfig] = None) -> float:
+    """Build every graph the compiled runner of ``model`` under ``config`` will replay (None: ``--compile``'s
+    choice, ``RunnerConfig(compile=True)``), before anything is timed: ``runners.step.prepare_step`` where
+    ``config.step_for(model)``, else ``runners.compiled.prepare``. Returns the seconds spent building."""
+    if (config or RunnerConfig(compile=True)).step_for(model):
+        return prepare_step(model, length, say, hidden_layers)
+    return _compiled.prepare(model, length, say, hidden_layers)
+
+
+def compile_source(model: Module) -> str:
+    """Where the last ``prepare`` of ``model`` got its graphs: "cached", "fresh", "partly cached", or ""."""
+    return step_source(model) or _compiled.compile_source(model)
+
+
 __all__ = [
     "BUCKETS", "CACHES", "DEFAULT_CPU_CACHE", "EAGER", "RunnerConfig", "BeamRunner", "CompiledRunner", "KVCacheModel", "LeanRunner", "PrepackedLinear",
-    "Runner", "bucket", "compile_events", "compile_source", "compiled_graphs", "compiled_label", "default_cache",
+    "Runner", "StepRunner", "bucket", "compile_events", "compile_source", "compiled_graphs", "compiled_label", "default_cache",
     "drop_prepacked", "gather_branch", "kernels", "lean_unsupported", "make_runner", "model_device", "prepack_fits", "prepackable",
     "prepacked", "prepare", "prune_cache", "prune_dynamic_cache", "prune_tuple_cache", "runner_cache",
-    "set_prepack", "synchronize", "tree_depths", "tree_mask", "tree_unsupported", "why_not_compiled",
+    "set_prepack", "step_label", "synchronize", "tree_depths", "tree_mask", "tree_unsupported", "why_not_compiled",
 ]

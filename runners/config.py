@@ -24,7 +24,8 @@ class RunnerConfig:
     ``forward``: whose forward an eager run with a cache takes: "lean" (``runners.lean``, the Llama
     family's own over a static cache; refused with its reason for another model), "transformers"
     (the model's own, ``KVCacheModel``), or "auto": lean where ``lean_unsupported`` finds nothing and
-    no dynamic cache is asked for, else transformers'."""
+    no dynamic cache is asked for, else transformers'; "step": the lean forward as compiled steps, one
+    graph per pass width (``runners.step``), which ``compile`` also picks for the family on CUDA."""
 
     cache: Optional[str] = None
     compile: bool = False
@@ -39,7 +40,8 @@ class RunnerConfig:
 
     def cache_for(self, model: Module) -> str:
         """The cache a runner of ``model`` starts with under this configuration (llama.cpp's and the lean forward's: static)."""
-        return "static" if self.gguf is not None or self.lean_for(model) else runner_cache(model, self.cache)
+        static = self.gguf is not None or self.lean_for(model) or self.step_for(model)
+        return "static" if static else runner_cache(model, self.cache)
 
     def lean_for(self, model: Module) -> bool:
         """Whether ``model``'s eager cached passes run the lean forward (``runners.lean``) under this configuration."""
@@ -50,8 +52,30 @@ class RunnerConfig:
         return self.cache != "dynamic" and lean_unsupported(model) is None
 
     def compiled_for(self, model: Module) -> bool:
-        """Whether ``model``'s runner runs compiled passes under this configuration (never on llama.cpp)."""
-        return self.compile and self.gguf is None and why_not_compiled(model) is None
+        """Whether ``model``'s runner runs compiled passes under this configuration (never on llama.cpp):
+        ``runners.step``'s (``step_for``) or ``runners.compiled``'s."""
+        if self.gguf is not None:
+            return False
+        return self.forward == "step" or self.compile and why_not_compiled(model) is None
+
+    def step_for(self, model: Module) -> bool:
+        """Whether ``model``'s passes are the compiled lean step (``runners.step.StepRunner``): asked for
+        (``forward="step"``; a model outside the family is refused by ``make_runner``), or ``compile`` on
+        CUDA for a Llama-family model with the default forward (transformers' compiled forward otherwise)."""
+        if self.gguf is not None or self.forward in ("lean", "transformers"):
+            return False
+        if self.forward == "step":
+            return True
+        return (self.compile and model_device(model).type == "cuda" and lean_unsupported(model) is None
+                and why_not_compiled(model) is None)
+
+    def step_reason(self, model: Module) -> str:
+        """Why the compiled lean step runs ``model`` (for the header), "" where it does not."""
+        if not self.step_for(model):
+            return ""
+        if self.forward == "step":
+            return "asked for (--forward step)"
+        return "--compile on CUDA, a Llama-family model: one CUDA graph per pass width of the lean forward"
 
     def with_(self, **changes) -> "RunnerConfig":
         """A copy with ``changes`` (``cache=``, ``compile=``)."""
@@ -65,6 +89,8 @@ class RunnerConfig:
             model = gguf_model(self.gguf)
             caveat = "" if model.exact else ", with llamafile's kernels: passes of 1 and of 2+ positions round apart"
             return f"llama.cpp ({model.weights} GGUF kernels{caveat})"
+        if self.step_for(model):
+            return f"static KV cache · {STEP_LABEL} ({self.step_reason(model)})"
         return f"{self.cache_for(model)} KV cache · " + ("compiled" if self.compiled_for(model) else "eager") + self.forward_note(model)
 
     def forward_note(self, model: Module) -> str:
@@ -72,8 +98,9 @@ class RunnerConfig:
         return f" · {LEAN_LABEL}" if self.lean_for(model) else ""
 
 
-FORWARDS = ("auto", "lean", "transformers")
+FORWARDS = ("auto", "lean", "transformers", "step")
 LEAN_LABEL = "lean Llama forward"  # the headers' name of ``runners.lean``'s passes
+STEP_LABEL = "compiled lean Llama step"  # and of ``runners.step``'s
 EAGER = RunnerConfig()
 
 

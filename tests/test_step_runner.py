@@ -1,0 +1,129 @@
+"""The compiled lean step (``runners.step.StepRunner`` over ``models.llama_step``): the lean runner's
+logits at widths 1 and 4 (a padded pass included) and on tree passes, the same greedy tokens as the
+lean runner and transformers' forward, no graph built after ``prepare_step`` (counted twice: our
+``compile_events`` and dynamo's own graph counter), and which runner ``--compile`` picks on which device.
+Tiny float32 models, widths 1 and 4 only, so the graphs build in seconds (on CPU: inductor's default
+mode; CUDA graphs were not exercised here)."""
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import runners.config as runner_config
+from conftest import EOS_NEVER, PROMPT, gpt2, llama
+from drafters import NGramTreeSpec, DraftContext, PromptLookupSpec
+from ngram_assisted import NGramStorage
+from runners import CompiledRunner, LeanRunner, RunnerConfig, StepRunner, compile_events, make_runner, prepare_step
+from sampling import autoregressive_generate, generate
+
+WIDTHS = (1, 4)
+STEP = RunnerConfig(forward="step")
+
+
+@pytest.fixture(scope="module")
+def target():
+    model = llama(layers=2, window=512).to(torch.float32)
+    prepare_step(model, 200, widths=WIDTHS)
+    return model
+
+
+def ids_for(length=80, seed=3):
+    return torch.randint(96, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def close(a, b):
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def passes(runner, ids):
+    """A prompt (eager step), 1-, 3- (padded to 4), 4- and 6-position passes (eager), rollbacks, two tree
+    passes (4 rows: the width-4 graph; 7 rows: eager) and a kept branch; every pass's logits."""
+    out = []
+    for length, n, keep in ((12, 12, 12), (13, 1, 13), (16, 3, 15), (19, 4, 19), (25, 6, 22), (23, 1, 23)):
+        out.append(runner(ids[:, :length], n))
+        runner.rollback(keep)
+    out.append(runner.tree_pass(ids, 24, [7, 8, 9], [-1, 0, 0]))  # feeds ids[23] and 3 nodes: 4 rows
+    runner.keep_branch(24, [0, 2])
+    out.append(runner(ids[:, :27], 1))
+    out.append(runner.tree_pass(ids, 27, [1, 2, 3, 4, 5, 6], [-1, 0, 1, -1, 3, 3]))  # 7 rows: eager
+    runner.keep_branch(27, [3, 5])
+    out.append(runner(ids[:, :30], 1))
+    return out
+
+
+@pytest.mark.needs_cxx
+def test_logits_close_to_the_lean_runner_at_widths_1_and_4_and_on_tree_passes(target):
+    ids = ids_for()
+    for step, lean in zip(passes(StepRunner(target), ids), passes(LeanRunner(target), ids)):
+        assert step.shape == lean.shape
+        close(step, lean)
+
+
+@pytest.mark.needs_cxx
+def test_hidden_states_equal_the_lean_runners(target):
+    ids, step, lean = ids_for(), StepRunner(target), LeanRunner(target)
+    for runner in (step, lean):
+        runner.hidden_layers = (1, 0)
+    for length, n in ((10, 10), (11, 1), (14, 3)):
+        close(step(ids[:, :length], n), lean(ids[:, :length], n))
+        assert step.hidden_start == lean.hidden_start
+        close(step.hidden, lean.hidden)
+
+
+@pytest.mark.needs_cxx
+def test_greedy_tokens_equal_the_lean_runners_and_transformers_forward(target):
+    common = dict(max_gen_len=30, eos_tokens_id=EOS_NEVER, use_cache=True)
+    runs = {}
+    for name, runner in (("step", STEP), ("lean", RunnerConfig()), ("transformers", RunnerConfig(forward="transformers"))):
+        vocab = target.config.vocab_size
+        runs[name] = (autoregressive_generate(PROMPT, target, runner=runner, **common),
+                      generate(PROMPT, target, PromptLookupSpec(num_pred_tokens=3), {**common, "runner": runner})[0],
+                      generate(PROMPT, target, NGramTreeSpec(tree_size=3), {**common, "runner": runner},
+                               DraftContext(storage=NGramStorage(2, vocab)))[0])
+    assert runs["step"] == runs["lean"] == runs["transformers"]
+    assert all(tokens == runs["step"][0] for tokens in runs["step"])
+
+
+@pytest.mark.needs_cxx
+def test_no_graph_is_built_after_preparation(target):
+    """Decoding, padded verification, rollbacks, tree passes, kept branches, a second runner and whole
+    generations, all at the prepared widths: neither counter moves. Then a pass asking for hidden states
+    nobody prepared builds one graph, and both counters see it (the check can fail)."""
+    ids = ids_for()
+    passes(StepRunner(target), ids)  # any first-use work outside the graphs
+    events, graphs = len(compile_events), counters["stats"]["unique_graphs"]
+    passes(StepRunner(target), ids)
+    passes(StepRunner(target), ids_for(seed=4))
+    generate(PROMPT, target, PromptLookupSpec(num_pred_tokens=3), dict(max_gen_len=20, eos_tokens_id=EOS_NEVER, use_cache=True,
+                                                                       runner=STEP))
+    assert (len(compile_events), counters["stats"]["unique_graphs"]) == (events, graphs)
+    runner = StepRunner(target)
+    runner.hidden_layers = (1,)
+    runner(ids[:, :2], 2)
+    assert (len(compile_events), counters["stats"]["unique_graphs"]) == (events + 1, graphs + 1)
+
+
+@pytest.mark.needs_cxx
+def test_bfloat16_steps_follow_the_lean_runner():
+    model = llama(layers=2, window=512, seed=1).to(torch.bfloat16)
+    prepare_step(model, 100, widths=(1,))
+    ids, step, lean = ids_for(40), StepRunner(model), LeanRunner(model)
+    for length, n in ((10, 10), (11, 1), (12, 1), (13, 1)):
+        torch.testing.assert_close(step(ids[:, :length], n), lean(ids[:, :length], n), rtol=2e-2, atol=2e-2)
+    assert step.cache.layers[0].keys.dtype == torch.bfloat16
+
+
+def test_compile_picks_the_step_on_cuda_only_for_the_llama_family(monkeypatch):
+    model = llama()
+    compiled = RunnerConfig(compile=True)
+    assert isinstance(make_runner(model, config=STEP), StepRunner)  # asked for: on any device
+    assert isinstance(make_runner(model, config=compiled), CompiledRunner)  # CPU: transformers' compiled forward
+    assert not compiled.step_for(model) and "step" not in compiled.describe(model)
+    with pytest.raises(ValueError, match="outside the Llama family"):
+        make_runner(gpt2(), config=STEP)
+    monkeypatch.setattr(runner_config, "model_device", lambda m: torch.device("cuda"))
+    assert compiled.step_for(model) and "CUDA graph per pass width" in compiled.describe(model)
+    assert compiled.cache_for(model) == "static" and not compiled.lean_for(model)
+    assert not compiled.with_(forward="transformers").step_for(model)  # transformers' forward, compiled
+    assert not RunnerConfig().step_for(model)  # eager: the lean runner
+    assert not compiled.step_for(gpt2())
+    assert "--forward step" in STEP.describe(model)
