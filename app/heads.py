@@ -46,7 +46,8 @@ def load_for(value: Optional[str], pair, embedded: bool, say: Say = to_stderr,
     except (Exception, KeyboardInterrupt) as error:  # one clear line, no traceback
         raise SetupError(f"could not load the head '{path}': {first_line(error)}") from None
     if length is not None and runner.compiled_for(target):
-        seconds = prepare(target, length, lambda text: say(f"target: {text} ...", "dim"), hidden_layers=head.config.aux_layers)
+        seconds = prepare(target, length, lambda text: say(f"target: {text} ...", "dim"), hidden_layers=head.config.aux_layers,
+                          config=runner)
         pair.compile_seconds["target"] = pair.compile_seconds.get("target", 0.0) + seconds
     head.step_cost = measure_step_cost(head, target, runner=runner.with_(compile=False))
     return head, describe(head, path)

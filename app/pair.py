@@ -199,18 +199,18 @@ def _runners(pair: Pair, options: "LoadOptions", say: Say) -> Dict[str, object]:
     for role, model in (("target", pair.target), ("drafter", pair.drafter)):
         if model is None:
             continue
-        if options.forward == "lean" and not compile and lean_unsupported(model) is not None:
-            raise SetupError(f"--forward lean: the {role} cannot take it: {lean_unsupported(model)}")
+        if (options.forward == "step" or options.forward == "lean" and not compile) and lean_unsupported(model) is not None:
+            raise SetupError(f"--forward {options.forward}: the {role} cannot take it: {lean_unsupported(model)}")
         reason = why_not_compiled(model) if compile else None
         runners[role] = RunnerConfig(None if cache == "auto" else cache, compile and reason is None, forward=options.forward)
         if reason is not None:
             say(f"--compile: the {role} runs eagerly: {reason}", "red")
-        if compile and reason is None:
+        if runners[role].compiled_for(model):
             # the model's own linears frozen into the graphs (--gemm: MKL's or inductor's autotuned templates),
             # or called on the skinny kernel (--gemm skinny); an eager kernel measurement would answer another
             # question. "on": oneDNN's.
             _compiled_kernels(model, role, options.prepack in (True, "on"), say)
-            seconds = prepare(model, options.compile_length, lambda text: say(f"{role}: {text} ...", "dim"))
+            seconds = prepare(model, options.compile_length, lambda text: say(f"{role}: {text} ...", "dim"), config=runners[role])
             pair.compile_seconds[role] = seconds
             say(f"Compiled the {role} in {seconds:.1f} s ({compile_source(model) or 'nothing new'}; outside every timed run)")
             pays = compile_pays(model, runners[role])
@@ -361,7 +361,7 @@ def describe(model: "Module", label: str, quantize: str, notes: Optional[Dict[st
     """One line: the model, where it runs, its weights, its KV cache and its runner (compiled or
     eager: ``runner``, a ``RunnerConfig``; None: the defaults) and, eager, whether its linear layers
     are prepacked; ``notes`` say how the cache and the kernels were chosen (the measurements)."""
-    from runners import EAGER, compiled_label, prepacked
+    from runners import EAGER, compiled_label, prepacked, step_label
     from utils.quantization import model_quantization
 
     notes, runner = notes or {}, runner or EAGER
@@ -370,6 +370,8 @@ def describe(model: "Module", label: str, quantize: str, notes: Optional[Dict[st
     if model_quantization(model) in ("int4", "int8"):
         quantize += " (CPU weight-only kernels, bfloat16 activations)"
     line = f"{label} · {next(model.parameters()).device} · {model.dtype} · quantization {quantize} · "
+    if runner.step_for(model):
+        return line + f"static KV cache · {step_label(model)}: {runner.step_reason(model)}"
     if runner.compiled_for(model):
         return line + f"static KV cache · {compiled_label(model)}"
     line += notes.get("cache", f"{runner.cache_for(model)} KV cache") + " · eager" + runner.forward_note(model)

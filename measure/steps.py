@@ -72,7 +72,7 @@ def _model_key(model: Module, runner: RunnerConfig) -> dict:
     """A model as a measurement of its passes depends on it: identity, kernels, compiled, cache kind."""
     return {"model": saved.model_identity(model), **kernels.identity(model), "compiled": runner.compiled_for(model),
             "cache": runner.cache_for(model), **({"llama.cpp": runner.gguf} if runner.gguf is not None else {}),
-            **({"forward": "lean"} if runner.lean_for(model) else {})}
+            **({"forward": "lean"} if runner.lean_for(model) else {}), **({"forward": "step"} if runner.step_for(model) else {})}
 
 
 def kernels_step(model: Module, role: str, runner: RunnerConfig, options: Options) -> Finding:

@@ -85,7 +85,7 @@ class Bench:
             if model is not None and runners[role].compiled_for(model):
                 head = self.context.head if role == "target" and drafts_with_head else None
                 seconds = prepare(model, longest, lambda text: print(f"{role}: {text} ...", file=sys.stderr),
-                                  hidden_layers=head.config.aux_layers if head is not None else ())
+                                  hidden_layers=head.config.aux_layers if head is not None else (), config=runners[role])
                 self.compile_seconds[role] = self.compile_seconds.get(role, 0.0) + seconds
 
     def compile_report(self) -> str:
