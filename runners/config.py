@@ -74,7 +74,7 @@ class RunnerConfig:
         if not self.step_for(model):
             return ""
         if self.forward == "step":
-            return "asked for (--forward step)"
+            return "--forward step"
         return "--compile on CUDA, a Llama-family model: one CUDA graph per pass width of the lean forward"
 
     def with_(self, **changes) -> "RunnerConfig":

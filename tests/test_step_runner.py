@@ -127,3 +127,15 @@ def test_compile_picks_the_step_on_cuda_only_for_the_llama_family(monkeypatch):
     assert not RunnerConfig().step_for(model)  # eager: the lean runner
     assert not compiled.step_for(gpt2())
     assert "--forward step" in STEP.describe(model)
+
+
+def test_the_programs_refuse_the_step_outside_the_family_and_name_it_in_the_header():
+    from types import SimpleNamespace
+
+    from app.pair import LoadOptions, SetupError, _runners, describe
+
+    say = lambda text, style="": None  # noqa: E731
+    with pytest.raises(SetupError, match="--forward step: the target cannot take it: .*outside the Llama family"):
+        _runners(SimpleNamespace(target=gpt2(), drafter=None), LoadOptions(forward="step"), say)
+    line = describe(llama(), "target", "none", runner=STEP)
+    assert "static KV cache · compiled lean Llama step (inductor, one graph per pass width" in line and line.endswith(": --forward step")
