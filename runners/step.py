@@ -49,15 +49,19 @@ class StepState:
         self.cuda = self.device.type == "cuda"
         self.compiled = torch.compile(self.step.forward, fullgraph=True, dynamic=False,
                                       mode="reduce-overhead" if self.cuda else None)
-        self.widths: Tuple[int, ...] = WIDTHS
         self.capacity = 0
         self.caches: List[KVCache] = []  # free caches of ``capacity``
-        self.inputs: Dict[int, Tuple[Tensor, ...]] = {}  # width -> ids, positions, slots, mask
-        self.steps = torch.arange(max(WIDTHS), device=self.device)
-        self.slot_range = torch.zeros(0, dtype=torch.long, device=self.device)
+        self.inputs: Dict[Tuple[int, int], Tuple[Tensor, ...]] = {}  # (width, capacity) -> ids, positions, slots, mask
+        self.slot_ranges: Dict[int, Tensor] = {}  # capacity -> its slot indices
+        self.set_widths(WIDTHS)
         self.built: set = set()
         self.compile_seconds = self.prepared_seconds = 0.0
         self.cache_count = CacheCount()
+
+    def set_widths(self, widths: Tuple[int, ...]) -> None:
+        """The widths passes are padded to from now on (1 always among them)."""
+        self.widths = tuple(sorted(set(widths) | {1}))
+        self.steps = torch.arange(max(self.widths), device=self.device)
 
     def width(self, rows: int) -> Optional[int]:
         """The smallest prepared width holding ``rows``; None past the largest."""
@@ -68,8 +72,8 @@ class StepState:
         static addresses); the pool moves to a larger capacity (new graphs) only when it must."""
         capacity = _capacity(length + max(self.widths))
         if capacity > self.capacity:
-            self.capacity, self.caches, self.inputs = capacity, [], {}
-            self.slot_range = torch.arange(capacity, device=self.device)
+            self.capacity, self.caches = capacity, []
+            self.slot_ranges[capacity] = torch.arange(capacity, device=self.device)
         if self.caches:
             return self.caches.pop()
         cache = zeroed_cache(self.model, capacity, self.dtype, self.device)
@@ -82,30 +86,31 @@ class StepState:
         if cache.capacity == self.capacity:
             self.caches.append(cache)
 
-    def buffers(self, width: int) -> Tuple[Tensor, ...]:
-        """``width``'s inputs: ids, positions, slots ``[width]`` and the boolean mask ``[1, 1, width, C]``."""
-        made = self.inputs.get(width)
+    def buffers(self, width: int, capacity: int) -> Tuple[Tensor, ...]:
+        """``width``'s inputs: ids, positions, slots ``[width]`` and the boolean mask ``[1, 1, width, capacity]``
+        (per capacity: a runner still holding a smaller cache keeps its own)."""
+        made = self.inputs.get((width, capacity))
         if made is None:
             long = dict(dtype=torch.long, device=self.device)
             made = (torch.zeros(width, **long), torch.zeros(width, **long), torch.zeros(width, **long),
-                    torch.zeros((1, 1, width, self.capacity), dtype=torch.bool, device=self.device))
+                    torch.zeros((1, 1, width, capacity), dtype=torch.bool, device=self.device))
             for tensor in made:
                 torch._dynamo.mark_static_address(tensor, guard=True)
-            self.inputs[width] = made
+            self.inputs[(width, capacity)] = made
         return made
 
     def chain(self, new: Tensor, start: int, cache: KVCache, n_last: int, layers: Tuple[int, ...]):
         """A causal pass of ``new`` ``[r]`` at positions (and slots) ``start..``: logits ``[n_last, V]``, hidden ``[r, .]``."""
-        rows, width = new.shape[0], self.width(new.shape[0])
+        rows, width, slot_range = new.shape[0], self.width(new.shape[0]), self.slot_ranges[cache.capacity]
         if width is None:
             positions = torch.arange(start, start + rows, device=self.device)
-            mask = (self.slot_range[None, :] <= positions[:, None])[None, None]
+            mask = (slot_range[None, :] <= positions[:, None])[None, None]
             return self.step.forward(new, positions, positions, mask, cache, n_last, layers)
-        ids, positions, slots, mask = self.buffers(width)
+        ids, positions, slots, mask = self.buffers(width, cache.capacity)
         ids[:rows].copy_(new, non_blocking=True)
         torch.add(self.steps[:width], start, out=positions)
         slots.copy_(positions)
-        torch.le(self.slot_range[None, :], positions[:, None], out=mask[0, 0])
+        torch.le(slot_range[None, :], positions[:, None], out=mask[0, 0])
         return self.run(width, cache, rows, n_last, layers)
 
     def tree(self, new: Tensor, positions_in: Tensor, allowed: Tensor, start: int, cache: KVCache, layers: Tuple[int, ...]):
@@ -115,29 +120,29 @@ class StepState:
         if width is None:
             slots = torch.arange(start, start + rows, device=self.device)
             return self.step.forward(new, positions_in, slots, allowed, cache, rows, layers)
-        ids, positions, slots, mask = self.buffers(width)
+        ids, positions, slots, mask = self.buffers(width, cache.capacity)
         ids[:rows].copy_(new)
         torch.add(self.steps[:width], start, out=slots)
         positions.copy_(slots)  # padded rows: at their own slot, causal, finite
         positions[:rows].copy_(positions_in)
-        torch.le(self.slot_range[None, :], slots[:, None], out=mask[0, 0])
+        torch.le(self.slot_ranges[cache.capacity][None, :], slots[:, None], out=mask[0, 0])
         mask[0, 0, :rows].copy_(allowed[0, 0])
         return self.run(width, cache, rows, rows, layers)
 
     def run(self, width: int, cache: KVCache, rows: int, n_last: int, layers: Tuple[int, ...]):
         """Replay (or build) ``width``'s graph over its buffers; the valid rows' outputs, cloned on CUDA."""
-        key = (width, self.capacity, cache.layers[0].keys.data_ptr(), layers)
+        key = (width, cache.capacity, cache.layers[0].keys.data_ptr(), layers)
         first, clock = key not in self.built, time.perf_counter()
         if self.cuda:
             torch.compiler.cudagraph_mark_step_begin()
-        logits, hidden = self.compiled(*self.buffers(width), cache, width, layers)
+        logits, hidden = self.compiled(*self.buffers(width, cache.capacity), cache, width, layers)
         logits = logits[rows - n_last: rows]
         hidden = hidden[:rows] if hidden is not None else None
         if self.cuda:  # a graph's outputs are overwritten by its next replay
             logits, hidden = logits.clone(), hidden.clone() if hidden is not None else None
         if first:
             self.built.add(key)
-            compile_events.append((f"{type(self.model).__name__} step", width, self.capacity))
+            compile_events.append((f"{type(self.model).__name__} step", width, cache.capacity))
             if self.cuda:
                 torch.cuda.synchronize(self.device)
             self.compile_seconds += time.perf_counter() - clock
@@ -238,7 +243,7 @@ def prepare_step(model: Module, length: int = MIN_CAPACITY - max(WIDTHS), say: C
     states), before anything is timed; returns the seconds spent building (0 when nothing was new)."""
     state = step_state(model)
     if widths is not None:
-        state.widths = tuple(sorted(set(widths) | {1}))
+        state.set_widths(widths)
     runner = StepRunner(model)
     runner._reserve(length)
     pointer = runner.cache.layers[0].keys.data_ptr()

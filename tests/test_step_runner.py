@@ -9,6 +9,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import runners.config as runner_config
+import runners.step as step_module
 from conftest import EOS_NEVER, PROMPT, gpt2, llama
 from drafters import NGramTreeSpec, DraftContext, PromptLookupSpec
 from ngram_assisted import NGramStorage
@@ -100,6 +101,26 @@ def test_no_graph_is_built_after_preparation(target):
     runner.hidden_layers = (1,)
     runner(ids[:, :2], 2)
     assert (len(compile_events), counters["stats"]["unique_graphs"]) == (events + 1, graphs + 1)
+
+
+@pytest.mark.needs_cxx
+def test_a_regrowth_mid_sequence_carries_the_cache_and_an_older_runner_keeps_its_own(monkeypatch):
+    """Capacity 64 at first: a sequence past it moves to 128 (new graphs, counted), the cached positions
+    carried; a runner still holding a 64-slot cache keeps decoding on it."""
+    monkeypatch.setattr(step_module, "MIN_CAPACITY", 64)
+    model = llama(layers=1, window=512, seed=2).to(torch.float32)
+    prepare_step(model, 20, widths=(1,))
+    ids, step, older, lean = ids_for(160), StepRunner(model), StepRunner(model), LeanRunner(model)
+    close(older(ids[:, :10], 1), lean(ids[:, :10], 1))
+    lean.rollback(0)
+    events = len(compile_events)
+    for length in (40, 41, 50, 59, 60, 70, 71, 90, 91):  # 1-row passes compiled, wider ones eager; 128 slots from 70
+        close(step(ids[:, :length], 1), lean(ids[:, :length], 1))
+    # two graphs: one for step's own 64-slot cache (older holds the prepared one), one at 128
+    assert step.cache.capacity == 128 and len(compile_events) == events + 2
+    lean.rollback(10)
+    close(older(ids[:, :11], 1), lean(ids[:, :11], 1))
+    assert older.cache.capacity == 64
 
 
 @pytest.mark.needs_cxx
