@@ -78,6 +78,7 @@ def test_greedy_tokens_equal_the_lean_runners_and_transformers_forward(target):
         vocab = target.config.vocab_size
         runs[name] = (autoregressive_generate(PROMPT, target, runner=runner, **common),
                       generate(PROMPT, target, PromptLookupSpec(num_pred_tokens=3), {**common, "runner": runner})[0],
+                      generate(PROMPT, target, PromptLookupSpec(num_pred_tokens=2), {**common, "runner": runner})[0],  # 3 rows: padded
                       generate(PROMPT, target, NGramTreeSpec(tree_size=3), {**common, "runner": runner},
                                DraftContext(storage=NGramStorage(2, vocab)))[0])
     assert runs["step"] == runs["lean"] == runs["transformers"]
