@@ -361,7 +361,8 @@ def describe(model: "Module", label: str, quantize: str, notes: Optional[Dict[st
     """One line: the model, where it runs, its weights, its KV cache and its runner (compiled or
     eager: ``runner``, a ``RunnerConfig``; None: the defaults) and, eager, whether its linear layers
     are prepacked; ``notes`` say how the cache and the kernels were chosen (the measurements)."""
-    from runners import EAGER, compiled_label, prepacked
+    from kernels.prepacking import PREPACKED, plan
+    from runners import EAGER, compiled_label
     from utils.quantization import model_quantization
 
     notes, runner = notes or {}, runner or EAGER
@@ -375,4 +376,4 @@ def describe(model: "Module", label: str, quantize: str, notes: Optional[Dict[st
     line += notes.get("cache", f"{runner.cache_for(model)} KV cache") + " · eager" + runner.forward_note(model)
     if "kernels" in notes:
         return line + f" · {notes['kernels']}"
-    return line + (" · prepacked linears" if prepacked(model) else "")
+    return line + (" · prepacked linears" if PREPACKED in (plan(model) or ()) else "")

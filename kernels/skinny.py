@@ -1,5 +1,7 @@
-"""The skinny kernel: a float32 CPU linear layer over a few positions that reads its weight once on
-every core (``skinny_gemm.c``), built at first use with the machine's C compiler for its own CPU.
+"""The skinny kernel: a float32 CPU linear layer over a few positions that streams its weight once,
+blocked for it (``skinny_gemm.c``, ``kernels.blocked``), and the lean step that runs a whole pass of a
+Llama-family model on it (``lean_step.c``, ``kernels.step``): one library, built at first use with
+the machine's C compiler for its own CPU.
 
 ``skinny_linear(x, weight, bias)`` is ``F.linear`` for float32 CPU tensors, computed by that kernel;
 ``available()`` says whether it could be built here (a C compiler with OpenMP), and why not. The
@@ -20,7 +22,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-SOURCE = Path(__file__).with_name("skinny_gemm.c")
+SOURCES = (Path(__file__).with_name("skinny_gemm.c"), Path(__file__).with_name("lean_step.c"))
+SOURCE = SOURCES[0]
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 
 
@@ -52,7 +55,7 @@ def library_name(compiler: str) -> str:
     flags, its real target (``compiler_target``), the OS and the CPU's feature line, so that a cache
     folder shared by several machines never hands one a library built for another."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[:1]
-    parts = [SOURCE.read_text(), *version, " ".join(FLAGS), compiler_target(compiler), platform.system(), platform.machine(), _cpu_line()]
+    parts = [*(source.read_text() for source in SOURCES), *version, " ".join(FLAGS), compiler_target(compiler), platform.system(), platform.machine(), _cpu_line()]
     return f"skinny-{platform.machine() or 'unknown'}-{hashlib.sha256(chr(10).join(parts).encode()).hexdigest()[:16]}"
 
 
@@ -72,7 +75,7 @@ def _build(compiler: str, folder: Path) -> Path:
     with exclusive(folder / f"{name}.lock"):
         if not library.is_file():
             temporary = folder / f"{name}.{os.getpid()}.tmp.so"
-            done = subprocess.run([compiler, *FLAGS, "-o", str(temporary), str(SOURCE)], capture_output=True, text=True, timeout=120)
+            done = subprocess.run([compiler, *FLAGS, "-o", str(temporary), *map(str, SOURCES)], capture_output=True, text=True, timeout=120)
             if done.returncode != 0:
                 temporary.unlink(missing_ok=True)
                 reason = f"{compiler} failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"
@@ -97,6 +100,9 @@ def _library() -> Tuple[Optional[ctypes.CDLL], str]:
         return None, f"the skinny kernel did not build: {error}"
     library.skinny_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     library.skinny_linear.restype = ctypes.c_int
+    library.skinny_simd.restype = ctypes.c_int
+    library.lean_step.restype = ctypes.c_int
+    library.lean_step_scratch.restype = ctypes.c_int64
     return library, Path(library._name).name
 
 
@@ -132,16 +138,27 @@ def skinny_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors) or weight.dim() != 2 or \
             x.shape[-1] != weight.shape[1] or (bias is not None and bias.shape != (weight.shape[0],)):
         return torch.nn.functional.linear(x, weight, bias)
-    weight, bias = weight.contiguous(), None if bias is None else bias.contiguous()
+    from kernels.blocked import blocked
+
+    packed, bias = blocked(weight), None if bias is None else bias.contiguous()
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     out = torch.empty((rows.shape[0], weight.shape[0]), dtype=torch.float32)
     # torch's thread count, given explicitly: whichever OpenMP runtime the library loaded (torch's own
     # or a second one), it runs that many threads, never its own default
-    run_linear(library, rows, weight, bias, out, torch.get_num_threads())
+    run_linear(library, rows, packed, bias, out, torch.get_num_threads())
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
-def run_linear(library: ctypes.CDLL, rows: Tensor, weight: Tensor, bias: Optional[Tensor], out: Tensor, threads: int) -> int:
-    """One call of the C kernel on checked, contiguous float32 CPU tensors; the threads it ran on."""
-    return library.skinny_linear(rows.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
-                                 rows.shape[0], weight.shape[0], rows.shape[1], threads)
+def run_linear(library: ctypes.CDLL, rows: Tensor, packed: Tensor, bias: Optional[Tensor], out: Tensor, threads: int) -> int:
+    """One call of the C kernel on checked, contiguous float32 CPU tensors (``packed``: the weight
+    blocked, ``kernels.blocked``; ``out`` ``[M, N]``); the threads it ran on."""
+    return library.skinny_linear(rows.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
+                                 rows.shape[0], out.shape[1], rows.shape[1], threads)
+
+
+def library() -> ctypes.CDLL:
+    """The loaded library (``lean_step`` and the kernel); raises with the reason where it is not built."""
+    loaded, why = _library()
+    if loaded is None:
+        raise RuntimeError(why)
+    return loaded

@@ -68,8 +68,19 @@ class RunnerConfig:
         return f"{self.cache_for(model)} KV cache · " + ("compiled" if self.compiled_for(model) else "eager") + self.forward_note(model)
 
     def forward_note(self, model: Module) -> str:
-        """" · lean Llama forward" where the lean forward runs ``model``'s eager passes, else ""."""
-        return f" · {LEAN_LABEL}" if self.lean_for(model) else ""
+        """" · lean Llama forward" where the lean forward runs ``model``'s eager passes, else ""; with
+        " on the lean step ..." where its decoding passes run the C step (``runners.lean.step_for``),
+        or why not where the model has no kernel plan (as loaded) and still cannot."""
+        if not self.lean_for(model):
+            return ""
+        from kernels.prepacking import plan
+        from kernels.step import LABEL as STEP, step_unsupported
+        from runners.lean import step_for
+
+        if step_for(model, 1):
+            return f" · {LEAN_LABEL} on the {STEP}"
+        why = step_unsupported(model) if plan(model) is None else None
+        return f" · {LEAN_LABEL}" + (f" (no lean step: {why})" if why else "")
 
 
 FORWARDS = ("auto", "lean", "transformers")

@@ -1,13 +1,20 @@
 """``LeanRunner``: the Llama family's own forward (``models.llama``) over a static KV cache it owns,
 behind the ``runners.base.Runner`` interface; the default eager runner of the models it covers
-(``lean_unsupported``: why another model keeps transformers' forward in ``KVCacheModel``)."""
+(``lean_unsupported``: why another model keeps transformers' forward in ``KVCacheModel``).
+
+A float32 CPU pass runs the lean step (``kernels.step``: the whole pass in one C call, on the skinny
+kernel) where the model's kernel plan runs that pass width on the skinny kernel, or where the model
+has no plan (as loaded: ``step_for``); every other pass runs ``models.llama``'s torch forward over
+the model's own modules, on their plan."""
 from typing import Optional
 
 import torch
 from torch import Tensor
 from torch.nn import Module
 
-from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache
+from kernels.prepacking import SKINNY, plan
+from kernels.step import LeanStep, step_unsupported
+from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache, rope
 from runners.config import LEAN_LABEL as LABEL
 from runners.device import model_device
 from runners.static import grown_capacity
@@ -37,6 +44,8 @@ class LeanRunner(TreePasses):
         self.hidden_layers: tuple = ()  # runners.base.Runner: hidden states kept with each pass
         self.hidden: Optional[Tensor] = None
         self.hidden_start = 0
+        self.step = LeanStep(model) if step_for(model, 1) else None  # None: every pass on the torch forward
+        self.step_passes = 0  # passes the step ran (the rest ran the torch forward)
 
     def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
         length, start = ids.shape[1], self.cached
@@ -69,7 +78,15 @@ class LeanRunner(TreePasses):
     @torch.no_grad()
     def _run(self, ids: Tensor, positions: Tensor, start: int, n_last: int, mask: Optional[Tensor]) -> Tensor:
         """One pass of ``ids`` ``[r]`` at ``positions`` into slots ``start..``; logits ``[n_last, V]``."""
-        logits, hidden = self.forward(ids, positions, self.cache, start, n_last, mask, self.hidden_layers)
+        if self.step is not None and step_for(self.model, ids.shape[0], unsupported=False):
+            body = self.model.model
+            h = body.embed_tokens(ids)  # [r, H]
+            cos, sin = rope(positions, body.rotary_emb.inv_freq, body.rotary_emb.attention_scaling, h.dtype)
+            seen = None if mask is None else (mask[0, 0] if mask.dtype == torch.bool else mask[0, 0] == 0)
+            logits, hidden = self.step(h, cos[0, 0], sin[0, 0], self.cache, start, seen, n_last, self.hidden_layers)
+            self.step_passes += 1
+        else:
+            logits, hidden = self.forward(ids, positions, self.cache, start, n_last, mask, self.hidden_layers)
         self.forward_passes += 1
         if self.hidden_layers:
             self.hidden, self.hidden_start = hidden, start
@@ -86,4 +103,19 @@ class LeanRunner(TreePasses):
         return self._run(ids, positions, start, n + 1, kwargs["attention_mask"])
 
 
-__all__ = ["LABEL", "LeanRunner", "lean_unsupported"]
+STEP_ROWS = 64  # the longest pass the step runs; a longer one (a prompt) runs the torch forward on the model's plan
+
+
+def step_for(model: Module, rows: int, unsupported: bool = True) -> bool:
+    """Whether a pass of ``model`` over ``rows`` positions runs the lean step: up to ``STEP_ROWS``
+    positions, where its kernel plan (``kernels.prepacking.plan``) runs that width on the skinny kernel
+    or where it has none, and (``unsupported``: checked here) ``step_unsupported`` finds nothing."""
+    if rows > STEP_ROWS or compute_dtype(model) != torch.float32 or model_device(model).type != "cpu":
+        return False
+    route = plan(model)
+    if route is not None and route[min(rows, len(route)) - 1] != SKINNY:
+        return False
+    return not unsupported or step_unsupported(model) is None
+
+
+__all__ = ["LABEL", "LeanRunner", "STEP_ROWS", "lean_unsupported", "step_for"]

@@ -290,11 +290,11 @@ def test_a_slower_machine_gets_every_round_in_a_budget_scaled_to_its_passes(monk
 
 
 def test_a_kernel_measurement_past_its_budget_keeps_the_models_own_linears(monkeypatch):
-    from runners import prepacked
+    from kernels.prepacking import OWN, plan
 
     model = float32_model()
     found = steps.kernels_step(model, "target", EAGER, quiet(clock=slow_clock()))
-    assert found.value is None and not prepacked(model) and found.noisy
+    assert found.value is None and plan(model) == (OWN,) and found.noisy  # said, so that no pass runs the lean step
     assert found.line == "the model's own linears (fallback: measurement over its 10 s budget)"
 
 
