@@ -44,7 +44,7 @@ class LeanRunner(TreePasses):
         self.hidden_layers: tuple = ()  # runners.base.Runner: hidden states kept with each pass
         self.hidden: Optional[Tensor] = None
         self.hidden_start = 0
-        self.step = LeanStep(model) if step_for(model, 1) else None  # None: every pass on the torch forward
+        self.step: Optional[LeanStep] | bool = None  # made at the first pass that runs it (``step_for``); False: it cannot
         self.step_passes = 0  # passes the step ran (the rest ran the torch forward)
 
     def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
@@ -78,7 +78,10 @@ class LeanRunner(TreePasses):
     @torch.no_grad()
     def _run(self, ids: Tensor, positions: Tensor, start: int, n_last: int, mask: Optional[Tensor]) -> Tensor:
         """One pass of ``ids`` ``[r]`` at ``positions`` into slots ``start..``; logits ``[n_last, V]``."""
-        if self.step is not None and step_for(self.model, ids.shape[0], unsupported=False):
+        use = self.step is not False and step_for(self.model, ids.shape[0], unsupported=False)
+        if use and self.step is None:  # the first pass that runs it: whether it can, once
+            self.step = LeanStep(self.model) if step_unsupported(self.model) is None else False
+        if use and self.step:
             body = self.model.model
             h = body.embed_tokens(ids)  # [r, H]
             cos, sin = rope(positions, body.rotary_emb.inv_freq, body.rotary_emb.attention_scaling, h.dtype)
@@ -108,12 +111,14 @@ STEP_ROWS = 64  # the longest pass the step runs; a longer one (a prompt) runs t
 
 def step_for(model: Module, rows: int, unsupported: bool = True) -> bool:
     """Whether a pass of ``model`` over ``rows`` positions runs the lean step: up to ``STEP_ROWS``
-    positions, where its kernel plan (``kernels.prepacking.plan``) runs that width on the skinny kernel
-    or where it has none, and (``unsupported``: checked here) ``step_unsupported`` finds nothing."""
+    positions, where the model has no kernel plan (as loaded), or where its plan
+    (``kernels.prepacking.plan``) runs that width on the skinny kernel (past the measured widths, where
+    one-position passes do: a draft tree's pass verifies on what decoding runs), and
+    (``unsupported``: checked here) ``step_unsupported`` finds nothing."""
     if rows > STEP_ROWS or compute_dtype(model) != torch.float32 or model_device(model).type != "cpu":
         return False
     route = plan(model)
-    if route is not None and route[min(rows, len(route)) - 1] != SKINNY:
+    if route is not None and route[rows - 1 if rows < len(route) else 0] != SKINNY:
         return False
     return not unsupported or step_unsupported(model) is None
 

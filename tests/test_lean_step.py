@@ -25,14 +25,35 @@ def float32(name: str):
     return MODELS[name]().to(torch.float32)
 
 
+class TorchForward:
+    """A lean runner whose every pass runs on the model's own linears (``kernels(model, False)``): the
+    torch forward, never the step."""
+
+    def __init__(self, model):
+        self.model, self.runner = model, LeanRunner(model)
+
+    def __getattr__(self, name):
+        method = getattr(self.runner, name)
+        if not callable(method):
+            return method
+
+        def on_own_linears(*args, **kwargs):
+            with kernels(self.model, False):
+                return method(*args, **kwargs)
+        return on_own_linears
+
+    def __call__(self, *args, **kwargs):
+        with kernels(self.model, False):
+            return self.runner(*args, **kwargs)
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_step_logits_match_the_torch_forward(name):
     """Prompt, decoding and verification passes (Qwen2's biases, tied embeddings, Mistral's head size,
     YaRN's scaled cos/sin): the torch forward's logits to float32 rounding; the step ran them all."""
     model, ids = float32(name), ids_for()
     step = LeanRunner(model)
-    with kernels(model, False):
-        torch_forward = LeanRunner(model)
+    torch_forward = TorchForward(model)
     for length, n in PASSES:
         torch.testing.assert_close(step(ids[:, :length], n), torch_forward(ids[:, :length], n), rtol=1e-4, atol=2e-5)
     assert step.step_passes == len(PASSES) and torch_forward.step_passes == 0
@@ -97,10 +118,10 @@ def test_hidden_states_match_the_torch_forward():
     """The residual stream entering the asked layers (what an EAGLE-3 head reads), to float32 rounding."""
     model, ids = float32("llama"), ids_for()
     step = LeanRunner(model)
-    with kernels(model, False):
-        torch_forward = LeanRunner(model)
+    torch_forward = TorchForward(model)
+    torch_forward.runner.hidden_layers = (0, 1)
+    step.hidden_layers = (0, 1)
     for runner in (step, torch_forward):
-        runner.hidden_layers = (0, 1)
         runner(ids[:, :16], 2)
         runner(ids[:, :19], 3)
     assert step.hidden.shape == (3, 2 * model.config.hidden_size) and step.hidden_start == 16
@@ -110,8 +131,7 @@ def test_hidden_states_match_the_torch_forward():
 def test_a_tree_pass_on_the_step_matches_the_torch_forward():
     model, ids = float32("mistral"), ids_for()
     step = LeanRunner(model)
-    with kernels(model, False):
-        torch_forward = LeanRunner(model)
+    torch_forward = TorchForward(model)
     nodes, parents = [5, 7, 9, 11, 13], [-1, 0, 0, 1, 2]
     for runner in (step, torch_forward):
         runner(ids[:, :24], 1)
@@ -131,8 +151,7 @@ def odd_llama(**changes):
 def test_a_vocabulary_that_is_no_multiple_of_16_is_padded_and_cut():
     model, ids = odd_llama(), ids_for()
     step = LeanRunner(model)
-    with kernels(model, False):
-        expected = LeanRunner(model)(ids[:, :10], 4)
+    expected = TorchForward(model)(ids[:, :10], 4)
     got = step(ids[:, :10], 4)
     assert got.shape == (4, 100) and step.step_passes == 1
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=2e-5)
@@ -148,21 +167,19 @@ def test_step_unsupported_says_why_and_the_torch_forward_runs_instead():
     assert step_unsupported(hooked) == "a linear layer is quantized, hooked or not nn.Linear"
     runner = LeanRunner(hooked)
     runner(ids_for()[:, :8], 1)
-    assert runner.step is None and runner.step_passes == 0
+    assert runner.step is False and runner.step_passes == 0
 
 
 def test_fused_weights_are_one_copy_that_the_layers_skinny_route_reads_too():
     """q/k/v fused: the layer's own blocked weight is a view of the fused one (no second copy), and it
     is remade when the weight changes in place."""
     model = odd_llama()
-    attn = model.model.layers[0].self_attn
-    LeanRunner(model)
+    attn, ids = model.model.layers[0].self_attn, ids_for()
+    LeanRunner(model)(ids[:, :4], 1)
     q, k = blocked(attn.q_proj.weight), blocked(attn.k_proj.weight)
     assert q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()
     assert k.data_ptr() == q.data_ptr() + q.numel() * 4
-    ids = ids_for()
     with torch.no_grad():
         attn.k_proj.weight.mul_(2.0)
-    with kernels(model, False):
-        expected = LeanRunner(model)(ids[:, :10], 2)
+    expected = TorchForward(model)(ids[:, :10], 2)
     torch.testing.assert_close(LeanRunner(model)(ids[:, :10], 2), expected, rtol=1e-4, atol=2e-5)
