@@ -106,6 +106,7 @@ class LeanStep:
         self.vocab = model.get_output_embeddings().out_features
         self.identity = self._identities(model)
         self.cache_keys: Tuple[int, ...] = ()
+        self.scratch = torch.empty(0)  # grown to the largest pass yet: no allocation per pass
 
     def _address(self, tensor: Optional[Tensor]) -> Optional[int]:
         if tensor is None:
@@ -133,15 +134,18 @@ class LeanStep:
 
     def __call__(self, h: Tensor, cos: Tensor, sin: Tensor, cache, start: int, seen: Optional[Tensor], n_last: int,
                  hidden_layers: Sequence[int] = ()) -> Tuple[Tensor, Optional[Tensor]]:
-        """One pass: ``h`` ``[r, H]`` the fed ids' embeddings, ``cos``/``sin`` ``[r, D]``, their keys and
+        """One pass: ``h`` ``[r, H]`` the fed ids' embeddings (overwritten), ``cos``/``sin`` ``[r, D]``, their keys and
         values written to slots ``start..start + r - 1`` of ``cache``; ``seen`` ``[r, start + r]`` bool (a
         tree pass) or None (causal). Returns logits ``[n_last, V]`` and, with ``hidden_layers``, the
         residual stream entering those layers ``[r, len(hidden_layers) * H]``."""
         self.bind(cache)
         r, threads = h.shape[0], torch.get_num_threads()
-        h = h.contiguous().clone()
+        h = h.contiguous()  # written in place: the caller's embeddings, made for this pass
         cos, sin = cos.contiguous(), sin.contiguous()
-        scratch = torch.empty(self.library.lean_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(r), ctypes.c_int64(threads)))
+        needed = self.library.lean_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(r), ctypes.c_int64(threads))
+        if self.scratch.numel() < needed:
+            self.scratch = torch.empty(needed)
+        scratch = self.scratch
         logits = torch.empty((n_last, self.vocab))
         at = torch.tensor(list(hidden_layers), dtype=torch.int64)
         hidden = torch.empty((r, len(hidden_layers) * self.dims.H)) if hidden_layers else None
