@@ -153,10 +153,14 @@ def stale_unless(version: int):
     return lambda folder: None if (folder / "config.json").is_file() and f'"version": {version}' in (folder / "config.json").read_text() else "stale"
 
 
+@pytest.mark.parametrize("exchange", [True, False], ids=["one exchange", "two renames"])
 @pytest.mark.parametrize("failure", ["the build raises", "the build is refused by its check"])
-def test_a_stale_folder_stays_in_place_until_its_successor_is_built_and_checked(cache, failure):
+def test_a_stale_folder_stays_in_place_until_its_successor_is_built_and_checked(cache, failure, exchange, monkeypatch):
     """A complete folder that is stale (an export of another version) keeps working while its successor is
-    built beside it; a build that fails or is refused leaves it as it was, one that succeeds replaces it."""
+    built beside it; a build that fails or is refused leaves it as it was, one that succeeds replaces it
+    (by an atomic exchange where the system has one, else by two renames)."""
+    if not exchange:
+        monkeypatch.setattr(models, "_exchange", lambda a, b: False)
     folder = cache / "model"
     folder.mkdir(parents=True)
     versioned(folder, 1)
@@ -180,3 +184,11 @@ def test_a_swap_interrupted_between_its_renames_gets_the_old_folder_back(cache):
     versioned(aside, 1)
     assert models.cached_conversion(cache / "model", lambda out: pytest.fail("built"), lambda line: None, problem=stale_unless(1)) == cache / "model"
     assert not aside.exists() and '"version": 1' in (cache / "model" / "config.json").read_text()
+
+
+def test_an_exchange_swaps_both_names_or_changes_nothing(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "from-a").write_text("")
+    swapped = models._exchange(tmp_path / "a", tmp_path / "b")
+    assert (tmp_path / ("b" if swapped else "a") / "from-a").is_file() and (tmp_path / "a").is_dir() and (tmp_path / "b").is_dir()

@@ -1,5 +1,6 @@
 """Loading models: the embedded SmolLM2 GGUF (converted once, then cached) and derived drafters."""
 import copy
+import ctypes
 import fcntl
 import functools
 import glob
@@ -159,10 +160,24 @@ def _recover(folder: Path, say: Callable[[str], None]) -> None:
         shutil.rmtree(aside) if folder.exists() else aside.rename(folder)
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the names of ``a`` and ``b`` atomically (Linux's ``renameat2`` with ``RENAME_EXCHANGE``);
+    False where the system or its file system cannot (nothing changed)."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_cwd, exchange = -100, 2  # AT_FDCWD, RENAME_EXCHANGE
+    return renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), exchange) == 0
+
+
 def _swap_in(new: Path, folder: Path) -> None:
-    """Give ``new`` the name ``folder``: an old ``folder`` is renamed aside (``<folder>.replaced``) just
-    before, put back if the rename fails, and removed after. POSIX has no rename of a folder over a
-    non-empty one: the two renames, under the lock, leave the name empty for an instant only."""
+    """Give ``new`` the name ``folder``: an old ``folder`` swaps names with it in one step where the
+    system can (``_exchange``), else is renamed aside (``<folder>.replaced``) just before, put back if
+    the rename fails, and removed after (two renames under the lock: the name is empty for an instant)."""
+    if folder.is_dir() and _exchange(new, folder):
+        shutil.rmtree(new)  # the old folder, now under the temporary name
+        return
     aside = folder.with_name(folder.name + ".replaced")
     if folder.exists():
         folder.rename(aside)
