@@ -3,6 +3,7 @@ decoding and its prompt lookup on the embedded model exported to OpenVINO IR in 
 through ``openvino_genai.LLMPipeline`` by a worker process of the OpenVINO venv (``scripts/openvino_worker.py``) on the
 project's own token ids, new-token budget, end tokens and torch's thread count."""
 import atexit
+import functools
 import json
 import os
 import subprocess
@@ -21,13 +22,35 @@ INSTALL = "install: make openvino (docs/openvino.md)"
 
 
 def venv() -> Path:
-    """The OpenVINO venv: $SPECDEC_OPENVINO_VENV, else ``.venv-openvino`` in the checkout."""
-    return Path(os.environ.get("SPECDEC_OPENVINO_VENV") or ROOT / ".venv-openvino")
+    """The OpenVINO venv: $SPECDEC_OPENVINO_VENV (``make openvino``'s setting too), else the one the export's stamp
+    records (the venv ``make openvino`` exported with), else ``.venv-openvino`` in the checkout."""
+    given = os.environ.get("SPECDEC_OPENVINO_VENV") or stamp(ir_dir()).get("venv")
+    return Path(given) if given else ROOT / ".venv-openvino"
 
 
 def ir_dir() -> Path:
     """Where ``make openvino`` exports the embedded model (float32 IR), in the project's model cache."""
     return cache_dir() / "SmolLM2-135M-Instruct-openvino-fp32"
+
+
+def stamp(folder: Path) -> Dict[str, Any]:
+    """The export's stamp in ``folder`` ({} where there is none or it is unreadable)."""
+    try:
+        found = json.loads((folder / STAMP).read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+@functools.lru_cache(maxsize=None)
+def genai_version(python: Path) -> Optional[str]:
+    """The OpenVINO GenAI version ``python``'s venv imports (as its ``__version__`` says), None where it imports none."""
+    try:
+        done = subprocess.run([str(python), "-c", "import openvino_genai; print(openvino_genai.__version__)"],
+                              capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
 
 
 def ir_problem(folder: Path) -> Optional[str]:
@@ -49,6 +72,11 @@ def unavailable(args: Any = None) -> str:
     problem = ir_problem(ir_dir())
     if problem is not None:
         return f"the embedded model's OpenVINO export {ir_dir()} is missing or incomplete ({problem}); {INSTALL}"
+    stamped, have = stamp(ir_dir()).get("openvino_genai"), genai_version(python)
+    if have is None:
+        return f"the OpenVINO venv {venv()} cannot import openvino_genai; {INSTALL}"
+    if stamped != have:
+        return f"the OpenVINO export {ir_dir()} was made with OpenVINO GenAI {stamped}, the venv {venv()} has {have}; {INSTALL}"
     if args is not None and (getattr(args, "target", None) or getattr(args, "preset", None) not in (None, "embedded")):
         return "the OpenVINO rows run the embedded model only (its export); this run's target is another"
     return ""
