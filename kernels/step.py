@@ -14,10 +14,11 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
-from kernels import skinny
+import kernels.skinny as skinny
 from kernels.blocked import blocked, fusable, fused
-from kernels.prepacking import copy_fits
+from kernels.prepacking import SKINNY, copy_fits, plan
 
+STEP_ROWS = 64  # the longest pass the step runs; a longer one (a prompt) runs the torch forward on the model's plan
 LABEL = "lean step (C: skinny linears on blocked weights, q/k/v and gate/up fused, row-invariant)"
 
 
@@ -68,6 +69,21 @@ def step_unsupported(model: Module) -> Optional[str]:
     if not copy_fits(size):
         return f"its blocked weights ({size / 2**30:.1f} GiB) would take over a quarter of this machine's memory"
     return None
+
+
+def step_for(model: Module, rows: int, unsupported: bool = True) -> bool:
+    """Whether a pass of ``model`` over ``rows`` positions runs the lean step: float32 on CPU, up to
+    ``STEP_ROWS`` positions, where the model has no kernel plan (as loaded), or where its plan
+    (``kernels.prepacking.plan``) runs that width on the skinny kernel (past the measured widths, where
+    one-position passes do: a draft tree's pass verifies on what decoding runs), and
+    (``unsupported``: checked here) ``step_unsupported`` finds nothing."""
+    weight = next(model.parameters(), None)
+    if rows > STEP_ROWS or weight is None or weight.dtype != torch.float32 or weight.device.type != "cpu":
+        return False
+    route = plan(model)
+    if route is not None and route[rows - 1 if rows < len(route) else 0] != SKINNY:
+        return False
+    return not unsupported or step_unsupported(model) is None
 
 
 class LeanStep:

@@ -69,13 +69,12 @@ class RunnerConfig:
 
     def forward_note(self, model: Module) -> str:
         """" · lean Llama forward" where the lean forward runs ``model``'s eager passes, else ""; with
-        " on the lean step ..." where its decoding passes run the C step (``runners.lean.step_for``),
+        " on the lean step ..." where its decoding passes run the C step (``kernels.step.step_for``),
         or why not where the model has no kernel plan (as loaded) and still cannot."""
         if not self.lean_for(model):
             return ""
         from kernels.prepacking import plan
-        from kernels.step import LABEL as STEP, step_unsupported
-        from runners.lean import step_for
+        from kernels.step import LABEL as STEP, step_for, step_unsupported
 
         if step_for(model, 1):
             return f" · {LEAN_LABEL} on the {STEP}"

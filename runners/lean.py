@@ -12,8 +12,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
-from kernels.prepacking import SKINNY, plan
-from kernels.step import LeanStep, step_unsupported
+from kernels.step import LeanStep, step_for, step_unsupported
 from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache, rope
 from runners.config import LEAN_LABEL as LABEL
 from runners.device import model_device
@@ -106,21 +105,4 @@ class LeanRunner(TreePasses):
         return self._run(ids, positions, start, n + 1, kwargs["attention_mask"])
 
 
-STEP_ROWS = 64  # the longest pass the step runs; a longer one (a prompt) runs the torch forward on the model's plan
-
-
-def step_for(model: Module, rows: int, unsupported: bool = True) -> bool:
-    """Whether a pass of ``model`` over ``rows`` positions runs the lean step: up to ``STEP_ROWS``
-    positions, where the model has no kernel plan (as loaded), or where its plan
-    (``kernels.prepacking.plan``) runs that width on the skinny kernel (past the measured widths, where
-    one-position passes do: a draft tree's pass verifies on what decoding runs), and
-    (``unsupported``: checked here) ``step_unsupported`` finds nothing."""
-    if rows > STEP_ROWS or compute_dtype(model) != torch.float32 or model_device(model).type != "cpu":
-        return False
-    route = plan(model)
-    if route is not None and route[rows - 1 if rows < len(route) else 0] != SKINNY:
-        return False
-    return not unsupported or step_unsupported(model) is None
-
-
-__all__ = ["LABEL", "LeanRunner", "STEP_ROWS", "lean_unsupported", "step_for"]
+__all__ = ["LABEL", "LeanRunner", "lean_unsupported"]
