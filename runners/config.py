@@ -6,7 +6,7 @@ from typing import Optional
 
 from torch.nn import Module
 
-from models.llama import lean_unsupported
+from models.llama import ATTENTION, lean_unsupported
 
 from runners.cache_kind import check_cache, runner_cache
 from runners.device import model_device
@@ -68,8 +68,12 @@ class RunnerConfig:
         return f"{self.cache_for(model)} KV cache · " + ("compiled" if self.compiled_for(model) else "eager") + self.forward_note(model)
 
     def forward_note(self, model: Module) -> str:
-        """" · lean Llama forward" where the lean forward runs ``model``'s eager passes, else ""."""
-        return f" · {LEAN_LABEL}" if self.lean_for(model) else ""
+        """" · lean Llama forward (attention: SDPA)" where the lean forward runs ``model``'s eager passes (and
+        transformers' attention where the model's differs: its peers' rows run that), else ""."""
+        if not self.lean_for(model):
+            return ""
+        own = getattr(model.config, "_attn_implementation", None)
+        return f" · {LEAN_LABEL} (attention: {ATTENTION}" + (f"; transformers' paths: {own})" if own != "sdpa" else ")")
 
 
 FORWARDS = ("auto", "lean", "transformers")

@@ -206,7 +206,7 @@ def test_make_runner_picks_the_lean_forward_by_default():
     assert type(make_runner(model, config=RunnerConfig(forward="transformers"))) is KVCacheModel
     assert type(make_runner(model, config=RunnerConfig(cache="dynamic"))) is KVCacheModel  # a dynamic cache is transformers'
     assert type(make_runner(model, use_cache=False)) is KVCacheModel
-    assert EAGER.describe(model) == "static KV cache · eager · lean Llama forward"
+    assert EAGER.describe(model) == "static KV cache · eager · lean Llama forward (attention: SDPA)"
     assert make_runner(model).cache_kind == "static"
     with pytest.raises(ValueError, match="forward must be"):
         RunnerConfig(forward="fast")
