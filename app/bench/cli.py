@@ -137,6 +137,9 @@ def group_spec(text: str) -> tuple:
 
 def main(argv: Optional[List[str]] = None) -> None:
     args = build_parser().parse_args(argv)
+    from utils.versions import check_torch
+
+    check_torch()  # before anything imports transformers
     from app.session import SetupError, read_processor
 
     try:
