@@ -5,7 +5,8 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional
+import time
+from typing import TYPE_CHECKING, Callable, Dict, List, NamedTuple, Optional
 
 from app.bench.configs import Config, baseline
 from app.bench.llama_cpp import llama_cpp_report
@@ -20,6 +21,14 @@ def first_divergence(a: List[int], b: List[int]) -> Optional[int]:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
+
+
+class PassTimes(NamedTuple):
+    """One run's forward passes (``pass_times``): how many, the time inside them, the run's wall time."""
+
+    passes: int
+    inside: float
+    wall: float
 
 
 class Bench:
@@ -156,24 +165,9 @@ class Bench:
 
     def overhead(self, configs: List[Config], prompt: List[int]) -> Dict[str, float]:
         """Per configuration: the fraction of one run's wall time spent outside model forward passes
-        (drafting, acceptance, storage updates, sampling glue), timed with forward hooks."""
-        import time
-
-        models = [m for m in (self.target, self.drafter) if m is not None]
-        inside, started = [0.0], [0.0]
-        hooks = [h for m in models for h in (
-            m.register_forward_pre_hook(lambda *a: started.__setitem__(0, time.perf_counter())),
-            m.register_forward_hook(lambda *a: inside.__setitem__(0, inside[0] + time.perf_counter() - started[0])))]
-        shares = {}
-        try:
-            for config in configs:
-                inside[0] = 0.0
-                result = self.run(config, prompt)
-                shares[config.label] = 1 - inside[0] / result.seconds if result.seconds else 0.0
-        finally:
-            for hook in hooks:
-                hook.remove()
-        return shares
+        (drafting, acceptance, storage updates, sampling glue), by ``pass_times``."""
+        return {label: 1 - timed.inside / timed.wall if timed.wall else 0.0
+                for label, timed in pass_times(self, configs, prompt).items()}
 
     def verify_cost(self) -> Dict[int, float]:
         """Cost of one target pass over r positions relative to r = 1 (the calibration's, or measured now)."""
@@ -181,6 +175,30 @@ class Bench:
 
         costs = self.row_costs or measure_row_costs(self.target)
         return {rows: cost for rows, cost in enumerate(costs, 1)}
+
+
+def pass_times(bench: Bench, configs: List[Config], prompt: List[int], clock: Callable[[], float] = time.perf_counter) -> Dict[str, PassTimes]:
+    """Per configuration, one run of ``prompt`` (``bench.run``): its forward passes, timed where every runner
+    makes them (``runners.clock``: the runners' ``__call__`` and ``tree_pass``, whatever runs inside them), and
+    transformers' ``generate`` at its models' top-level calls; a GPU synchronised around each pass; all on ``clock``."""
+    from runners.clock import PassClock, model_passes, timing_passes
+    from runners.device import model_device, synchronize
+
+    models = [m for m in (bench.target, bench.drafter) if m is not None]
+    devices = [m for m in models if model_device(m).type != "cpu"]
+
+    def sync() -> None:
+        for model in devices:
+            synchronize(model)
+    times = {}
+    for config in configs:
+        passes = PassClock(clock, sync if devices else None)
+        with timing_passes(passes), model_passes(models, passes):
+            started = clock()
+            bench.run(config, prompt)
+            wall = clock() - started
+        times[config.label] = PassTimes(passes.passes, passes.seconds, wall)
+    return times
 
 
 def warm_up(bench: Bench, configs: List[Config], prompt: List[int]) -> None:
@@ -281,7 +299,9 @@ def extra_sections(bench: Bench, configs: List[Config], records: List[dict], pro
     if args.llama_cpp:
         extra += llama_cpp_report(bench, args, prompt)
     if args.overhead:
-        shares = bench.overhead(configs, prompt)
-        extra += "\n## time outside model forward passes (first prompt)\n\n| strategy | share |\n| --- | ---: |\n"
-        extra += "".join(f"| {label} | {share:.1%} |\n" for label, share in shares.items())
+        times = pass_times(bench, configs, prompt)
+        extra += ("\n## time outside model forward passes (first prompt)\n\nPasses timed where the runners make them "
+                  "(their calls and tree passes), transformers' `generate` at its model's calls.\n\n"
+                  "| strategy | forward passes | share outside |\n| --- | ---: | ---: |\n")
+        extra += "".join(f"| {label} | {t.passes} | {1 - t.inside / t.wall if t.wall else 0.0:.1%} |\n" for label, t in times.items())
     return extra
