@@ -12,12 +12,11 @@ def torch_problem() -> Optional[str]:
     try:
         import torch
     except ImportError:
-        return f"torch is not installed: the programs need torch >= {_floor()} (make setup, README)"
+        return f"torch is not installed; the programs need torch >= {_floor()}: see the README's setup"
     version = str(torch.__version__)
     found = re.match(r"(\d+)\.(\d+)", version)
     if found is None or (int(found.group(1)), int(found.group(2))) < TORCH_FLOOR:
-        return (f"torch {version} is installed: the programs need torch >= {_floor()} (transformers 5.24 needs it); "
-                "install a newer build (make setup, README)")
+        return f"torch {version} is installed; the programs need torch >= {_floor()} (transformers 5.24 does): see the README's setup"
     return None
 
 
