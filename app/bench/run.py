@@ -3,9 +3,9 @@ configuration), the interleaved timed loop over prompts, repeats and configurati
 of each run (with the config it ran with, ``RunConfig.to_dict``)."""
 import json
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
-import time
 from typing import TYPE_CHECKING, Callable, Dict, List, NamedTuple, Optional
 
 from app.bench.configs import Config, baseline

@@ -1,4 +1,4 @@
-"""The OpenVINO worker's client (``peers_openvino.Worker``) against fake workers (small scripts: no OpenVINO):
+"""Peers that fail. The OpenVINO worker's client (``peers_openvino.Worker``) against fake workers (small scripts: no OpenVINO):
 a worker that hangs, dies or answers garbage costs one line, is killed and dropped, and the next call starts
 a fresh one; in the benchmark a failing peer row is a failed row with its reason, and the other rows go on."""
 import dataclasses
@@ -148,3 +148,18 @@ def test_our_row_failing_lets_the_others_report_then_exits_with_status_1(tiny_mo
     assert sorted((r["key"], r["repeat"], bool(r.get("failed"))) for r in records if r["key"] != "ov_plain") == [
         ("pld", 0, False), ("pld", 1, True), ("target", 0, False), ("target", 1, False)]
     assert "## failed rows" in (tmp_path / "results" / "results.md").read_text()
+
+
+def test_a_failing_llama_bench_is_a_line_of_its_section_not_the_end_of_the_benchmark(tmp_path):
+    """``--llama-cpp``'s peer runs after the timed runs, before the reports: a llama-bench that fails is said in its section."""
+    from types import SimpleNamespace
+
+    from app.bench.llama_cpp import llama_cpp_report
+
+    failing = tmp_path / "llama-bench"
+    failing.write_text("#!/bin/sh\necho 'error: unknown model architecture' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    ours = SimpleNamespace(run=lambda config, prompt: SimpleNamespace(tokens_per_second=10.0))
+    args = SimpleNamespace(gguf=str(failing), threads=1, repeats=1, llama_cpp=str(failing), max_new_tokens=4)
+    section = llama_cpp_report(ours, args, [1, 2, 3])
+    assert "## llama.cpp" in section and "failed" in section and "unknown model architecture" in section
