@@ -199,9 +199,10 @@ def _runners(pair: Pair, options: "LoadOptions", say: Say) -> Dict[str, object]:
     for role, model in (("target", pair.target), ("drafter", pair.drafter)):
         if model is None:
             continue
-        if options.forward == "lean" and not compile and lean_unsupported(model) is not None:
-            raise SetupError(f"--forward lean: the {role} cannot take it: {lean_unsupported(model)}")
         reason = why_not_compiled(model) if compile else None
+        if options.forward == "lean" and (not compile or reason is not None) and lean_unsupported(model) is not None:
+            # its passes run eagerly (no --compile, or a model that cannot compile): the lean forward's
+            raise SetupError(f"--forward lean: the {role} cannot take it: {lean_unsupported(model)}")
         runners[role] = RunnerConfig(None if cache == "auto" else cache, compile and reason is None, forward=options.forward)
         if reason is not None:
             say(f"--compile: the {role} runs eagerly: {reason}", "red")

@@ -19,6 +19,7 @@ from kernels.blocked import blocked, fusable, fused
 from kernels.prepacking import SKINNY, copy_fits, plan
 
 STEP_ROWS = 64  # the longest pass the step runs; a longer one (a prompt) runs the torch forward on the model's plan
+STEP_ATTENTION = "the step's own, row by row"  # what the headers say of the step's attention (exact softmax in C)
 LABEL = "lean step (C: skinny linears on blocked weights, q/k/v and gate/up fused, row-invariant)"
 
 

@@ -222,13 +222,13 @@ def test_make_runner_picks_the_lean_forward_by_default():
     assert type(make_runner(model, config=RunnerConfig(forward="transformers"))) is KVCacheModel
     assert type(make_runner(model, config=RunnerConfig(cache="dynamic"))) is KVCacheModel  # a dynamic cache is transformers'
     assert type(make_runner(model, use_cache=False)) is KVCacheModel
-    assert EAGER.describe(model) == "static KV cache · eager · lean Llama forward (no lean step: the step runs float32 weights on CPU)"
+    assert EAGER.describe(model) == "static KV cache · eager · lean Llama forward (attention: SDPA) (no lean step: the step runs float32 weights on CPU)"
     step = EAGER.describe(model.to(torch.float32)) if skinny_built() else "no C compiler"
     with kernels(model, False):  # the model's own linears said explicitly: the torch forward
-        assert EAGER.describe(model) == "static KV cache · eager · lean Llama forward"
+        assert EAGER.describe(model) == "static KV cache · eager · lean Llama forward (attention: SDPA)"
     model.to(torch.float64)
-    assert step.endswith("lean Llama forward on the lean step (C: skinny linears on blocked weights, "
-                         "q/k/v and gate/up fused, row-invariant)") or step == "no C compiler"
+    assert step.endswith("lean Llama forward (attention: the step's own, row by row) on the lean step (C: skinny linears "
+                         "on blocked weights, q/k/v and gate/up fused, row-invariant)") or step == "no C compiler"
     assert make_runner(model).cache_kind == "static"
     with pytest.raises(ValueError, match="forward must be"):
         RunnerConfig(forward="fast")
