@@ -199,9 +199,10 @@ def _runners(pair: Pair, options: "LoadOptions", say: Say) -> Dict[str, object]:
     for role, model in (("target", pair.target), ("drafter", pair.drafter)):
         if model is None:
             continue
-        if (options.forward == "step" or options.forward == "lean" and not compile) and lean_unsupported(model) is not None:
-            raise SetupError(f"--forward {options.forward}: the {role} cannot take it: {lean_unsupported(model)}")
         reason = why_not_compiled(model) if compile else None
+        eager_lean = options.forward == "lean" and (not compile or reason is not None)  # no --compile, or it cannot compile
+        if (options.forward == "step" or eager_lean) and lean_unsupported(model) is not None:
+            raise SetupError(f"--forward {options.forward}: the {role} cannot take it: {lean_unsupported(model)}")
         runners[role] = RunnerConfig(None if cache == "auto" else cache, compile and reason is None, forward=options.forward)
         if reason is not None:
             say(f"--compile: the {role} runs eagerly: {reason}", "red")
@@ -361,7 +362,8 @@ def describe(model: "Module", label: str, quantize: str, notes: Optional[Dict[st
     """One line: the model, where it runs, its weights, its KV cache and its runner (compiled or
     eager: ``runner``, a ``RunnerConfig``; None: the defaults) and, eager, whether its linear layers
     are prepacked; ``notes`` say how the cache and the kernels were chosen (the measurements)."""
-    from runners import EAGER, compiled_label, prepacked, step_label
+    from kernels.prepacking import PREPACKED, plan
+    from runners import EAGER, compiled_label, step_label
     from utils.quantization import model_quantization
 
     notes, runner = notes or {}, runner or EAGER
@@ -377,4 +379,4 @@ def describe(model: "Module", label: str, quantize: str, notes: Optional[Dict[st
     line += notes.get("cache", f"{runner.cache_for(model)} KV cache") + " · eager" + runner.forward_note(model)
     if "kernels" in notes:
         return line + f" · {notes['kernels']}"
-    return line + (" · prepacked linears" if prepacked(model) else "")
+    return line + (" · prepacked linears" if PREPACKED in (plan(model) or ()) else "")

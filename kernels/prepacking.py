@@ -129,9 +129,14 @@ def _physical_memory() -> int:
         return 0
 
 
+def copy_fits(size: int) -> bool:
+    """Whether a second copy of ``size`` bytes of weights is allowed: at most a quarter of the machine's memory."""
+    return 0 < size <= _physical_memory() // 4
+
+
 def prepack_fits(size: int) -> bool:
     """Whether float32 linear layers of ``size`` bytes would be prepacked (``prepackable``'s limits)."""
-    return _can_prepack() and 0 < size <= _physical_memory() // 4
+    return _can_prepack() and copy_fits(size)
 
 
 _PREPACKED: "weakref.WeakKeyDictionary[Module, PrepackedLinear]" = weakref.WeakKeyDictionary()
@@ -204,28 +209,24 @@ def plan(model: Module) -> Optional[Tuple[str, ...]]:
 
 @contextlib.contextmanager
 def kernels(model: Module, prepack: bool | Tuple[str, ...] | None):
-    """``model`` for the block with its linear layers prepacked (True), its own (False), on a route
-    by pass width (a tuple, ``set_prepack``'s), or as they are (None); then as before."""
+    """``model`` for the block with its linear layers prepacked (True), its own (False: the route
+    ``(OWN,)``, so that no pass runs the lean step either), on a route by pass width (a tuple,
+    ``set_prepack``'s), or as they are (None); then as before."""
     if prepack is None:
         yield model
         return
-    wanted = (PREPACKED,) if prepack is True else prepack
+    wanted = (PREPACKED,) if prepack is True else (OWN,) if prepack is False else prepack
     before = plan(model)
-    if before != (wanted or None):
-        _set_plan(model, wanted)
+    if before != wanted:
+        set_prepack(model, True, wanted)
     try:
         yield model
     finally:
         if plan(model) != before:
-            _set_plan(model, False if before is None else before)
-
-
-def _set_plan(model: Module, value: bool | Tuple[str, ...]) -> None:
-    """``set_prepack`` from a plan as ``kernels`` takes it (False: the model's own layers)."""
-    if value is False:
-        set_prepack(model, False)
-    else:
-        set_prepack(model, True, value)
+            if before is None:
+                set_prepack(model, False)
+            else:
+                set_prepack(model, True, before)
 
 
 def drop_prepacked(model: Module) -> None:
@@ -233,6 +234,13 @@ def drop_prepacked(model: Module) -> None:
     set_prepack(model, False)
     for layer in model.modules():
         _PREPACKED.pop(layer, None)
+
+
+def drop_blocked_copies(model: Module) -> None:
+    """Free the skinny kernel's blocked copies of the model's float32 linear weights (``kernels.blocked``)."""
+    from kernels.blocked import forget
+
+    forget([m.weight for m in model.modules() if type(m) in (torch.nn.Linear, PrepackedLinear)])
 
 
 def drop_packed_copies(model: Module) -> None:

@@ -1,5 +1,7 @@
-"""The skinny kernel: a float32 CPU linear layer over a few positions that reads its weight once on
-every core (``skinny_gemm.c``), built at first use with the machine's C compiler for its own CPU.
+"""The skinny kernel: a float32 CPU linear layer over a few positions that streams its weight once,
+blocked for it (``skinny_gemm.c``, ``kernels.blocked``), and the lean step that runs a whole pass of a
+Llama-family model on it (``lean_step.c``, ``kernels.step``): one library, built at first use with
+the machine's C compiler for its own CPU.
 
 ``skinny_linear(x, weight, bias)`` is ``F.linear`` for float32 CPU tensors, computed by that kernel;
 ``available()`` says whether it could be built here (a C compiler with OpenMP), and why not. The
@@ -11,17 +13,22 @@ at once both load a whole library. Whether it pays is measured per pass width at
 import ctypes
 import functools
 import hashlib
+import json
 import os
 import platform
 import subprocess
+import time
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
-SOURCE = Path(__file__).with_name("skinny_gemm.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+SOURCES = (Path(__file__).with_name("skinny_gemm.c"), Path(__file__).with_name("lean_step.c"))
+SOURCE = SOURCES[0]
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")  # no fused a*b+c unless written: one rounding on every CPU
+BUILD_TIMEOUT = 120.0  # seconds a compile may take before it counts as failed
+RETRY_AFTER = 86400.0  # seconds a failed build is remembered (a full disk, a killed compiler pass)
 
 
 def _cpu_line() -> str:
@@ -47,38 +54,71 @@ def compiler_target(compiler: str) -> str:
     return "\n".join(sorted(line for line in done.stdout.splitlines() if line.startswith("#define"))) if done.returncode == 0 else ""
 
 
-def library_name(compiler: str) -> str:
-    """The library's file stem: the machine, and a hash of the source, the compiler's version and
-    flags, its real target (``compiler_target``), the OS and the CPU's feature line, so that a cache
+def compiler_version(compiler: str) -> str:
+    """The first line of ``compiler --version`` ("" where it says nothing)."""
+    lines = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()
+    return lines[0].strip() if lines else ""
+
+
+def library_name(compiler: str, sources: Sequence[Path] = SOURCES, stem: str = "skinny") -> str:
+    """The library's file stem: ``stem``, the machine, and a hash of the sources, the compiler's version
+    and flags, its real target (``compiler_target``), the OS and the CPU's feature line, so that a cache
     folder shared by several machines never hands one a library built for another."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout.splitlines()[:1]
-    parts = [SOURCE.read_text(), *version, " ".join(FLAGS), compiler_target(compiler), platform.system(), platform.machine(), _cpu_line()]
-    return f"skinny-{platform.machine() or 'unknown'}-{hashlib.sha256(chr(10).join(parts).encode()).hexdigest()[:16]}"
+    parts = [*(source.read_text() for source in sources), compiler_version(compiler), " ".join(FLAGS), compiler_target(compiler),
+             platform.system(), platform.machine(), _cpu_line()]
+    return f"{stem}-{platform.machine() or 'unknown'}-{hashlib.sha256(chr(10).join(parts).encode()).hexdigest()[:16]}"
 
 
-def _build(compiler: str, folder: Path) -> Path:
-    """The library for this source, compiler and CPU: built once, atomically, under a lock. A build
-    that failed leaves ``<name>.failed`` (its reason), so later starts do not pay for it again."""
+def _earlier_failure(failed: Path, compiler: str, now: Callable[[], float]) -> Optional[str]:
+    """The reason ``failed`` records, while it holds: the same compiler (path and version) failed less
+    than ``RETRY_AFTER`` ago. None (try again) for another compiler, an older or unreadable marker."""
+    try:
+        recorded = json.loads(failed.read_text())
+        age = now() - failed.stat().st_mtime
+    except (OSError, ValueError):
+        return None
+    same = recorded.get("compiler") == compiler and recorded.get("version") == compiler_version(compiler)
+    return recorded.get("reason") if same and 0 <= age < RETRY_AFTER else None
+
+
+def _compile(compiler: str, sources: Sequence[Path], output: Path) -> Optional[str]:
+    """Compile ``sources`` into one library ``output``: None, or why it failed (a timeout too)."""
+    try:
+        done = subprocess.run([compiler, *FLAGS, "-o", str(output), *map(str, sources)], capture_output=True, text=True, timeout=BUILD_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return f"{compiler} timed out after {BUILD_TIMEOUT:g} s"
+    if done.returncode == 0:
+        return None
+    return f"{compiler} failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"
+
+
+def _build(compiler: str, folder: Path, sources: Sequence[Path] = SOURCES, stem: str = "skinny",
+           now: Callable[[], float] = time.time) -> Path:
+    """The library of ``sources`` for this compiler and CPU: built once, atomically, under a lock. A
+    build that failed or timed out leaves ``<name>.failed`` (its reason, the compiler's path and
+    version), so later starts do not pay for it again until the compiler changes or a day has passed."""
     from utils.files import write_atomically
     from utils.models import exclusive
 
-    name = library_name(compiler)
+    name = library_name(compiler, sources, stem)
     library, failed = folder / f"{name}.so", folder / f"{name}.failed"
     if library.is_file():
         return library
-    if failed.is_file():
-        raise RuntimeError(f"{failed.read_text().strip()} (an earlier start; remove {failed} to try again)")
+    reason = _earlier_failure(failed, compiler, now)
+    if reason is not None:
+        raise RuntimeError(f"{reason} (an earlier start; remove {failed} to try again, or wait a day, or change compilers)")
     folder.mkdir(parents=True, exist_ok=True)
     with exclusive(folder / f"{name}.lock"):
         if not library.is_file():
             temporary = folder / f"{name}.{os.getpid()}.tmp.so"
-            done = subprocess.run([compiler, *FLAGS, "-o", str(temporary), str(SOURCE)], capture_output=True, text=True, timeout=120)
-            if done.returncode != 0:
+            reason = _compile(compiler, sources, temporary)
+            if reason is not None:
                 temporary.unlink(missing_ok=True)
-                reason = f"{compiler} failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"
-                write_atomically(failed, (reason + "\n").encode())
+                record = {"reason": reason, "compiler": compiler, "version": compiler_version(compiler)}
+                write_atomically(failed, (json.dumps(record) + "\n").encode())
                 raise RuntimeError(reason)
             os.replace(temporary, library)
+            failed.unlink(missing_ok=True)
     return library
 
 
@@ -97,6 +137,9 @@ def _library() -> Tuple[Optional[ctypes.CDLL], str]:
         return None, f"the skinny kernel did not build: {error}"
     library.skinny_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     library.skinny_linear.restype = ctypes.c_int
+    library.skinny_simd.restype = ctypes.c_int
+    library.lean_step.restype = ctypes.c_int
+    library.lean_step_scratch.restype = ctypes.c_int64
     return library, Path(library._name).name
 
 
@@ -132,16 +175,27 @@ def skinny_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     if any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors) or weight.dim() != 2 or \
             x.shape[-1] != weight.shape[1] or (bias is not None and bias.shape != (weight.shape[0],)):
         return torch.nn.functional.linear(x, weight, bias)
-    weight, bias = weight.contiguous(), None if bias is None else bias.contiguous()
+    from kernels.blocked import blocked
+
+    packed, bias = blocked(weight), None if bias is None else bias.contiguous()
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     out = torch.empty((rows.shape[0], weight.shape[0]), dtype=torch.float32)
     # torch's thread count, given explicitly: whichever OpenMP runtime the library loaded (torch's own
     # or a second one), it runs that many threads, never its own default
-    run_linear(library, rows, weight, bias, out, torch.get_num_threads())
+    run_linear(library, rows, packed, bias, out, torch.get_num_threads())
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
-def run_linear(library: ctypes.CDLL, rows: Tensor, weight: Tensor, bias: Optional[Tensor], out: Tensor, threads: int) -> int:
-    """One call of the C kernel on checked, contiguous float32 CPU tensors; the threads it ran on."""
-    return library.skinny_linear(rows.data_ptr(), weight.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
-                                 rows.shape[0], weight.shape[0], rows.shape[1], threads)
+def run_linear(library: ctypes.CDLL, rows: Tensor, packed: Tensor, bias: Optional[Tensor], out: Tensor, threads: int) -> int:
+    """One call of the C kernel on checked, contiguous float32 CPU tensors (``packed``: the weight
+    blocked, ``kernels.blocked``; ``out`` ``[M, N]``); the threads it ran on."""
+    return library.skinny_linear(rows.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
+                                 rows.shape[0], out.shape[1], rows.shape[1], threads)
+
+
+def library() -> ctypes.CDLL:
+    """The loaded library (``lean_step`` and the kernel); raises with the reason where it is not built."""
+    loaded, why = _library()
+    if loaded is None:
+        raise RuntimeError(why)
+    return loaded

@@ -1,15 +1,19 @@
-/* y[M, N] = x[M, K] . w[N, K]^T (+ b[N]) in float32 for few rows M (decoding and verification
- * passes: 1..16 positions), reading w, an nn.Linear weight in its own row-major layout, once.
+/* The skinny kernel: y[M, N] = x[M, K] . W[N, K]^T (+ b[N]) in float32 for few rows M (decoding and
+ * verification passes), reading W once from a layout made for streaming.
  *
- * A pass over a few positions is bound by reading the weights, not by arithmetic. MKL's small-M
- * path reads them on one core on some CPUs (docs/profile.md: 12 GB/s of 25 on a 2-core EPYC) and
- * slows down past one row. Here the output features are split across the OpenMP threads (each
- * streams its own slice of w once), and each pair of weight rows is multiplied with up to six
- * input rows while it sits in registers, so a pass over 8 positions reads w once, like one over 1.
+ * A pass over a few positions is bound by reading the weights, not by arithmetic. So W is repacked
+ * once into blocks of 16 output features, each block [K][16] contiguous ("blocked": [N/16, K, 16],
+ * kernels/skinny.py's pack): a thread reads its share of the blocks as one sequential stream, which
+ * the hardware prefetcher follows at memory speed, and each 64-byte line read is one vector of 16
+ * outputs' weights for one input feature, multiplied with every input row while it is in a register.
  *
- * Built at first use by kernels/skinny.py with the machine's own compiler and -march=native.
- * Sums run in a fixed order per output (8 lanes, then a fixed tree), so a result does not depend
- * on the thread count or on M: row m of y is the same whether computed with 1 or 12 rows. */
+ * The sum of every output is one fused multiply-add chain over k = 0..K-1, then + b: the same order
+ * whatever M, the row block, the thread count or the instruction set (AVX-512, AVX2, scalar fmaf all
+ * round alike), so row m of y does not depend on the other rows of x: a position's logits are the
+ * same in a pass over 1 position and in one over 12.
+ *
+ * Built at first use by kernels/skinny.py with the machine's own compiler and -march=native. */
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <omp.h>
@@ -17,112 +21,171 @@
 #include <immintrin.h>
 #endif
 
-#define MB 6 /* input rows per register block */
+#define BW 16 /* output features per block: one 64-byte line per input feature */
+#if defined(__AVX512F__)
+#define MB 12 /* input rows per register block: 2 blocks x 12 rows = 24 accumulators of 32 registers */
+#define GB 2  /* blocks per register block */
+#elif defined(__AVX2__) && defined(__FMA__)
+#define MB 6 /* 1 block = 2 registers x 6 rows = 12 accumulators of 16 registers */
+#define GB 1
+#else
+#define MB 4
+#define GB 1
+#endif
 
-#if defined(__AVX2__) && defined(__FMA__)
-static inline float hsum(__m256 v) {
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    __m128 s = _mm_add_ps(lo, hi);                 /* lanes i + i+4 */
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));        /* + lanes 2,3 */
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x1));  /* + lane 1 */
-    return _mm_cvtss_f32(s);
-}
-
-/* rows x[0 .. mb) against weight rows w0 and w1 (w1 may equal w0 when w0 is the last row); mb is a
- * constant in each inlined copy (block2), so the accumulators stay in registers */
-static inline __attribute__((always_inline)) void block2_rows(const float *x, int64_t K, const int mb, const float *w0,
-                                                              const float *w1, float *out0, float *out1, int64_t stride0, int64_t stride1) {
-    __m256 a0[MB], a1[MB];
-    for (int i = 0; i < MB; i++) { a0[i] = _mm256_setzero_ps(); a1[i] = _mm256_setzero_ps(); }
-    int64_t k = 0;
-    for (; k + 8 <= K; k += 8) {
-        _mm_prefetch((const char *)(w0 + k + 128), _MM_HINT_T0); /* 512 bytes ahead: measured 15% faster at 5 rows */
-        _mm_prefetch((const char *)(w1 + k + 128), _MM_HINT_T0);
-        __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k);
-        for (int i = 0; i < MB; i++) {
-            if (i < mb) {
-                __m256 xv = _mm256_loadu_ps(x + i * K + k);
-                a0[i] = _mm256_fmadd_ps(xv, v0, a0[i]);
-                a1[i] = _mm256_fmadd_ps(xv, v1, a1[i]);
+/* rows x[0..mb) (row stride K) against blocks p[0..gb) (each [K][16]); out[i * ys + j] for the
+ * gb * 16 features; mb and gb are constants in each inlined copy, so the accumulators stay in registers */
+static inline __attribute__((always_inline)) void tile(const float *x, int64_t K, const int mb, const int gb,
+                                                       const float *p, float *out, int64_t ys) {
+#if defined(__AVX512F__)
+    __m512 acc[GB][MB];
+    for (int g = 0; g < GB; g++)
+        for (int i = 0; i < MB; i++) acc[g][i] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        for (int g = 0; g < GB; g++) {
+            if (g < gb) {
+                const float *w = p + (int64_t)g * K * BW + k * BW;
+                _mm_prefetch((const char *)(w + 64 * BW), _MM_HINT_T0);
+                __m512 v = _mm512_loadu_ps(w);
+                for (int i = 0; i < MB; i++)
+                    if (i < mb) acc[g][i] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * K + k]), v, acc[g][i]);
             }
         }
     }
+    for (int g = 0; g < gb; g++)
+        for (int i = 0; i < mb; i++) _mm512_storeu_ps(out + i * ys + g * BW, acc[g][i]);
+#elif defined(__AVX2__) && defined(__FMA__)
+    (void)gb;
+    __m256 lo[MB], hi[MB];
+    for (int i = 0; i < MB; i++) { lo[i] = _mm256_setzero_ps(); hi[i] = _mm256_setzero_ps(); }
+    for (int64_t k = 0; k < K; k++) {
+        const float *w = p + k * BW;
+        _mm_prefetch((const char *)(w + 64 * BW), _MM_HINT_T0);
+        __m256 a = _mm256_loadu_ps(w), b = _mm256_loadu_ps(w + 8);
+        for (int i = 0; i < MB; i++) {
+            if (i < mb) {
+                __m256 xv = _mm256_broadcast_ss(x + i * K + k);
+                lo[i] = _mm256_fmadd_ps(xv, a, lo[i]);
+                hi[i] = _mm256_fmadd_ps(xv, b, hi[i]);
+            }
+        }
+    }
+    for (int i = 0; i < mb; i++) { _mm256_storeu_ps(out + i * ys, lo[i]); _mm256_storeu_ps(out + i * ys + 8, hi[i]); }
+#else
+    (void)gb;
     for (int i = 0; i < mb; i++) {
-        float s0 = hsum(a0[i]), s1 = hsum(a1[i]);
-        for (int64_t j = k; j < K; j++) { s0 += x[i * K + j] * w0[j]; s1 += x[i * K + j] * w1[j]; }
-        out0[i * stride0] = s0;
-        out1[i * stride1] = s1;
+        float acc[BW] = {0};
+        for (int64_t k = 0; k < K; k++)
+            for (int j = 0; j < BW; j++) acc[j] = fmaf(x[i * K + k], p[k * BW + j], acc[j]);
+        for (int j = 0; j < BW; j++) out[i * ys + j] = acc[j];
     }
-}
-
-static void block2(const float *x, int64_t K, int64_t mb, const float *w0, const float *w1, float *out0, float *out1,
-                   int64_t stride0, int64_t stride1) {
-    switch (mb) {
-    case 1: block2_rows(x, K, 1, w0, w1, out0, out1, stride0, stride1); break;
-    case 2: block2_rows(x, K, 2, w0, w1, out0, out1, stride0, stride1); break;
-    case 3: block2_rows(x, K, 3, w0, w1, out0, out1, stride0, stride1); break;
-    case 4: block2_rows(x, K, 4, w0, w1, out0, out1, stride0, stride1); break;
-    case 5: block2_rows(x, K, 5, w0, w1, out0, out1, stride0, stride1); break;
-    default: block2_rows(x, K, 6, w0, w1, out0, out1, stride0, stride1); break;
-    }
-}
 #endif
+}
 
-static void scalar_row(const float *x, int64_t K, int64_t mb, const float *w, float *out, int64_t ystride) {
-    for (int64_t i = 0; i < mb; i++) {
-        float lanes[8] = {0};
-        int64_t k = 0;
-        for (; k + 8 <= K; k += 8)
-            for (int l = 0; l < 8; l++) lanes[l] += x[i * K + k + l] * w[k + l];
-        /* the same order as hsum: (i + i+4), then pairs, then the last two */
-        float s0 = lanes[0] + lanes[4], s1 = lanes[1] + lanes[5], s2 = lanes[2] + lanes[6], s3 = lanes[3] + lanes[7];
-        float s = (s0 + s2) + (s1 + s3);
-        for (; k < K; k++) s += x[i * K + k] * w[k];
-        out[i * ystride] = s;
+/* one register block: mb rows (1..MB) against gb blocks (1..GB) */
+static void tile_any(const float *x, int64_t K, int64_t mb, int64_t gb, const float *p, float *out, int64_t ys) {
+#if defined(__AVX512F__)
+    if (gb == 2) {
+        switch (mb) {
+        case 1: tile(x, K, 1, 2, p, out, ys); return;
+        case 2: tile(x, K, 2, 2, p, out, ys); return;
+        case 3: tile(x, K, 3, 2, p, out, ys); return;
+        case 4: tile(x, K, 4, 2, p, out, ys); return;
+        case 5: tile(x, K, 5, 2, p, out, ys); return;
+        case 6: tile(x, K, 6, 2, p, out, ys); return;
+        case 7: tile(x, K, 7, 2, p, out, ys); return;
+        case 8: tile(x, K, 8, 2, p, out, ys); return;
+        case 9: tile(x, K, 9, 2, p, out, ys); return;
+        case 10: tile(x, K, 10, 2, p, out, ys); return;
+        case 11: tile(x, K, 11, 2, p, out, ys); return;
+        default: tile(x, K, 12, 2, p, out, ys); return;
+        }
+    }
+    switch (mb) {
+    case 1: tile(x, K, 1, 1, p, out, ys); return;
+    case 2: tile(x, K, 2, 1, p, out, ys); return;
+    case 3: tile(x, K, 3, 1, p, out, ys); return;
+    case 4: tile(x, K, 4, 1, p, out, ys); return;
+    case 5: tile(x, K, 5, 1, p, out, ys); return;
+    case 6: tile(x, K, 6, 1, p, out, ys); return;
+    case 7: tile(x, K, 7, 1, p, out, ys); return;
+    case 8: tile(x, K, 8, 1, p, out, ys); return;
+    case 9: tile(x, K, 9, 1, p, out, ys); return;
+    case 10: tile(x, K, 10, 1, p, out, ys); return;
+    case 11: tile(x, K, 11, 1, p, out, ys); return;
+    default: tile(x, K, 12, 1, p, out, ys); return;
+    }
+#elif defined(__AVX2__) && defined(__FMA__)
+    (void)gb;
+    switch (mb) {
+    case 1: tile(x, K, 1, 1, p, out, ys); return;
+    case 2: tile(x, K, 2, 1, p, out, ys); return;
+    case 3: tile(x, K, 3, 1, p, out, ys); return;
+    case 4: tile(x, K, 4, 1, p, out, ys); return;
+    case 5: tile(x, K, 5, 1, p, out, ys); return;
+    default: tile(x, K, 6, 1, p, out, ys); return;
+    }
+#else
+    (void)gb;
+    tile(x, K, (int)mb, 1, p, out, ys);
+#endif
+}
+
+/* The share of thread t of `groups` register blocks: a contiguous range, so each thread streams one
+ * contiguous part of the blocked weights. */
+static void share(int64_t groups, int t, int threads, int64_t *first, int64_t *last) {
+    *first = groups * t / threads;
+    *last = groups * (t + 1) / threads;
+}
+
+/* Inside a parallel region (every thread calls it): y[M, N] = x . W^T + b, W blocked [N/16, K, 16]
+ * (N a multiple of 16; tail features of a padded block are computed into `spill`, then dropped). */
+void skinny_rows(const float *x, const float *p, const float *b, float *y, int64_t M, int64_t N, int64_t K) {
+    int t = omp_get_thread_num(), threads = omp_get_num_threads();
+    int64_t blocks = (N + BW - 1) / BW, groups = (blocks + GB - 1) / GB, first, last;
+    share(groups, t, threads, &first, &last);
+    float spill[MB * GB * BW];
+    for (int64_t g = first; g < last; g++) {
+        int64_t b0 = g * GB, gb = blocks - b0 < GB ? blocks - b0 : GB, n0 = b0 * BW, width = gb * BW;
+        const float *pg = p + b0 * K * BW;
+        /* the group's weights (gb * K * 64 bytes) stay in L2 while every row block passes over them */
+        for (int64_t m0 = 0; m0 < M; m0 += MB) {
+            int64_t mb = M - m0 < MB ? M - m0 : MB;
+            if (n0 + width <= N) {
+                tile_any(x + m0 * K, K, mb, gb, pg, y + m0 * N + n0, N);
+            } else {
+                tile_any(x + m0 * K, K, mb, gb, pg, spill, width);
+                for (int64_t i = 0; i < mb; i++)
+                    for (int64_t j = 0; n0 + j < N; j++) y[(m0 + i) * N + n0 + j] = spill[i * width + j];
+            }
+            if (b)
+                for (int64_t i = 0; i < mb; i++)
+                    for (int64_t j = n0; j < n0 + width && j < N; j++) y[(m0 + i) * N + j] += b[j];
+        }
     }
 }
 
 int skinny_simd(void) {
-#if defined(__AVX2__) && defined(__FMA__)
-    return 1;
+#if defined(__AVX512F__)
+    return 512;
+#elif defined(__AVX2__) && defined(__FMA__)
+    return 256;
 #else
     return 0;
 #endif
 }
 
-/* x: [M, K] contiguous; w: [N, K] contiguous; b: [N] or NULL; y: [M, N] contiguous. threads: how many
- * to run on, given by the caller (torch's count): whichever OpenMP runtime this library was loaded
- * beside, it never falls back on that runtime's own default. Returns the threads the loop ran on. */
-int skinny_linear(const float *x, const float *w, const float *b, float *y, int64_t M, int64_t N, int64_t K, int64_t threads) {
-    int64_t pairs = (N + 1) / 2;
+/* x: [M, K] contiguous; p: W blocked [ceil(N/16), K, 16]; b: [N] or NULL; y: [M, N] contiguous.
+ * threads: how many to run on, given by the caller (torch's count): whichever OpenMP runtime this
+ * library was loaded beside, it never falls back on that runtime's own default. Returns the threads
+ * the loop ran on. */
+int skinny_linear(const float *x, const float *p, const float *b, float *y, int64_t M, int64_t N, int64_t K, int64_t threads) {
     int ran = 1;
     if (threads < 1) threads = 1;
-#pragma omp parallel for schedule(static) num_threads((int)threads)
-    for (int64_t p = 0; p < pairs; p++) {
-        if (p == 0) ran = omp_get_num_threads();
-        int64_t n = 2 * p;
-        for (int64_t m0 = 0; m0 < M; m0 += MB) {
-            int64_t mb = M - m0 < MB ? M - m0 : MB;
-            const float *xm = x + m0 * K;
-            float *ym = y + m0 * N;
-#if defined(__AVX2__) && defined(__FMA__)
-            if (n + 1 < N) {
-                block2(xm, K, mb, w + n * K, w + (n + 1) * K, ym + n, ym + n + 1, N, N);
-            } else {
-                float spare[MB];
-                block2(xm, K, mb, w + n * K, w + n * K, ym + n, spare, N, 1);
-            }
-#else
-            scalar_row(xm, K, mb, w + n * K, ym + n, N);
-            if (n + 1 < N) scalar_row(xm, K, mb, w + (n + 1) * K, ym + n + 1, N);
-#endif
-        }
-        if (b) {
-            for (int64_t m = 0; m < M; m++) {
-                y[m * N + n] += b[n];
-                if (n + 1 < N) y[m * N + n + 1] += b[n + 1];
-            }
-        }
+#pragma omp parallel num_threads((int)threads)
+    {
+        if (omp_get_thread_num() == 0) ran = omp_get_num_threads();
+        skinny_rows(x, p, b, y, M, N, K);
     }
     return ran;
 }

@@ -6,7 +6,7 @@ from typing import Optional, Sequence, Tuple
 
 from torch.nn import Module
 
-from measure import timing
+import measure.timing as timing
 from measure.record import GIVEN, MEASURED, Costs, Finding
 from runners.config import EAGER, RunnerConfig
 

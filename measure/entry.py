@@ -6,7 +6,7 @@ from typing import Optional
 
 from torch.nn import Module
 
-from measure import steps
+import measure.steps as steps
 from measure.record import Costs, Finding, Measured, Options
 from runners.config import RunnerConfig
 

@@ -7,7 +7,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 from torch.nn import Module
 
-from kernels.prepacking import (OWN, PREPACKED, SKINNY, drop_packed_copies, drop_prepacked, label_plan, plan, plan_label,  # noqa: F401 (label_plan: importable from here)
+from kernels.prepacking import (OWN, PREPACKED, SKINNY, drop_blocked_copies, drop_packed_copies, drop_prepacked, label_plan, plan, plan_label,  # noqa: F401 (label_plan: importable from here)
                                 prepack_fits, prepackable, set_prepack)
 from kernels import skinny
 from utils.quantization import model_quantization
@@ -99,13 +99,20 @@ def apply_kernels(model: Module, choice: Optional[KernelChoice]) -> str:
     Its layers are its own again, and oneDNN's copies freed, when every width runs them."""
     if choice is None:
         return ""
-    if set(choice.route()) != {OWN}:
-        set_prepack(model, True, choice.route())
-        if not choice.uses(PREPACKED):
-            drop_packed_copies(model)
-    else:
-        drop_prepacked(model)
+    set_prepack(model, True, choice.route())
+    if not choice.uses(PREPACKED):
+        drop_packed_copies(model)
+    if not choice.uses(SKINNY):
+        drop_blocked_copies(model)
     return choice.label()
+
+
+def own_linears(model: Module) -> None:
+    """The model's passes on its own linears, said explicitly (route ``(OWN,)``): a model with no plan
+    runs the lean step where it can (``kernels.step.step_for``), which a choice of "own" must not."""
+    set_prepack(model, True, (OWN,))
+    drop_packed_copies(model)
+    drop_blocked_copies(model)
 
 
 def decide(model: Module, choice: Optional[KernelChoice], budget=None) -> Tuple[Optional[KernelChoice], str]:
@@ -113,7 +120,7 @@ def decide(model: Module, choice: Optional[KernelChoice], budget=None) -> Tuple[
     within ``budget``, a ``measure.timing.Budget``): the model gets the faster kernels for plain
     decoding; None (nothing timed under both options) keeps its own linears, and the line says why."""
     if choice is None:
-        drop_prepacked(model)
+        own_linears(model)
         return None, f"the model's own linears (fallback: {budget.reason})"
     apply_kernels(model, choice)
     cut = f"; {budget.note}: {budget.reason}" if budget is not None and budget.stopped and budget.note else ""
@@ -125,7 +132,7 @@ def decide(model: Module, choice: Optional[KernelChoice], budget=None) -> Tuple[
 def reuse(model: Module, choice: Optional[KernelChoice]) -> None:
     """Give ``model`` what a saved kernel measurement chose (None: its own linears)."""
     if choice is None:
-        drop_prepacked(model)
+        own_linears(model)
     else:
         apply_kernels(model, choice)
 
@@ -137,7 +144,10 @@ def measurable(model: Module) -> bool:
 
 def by_flag(model: Module, on: bool) -> None:
     """``--prepack on`` / ``off`` (or nothing to measure): the model's linears prepacked or its own."""
-    set_prepack(model, on)
+    if on:
+        set_prepack(model, True)
+    else:
+        own_linears(model)
 
 
 def would_prepack(prepack: bool, size: int) -> bool:

@@ -13,7 +13,10 @@ from typing import Callable, Optional, Tuple
 
 from torch.nn import Module
 
-from measure import dtype, kernels, saved, timing
+import measure.dtype as dtype
+import measure.kernels as kernels
+import measure.saved as saved
+import measure.timing as timing
 from measure.budgets import budget_seconds
 from measure.costs import checked, costs_line, implausible_line, plausible_row_costs
 from measure.kernels import KernelChoice

@@ -24,7 +24,7 @@ from runners.limits import context_window, output_vocab_size
 
 MIN_ROUNDS = 2  # timed rounds a comparison needs before its budget may cut it short
 # the kernel measurement's budget may grow to this many times itself so that all its rounds run on a
-# slower machine (a probe pass tells what they cost there)
+# slower machine (a probe pass tells what they cost there); slower still, the full rounds that fit in it
 MOST_SCALED = 4.0
 _PREFILL_STEP = 32  # positions a budgeted timer feeds its context in, between checks of its budget
 
@@ -41,7 +41,7 @@ class Budget:
     stopped: bool = field(default=False, init=False)
     note: str = field(default="", init=False)
     reason: str = field(default="", init=False)
-    scaled: str = field(default="", init=False)  # "" or how ``scale_to`` lengthened it
+    scaled: str = field(default="", init=False)  # "" or how ``scale_rounds`` lengthened it
 
     def __post_init__(self) -> None:
         self.started = self.clock()
@@ -52,18 +52,23 @@ class Budget:
             self.stopped = True
         return self.stopped
 
-    def scale_to(self, seconds: float, most: float) -> bool:
-        """Let the measurement run ``seconds`` in all (at most ``most`` times its budget), when that is
-        longer than its budget: a slower machine gets the time its passes need, said in ``scaled``.
-        False when even that would not do (the budget stays as it was)."""
-        if seconds <= self.seconds:
-            return True
-        if seconds > most * self.seconds:
-            return False
-        self.scaled = f"budget scaled from {self.seconds:g} s to {seconds:.3g} s for this machine's passes"
-        self.seconds = seconds
-        self.reason = f"measurement over its {self.seconds:.3g} s budget"
-        return True
+    def scale_rounds(self, per_round: float, repeats: int, most: float) -> int:
+        """How many of ``repeats`` timed rounds (after one warm-up round, each about ``per_round``
+        seconds) the measurement runs from now: all when they fit in the budget or in ``most`` times it;
+        else as many full rounds as fit in ``most`` times it, at least one. The budget grows to fit the
+        rounds chosen, said in ``scaled`` (with the clamp, when it cut rounds)."""
+        spent = self.clock() - self.started
+        if per_round <= 0:
+            return repeats
+        fit = int((most * self.seconds - spent) // per_round) - 1
+        timed = repeats if fit >= repeats else max(1, fit)
+        seconds = spent + per_round * (timed + 1)
+        if seconds > self.seconds:
+            clamp = "" if timed == repeats else f" (at most {most:g}x: {timed} of {repeats} rounds)"
+            self.scaled = f"budget scaled from {self.seconds:g} s to {seconds:.3g} s for this machine's passes{clamp}"
+            self.seconds = seconds
+            self.reason = f"measurement over its {self.seconds:.3g} s budget"
+        return timed
 
     def tick(self, done: int, total: int) -> None:
         if self.progress is not None:
@@ -253,9 +258,10 @@ def measure_kernels(model: Module, max_rows: int = 12, context: int = 64, repeat
     if budget is not None and not budget.exhausted():
         # a one-position pass on each option tells what the whole measurement costs on this machine
         # (passes grow with width: 1.3x on average over 1-12 measured); the budget grows to fit every
-        # round where that is within MOST_SCALED of it: a plan from one noisy round zig-zagged
+        # round where that is within MOST_SCALED of it (a plan from one noisy round zig-zagged), else
+        # to fit the full rounds that fit in MOST_SCALED of it, at least one: never a partial plan
         probe = sum(_UnderKernels(timer, option).seconds(1) for option in options)
-        budget.scale_to(budget.clock() - budget.started + 1.3 * probe * max_rows * (repeats + 1), MOST_SCALED)
+        repeats = budget.scale_rounds(1.3 * probe * max_rows, repeats, MOST_SCALED)
     timed = samples(passes, repeats, budget)
     widths = next((i for i in range(max_rows) if not all(timed[n * i + k] for k in range(n))), max_rows)
     if widths == 0:

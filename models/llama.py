@@ -21,7 +21,11 @@ from torch import Tensor
 from torch.nn import Module
 
 FAMILY = ("llama", "qwen2", "mistral")  # config.model_type values this forward covers
-CLASSES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+CLASSES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")  # transformers' own: the classes, not their names
+# the lean forward's attention is its own, whatever the model was loaded with (the headers name it); it
+# admits the kinds that compute the same exact softmax attention (eager: the same, rounded apart)
+ATTENTION = "SDPA"
+ADMITTED_ATTENTION = ("sdpa", "eager")
 # RoPE types whose frequencies are fixed once (transformers' ``inv_freq`` buffer and
 # ``attention_scaling``); "dynamic" and "longrope" recompute them from the sequence length
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")
@@ -33,8 +37,13 @@ def lean_unsupported(model: Module) -> Optional[str]:
     config = getattr(model, "config", None)
     if config is None or getattr(config, "is_encoder_decoder", False):
         return f"{name} is no decoder-only transformers model"
-    if type(model).__name__ not in CLASSES or getattr(config, "model_type", None) not in FAMILY:
+    if not _family_class(model) or getattr(config, "model_type", None) not in FAMILY:
+        where = type(model).__module__
+        name = name if where.startswith("transformers.") else f"{where}.{name}"
         return f"{name} ({getattr(config, 'model_type', '?')}) is outside the Llama family ({', '.join(FAMILY)})"
+    attention = getattr(config, "_attn_implementation", None)
+    if attention not in ADMITTED_ATTENTION:
+        return f"{name} runs {attention!r} attention: the lean forward's is {ATTENTION} (it takes models loaded with {' or '.join(ADMITTED_ATTENTION)})"
     layer_types = getattr(config, "layer_types", None)
     if (any(t != "full_attention" for t in layer_types) if layer_types else getattr(config, "sliding_window", None) is not None):
         return f"{name} has sliding-window layers: the lean forward attends to every position"
@@ -45,6 +54,14 @@ def lean_unsupported(model: Module) -> Optional[str]:
     if len(devices) > 1 or devices & {"disk", "meta"}:
         return f"{name} is split across devices ({', '.join(sorted(devices))})"
     return None
+
+
+def _family_class(model: Module) -> bool:
+    """Whether ``model`` is an instance of one of transformers' own ``CLASSES`` (the class itself, not a
+    subclass nor a remote-code class that borrows the name: either may change any step of the forward)."""
+    import transformers
+
+    return any(type(model) is getattr(transformers, name, None) for name in CLASSES)
 
 
 # ---- the cache: per layer, keys and values [1, Hkv, capacity, D], written at their positions ----

@@ -12,6 +12,7 @@ decoding loop calls. ``make_runner`` is the one place that picks which runner a 
     static.py      the static cache's operations (allocate, regrow with copy, rollback), shared
     dynamic.py     the dynamic cache's operations and the reference-compatible ``prune_*``
     trees.py       draft trees: depths, the tree mask, a tree pass's inputs, the branch gather
+    clock.py       ``timing_passes``: every runner made inside times its passes (``bench.py --overhead``)
     llama_cpp.py   ``LlamaCppRunner``: a GGUF target on llama.cpp's kernels (llama-cpp-python, optional)
     llama_model.py a GGUF file loaded by llama.cpp (``GGUFModel``: its config) and its one context
     config.py      ``RunnerConfig``: which cache, compiled or not, whose forward; carried in ``GenerationConfig``
@@ -27,6 +28,7 @@ from torch.nn import Module
 
 from runners.base import Runner
 from runners.beams import BeamRunner
+from runners.clock import timed_runner
 from runners.cache_kind import CACHES, DEFAULT_CPU_CACHE, default_cache, runner_cache
 import runners.compiled as _compiled
 from runners.compiled import (
@@ -49,7 +51,12 @@ def make_runner(model: Module, use_cache: bool = True, encoder_input_ids: Option
     the lean forward as compiled steps (``StepRunner``: ``config.step_for``, ``--compile`` on CUDA for the Llama
     family) or transformers' compiled passes (``CompiledRunner``) when compiled passes are asked for,
     the lean forward (``LeanRunner``) for an eager cached run of a Llama-family model (``config.lean_for``),
-    else the eager ``KVCacheModel`` (transformers' forward) with its cache kind."""
+    else the eager ``KVCacheModel`` (transformers' forward) with its cache kind. Inside
+    ``runners.clock.timing_passes`` its passes are timed (a ``TimedRunner``)."""
+    return timed_runner(_make_runner(model, use_cache, encoder_input_ids, config))
+
+
+def _make_runner(model: Module, use_cache: bool, encoder_input_ids: Optional[List[int]], config: RunnerConfig) -> Runner:
     if config.gguf is not None:
         if not use_cache or encoder_input_ids is not None:
             raise ValueError("llama.cpp's runner decodes decoder-only models with their KV cache (use_cache on)")

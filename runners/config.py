@@ -6,7 +6,7 @@ from typing import Optional
 
 from torch.nn import Module
 
-from models.llama import lean_unsupported
+from models.llama import ATTENTION, lean_unsupported
 
 from runners.cache_kind import check_cache, runner_cache
 from runners.device import model_device
@@ -94,8 +94,23 @@ class RunnerConfig:
         return f"{self.cache_for(model)} KV cache · " + ("compiled" if self.compiled_for(model) else "eager") + self.forward_note(model)
 
     def forward_note(self, model: Module) -> str:
-        """" · lean Llama forward" where the lean forward runs ``model``'s eager passes, else ""."""
-        return f" · {LEAN_LABEL}" if self.lean_for(model) else ""
+        """" · lean Llama forward (attention: SDPA)" where the lean forward runs ``model``'s eager passes
+        (and transformers' attention where the model's differs: its peers' rows run that), else "";
+        with " on the lean step (...)" where its decoding passes run the C step (``kernels.step.step_for``:
+        its attention is its own), or why not where the model has no kernel plan (as loaded) and still cannot."""
+        if not self.lean_for(model):
+            return ""
+        from kernels.prepacking import plan
+        from kernels.step import LABEL as STEP, STEP_ATTENTION, step_for, step_unsupported
+
+        step = step_for(model, 1)
+        own = getattr(model.config, "_attn_implementation", None)
+        note = f" · {LEAN_LABEL} (attention: {STEP_ATTENTION if step else ATTENTION}" + \
+            (f"; transformers' paths: {own})" if own != "sdpa" else ")")
+        if step:
+            return f"{note} on the {STEP}"
+        why = step_unsupported(model) if plan(model) is None else None
+        return note + (f" (no lean step: {why})" if why else "")
 
 
 FORWARDS = ("auto", "lean", "transformers", "step")

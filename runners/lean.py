@@ -1,13 +1,19 @@
 """``LeanRunner``: the Llama family's own forward (``models.llama``) over a static KV cache it owns,
 behind the ``runners.base.Runner`` interface; the default eager runner of the models it covers
-(``lean_unsupported``: why another model keeps transformers' forward in ``KVCacheModel``)."""
+(``lean_unsupported``: why another model keeps transformers' forward in ``KVCacheModel``).
+
+A float32 CPU pass runs the lean step (``kernels.step``: the whole pass in one C call, on the skinny
+kernel) where the model's kernel plan runs that pass width on the skinny kernel, or where the model
+has no plan (as loaded: ``step_for``); every other pass runs ``models.llama``'s torch forward over
+the model's own modules, on their plan."""
 from typing import Optional
 
 import torch
 from torch import Tensor
 from torch.nn import Module
 
-from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache
+from kernels.step import LeanStep, step_for, step_unsupported
+from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache, rope
 from runners.config import LEAN_LABEL as LABEL
 from runners.device import model_device
 from runners.static import grown_capacity
@@ -37,6 +43,8 @@ class LeanRunner(TreePasses):
         self.hidden_layers: tuple = ()  # runners.base.Runner: hidden states kept with each pass
         self.hidden: Optional[Tensor] = None
         self.hidden_start = 0
+        self.step: Optional[LeanStep] | bool = None  # made at the first pass that runs it (``step_for``); False: it cannot
+        self.step_passes = 0  # passes the step ran (the rest ran the torch forward)
 
     def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
         length, start = ids.shape[1], self.cached
@@ -69,7 +77,18 @@ class LeanRunner(TreePasses):
     @torch.no_grad()
     def _run(self, ids: Tensor, positions: Tensor, start: int, n_last: int, mask: Optional[Tensor]) -> Tensor:
         """One pass of ``ids`` ``[r]`` at ``positions`` into slots ``start..``; logits ``[n_last, V]``."""
-        logits, hidden = self.forward(ids, positions, self.cache, start, n_last, mask, self.hidden_layers)
+        use = self.step is not False and step_for(self.model, ids.shape[0], unsupported=False)
+        if use and self.step is None:  # the first pass that runs it: whether it can, once
+            self.step = LeanStep(self.model) if step_unsupported(self.model) is None else False
+        if use and self.step:
+            body = self.model.model
+            h = body.embed_tokens(ids)  # [r, H]
+            cos, sin = rope(positions, body.rotary_emb.inv_freq, body.rotary_emb.attention_scaling, h.dtype)
+            seen = None if mask is None else (mask[0, 0] if mask.dtype == torch.bool else mask[0, 0] == 0)
+            logits, hidden = self.step(h, cos[0, 0], sin[0, 0], self.cache, start, seen, n_last, self.hidden_layers)
+            self.step_passes += 1
+        else:
+            logits, hidden = self.forward(ids, positions, self.cache, start, n_last, mask, self.hidden_layers)
         self.forward_passes += 1
         if self.hidden_layers:
             self.hidden, self.hidden_start = hidden, start

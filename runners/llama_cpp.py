@@ -16,12 +16,12 @@ from torch import Tensor
 
 from runners.limits import output_vocab_size
 from runners.llama_model import MAX_LEAVES, GGUFModel, gguf_model, library
-from runners.trees import tree_depths
+from runners.trees import TreePasses
 
 NO_HIDDEN = "llama.cpp gives no hidden states: a learned head (EAGLE) needs a torch runner, not --runner llama-cpp"
 
 
-class LlamaCppRunner:
+class LlamaCppRunner(TreePasses):
     """A GGUF model on llama.cpp, for one sequence: a ``runners.Runner``.
 
     ``runner(ids, n_last)`` returns the logits ``[n_last, V]`` (float32, CPU) of the last ``n_last``
@@ -33,6 +33,7 @@ class LlamaCppRunner:
     one that finds another there starts again from an empty cache (re-feeding its prefix)."""
 
     cache_kind = "static"  # llama.cpp's KV cache is preallocated; a rollback only marks cells free
+    use_cache = True  # llama.cpp always keeps its KV cache
 
     def __init__(self, gguf: str | Path, model: Optional[object] = None):
         self.gguf: GGUFModel = gguf_model(gguf)
@@ -97,25 +98,23 @@ class LlamaCppRunner:
                 length = 0
             self.cached = length
 
-    # ---- draft trees: one batch, a sequence id per leaf ----------------------------------------
-    def tree_pass(self, ids: Tensor, cur: int, nodes: List[int], parents: List[int]) -> Tensor:
-        """Score a draft tree in one pass; returns logits ``[1 + N, V]`` (row 0 after ``ids[0, cur - 1]``,
-        row ``1 + i`` after node ``i``). Node ``i`` sits at position ``cur + depth(i)`` in the sequences
-        of the leaves below it; the accepted prefix is in every sequence (``llama_memory_seq_cp``,
-        no copy of keys and values in a unified cache)."""
-        reason = self.gguf.tree_unsupported()
-        if reason is not None:
-            raise ValueError(reason)
-        depth, n = tree_depths(parents), len(nodes)
-        inner = set(p for p in parents if p >= 0)
-        leaves = [i for i in range(n) if i not in inner]
+    # ---- draft trees (``TreePasses``' rule): one batch, a sequence id per leaf ----------------------
+    def _tree_refusal(self) -> Optional[str]:
+        return self.gguf.tree_unsupported()
+
+    def _tree_prepare(self, parents: List[int]) -> None:
+        """Refuse a tree of more leaves than sequences; own the context; drop the last tree's leaves."""
+        leaves = _leaves(parents)
         if len(leaves) > MAX_LEAVES:
             raise ValueError(f"a draft tree of {len(leaves)} leaves; llama.cpp's runner verifies at most {MAX_LEAVES}")
         self._claim()
         self._drop_tree()
-        if self.cached >= cur:  # the root's logits need the last accepted token fed
-            self.rollback(cur - 1)
-        start = self.cached
+
+    def _tree_run(self, ids: Tensor, start: int, cur: int, nodes: List[int], parents: List[int], depth: List[int]) -> Tensor:
+        """One batch: node ``i`` at position ``cur + depth(i)`` in the sequences of the leaves below it; the
+        accepted prefix is in every sequence (``llama_memory_seq_cp``, no copy of keys and values in a
+        unified cache)."""
+        n, leaves = len(nodes), _leaves(parents)
         count = cur - start + n
         self._room(cur + n, count)
         sequences: List[List[int]] = [[] for _ in range(n)]
@@ -145,20 +144,20 @@ class LlamaCppRunner:
             for k in range(count):
                 context.batch.seq_id[k][0] = 0
         self._leaf_of = [s[0] for s in sequences]
-        self.cached = cur + n
         self.forward_passes += 1
         return logits
 
-    def keep_branch(self, cur: int, path: List[int]) -> None:
-        """After ``tree_pass`` at ``cur``: keep positions ``< cur`` and the nodes ``path`` (root to leaf),
-        which already sit at positions ``cur, cur + 1, ...``: they join sequence 0, the leaves' go."""
-        if self.context.owner is not self or not self._leaves:  # not ours now: the next pass starts over
+    def _keep_tree_branch(self, cur: int, path: List[int]) -> bool:
+        """The branch's nodes already sit at positions ``cur, cur + 1, ...``: they join sequence 0, the
+        leaves' go. False where the context is another runner's now (the next pass starts over)."""
+        if self.context.owner is not self or not self._leaves:
             self._leaves, self.cached = 0, min(self.cached, cur + len(path))
-            return
+            return False
         if path:
             library().llama_memory_seq_cp(self.context.memory, self._leaf_of[path[-1]], 0, cur, cur + len(path))
         self._drop_tree()
         self.cached = cur + len(path)
+        return True
 
     # ---- bookkeeping ------------------------------------------------------------------------------
     def _claim(self) -> None:
@@ -194,3 +193,9 @@ class LlamaCppRunner:
         for t, s in enumerate(sequences):
             row[t] = s
         self.context.seq_counts[k] = len(sequences)
+
+
+def _leaves(parents: List[int]) -> List[int]:
+    """The tree's leaves: the nodes that are no node's parent."""
+    inner = set(p for p in parents if p >= 0)
+    return [i for i in range(len(parents)) if i not in inner]

@@ -93,15 +93,20 @@ def tree_unsupported(model: Module) -> str | None:
 
 
 class TreePasses:
-    """``Runner.tree_pass`` and ``Runner.keep_branch``, written once for every runner. The runner has
-    ``model``, ``device``, ``cache``, ``cached``, ``use_cache``, ``forward_passes`` and ``rollback``, and
-    its two steps of a tree pass:
+    """``Runner.tree_pass`` and ``Runner.keep_branch``, written once for every runner: the rule (the
+    root's logits need the last accepted token fed, so a cache holding ``cur`` drops back to
+    ``cur - 1``; the pass feeds the uncached prefix and the nodes; the cache then holds ``cur + N``
+    slots, and ``cur + len(path)`` once the branch is kept). The runner has ``model``, ``device``,
+    ``cache``, ``cached``, ``use_cache``, ``forward_passes`` and ``rollback``, and supplies what differs:
 
     * ``_tree_room(length) -> kv_length``: a cache that holds ``length`` positions (reserved or made),
       and the key slots the tree mask spans (a static cache's capacity, else ``length``);
     * ``_tree_forward(kwargs, start, n) -> Tensor``: one forward pass with the tree's ``kwargs``
       (``tree_inputs``) into its cache, feeding positions ``start..``; logits ``[1 + n, V]`` of the
-      root and the ``n`` nodes; it counts the pass and keeps the cache the model returns.
+      root and the ``n`` nodes; it counts the pass and keeps the cache the model returns;
+
+    or, a runner whose passes are no torch forward (``runners.llama_cpp``), the hooks these two serve:
+    ``_tree_refusal``, ``_tree_prepare``, ``_tree_run`` and ``_keep_tree_branch``.
     """
 
     _trees_checked = False  # per runner, once: tree_unsupported reads the forward's signature
@@ -117,19 +122,17 @@ class TreePasses:
         cached at slot ``cur + i`` until ``keep_branch``. A compiled runner runs this pass eagerly
         (a tree's mask is an input its graphs do not take) into its static cache.
         """
-        if not self._trees_checked:
-            reason = tree_unsupported(self.model)
-            if reason is not None:
-                raise ValueError(reason)
-            self._trees_checked = True
-        depth, n = tree_depths(parents), len(nodes)
+        reason = self._tree_refusal()
+        if reason is not None:
+            raise ValueError(reason)
+        depth = tree_depths(parents)
+        self._tree_prepare(parents)
         if self.use_cache and self.cached >= cur:  # the root's logits need the last accepted token fed
             self.rollback(cur - 1)
         start = self.cached if self.use_cache else 0
-        kv_length = self._tree_room(cur + n)
-        logits = self._tree_forward(tree_inputs(self, ids, start, cur, nodes, parents, depth, kv_length), start, n)
+        logits = self._tree_run(ids, start, cur, nodes, parents, depth)
         if self.use_cache:
-            self.cached = cur + n
+            self.cached = cur + len(nodes)
         return logits
 
     def keep_branch(self, cur: int, path: List[int]) -> None:
@@ -137,7 +140,29 @@ class TreePasses:
         indices, root to leaf), moved to positions ``cur, cur + 1, ...``; the cache then holds
         ``cur + len(path)`` positions. Static cache: the branch's rows are gathered into place and
         the write position moved; dynamic cache: gathered into place, then cropped."""
+        if self._keep_tree_branch(cur, path):
+            self.rollback(cur + len(path))
+
+    # ---- the hooks: a torch runner's, through _tree_room and _tree_forward -----------------------
+    def _tree_refusal(self) -> str | None:
+        """Why this runner verifies no draft tree (None: it does); the model's ``tree_unsupported``, read once."""
+        if self._trees_checked:
+            return None
+        reason = tree_unsupported(self.model)
+        self._trees_checked = reason is None
+        return reason
+
+    def _tree_prepare(self, parents: List[int]) -> None:
+        """Before the rule touches the cache: refuse a tree this runner cannot take, claim what it needs."""
+
+    def _tree_run(self, ids: Tensor, start: int, cur: int, nodes: List[int], parents: List[int], depth: List[int]) -> Tensor:
+        """The pass itself, feeding ``ids[0, start:cur]`` and the nodes; logits ``[1 + N, V]``."""
+        kv_length = self._tree_room(cur + len(nodes))
+        return self._tree_forward(tree_inputs(self, ids, start, cur, nodes, parents, depth, kv_length), start, len(nodes))
+
+    def _keep_tree_branch(self, cur: int, path: List[int]) -> bool:
+        """Move the branch's keys and values to positions ``cur..``; False where no cache holds them."""
         if not self.use_cache or self.cache is None:
-            return
+            return False
         gather_branch(self.cache, cur, path)
-        self.rollback(cur + len(path))
+        return True

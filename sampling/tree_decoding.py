@@ -36,7 +36,7 @@ class TreeRecord:
     def __init__(self):
         self.offered: List[float] = []
         self.taken: List[float] = []
-        self.by_depth: Dict[Tuple[int, int], List[float]] = {}  # (depth, rank) -> [taken, offered], decayed per observation
+        self.by_depth: Dict[Tuple[int, int], List[float]] = {}  # (depth, rank) -> [taken, offered], all decayed each step
 
     def rate(self, rank: int, depth: int | None = None) -> float:
         """Estimated chance that the child of ``rank`` is the one accepted at a level reached (at
@@ -52,6 +52,9 @@ class TreeRecord:
         """Learn from one step: the rows the walk reached (the root, then each accepted node) and which child it took."""
         self.offered = [c * self.DECAY for c in self.offered]
         self.taken = [c * self.DECAY for c in self.taken]
+        for cell in self.by_depth.values():  # every cell, reached or not: a depth no longer reached fades
+            cell[0] *= DECAY
+            cell[1] *= DECAY
         for level, row in enumerate([0] + [i + 1 for i in path]):
             kids = children[row]
             grow = len(kids) - len(self.offered)
@@ -62,7 +65,7 @@ class TreeRecord:
                 self.offered[rank] += 1.0
                 hit = level < len(path) and kids[rank] == path[level]
                 cell = self.by_depth.setdefault((level + 1, rank), [0.0, 0.0])
-                cell[0], cell[1] = DECAY * cell[0] + hit, DECAY * cell[1] + 1.0
+                cell[0], cell[1] = cell[0] + hit, cell[1] + 1.0
             if level < len(path):
                 self.taken[kids.index(path[level])] += 1.0
 

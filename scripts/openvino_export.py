@@ -5,13 +5,15 @@ transformers < 5.6. Its source is the project's own load of the GGUF file (``uti
 and tokenizer saved by the project's transformers; transformers 5.5 reads this GGUF's tokenizer wrongly). The IR is
 built into a temporary folder under a lock, checked (its files; a short greedy generation through the rows' own
 worker, plain and prompt lookup, that must give our target AR's tokens; float32 and a float32 KV cache in force, as
-OpenVINO's log says), stamped, and renamed into place (``utils.models.cached_conversion``);
-a complete export is left as it is.
+OpenVINO's log says), stamped (with the venv, which the benchmark then runs the rows on), and renamed into place
+(``utils.models.cached_conversion``), an export by another OpenVINO GenAI replaced only then; a complete export is
+left as it is.
 
     .venv/bin/python scripts/openvino_export.py [--python .venv-openvino/bin/python]
 """
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -20,7 +22,8 @@ from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from peers_openvino import INSTALL, STAMP, Worker, ir_dir, ir_problem, venv  # noqa: E402
+from peers_openvino import INSTALL, STAMP, Worker, genai_version, ir_dir, ir_problem, stamp, venv  # noqa: E402
+from utils.files import write_atomically  # noqa: E402
 from utils.models import cached_conversion, embedded_model_dir  # noqa: E402
 
 CHECK = "Name three primary colors."  # the check's prompt, chat-templated by the project
@@ -93,22 +96,25 @@ def precision_in_force(log: str) -> dict:
     return {"pipelines": len(llms), **{k: v for k, v in llms[0].items() if k != "model"}}
 
 
+def venv_of(python: Path) -> str:
+    """The venv of ``python`` (``VENV/bin/python``), absolute, its links kept (a venv's python links elsewhere)."""
+    return str(Path(os.path.abspath(python)).parents[1])
+
+
 def build(out: Path, python: Path) -> None:
     export(embedded_model_dir(), out, python)
-    stamp = verify(out, python)
-    (out / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
-    print(f"Checked: {stamp['check']['new_tokens']} greedy tokens, plain and prompt lookup, equal to our target AR's; "
-          f"both pipelines ran float32 with a float32 KV cache (OpenVINO {stamp['openvino']}, GenAI {stamp['openvino_genai']})",
+    found = verify(out, python)
+    (out / STAMP).write_text(json.dumps({**found, "venv": venv_of(python)}, indent=1) + "\n")
+    print(f"Checked: {found['check']['new_tokens']} greedy tokens, plain and prompt lookup, equal to our target AR's; "
+          f"both pipelines ran float32 with a float32 KV cache (OpenVINO {found['openvino']}, GenAI {found['openvino_genai']})",
           file=sys.stderr)
 
 
-def genai_version(python: Path) -> str:
-    """The OpenVINO GenAI version installed in ``python``'s venv; SystemExit with one line when it imports none."""
-    done = subprocess.run([str(python), "-c", "import openvino_genai; print(openvino_genai.__version__)"], capture_output=True,
-                          text=True)
-    if done.returncode:
-        raise SystemExit(f"error: {python} cannot import openvino_genai; {INSTALL}")
-    return done.stdout.strip()
+def record_venv(folder: Path, python: Path) -> None:
+    """A current export made from another venv of the same OpenVINO GenAI: its stamp names this one (the benchmark's)."""
+    found = stamp(folder)
+    if found.get("venv") != venv_of(python):
+        write_atomically(folder / STAMP, (json.dumps({**found, "venv": venv_of(python)}, indent=1) + "\n").encode())
 
 
 def main() -> None:
@@ -118,19 +124,21 @@ def main() -> None:
     if not args.python.is_file():
         raise SystemExit(f"error: no OpenVINO venv at {args.python}; {INSTALL}")
     folder, version = ir_dir(), genai_version(args.python)
+    if version is None:
+        raise SystemExit(f"error: {args.python} cannot import openvino_genai; {INSTALL}")
 
     def problem(path: Path) -> Optional[str]:
         """Incomplete, or exported by another OpenVINO GenAI than the venv's."""
         missing = ir_problem(path)
         if missing is not None:
             return missing
-        try:
-            stamped = json.loads((path / STAMP).read_text()).get("openvino_genai")
-        except (ValueError, AttributeError):
+        stamped = stamp(path).get("openvino_genai")
+        if stamped is None:
             return f"unreadable {STAMP}"
         return None if stamped == version else f"exported with OpenVINO GenAI {stamped}, the venv has {version}"
 
     if problem(folder) is None:
+        record_venv(folder, args.python)
         print(f"OpenVINO export ready (already): {folder}")
         return
     try:

@@ -24,6 +24,7 @@ def test_benchmark_writes_runs_summary_tables_and_plots_with_no_greedy_divergenc
                  "acceptance_by_position.png"):
         assert (out / name).stat().st_size > 0, name
     records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert [r for r in records if r.get("failed")] == []  # a failed run is a record too: none here
     keys = {r["key"] for r in records}
     assert keys == {"target", "ngram", "pld", "suffix", "speculative", "chained", "drafter", "hf_generate", "hf_generate_static", "hf_assisted",
                     "hf_prompt_lookup"}

@@ -89,6 +89,20 @@ def test_tree_record_learns_each_depth_toward_its_ranks_rate():
     assert record.rate(0, 1) < record.rate(0, 3) and deep[3] / deep[2] > 0.9
 
 
+def test_a_tree_depth_no_longer_reached_fades_to_its_ranks_rate():
+    """A long copy ends: once no tree reaches depth 4 again, its cell decays every step (as
+    ``DepthAcceptance``'s do for chains) and its estimate returns to the rank's pooled rate rather
+    than keeping the copy's promise."""
+    record = TreeRecord()
+    children = [[0], [1], [2], [3], []]
+    for _ in range(10):
+        record.update(children, [0, 1, 2, 3])
+    assert record.rate(0, 4) > 0.8
+    for _ in range(60):  # the first level fails every step: depth 4 is never reached
+        record.update(children, [])
+    assert record.rate(0) < 0.1 and abs(record.rate(0, 4) - record.rate(0)) < 0.02
+
+
 def test_prompt_lookup_reports_how_verbatim_its_match_is():
     text = [5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2]
     assert lookup_with_match(text, 1, 3, 3) == ([3, 4, 5], 7)  # "5 6 7 8" before "9 1 2" too, up to the start

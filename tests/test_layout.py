@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Dict, List, Set
 
 ROOT = Path(sys.argv[1]).resolve() if __name__ == "__main__" and len(sys.argv) > 1 else Path(__file__).resolve().parents[1]
-PACKAGES = ("app", "models", "runners", "drafters", "eagle", "sampling", "ngram_assisted", "measure", "utils", "scripts")
+PACKAGES = ("app", "models", "runners", "kernels", "drafters", "eagle", "sampling", "ngram_assisted", "measure", "utils", "scripts")
 
 # Cycles allowed to remain: none since the drafters moved to drafters/ and the runners to runners/
 # (issue 28). The list may only shrink; a new cycle fails.
@@ -113,8 +113,9 @@ def test_no_import_cycle_between_the_projects_modules():
     assert not new, f"new import cycles (docs/layout.md): {new}"
 
 
-# Packages whose modules still import the package itself; the list may only shrink.
-KNOWN_SELF_IMPORTS = {"measure"}
+# Packages whose modules still import the package itself: none since measure/ named its modules (issue
+# "faults found in a read of the new code", item 12). The list may only shrink.
+KNOWN_SELF_IMPORTS: Set[str] = set()
 
 
 def self_imports(modules: Dict[str, Path]) -> List[str]:

@@ -9,7 +9,7 @@ import torch
 from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from conftest import VOCAB, gpt2, llama
-from runners import EAGER, KVCacheModel, LeanRunner, RunnerConfig, lean_unsupported, make_runner, set_prepack
+from runners import EAGER, KVCacheModel, LeanRunner, RunnerConfig, kernels, lean_unsupported, make_runner, set_prepack
 
 warnings.filterwarnings("ignore", message=".*past_key_values.*")
 
@@ -69,13 +69,16 @@ def ids_for(length=64, seed=0):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_logits_equal_transformers_forward_bit_for_bit(model, dtype):
-    """Prompt, one-position and several-position cached passes: the logits of transformers' forward
-    over its dynamic cache, exactly (float64 and float32)."""
+    """Prompt, one-position and several-position cached passes on the model's own linears (the torch
+    forward; the lean step is tests/test_lean_step.py's): the logits of transformers' forward over its
+    dynamic cache, exactly (float64 and float32)."""
     model = model.to(dtype)
     try:
-        ids, lean, own = ids_for(), LeanRunner(model), KVCacheModel(model, cache="dynamic")
-        for length, n in PASSES:
-            assert torch.equal(lean(ids[:, :length], n), own(ids[:, :length], n)), (length, n)
+        with kernels(model, False):
+            ids, lean, own = ids_for(), LeanRunner(model), KVCacheModel(model, cache="dynamic")
+            for length, n in PASSES:
+                assert torch.equal(lean(ids[:, :length], n), own(ids[:, :length], n)), (length, n)
+            assert lean.step_passes == 0
     finally:
         model.to(torch.float64)
 
@@ -159,20 +162,27 @@ def test_hidden_states_equal_select_hidden(model):
 
 
 def test_the_models_kernel_plan_applies():
-    """The lean forward calls the model's own linear modules: a skinny plan is what both runners run."""
+    """The lean torch forward calls the model's own linear modules, so a plan is what both runners run:
+    prepacked (oneDNN) passes equal transformers' on the same plan bit for bit; a skinny plan runs the
+    lean step, on the same blocked weights transformers' row then runs its linears on."""
     from kernels import skinny
 
     if not skinny.available()[0]:
         pytest.skip("the skinny kernel is not built here")
     model, ids = llama().to(torch.float32), ids_for()
-    before = LeanRunner(model)(ids[:, :12], 3)
-    lean = LeanRunner(model)  # made before the plan: it looks the layers up at each pass
-    set_prepack(model, True, ("skinny",))
+    with kernels(model, False):
+        before = LeanRunner(model)(ids[:, :12], 3)
     try:
-        own = KVCacheModel(model, cache="dynamic")
+        set_prepack(model, True, ("prepacked",))
+        lean, own = LeanRunner(model), KVCacheModel(model, cache="dynamic")
         for length, n in ((12, 3), (13, 1), (18, 5)):
             assert torch.equal(lean(ids[:, :length], n), own(ids[:, :length], n))
-        assert not torch.equal(LeanRunner(model)(ids[:, :12], 3), before)
+        assert not torch.equal(LeanRunner(model)(ids[:, :12], 3), before) and lean.step_passes == 0
+        set_prepack(model, True, ("skinny",))
+        lean, own = LeanRunner(model), KVCacheModel(model, cache="dynamic")
+        for length, n in ((12, 3), (13, 1), (18, 5)):
+            torch.testing.assert_close(lean(ids[:, :length], n), own(ids[:, :length], n), rtol=1e-4, atol=1e-5)
+        assert lean.step_passes == 3
     finally:
         set_prepack(model, False)
 
@@ -199,6 +209,12 @@ def test_an_unsupported_model_keeps_transformers_forward_with_its_reason(make, w
         make_runner(model, config=RunnerConfig(forward="lean"))
 
 
+def skinny_built() -> bool:
+    from kernels import skinny
+
+    return skinny.available()[0]
+
+
 def test_make_runner_picks_the_lean_forward_by_default():
     model = llama()
     assert lean_unsupported(model) is None and lean_unsupported(qwen2()) is None
@@ -206,7 +222,13 @@ def test_make_runner_picks_the_lean_forward_by_default():
     assert type(make_runner(model, config=RunnerConfig(forward="transformers"))) is KVCacheModel
     assert type(make_runner(model, config=RunnerConfig(cache="dynamic"))) is KVCacheModel  # a dynamic cache is transformers'
     assert type(make_runner(model, use_cache=False)) is KVCacheModel
-    assert EAGER.describe(model) == "static KV cache · eager · lean Llama forward"
+    assert EAGER.describe(model) == "static KV cache · eager · lean Llama forward (attention: SDPA) (no lean step: the step runs float32 weights on CPU)"
+    step = EAGER.describe(model.to(torch.float32)) if skinny_built() else "no C compiler"
+    with kernels(model, False):  # the model's own linears said explicitly: the torch forward
+        assert EAGER.describe(model) == "static KV cache · eager · lean Llama forward (attention: SDPA)"
+    model.to(torch.float64)
+    assert step.endswith("lean Llama forward (attention: the step's own, row by row) on the lean step (C: skinny linears "
+                         "on blocked weights, q/k/v and gate/up fused, row-invariant)") or step == "no C compiler"
     assert make_runner(model).cache_kind == "static"
     with pytest.raises(ValueError, match="forward must be"):
         RunnerConfig(forward="fast")

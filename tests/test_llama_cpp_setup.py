@@ -75,3 +75,65 @@ def test_a_rollback_llama_cpp_refuses_empties_the_sequence_so_no_pass_runs_on_re
     runner.cached = 20
     runner.rollback(15)  # a memory that can: only the rejected positions go
     assert calls == [(0, 15, -1)] and runner.cached == 15 and runner.refeeds == 1
+
+
+class FakeContext:
+    """llama.cpp's shared context as the runner sees it, with no library: its batch arrays, and a decode
+    that records what each batch token was (token, position, sequences, output) and gives one row per output."""
+
+    def __init__(self, capacity: int = 64):
+        import numpy
+
+        self.capacity, self.memory, self.owner, self.decoded = capacity, "memory", None, []
+        self.tokens, self.positions = numpy.zeros(capacity, dtype=numpy.int32), numpy.zeros(capacity, dtype=numpy.int32)
+        self.outputs, self.seq_counts = numpy.zeros(capacity, dtype=numpy.int8), numpy.ones(capacity, dtype=numpy.int32)
+        self.batch = SimpleNamespace(seq_id=[[0] * 8 for _ in range(capacity)])
+
+    def claim(self, runner) -> bool:
+        fresh, self.owner = self.owner is not runner, runner
+        return fresh
+
+    def decode(self, count: int, rows: int):
+        import torch
+
+        self.decoded.append([(int(self.tokens[k]), int(self.positions[k]), tuple(self.batch.seq_id[k][: self.seq_counts[k]]),
+                              int(self.outputs[k])) for k in range(count)])
+        return torch.zeros(rows, 4)
+
+
+def fake_llama_runner(monkeypatch, calls: list):
+    import runners.llama_cpp as llama_cpp
+
+    lib = SimpleNamespace(llama_memory_seq_rm=lambda memory, *a: calls.append(("rm", *a)) or True,
+                          llama_memory_seq_cp=lambda memory, *a: calls.append(("cp", *a)),
+                          llama_memory_seq_pos_max=lambda memory, seq: -1)
+    monkeypatch.setattr(llama_cpp, "library", lambda: lib)
+    runner = object.__new__(llama_cpp.LlamaCppRunner)
+    runner.gguf = SimpleNamespace(tree_unsupported=lambda: None)
+    runner.context, runner.cached, runner.forward_passes, runner.refeeds = FakeContext(), 0, 0, 0
+    runner._leaves, runner._leaf_of, runner._tree_cur = 0, [], 0
+    return runner
+
+
+def test_llama_cpps_tree_pass_follows_the_one_tree_rule_with_its_own_batch(monkeypatch):
+    """The runner's tree passes are ``runners.trees.TreePasses``' (one rule for every runner: the last accepted
+    token fed again for the root's logits, the cache then ``cur + N``, the kept branch ``cur + len(path)``);
+    llama.cpp supplies its batch only: the uncached prefix in every sequence, each node in its leaves'."""
+    import torch
+
+    from runners.llama_cpp import LlamaCppRunner
+    from runners.trees import TreePasses
+
+    assert issubclass(LlamaCppRunner, TreePasses) and not {"tree_pass", "keep_branch"} & set(vars(LlamaCppRunner))
+    calls: list = []
+    runner = fake_llama_runner(monkeypatch, calls)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    runner(ids, 1)
+    assert runner.cached == 4
+    rows = runner.tree_pass(ids, 4, [10, 11, 12], [-1, 0, -1])  # a -> b, and c: leaves b (sequence 1), c (2)
+    assert rows.shape == (4, 4) and runner.cached == 7 and runner.forward_passes == 2
+    assert ("rm", 0, 3, -1) in calls  # the root's logits need token 8 fed again
+    assert runner.context.decoded[-1] == [(8, 3, (0, 1, 2), 1), (10, 4, (1,), 1), (11, 5, (1,), 1), (12, 4, (2,), 1)]
+    calls.clear()
+    runner.keep_branch(4, [0, 1])
+    assert calls == [("cp", 1, 0, 4, 6), ("rm", 1, -1, -1), ("rm", 2, -1, -1)] and runner.cached == 6

@@ -141,3 +141,54 @@ def test_a_conversion_that_writes_no_weights_is_refused_and_never_takes_the_fina
     with pytest.raises(RuntimeError, match="incomplete model"):
         models.cached_conversion(cache / "model", lambda out: (out / "config.json").write_text("{}"), lambda line: None)
     assert not (cache / "model").exists() and partials(cache) == []
+
+
+def versioned(folder: Path, version: int) -> None:
+    (folder / "config.json").write_text(f'{{"version": {version}}}')
+    (folder / "model.safetensors").write_bytes(b"w")
+
+
+def stale_unless(version: int):
+    """A ``problem``: the folder is stale unless it holds ``version`` (as an export stamped by another GenAI)."""
+    return lambda folder: None if (folder / "config.json").is_file() and f'"version": {version}' in (folder / "config.json").read_text() else "stale"
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["one exchange", "two renames"])
+@pytest.mark.parametrize("failure", ["the build raises", "the build is refused by its check"])
+def test_a_stale_folder_stays_in_place_until_its_successor_is_built_and_checked(cache, failure, exchange, monkeypatch):
+    """A complete folder that is stale (an export of another version) keeps working while its successor is
+    built beside it; a build that fails or is refused leaves it as it was, one that succeeds replaces it
+    (by an atomic exchange where the system has one, else by two renames)."""
+    if not exchange:
+        monkeypatch.setattr(models, "_exchange", lambda a, b: False)
+    folder = cache / "model"
+    folder.mkdir(parents=True)
+    versioned(folder, 1)
+
+    def failing(out: Path) -> None:
+        if failure == "the build raises":
+            raise RuntimeError("export failed")
+        versioned(out, 3)  # not what the check asks for
+
+    with pytest.raises(RuntimeError):
+        models.cached_conversion(folder, failing, lambda line: None, problem=stale_unless(2))
+    assert '"version": 1' in (folder / "config.json").read_text() and partials(cache) == []
+    models.cached_conversion(folder, lambda out: versioned(out, 2), lambda line: None, problem=stale_unless(2))
+    assert '"version": 2' in (folder / "config.json").read_text() and partials(cache) == []
+    assert sorted(p.name for p in cache.iterdir() if p.name.startswith("model")) == ["model", "model.lock"]
+
+
+def test_a_swap_interrupted_between_its_renames_gets_the_old_folder_back(cache):
+    aside = cache / "model.replaced"  # the old folder moved aside, the process dead before the new one took its name
+    aside.mkdir(parents=True)
+    versioned(aside, 1)
+    assert models.cached_conversion(cache / "model", lambda out: pytest.fail("built"), lambda line: None, problem=stale_unless(1)) == cache / "model"
+    assert not aside.exists() and '"version": 1' in (cache / "model" / "config.json").read_text()
+
+
+def test_an_exchange_swaps_both_names_or_changes_nothing(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "from-a").write_text("")
+    swapped = models._exchange(tmp_path / "a", tmp_path / "b")
+    assert (tmp_path / ("b" if swapped else "a") / "from-a").is_file() and (tmp_path / "a").is_dir() and (tmp_path / "b").is_dir()

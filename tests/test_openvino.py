@@ -55,6 +55,11 @@ def test_the_skip_reason_names_what_is_missing(monkeypatch, tmp_path):
     folder.mkdir(parents=True)
     for name in peers_openvino.IR_FILES + (peers_openvino.STAMP,):
         (folder / name).write_text("x")
+    assert "cannot import openvino_genai" in peers_openvino.unavailable()  # its python runs nothing
+    (venv / "bin" / "python").write_text("#!/bin/sh\necho 2026.4.1\n")
+    (venv / "bin" / "python").chmod(0o755)
+    (folder / peers_openvino.STAMP).write_text('{"openvino_genai": "2026.4.1"}')
+    peers_openvino.genai_version.cache_clear()
     assert peers_openvino.unavailable(flags("ov_plain")) == ""
     assert "embedded model only" in peers_openvino.unavailable(flags("ov_plain", preset="pair"))
 
@@ -125,3 +130,71 @@ def test_the_export_reads_the_precision_in_force_from_openvinos_log():
         export.precision_in_force(log + block.format("LLM with Paged Attention", "f32", "u8"))
     with pytest.raises(RuntimeError, match="no model properties in its log"):
         export.precision_in_force("")
+
+
+def fake_install(tmp_path: Path, monkeypatch, genai: str, stamped: str, recorded: bool = True) -> Path:
+    """A venv whose python says it has OpenVINO GenAI ``genai``, and an export stamped by ``stamped``, which
+    records the venv when ``recorded``; $SPECDEC_OPENVINO_VENV unset."""
+    venv = tmp_path / "opt-ov"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(f"#!/bin/sh\necho {genai}\n")
+    (venv / "bin" / "python").chmod(0o755)
+    (venv / ".installed").write_text("")
+    monkeypatch.delenv("SPECDEC_OPENVINO_VENV", raising=False)
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    folder = peers_openvino.ir_dir()
+    folder.mkdir(parents=True)
+    for name in peers_openvino.IR_FILES:
+        (folder / name).write_text("x")
+    stamp = {"openvino_genai": stamped, **({"venv": str(venv)} if recorded else {})}
+    (folder / peers_openvino.STAMP).write_text(json.dumps(stamp))
+    return venv
+
+
+def test_the_benchmark_finds_the_venv_the_export_recorded(tmp_path, monkeypatch):
+    """``make openvino SPECDEC_OPENVINO_VENV=/opt/ov`` exports; the benchmark, without the variable, runs the rows
+    on that venv (the export's stamp names it), not on a missing default."""
+    venv = fake_install(tmp_path, monkeypatch, "2026.4.1", "2026.4.1")
+    assert peers_openvino.venv() == venv and peers_openvino.unavailable() == ""
+
+
+def test_an_export_made_by_another_genai_than_the_venvs_is_skipped_in_one_line(tmp_path, monkeypatch):
+    fake_install(tmp_path, monkeypatch, "2026.4.1", "2026.3.0")
+    why = peers_openvino.unavailable()
+    assert "OpenVINO GenAI 2026.3.0" in why and "has 2026.4.1" in why and why.endswith("install: make openvino (docs/openvino.md)")
+
+
+def test_make_openvino_names_the_venv_by_the_benchmarks_one_setting():
+    import subprocess
+
+    done = subprocess.run(["make", "-n", "openvino", "SPECDEC_OPENVINO_VENV=/opt/ov"], capture_output=True, text=True,
+                          cwd=peers_openvino.ROOT)
+    assert done.returncode == 0 and "scripts/openvino_export.py --python /opt/ov/bin/python" in done.stdout
+    old = subprocess.run(["make", "-n", "openvino", "OV_VENV=/opt/ov"], capture_output=True, text=True, cwd=peers_openvino.ROOT)
+    assert old.returncode != 0 and "SPECDEC_OPENVINO_VENV=/opt/ov" in old.stderr
+
+
+def export_script():
+    spec = importlib.util.spec_from_file_location("openvino_export", peers_openvino.ROOT / "scripts" / "openvino_export.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_failed_export_leaves_the_working_one_and_a_new_one_records_its_venv(tmp_path, monkeypatch):
+    """The venv's GenAI is newer than the export's: a re-export that fails its check leaves the old export
+    whole; one that passes replaces it, stamped with the new version and the venv (fake exporter and check)."""
+    venv = fake_install(tmp_path, monkeypatch, "2026.4.1", "2026.3.0", recorded=False)
+    export, folder = export_script(), peers_openvino.ir_dir()
+    monkeypatch.setattr(export, "embedded_model_dir", lambda: tmp_path)
+    monkeypatch.setattr(export, "export", lambda hf, out, python: [(out / n).write_text("new") for n in peers_openvino.IR_FILES])
+    monkeypatch.setattr(export, "verify", lambda out, python: (_ for _ in ()).throw(RuntimeError("tokens differ")))
+    monkeypatch.setattr("sys.argv", ["openvino_export.py", "--python", str(venv / "bin" / "python")])
+    with pytest.raises(SystemExit, match="tokens differ"):
+        export.main()
+    assert (folder / "config.json").read_text() == "x" and json.loads((folder / peers_openvino.STAMP).read_text())["openvino_genai"] == "2026.3.0"
+    monkeypatch.setattr(export, "verify", lambda out, python: {"openvino": "x", "openvino_genai": "2026.4.1",
+                                                               "check": {"new_tokens": 12}})
+    export.main()
+    stamp = json.loads((folder / peers_openvino.STAMP).read_text())
+    assert (folder / "config.json").read_text() == "new" and stamp["openvino_genai"] == "2026.4.1" and stamp["venv"] == str(venv)

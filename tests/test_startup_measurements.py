@@ -289,12 +289,39 @@ def test_a_slower_machine_gets_every_round_in_a_budget_scaled_to_its_passes(monk
     assert budget.seconds > 10.0 and choice is not None and choice.widths() == 12
 
 
+@pytest.mark.parametrize("need, rounds", [(3.9, 4), (4.1, 3), (40.0, 2)])
+def test_a_machine_needing_over_the_most_scaled_budget_runs_the_full_rounds_that_fit(monkeypatch, need, rounds):
+    """The budget a machine needs (its probe's estimate) is ``need`` times the budget: up to
+    ``MOST_SCALED`` it gets every round (the warm-up and 3 timed); past it, as many full rounds as
+    fit in ``MOST_SCALED`` times the budget, at least the warm-up and one timed, never a partial plan,
+    and the line says so. No cliff between 3.9x and 4.1x."""
+    from kernels.prepacking import plan
+
+    model = float32_model()
+    now, calls = [0.0], [0]
+
+    def seconds(self, rows):
+        calls[0] += 1
+        now[0] += 0.2
+        return 0.2 + 0.01 * (plan(self.model) == ("prepacked",))
+
+    monkeypatch.setattr(timing.PassTimer, "seconds", seconds)
+    n = len(timing.kernel_options())
+    estimate = 0.2 * n * (1 + 1.3 * 12 * 4)  # the probe, then 1.3 x its cost for 12 widths, 4 rounds
+    budget = timing.Budget(estimate / need, clock=lambda: now[0])
+    choice = timing.measure_kernels(model, budget=budget)
+    assert choice is not None and choice.widths() == 12 and not budget.stopped
+    assert calls[0] == n * (1 + 12 * rounds)
+    if need > timing.MOST_SCALED:
+        assert f"at most {timing.MOST_SCALED:g}x: {rounds - 1} of 3 rounds" in budget.scaled
+
+
 def test_a_kernel_measurement_past_its_budget_keeps_the_models_own_linears(monkeypatch):
-    from runners import prepacked
+    from kernels.prepacking import OWN, plan
 
     model = float32_model()
     found = steps.kernels_step(model, "target", EAGER, quiet(clock=slow_clock()))
-    assert found.value is None and not prepacked(model) and found.noisy
+    assert found.value is None and plan(model) == (OWN,) and found.noisy  # said, so that no pass runs the lean step
     assert found.line == "the model's own linears (fallback: measurement over its 10 s budget)"
 
 

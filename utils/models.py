@@ -1,5 +1,6 @@
 """Loading models: the embedded SmolLM2 GGUF (converted once, then cached) and derived drafters."""
 import copy
+import ctypes
 import fcntl
 import functools
 import glob
@@ -111,26 +112,22 @@ def cached_conversion(folder: Path, build: Callable[[Path], None], say: Callable
                       announce: str | None = None, problem: Callable[[Path], str | None] = model_folder_problem) -> Path:
     """``folder``, built by ``build(temporary_folder)`` unless already complete. Safe to call from
     several processes at once: one builds (under ``<folder>.lock``) while the others wait for it;
-    the build goes into a unique ``<folder>.partial-*`` folder renamed into place only when done,
-    so nothing half-written ever has the final name. Under the lock, leftovers of interrupted builds
-    are removed and an incomplete ``folder`` is rebuilt, each said in one line; ``announce`` is said
-    before a build. ``problem(folder)`` says why a folder is incomplete (None: complete; default: a saved model's)."""
+    the build goes into a unique ``<folder>.partial-*`` folder renamed into place only when done and
+    checked, so nothing half-written ever has the final name, and an incomplete or stale ``folder``
+    stays as it is until its successor is ready (a failed build leaves it). Under the lock, leftovers
+    of interrupted builds are removed and a rebuild is said in one line; ``announce`` is said before a
+    build. ``problem(folder)`` says why a folder is incomplete (None: complete; default: a saved model's)."""
     if problem(folder) is None:
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     with exclusive(folder.with_name(folder.name + ".lock")):
-        # whoever builds holds the lock: every partial folder seen while holding it is a dead build's
-        leftovers = sorted(folder.parent.glob(glob.escape(folder.name) + ".partial*"))
-        for leftover in leftovers:
-            shutil.rmtree(leftover, ignore_errors=True)
-        if leftovers:
-            say(f"Removed {len(leftovers)} leftover(s) of an interrupted conversion: {', '.join(p.name for p in leftovers)}")
+        _recover(folder, say)
         missing = problem(folder)
         if missing is None:  # built by the process we waited for
             return folder
-        if folder.exists():
+        existed = folder.exists()
+        if existed:
             say(f"{folder} is incomplete ({missing}): rebuilding it")
-            shutil.rmtree(folder) if folder.is_dir() else folder.unlink()
         if announce:
             say(announce)
         temporary = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".partial-"))
@@ -140,16 +137,58 @@ def cached_conversion(folder: Path, build: Callable[[Path], None], say: Callable
             if missing is not None:
                 raise RuntimeError(f"the conversion into {folder} left an incomplete model ({missing})")
             temporary.chmod(0o755)  # mkdtemp's 0700 is for the temporary folder only
-            try:
-                temporary.rename(folder)
-            except OSError:  # another writer (one that took no lock) finished first: use its folder
-                if problem(folder) is not None:
-                    raise
-                shutil.rmtree(temporary, ignore_errors=True)
+            if not existed and folder.exists() and problem(folder) is None:
+                shutil.rmtree(temporary, ignore_errors=True)  # another writer (one that took no lock) finished first
+            else:
+                _swap_in(temporary, folder)
         except BaseException:
             shutil.rmtree(temporary, ignore_errors=True)
             raise
     return folder
+
+
+def _recover(folder: Path, say: Callable[[str], None]) -> None:
+    """Under the lock: remove dead builds' partial folders; finish a swap cut between its renames
+    (the old folder put back where the new one never arrived, else removed)."""
+    leftovers = sorted(folder.parent.glob(glob.escape(folder.name) + ".partial*"))
+    for leftover in leftovers:
+        shutil.rmtree(leftover, ignore_errors=True)
+    if leftovers:
+        say(f"Removed {len(leftovers)} leftover(s) of an interrupted conversion: {', '.join(p.name for p in leftovers)}")
+    aside = folder.with_name(folder.name + ".replaced")
+    if aside.exists():
+        shutil.rmtree(aside) if folder.exists() else aside.rename(folder)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the names of ``a`` and ``b`` atomically (Linux's ``renameat2`` with ``RENAME_EXCHANGE``);
+    False where the system or its file system cannot (nothing changed)."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_cwd, exchange = -100, 2  # AT_FDCWD, RENAME_EXCHANGE
+    return renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), exchange) == 0
+
+
+def _swap_in(new: Path, folder: Path) -> None:
+    """Give ``new`` the name ``folder``: an old ``folder`` swaps names with it in one step where the
+    system can (``_exchange``), else is renamed aside (``<folder>.replaced``) just before, put back if
+    the rename fails, and removed after (two renames under the lock: the name is empty for an instant)."""
+    if folder.is_dir() and _exchange(new, folder):
+        shutil.rmtree(new)  # the old folder, now under the temporary name
+        return
+    aside = folder.with_name(folder.name + ".replaced")
+    if folder.exists():
+        folder.rename(aside)
+    try:
+        new.rename(folder)
+    except OSError:
+        if aside.exists():
+            aside.rename(folder)
+        raise
+    if aside.exists():
+        shutil.rmtree(aside) if aside.is_dir() else aside.unlink()
 
 
 def gguf_model_dir(gguf_path: Path, say: Callable[[str], None] = print) -> Path:

@@ -11,7 +11,7 @@ from app.bench.configs import baseline, make_configs, refuse_trees
 from app.bench.plots import plots
 from app.bench.prompts import CODE_EDITING, DEFAULT_GROUP, DEFAULT_PROMPTS, ROOT, load_prompts
 from app.bench.replay import replay_report
-from app.bench.report import check_strict, load_line, markdown, summarize, versus_column
+from app.bench.report import check_ours, check_strict, failed_section, load_line, markdown, ran, summarize, versus_column
 from app.bench.run import Bench, extra_sections, report_title, timed_runs, warm_up
 from app.heads import head_flag
 from app.session import add_shared_flags
@@ -137,6 +137,9 @@ def group_spec(text: str) -> tuple:
 
 def main(argv: Optional[List[str]] = None) -> None:
     args = build_parser().parse_args(argv)
+    from utils.versions import check_torch
+
+    check_torch()  # before anything imports transformers
     from app.session import SetupError, read_processor
 
     try:
@@ -169,23 +172,27 @@ def benchmark(args, greedy: bool) -> None:
           file=sys.stderr)
     if args.compile and any(c.key == "hf_generate_static" for c in configs):
         print("Compiling transformers' static-cache generate (in the excluded warm-up) ...", file=sys.stderr)
-    warm_up(bench, configs, items[0]["prompt"])
-    records = timed_runs(bench, configs, items, out)
-    extra = extra_sections(bench, configs, records, items[0]["prompt"])
+    failed = warm_up(bench, configs, items[0]["prompt"])
+    configs = [c for c in configs if c.label not in {r["config"] for r in failed}]  # a row failed in the warm-up is not timed
+    records = timed_runs(bench, configs, items, out, failed)
+    extra = extra_sections(bench, configs, ran(records), items[0]["prompt"])
     write_reports(records, out, report_title(bench, configs), extra, args.group or (DEFAULT_GROUP,))
     if args.specbench_out:
         from utils.specbench import baseline_count_check, write_answers
 
-        written = write_answers(records, Path(args.specbench_out), Path(bench.target_label.split(" · ")[0]).stem, bench.tokenizer)
+        written = write_answers(ran(records), Path(args.specbench_out), Path(bench.target_label.split(" · ")[0]).stem, bench.tokenizer)
         print(f"wrote {len(written)} Spec-Bench answer files under {args.specbench_out}", file=sys.stderr)
-        print(baseline_count_check(records, bench.tokenizer, baseline().label), file=sys.stderr)
+        print(baseline_count_check(ran(records), bench.tokenizer, baseline().label), file=sys.stderr)
     check_strict(records, args.strict)
+    check_ours(records)
 
 
 def write_reports(records: List[dict], out: Path, title: str, extra: str = "", groups: tuple = (DEFAULT_GROUP,)) -> None:
     from strategies import EVERY, PEERS
 
     out.mkdir(parents=True, exist_ok=True)
+    extra += failed_section(records)
+    records = ran(records)
     summary = summarize(records, groups)
     compared = [p.key for p in PEERS] + sorted({s.versus for s in EVERY.values() if s.versus})  # vs_KEY columns
     with open(out / "summary.csv", "w", newline="") as handle:

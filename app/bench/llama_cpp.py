@@ -17,11 +17,12 @@ def llama_cpp_tokens_per_s(binary: str, gguf: str, new_tokens: int, depth: int, 
         if done.returncode == 0:
             rows = json.loads(done.stdout)
             return float(next(r["avg_ts"] for r in rows if r.get("n_gen", 0) > 0))
-    raise SystemExit(f"error: {binary} failed: {done.stderr.strip()[-300:]}")
+    raise RuntimeError(f"{binary} failed: {' '.join(done.stderr.strip()[-300:].split())}")
 
 
 def llama_cpp_report(bench, args, prompt: List[int]) -> str:
-    """Target AR and llama.cpp's decoding of the same GGUF, alternated ``--repeats`` times (at least 3)."""
+    """Target AR and llama.cpp's decoding of the same GGUF, alternated ``--repeats`` times (at least 3); a
+    llama-bench that fails (or answers no text-generation row) is a line of the section, with its reason."""
     import torch
 
     from utils.models import embedded_gguf
@@ -29,11 +30,14 @@ def llama_cpp_report(bench, args, prompt: List[int]) -> str:
     gguf = args.gguf or str(embedded_gguf())
     threads = args.threads or torch.get_num_threads()
     ours, theirs = [], []
+    title = f"\n## llama.cpp, plain decoding of {Path(gguf).name} ({threads} threads), alternating with target AR\n\n"
     for _ in range(max(3, args.repeats)):
         ours.append(bench.run(baseline(), prompt).tokens_per_second)
-        theirs.append(llama_cpp_tokens_per_s(args.llama_cpp, gguf, args.max_new_tokens, len(prompt), threads))
+        try:
+            theirs.append(llama_cpp_tokens_per_s(args.llama_cpp, gguf, args.max_new_tokens, len(prompt), threads))
+        except (RuntimeError, OSError, ValueError, KeyError, StopIteration) as error:  # the peer's failure: said, not the end
+            return title + f"llama.cpp failed: {type(error).__name__}: {' '.join(str(error).split())}\n"
     ratio = statistics.median(a / b for a, b in zip(ours, theirs))
-    return (f"\n## llama.cpp, plain decoding of {Path(gguf).name} ({threads} threads), alternating with target AR\n\n"
-            "| | tokens/s |\n| --- | ---: |\n"
+    return (title + "| | tokens/s |\n| --- | ---: |\n"
             f"| llama.cpp | {statistics.median(theirs):.1f} |\n| target AR | {statistics.median(ours):.1f} |\n"
             f"| target AR / llama.cpp | {ratio:.2f}x |\n")

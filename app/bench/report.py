@@ -253,11 +253,45 @@ def load_line(records: List[dict]) -> str:
     return "" if summary is None else summary.line()
 
 
+def ran(records: List[dict]) -> List[dict]:
+    """The records of runs that ran (a failed run's record has ``failed``: its reason)."""
+    return [r for r in records if not r.get("failed")]
+
+
+def failed_section(records: List[dict]) -> str:
+    """The report's section on the runs that failed, a line per row (how many, the first reason); "" when none did."""
+    failed: dict = {}
+    for r in records:
+        if r.get("failed"):
+            failed.setdefault(r["config"], []).append(r["failed"])
+    if not failed:
+        return ""
+    lines = "".join(f"| {label} | {len(reasons)} | {reasons[0].replace('|', '/')} |\n" for label, reasons in failed.items())
+    return ("\n## failed rows\n\nRuns that failed (the other rows went on; a row that failed in the warm-up was not timed):\n\n"
+            "| configuration | failed runs | first reason |\n| --- | ---: | --- |\n" + lines)
+
+
+def check_ours(records: List[dict]) -> None:
+    """Exit with status 1, in one line, when a run of one of our rows failed (a bug of ours; the reports are
+    written first). A peer's failure is the peer's: reported, not an error (unless ``--strict``)."""
+    from strategies import EVERY
+
+    ours = [r for r in records if r.get("failed") and r["key"] in EVERY and not EVERY[r["key"]].peer]
+    if ours:
+        first = ours[0]
+        where = f"on question {first['question_id']}" if "question_id" in first else "in the warm-up"
+        raise SystemExit(f"error: {len(ours)} run(s) of our rows failed (first: {first['config']} {where}: {first['failed']})")
+
+
 def check_strict(records: List[dict], strict: bool) -> None:
     """With ``--strict``: exit with status 1, in one line, when any divergence is a disagreement, or
-    when any timed run was noisy (other processes above the ``--busy`` limit)."""
+    when any timed run was noisy (other processes above the ``--busy`` limit), or when any run failed."""
     if not strict:
         return
+    failed = [r for r in records if r.get("failed")]
+    if failed:
+        raise SystemExit(f"error: --strict: {len(failed)} run(s) failed (first: {failed[0]['config']}: {failed[0]['failed']})")
+    records = ran(records)
     bad = [r for r in records if (r.get("divergence") or {}).get("verdict") == "disagreement"]
     if bad:
         raise SystemExit(f"error: --strict: {len(bad)} greedy divergence(s) are disagreements, not rounding near-ties "

@@ -3,9 +3,10 @@ configuration), the interleaved timed loop over prompts, repeats and configurati
 of each run (with the config it ran with, ``RunConfig.to_dict``)."""
 import json
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, NamedTuple, Optional
 
 from app.bench.configs import Config, baseline
 from app.bench.llama_cpp import llama_cpp_report
@@ -20,6 +21,15 @@ def first_divergence(a: List[int], b: List[int]) -> Optional[int]:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
+
+
+class PassTimes(NamedTuple):
+    """One run's forward passes (``pass_times``): how many, the time inside them, the run's wall time."""
+
+    passes: int
+    inside: float
+    wall: float
+    failed: str = ""  # why the run failed ("" when it did not)
 
 
 class Bench:
@@ -156,24 +166,8 @@ class Bench:
 
     def overhead(self, configs: List[Config], prompt: List[int]) -> Dict[str, float]:
         """Per configuration: the fraction of one run's wall time spent outside model forward passes
-        (drafting, acceptance, storage updates, sampling glue), timed with forward hooks."""
-        import time
-
-        models = [m for m in (self.target, self.drafter) if m is not None]
-        inside, started = [0.0], [0.0]
-        hooks = [h for m in models for h in (
-            m.register_forward_pre_hook(lambda *a: started.__setitem__(0, time.perf_counter())),
-            m.register_forward_hook(lambda *a: inside.__setitem__(0, inside[0] + time.perf_counter() - started[0])))]
-        shares = {}
-        try:
-            for config in configs:
-                inside[0] = 0.0
-                result = self.run(config, prompt)
-                shares[config.label] = 1 - inside[0] / result.seconds if result.seconds else 0.0
-        finally:
-            for hook in hooks:
-                hook.remove()
-        return shares
+        (drafting, acceptance, storage updates, sampling glue), by ``pass_times``."""
+        return {label: outside(timed) for label, timed in pass_times(self, configs, prompt).items()}
 
     def verify_cost(self) -> Dict[int, float]:
         """Cost of one target pass over r positions relative to r = 1 (the calibration's, or measured now)."""
@@ -183,17 +177,67 @@ class Bench:
         return {rows: cost for rows, cost in enumerate(costs, 1)}
 
 
-def warm_up(bench: Bench, configs: List[Config], prompt: List[int]) -> None:
-    """One run of each configuration, excluded from the timings, which leaves nothing in a policy's
-    memory nor in a suffix memory."""
+def pass_times(bench: Bench, configs: List[Config], prompt: List[int], clock: Callable[[], float] = time.perf_counter) -> Dict[str, PassTimes]:
+    """Per configuration, one run of ``prompt`` (``bench.run``): its forward passes, timed where every runner
+    makes them (``runners.clock``: the runners' ``__call__`` and ``tree_pass``, whatever runs inside them), and
+    transformers' ``generate`` at its models' top-level calls; a GPU synchronised around each pass; all on ``clock``."""
+    from runners.clock import PassClock, model_passes, timing_passes
+    from runners.device import model_device, synchronize
+
+    models = [m for m in (bench.target, bench.drafter) if m is not None]
+    devices = [m for m in models if model_device(m).type != "cpu"]
+
+    def sync() -> None:
+        for model in devices:
+            synchronize(model)
+    times = {}
     for config in configs:
-        bench.run(config, prompt[:32])
+        passes = PassClock(clock, sync if devices else None)
+        with timing_passes(passes), model_passes(models, passes):
+            started = clock()
+            result = attempt(bench, config, prompt)
+            wall = clock() - started
+        times[config.label] = PassTimes(passes.passes, passes.seconds, wall, result if isinstance(result, str) else "")
+    return times
+
+
+def outside(timed: PassTimes) -> float:
+    """The share of a run's wall time spent outside its forward passes."""
+    return 1 - timed.inside / timed.wall if timed.wall else 0.0
+
+
+def attempt(bench: Bench, config: Config, prompt: List[int], observer=None, repeat: int = 0):
+    """``bench.run``'s result, or why the run failed (one line, a ``str``): no row ends a benchmark by failing."""
+    try:
+        return bench.run(config, prompt, observer, repeat)
+    except Exception as error:  # noqa: BLE001: any row's failure is that row's, reported with its reason
+        lines = str(error).strip().splitlines()
+        return f"{type(error).__name__}: {lines[0] if lines else 'no message'}"
+
+
+def failed_record(config: Config, reason: str, item: Optional[dict] = None, repeat: Optional[int] = None) -> dict:
+    """A line of runs.jsonl for a run that failed (``failed``: its reason; ``item`` None: in the warm-up)."""
+    where = {"question_id": item["question_id"], "category": item["category"], "turn": item["turn"]} if item else {"stage": "warm-up"}
+    return {**where, "repeat": repeat, "config": config.label, "key": config.key, "gamma": config.gamma, "failed": reason}
+
+
+def warm_up(bench: Bench, configs: List[Config], prompt: List[int]) -> List[dict]:
+    """One run of each configuration, excluded from the timings, which leaves nothing in a policy's
+    memory nor in a suffix memory; returns the failed runs' records (those rows are not timed)."""
+    failed = []
+    for config in configs:
+        result = attempt(bench, config, prompt[:32])
+        if isinstance(result, str):
+            print(f"failed: {config.label} in the warm-up: {result}; its row is not timed", file=sys.stderr)
+            failed.append(failed_record(config, result))
     bench.policy_memories.clear()
     bench.memories.clear()
+    return failed
 
 
-def timed_runs(bench: Bench, configs: List[Config], items: List[dict], out: Path) -> List[dict]:
-    """Every item, repeat and configuration, interleaved; each run's record is also written to ``out/runs.jsonl``."""
+def timed_runs(bench: Bench, configs: List[Config], items: List[dict], out: Path, failed: List[dict] = ()) -> List[dict]:
+    """Every item, repeat and configuration, interleaved; each run's record is also written to ``out/runs.jsonl``,
+    after ``failed`` (the warm-up's). A run that fails is a record with its reason (``failed``); the others go on."""
     from tqdm import tqdm
 
     from sampling.divergence import PassRecorder
@@ -201,8 +245,9 @@ def timed_runs(bench: Bench, configs: List[Config], items: List[dict], out: Path
     from utils.load import LoadMeter
 
     repeats, meter, environment, measured = bench.args.repeats, LoadMeter(), run_environment(), bench.measured.as_dict()
-    records = []
+    records = list(failed)
     with open(out / "runs.jsonl", "w") as log, tqdm(total=len(items) * len(configs) * repeats, file=sys.stderr) as bar:
+        log.writelines(json.dumps(record) + "\n" for record in failed)
         for index, (item, repeat) in enumerate((item, repeat) for item in items for repeat in range(repeats)):
             # rotate the order of the configurations from one run to the next, so that none
             # always follows the same other one (caches, clocks and the machine's drift)
@@ -211,12 +256,17 @@ def timed_runs(bench: Bench, configs: List[Config], items: List[dict], out: Path
             for config in configs[shift:] + configs[:shift]:
                 recorder = PassRecorder()  # one append per step: classifying waits until the timed runs are over
                 meter.start()  # /proc is read between timed runs, never inside one
-                result = bench.run(config, item["prompt"], recorder, repeat)
+                result = attempt(bench, config, item["prompt"], recorder, repeat)
                 results.append((config, result, recorder, meter.stop()))
                 bar.update(1)
-            reference, reference_kernels = next((result.tokens, result.kernels) for config, result, _, _ in results
-                                                if config.strategy.baseline)
+            reference, reference_kernels = next(((result.tokens, result.kernels) for config, result, _, _ in results
+                                                 if config.strategy.baseline and not isinstance(result, str)), (None, ""))
             for config, result, recorder, window in sorted(results, key=lambda run: configs.index(run[0])):
+                if isinstance(result, str):
+                    tqdm.write(f"failed: {config.label} on question {item['question_id']}: {result}", file=sys.stderr)
+                    records.append(failed_record(config, result, item, repeat))
+                    log.write(json.dumps(records[-1]) + "\n")
+                    continue
                 record = {**run_record(bench, item, repeat, config, result, reference), **window.record(bench.args.busy),
                           "environment": environment, "measured": measured}
                 if record["diverged_at"] is not None:
@@ -229,8 +279,8 @@ def timed_runs(bench: Bench, configs: List[Config], items: List[dict], out: Path
     return records
 
 
-def run_record(bench: Bench, item: dict, repeat: int, config: Config, result, reference: List[int]) -> dict:
-    """One line of runs.jsonl (its divergence not classified yet: None)."""
+def run_record(bench: Bench, item: dict, repeat: int, config: Config, result, reference: Optional[List[int]]) -> dict:
+    """One line of runs.jsonl (its divergence not classified yet: None; none without a reference)."""
     st = result.stats
     return {
         "question_id": item["question_id"], "category": item["category"], "turn": item["turn"],
@@ -243,7 +293,8 @@ def run_record(bench: Bench, item: dict, repeat: int, config: Config, result, re
         "kernels": result.kernels, "drafts": st.drafted_by_step, "peer_settings": st.peer_settings or None,
         "accepted_by": st.accepted_by or None, "head": bench.head_line if bench.context.head is not None and drafts_with(config) else None,
         "text": bench.tokenizer.decode(result.tokens, skip_special_tokens=True),
-        "diverged_at": first_divergence(result.tokens, reference) if bench.greedy and not config.strategy.drafter_ar else None,
+        "diverged_at": (first_divergence(result.tokens, reference)
+                        if bench.greedy and not config.strategy.drafter_ar and reference is not None else None),
         "divergence": None, "run_config": result.config.to_dict(),
     }
 
@@ -281,7 +332,10 @@ def extra_sections(bench: Bench, configs: List[Config], records: List[dict], pro
     if args.llama_cpp:
         extra += llama_cpp_report(bench, args, prompt)
     if args.overhead:
-        shares = bench.overhead(configs, prompt)
-        extra += "\n## time outside model forward passes (first prompt)\n\n| strategy | share |\n| --- | ---: |\n"
-        extra += "".join(f"| {label} | {share:.1%} |\n" for label, share in shares.items())
+        times = pass_times(bench, configs, prompt)
+        extra += ("\n## time outside model forward passes (first prompt)\n\nPasses timed where the runners make them "
+                  "(their calls and tree passes), transformers' `generate` at its model's calls.\n\n"
+                  "| strategy | forward passes | share outside |\n| --- | ---: | ---: |\n")
+        extra += "".join(f"| {label} | {t.passes} | {f'failed: {t.failed}' if t.failed else f'{outside(t):.1%}'} |\n"
+                         for label, t in times.items())
     return extra

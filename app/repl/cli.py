@@ -13,6 +13,7 @@ from app.session import SetupError, add_shared_flags, build_settings, read_proce
 from utils.load import LoadMeter
 from utils.parsing import MAX_LINE, UsageError, flag_type, sanitize_text
 from utils.printing import console
+from utils.versions import check_torch
 
 PRESETS = {
     "embedded": {"target": None, "drafter": None},
@@ -69,6 +70,7 @@ def say(text: str, style: str = "") -> None:
 def main(argv: Optional[List[str]] = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
+    check_torch()  # before anything imports transformers: one line on stderr, never wrapped
     preset = PRESETS[args.preset or "embedded"]
     if args.preset in ("pair", "cross"):
         try:

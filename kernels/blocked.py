@@ -1,0 +1,100 @@
+"""Weights blocked once for the skinny kernel: an ``nn.Linear`` weight ``[N, K]`` as ``[ceil(N/16), K, 16]``
+(16 output features per block, one 64-byte line per input feature; ``kernels/skinny_gemm.c``).
+
+One copy per weight, shared by everything that runs on it: the layer's own skinny route
+(``kernels.prepacking.PrepackedLinear``) and the lean step (``kernels.step``), which reads q/k/v as one
+matrix and gate/up as another. ``fused(weights)`` lays several weights' blocks end to end in one
+tensor and keeps each weight's blocks as a view of it, so fusing costs no second copy. A copy is
+remade when its weight changes (in place, or replaced).
+"""
+import weakref
+from typing import Dict, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+BLOCK = 16  # output features per block (skinny_gemm.c's BW)
+
+class _ByTensor:
+    """A dict keyed by tensors themselves (not by value: a tensor's ``==`` is elementwise), whose
+    entries go when their tensor does."""
+
+    def __init__(self):
+        self.entries: Dict[int, Tuple["weakref.ref[Tensor]", object]] = {}
+
+    def get(self, tensor: Tensor):
+        found = self.entries.get(id(tensor))
+        return found[1] if found is not None and found[0]() is tensor else None
+
+    def __setitem__(self, tensor: Tensor, value) -> None:
+        key = id(tensor)
+        self.entries[key] = (weakref.ref(tensor, lambda _, key=key: self.entries.pop(key, None)), value)
+
+    def __getitem__(self, tensor: Tensor):
+        return self.get(tensor)
+
+    def pop(self, tensor: Tensor, default=None):
+        return self.entries.pop(id(tensor), (None, default))[1] if self.get(tensor) is not None else default
+
+
+# weight -> (its identity when blocked, the blocked copy or a view into a fused one)
+_COPIES = _ByTensor()
+# first weight of a fused group -> (the group's identities, the fused blocks)
+_FUSED = _ByTensor()
+
+
+def _identity(weight: Tensor) -> tuple:
+    return weight.data_ptr(), weight._version, tuple(weight.shape)
+
+
+def pack(weight: Tensor) -> Tensor:
+    """``weight`` ``[N, K]`` float32 -> ``[ceil(N/16), K, 16]``, the features past N zero."""
+    n, k = weight.shape
+    blocks = -(-n // BLOCK)
+    padded = torch.zeros((blocks * BLOCK, k), dtype=torch.float32)
+    padded[:n] = weight.detach()
+    return padded.view(blocks, BLOCK, k).transpose(1, 2).contiguous()
+
+
+def blocked(weight: Tensor) -> Tensor:
+    """The blocked copy of ``weight`` (made now if it has none, or if it changed since)."""
+    found = _COPIES.get(weight)
+    if found is not None and found[0] == _identity(weight):
+        return found[1]
+    made = pack(weight)
+    _COPIES[weight] = (_identity(weight), made)
+    return made
+
+
+def fused(weights: Sequence[Tensor]) -> Tensor:
+    """The blocks of ``weights`` (each ``[N_i, K]``, the same K) end to end, ``[sum N_i / 16, K, 16]``:
+    one sweep of the skinny kernel computes all their outputs, concatenated. Each weight's own copy
+    becomes a view of it, so fusing costs no second copy. Every N_i but the last must be a multiple
+    of 16, else a block would mix two weights' features (``fusable``)."""
+    if not fusable(weights):
+        raise ValueError("fused weights need the same input size and all but the last a multiple of 16 outputs")
+    identities = tuple(_identity(w) for w in weights)
+    found = _FUSED.get(weights[0])
+    if found is not None and found[0] == identities:
+        return found[1]
+    whole = torch.cat([pack(w) for w in weights])
+    start = 0
+    for w in weights:
+        blocks = -(-w.shape[0] // BLOCK)
+        _COPIES[w] = (_identity(w), whole[start : start + blocks])
+        start += blocks
+    _FUSED[weights[0]] = (identities, whole)
+    return whole
+
+
+def fusable(weights: Sequence[Tensor]) -> bool:
+    """Whether ``fused`` takes ``weights``: float32 CPU, one input size, all but the last a multiple of 16 outputs."""
+    return all(w.dtype == torch.float32 and w.device.type == "cpu" and w.dim() == 2 for w in weights) and \
+        len({w.shape[1] for w in weights}) == 1 and all(w.shape[0] % BLOCK == 0 for w in weights[:-1])
+
+
+def forget(weights: Sequence[Tensor]) -> None:
+    """Free the blocked copies of ``weights`` (a plan that no longer runs the skinny kernel)."""
+    for w in weights:
+        _COPIES.pop(w, None)
+        _FUSED.pop(w, None)

@@ -1,0 +1,197 @@
+/* The lean step: a whole pass of a Llama-family decoder over r positions (r small: decoding,
+ * verification, draft trees) in one call, float32 on CPU, inside one OpenMP parallel region.
+ *
+ * Per layer, as transformers computes it (models/llama.py is the same arithmetic in torch):
+ *   x = rms_norm(h) ; q|k|v = x . Wqkv^T (+ b) ; RoPE on q, k (rotate-half form) ; k, v written to
+ *   the cache at slots start..start+r-1 ; attention of each query over the slots it may see ;
+ *   h += o_proj(attention) ; x = rms_norm(h) ; g|u = x . Wgu^T ; h += down(silu(g) * u)
+ * then the final norm and the output layer on the last n_last positions.
+ *
+ * Every linear is the skinny kernel on weights blocked once (skinny_gemm.c), q/k/v fused into one
+ * matrix and gate/up into another, so each weight matrix is read in one sweep. Everything else is
+ * computed row by row, each row in a fixed order (lanes of 16, then a fixed tree), so a position's
+ * result depends only on its own row and on the cache: never on how many positions the pass has,
+ * nor on the thread count. That makes a verification pass give the logits a decoding pass gives,
+ * bit for bit: greedy speculative decoding emits the tokens of greedy decoding by construction.
+ *
+ * Shapes: H hidden size, Hq / Hkv query / key-value heads, D head size, I intermediate size,
+ * cap the cache's slots per layer, V the vocabulary. */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <omp.h>
+
+void skinny_rows(const float *x, const float *p, const float *b, float *y, int64_t M, int64_t N, int64_t K);
+
+typedef struct {
+    const float *in_norm, *post_norm; /* [H] */
+    const float *qkv, *qkv_bias;      /* blocked [(Hq + 2 Hkv) D / 16, H, 16]; bias [(Hq + 2 Hkv) D] or NULL */
+    const float *o, *o_bias;          /* blocked [H / 16, Hq D, 16]; bias [H] or NULL */
+    const float *gate_up;             /* blocked [2 I / 16, H, 16]: the gate's blocks, then the up's */
+    const float *down;                /* blocked [H / 16, I, 16] */
+    float *keys, *values;             /* the cache [Hkv, cap, D] */
+} Layer;
+
+typedef struct {
+    int64_t layers, H, Hq, Hkv, D, I, cap;
+    float eps, scale;
+} Dims;
+
+#define LANES 16
+
+/* exp(x) for float32, branch-free so that loops over it vectorize: Cephes' expf polynomial on
+ * [-ln2/2, ln2/2] (relative error ~1e-7), scaled by 2^n through the exponent bits */
+static inline float fexp(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union { int32_t i; float f; } scale = {.i = ((int32_t)n + 127) << 23};
+    return p * scale.f;
+}
+
+/* sum of a[0..n) * b[0..n) in a fixed order: 16 lanes, then a fixed tree */
+static inline float dot(const float *a, const float *b, int64_t n) {
+    float lane[LANES] = {0};
+    int64_t k = 0;
+    for (; k + LANES <= n; k += LANES)
+        for (int l = 0; l < LANES; l++) lane[l] += a[k + l] * b[k + l];
+    for (int l = 0; k < n; k++, l++) lane[l] += a[k] * b[k];
+    for (int w = LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) lane[l] += lane[l + w];
+    return lane[0];
+}
+
+/* y = weight * (x / sqrt(mean(x^2) + eps)) for one row of n (transformers' RMSNorm in float32) */
+static void rms_norm(const float *x, const float *weight, float eps, float *y, int64_t n) {
+    float ms = dot(x, x, n) / (float)n;
+    float inv = 1.0f / sqrtf(ms + eps);
+    for (int64_t k = 0; k < n; k++) y[k] = weight[k] * (x[k] * inv);
+}
+
+/* RoPE on one head vector v[D] in place, rotate-half form, with this position's cos and sin [D] */
+static void rotate(float *v, const float *cos, const float *sin, int64_t D) {
+    int64_t half = D / 2;
+    float rotated[512];
+    for (int64_t d = 0; d < half; d++) rotated[d] = -v[d + half];
+    for (int64_t d = half; d < D; d++) rotated[d] = v[d - half];
+    for (int64_t d = 0; d < D; d++) v[d] = v[d] * cos[d] + rotated[d] * sin[d];
+}
+
+/* One query head q[D] over the cache slots it may see (seen[j] != 0, j < L) of keys/values
+ * [L, D] (one key-value head): softmax(q . k * scale) . v into out[D]; s: scratch [L]. */
+static void attend(const float *q, const float *keys, const float *values, const uint8_t *seen, int64_t L,
+                   int64_t D, float scale, float *s, float *out) {
+    float top = -INFINITY;
+    for (int64_t j = 0; j < L; j++) {
+        s[j] = seen[j] ? dot(q, keys + j * D, D) * scale : -INFINITY;
+        top = s[j] > top ? s[j] : top;
+    }
+    float total = 0.0f;
+    for (int64_t j = 0; j < L; j++) s[j] = seen[j] ? fexp(s[j] - top) : 0.0f;
+    for (int64_t j = 0; j < L; j++) total += s[j];
+    for (int64_t d = 0; d < D; d++) out[d] = 0.0f;
+    for (int64_t j = 0; j < L; j++)
+        if (seen[j])
+            for (int64_t d = 0; d < D; d++) out[d] += s[j] * values[j * D + d];
+    float inv = 1.0f / total;
+    for (int64_t d = 0; d < D; d++) out[d] *= inv;
+}
+
+/* The scratch floats lean_step needs for r positions and a cache of cap slots on `threads` threads. */
+int64_t lean_step_scratch(const Dims *d, int64_t r, int64_t threads) {
+    int64_t nqkv = (d->Hq + 2 * d->Hkv) * d->D;
+    return r * (d->H + nqkv + d->Hq * d->D + d->H + 2 * d->I + d->I) + threads * (d->cap + d->cap / 4 + 64);
+}
+
+/* One pass. h: [r, H], the embeddings of the fed ids in, the last layer's output (before the final
+ * norm) out. cos, sin: [r, D]. The fed positions' keys and values go to slots start..start+r-1;
+ * position i sees slot j where seen_mask[i * (start + r) + j] (a tree pass), or where j <= start + i
+ * (seen_mask NULL: a chain). hidden_at[0..n_hidden): layers whose input (the residual stream
+ * entering them) is copied to hidden [r, n_hidden * H]. Then logits [n_last, V] of the last n_last
+ * positions: final_norm, and the output layer head (blocked [V / 16, H, 16]). scratch: floats, at
+ * least lean_step_scratch. Returns the threads it ran on. */
+int lean_step(const Layer *layers, const Dims *d, float *h, const float *cos, const float *sin, int64_t r,
+              int64_t start, const uint8_t *seen_mask, const int64_t *hidden_at, int64_t n_hidden, float *hidden,
+              const float *final_norm, const float *head, int64_t V, float *logits, int64_t n_last, float *scratch,
+              int64_t threads) {
+    const int64_t H = d->H, D = d->D, Hq = d->Hq, Hkv = d->Hkv, I = d->I, nqkv = (Hq + 2 * Hkv) * D, L = start + r;
+    float *x = scratch, *qkv = x + r * H, *att = qkv + r * nqkv, *delta = att + r * Hq * D, *gu = delta + r * H,
+          *act = gu + r * 2 * I, *per_thread = act + r * I;
+    int ran = 1;
+    if (threads < 1) threads = 1;
+#pragma omp parallel num_threads((int)threads)
+    {
+        int t = omp_get_thread_num();
+        float *s = per_thread + t * (d->cap + d->cap / 4 + 64);
+        uint8_t *seen = (uint8_t *)(s + d->cap);
+        if (t == 0) ran = omp_get_num_threads();
+        for (int64_t l = 0; l < d->layers; l++) {
+            const Layer *w = layers + l;
+            /* the residual from the layer before (its MLP's delta), the hidden states, the input norm */
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < r; i++) {
+                if (l > 0)
+                    for (int64_t k = 0; k < H; k++) h[i * H + k] += delta[i * H + k];
+                for (int64_t e = 0; e < n_hidden; e++)
+                    if (hidden_at[e] == l) memcpy(hidden + (i * n_hidden + e) * H, h + i * H, H * sizeof(float));
+                rms_norm(h + i * H, w->in_norm, d->eps, x + i * H, H);
+            }
+            skinny_rows(x, w->qkv, w->qkv_bias, qkv, r, nqkv, H);
+#pragma omp barrier
+            /* RoPE on queries and keys; keys and values into the cache */
+#pragma omp for schedule(static) collapse(2)
+            for (int64_t i = 0; i < r; i++)
+                for (int64_t head = 0; head < Hq + Hkv; head++) {
+                    float *v = qkv + i * nqkv + head * D;
+                    rotate(v, cos + i * D, sin + i * D, D);
+                    if (head >= Hq) {
+                        int64_t kv = head - Hq, slot = start + i;
+                        memcpy(w->keys + (kv * d->cap + slot) * D, v, D * sizeof(float));
+                        memcpy(w->values + (kv * d->cap + slot) * D, qkv + i * nqkv + (Hq + Hkv + kv) * D, D * sizeof(float));
+                    }
+                }
+            /* each (position, query head): attention over the slots that position sees */
+#pragma omp for schedule(static) collapse(2)
+            for (int64_t i = 0; i < r; i++)
+                for (int64_t head = 0; head < Hq; head++) {
+                    int64_t kv = head / (Hq / Hkv), upto = start + i + 1;
+                    for (int64_t j = 0; j < L; j++) seen[j] = seen_mask ? seen_mask[i * L + j] : j < upto;
+                    attend(qkv + i * nqkv + head * D, w->keys + kv * d->cap * D, w->values + kv * d->cap * D, seen,
+                           seen_mask ? L : upto, D, d->scale, s, att + (i * Hq + head) * D);
+                }
+            skinny_rows(att, w->o, w->o_bias, delta, r, H, Hq * D);
+#pragma omp barrier
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < r; i++) {
+                for (int64_t k = 0; k < H; k++) h[i * H + k] += delta[i * H + k];
+                rms_norm(h + i * H, w->post_norm, d->eps, x + i * H, H);
+            }
+            skinny_rows(x, w->gate_up, NULL, gu, r, 2 * I, H);
+#pragma omp barrier
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < r; i++)
+                for (int64_t k = 0; k < I; k++) {
+                    float g = gu[i * 2 * I + k];
+                    act[i * I + k] = g / (1.0f + fexp(-g)) * gu[i * 2 * I + I + k];
+                }
+            skinny_rows(act, w->down, NULL, delta, r, H, I);
+#pragma omp barrier
+        }
+        /* the last layer's residual, the final norm of the last n_last positions, the output layer */
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < r; i++) {
+            for (int64_t k = 0; k < H; k++) h[i * H + k] += delta[i * H + k];
+            if (i >= r - n_last) rms_norm(h + i * H, final_norm, d->eps, x + (i - (r - n_last)) * H, H);
+        }
+        skinny_rows(x, head, NULL, logits, n_last, V, H);
+    }
+    return ran;
+}

@@ -1,0 +1,177 @@
+"""The lean step: a whole pass of a Llama-family model in one C call (``lean_step.c``), float32 on CPU,
+over the model's weights blocked once for the skinny kernel (``kernels.blocked``: q/k/v fused into
+one matrix, gate/up into another; the layers' own skinny route reads views of the same copies).
+
+``LeanStep(model)`` holds the weights' addresses; ``step(h, cos, sin, cache, start, seen, n_last,
+hidden_layers)`` runs one pass. ``step_unsupported(model)`` says why a model cannot run it. A
+position's result depends only on its own row and the cache, never on the pass's width or the
+thread count (``lean_step.c``), so every pass width gives the same logits for a position, bit for bit.
+"""
+import ctypes
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+
+import kernels.skinny as skinny
+from kernels.blocked import blocked, fusable, fused
+from kernels.prepacking import SKINNY, copy_fits, plan
+
+STEP_ROWS = 64  # the longest pass the step runs; a longer one (a prompt) runs the torch forward on the model's plan
+STEP_ATTENTION = "the step's own, row by row"  # what the headers say of the step's attention (exact softmax in C)
+LABEL = "lean step (C: skinny linears on blocked weights, q/k/v and gate/up fused, row-invariant)"
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_void_p) for name in
+                ("in_norm", "post_norm", "qkv", "qkv_bias", "o", "o_bias", "gate_up", "down", "keys", "values")]
+
+
+class _Dims(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in ("layers", "H", "Hq", "Hkv", "D", "I", "cap")] + \
+               [("eps", ctypes.c_float), ("scale", ctypes.c_float)]
+
+
+def _own(linear: Module) -> Optional[torch.nn.Linear]:
+    """The ``nn.Linear`` behind a layer (its own, or the one a ``PrepackedLinear`` routes), else None."""
+    own = getattr(linear, "linear", [linear])[0] if type(linear).__name__ == "PrepackedLinear" else linear
+    return own if type(own) is torch.nn.Linear and not own._forward_hooks and not own._forward_pre_hooks else None
+
+
+def step_unsupported(model: Module) -> Optional[str]:
+    """Why ``model`` (a Llama-family model the lean forward takes) cannot run the lean step, or None."""
+    built, why = skinny.available()
+    if not built:
+        return why
+    config = model.config
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"its activation is {config.hidden_act}, the step computes silu"
+    body = model.model
+    layers = body.layers[: config.num_hidden_layers]
+    head = model.get_output_embeddings()
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        owns = [_own(m) for m in linears]
+        if any(o is None for o in owns):
+            return "a linear layer is quantized, hooked or not nn.Linear"
+        if any(o.weight.dtype != torch.float32 or o.weight.device.type != "cpu" for o in owns):
+            return "the step runs float32 weights on CPU"
+        if any(o.bias is not None for o in owns[4:]):
+            return "its MLP has biases"
+        if not fusable([o.weight for o in owns[:3]]) or not fusable([o.weight for o in owns[4:6]]):
+            return "its q/k/v or gate/up sizes are not multiples of 16"
+        if attn.head_dim > 512:
+            return "head size over 512"
+    if _own(head) is None or head.weight.dtype != torch.float32:
+        return "its output layer is not a float32 nn.Linear"
+    size = sum(p.numel() * 4 for layer in layers for p in layer.parameters() if p.dim() == 2) + head.weight.numel() * 4
+    if not copy_fits(size):
+        return f"its blocked weights ({size / 2**30:.1f} GiB) would take over a quarter of this machine's memory"
+    return None
+
+
+def step_for(model: Module, rows: int, unsupported: bool = True) -> bool:
+    """Whether a pass of ``model`` over ``rows`` positions runs the lean step: float32 on CPU, up to
+    ``STEP_ROWS`` positions, where the model has no kernel plan (as loaded), or where its plan
+    (``kernels.prepacking.plan``) runs that width on the skinny kernel (past the measured widths, where
+    one-position passes do: a draft tree's pass verifies on what decoding runs), and
+    (``unsupported``: checked here) ``step_unsupported`` finds nothing."""
+    weight = next(model.parameters(), None)
+    if rows > STEP_ROWS or weight is None or weight.dtype != torch.float32 or weight.device.type != "cpu":
+        return False
+    route = plan(model)
+    if route is not None and route[rows - 1 if rows < len(route) else 0] != SKINNY:
+        return False
+    return not unsupported or step_unsupported(model) is None
+
+
+class LeanStep:
+    """The model's weights as the C step reads them; bound to a cache by ``bind``. Shapes: ``r``
+    positions a pass feeds, ``H`` hidden size, ``D`` head size, ``V`` vocabulary."""
+
+    def __init__(self, model: Module):
+        reason = step_unsupported(model)
+        if reason is not None:
+            raise ValueError(reason)
+        self.library = skinny.library()
+        config, body = model.config, model.model
+        self.layers = list(body.layers[: config.num_hidden_layers])
+        attn = self.layers[0].self_attn
+        self.dims = _Dims(len(self.layers), config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+                          attn.head_dim, config.intermediate_size, 0, self.layers[0].input_layernorm.variance_epsilon,
+                          attn.scaling)
+        self.keep: List[Tensor] = []  # every tensor whose address the structs hold
+        self.structs = (_Layer * len(self.layers))()
+        for struct, layer in zip(self.structs, self.layers):
+            a, m = layer.self_attn, layer.mlp
+            q, k, v, o = (_own(x) for x in (a.q_proj, a.k_proj, a.v_proj, a.o_proj))
+            gate, up, down = (_own(x) for x in (m.gate_proj, m.up_proj, m.down_proj))
+            biases = [x.bias for x in (q, k, v)]
+            qkv_bias = torch.cat([b.detach() for b in biases]) if all(b is not None for b in biases) else None
+            if qkv_bias is None and any(b is not None for b in biases):
+                qkv_bias = torch.cat([(b.detach() if b is not None else torch.zeros(x.out_features)) for b, x in zip(biases, (q, k, v))])
+            parts = dict(in_norm=layer.input_layernorm.weight.detach(), post_norm=layer.post_attention_layernorm.weight.detach(),
+                         qkv=fused([q.weight, k.weight, v.weight]), qkv_bias=qkv_bias, o=blocked(o.weight),
+                         o_bias=None if o.bias is None else o.bias.detach(), gate_up=fused([gate.weight, up.weight]),
+                         down=blocked(down.weight))
+            for name, tensor in parts.items():
+                setattr(struct, name, self._address(tensor))
+        self.final_norm = body.norm.weight.detach().contiguous()
+        self.head = blocked(_own(model.get_output_embeddings()).weight)
+        self.vocab = model.get_output_embeddings().out_features
+        self.identity = self._identities(model)
+        self.cache_keys: Tuple[int, ...] = ()
+        self.scratch = torch.empty(0)  # grown to the largest pass yet: no allocation per pass
+
+    def _address(self, tensor: Optional[Tensor]) -> Optional[int]:
+        if tensor is None:
+            return None
+        tensor = tensor.contiguous()
+        self.keep.append(tensor)
+        return tensor.data_ptr()
+
+    @staticmethod
+    def _identities(model: Module) -> tuple:
+        return tuple((p.data_ptr(), p._version) for p in model.parameters())
+
+    def current(self, model: Module) -> bool:
+        """Whether the model's weights are still the ones blocked (not changed in place or replaced)."""
+        return self._identities(model) == self.identity
+
+    def bind(self, cache) -> None:
+        """Point the step at ``cache`` (``models.llama.KVCache``, float32 ``[1, Hkv, cap, D]`` a layer)."""
+        keys = tuple(layer.keys.data_ptr() for layer in cache.layers)
+        if keys == self.cache_keys and self.dims.cap == cache.capacity:
+            return
+        for struct, layer in zip(self.structs, cache.layers):
+            struct.keys, struct.values = layer.keys.data_ptr(), layer.values.data_ptr()
+        self.dims.cap, self.cache_keys = cache.capacity, keys
+
+    def __call__(self, h: Tensor, cos: Tensor, sin: Tensor, cache, start: int, seen: Optional[Tensor], n_last: int,
+                 hidden_layers: Sequence[int] = ()) -> Tuple[Tensor, Optional[Tensor]]:
+        """One pass: ``h`` ``[r, H]`` the fed ids' embeddings (overwritten), ``cos``/``sin`` ``[r, D]``, their keys and
+        values written to slots ``start..start + r - 1`` of ``cache``; ``seen`` ``[r, start + r]`` bool (a
+        tree pass) or None (causal). Returns logits ``[n_last, V]`` and, with ``hidden_layers``, the
+        residual stream entering those layers ``[r, len(hidden_layers) * H]``."""
+        self.bind(cache)
+        r, threads = h.shape[0], torch.get_num_threads()
+        h = h.contiguous()  # written in place: the caller's embeddings, made for this pass
+        cos, sin = cos.contiguous(), sin.contiguous()
+        needed = self.library.lean_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(r), ctypes.c_int64(threads))
+        if self.scratch.numel() < needed:
+            self.scratch = torch.empty(needed)
+        scratch = self.scratch
+        logits = torch.empty((n_last, self.vocab))
+        at = torch.tensor(list(hidden_layers), dtype=torch.int64)
+        hidden = torch.empty((r, len(hidden_layers) * self.dims.H)) if hidden_layers else None
+        mask = None if seen is None else seen.to(torch.uint8).contiguous()
+        c = ctypes.c_void_p
+        self.library.lean_step(
+            ctypes.byref(self.structs), ctypes.byref(self.dims), c(h.data_ptr()), c(cos.data_ptr()), c(sin.data_ptr()),
+            ctypes.c_int64(r), ctypes.c_int64(start), c(None if mask is None else mask.data_ptr()), c(at.data_ptr()),
+            ctypes.c_int64(len(hidden_layers)), c(None if hidden is None else hidden.data_ptr()), c(self.final_norm.data_ptr()),
+            c(self.head.data_ptr()), ctypes.c_int64(self.vocab), c(logits.data_ptr()), ctypes.c_int64(n_last),
+            c(scratch.data_ptr()), ctypes.c_int64(threads))
+        return logits, hidden

@@ -1,0 +1,66 @@
+"""The kernels' build machinery (``kernels.skinny._build``) with a fake compiler: a failed or timed-out
+build is remembered with its reason and the compiler's identity, and tried again when the compiler
+changed or a day has passed, never at every start before that."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from kernels import skinny
+
+FIXED = 1_700_000_000.0  # the failure marker's mtime; "now" is given relative to it
+
+
+def fake_compiler(path: Path, log: Path, build: str) -> Path:
+    """A compiler script that logs each call, answers --version, and builds by running ``build``."""
+    path.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\ncase \"$*\" in *--version*) echo 'fake cc 1.0'; exit 0;; esac\n"
+                    f"case \"$*\" in *-shared*) {build};; esac\nexit 0\n")
+    path.chmod(0o755)
+    return path
+
+
+def builds(log: Path) -> int:
+    return sum("-shared" in line for line in log.read_text().splitlines()) if log.exists() else 0
+
+
+def failing_build(tmp_path: Path, compiler: Path, now: float) -> str:
+    """Run ``_build`` at ``now`` seconds after the marker's time, expecting it to fail; its message."""
+    folder = tmp_path / "kernels"
+    for marker in folder.glob("*.failed"):
+        os.utime(marker, (FIXED, FIXED))
+    with pytest.raises(RuntimeError) as error:
+        skinny._build(str(compiler), folder, now=lambda: FIXED + now)
+    return str(error.value)
+
+
+def test_a_failed_build_records_why_and_the_compiler_and_is_retried_after_a_day(tmp_path):
+    log = tmp_path / "calls"
+    compiler = fake_compiler(tmp_path / "cc", log, "echo 'No space left on device' >&2; exit 1")
+    assert "No space left on device" in failing_build(tmp_path, compiler, 0)
+    (marker,) = (tmp_path / "kernels").glob("skinny-*.failed")
+    recorded = json.loads(marker.read_text())
+    assert recorded["compiler"] == str(compiler) and recorded["version"] == "fake cc 1.0"
+    assert "No space left on device" in recorded["reason"]
+    assert "an earlier start" in failing_build(tmp_path, compiler, 3600) and builds(log) == 1  # within the day: remembered
+    failing_build(tmp_path, compiler, skinny.RETRY_AFTER + 1)
+    assert builds(log) == 2  # a day later: tried again (a full disk, a killed compiler pass)
+
+
+def test_a_failed_build_is_tried_again_with_another_compiler_of_the_same_version(tmp_path):
+    log = tmp_path / "calls"
+    first = fake_compiler(tmp_path / "cc", log, "exit 1")
+    failing_build(tmp_path, first, 0)
+    other = fake_compiler(tmp_path / "cc2", log, "exit 1")  # same --version line, another path
+    failing_build(tmp_path, other, 60)
+    assert builds(log) == 2
+
+
+def test_a_build_that_times_out_is_recorded_and_not_retried_at_every_start(tmp_path, monkeypatch):
+    monkeypatch.setattr(skinny, "BUILD_TIMEOUT", 0.5)
+    log = tmp_path / "calls"
+    compiler = fake_compiler(tmp_path / "cc", log, "exec sleep 30")
+    assert "timed out after 0.5 s" in failing_build(tmp_path, compiler, 0)
+    (marker,) = (tmp_path / "kernels").glob("skinny-*.failed")
+    assert "timed out" in json.loads(marker.read_text())["reason"]
+    assert "timed out" in failing_build(tmp_path, compiler, 60) and builds(log) == 1

@@ -1,0 +1,214 @@
+"""The lean step (kernels/lean_step.c, kernels/step.py): a whole float32 CPU pass in one C call. It
+computes what the torch forward computes (to float32 rounding), a position's logits never depend on
+the pass's width or the thread count, and so greedy drafting on it emits greedy decoding's tokens."""
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from conftest import EOS_NEVER, PROMPT, VOCAB, llama
+from drafters import PromptLookupSpec
+from kernels import skinny
+from kernels.blocked import blocked
+from kernels.step import LeanStep, step_unsupported
+from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
+from runners import LeanRunner, kernels
+from runners.trees import tree_mask
+from sampling import autoregressive_generate, generate, speculative_generate
+from test_lean_runner import MODELS, PASSES, ids_for
+from utils.models import truncated_drafter
+
+pytestmark = [pytest.mark.needs_cc,
+              pytest.mark.skipif(not skinny.available()[0], reason="the skinny kernel is not built here")]
+
+
+def float32(name: str):
+    return MODELS[name]().to(torch.float32)
+
+
+class TorchForward:
+    """A lean runner whose every pass runs on the model's own linears (``kernels(model, False)``): the
+    torch forward, never the step."""
+
+    def __init__(self, model):
+        self.model, self.runner = model, LeanRunner(model)
+
+    def __getattr__(self, name):
+        method = getattr(self.runner, name)
+        if not callable(method):
+            return method
+
+        def on_own_linears(*args, **kwargs):
+            with kernels(self.model, False):
+                return method(*args, **kwargs)
+        return on_own_linears
+
+    def __call__(self, *args, **kwargs):
+        with kernels(self.model, False):
+            return self.runner(*args, **kwargs)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_step_logits_match_the_torch_forward(name):
+    """Prompt, decoding and verification passes (Qwen2's biases, tied embeddings, Mistral's head size,
+    YaRN's scaled cos/sin): the torch forward's logits to float32 rounding; the step ran them all."""
+    model, ids = float32(name), ids_for()
+    step = LeanRunner(model)
+    torch_forward = TorchForward(model)
+    for length, n in PASSES:
+        torch.testing.assert_close(step(ids[:, :length], n), torch_forward(ids[:, :length], n), rtol=1e-4, atol=2e-5)
+    assert step.step_passes == len(PASSES) and torch_forward.step_passes == 0
+
+
+def test_a_positions_logits_do_not_depend_on_the_pass_width():
+    """Positions 20..31 fed one at a time, in passes of 2..12, and as the chain of a draft tree: the
+    same logits bit for bit (each row computed alone, in a fixed order)."""
+    model, ids = float32("llama"), ids_for()
+    runner = LeanRunner(model)
+    runner(ids[:, :20], 1)
+    alone = torch.cat([runner(ids[:, : 21 + i], 1) for i in range(12)])
+    for width in range(2, 13):
+        runner.rollback(20)
+        got = torch.cat([runner(ids[:, : min(20 + w0 + width, 32)], min(width, 12 - w0)) for w0 in range(0, 12, width)])
+        assert torch.equal(got, alone), width
+    runner.rollback(20)
+    chain = ids[0, 20:26].tolist()
+    tree = runner.tree_pass(ids[:, :20], 20, chain, list(range(-1, 5)))  # a chain as a tree: its mask is the causal one
+    assert torch.equal(tree[1:], alone[:6])
+
+
+def test_the_thread_count_does_not_change_the_logits():
+    model, ids = float32("qwen2"), ids_for()
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            results.append(LeanRunner(model)(ids[:, :30], 5))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(r, results[0]) for r in results)
+
+
+def test_greedy_drafting_rows_emit_target_ar_tokens_on_the_step():
+    """Prompt lookup, NASD and a drafter model verify on the step what target AR decodes on it."""
+    target = llama(layers=3).to(torch.float32)
+    drafter = truncated_drafter(target, 1)
+    calls = [0]
+    real = LeanStep.__call__
+
+    def counting(self, *args, **kwargs):
+        calls[0] += 1
+        return real(self, *args, **kwargs)
+
+    LeanStep.__call__ = counting
+    try:
+        reference = autoregressive_generate(PROMPT, target, 40, eos_tokens_id=EOS_NEVER, use_cache=True)
+        decoded = calls[0]
+        out, _ = speculative_generate(PROMPT, drafter, target, gamma=4, max_gen_len=40, eos_tokens_id=EOS_NEVER, use_cache=True)
+        nasd, _ = ngram_assisted_speculative_generate(PROMPT, NGramStorage(2, VOCAB), target, gamma=4, max_gen_len=40,
+                                                      eos_tokens_id=EOS_NEVER, use_cache=True)
+        pld, _ = generate(PROMPT, target, PromptLookupSpec(), dict(max_gen_len=40, eos_tokens_id=EOS_NEVER, use_cache=True))
+    finally:
+        LeanStep.__call__ = real
+    assert decoded >= 39 and calls[0] > decoded  # every row ran on the step
+    assert out == reference and nasd == reference and pld == reference
+
+
+def test_hidden_states_match_the_torch_forward():
+    """The residual stream entering the asked layers (what an EAGLE-3 head reads), to float32 rounding."""
+    model, ids = float32("llama"), ids_for()
+    step = LeanRunner(model)
+    torch_forward = TorchForward(model)
+    torch_forward.runner.hidden_layers = (0, 1)
+    step.hidden_layers = (0, 1)
+    for runner in (step, torch_forward):
+        runner(ids[:, :16], 2)
+        runner(ids[:, :19], 3)
+    assert step.hidden.shape == (3, 2 * model.config.hidden_size) and step.hidden_start == 16
+    torch.testing.assert_close(step.hidden, torch_forward.hidden, rtol=1e-4, atol=1e-5)
+
+
+def test_a_tree_pass_on_the_step_matches_the_torch_forward():
+    model, ids = float32("mistral"), ids_for()
+    step = LeanRunner(model)
+    torch_forward = TorchForward(model)
+    nodes, parents = [5, 7, 9, 11, 13], [-1, 0, 0, 1, 2]
+    for runner in (step, torch_forward):
+        runner(ids[:, :24], 1)
+    torch.testing.assert_close(step.tree_pass(ids[:, :26], 24, nodes, parents),
+                               torch_forward.tree_pass(ids[:, :26], 24, nodes, parents), rtol=1e-4, atol=2e-5)
+    assert tree_mask(24, 26, parents, 31, torch.float32, "cpu").shape[-2:] == (7, 31)
+
+
+def odd_llama(**changes):
+    torch.manual_seed(7)
+    settings = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2)
+    settings.update(changes)
+    return LlamaForCausalLM(LlamaConfig(**settings)).to(torch.float32).eval()
+
+
+def test_a_vocabulary_that_is_no_multiple_of_16_is_padded_and_cut():
+    model, ids = odd_llama(), ids_for()
+    step = LeanRunner(model)
+    expected = TorchForward(model)(ids[:, :10], 4)
+    got = step(ids[:, :10], 4)
+    assert got.shape == (4, 100) and step.step_passes == 1
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=2e-5)
+
+
+def test_step_unsupported_says_why_and_the_torch_forward_runs_instead():
+    assert step_unsupported(llama()) == "the step runs float32 weights on CPU"  # float64
+    assert step_unsupported(odd_llama(mlp_bias=True)) == "its MLP has biases"
+    assert step_unsupported(odd_llama(hidden_size=24, num_attention_heads=3, num_key_value_heads=3)) == \
+        "its q/k/v or gate/up sizes are not multiples of 16"
+    hooked = odd_llama()
+    hooked.model.layers[0].mlp.up_proj.register_forward_hook(lambda *a: None)
+    assert step_unsupported(hooked) == "a linear layer is quantized, hooked or not nn.Linear"
+    runner = LeanRunner(hooked)
+    runner(ids_for()[:, :8], 1)
+    assert runner.step is False and runner.step_passes == 0
+
+
+def test_fused_weights_are_one_copy_that_the_layers_skinny_route_reads_too():
+    """q/k/v fused: the layer's own blocked weight is a view of the fused one (no second copy), and it
+    is remade when the weight changes in place."""
+    model = odd_llama()
+    attn, ids = model.model.layers[0].self_attn, ids_for()
+    LeanRunner(model)(ids[:, :4], 1)
+    q, k = blocked(attn.q_proj.weight), blocked(attn.k_proj.weight)
+    assert q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()
+    assert k.data_ptr() == q.data_ptr() + q.numel() * 4
+    with torch.no_grad():
+        attn.k_proj.weight.mul_(2.0)
+    expected = TorchForward(model)(ids[:, :10], 2)
+    torch.testing.assert_close(LeanRunner(model)(ids[:, :10], 2), expected, rtol=1e-4, atol=2e-5)
+
+
+def test_the_kernel_rounds_alike_on_avx512_avx2_and_scalar_builds(tmp_path):
+    """The processor changes between machines (AVX2 only, AVX-512, AMX): the skinny kernel built for
+    AVX2 and for plain x86-64 gives this machine's build's result bit for bit (one FMA chain per
+    output, whatever the vector width)."""
+    import ctypes
+    import platform
+    import subprocess
+
+    from kernels.blocked import pack
+    from utils.toolchain import c_compiler
+
+    if platform.machine() != "x86_64" or "avx2" not in open("/proc/cpuinfo").read():
+        pytest.skip("an x86-64 CPU with AVX2 builds and runs the three")
+    flags = [f for f in skinny.FLAGS if f != "-march=native"]
+    g = torch.Generator().manual_seed(1)
+    w, x, b = torch.randn(200, 576, generator=g), torch.randn(7, 576, generator=g), torch.randn(200, generator=g)
+    results, packed = [], pack(w)  # held: the C code reads it by address
+    for arch in ("native", "haswell", "x86-64"):
+        out = tmp_path / f"{arch}.so"
+        subprocess.run([c_compiler(), f"-march={arch}", *flags, "-o", str(out), *map(str, skinny.SOURCES)], check=True, timeout=120)
+        library = ctypes.CDLL(str(out))
+        library.skinny_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
+        y = torch.empty(7, 200)
+        library.skinny_linear(x.data_ptr(), packed.data_ptr(), b.data_ptr(), y.data_ptr(), 7, 200, 576, 2)
+        results.append(y)
+    torch.testing.assert_close(results[0], x @ w.T + b, rtol=1e-5, atol=1e-4)
+    assert torch.equal(results[1], results[0]) and torch.equal(results[2], results[0])
