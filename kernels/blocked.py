@@ -2,7 +2,7 @@
 (16 output features per block, one 64-byte line per input feature; ``kernels/skinny_gemm.c``).
 
 One copy per weight, shared by everything that runs on it: the layer's own skinny route
-(``kernels.prepacking.PrepackedLinear``) and the lean step (``kernels.step``), which reads q/k/v as one
+(``kernels.prepacking.PrepackedLinear``) and the C step (``kernels.c_step``), which reads q/k/v as one
 matrix and gate/up as another. ``fused(weights)`` lays several weights' blocks end to end in one
 tensor and keeps each weight's blocks as a view of it, so fusing costs no second copy. A copy is
 remade when its weight changes (in place, or replaced).

@@ -210,7 +210,7 @@ def plan(model: Module) -> Optional[Tuple[str, ...]]:
 @contextlib.contextmanager
 def kernels(model: Module, prepack: bool | Tuple[str, ...] | None):
     """``model`` for the block with its linear layers prepacked (True), its own (False: the route
-    ``(OWN,)``, so that no pass runs the lean step either), on a route by pass width (a tuple,
+    ``(OWN,)``, so that no pass runs the C step either), on a route by pass width (a tuple,
     ``set_prepack``'s), or as they are (None); then as before."""
     if prepack is None:
         yield model

@@ -1,6 +1,6 @@
 """The skinny kernel: a float32 CPU linear layer over a few positions that streams its weight once,
-blocked for it (``skinny_gemm.c``, ``kernels.blocked``), and the lean step that runs a whole pass of a
-Llama-family model on it (``lean_step.c``, ``kernels.step``): one library, built at first use with
+blocked for it (``skinny_gemm.c``, ``kernels.blocked``), and the C step that runs a whole pass of a
+Llama-family model on it (``c_step.c``, ``kernels.c_step``): one library, built at first use with
 the machine's C compiler for its own CPU.
 
 ``skinny_linear(x, weight, bias)`` is ``F.linear`` for float32 CPU tensors, computed by that kernel;
@@ -24,7 +24,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-SOURCES = (Path(__file__).with_name("skinny_gemm.c"), Path(__file__).with_name("lean_step.c"))
+SOURCES = (Path(__file__).with_name("skinny_gemm.c"), Path(__file__).with_name("c_step.c"))
 SOURCE = SOURCES[0]
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")  # no fused a*b+c unless written: one rounding on every CPU
 BUILD_TIMEOUT = 120.0  # seconds a compile may take before it counts as failed
@@ -138,8 +138,8 @@ def _library() -> Tuple[Optional[ctypes.CDLL], str]:
     library.skinny_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     library.skinny_linear.restype = ctypes.c_int
     library.skinny_simd.restype = ctypes.c_int
-    library.lean_step.restype = ctypes.c_int
-    library.lean_step_scratch.restype = ctypes.c_int64
+    library.c_step.restype = ctypes.c_int
+    library.c_step_scratch.restype = ctypes.c_int64
     return library, Path(library._name).name
 
 
@@ -194,7 +194,7 @@ def run_linear(library: ctypes.CDLL, rows: Tensor, packed: Tensor, bias: Optiona
 
 
 def library() -> ctypes.CDLL:
-    """The loaded library (``lean_step`` and the kernel); raises with the reason where it is not built."""
+    """The loaded library (``c_step`` and the kernel); raises with the reason where it is not built."""
     loaded, why = _library()
     if loaded is None:
         raise RuntimeError(why)

@@ -109,7 +109,7 @@ def apply_kernels(model: Module, choice: Optional[KernelChoice]) -> str:
 
 def own_linears(model: Module) -> None:
     """The model's passes on its own linears, said explicitly (route ``(OWN,)``): a model with no plan
-    runs the lean step where it can (``kernels.step.step_for``), which a choice of "own" must not."""
+    runs the C step where it can (``kernels.c_step.step_for``), which a choice of "own" must not."""
     set_prepack(model, True, (OWN,))
     drop_packed_copies(model)
     drop_blocked_copies(model)

@@ -96,12 +96,12 @@ class RunnerConfig:
     def forward_note(self, model: Module) -> str:
         """" · lean Llama forward (attention: SDPA)" where the lean forward runs ``model``'s eager passes
         (and transformers' attention where the model's differs: its peers' rows run that), else "";
-        with " on the lean step (...)" where its decoding passes run the C step (``kernels.step.step_for``:
+        with " on the C step (...)" where its decoding passes run the C step (``kernels.c_step.step_for``:
         its attention is its own), or why not where the model has no kernel plan (as loaded) and still cannot."""
         if not self.lean_for(model):
             return ""
         from kernels.prepacking import plan
-        from kernels.step import LABEL as STEP, STEP_ATTENTION, step_for, step_unsupported
+        from kernels.c_step import LABEL as STEP, STEP_ATTENTION, step_for, step_unsupported
 
         step = step_for(model, 1)
         own = getattr(model.config, "_attn_implementation", None)
@@ -110,7 +110,7 @@ class RunnerConfig:
         if step:
             return f"{note} on the {STEP}"
         why = step_unsupported(model) if plan(model) is None else None
-        return note + (f" (no lean step: {why})" if why else "")
+        return note + (f" (no C step: {why})" if why else "")
 
 
 FORWARDS = ("auto", "lean", "transformers", "step")

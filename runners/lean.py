@@ -2,7 +2,7 @@
 behind the ``runners.base.Runner`` interface; the default eager runner of the models it covers
 (``lean_unsupported``: why another model keeps transformers' forward in ``KVCacheModel``).
 
-A float32 CPU pass runs the lean step (``kernels.step``: the whole pass in one C call, on the skinny
+A float32 CPU pass runs the C step (``kernels.c_step``: the whole pass in one C call, on the skinny
 kernel) where the model's kernel plan runs that pass width on the skinny kernel, or where the model
 has no plan (as loaded: ``step_for``); every other pass runs ``models.llama``'s torch forward over
 the model's own modules, on their plan."""
@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
-from kernels.step import LeanStep, step_for, step_unsupported
+from kernels.c_step import CStep, step_for, step_unsupported
 from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache, rope
 from runners.config import LEAN_LABEL as LABEL
 from runners.device import model_device
@@ -43,7 +43,7 @@ class LeanRunner(TreePasses):
         self.hidden_layers: tuple = ()  # runners.base.Runner: hidden states kept with each pass
         self.hidden: Optional[Tensor] = None
         self.hidden_start = 0
-        self.step: Optional[LeanStep] | bool = None  # made at the first pass that runs it (``step_for``); False: it cannot
+        self.step: Optional[CStep] | bool = None  # made at the first pass that runs it (``step_for``); False: it cannot
         self.step_passes = 0  # passes the step ran (the rest ran the torch forward)
 
     def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
@@ -79,7 +79,7 @@ class LeanRunner(TreePasses):
         """One pass of ``ids`` ``[r]`` at ``positions`` into slots ``start..``; logits ``[n_last, V]``."""
         use = self.step is not False and step_for(self.model, ids.shape[0], unsupported=False)
         if use and self.step is None:  # the first pass that runs it: whether it can, once
-            self.step = LeanStep(self.model) if step_unsupported(self.model) is None else False
+            self.step = CStep(self.model) if step_unsupported(self.model) is None else False
         if use and self.step:
             body = self.model.model
             h = body.embed_tokens(ids)  # [r, H]

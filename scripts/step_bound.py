@@ -1,9 +1,9 @@
-"""The lean step against the machine's memory bound, on the embedded SmolLM2-135M (float32):
+"""The C step against the machine's memory bound, on the embedded SmolLM2-135M (float32):
 
 - the bound: a plain sum over as many bytes as the model's linear weights (its read speed, GB/s);
 - the linears alone: every weight matrix of a pass through the skinny kernel on its blocked copy
   (q/k/v and gate/up fused, the output layer last), as the step calls them, at 1, 5 and 8 rows;
-- whole cached passes over 1, 5 and 8 positions after a context: the lean step, and the lean torch
+- whole cached passes over 1, 5 and 8 positions after a context: the C step, and the lean torch
   forward on the model's own linears (MKL) and on oneDNN's prepacked ones (interleaved, medians);
 - target AR's tokens/s on the step and on the model's own linears, and whether their greedy tokens agree.
 
@@ -87,7 +87,7 @@ def main(argv: List[str] | None = None) -> None:
         del plain
         linears = {w: median_seconds(sweeps[w][0], args.rounds) for w in WIDTHS}
         ids = torch.randint(len(tokenizer), (1, args.context + max(WIDTHS)), generator=torch.Generator().manual_seed(0))
-        plans = {"lean step": None, "torch, own (MKL)": False, "torch, prepacked (oneDNN)": True}
+        plans = {"C step": None, "torch, own (MKL)": False, "torch, prepacked (oneDNN)": True}
         runners = {name: LeanRunner(model) for name in plans}
         times: Dict[tuple, List[float]] = {(name, w): [] for name in plans for w in WIDTHS}
         for round_ in range(args.rounds + 1):  # interleaved; round 0 warms up, outside the figures
@@ -102,10 +102,10 @@ def main(argv: List[str] | None = None) -> None:
                         if round_:
                             times[name, w].append(time.perf_counter() - start)
                         runner.rollback(args.context)
-        assert runners["lean step"].step_passes > 0 and runners["torch, own (MKL)"].step_passes == 0
+        assert runners["C step"].step_passes > 0 and runners["torch, own (MKL)"].step_passes == 0
         prompt = torch.tensor([tokenizer.encode("Write a short story about a lighthouse keeper.")])
         ar = {}
-        for name, value in (("lean step", None), ("torch, own (MKL)", False)):
+        for name, value in (("C step", None), ("torch, own (MKL)", False)):
             with kernels(model, value):
                 ar[name] = greedy(LeanRunner(model), prompt, args.tokens)
     bound = read  # seconds to read the weights once at the plain sum's speed
@@ -120,9 +120,9 @@ def main(argv: List[str] | None = None) -> None:
         ms = {w: 1e3 * statistics.median(times[name, w]) for w in WIDTHS}
         print(f"{name:<28}" + "".join(f"{ms[w]:>13.1f}" for w in WIDTHS) + f"{ms[5] / ms[1]:>7.2f}{ms[8] / ms[1]:>7.2f}"
               f"{ms[1] / 1e3 / bound:>9.2f}")
-    step_ms = 1e3 * statistics.median(times["lean step", 1])
+    step_ms = 1e3 * statistics.median(times["C step", 1])
     print(f"the step around its linears: {step_ms - linears[1] * 1e3:.1f} ms a one-position pass")
-    same = ar["lean step"][0] == ar["torch, own (MKL)"][0]
+    same = ar["C step"][0] == ar["torch, own (MKL)"][0]
     first = next((i for i, (a, b) in enumerate(zip(*(ar[n][0] for n in ar))) if a != b), None)
     for name, (tokens, seconds) in ar.items():
         print(f"target AR, {name}: {len(tokens) / seconds:.1f} tokens/s over {len(tokens)} tokens (prefill included)")

@@ -70,7 +70,7 @@ def ids_for(length=64, seed=0):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_logits_equal_transformers_forward_bit_for_bit(model, dtype):
     """Prompt, one-position and several-position cached passes on the model's own linears (the torch
-    forward; the lean step is tests/test_lean_step.py's): the logits of transformers' forward over its
+    forward; the C step is tests/test_c_step.py's): the logits of transformers' forward over its
     dynamic cache, exactly (float64 and float32)."""
     model = model.to(dtype)
     try:
@@ -164,7 +164,7 @@ def test_hidden_states_equal_select_hidden(model):
 def test_the_models_kernel_plan_applies():
     """The lean torch forward calls the model's own linear modules, so a plan is what both runners run:
     prepacked (oneDNN) passes equal transformers' on the same plan bit for bit; a skinny plan runs the
-    lean step, on the same blocked weights transformers' row then runs its linears on."""
+    C step, on the same blocked weights transformers' row then runs its linears on."""
     from kernels import skinny
 
     if not skinny.available()[0]:
@@ -222,12 +222,12 @@ def test_make_runner_picks_the_lean_forward_by_default():
     assert type(make_runner(model, config=RunnerConfig(forward="transformers"))) is KVCacheModel
     assert type(make_runner(model, config=RunnerConfig(cache="dynamic"))) is KVCacheModel  # a dynamic cache is transformers'
     assert type(make_runner(model, use_cache=False)) is KVCacheModel
-    assert EAGER.describe(model) == "static KV cache · eager · lean Llama forward (attention: SDPA) (no lean step: the step runs float32 weights on CPU)"
+    assert EAGER.describe(model) == "static KV cache · eager · lean Llama forward (attention: SDPA) (no C step: the step runs float32 weights on CPU)"
     step = EAGER.describe(model.to(torch.float32)) if skinny_built() else "no C compiler"
     with kernels(model, False):  # the model's own linears said explicitly: the torch forward
         assert EAGER.describe(model) == "static KV cache · eager · lean Llama forward (attention: SDPA)"
     model.to(torch.float64)
-    assert step.endswith("lean Llama forward (attention: the step's own, row by row) on the lean step (C: skinny linears "
+    assert step.endswith("lean Llama forward (attention: the step's own, row by row) on the C step (skinny linears "
                          "on blocked weights, q/k/v and gate/up fused, row-invariant)") or step == "no C compiler"
     assert make_runner(model).cache_kind == "static"
     with pytest.raises(ValueError, match="forward must be"):

@@ -59,7 +59,7 @@ def test_kernels_are_restored_after_a_block_even_when_it_fails(float32_pair):
     before = [(name, module) for name, module in target.named_modules()]
     with pytest.raises(IndexError):
         with kernels(target, False):
-            assert plan(target) == (OWN,)  # explicitly: no pass runs the lean step either
+            assert plan(target) == (OWN,)  # explicitly: no pass runs the C step either
             KVCacheModel(target)(torch.tensor([[10**6]]), 1)  # token id outside the vocabulary
     assert [(name, module) for name, module in target.named_modules()] == before
 

@@ -310,7 +310,7 @@ def test_prepacking_is_measured_by_default_or_the_flags_choice_and_named_on_the_
     assert auto.returncode == 0 and on.returncode == 0 and off.returncode == 0, auto.stderr + on.stderr + off.stderr
     # measured, or (a busy machine) fallen back past its budget: either way named, saved or not
     # the embedded SmolLM2 is a Llama: its eager passes run the lean forward (runners.lean), and the line says so
-    assert re.search(r"· eager · lean Llama forward \(attention: (SDPA\)|the step's own, row by row\) on the lean step \(.*\)) · (kernels by measurement: a one-position pass [0-9.]+ ms own, [0-9.]+ ms prepacked(, [0-9.]+ ms skinny)?; "
+    assert re.search(r"· eager · lean Llama forward \(attention: (SDPA\)|the step's own, row by row\) on the C step \(.*\)) · (kernels by measurement: a one-position pass [0-9.]+ ms own, [0-9.]+ ms prepacked(, [0-9.]+ ms skinny)?; "
                      r"every pass on (prepacked|own|skinny|.* at [0-9]+\+ positions) \(costs"
                      r"|the model's own linears \(fallback: measurement over its [0-9.]+ s budget)", target_line(auto))
     assert target_line(on).endswith("· eager · lean Llama forward (attention: SDPA) · prepacked linears")

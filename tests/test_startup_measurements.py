@@ -321,7 +321,7 @@ def test_a_kernel_measurement_past_its_budget_keeps_the_models_own_linears(monke
 
     model = float32_model()
     found = steps.kernels_step(model, "target", EAGER, quiet(clock=slow_clock()))
-    assert found.value is None and plan(model) == (OWN,) and found.noisy  # said, so that no pass runs the lean step
+    assert found.value is None and plan(model) == (OWN,) and found.noisy  # said, so that no pass runs the C step
     assert found.line == "the model's own linears (fallback: measurement over its 10 s budget)"
 
 

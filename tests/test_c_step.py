@@ -1,4 +1,4 @@
-"""The lean step (kernels/lean_step.c, kernels/step.py): a whole float32 CPU pass in one C call. It
+"""The C step (kernels/c_step.c, kernels/c_step.py): a whole float32 CPU pass in one C call. It
 computes what the torch forward computes (to float32 rounding), a position's logits never depend on
 the pass's width or the thread count, and so greedy drafting on it emits greedy decoding's tokens."""
 import pytest
@@ -9,7 +9,7 @@ from conftest import EOS_NEVER, PROMPT, VOCAB, llama
 from drafters import PromptLookupSpec
 from kernels import skinny
 from kernels.blocked import blocked
-from kernels.step import LeanStep, step_unsupported
+from kernels.c_step import CStep, step_unsupported
 from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
 from runners import LeanRunner, kernels
 from runners.trees import tree_mask
@@ -94,13 +94,13 @@ def test_greedy_drafting_rows_emit_target_ar_tokens_on_the_step():
     target = llama(layers=3).to(torch.float32)
     drafter = truncated_drafter(target, 1)
     calls = [0]
-    real = LeanStep.__call__
+    real = CStep.__call__
 
     def counting(self, *args, **kwargs):
         calls[0] += 1
         return real(self, *args, **kwargs)
 
-    LeanStep.__call__ = counting
+    CStep.__call__ = counting
     try:
         reference = autoregressive_generate(PROMPT, target, 40, eos_tokens_id=EOS_NEVER, use_cache=True)
         decoded = calls[0]
@@ -109,7 +109,7 @@ def test_greedy_drafting_rows_emit_target_ar_tokens_on_the_step():
                                                       eos_tokens_id=EOS_NEVER, use_cache=True)
         pld, _ = generate(PROMPT, target, PromptLookupSpec(), dict(max_gen_len=40, eos_tokens_id=EOS_NEVER, use_cache=True))
     finally:
-        LeanStep.__call__ = real
+        CStep.__call__ = real
     assert decoded >= 39 and calls[0] > decoded  # every row ran on the step
     assert out == reference and nasd == reference and pld == reference
 

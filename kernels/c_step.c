@@ -1,4 +1,4 @@
-/* The lean step: a whole pass of a Llama-family decoder over r positions (r small: decoding,
+/* The C step: a whole pass of a Llama-family decoder over r positions (r small: decoding,
  * verification, draft trees) in one call, float32 on CPU, inside one OpenMP parallel region.
  *
  * Per layer, as transformers computes it (models/llama.py is the same arithmetic in torch):
@@ -105,8 +105,8 @@ static void attend(const float *q, const float *keys, const float *values, const
     for (int64_t d = 0; d < D; d++) out[d] *= inv;
 }
 
-/* The scratch floats lean_step needs for r positions and a cache of cap slots on `threads` threads. */
-int64_t lean_step_scratch(const Dims *d, int64_t r, int64_t threads) {
+/* The scratch floats c_step needs for r positions and a cache of cap slots on `threads` threads. */
+int64_t c_step_scratch(const Dims *d, int64_t r, int64_t threads) {
     int64_t nqkv = (d->Hq + 2 * d->Hkv) * d->D;
     return r * (d->H + nqkv + d->Hq * d->D + d->H + 2 * d->I + d->I) + threads * (d->cap + d->cap / 4 + 64);
 }
@@ -117,8 +117,8 @@ int64_t lean_step_scratch(const Dims *d, int64_t r, int64_t threads) {
  * (seen_mask NULL: a chain). hidden_at[0..n_hidden): layers whose input (the residual stream
  * entering them) is copied to hidden [r, n_hidden * H]. Then logits [n_last, V] of the last n_last
  * positions: final_norm, and the output layer head (blocked [V / 16, H, 16]). scratch: floats, at
- * least lean_step_scratch. Returns the threads it ran on. */
-int lean_step(const Layer *layers, const Dims *d, float *h, const float *cos, const float *sin, int64_t r,
+ * least c_step_scratch. Returns the threads it ran on. */
+int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const float *sin, int64_t r,
               int64_t start, const uint8_t *seen_mask, const int64_t *hidden_at, int64_t n_hidden, float *hidden,
               const float *final_norm, const float *head, int64_t V, float *logits, int64_t n_last, float *scratch,
               int64_t threads) {

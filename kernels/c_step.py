@@ -1,11 +1,11 @@
-"""The lean step: a whole pass of a Llama-family model in one C call (``lean_step.c``), float32 on CPU,
+"""The C step: a whole pass of a Llama-family model in one C call (``c_step.c``), float32 on CPU,
 over the model's weights blocked once for the skinny kernel (``kernels.blocked``: q/k/v fused into
 one matrix, gate/up into another; the layers' own skinny route reads views of the same copies).
 
-``LeanStep(model)`` holds the weights' addresses; ``step(h, cos, sin, cache, start, seen, n_last,
+``CStep(model)`` holds the weights' addresses; ``step(h, cos, sin, cache, start, seen, n_last,
 hidden_layers)`` runs one pass. ``step_unsupported(model)`` says why a model cannot run it. A
 position's result depends only on its own row and the cache, never on the pass's width or the
-thread count (``lean_step.c``), so every pass width gives the same logits for a position, bit for bit.
+thread count (``c_step.c``), so every pass width gives the same logits for a position, bit for bit.
 """
 import ctypes
 from typing import List, Optional, Sequence, Tuple
@@ -20,7 +20,7 @@ from kernels.prepacking import SKINNY, copy_fits, plan
 
 STEP_ROWS = 64  # the longest pass the step runs; a longer one (a prompt) runs the torch forward on the model's plan
 STEP_ATTENTION = "the step's own, row by row"  # what the headers say of the step's attention (exact softmax in C)
-LABEL = "lean step (C: skinny linears on blocked weights, q/k/v and gate/up fused, row-invariant)"
+LABEL = "C step (skinny linears on blocked weights, q/k/v and gate/up fused, row-invariant)"
 
 
 class _Layer(ctypes.Structure):
@@ -40,7 +40,7 @@ def _own(linear: Module) -> Optional[torch.nn.Linear]:
 
 
 def step_unsupported(model: Module) -> Optional[str]:
-    """Why ``model`` (a Llama-family model the lean forward takes) cannot run the lean step, or None."""
+    """Why ``model`` (a Llama-family model the lean forward takes) cannot run the C step, or None."""
     built, why = skinny.available()
     if not built:
         return why
@@ -73,7 +73,7 @@ def step_unsupported(model: Module) -> Optional[str]:
 
 
 def step_for(model: Module, rows: int, unsupported: bool = True) -> bool:
-    """Whether a pass of ``model`` over ``rows`` positions runs the lean step: float32 on CPU, up to
+    """Whether a pass of ``model`` over ``rows`` positions runs the C step: float32 on CPU, up to
     ``STEP_ROWS`` positions, where the model has no kernel plan (as loaded), or where its plan
     (``kernels.prepacking.plan``) runs that width on the skinny kernel (past the measured widths, where
     one-position passes do: a draft tree's pass verifies on what decoding runs), and
@@ -87,7 +87,7 @@ def step_for(model: Module, rows: int, unsupported: bool = True) -> bool:
     return not unsupported or step_unsupported(model) is None
 
 
-class LeanStep:
+class CStep:
     """The model's weights as the C step reads them; bound to a cache by ``bind``. Shapes: ``r``
     positions a pass feeds, ``H`` hidden size, ``D`` head size, ``V`` vocabulary."""
 
@@ -159,7 +159,7 @@ class LeanStep:
         r, threads = h.shape[0], torch.get_num_threads()
         h = h.contiguous()  # written in place: the caller's embeddings, made for this pass
         cos, sin = cos.contiguous(), sin.contiguous()
-        needed = self.library.lean_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(r), ctypes.c_int64(threads))
+        needed = self.library.c_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(r), ctypes.c_int64(threads))
         if self.scratch.numel() < needed:
             self.scratch = torch.empty(needed)
         scratch = self.scratch
@@ -168,7 +168,7 @@ class LeanStep:
         hidden = torch.empty((r, len(hidden_layers) * self.dims.H)) if hidden_layers else None
         mask = None if seen is None else seen.to(torch.uint8).contiguous()
         c = ctypes.c_void_p
-        self.library.lean_step(
+        self.library.c_step(
             ctypes.byref(self.structs), ctypes.byref(self.dims), c(h.data_ptr()), c(cos.data_ptr()), c(sin.data_ptr()),
             ctypes.c_int64(r), ctypes.c_int64(start), c(None if mask is None else mask.data_ptr()), c(at.data_ptr()),
             ctypes.c_int64(len(hidden_layers)), c(None if hidden is None else hidden.data_ptr()), c(self.final_norm.data_ptr()),
