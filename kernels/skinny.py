@@ -122,6 +122,38 @@ def _build(compiler: str, folder: Path, sources: Sequence[Path] = SOURCES, stem:
     return library
 
 
+SYMBOLS = ("skinny_linear", "skinny_simd", "c_step", "c_step_scratch")  # what a library of ours exports
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    """The library at ``path``; OSError where it is no loadable library, AttributeError where it
+    lacks one of ``SYMBOLS`` (another build's file under this name)."""
+    library = ctypes.CDLL(str(path))
+    for name in SYMBOLS:
+        getattr(library, name)
+    return library
+
+
+def _load_anew(path: Path) -> ctypes.CDLL:
+    """``_load`` of a library rebuilt under a name this process already opened (the loader would hand
+    back the old handle for that name): through a link of its own, removed once loaded."""
+    link = path.with_name(f"{path.stem}.{os.getpid()}.load.so")
+    link.unlink(missing_ok=True)
+    os.link(path, link)
+    try:
+        return _load(link)
+    finally:
+        link.unlink(missing_ok=True)
+
+
+def _discard(path: Path, folder: Path) -> None:
+    """Remove a library file that did not load, under the build's lock (the next build makes it anew)."""
+    from utils.models import exclusive
+
+    with exclusive(folder / f"{path.stem}.lock"):
+        path.unlink(missing_ok=True)
+
+
 @functools.lru_cache(maxsize=1)
 def _library() -> Tuple[Optional[ctypes.CDLL], str]:
     """(the loaded library, its file name) or (None, why not)."""
@@ -131,16 +163,23 @@ def _library() -> Tuple[Optional[ctypes.CDLL], str]:
     compiler = c_compiler()
     if compiler is None:
         return None, "no C compiler (cc, gcc or $CC)"
+    folder = cache_dir() / "kernels"
     try:
-        library = ctypes.CDLL(str(_build(compiler, cache_dir() / "kernels")))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        path = _build(compiler, folder)
+        try:
+            library = _load(path)
+        except (OSError, AttributeError):  # a corrupt or foreign file under our name: never used, built again
+            _discard(path, folder)
+            path = _build(compiler, folder)
+            library = _load_anew(path)
+    except (OSError, AttributeError, RuntimeError, subprocess.SubprocessError) as error:
         return None, f"the skinny kernel did not build: {error}"
     library.skinny_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     library.skinny_linear.restype = ctypes.c_int
     library.skinny_simd.restype = ctypes.c_int
     library.c_step.restype = ctypes.c_int
     library.c_step_scratch.restype = ctypes.c_int64
-    return library, Path(library._name).name
+    return library, path.name
 
 
 def available() -> Tuple[bool, str]:

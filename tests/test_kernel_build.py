@@ -64,3 +64,30 @@ def test_a_build_that_times_out_is_recorded_and_not_retried_at_every_start(tmp_p
     (marker,) = (tmp_path / "kernels").glob("skinny-*.failed")
     assert "timed out" in json.loads(marker.read_text())["reason"]
     assert "timed out" in failing_build(tmp_path, compiler, 60) and builds(log) == 1
+
+
+@pytest.mark.needs_cc
+@pytest.mark.parametrize("content", [b"not a library", "foreign"])
+def test_a_corrupt_or_foreign_library_under_our_name_is_built_again_never_used(tmp_path, content):
+    """The cached library replaced by garbage (a torn copy, a full disk) or by another library (no
+    ``c_step``): the next start builds it again and loads that, never the file it found."""
+    import subprocess
+    import sys
+
+    code = ("import kernels.skinny as s, os; ok, why = s.available(); print(ok, why); "
+            "print(s.identity()); print(os.path.getsize(os.path.join(os.environ['SPECDEC_CACHE'], 'kernels', s.identity())))")
+    env = {"PATH": "/usr/bin:/bin", "SPECDEC_CACHE": str(tmp_path)}
+    run = lambda: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                                 cwd=str(skinny.SOURCE.parents[1]), timeout=180)
+    first = run()
+    assert first.returncode == 0 and first.stdout.startswith("True"), first.stderr
+    name, size = first.stdout.splitlines()[1:3]
+    library = tmp_path / "kernels" / name
+    if content == "foreign":
+        other = tmp_path / "other.c"
+        other.write_text("int skinny_linear(void) { return 0; }\n")
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(other)], check=True, timeout=60)
+    else:
+        library.write_bytes(content)
+    again = run()
+    assert again.returncode == 0 and again.stdout.splitlines() == ["True ", name, size], again.stdout + again.stderr
