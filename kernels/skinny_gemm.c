@@ -82,47 +82,33 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t K
 #endif
 }
 
-/* one register block: mb rows (1..MB) against gb blocks (1..GB) */
+/* one register block: mb rows (1..MB) against gb blocks (1..GB); each case a copy of tile with its
+ * row and block counts constant, so that its accumulators stay in registers */
+#define ROWS_UP_TO_6(G)                                       \
+    case 1: tile(x, K, 1, G, p, out, ys); return;             \
+    case 2: tile(x, K, 2, G, p, out, ys); return;             \
+    case 3: tile(x, K, 3, G, p, out, ys); return;             \
+    case 4: tile(x, K, 4, G, p, out, ys); return;             \
+    case 5: tile(x, K, 5, G, p, out, ys); return;
+#define ROWS_7_TO_12(G)                                       \
+    case 6: tile(x, K, 6, G, p, out, ys); return;             \
+    case 7: tile(x, K, 7, G, p, out, ys); return;             \
+    case 8: tile(x, K, 8, G, p, out, ys); return;             \
+    case 9: tile(x, K, 9, G, p, out, ys); return;             \
+    case 10: tile(x, K, 10, G, p, out, ys); return;           \
+    case 11: tile(x, K, 11, G, p, out, ys); return;           \
+    default: tile(x, K, 12, G, p, out, ys); return;
+
 static void tile_any(const float *x, int64_t K, int64_t mb, int64_t gb, const float *p, float *out, int64_t ys) {
 #if defined(__AVX512F__)
     if (gb == 2) {
-        switch (mb) {
-        case 1: tile(x, K, 1, 2, p, out, ys); return;
-        case 2: tile(x, K, 2, 2, p, out, ys); return;
-        case 3: tile(x, K, 3, 2, p, out, ys); return;
-        case 4: tile(x, K, 4, 2, p, out, ys); return;
-        case 5: tile(x, K, 5, 2, p, out, ys); return;
-        case 6: tile(x, K, 6, 2, p, out, ys); return;
-        case 7: tile(x, K, 7, 2, p, out, ys); return;
-        case 8: tile(x, K, 8, 2, p, out, ys); return;
-        case 9: tile(x, K, 9, 2, p, out, ys); return;
-        case 10: tile(x, K, 10, 2, p, out, ys); return;
-        case 11: tile(x, K, 11, 2, p, out, ys); return;
-        default: tile(x, K, 12, 2, p, out, ys); return;
-        }
+        switch (mb) { ROWS_UP_TO_6(2) ROWS_7_TO_12(2) }
     }
-    switch (mb) {
-    case 1: tile(x, K, 1, 1, p, out, ys); return;
-    case 2: tile(x, K, 2, 1, p, out, ys); return;
-    case 3: tile(x, K, 3, 1, p, out, ys); return;
-    case 4: tile(x, K, 4, 1, p, out, ys); return;
-    case 5: tile(x, K, 5, 1, p, out, ys); return;
-    case 6: tile(x, K, 6, 1, p, out, ys); return;
-    case 7: tile(x, K, 7, 1, p, out, ys); return;
-    case 8: tile(x, K, 8, 1, p, out, ys); return;
-    case 9: tile(x, K, 9, 1, p, out, ys); return;
-    case 10: tile(x, K, 10, 1, p, out, ys); return;
-    case 11: tile(x, K, 11, 1, p, out, ys); return;
-    default: tile(x, K, 12, 1, p, out, ys); return;
-    }
+    switch (mb) { ROWS_UP_TO_6(1) ROWS_7_TO_12(1) }
 #elif defined(__AVX2__) && defined(__FMA__)
     (void)gb;
     switch (mb) {
-    case 1: tile(x, K, 1, 1, p, out, ys); return;
-    case 2: tile(x, K, 2, 1, p, out, ys); return;
-    case 3: tile(x, K, 3, 1, p, out, ys); return;
-    case 4: tile(x, K, 4, 1, p, out, ys); return;
-    case 5: tile(x, K, 5, 1, p, out, ys); return;
+        ROWS_UP_TO_6(1)
     default: tile(x, K, 6, 1, p, out, ys); return;
     }
 #else

@@ -32,7 +32,7 @@ from runners.config import why_not_compiled
 from runners.device import model_device
 from runners.hidden import select_hidden
 from kernels.prepacking import plan, plan_label, prepacked
-from runners.static import capacity as cache_capacity, carry, set_length, static_cache
+from runners.static import capacity as cache_capacity, carry, fed, set_length, static_cache
 from runners.trees import TreePasses
 
 # inductor's freezing for the model's own CPU linears (MKL-packed constants); graphs with frozen packed
@@ -244,10 +244,7 @@ class CompiledRunner(TreePasses):
 
     def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
         length, start = ids.shape[1], self.cached
-        if length - start < n_last:
-            raise RuntimeError(f"asked for {n_last} logits but only {length - start} positions are new")
-        self._reserve(length)
-        new = ids[:, start:length].to(self.device, non_blocking=True)
+        new = fed(self, ids, n_last)
         if new.shape[1] > BUCKETS[-1]:  # a prompt: one eager pass into the same cache
             positions = torch.arange(start, length, device=self.device).unsqueeze(0)
             logits = self._eager(dict(input_ids=new, position_ids=positions, logits_to_keep=n_last), start)

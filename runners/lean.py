@@ -16,7 +16,7 @@ from kernels.c_step import CStep, step_for, step_unsupported
 from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache, rope
 from runners.config import LEAN_LABEL as LABEL
 from runners.device import model_device
-from runners.static import grown_capacity
+from runners.static import fed, grown_capacity
 from runners.trees import TreePasses, compute_dtype
 
 
@@ -48,10 +48,7 @@ class LeanRunner(TreePasses):
 
     def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
         length, start = ids.shape[1], self.cached
-        if length - start < n_last:
-            raise RuntimeError(f"asked for {n_last} logits but only {length - start} positions are new")
-        self._reserve(length)
-        new = ids[0, start:length].to(self.device, non_blocking=True)
+        new = fed(self, ids, n_last)[0]
         positions = torch.arange(start, length, device=self.device)
         logits = self._run(new, positions, start, n_last, None)
         self.cached = length

@@ -8,6 +8,7 @@ masked, then overwritten); a regrowth allocates a larger cache and copies what t
 A tree pass writes node ``i`` at slot ``cur + i`` (``runners.trees.tree_inputs`` with
 ``kv_length=capacity(cache)``) and ``runners.trees.gather_branch`` moves the kept branch into place.
 """
+from torch import Tensor
 from torch.nn import Module
 
 STATIC_SLACK = 256  # positions the eager runner preallocates beyond the first pass (new tokens, verification passes)
@@ -66,3 +67,13 @@ def grown_capacity(length: int, current: int) -> int:
     at least double ``current``, rounded up to ``STATIC_ROUND``."""
     step = STATIC_ROUND
     return -(-max(length + STATIC_SLACK, 2 * current) // step) * step
+
+
+def fed(runner, ids: Tensor, n_last: int) -> Tensor:
+    """The positions of ``ids`` ``[1, L]`` a static-cache runner has not cached yet, ``[1, L - cached]``
+    on its device, after ``runner._reserve(L)`` made room for them; refuses ``n_last`` logits beyond them."""
+    length, start = ids.shape[1], runner.cached
+    if length - start < n_last:
+        raise RuntimeError(f"asked for {n_last} logits but only {length - start} positions are new")
+    runner._reserve(length)
+    return ids[:, start:length].to(runner.device, non_blocking=True)

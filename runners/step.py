@@ -27,6 +27,7 @@ from models.llama_step import LlamaStep, zeroed_cache
 from runners.compiled import compile_events
 from runners.config import STEP_LABEL
 from runners.device import model_device
+from runners.static import fed
 from runners.trees import TreePasses, compute_dtype
 
 WIDTHS = (1, 2, 4, 8, 16, 32)  # decoding, chain verification (suffix drafts up to 24), a tree of 16 nodes
@@ -187,10 +188,7 @@ class StepRunner(TreePasses):
 
     def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
         length, start = ids.shape[1], self.cached
-        if length - start < n_last:
-            raise RuntimeError(f"asked for {n_last} logits but only {length - start} positions are new")
-        self._reserve(length)
-        new = ids[0, start:length].to(self.device, non_blocking=True)
+        new = fed(self, ids, n_last)[0]
         with torch.no_grad():
             logits, hidden = self.state.chain(new, start, self.cache, n_last, self.hidden_layers)
         self._passed(hidden, start)

@@ -20,6 +20,7 @@ from typing import Callable, Dict, List
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from lean_step import greedy  # noqa: E402  (scripts/lean_step.py: target AR on a runner, timed)
 
 WIDTHS = (1, 5, 8)
 
@@ -56,14 +57,6 @@ def linear_sweeps(model, rows: int):
         for x, packed, out in calls:
             skinny.run_linear(library, x, packed, None, out, threads)
     return run, sum(packed.numel() * 4 for _, packed, _ in calls)
-
-
-def greedy(runner, prompt: torch.Tensor, tokens: int) -> tuple:
-    """Target AR on ``runner``: (new tokens, seconds), prefill included."""
-    ids, start = prompt, time.perf_counter()
-    for _ in range(tokens):
-        ids = torch.cat([ids, runner(ids)[-1].argmax().view(1, 1)], dim=1)
-    return ids[0, prompt.shape[1] :].tolist(), time.perf_counter() - start
 
 
 def main(argv: List[str] | None = None) -> None:
