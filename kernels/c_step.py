@@ -121,7 +121,6 @@ class CStep:
         self.final_norm = body.norm.weight.detach().contiguous()
         self.head = blocked(_own(model.get_output_embeddings()).weight)
         self.vocab = model.get_output_embeddings().out_features
-        self.identity = self._identities(model)
         self.cache_keys: Tuple[int, ...] = ()
         self.scratch = torch.empty(0)  # grown to the largest pass yet: no allocation per pass
 
@@ -131,14 +130,6 @@ class CStep:
         tensor = tensor.contiguous()
         self.keep.append(tensor)
         return tensor.data_ptr()
-
-    @staticmethod
-    def _identities(model: Module) -> tuple:
-        return tuple((p.data_ptr(), p._version) for p in model.parameters())
-
-    def current(self, model: Module) -> bool:
-        """Whether the model's weights are still the ones blocked (not changed in place or replaced)."""
-        return self._identities(model) == self.identity
 
     def bind(self, cache) -> None:
         """Point the step at ``cache`` (``models.llama.KVCache``, float32 ``[1, Hkv, cap, D]`` a layer)."""
