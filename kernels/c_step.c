@@ -12,7 +12,8 @@
  * computed row by row, each row in a fixed order (lanes of 16, then a fixed tree), so a position's
  * result depends only on its own row and on the cache: never on how many positions the pass has,
  * nor on the thread count. That makes a verification pass give the logits a decoding pass gives,
- * bit for bit: greedy speculative decoding emits the tokens of greedy decoding by construction.
+ * bit for bit: greedy speculative decoding emits the tokens of greedy decoding by construction
+ * (where its first pass, the prompt and its first drafts, is a pass this step takes).
  *
  * Shapes: H hidden size, Hq / Hkv query / key-value heads, D head size, I intermediate size,
  * cap the cache's slots per layer, V the vocabulary. */

@@ -32,7 +32,7 @@ class PrepackedLinear(Module):
     ``route[r - 1]`` for a pass over r positions (rows), the last entry for longer passes. The kernels:
     ``OWN`` (the layer's own ``F.linear``), ``PREPACKED`` (oneDNN, from a copy of its weight
     reordered once, made when a route first asks for it) and ``SKINNY`` (``kernels.skinny``, on the
-    weight itself).
+    weight blocked once, ``kernels.blocked``: the copy the C step reads too).
 
     Where MKL is slow (it repacks weights at every call on some x86 CPUs, and takes a generic path
     on others) this halves a float32 step; where it is not, oneDNN's path is slower. So it is a
