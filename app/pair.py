@@ -76,10 +76,27 @@ def _check_device(flag: str, value: Optional[str]) -> None:
     import torch
 
     try:
-        if value not in (None, "auto"):
-            torch.device(value)
+        device = torch.device(value) if value not in (None, "auto") else None
     except (RuntimeError, ValueError):
         raise SetupError(f"{flag} must be cpu, cuda, cuda:N, mps or auto, got {value[:40]!r}") from None
+    if device is not None and device.type == "cuda":
+        missing = cuda_missing(device)
+        if missing:
+            raise SetupError(f"{flag} {value}: {missing}")
+
+
+def cuda_missing(device) -> str:
+    """Why ``device`` (a CUDA one) cannot run here, in one line with what to do, or "" where it can."""
+    import torch
+
+    if torch.version.cuda is None:
+        return (f"this torch ({torch.__version__}) has no CUDA: install a CUDA build (make setup TORCH=torch, "
+                "in a fresh .venv) on a GPU machine, or leave --device out to run on the CPU")
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device here: leave --device out to run on the CPU"
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        return f"this machine has {torch.cuda.device_count()} CUDA device(s), numbered from 0"
+    return ""
 
 
 def _load(role: str, name: Optional[str], where: str, dtype: str, quantize: str, trust_remote_code: bool,

@@ -9,6 +9,7 @@ from pathlib import Path
 import pexpect
 
 import pytest
+import torch
 
 from conftest import MEASUREMENTS_ENV
 
@@ -285,6 +286,15 @@ def test_bad_start_up_is_one_clear_line_and_non_zero_exit(tiny_models, args, mes
     result = run("--target", tiny_models["target"], *args)
     assert result.returncode == 1
     assert message in result.stdout and "Traceback" not in result.stdout + result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="refuses only where this torch has no CUDA device")
+def test_device_cuda_without_cuda_is_one_line_naming_what_to_install(tiny_models):
+    """Not transformers' "AssertionError: Torch not compiled with CUDA enabled" inside a load error."""
+    result = run("--target", tiny_models["target"], "--device", "cuda", "--prompt", "Hi")
+    assert result.returncode == 1 and "Traceback" not in result.stdout + result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("error:"))
+    assert "--device cuda" in line and ("has no CUDA" in line or "sees no CUDA device" in line) and "AssertionError" not in line
 
 
 def test_drafter_with_another_vocabulary_is_refused(tiny_models):
