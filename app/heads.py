@@ -29,7 +29,7 @@ def load_for(value: Optional[str], pair, embedded: bool, say: Say = to_stderr,
         return None, "none (--head none)"
     if value is not None and not value.strip():
         raise SetupError("--head is empty: give a head folder, or 'none'")
-    path = Path(value) if value is not None else SHIPPED if embedded and (SHIPPED / "config.json").is_file() else None
+    path = head_path(value, embedded)
     if path is None:
         return None, "none (the eagle rows need one: --head PATH)"
     from eagle.cost import measure_step_cost
@@ -45,12 +45,25 @@ def load_for(value: Optional[str], pair, embedded: bool, say: Say = to_stderr,
         head = load_head(path, target)
     except (Exception, KeyboardInterrupt) as error:  # one clear line, no traceback
         raise SetupError(f"could not load the head '{path}': {first_line(error)}") from None
-    if length is not None and runner.compiled_for(target):
+    if runner.step_for(target):  # the step's graphs at the start-up widths, with the head's hidden states (if not built so)
+        from app.steps import START_LENGTH
+        from runners import prepare_step
+
+        seconds = prepare_step(target, START_LENGTH, lambda text: say(f"target: {text} ...", "dim"), tuple(head.config.aux_layers))
+        pair.compile_seconds["target"] = pair.compile_seconds.get("target", 0.0) + seconds
+    elif length is not None and runner.compiled_for(target):
         seconds = prepare(target, length, lambda text: say(f"target: {text} ...", "dim"), hidden_layers=head.config.aux_layers,
                           config=runner)
         pair.compile_seconds["target"] = pair.compile_seconds.get("target", 0.0) + seconds
     head.step_cost = measure_step_cost(head, target, runner=runner.with_(compile=False))
     return head, describe(head, path)
+
+
+def head_path(value: Optional[str], embedded: bool) -> Optional[Path]:
+    """The folder ``--head value`` names (None: the shipped head with the embedded target, else none)."""
+    if value is not None:
+        return None if value.strip().lower() == NONE else Path(value)
+    return SHIPPED if embedded and (SHIPPED / "config.json").is_file() else None
 
 
 def describe(head, path: Path) -> str:

@@ -213,6 +213,8 @@ def _runners(pair: Pair, options: "LoadOptions", say: Say) -> Dict[str, object]:
     from runners import RunnerConfig, compile_source, lean_unsupported, prepare, set_prepack, why_not_compiled
 
     runners, cache, compile = {}, options.cache, options.compile
+    if options.eager and (compile or options.forward == "step"):
+        raise SetupError("--eager keeps the eager forward: it cannot go with --compile or --forward step")
     for role, model in (("target", pair.target), ("drafter", pair.drafter)):
         if model is None:
             continue
@@ -220,10 +222,23 @@ def _runners(pair: Pair, options: "LoadOptions", say: Say) -> Dict[str, object]:
         eager_lean = options.forward == "lean" and (not compile or reason is not None)  # no --compile, or it cannot compile
         if (options.forward == "step" or eager_lean) and lean_unsupported(model) is not None:
             raise SetupError(f"--forward {options.forward}: the {role} cannot take it: {lean_unsupported(model)}")
-        runners[role] = RunnerConfig(None if cache == "auto" else cache, compile and reason is None, forward=options.forward)
+        runners[role] = RunnerConfig(None if cache == "auto" else cache, compile and reason is None, forward=options.forward,
+                                     eager=options.eager)
         if reason is not None:
             say(f"--compile: the {role} runs eagerly: {reason}", "red")
-        if runners[role].compiled_for(model):
+        if runners[role].step_for(model):
+            # the compiled step: width 1 first, then the start-up measurements' widths, the first key bucket
+            # only; each row's other widths and buckets are built before it runs (app.steps.ready)
+            from app.steps import START_LENGTH
+            from runners import prepare_step
+
+            layers = options.hidden_layers if role == "target" else ()
+            widths = options.step_widths if role == "target" else (1, max(options.step_widths))
+            seconds = prepare_step(model, START_LENGTH, lambda text: say(f"{role}: {text} ...", "dim"), layers, widths)
+            pair.compile_seconds[role] = seconds
+            say(f"Compiled the {role}'s first graphs in {seconds:.1f} s ({compile_source(model) or 'nothing new'}; "
+                "outside every timed run)")
+        elif runners[role].compiled_for(model):
             # the model's own linears frozen into the graphs (--gemm: MKL's or inductor's autotuned templates),
             # or called on the skinny kernel (--gemm skinny); an eager kernel measurement would answer another
             # question. "on": oneDNN's.
@@ -304,6 +319,9 @@ class LoadOptions:
     row_costs: Optional[Tuple[float, ...]] = None
     runner: str = "torch"  # what runs the target's passes: "torch" or "llama-cpp" (its GGUF file's, ``runners.llama_cpp``)
     forward: str = "auto"  # whose forward the eager runners run (``runners.RunnerConfig.forward``)
+    eager: bool = False  # --eager: the eager forward kept on CUDA, where the compiled step is the default
+    step_widths: Tuple[int, ...] = (1,)  # the compiled step's widths built at start-up (the measurements': 1 and gamma + 1)
+    hidden_layers: Tuple[int, ...] = ()  # a head's layers (``app.steps.head_layers``): the start-up graphs return them
 
 
 def llama_cpp_target(target: Optional[str]) -> str:

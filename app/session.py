@@ -56,11 +56,13 @@ def add_shared_flags(parser: argparse.ArgumentParser) -> None:
                         "autotuned against MKL per shape: passes ~1.6x faster on a 2-core AVX2 EPYC, 11-17 min to compile at every "
                         "start) or skinny (the skinny kernel up to 12 positions, MKL past them; not frozen, so the graphs are kept "
                         "on disk between starts)")
-    parser.add_argument("--forward", choices=["auto", "lean", "transformers", "step"], default="auto", help="whose forward our eager "
+    parser.add_argument("--forward", choices=["auto", "lean", "transformers", "step"], default="auto", help="whose forward our "
                         "runners run: the lean one (runners/lean.py: the Llama family's forward over the model's own weights, "
-                        "static KV cache), transformers' own, or auto (default): lean where the model is of that family and "
-                        "--cache is not dynamic; step: the lean forward compiled, one graph per pass width (runners/step.py; what --compile "
-                        "runs on CUDA for that family). transformers' peers always run transformers' forward")
+                        "static KV cache), transformers' own, or auto (default): on CUDA the compiled step for that family, elsewhere "
+                        "lean where the model is of that family and --cache is not dynamic; step: the lean forward compiled, one graph "
+                        "per pass width and key bucket (runners/step.py). transformers' peers always run transformers' forward")
+    parser.add_argument("--eager", action="store_true", help="on CUDA, keep the eager forward (the lean one for the Llama family) "
+                        "instead of the compiled step, the default there: for comparison")
     parser.add_argument("--runner", choices=["torch", "llama-cpp"], default="torch", help="what runs the target's passes: "
                         "torch (default), or llama.cpp's kernels on the target's GGUF file (the embedded model, or --target "
                         "FILE.gguf; needs llama-cpp-python: make llama-cpp). A drafter model and transformers' peers stay on "

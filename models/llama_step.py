@@ -4,10 +4,12 @@ Python value, so one graph serves every pass of a width (a CUDA graph under ``mo
 
 The pieces (``rms_norm``, ``rope``, ``rotate``, ``attend``) are ``models.llama``'s, over the model's own
 modules; what differs is the cache access: keys and values are written in place with ``index_copy_``
-at a ``slots`` tensor, and every pass attends over the cache's whole capacity under a boolean mask
-(slots not yet written, or rolled back, are masked; they hold zeros or old finite values, so a
-masked slot weighs exactly 0). Shapes: ``r`` rows fed, ``C`` the cache capacity, ``H`` hidden size,
-``V`` vocabulary; the cache is ``models.llama.KVCache`` (per layer ``[1, Hkv, C, D]``).
+at a ``slots`` tensor, and every pass attends over the cache's first ``K`` slots under a boolean mask
+``[1, 1, r, K]`` (slots not yet written, or rolled back, are masked; they hold zeros or old finite
+values, so a masked slot weighs exactly 0). ``K`` is the mask's width, a key bucket
+(``runners.step.key_bucket``): a graph per (width, bucket), so a pass attends to what its context
+costs, not to the whole capacity. Shapes: ``r`` rows fed, ``C`` the cache capacity, ``K <= C`` the
+keys attended, ``H`` hidden size, ``V`` vocabulary; the cache is ``models.llama.KVCache`` (per layer ``[1, Hkv, C, D]``).
 """
 from typing import Optional, Sequence, Tuple
 
@@ -42,7 +44,7 @@ class LlamaStep:
                 hidden_layers: Sequence[int] = ()) -> Tuple[Tensor, Optional[Tensor]]:
         """``ids`` ``[r]`` at RoPE ``positions`` ``[r]`` (int64), their keys and values written at cache
         ``slots`` ``[r]`` (== positions for a chain; a tree's node ``i`` at ``cur + i``), each row
-        attending to the slots ``mask`` ``[1, 1, r, C]`` (boolean) allows. Returns the logits
+        attending to the slots ``mask`` ``[1, 1, r, K]`` (boolean; ``K <= C``, every slot written < ``K``) allows. Returns the logits
         ``[n_last, V]`` of the last ``n_last`` rows and, with ``hidden_layers``, the residual stream
         entering those layers ``[r, len(hidden_layers) * H]`` (else None)."""
         body = self.model.model
@@ -64,11 +66,12 @@ class LlamaStep:
 
 def _attention(layer: Module, h: Tensor, cos: Tensor, sin: Tensor, kv: KVLayer, slots: Tensor, mask: Tensor) -> Tensor:
     """``layer``'s attention block on ``h`` ``[1, r, H]`` (input norm included), its keys and values
-    written at ``slots``, attending over the whole cache under ``mask`` -> ``[1, r, H]``."""
+    written at ``slots``, attending over the cache's first ``K`` slots under ``mask`` ``[1, 1, r, K]`` -> ``[1, r, H]``."""
     attn, norm = layer.self_attn, layer.input_layernorm
     x = rms_norm(h, norm.weight, norm.variance_epsilon)
     shape = (1, h.shape[1], -1, attn.head_dim)
     q = rotate(attn.q_proj(x).view(shape).transpose(1, 2), cos, sin)
     kv.keys.index_copy_(2, slots, rotate(attn.k_proj(x).view(shape).transpose(1, 2), cos, sin))
     kv.values.index_copy_(2, slots, attn.v_proj(x).view(shape).transpose(1, 2))
-    return attn.o_proj(attend(q, kv.keys, kv.values, mask, attn.scaling))
+    keys = mask.shape[-1]
+    return attn.o_proj(attend(q, kv.keys[:, :, :keys], kv.values[:, :, :keys], mask, attn.scaling))

@@ -25,18 +25,23 @@ class RunnerConfig:
     family's own over a static cache; refused with its reason for another model), "transformers"
     (the model's own, ``KVCacheModel``), or "auto": lean where ``lean_unsupported`` finds nothing and
     no dynamic cache is asked for, else transformers'; "step": the lean forward as compiled steps, one
-    graph per pass width (``runners.step``), which ``compile`` also picks for the family on CUDA."""
+    graph per pass width and key bucket (``runners.step``), which "auto" picks for the family on CUDA
+    unless ``eager`` (``--eager``: the eager forward kept on CUDA, for comparison)."""
 
     cache: Optional[str] = None
     compile: bool = False
     gguf: Optional[str] = None
     forward: str = "auto"
+    eager: bool = False
 
     def __post_init__(self):
         check_cache(self.cache)
         object.__setattr__(self, "compile", bool(self.compile))
+        object.__setattr__(self, "eager", bool(self.eager))
         if self.forward not in FORWARDS:
             raise ValueError(f"forward must be one of {', '.join(FORWARDS)}, got {self.forward!r}")
+        if self.eager and (self.compile or self.forward == "step"):
+            raise ValueError("eager keeps the eager forward: it cannot be asked for with compile or forward='step'")
 
     def cache_for(self, model: Module) -> str:
         """The cache a runner of ``model`` starts with under this configuration (llama.cpp's and the lean forward's: static)."""
@@ -46,7 +51,7 @@ class RunnerConfig:
     def lean_for(self, model: Module) -> bool:
         """Whether ``model``'s eager cached passes run the lean forward (``runners.lean``) under this configuration."""
         if self.forward == "transformers" or self.gguf is not None or self.compiled_for(model):
-            return False
+            return False  # on CUDA the family's default is the compiled step (``step_for``) unless ``eager``
         if self.forward == "lean":
             return True  # make_runner refuses a model outside the family, with its reason
         return self.cache != "dynamic" and lean_unsupported(model) is None
@@ -56,18 +61,19 @@ class RunnerConfig:
         ``runners.step``'s (``step_for``) or ``runners.compiled``'s."""
         if self.gguf is not None:
             return False
-        return self.forward == "step" or self.compile and why_not_compiled(model) is None
+        return self.step_for(model) or self.compile and why_not_compiled(model) is None
 
     def step_for(self, model: Module) -> bool:
         """Whether ``model``'s passes are the compiled lean step (``runners.step.StepRunner``): asked for
-        (``forward="step"``; a model outside the family is refused by ``make_runner``), or ``compile`` on
-        CUDA for a Llama-family model with the default forward (transformers' compiled forward otherwise)."""
-        if self.gguf is not None or self.forward in ("lean", "transformers"):
+        (``forward="step"``; a model outside the family is refused by ``make_runner``), or, on CUDA, a
+        Llama-family model with the default forward that is not held ``eager``, compiled or not (with or
+        without ``compile``: the step is the family's runner there; transformers' compiled forward only with
+        ``forward="transformers"``)."""
+        if self.gguf is not None or self.eager or self.forward in ("lean", "transformers"):
             return False
         if self.forward == "step":
             return True
-        return (self.compile and model_device(model).type == "cuda" and lean_unsupported(model) is None
-                and why_not_compiled(model) is None)
+        return model_device(model).type == "cuda" and lean_unsupported(model) is None and why_not_compiled(model) is None
 
     def step_reason(self, model: Module) -> str:
         """Why the compiled lean step runs ``model`` (for the header), "" where it does not."""
@@ -75,7 +81,7 @@ class RunnerConfig:
             return ""
         if self.forward == "step":
             return "--forward step"
-        return "--compile on CUDA, a Llama-family model: one CUDA graph per pass width of the lean forward"
+        return "the default on CUDA for a Llama-family model; --eager keeps the eager forward"
 
     def with_(self, **changes) -> "RunnerConfig":
         """A copy with ``changes`` (``cache=``, ``compile=``)."""
@@ -116,7 +122,7 @@ class RunnerConfig:
 FORWARDS = ("auto", "lean", "transformers", "step")
 LEAN_LABEL = "lean Llama forward"  # the headers' name of ``runners.lean``'s passes
 STEP_LABEL = "compiled lean Llama step"  # and of ``runners.step``'s
-EAGER = RunnerConfig()
+EAGER = RunnerConfig()  # the default: eager passes, but the compiled step for the Llama family on CUDA (``step_for``)
 
 
 def why_not_compiled(model: Module) -> Optional[str]:

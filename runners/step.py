@@ -1,20 +1,31 @@
 """``StepRunner``: the lean Llama forward as compiled steps (``models.llama_step``), one graph per pass
-width, gpt-fast style (``torch.compile(mode="reduce-overhead", fullgraph=True)``: one CUDA graph per
-width on CUDA; inductor's default mode on CPU, where it is only tested).
+width and key bucket, gpt-fast style (``torch.compile(mode="reduce-overhead", fullgraph=True)``: one
+CUDA graph per (width, keys) on CUDA; inductor's default mode on CPU, where it is only tested). The
+default runner of a Llama-family model on CUDA (``runners.config.RunnerConfig.step_for``).
 
-* A pass over ``r`` new rows runs in the smallest prepared width >= r (``WIDTHS``); the padded rows are
+* A pass over ``r`` new rows runs in the smallest width >= r (``StepState.widths``); the padded rows are
   written at slots after the valid ones, each attends causally to its own slot, and is then ignored
   (forgotten by moving ``cached``). A pass wider than every width (a prompt, a large tree) runs the
-  same step uncompiled into the same cache.
-* The inputs of a width (ids, positions, slots, mask) and the cache live at static addresses
-  (``mark_static_address``); the cache's capacity is a power of two chosen by ``prepare_step``, taken
-  from a per-model pool so that a new runner (every generation makes one) builds no graph.
-* Chain and tree passes share a width's graph: a tree only fills the mask and the slots differently.
-* ``compile_events`` (``runners.compiled``) records every graph built, as "<model class> step".
+  same step uncompiled into the same cache, over exactly the keys it needs.
+* Keys in buckets (``key_bucket``: powers of two from ``MIN_KEYS``): a pass whose last slot is below
+  ``K`` attends to the cache's first ``K`` slots, not to its whole capacity.
+* Built when? ``StepState.lazy`` (the default: a notebook's calls) builds a graph when a pass first
+  needs it. ``prepare_step`` builds the graphs asked for (width 1 first, a progress line each) and
+  turns ``lazy`` off: the programs prepare what their enabled rows need before a timed run, and a
+  pass with no built graph then takes a built one of a larger bucket, or runs uncompiled; it never
+  builds one (``StepState.fallbacks`` counts those passes).
+* The inputs of a (width, keys) graph (ids, positions, slots, mask) and the cache live at static
+  addresses (``mark_static_address``); the cache's capacity is a power of two, taken from a per-model
+  pool at the pool's capacity, so that a new runner (every generation makes one) builds no graph.
+* Chain and tree passes share a graph: a tree only fills the mask and the slots differently.
+* With ``hidden_layers`` prepared (a learned head drafts), every graph also returns those layers'
+  hidden states, and a pass that wants none takes the same graph: one set of graphs, not two.
+* ``compile_events`` (``runners.compiled``) records every graph built, as "<model class> step";
+  ``kernels.step_artifacts`` keeps what was built for the next start.
 """
 import time
 import weakref
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch._dynamo
@@ -22,6 +33,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from kernels.compile_cache import CacheCount, use_compile_cache
+from kernels.step_artifacts import artifact_key, load_artifacts, save_artifacts
 from models.llama import KVCache, lean_unsupported
 from models.llama_step import LlamaStep, zeroed_cache
 from runners.compiled import compile_events
@@ -30,16 +42,35 @@ from runners.device import model_device
 from runners.static import fed
 from runners.trees import TreePasses, compute_dtype
 
-WIDTHS = (1, 2, 4, 8, 16, 32)  # decoding, chain verification (suffix drafts up to 24), a tree of 16 nodes
+WIDTHS = (1, 2, 4, 8, 16, 32)  # a notebook's widths: decoding, chain verification (suffix drafts up to 24), a tree of 16 nodes
+MAX_WIDTH = 64  # the widest pass a graph is built for; wider ones (prompts) run uncompiled
 MIN_CAPACITY = 1024
+MIN_KEYS = 256  # the smallest key bucket
 
 
 def _capacity(length: int) -> int:
     return max(MIN_CAPACITY, 1 << (max(1, length) - 1).bit_length())
 
 
+def key_bucket(keys: int, capacity: int) -> int:
+    """The keys a pass whose last slot is ``keys - 1`` attends to: the power of two >= ``keys`` (at least
+    ``MIN_KEYS``), at most the cache's ``capacity``."""
+    return min(capacity, max(MIN_KEYS, 1 << (max(1, keys) - 1).bit_length()))
+
+
+def key_buckets(first: int, last: int, capacity: int) -> List[int]:
+    """Every bucket a sequence spanning slots ``first - 1`` to ``last - 1`` meets, in order."""
+    buckets, keys = [], key_bucket(first, capacity)
+    while True:
+        buckets.append(keys)
+        if keys >= key_bucket(last, capacity):
+            return buckets
+        keys = key_bucket(keys + 1, capacity)
+
+
 class StepState:
-    """A model's compiled step, its pool of caches (one capacity) and each width's input buffers."""
+    """A model's compiled step, its pool of caches (one capacity), each (width, keys)'s input buffers
+    and the graphs built, by (width, keys, cache address, hidden layers)."""
 
     def __init__(self, model: Module):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
@@ -52,29 +83,37 @@ class StepState:
                                       mode="reduce-overhead" if self.cuda else None)
         self.capacity = 0
         self.caches: List[KVCache] = []  # free caches of ``capacity``
-        self.inputs: Dict[Tuple[int, int], Tuple[Tensor, ...]] = {}  # (width, capacity) -> ids, positions, slots, mask
-        self.slot_ranges: Dict[int, Tensor] = {}  # capacity -> its slot indices
-        self.set_widths(WIDTHS)
+        self.inputs: Dict[Tuple[int, int], Tuple[Tensor, ...]] = {}  # (width, keys) -> ids, positions, slots, mask
+        self.slots = torch.arange(0, device=self.device)  # 0..n-1, grown with the capacity: the masks' comparisons
+        self.widths, self.fixed = WIDTHS, False  # ``fixed``: set by ``prepare_step`` (and widened by later calls)
+        self.lazy = True  # a pass may build the graph it needs (off once the programs prepare theirs)
+        self.hidden_layers: Tuple[int, ...] = ()  # prepared: every graph returns these layers' hidden states
         self.built: set = set()
+        self.graphs: set = set()  # (width, keys, hidden layers) built in this process, for the artifacts' line
+        self.fallbacks = 0  # passes run uncompiled for want of a built graph (never building one) while not lazy
         self.compile_seconds = self.prepared_seconds = 0.0
         self.cache_count = CacheCount()
+        self.artifact_key = artifact_key(model, self.dtype, self.device)
+        self.loaded, self.artifact_problem = load_artifacts(self.artifact_key)
 
-    def set_widths(self, widths: Tuple[int, ...]) -> None:
-        """The widths passes are padded to from now on (1 always among them)."""
-        self.widths = tuple(sorted(set(widths) | {1}))
-        self.steps = torch.arange(max(self.widths), device=self.device)
+    def set_widths(self, widths: Sequence[int]) -> None:
+        """The widths passes are padded to from now on (1 always among them; the first call replaces
+        the notebook's ``WIDTHS``, later ones add to it)."""
+        wanted = {min(int(w), MAX_WIDTH) for w in widths} | {1}
+        self.widths = tuple(sorted(wanted | (set(self.widths) if self.fixed else set())))
+        self.fixed = True
 
     def width(self, rows: int) -> Optional[int]:
-        """The smallest prepared width holding ``rows``; None past the largest."""
+        """The smallest width holding ``rows``; None past the largest."""
         return next((w for w in self.widths if w >= rows), None)
 
     def take_cache(self, length: int) -> KVCache:
-        """A free cache holding ``length`` positions plus one pass of the largest width (zeroed,
-        static addresses); the pool moves to a larger capacity (new graphs) only when it must."""
-        capacity = _capacity(length + max(self.widths))
+        """A free cache holding ``length`` positions plus one pass of the largest width (zeroed, static
+        addresses), of the pool's capacity or larger: the pool moves to a larger capacity only when it must."""
+        capacity = max(_capacity(length + max(self.widths)), self.capacity)
         if capacity > self.capacity:
             self.capacity, self.caches = capacity, []
-            self.slot_ranges[capacity] = torch.arange(capacity, device=self.device)
+            self.slots = torch.arange(capacity, device=self.device)
         if self.caches:
             return self.caches.pop()
         cache = zeroed_cache(self.model, capacity, self.dtype, self.device)
@@ -87,63 +126,96 @@ class StepState:
         if cache.capacity == self.capacity:
             self.caches.append(cache)
 
-    def buffers(self, width: int, capacity: int) -> Tuple[Tensor, ...]:
-        """``width``'s inputs: ids, positions, slots ``[width]`` and the boolean mask ``[1, 1, width, capacity]``
-        (per capacity: a runner still holding a smaller cache keeps its own)."""
-        made = self.inputs.get((width, capacity))
+    def buffers(self, width: int, keys: int) -> Tuple[Tensor, ...]:
+        """The inputs of the (``width``, ``keys``) graph: ids, positions, slots ``[width]`` and the boolean
+        mask ``[1, 1, width, keys]``."""
+        made = self.inputs.get((width, keys))
         if made is None:
             long = dict(dtype=torch.long, device=self.device)
             made = (torch.zeros(width, **long), torch.zeros(width, **long), torch.zeros(width, **long),
-                    torch.zeros((1, 1, width, capacity), dtype=torch.bool, device=self.device))
+                    torch.zeros((1, 1, width, keys), dtype=torch.bool, device=self.device))
             for tensor in made:
                 torch._dynamo.mark_static_address(tensor, guard=True)
-            self.inputs[(width, capacity)] = made
+            self.inputs[(width, keys)] = made
         return made
+
+    def graph(self, rows: int, start: int, cache: KVCache, layers: Tuple[int, ...]) -> Optional[Tuple[int, int, Tuple[int, ...]]]:
+        """The graph a pass of ``rows`` from slot ``start`` runs: ``(width, keys, layers)``, or None (uncompiled).
+        Lazy: the smallest width and bucket, built if new. Else a built one: the smallest width, then the
+        smallest bucket holding the pass, with the prepared hidden layers where the pass wants none."""
+        width = self.width(rows)
+        if width is None or start + width > cache.capacity:
+            return None
+        keys, pointer = key_bucket(start + width, cache.capacity), cache.layers[0].keys.data_ptr()
+        options = [layers] + ([self.hidden_layers] if not layers and self.hidden_layers else [])
+        if self.lazy:
+            return width, keys, options[-1] if (width, keys, pointer, options[-1]) in self.built else layers
+        for bucket in key_buckets(keys, cache.capacity, cache.capacity):
+            for kept in options:
+                if (width, bucket, pointer, kept) in self.built:
+                    return width, bucket, kept
+        return None
 
     def chain(self, new: Tensor, start: int, cache: KVCache, n_last: int, layers: Tuple[int, ...]):
         """A causal pass of ``new`` ``[r]`` at positions (and slots) ``start..``: logits ``[n_last, V]``, hidden ``[r, .]``."""
-        rows, width, slot_range = new.shape[0], self.width(new.shape[0]), self.slot_ranges[cache.capacity]
-        if width is None:
-            positions = torch.arange(start, start + rows, device=self.device)
-            mask = (slot_range[None, :] <= positions[:, None])[None, None]
-            return self.step.forward(new, positions, positions, mask, cache, n_last, layers)
-        ids, positions, slots, mask = self.buffers(width, cache.capacity)
+        rows = new.shape[0]
+        chosen = self.graph(rows, start, cache, layers)
+        if chosen is None:
+            return self._uncompiled(new, torch.arange(start, start + rows, device=self.device), start, None, cache, n_last, layers)
+        width, keys, kept = chosen
+        ids, positions, slots, mask = self.buffers(width, keys)
         ids[:rows].copy_(new, non_blocking=True)
-        torch.add(self.steps[:width], start, out=positions)
+        torch.add(self.slots[:width], start, out=positions)
         slots.copy_(positions)
-        torch.le(slot_range[None, :], positions[:, None], out=mask[0, 0])
-        return self.run(width, cache, rows, n_last, layers)
+        torch.le(self.slots[None, :keys], positions[:, None], out=mask[0, 0])
+        return self.run(width, keys, cache, rows, n_last, kept, layers)
 
     def tree(self, new: Tensor, positions_in: Tensor, allowed: Tensor, start: int, cache: KVCache, layers: Tuple[int, ...]):
         """A tree pass: ``new`` ``[m]`` at ``positions_in`` ``[m]``, row ``i`` at slot ``start + i``,
-        attending where ``allowed`` ``[1, 1, m, C]`` (boolean); logits ``[m, V]``, hidden ``[m, .]``."""
-        rows, width = new.shape[0], self.width(new.shape[0])
-        if width is None:
-            slots = torch.arange(start, start + rows, device=self.device)
-            return self.step.forward(new, positions_in, slots, allowed, cache, rows, layers)
-        ids, positions, slots, mask = self.buffers(width, cache.capacity)
+        attending where ``allowed`` ``[1, 1, m, C]`` (boolean; nothing at or past slot ``start + m``);
+        logits ``[m, V]``, hidden ``[m, .]``."""
+        rows = new.shape[0]
+        chosen = self.graph(rows, start, cache, layers)
+        if chosen is None:
+            return self._uncompiled(new, positions_in, start, allowed[..., : start + rows], cache, rows, layers)
+        width, keys, kept = chosen
+        ids, positions, slots, mask = self.buffers(width, keys)
         ids[:rows].copy_(new)
-        torch.add(self.steps[:width], start, out=slots)
+        torch.add(self.slots[:width], start, out=slots)
         positions.copy_(slots)  # padded rows: at their own slot, causal, finite
         positions[:rows].copy_(positions_in)
-        torch.le(self.slot_ranges[cache.capacity][None, :], slots[:, None], out=mask[0, 0])
-        mask[0, 0, :rows].copy_(allowed[0, 0])
-        return self.run(width, cache, rows, rows, layers)
+        torch.le(self.slots[None, :keys], slots[:, None], out=mask[0, 0])
+        mask[0, 0, :rows].copy_(allowed[0, 0, :, :keys])
+        return self.run(width, keys, cache, rows, rows, kept, layers)
 
-    def run(self, width: int, cache: KVCache, rows: int, n_last: int, layers: Tuple[int, ...]):
-        """Replay (or build) ``width``'s graph over its buffers; the valid rows' outputs, cloned on CUDA."""
-        key = (width, cache.capacity, cache.layers[0].keys.data_ptr(), layers)
+    def _uncompiled(self, new: Tensor, positions: Tensor, start: int, mask: Optional[Tensor], cache: KVCache, n_last: int,
+                    layers: Tuple[int, ...]):
+        """The step's forward without a graph, over exactly the keys the pass needs (a prompt, a pass too
+        wide, or one with no built graph outside lazy mode)."""
+        rows = new.shape[0]
+        if mask is None:
+            mask = (self.slots[None, : start + rows] <= positions[:, None])[None, None]
+        if not self.lazy and rows <= max(self.widths):
+            self.fallbacks += 1
+        slots = torch.arange(start, start + rows, device=self.device)
+        return self.step.forward(new, positions, slots, mask, cache, n_last, layers)
+
+    def run(self, width: int, keys: int, cache: KVCache, rows: int, n_last: int, kept: Tuple[int, ...], layers: Tuple[int, ...]):
+        """Replay (or build) the (``width``, ``keys``, ``kept``) graph over its buffers; the valid rows'
+        outputs (hidden states only where ``layers`` asked), cloned on CUDA."""
+        key = (width, keys, cache.layers[0].keys.data_ptr(), kept)
         first, clock = key not in self.built, time.perf_counter()
         if self.cuda:
             torch.compiler.cudagraph_mark_step_begin()
-        logits, hidden = self.compiled(*self.buffers(width, cache.capacity), cache, width, layers)
+        logits, hidden = self.compiled(*self.buffers(width, keys), cache, width, kept)
         logits = logits[rows - n_last: rows]
-        hidden = hidden[:rows] if hidden is not None else None
+        hidden = hidden[:rows] if hidden is not None and layers else None
         if self.cuda:  # a graph's outputs are overwritten by its next replay
             logits, hidden = logits.clone(), hidden.clone() if hidden is not None else None
         if first:
             self.built.add(key)
-            compile_events.append((f"{type(self.model).__name__} step", width, cache.capacity))
+            self.graphs.add((width, keys, kept))
+            compile_events.append((f"{type(self.model).__name__} step", width, keys))
             if self.cuda:
                 torch.cuda.synchronize(self.device)
             self.compile_seconds += time.perf_counter() - clock
@@ -165,7 +237,7 @@ class StepRunner(TreePasses):
     """A ``runners.Runner`` over ``StepState``'s compiled steps: ``runner(ids, n_last)`` returns the
     logits ``[n_last, V]`` of the last ``n_last`` positions of ``ids`` ``[1, L]``, feeding only
     ``ids[:, cached:]``; ``rollback(length)`` only moves ``cached`` (masked slots are never read).
-    Tree passes (``TreePasses``) run the width's graph with the tree's mask over the capacity.
+    Tree passes (``TreePasses``) run the (width, keys) graph with the tree's mask.
     No ``.item()``, no host sync: the loop's one sync per step is the only one."""
 
     cache_kind = "static"
@@ -235,31 +307,37 @@ class StepRunner(TreePasses):
 
 @torch.no_grad()
 def prepare_step(model: Module, length: int = MIN_CAPACITY - max(WIDTHS), say: Callable[[str], None] = lambda text: None,
-                 hidden_layers: Tuple[int, ...] = (), widths: Optional[Tuple[int, ...]] = None) -> float:
-    """Build ``model``'s step graphs for every width (``widths``: None keeps ``WIDTHS``), at the capacity
-    holding ``length`` positions (and, with ``hidden_layers``, the graphs also returning those hidden
-    states), before anything is timed; returns the seconds spent building (0 when nothing was new)."""
+                 hidden_layers: Tuple[int, ...] = (), widths: Optional[Sequence[int]] = None, first: int = 1) -> float:
+    """Build the graphs a run will replay, before anything is timed: each width (``widths``, added to
+    the state's; None: the state's) at each key bucket a sequence meets between slot ``first - 1`` and
+    ``length`` plus the width, at the capacity holding ``length`` positions; with ``hidden_layers``, every
+    graph also returns those layers' hidden states (and serves the passes that want none). Width 1 first,
+    then by bucket; one ``say`` line per graph. Afterwards the state is no longer lazy (no pass builds a
+    graph). Saves the artifacts (``kernels.step_artifacts``) when something was built. Returns the
+    seconds spent building (0 when nothing was new)."""
     state = step_state(model)
-    if widths is not None:
-        state.set_widths(widths)
+    state.set_widths(widths if widths is not None else state.widths)
+    if hidden_layers:
+        state.hidden_layers = tuple(hidden_layers)
     runner = StepRunner(model)
     runner._reserve(length)
-    pointer = runner.cache.layers[0].keys.data_ptr()
-    wanted = [(w, ()) for w in state.widths] + [(w, tuple(hidden_layers)) for w in state.widths if hidden_layers]
-    todo = [(w, layers) for w, layers in wanted if (w, state.capacity, pointer, layers) not in state.built]
-    if not todo:
-        return 0.0
-    say(f"compiling {type(model).__name__}'s {STEP_LABEL}: widths {', '.join(str(w) for w, _ in todo)}, "
-        f"cache of {state.capacity} positions ({'CUDA graphs' if state.cuda else 'inductor'})")
+    cache, layers = runner.cache, state.hidden_layers
+    pointer = cache.layers[0].keys.data_ptr()
+    todo = sorted({(w, k) for w in state.widths for k in key_buckets(max(1, first), length + w, cache.capacity)
+                   if (w, k, pointer, layers) not in state.built}, key=lambda wk: (wk[0] != 1, wk[1], wk[0]))
+    state.lazy = True
     before, state.cache_count = state.compile_seconds, CacheCount()
-    ids = torch.zeros((1, max(state.widths)), dtype=torch.long, device=state.device)
-    for _ in range(2 if state.cuda else 1):  # CUDA graphs record on the run after their warm-up
-        for width, layers in todo:
-            runner.hidden_layers = layers
-            runner(ids[:, :width], width)
-            runner.rollback(0)
+    ids = torch.zeros(max(state.widths), dtype=torch.long, device=state.device)
+    for i, (width, keys) in enumerate(todo):
+        say(f"compiling {type(model).__name__}'s {STEP_LABEL}: graph {i + 1} of {len(todo)}, width {width}, {keys} keys"
+            f"{', hidden states' if layers else ''} ({'CUDA graph' if state.cuda else 'inductor'})")
+        for _ in range(2 if state.cuda else 1):  # a CUDA graph records on the run after its warm-up
+            state.chain(ids[:width], keys // 2, cache, width, layers)  # slots keys/2 .. keys/2 + width - 1: that bucket
+    state.lazy = False
     state.cache_count.finish()
     state.prepared_seconds = state.compile_seconds - before
+    if todo:
+        save_artifacts(state.artifact_key, state.graphs | set(state.loaded))
     return state.prepared_seconds
 
 
@@ -276,4 +354,6 @@ def step_label(model: Module) -> str:
     widths = "/".join(map(str, state.widths if state is not None else WIDTHS))
     capacity = f", cache of {state.capacity} positions" if state is not None and state.capacity else ""
     built = f", compiled in {state.prepared_seconds:.0f} s" if state is not None and state.prepared_seconds else ""
-    return f"{STEP_LABEL} ({how}, one graph per pass width {widths}{capacity}{built})"
+    reused = f", {len(state.loaded)} graphs' artifacts reused" if state is not None and state.loaded else ""
+    return (f"{STEP_LABEL} ({how}, one graph per pass width {widths} and key bucket (from {MIN_KEYS} keys, powers of two)"
+            f"{capacity}{built}{reused})")

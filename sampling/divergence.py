@@ -177,6 +177,7 @@ def classify_divergence(
         return Divergence(j, token(ar_tokens), token(strategy_tokens), None, None, None, None, None, 0, cache, DISAGREEMENT)
     one_position = [(start, 1, (), 0) for start in range(len(prompt), position + 1)]
     ar_row, _ = replay(runner, common, one_position, position)
+    del runner  # a pooled cache (the compiled step's) goes back before the next runner takes one: the same graphs
     pass_row, rows = replay((pass_runner_factory or runner_factory)(model), common, passes, position)
     a, b = ar_tokens[j], strategy_tokens[j]
     kind, ar_margin, pass_margin, rounding = verdict(ar_row, pass_row, a, b)

@@ -88,8 +88,9 @@ def test_greedy_tokens_equal_the_lean_runners_and_transformers_forward(target):
 @pytest.mark.needs_cxx
 def test_no_graph_is_built_after_preparation(target):
     """Decoding, padded verification, rollbacks, tree passes, kept branches, a second runner and whole
-    generations, all at the prepared widths: neither counter moves. Then a pass asking for hidden states
-    nobody prepared builds one graph, and both counters see it (the check can fail)."""
+    generations, all at the prepared widths: neither counter moves. A pass asking for hidden states
+    nobody prepared then runs uncompiled (counted as a fallback) and builds nothing; the same pass on a
+    lazy state (a notebook's) builds one graph, and both counters see it (the check can fail)."""
     ids = ids_for()
     passes(StepRunner(target), ids)  # any first-use work outside the graphs
     events, graphs = len(compile_events), counters["stats"]["unique_graphs"]
@@ -98,19 +99,31 @@ def test_no_graph_is_built_after_preparation(target):
     generate(PROMPT, target, PromptLookupSpec(num_pred_tokens=3), dict(max_gen_len=20, eos_tokens_id=EOS_NEVER, use_cache=True,
                                                                        runner=STEP))
     assert (len(compile_events), counters["stats"]["unique_graphs"]) == (events, graphs)
-    runner = StepRunner(target)
-    runner.hidden_layers = (1,)
-    runner(ids[:, :2], 2)
-    assert (len(compile_events), counters["stats"]["unique_graphs"]) == (events + 1, graphs + 1)
+    state, lean = step_module.step_state(target), LeanRunner(target)
+    runner, fallbacks = StepRunner(target), state.fallbacks
+    runner.hidden_layers = lean.hidden_layers = (1,)
+    close(runner(ids[:, :2], 2), lean(ids[:, :2], 2))
+    close(runner.hidden, lean.hidden)
+    assert (len(compile_events), counters["stats"]["unique_graphs"], state.fallbacks) == (events, graphs, fallbacks + 1)
+    del runner
+    state.lazy = True
+    try:
+        runner = StepRunner(target)
+        runner.hidden_layers = (1,)
+        runner(ids[:, :2], 2)
+        assert (len(compile_events), counters["stats"]["unique_graphs"]) == (events + 1, graphs + 1)
+    finally:
+        state.lazy = False
 
 
 @pytest.mark.needs_cxx
 def test_a_regrowth_mid_sequence_carries_the_cache_and_an_older_runner_keeps_its_own(monkeypatch):
-    """Capacity 64 at first: a sequence past it moves to 128 (new graphs, counted), the cached positions
-    carried; a runner still holding a 64-slot cache keeps decoding on it."""
+    """Capacity 64 at first: a sequence past it moves to 128 (new graphs, counted: a notebook's lazy
+    state builds what it meets), the cached positions carried; a runner still holding a 64-slot cache
+    keeps decoding on it."""
     monkeypatch.setattr(step_module, "MIN_CAPACITY", 64)
     model = llama(layers=1, window=512, seed=2).to(torch.float32)
-    prepare_step(model, 20, widths=(1,))
+    step_module.step_state(model).set_widths((1,))
     ids, step, older, lean = ids_for(160), StepRunner(model), StepRunner(model), LeanRunner(model)
     close(older(ids[:, :10], 1), lean(ids[:, :10], 1))
     lean.rollback(0)
@@ -134,30 +147,25 @@ def test_bfloat16_steps_follow_the_lean_runner():
     assert step.cache.layers[0].keys.dtype == torch.bfloat16
 
 
-def test_compile_picks_the_step_on_cuda_only_for_the_llama_family(monkeypatch):
+def test_the_step_is_the_default_on_cuda_for_the_llama_family_and_eager_keeps_the_eager_forward(monkeypatch):
     model = llama()
     compiled = RunnerConfig(compile=True)
     assert isinstance(make_runner(model, config=STEP), StepRunner)  # asked for: on any device
     assert isinstance(make_runner(model, config=compiled), CompiledRunner)  # CPU: transformers' compiled forward
+    assert isinstance(make_runner(model), LeanRunner)  # CPU, no flag: the lean forward (the C step where it runs)
     assert not compiled.step_for(model) and "step" not in compiled.describe(model)
     with pytest.raises(ValueError, match="outside the Llama family"):
         make_runner(gpt2(), config=STEP)
+    with pytest.raises(ValueError, match="eager"):
+        RunnerConfig(eager=True, compile=True)
     monkeypatch.setattr(runner_config, "model_device", lambda m: torch.device("cuda"))
-    assert compiled.step_for(model) and "CUDA graph per pass width" in compiled.describe(model)
-    assert compiled.cache_for(model) == "static" and not compiled.lean_for(model)
+    default = RunnerConfig()
+    for config in (default, compiled):  # with or without --compile: the step
+        assert config.step_for(model) and config.compiled_for(model) and not config.lean_for(model)
+        assert config.cache_for(model) == "static"
+    assert "the default on CUDA for a Llama-family model; --eager keeps the eager forward" in default.describe(model)
+    eager = RunnerConfig(eager=True)
+    assert not eager.step_for(model) and not eager.compiled_for(model) and eager.lean_for(model)  # --eager: the lean forward
     assert not compiled.with_(forward="transformers").step_for(model)  # transformers' forward, compiled
-    assert not RunnerConfig().step_for(model)  # eager: the lean runner
-    assert not compiled.step_for(gpt2())
-    assert "--forward step" in STEP.describe(model)
-
-
-def test_the_programs_refuse_the_step_outside_the_family_and_name_it_in_the_header():
-    from types import SimpleNamespace
-
-    from app.pair import LoadOptions, SetupError, _runners, describe
-
-    say = lambda text, style="": None  # noqa: E731
-    with pytest.raises(SetupError, match="--forward step: the target cannot take it: .*outside the Llama family"):
-        _runners(SimpleNamespace(target=gpt2(), drafter=None), LoadOptions(forward="step"), say)
-    line = describe(llama(), "target", "none", runner=STEP)
-    assert "static KV cache · compiled lean Llama step (inductor, one graph per pass width" in line and line.endswith(": --forward step")
+    assert not RunnerConfig(forward="lean").step_for(model)
+    assert not default.step_for(gpt2()) and not compiled.step_for(gpt2())  # outside the family: as before

@@ -34,7 +34,9 @@ class PassTimes(NamedTuple):
 
 class Bench:
     def __init__(self, args, greedy: bool):
+        from app.heads import head_path
         from app.pair import LoadOptions, cross_preset, load_pair, pair_preset
+        from app.steps import head_layers, start_widths
         from app.session import PolicyFlags, SetupError, build_settings
         from runners.compiled import set_cpu_gemm
         from runners.limits import output_vocab_size
@@ -49,7 +51,9 @@ class Bench:
                                   cache=args.cache, prepack=args.prepack, compile=args.compile,
                                   measure_dtype=preset.get("measure_dtype", False), remeasure=args.remeasure,
                                   chat=not args.no_chat, calibrate=not args.no_calibrate, row_costs=args.row_costs,
-                                  runner=args.runner, forward=args.forward)
+                                  runner=args.runner, forward=args.forward, eager=args.eager,
+                                  step_widths=start_widths([g for g in args.gamma]),
+                                  hidden_layers=head_layers(head_path(args.head, (args.target or preset.get("target")) is None)))
             pair = load_pair(args.target or preset.get("target"), args.drafter or preset.get("drafter"), options)
         except SetupError as error:
             raise SystemExit(f"error: {error}") from None
@@ -83,16 +87,27 @@ class Bench:
         self.runner_factory = lambda model: default_runner(model, runner)
 
     def compile_for(self, items: List[dict], configs: List[Config]) -> None:
-        """With ``--compile``: make the compiled graphs hold the longest prompt plus its new tokens,
-        before any timed run (a larger cache is a new set of graphs); counted in ``compile_seconds``.
-        The graphs that also return hidden states only where a configuration drafts with the head."""
+        """Build the compiled graphs before any timed run, counted in ``compile_seconds``: the compiled
+        step's (CUDA's default for the Llama family: ``app.steps.ready``, every width the rows feed and
+        every key bucket the prompts meet), or, with ``--compile`` elsewhere, graphs holding the longest
+        prompt plus its new tokens (a larger cache is a new set of graphs). The graphs that also return
+        hidden states only where a configuration drafts with the head."""
         from runners import prepare
+
+        from app.steps import ready
 
         longest = max(len(item["prompt"]) for item in items) + self.args.max_new_tokens
         runners = {"target": self.config.runner, "drafter": self.config.drafter_runner}
         drafts_with_head = any(drafts_with(c) for c in configs)
+        layers = tuple(self.context.head.config.aux_layers) if self.context.head is not None and drafts_with_head else ()
+        # the compiled step (CUDA's default): every width the rows feed, every key bucket the prompts meet
+        rows = [(c.strategy, self.run_config(c)) for c in configs]
+        seconds = ready(self.target, self.drafter, runners, rows, min(len(item["prompt"]) for item in items), longest,
+                        lambda text: print(text, file=sys.stderr), layers)
+        if seconds:
+            self.compile_seconds["target"] = self.compile_seconds.get("target", 0.0) + seconds
         for role, model in (("target", self.target), ("drafter", self.drafter)):
-            if model is not None and runners[role].compiled_for(model):
+            if model is not None and runners[role].compiled_for(model) and not runners[role].step_for(model):
                 head = self.context.head if role == "target" and drafts_with_head else None
                 seconds = prepare(model, longest, lambda text: print(f"{role}: {text} ...", file=sys.stderr),
                                   hidden_layers=head.config.aux_layers if head is not None else (), config=runners[role])

@@ -7,7 +7,8 @@ from typing import List, Optional
 from rich.text import Text
 
 from app.repl.repl import Repl, replaced_line
-from app.heads import head_flag, load_for
+from app.heads import head_flag, head_path, load_for
+from app.steps import head_layers, start_widths
 from app.pair import LoadOptions, cross_preset, load_pair, pair_preset
 from app.session import SetupError, add_shared_flags, build_settings, read_processor
 from utils.load import LoadMeter
@@ -106,7 +107,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                               args.trust_remote_code, args.cache, args.prepack, args.compile,
                               measure_dtype=preset.get("measure_dtype", False), remeasure=args.remeasure, chat=not args.no_chat,
                               calibrate=not args.no_calibrate, row_costs=args.row_costs, runner=args.runner,
-                              forward=args.forward)
+                              forward=args.forward, eager=args.eager, step_widths=start_widths([args.gamma]),
+                              hidden_layers=head_layers(head_path(args.head, args.target is None)))
         pair = load_pair(args.target, args.drafter, options, say)
     except SetupError as error:
         fail(str(error))

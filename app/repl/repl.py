@@ -126,6 +126,7 @@ class Repl:
         results = []
         self.last = results
         enabled = [strategy for strategy in STRATEGIES if self.enabled.get(strategy.key, False)]
+        self.ready(enabled, len(prompt))
         learning = [strategy for strategy in enabled if strategy.takes_storage]
         own = self.context.storage  # what the first strategy drafting from it learns is kept for the next prompt
         before = copy.deepcopy(own) if len(learning) > 1 else None
@@ -148,6 +149,20 @@ class Repl:
             self.explain_divergences(prompt, results)
         else:
             console.print(Text("every strategy is off: /help lists the toggles", style="red"))
+
+    def ready(self, enabled, prompt_length: int) -> None:
+        """On the compiled step (CUDA): build the graphs the enabled rows will need on this prompt before
+        any of them is timed, a line each (nothing when they are built already)."""
+        from app.steps import ready
+
+        context, runners = self.context, {"target": self.config.runner, "drafter": self.config.drafter_runner}
+        drafts_with_head = any(strategy.needs_head for strategy in enabled) and context.head is not None
+        layers = tuple(context.head.config.aux_layers) if drafts_with_head else ()
+        seconds = ready(context.target, context.drafter, runners, [(strategy, self.config) for strategy in enabled],
+                        prompt_length, prompt_length + self.config.max_gen_len, lambda text: console.print(Text(text, style="dim")),
+                        layers)
+        if seconds:
+            console.print(Text(f"Compiled in {seconds:.1f} s (outside every timed run)", style="dim"))
 
     def run(self, strategy, prompt: List[int], results: list) -> bool:
         """Run one strategy, print its result and add it to ``results``; False when it was interrupted or refused."""

@@ -1,0 +1,73 @@
+"""The compiled step (``runners.step``, the Llama family's runner on CUDA) made ready for the programs'
+rows before anything is timed: the pass widths each enabled row feeds, and the key buckets its
+prompts meet. The REPL calls ``ready`` before each prompt's rows, the benchmark once before its timed
+runs; graphs already built cost nothing, and a timed pass never builds one (``StepState.lazy`` is off
+once a graph was prepared)."""
+from typing import Callable, Iterable, Optional, Sequence, Tuple
+
+START_LENGTH = 192  # the start-up measurements' contexts (128 positions plus 12 rows): the first key bucket only
+
+
+def row_rows(strategy, config) -> int:
+    """The most positions one pass of ``strategy``'s row feeds the target: its drafts a step (its
+    spec's budget, else the run's ``gamma``) plus one; 1 for a row that does not draft."""
+    if not strategy.speculative or strategy.peer:
+        return 1
+    budget = strategy.spec(config).budget() if strategy.spec is not None else None
+    return 1 + int(budget or config.gamma)
+
+
+Rows = Sequence[Tuple[object, object]]  # (a ``strategies.Strategy``, the ``RunConfig`` it runs with)
+
+
+def step_widths(rows: Rows) -> Tuple[int, ...]:
+    """The widths the target's passes pad to for ``rows``: 1, and each drafting row's most rows (a pass
+    of fewer rows pads to the next of them: on a GPU a padded pass costs about what its rows do)."""
+    return tuple(sorted({1} | {row_rows(strategy, config) for strategy, config in rows}))
+
+
+def drafter_widths(rows: Rows) -> Tuple[int, ...]:
+    """The drafter model's widths: 1 (drafting) and ``gamma + 1`` (catching up on accepted tokens) for
+    each row that drafts with it; () where none does."""
+    return tuple(sorted({1} | {1 + int(config.gamma) for strategy, config in rows if strategy.needs_drafter})) \
+        if any(strategy.needs_drafter for strategy, _ in rows) else ()
+
+
+def ready(target, drafter, runners: dict, rows: Rows, first: int, last: int, say: Callable[[str], None],
+          hidden_layers: Tuple[int, ...] = ()) -> float:
+    """Build every graph ``rows`` will replay on sequences from ``first`` to ``last`` positions
+    (``runners``: role -> ``RunnerConfig``), for each model whose runner is the step; with
+    ``hidden_layers`` (a head drafts), the target's graphs also return them. Returns the seconds spent."""
+    from runners import prepare_step
+
+    seconds = 0.0
+    for role, model, widths in (("target", target, step_widths(rows)), ("drafter", drafter, drafter_widths(rows))):
+        if model is None or not widths or not runners[role].step_for(model):
+            continue
+        seconds += prepare_step(model, last, lambda text: say(f"{role}: {text} ..."), hidden_layers if role == "target" else (),
+                                widths=widths, first=first)
+    return seconds
+
+
+AUTO_GAMMA = 8  # the widths built at start-up for gamma "auto": its drafts are chosen by the costs measured up to 12 rows
+
+
+def start_widths(gammas: Iterable) -> Tuple[int, ...]:
+    """The target's widths built at start-up: 1, and each ``gamma`` (a number, or "auto") plus one, for the
+    verification costs the start-up measures and the chain rows' first comparison."""
+    return tuple(sorted({1} | {1 + (AUTO_GAMMA if g == "auto" else int(g)) for g in gammas}))
+
+
+def head_layers(path) -> Tuple[int, ...]:
+    """The target layers a head folder reads (speculators' ``eagle_aux_hidden_state_layer_ids``), read
+    before loading so that the start-up graphs return them; () where the folder does not say (its
+    graphs are then built again with them, once, when the head loads)."""
+    import json
+    from pathlib import Path
+
+    try:
+        config = json.loads((Path(path) / "config.json").read_text()) if path else {}
+        return tuple(int(k) for k in config.get("eagle_aux_hidden_state_layer_ids") or ()) \
+            if config.get("speculators_model_type") == "eagle3" else ()
+    except (OSError, ValueError, TypeError):
+        return ()
