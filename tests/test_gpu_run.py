@@ -53,21 +53,33 @@ def test_the_staged_parts_join_into_the_gguf_and_a_missing_part_is_refused_in_on
     assert "gguf.part02" in str(refused.value) and "\n" not in str(refused.value)
 
 
-def test_every_benchmark_command_of_the_run_is_one_the_benchmark_accepts(tmp_path):
+def test_every_benchmark_and_repl_command_of_the_run_is_one_the_program_accepts(tmp_path):
     from app.bench.cli import build_parser
+    from app.repl.cli import build_parser as repl_parser
 
-    for sizes in (run_all.FULL, run_all.SMOKE):
-        for phase in run_all.phases("cuda", sizes, tmp_path):
-            for command in phase.commands:
-                if command[0] == "bench.py":
-                    args = build_parser().parse_args(list(command[1:]))
-                    assert args.device == "cuda" and args.max_new_tokens == sizes.new_tokens
+    for device in ("cuda", "cpu"):
+        for sizes in (run_all.FULL, run_all.SMOKE):
+            for phase in run_all.phases(device, sizes, tmp_path):
+                for command in phase.commands:
+                    if command[0] == "bench.py":
+                        args = build_parser().parse_args(list(command[1:]))
+                        assert args.device == device and args.max_new_tokens == sizes.new_tokens
+                        assert args.forward == ("auto" if device == "cuda" else "step")  # the step: CUDA's default, by name on CPU
+                    if command[0] == "infer.py":
+                        args = repl_parser().parse_args(list(command[1:]))
+                        assert args.device == device and args.prompt and not args.eager
 
 
-def test_on_cpu_the_warm_compile_phase_is_skipped_with_its_reason(tmp_path):
-    names = {phase.name: phase for phase in run_all.phases("cpu", run_all.SMOKE, tmp_path)}
-    assert names["warm-compile"].skip and not names["eager-float32"].skip
-    assert {"explain", "eager-float32", "compiled-float32", "eager-bfloat16", "compiled-bfloat16", "host-overhead"} <= set(names)
+def test_the_run_measures_issue_65s_phases_in_order_each_alone_and_the_repl_twice_on_one_fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_all, "ROOT", tmp_path / "repo")  # no shared/ beside it
+    names = [phase.name for phase in run_all.phases("cuda", run_all.FULL, tmp_path)]
+    assert names == ["step-bench", "probe", "repl-fresh", "repl-next", "bench-bfloat16", "bench-float32"]
+    phases = {phase.name: phase for phase in run_all.phases("cuda", run_all.FULL, tmp_path, tmp_path)}
+    assert all(len(phase.commands) == 1 for phase in phases.values())  # never two timed at once
+    assert phases["repl-fresh"].env == phases["repl-next"].env and "SPECDEC_CACHE" in dict(phases["repl-fresh"].env)
+    assert not (tmp_path / run_all.PROBE).exists() and phases["probe"].skip  # staged nowhere here: skipped, with its reason
+    (tmp_path / run_all.PROBE).write_text("")
+    assert not run_all.phases("cuda", run_all.FULL, tmp_path, tmp_path)[1].skip
 
 
 def test_a_phase_past_its_budget_is_stopped_and_a_failing_one_says_its_exit_status(tmp_path):

@@ -174,6 +174,9 @@ def main() -> None:
     room = LIMIT - tree - int(args.margin_mib * MIB)
     calls = plan_calls({w: w.stat().st_size for w in wheels}, gguf.stat().st_size, room)
     manifest = write_calls(calls, gguf, out)
+    probe = ROOT.parent / "shared" / "tools" / "cuda-step-probe" / "step.py"  # run_all.py's "probe" phase (a few KB, in the margin)
+    if probe.is_file():
+        shutil.copy(probe, out / "call1" / "cuda_step_probe.py")
     print(f"the tree travels with {tree / MIB:.1f} MiB; {len(calls)} calls of at most {room / MIB:.1f} MiB more each; "
           f"GGUF sha256 {manifest['gguf']['sha256'][:12]}..., revision {manifest['revision']}")
     for number in range(1, len(calls) + 1):

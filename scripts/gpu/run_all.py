@@ -1,28 +1,31 @@
-"""The prepared GPU run (issue 50; docs/gpu.md, "The prepared run"): in ONE call on a fresh GPU machine,
-set up from what the calls before it staged (``scripts/gpu/carry.py``: the wheels and the embedded
-GGUF in parts), then run the comparison phase by phase within a time budget, and leave under --out:
-``summary.md`` (the machine, each phase's command, seconds, status and report), ``results.tar.gz``
-(every phase's folder: results.md, summary.csv, runs.jsonl, plots, its output) and ``run_all.log``.
-Both are rewritten after every phase, so a call stopped at its limit still returns what was done.
+"""The prepared GPU run (issues 50 and 65; docs/gpu.md, "The prepared run"): in ONE call on a fresh GPU
+machine, set up from what the calls before it staged (``scripts/gpu/carry.py``: the wheels, the embedded
+GGUF in parts and the gpt-fast-style probe), then run the comparison phase by phase within a time
+budget, and leave under --out: ``summary.md`` (the machine, each phase's command, seconds, status and
+report), ``results.tar.gz`` (every phase's folder: results.md, summary.csv, runs.jsonl, plots, its
+output) and ``run_all.log``. Both are rewritten after every phase, so a call stopped at its limit still
+returns what was done. Phases run one after the other, never two at once (each is timed alone).
 
-The phases, in this order; one that the budget no longer holds is skipped, and the summary says so:
+The phases, in this order; one that the budget no longer holds is skipped, and the summary says so
+(``--phases`` runs the rest in a second call):
 
-    explain             torch._dynamo.explain of our compiled passes on the embedded model: graphs, breaks, guards
-    warm-compile        the compiled phases' graphs built at once for both dtypes, untimed (CUDA only: on CPU
-                        our frozen graphs are not kept on disk, so building them ahead saves nothing)
-    eager-float32       bench.py, ours (target AR, NASD, prompt lookup, suffix, the n-gram tree, the EAGLE-3
-                        head's chains and trees) and transformers' (generate, static-cache generate, prompt lookup)
-    compiled-float32    bench.py --compile --head none: target AR, NASD, prompt lookup, suffix, and
-                        transformers' compiled static-cache generate
-    compiled-bfloat16, eager-bfloat16   the same in bfloat16
-    host-overhead       scripts/host_overhead.py --compile, 30 layers: host time a token, ours against transformers'
-    compiled-head-float32   bench.py --compile with the EAGLE-3 rows (graphs that also return hidden states)
+    step-bench       scripts/gpu/step_bench.py: our compiled step's target AR against transformers' compiled
+                     static-cache generate, float32 and bfloat16 (graphs built, greedy tokens compared)
+    probe            the gpt-fast-style probe (shared/tools/cuda-step-probe/step.py, carried), same model, same
+                     dtypes, width 1, a cache of 512: the step we measure ourselves against
+    repl-fresh       infer.py --prompt (one comparison, every default row, the shipped head) from an empty
+                     project cache: GGUF conversion, the step's first graphs, the rows' graphs; wall seconds
+    repl-next        the same again: the next start, on what the first one kept
+    bench-bfloat16   bench.py on the compiled step (the default on CUDA): target AR, NASD, prompt lookup,
+                     suffix, the EAGLE-3 head's chains, and transformers' compiled static-cache generate
+    bench-float32    the same in float32
 
 On the GPU machine (the last call; ``run_all.sh`` stages and calls this):
 
     python3 scripts/gpu/run_all.py --stage /tmp/specdec-stage --out $OUT
 
-Smoke test, on any machine, in the environment it runs in (nothing staged), tiny sizes:
+Smoke test, on any machine, in the environment it runs in (nothing staged), tiny sizes; on CPU the rows
+ask for the step by name (``--forward step``: inductor's default mode):
 
     .venv/bin/python scripts/gpu/run_all.py --smoke --device cpu --out /tmp/specdec-smoke
 """
@@ -43,10 +46,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from carry import assemble  # noqa: E402
 
 PROMPTS = ("bench_prompts.jsonl", "prompts/code_editing.jsonl")
-EAGER_ROWS = "target,ngram,pld,suffix,tree_ngram,eagle,eagle_tree,hf_generate,hf_generate_static,hf_prompt_lookup"
-COMPILED_ROWS = "target,ngram,pld,suffix,hf_generate_static"
-HEAD_ROWS = "target,eagle,eagle_tree"
-WARM_ROWS = "target,hf_generate_static"  # every graph of the compiled phases: ours (prepare) and transformers'
+BENCH_ROWS = "target,ngram,pld,suffix,eagle,hf_generate_static"
+PROBE = "cuda_step_probe.py"  # the probe, as carry.py stages it
+REPL_PROMPT = ("Summarize in one sentence: The quick brown fox jumps over the lazy dog. The dog does not react, "
+               "and the fox runs away into the forest.")
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class Sizes:
     host_repeats: int
 
 
-FULL = Sizes("summarization,coding,code_editing,qa,writing", 1, 64, 2, 30, 256, 5)  # docs/gpu.md's 2026-11-26 runs
+FULL = Sizes("summarization,coding,code_editing,qa,writing", 1, 64, 2, 30, 256, 5)  # docs/gpu.md's runs
 SMOKE = Sizes("qa", 1, 8, 1, 2, 16, 1)
 
 
@@ -77,35 +80,44 @@ class Phase:
     floor: int
     skip: str = ""  # a reason to skip it on this run, or ""
     cap: int = 0
+    env: Tuple[Tuple[str, str], ...] = ()  # variables set for its commands
 
 
-def bench(device: str, sizes: Sizes, dtype: str, rows: str, out: Path, compiled: bool = False, head: bool = True) -> Tuple[str, ...]:
-    """A ``bench.py`` command line: the embedded model, greedy, the basic n-gram storage."""
+def bench(device: str, sizes: Sizes, dtype: str, rows: str, out: Path, step: bool) -> Tuple[str, ...]:
+    """A ``bench.py`` command line: the embedded model, greedy, the basic n-gram storage; ``step``: the
+    compiled step asked for by name (CPU; on CUDA it is the default)."""
     argv = ["bench.py", "--device", device, "--dtype", dtype, "--prompts", *PROMPTS, "--categories", sizes.categories,
             "--limit", str(sizes.limit), "--max-new-tokens", str(sizes.new_tokens), "--repeats", str(sizes.repeats),
             "--storages", "basic", "--strategies", rows, "--out", str(out)]
-    return tuple(argv + (["--compile"] if compiled else []) + ([] if head else ["--head", "none"]))
+    return tuple(argv + (["--forward", "step"] if step else []))
 
 
-def phases(device: str, sizes: Sizes, work: Path) -> List[Phase]:
+def probe_path(stage: Optional[Path]) -> Optional[Path]:
+    """The probe: staged by carry.py, else beside this checkout (``../shared/tools/``), else None."""
+    for path in ([stage / PROBE] if stage else []) + [ROOT.parent / "shared" / "tools" / "cuda-step-probe" / "step.py"]:
+        if path.is_file():
+            return path
+    return None
+
+
+def phases(device: str, sizes: Sizes, work: Path, stage: Optional[Path] = None) -> List[Phase]:
     """Every phase, in the order they run."""
     cuda = device.startswith("cuda")
-    warm = Sizes(sizes.categories, sizes.limit, sizes.new_tokens, 1, sizes.layers, sizes.host_tokens, sizes.host_repeats)
-    compiled = {d: bench(device, sizes, d, COMPILED_ROWS, work / f"compiled-{d}", compiled=True, head=False) for d in ("float32", "bfloat16")}
-    host = ("scripts/host_overhead.py", "--compile", "--device", device, "--layers", str(sizes.layers), "--new-tokens",
-            str(sizes.host_tokens), "--repeats", str(sizes.host_repeats))
+    step = () if cuda else ("--forward", "step")
+    tokens, repeats = (str(256), str(3)) if sizes is FULL else (str(sizes.new_tokens), "1")
+    probe = probe_path(stage)
+    fresh = (("SPECDEC_CACHE", str(work / "repl-cache")),)
+    repl = ("infer.py", "--device", device, "--prompt", REPL_PROMPT, "--length", "32" if sizes is FULL else "8", *step)
     return [
-        Phase("explain", (("scripts/host_overhead.py", "--explain", "--embedded", "--device", device),), 60),
-        Phase("warm-compile", tuple(bench(device, warm, d, WARM_ROWS, work / f"warm-{d}", compiled=True, head=False)
-                                    for d in ("float32", "bfloat16")), 240,
-              "" if cuda else "on CPU our frozen graphs are not kept on disk (runners.compiled.FREEZING): nothing to build ahead",
-              cap=240),  # stopped there, it leaves on disk the graphs it finished
-        Phase("eager-float32", (bench(device, sizes, "float32", EAGER_ROWS, work / "eager-float32"),), 120),
-        Phase("compiled-float32", (compiled["float32"],), 90),
-        Phase("compiled-bfloat16", (compiled["bfloat16"],), 90),
-        Phase("eager-bfloat16", (bench(device, sizes, "bfloat16", EAGER_ROWS, work / "eager-bfloat16"),), 120),
-        Phase("host-overhead", (host,), 60),
-        Phase("compiled-head-float32", (bench(device, sizes, "float32", HEAD_ROWS, work / "compiled-head-float32", compiled=True),), 180),
+        Phase("step-bench", (("scripts/gpu/step_bench.py", "--device", device, "--tokens", tokens, "--repeats", repeats,
+                              *(() if cuda else ("--dtypes", "float32"))),), 150, cap=260),
+        Phase("probe", ((str(probe or PROBE), "--device", device, "--dtypes", "float32,bfloat16" if cuda else "float32",
+                         "--new", tokens, "--widths", "1", "--max", "512", "--no-hf", *(() if cuda else ("--no-compile",))),), 100,
+              "" if probe else "the probe is neither staged nor beside this checkout", cap=200),
+        Phase("repl-fresh", (repl,), 90, cap=180, env=fresh),
+        Phase("repl-next", (repl,), 40, cap=90, env=fresh),
+        Phase("bench-bfloat16", (bench(device, sizes, "bfloat16", BENCH_ROWS, work / "bench-bfloat16", bool(step)),), 120),
+        Phase("bench-float32", (bench(device, sizes, "float32", BENCH_ROWS, work / "bench-float32", bool(step)),), 120),
     ]
 
 
@@ -113,6 +125,7 @@ def run_phase(phase: Phase, work: Path, env: Dict[str, str], seconds: float) -> 
     """Run the phase's commands at once, each with its output in ``work/<name>[-i].out``/``.err``; stop
     them all at ``seconds``. Returns its status ("done", "failed (exit N)", "stopped at the budget") and wall time."""
     start, procs = time.monotonic(), []
+    env = {**env, **dict(phase.env)}
     for i, command in enumerate(phase.commands):
         stem = work / (phase.name if len(phase.commands) == 1 else f"{phase.name}-{i + 1}")
         with open(f"{stem}.out", "w") as out, open(f"{stem}.err", "w") as err:
@@ -221,7 +234,7 @@ def main() -> None:
                f"{about} · revision {revision} · {'SMOKE' if args.smoke else 'FULL'} sizes", ""]
     wanted = set(args.phases.split(",")) if args.phases else None
     with open(out / "run_all.log", "w") as log:
-        for phase in phases(args.device, SMOKE if args.smoke else FULL, work):
+        for phase in phases(args.device, SMOKE if args.smoke else FULL, work, Path(args.stage) if args.stage else None):
             left = deadline - time.monotonic() - 15  # room to pack
             skip = "not asked for (--phases)" if wanted is not None and phase.name not in wanted else phase.skip
             skip = skip or (f"{left:.0f} s left, under its floor of {phase.floor} s" if left < phase.floor else "")
