@@ -1,5 +1,6 @@
 """The learned draft head the eagle rows draft with (``--head``): the one given, else the head shipped
 for the embedded target; loaded, checked against the target, its draft step's cost measured here."""
+import time
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -49,7 +50,12 @@ def load_for(value: Optional[str], pair, embedded: bool, say: Say = to_stderr,
         from app.steps import START_LENGTH
         from runners import prepare_step
 
+        from eagle.head_step import prepare_head_step
+
         seconds = prepare_step(target, START_LENGTH, lambda text: say(f"target: {text} ...", "dim"), tuple(head.config.aux_layers))
+        clock = time.perf_counter()
+        if prepare_head_step(head, 1, START_LENGTH, lambda text: say(f"head: {text} ...", "dim")):
+            seconds += time.perf_counter() - clock
         pair.compile_seconds["target"] = pair.compile_seconds.get("target", 0.0) + seconds
     elif length is not None and runner.compiled_for(target):
         seconds = prepare(target, length, lambda text: say(f"target: {text} ...", "dim"), hidden_layers=head.config.aux_layers,

@@ -33,19 +33,27 @@ def drafter_widths(rows: Rows) -> Tuple[int, ...]:
         if any(strategy.needs_drafter for strategy, _ in rows) else ()
 
 
-def ready(target, drafter, runners: dict, rows: Rows, first: int, last: int, say: Callable[[str], None],
-          hidden_layers: Tuple[int, ...] = ()) -> float:
+def ready(target, drafter, runners: dict, rows: Rows, first: int, last: int, say: Callable[[str], None], head=None) -> float:
     """Build every graph ``rows`` will replay on sequences from ``first`` to ``last`` positions
-    (``runners``: role -> ``RunnerConfig``), for each model whose runner is the step; with
-    ``hidden_layers`` (a head drafts), the target's graphs also return them. Returns the seconds spent."""
+    (``runners``: role -> ``RunnerConfig``), for each model whose runner is the step; with ``head`` (a
+    row drafts with it), the target's graphs also return its layers' hidden states and the head's own
+    draft step is built too (``eagle.head_step``). Returns the seconds spent."""
+    import time
+
     from runners import prepare_step
 
-    seconds = 0.0
+    seconds, layers = 0.0, tuple(head.config.aux_layers) if head is not None else ()
     for role, model, widths in (("target", target, step_widths(rows)), ("drafter", drafter, drafter_widths(rows))):
         if model is None or not widths or not runners[role].step_for(model):
             continue
-        seconds += prepare_step(model, last, lambda text: say(f"{role}: {text} ..."), hidden_layers if role == "target" else (),
+        seconds += prepare_step(model, last, lambda text: say(f"{role}: {text} ..."), layers if role == "target" else (),
                                 widths=widths, first=first)
+    if head is not None and runners["target"].step_for(target):
+        from eagle.head_step import prepare_head_step
+
+        clock = time.perf_counter()
+        if prepare_head_step(head, first, last, lambda text: say(f"head: {text} ...")):
+            seconds += time.perf_counter() - clock
     return seconds
 
 

@@ -18,6 +18,7 @@ from torch import Tensor
 from drafters.base import Drafter
 from drafters.spec import DraftContext, DrafterSpec
 from eagle.head import Eagle3Head, HeadCache
+from eagle.head_step import HeadStepCache
 from runners.hidden import check_layers
 from runners.limits import output_vocab_size
 from utils.parsing import check_positive_int
@@ -65,6 +66,7 @@ class EagleDrafter(Drafter):
             raise ValueError("an EAGLE head drafts for decoder-only targets")
         target.hidden_layers = check_layers(model, self.head.config.aux_layers)
         self.target = target
+        self.compiled = bool(getattr(target, "compiled_step", False))  # the target on the compiled step: the head's too
 
     # ---- the head catches up on the accepted positions ----------------------------------------
     def _ready(self, cur: int) -> bool:
@@ -76,12 +78,20 @@ class EagleDrafter(Drafter):
         token after each, ``following`` ``[cur - 1 - fed]``); returns its output at ``cur - 2`` ``[1, 1, H]``."""
         head = self.head
         if self.cache is None:
-            self.cache = HeadCache(head, max(256, 2 * cur), following.device, head.fc.weight.dtype)
+            self.cache = HeadStepCache(head, 2 * cur) if self.compiled else \
+                HeadCache(head, max(256, 2 * cur), following.device, head.fc.weight.dtype)
         start = self.fed
         hidden = head.fc(self.features[start : cur - 1].unsqueeze(0))
-        out = head.decode(self.cache, head.embed(following.unsqueeze(0)), hidden, start)[:, -1:]
+        out = self._decode(head.embed(following.unsqueeze(0)), hidden, start)[:, -1:]
         self.fed = cur - 1
         return out
+
+    def _decode(self, embeds: Tensor, hidden: Tensor, start: int, mask: Tensor | None = None,
+                positions: Tensor | None = None) -> Tensor:
+        """``Eagle3Head.decode`` over this generation's cache: eager, or the compiled step (``eagle.head_step``)."""
+        if isinstance(self.cache, HeadStepCache):
+            return self.cache.decode(embeds, hidden, start, mask, positions)
+        return self.head.decode(self.cache, embeds, hidden, start, mask, positions)
 
     # ---- chains -------------------------------------------------------------------------------
     def propose(self, ids: Tensor, tokens: List[int], k: int) -> Tuple[int, Tensor | None]:
@@ -104,7 +114,7 @@ class EagleDrafter(Drafter):
                 qs.append(q)
             drawn += 1
             if i + 1 < k:
-                out = head.decode(self.cache, head.embed(ids[:, cur + i : cur + i + 1]), out, cur - 1 + i)
+                out = self._decode(head.embed(ids[:, cur + i : cur + i + 1]), out, cur - 1 + i)
         return drawn, (torch.cat(qs) if qs else None)
 
     def _distribution(self, logits: Tensor) -> Tensor:
@@ -168,7 +178,7 @@ class EagleDrafter(Drafter):
         rows = torch.tensor([(i - first) // self.top_k for i in chosen], device=device)
         tokens = torch.tensor([drafted[i] for i in chosen], device=device)
         positions = torch.full((m,), position, device=device)
-        return head.decode(self.cache, head.embed(tokens.unsqueeze(0)), out[rows].unsqueeze(0), slot, mask, positions)[0]
+        return self._decode(head.embed(tokens.unsqueeze(0)), out[rows].unsqueeze(0), slot, mask, positions)[0]
 
     def _best(self, scores: List[float], drafted: List[int], parents: List[int], budget: int) -> Tuple[List[int], List[int]]:
         """The ``budget`` candidates of highest path probability, parents first (a child's never

@@ -6,6 +6,7 @@ import torch
 from torch.nn import Module
 
 from eagle.head import Eagle3Head, HeadCache
+from eagle.head_step import HeadStepCache
 from measure.timing import PassTimer, compared
 from runners import EAGER, RunnerConfig, synchronize
 
@@ -14,21 +15,25 @@ class HeadTimer:
     """The head with ``context`` positions in its cache; times ``rows`` more (1: a chain's draft
     step, its draft-vocabulary logits included; more: a tree depth)."""
 
-    def __init__(self, head: Eagle3Head, context: int):
+    def __init__(self, head: Eagle3Head, context: int, compiled: bool = False):
         weight = head.fc.weight
         self.head, self.context = head, context
         generator = torch.Generator().manual_seed(0)
         self.ids = torch.randint(head.config.target_vocab_size, (1, context + 8), generator=generator).to(weight.device)
         self.hidden = torch.randn(1, context + 8, head.config.hidden_size, generator=generator).to(weight)
-        self.cache = HeadCache(head, context + 16, weight.device, weight.dtype)
-        head.decode(self.cache, head.embed(self.ids[:, :context]), self.hidden[:, :context], 0)
+        if compiled:  # the head's compiled step (``eagle.head_step``), as it drafts for a target on the compiled step
+            holder = HeadStepCache(head, context + 16)
+            self.cache, self.decode = holder, lambda cache, *a: holder.decode(*a)
+        else:
+            self.cache, self.decode = HeadCache(head, context + 16, weight.device, weight.dtype), head.decode
+        self.decode(self.cache, head.embed(self.ids[:, :context]), self.hidden[:, :context], 0)
 
     def seconds(self, rows: int) -> float:
         """Seconds of one step over ``rows`` positions after the context (written over by the next)."""
         head, end = self.head, self.context + rows
         synchronize(head)
         start = time.perf_counter()
-        head.logits(head.decode(self.cache, head.embed(self.ids[:, self.context : end]), self.hidden[:, self.context : end], self.context))
+        head.logits(self.decode(self.cache, head.embed(self.ids[:, self.context : end]), self.hidden[:, self.context : end], self.context))
         synchronize(head)
         return time.perf_counter() - start
 
@@ -38,5 +43,6 @@ def measure_step_cost(head: Eagle3Head, target: Module, context: int = 128, repe
                       runner: RunnerConfig = EAGER) -> float:
     """A head step over one position relative to a one-position target pass after ``context``
     positions (medians of ``repeats`` interleaved rounds after a warm-up each): ~1 s on the embedded model."""
-    medians, _ = compared([(HeadTimer(head, context), 1), (PassTimer(target, context, 1, runner=runner), 1)], repeats)
+    compiled = runner.step_for(target)  # the target on the compiled step: the head drafts on its own
+    medians, _ = compared([(HeadTimer(head, context, compiled), 1), (PassTimer(target, context, 1, runner=runner), 1)], repeats)
     return round(medians[0] / medians[1], 4)

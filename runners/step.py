@@ -242,6 +242,7 @@ class StepRunner(TreePasses):
 
     cache_kind = "static"
     use_cache = True
+    compiled_step = True  # a learned head drafting for it runs its own compiled step (``eagle.head_step``)
 
     def __init__(self, model: Module):
         reason = lean_unsupported(model)

@@ -99,11 +99,10 @@ class Bench:
         longest = max(len(item["prompt"]) for item in items) + self.args.max_new_tokens
         runners = {"target": self.config.runner, "drafter": self.config.drafter_runner}
         drafts_with_head = any(drafts_with(c) for c in configs)
-        layers = tuple(self.context.head.config.aux_layers) if self.context.head is not None and drafts_with_head else ()
         # the compiled step (CUDA's default): every width the rows feed, every key bucket the prompts meet
         rows = [(c.strategy, self.run_config(c)) for c in configs]
         seconds = ready(self.target, self.drafter, runners, rows, min(len(item["prompt"]) for item in items), longest,
-                        lambda text: print(text, file=sys.stderr), layers)
+                        lambda text: print(text, file=sys.stderr), self.context.head if drafts_with_head else None)
         if seconds:
             self.compile_seconds["target"] = self.compile_seconds.get("target", 0.0) + seconds
         for role, model in (("target", self.target), ("drafter", self.drafter)):

@@ -156,11 +156,10 @@ class Repl:
         from app.steps import ready
 
         context, runners = self.context, {"target": self.config.runner, "drafter": self.config.drafter_runner}
-        drafts_with_head = any(strategy.needs_head for strategy in enabled) and context.head is not None
-        layers = tuple(context.head.config.aux_layers) if drafts_with_head else ()
+        head = context.head if any(strategy.needs_head or strategy.key == "merged" for strategy in enabled) else None
         seconds = ready(context.target, context.drafter, runners, [(strategy, self.config) for strategy in enabled],
                         prompt_length, prompt_length + self.config.max_gen_len, lambda text: console.print(Text(text, style="dim")),
-                        layers)
+                        head)
         if seconds:
             console.print(Text(f"Compiled in {seconds:.1f} s (outside every timed run)", style="dim"))
 
