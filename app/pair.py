@@ -80,23 +80,11 @@ def _check_device(flag: str, value: Optional[str]) -> None:
     except (RuntimeError, ValueError):
         raise SetupError(f"{flag} must be cpu, cuda, cuda:N, mps or auto, got {value[:40]!r}") from None
     if device is not None and device.type == "cuda":
+        from utils.models import cuda_missing
+
         missing = cuda_missing(device)
         if missing:
             raise SetupError(f"{flag} {value}: {missing}")
-
-
-def cuda_missing(device) -> str:
-    """Why ``device`` (a CUDA one) cannot run here, in one line with what to do, or "" where it can."""
-    import torch
-
-    if torch.version.cuda is None:
-        return (f"this torch ({torch.__version__}) has no CUDA: install a CUDA build (make setup TORCH=torch, "
-                "in a fresh .venv) on a GPU machine, or leave --device out to run on the CPU")
-    if not torch.cuda.is_available():
-        return f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device here: leave --device out to run on the CPU"
-    if device.index is not None and device.index >= torch.cuda.device_count():
-        return f"this machine has {torch.cuda.device_count()} CUDA device(s), numbered from 0"
-    return ""
 
 
 def _load(role: str, name: Optional[str], where: str, dtype: str, quantize: str, trust_remote_code: bool,
@@ -227,15 +215,9 @@ def _runners(pair: Pair, options: "LoadOptions", say: Say) -> Dict[str, object]:
         if reason is not None:
             say(f"--compile: the {role} runs eagerly: {reason}", "red")
         if runners[role].step_for(model):
-            # the compiled step: width 1 first, then the start-up measurements' widths, the first key bucket
-            # only; each row's other widths and buckets are built before it runs (app.steps.ready)
-            from app.steps import START_LENGTH
-            from runners import prepare_step
+            from app.steps import start_graphs
 
-            layers = options.hidden_layers if role == "target" else ()
-            widths = options.step_widths if role == "target" else (1, max(options.step_widths))
-            seconds = prepare_step(model, START_LENGTH, lambda text: say(f"{role}: {text} ...", "dim"), layers, widths)
-            pair.compile_seconds[role] = seconds
+            pair.compile_seconds[role] = seconds = start_graphs(model, role, options, lambda text: say(text, "dim"))
             say(f"Compiled the {role}'s first graphs in {seconds:.1f} s ({compile_source(model) or 'nothing new'}; "
                 "outside every timed run)")
         elif runners[role].compiled_for(model):

@@ -8,6 +8,18 @@ from typing import Callable, Iterable, Optional, Sequence, Tuple
 START_LENGTH = 192  # the start-up measurements' contexts (128 positions plus 12 rows): the first key bucket only
 
 
+def start_graphs(model, role: str, options, say: Callable[[str], None]) -> float:
+    """The compiled step's graphs at start-up (``options``: ``app.pair.LoadOptions``): width 1 first, then the
+    start-up measurements' widths (the drafter: 1 and the widest), the first key bucket only, with a
+    head's hidden states for the target where one will draft; each row's other widths and buckets are
+    built before it runs (``ready``). Returns the seconds spent."""
+    from runners import prepare_step
+
+    layers = options.hidden_layers if role == "target" else ()
+    widths = options.step_widths if role == "target" else (1, max(options.step_widths))
+    return prepare_step(model, START_LENGTH, lambda text: say(f"{role}: {text} ..."), layers, widths)
+
+
 def row_rows(strategy, config) -> int:
     """The most positions one pass of ``strategy``'s row feeds the target: its drafts a step (its
     spec's budget, else the run's ``gamma``) plus one; 1 for a row that does not draft."""

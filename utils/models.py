@@ -269,6 +269,18 @@ def resolve_device(device: str | None) -> str:
     return device
 
 
+def cuda_missing(device) -> str:
+    """Why ``device`` (a CUDA one) cannot run here, in one line with what to do, or "" where it can."""
+    if torch.version.cuda is None:
+        return (f"this torch ({torch.__version__}) has no CUDA: install a CUDA build (make setup TORCH=torch, "
+                "in a fresh .venv) on a GPU machine, or leave --device out to run on the CPU")
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device here: leave --device out to run on the CPU"
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        return f"this machine has {torch.cuda.device_count()} CUDA device(s), numbered from 0"
+    return ""
+
+
 _HUB_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9_][A-Za-z0-9_.-]{0,95})?", re.ASCII)
 
 
