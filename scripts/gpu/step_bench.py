@@ -1,5 +1,5 @@
 """Target AR on the embedded SmolLM2-135M: our compiled lean step (``runners.step.StepRunner``, one CUDA
-graph per pass width) against transformers' compiled static-cache ``generate``, in float32 and bfloat16.
+graph per pass width and key bucket, CUDA's default) against transformers' compiled static-cache ``generate``, in float32 and bfloat16.
 Prints tokens/s of each (the median of --repeats timed runs after one untimed), the graphs our step built
 at start-up and during the timed runs (0 expected), and whether the greedy tokens match.
 
@@ -56,8 +56,8 @@ def bench(dtype: torch.dtype, args) -> None:
     text = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=False)
     prompt = tokenizer.encode(text, add_special_tokens=False)
     new = args.tokens
-    # on CUDA --compile picks the step for this family by itself; on CPU it is asked for by name
-    config = RunnerConfig(compile=True) if cuda else RunnerConfig(forward="step")
+    # on CUDA the step is this family's default runner; on CPU it is asked for by name
+    config = RunnerConfig() if cuda else RunnerConfig(forward="step")
     assert config.step_for(model), config.describe(model)
     start = graphs()
     widths = tuple(int(w) for w in args.widths.split(","))
