@@ -11,13 +11,13 @@ values, so a masked slot weighs exactly 0). ``K`` is the mask's width, a key buc
 costs, not to the whole capacity. Shapes: ``r`` rows fed, ``C`` the cache capacity, ``K <= C`` the
 keys attended, ``H`` hidden size, ``V`` vocabulary; the cache is ``models.llama.KVCache`` (per layer ``[1, Hkv, C, D]``).
 """
-from typing import Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 from torch.nn import Module
 
-from models.llama import KVCache, KVLayer, attend, lean_unsupported, new_cache, rms_norm, rope, rotate
+from models.llama import KVCache, attend, lean_unsupported, new_cache, rms_norm, rope, rotate
 
 
 def zeroed_cache(model: Module, capacity: int, dtype: torch.dtype, device: torch.device) -> KVCache:
@@ -32,13 +32,16 @@ def zeroed_cache(model: Module, capacity: int, dtype: torch.dtype, device: torch
 
 class LlamaStep:
     """One pass of ``model`` (the Llama family, ``lean_unsupported``) over a ``KVCache`` of fixed
-    capacity; references the model's modules, copies nothing. ``forward`` is what gets compiled."""
+    capacity; references the model's modules, copies nothing. ``forward`` is what gets compiled whole,
+    or, regionally, ``layer`` (``decoder_layer`` compiled once: every layer of the model is the same
+    code over other weights, so one graph serves them all)."""
 
-    def __init__(self, model: Module):
+    def __init__(self, model: Module, layer: Callable = None):
         reason = lean_unsupported(model)
         if reason is not None:
             raise ValueError(reason)
         self.model = model
+        self.layer = layer or decoder_layer
 
     def forward(self, ids: Tensor, positions: Tensor, slots: Tensor, mask: Tensor, cache: KVCache, n_last: int,
                 hidden_layers: Sequence[int] = ()) -> Tuple[Tensor, Optional[Tensor]]:
@@ -55,23 +58,26 @@ class LlamaStep:
         for i, layer in enumerate(body.layers[: self.model.config.num_hidden_layers]):
             if i in hidden_layers:
                 kept[i] = h[0]
-            h = h + _attention(layer, h, cos, sin, cache.layers[i], slots, mask)
-            mlp, norm = layer.mlp, layer.post_attention_layernorm
-            x = rms_norm(h, norm.weight, norm.variance_epsilon)
-            h = h + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+            kv = cache.layers[i]
+            h = self.layer(layer, h, cos, sin, kv.keys, kv.values, slots, mask)
         h = rms_norm(h[:, r - n_last:], body.norm.weight, body.norm.variance_epsilon)
         hidden = torch.cat([kept[k] for k in hidden_layers], dim=-1) if hidden_layers else None
         return self.model.get_output_embeddings()(h)[0], hidden
 
 
-def _attention(layer: Module, h: Tensor, cos: Tensor, sin: Tensor, kv: KVLayer, slots: Tensor, mask: Tensor) -> Tensor:
-    """``layer``'s attention block on ``h`` ``[1, r, H]`` (input norm included), its keys and values
-    written at ``slots``, attending over the cache's first ``K`` slots under ``mask`` ``[1, 1, r, K]`` -> ``[1, r, H]``."""
+def decoder_layer(layer: Module, h: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, values: Tensor, slots: Tensor,
+                  mask: Tensor) -> Tensor:
+    """One decoder layer on the residual stream ``h`` ``[1, r, H]``: attention (its keys and values
+    written at ``slots`` into the layer's ``keys``/``values`` ``[1, Hkv, C, D]``, attending to the first
+    ``K`` slots under ``mask`` ``[1, 1, r, K]``), then the MLP; returns the new ``[1, r, H]``."""
     attn, norm = layer.self_attn, layer.input_layernorm
     x = rms_norm(h, norm.weight, norm.variance_epsilon)
     shape = (1, h.shape[1], -1, attn.head_dim)
     q = rotate(attn.q_proj(x).view(shape).transpose(1, 2), cos, sin)
-    kv.keys.index_copy_(2, slots, rotate(attn.k_proj(x).view(shape).transpose(1, 2), cos, sin))
-    kv.values.index_copy_(2, slots, attn.v_proj(x).view(shape).transpose(1, 2))
-    keys = mask.shape[-1]
-    return attn.o_proj(attend(q, kv.keys[:, :, :keys], kv.values[:, :, :keys], mask, attn.scaling))
+    keys.index_copy_(2, slots, rotate(attn.k_proj(x).view(shape).transpose(1, 2), cos, sin))
+    values.index_copy_(2, slots, attn.v_proj(x).view(shape).transpose(1, 2))
+    width = mask.shape[-1]
+    h = h + attn.o_proj(attend(q, keys[:, :, :width], values[:, :, :width], mask, attn.scaling))
+    mlp, norm = layer.mlp, layer.post_attention_layernorm
+    x = rms_norm(h, norm.weight, norm.variance_epsilon)
+    return h + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))

@@ -23,6 +23,7 @@ default runner of a Llama-family model on CUDA (``runners.config.RunnerConfig.st
 * ``compile_events`` (``runners.compiled``) records every graph built, as "<model class> step";
   ``kernels.step_artifacts`` keeps what was built for the next start.
 """
+import os
 import time
 import weakref
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -35,7 +36,7 @@ from torch.nn import Module
 from kernels.compile_cache import CacheCount, use_compile_cache
 from kernels.step_artifacts import artifact_key, load_artifacts, save_artifacts
 from models.llama import KVCache, lean_unsupported
-from models.llama_step import LlamaStep, zeroed_cache
+from models.llama_step import LlamaStep, decoder_layer, zeroed_cache
 from runners.compiled import compile_events
 from runners.config import STEP_LABEL
 from runners.device import model_device
@@ -76,11 +77,17 @@ class StepState:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
         torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
         use_compile_cache()
+        self.mode = step_graphs()
         self.step = LlamaStep(model)  # refuses a model outside the family, with its reason
+        self.eager = LlamaStep(model)  # the same arithmetic, never compiled: prompts, passes without a graph
         self.model, self.device, self.dtype = model, model_device(model), compute_dtype(model)
         self.cuda = self.device.type == "cuda"
-        self.compiled = torch.compile(self.step.forward, fullgraph=True, dynamic=False,
-                                      mode="reduce-overhead" if self.cuda else None)
+        if self.mode == "whole":
+            self.compiled = torch.compile(self.step.forward, fullgraph=True, dynamic=False,
+                                          mode="reduce-overhead" if self.cuda else None)
+        else:  # one compiled layer for every layer; on CUDA the whole pass captured as one CUDA graph
+            self.step.layer = torch.compile(decoder_layer, fullgraph=True, dynamic=False)
+            self.compiled = CapturedPasses(self.step.forward, self.device) if self.cuda else self.step.forward
         self.capacity = 0
         self.caches: List[KVCache] = []  # free caches of ``capacity``
         self.inputs: Dict[Tuple[int, int], Tuple[Tensor, ...]] = {}  # (width, keys) -> ids, positions, slots, mask
@@ -117,7 +124,7 @@ class StepState:
         if self.caches:
             return self.caches.pop()
         cache = zeroed_cache(self.model, capacity, self.dtype, self.device)
-        for layer in cache.layers:
+        for layer in cache.layers if self.mode == "whole" else ():  # regional: a captured graph holds its addresses itself
             torch._dynamo.mark_static_address(layer.keys, guard=True)
             torch._dynamo.mark_static_address(layer.values, guard=True)
         return cache
@@ -134,7 +141,7 @@ class StepState:
             long = dict(dtype=torch.long, device=self.device)
             made = (torch.zeros(width, **long), torch.zeros(width, **long), torch.zeros(width, **long),
                     torch.zeros((1, 1, width, keys), dtype=torch.bool, device=self.device))
-            for tensor in made:
+            for tensor in made if self.mode == "whole" else ():
                 torch._dynamo.mark_static_address(tensor, guard=True)
             self.inputs[(width, keys)] = made
         return made
@@ -198,14 +205,14 @@ class StepState:
         if not self.lazy and rows <= max(self.widths):
             self.fallbacks += 1
         slots = torch.arange(start, start + rows, device=self.device)
-        return self.step.forward(new, positions, slots, mask, cache, n_last, layers)
+        return self.eager.forward(new, positions, slots, mask, cache, n_last, layers)
 
     def run(self, width: int, keys: int, cache: KVCache, rows: int, n_last: int, kept: Tuple[int, ...], layers: Tuple[int, ...]):
         """Replay (or build) the (``width``, ``keys``, ``kept``) graph over its buffers; the valid rows'
         outputs (hidden states only where ``layers`` asked), cloned on CUDA."""
         key = (width, keys, cache.layers[0].keys.data_ptr(), kept)
         first, clock = key not in self.built, time.perf_counter()
-        if self.cuda:
+        if self.cuda and self.mode == "whole":
             torch.compiler.cudagraph_mark_step_begin()
         logits, hidden = self.compiled(*self.buffers(width, keys), cache, width, kept)
         logits = logits[rows - n_last: rows]
@@ -220,6 +227,51 @@ class StepState:
                 torch.cuda.synchronize(self.device)
             self.compile_seconds += time.perf_counter() - clock
         return logits, hidden
+
+
+GRAPHS = ("regional", "whole")
+
+
+def step_graphs() -> str:
+    """How the step is compiled (``SPECDEC_STEP_GRAPHS``): "regional" (the default: one decoder layer
+    compiled once and shared by every layer, the whole pass captured as one CUDA graph per (width,
+    keys) on CUDA; a graph costs one layer's compilation, not thirty) or "whole" (the whole pass compiled
+    per (width, keys), ``mode="reduce-overhead"``: inductor's CUDA graphs)."""
+    mode = os.environ.get("SPECDEC_STEP_GRAPHS", "regional")
+    if mode not in GRAPHS:
+        raise ValueError(f"SPECDEC_STEP_GRAPHS must be one of {', '.join(GRAPHS)}, got {mode!r}")
+    return mode
+
+
+class CapturedPasses:
+    """``forward``'s passes captured as CUDA graphs, one per (inputs' addresses, width, hidden layers):
+    the first call of a key warms up twice on a side stream (building the compiled layer's kernels for
+    these shapes), captures one pass, and replays it; every later call only replays. The outputs are
+    the graph's own tensors, overwritten by its next replay (the runner clones them)."""
+
+    def __init__(self, forward: Callable, device: torch.device):
+        self.forward, self.device = forward, device
+        self.graphs: Dict[tuple, Tuple[object, tuple]] = {}
+        self.pool = None  # one memory pool shared by every graph of this model
+
+    def __call__(self, ids: Tensor, positions: Tensor, slots: Tensor, mask: Tensor, cache: KVCache, n_last: int,
+                 layers: Tuple[int, ...]):
+        key = (ids.data_ptr(), mask.data_ptr(), cache.layers[0].keys.data_ptr(), n_last, layers)
+        found = self.graphs.get(key)
+        if found is None:
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self.forward(ids, positions, slots, mask, cache, n_last, layers)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                outputs = self.forward(ids, positions, slots, mask, cache, n_last, layers)
+            self.pool = graph.pool()
+            found = self.graphs[key] = (graph, outputs)
+        found[0].replay()
+        return found[1]
 
 
 _STATES: "weakref.WeakKeyDictionary[Module, StepState]" = weakref.WeakKeyDictionary()
@@ -356,5 +408,7 @@ def step_label(model: Module) -> str:
     capacity = f", cache of {state.capacity} positions" if state is not None and state.capacity else ""
     built = f", compiled in {state.prepared_seconds:.0f} s" if state is not None and state.prepared_seconds else ""
     reused = f", {len(state.loaded)} graphs' artifacts reused" if state is not None and state.loaded else ""
-    return (f"{STEP_LABEL} ({how}, one graph per pass width {widths} and key bucket (from {MIN_KEYS} keys, powers of two)"
-            f"{capacity}{built}{reused})")
+    mode = state.mode if state is not None else step_graphs()
+    compiled = "one decoder layer compiled for all, each pass captured whole" if mode == "regional" else "each pass compiled whole"
+    return (f"{STEP_LABEL} ({how}, {compiled}, one graph per pass width {widths} and key bucket (from {MIN_KEYS} keys, "
+            f"powers of two){capacity}{built}{reused})")

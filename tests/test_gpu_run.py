@@ -73,7 +73,7 @@ def test_every_benchmark_and_repl_command_of_the_run_is_one_the_program_accepts(
 def test_the_run_measures_issue_65s_phases_in_order_each_alone_and_the_repl_twice_on_one_fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(run_all, "ROOT", tmp_path / "repo")  # no shared/ beside it
     names = [phase.name for phase in run_all.phases("cuda", run_all.FULL, tmp_path)]
-    assert names == ["step-bench", "probe", "repl-fresh", "repl-next", "bench-bfloat16", "bench-float32"]
+    assert names == ["step-bench", "probe", "repl-fresh", "repl-next", "bench-bfloat16", "bench-float32", "step-bench-whole"]
     phases = {phase.name: phase for phase in run_all.phases("cuda", run_all.FULL, tmp_path, tmp_path)}
     assert all(len(phase.commands) == 1 for phase in phases.values())  # never two timed at once
     assert phases["repl-fresh"].env == phases["repl-next"].env and "SPECDEC_CACHE" in dict(phases["repl-fresh"].env)

@@ -150,3 +150,22 @@ def test_artifacts_round_trip_and_a_corrupt_or_foreign_file_is_never_loaded(monk
     path.write_bytes(b"garbage")
     assert artifacts.load_artifacts(key)[1] == "not a step artifact"
     assert len(loaded) == 1  # none of the three reached torch
+
+
+@pytest.mark.needs_cxx
+def test_regional_graphs_compile_one_layer_for_every_layer(monkeypatch):
+    """The default (``SPECDEC_STEP_GRAPHS`` unset): a (width, keys) graph of a 4-layer model is one dynamo
+    graph, the decoder layer's, shared by the four layers; "whole" would trace the four into one."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.delenv("SPECDEC_STEP_GRAPHS", raising=False)
+    model = llama(layers=4, window=512, seed=10).to(torch.float32)
+    graphs = counters["stats"]["unique_graphs"]
+    prepare_step(model, 40, widths=(1,))
+    assert step_module.step_state(model).mode == "regional"
+    assert counters["stats"]["unique_graphs"] == graphs + 1
+    ids = ids_for(30)
+    close(StepRunner(model)(ids, 1), LeanRunner(model)(ids, 1))
+    monkeypatch.setenv("SPECDEC_STEP_GRAPHS", "everything")
+    with pytest.raises(ValueError, match="SPECDEC_STEP_GRAPHS must be one of regional, whole"):
+        step_module.step_graphs()

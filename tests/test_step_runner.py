@@ -106,14 +106,14 @@ def test_no_graph_is_built_after_preparation(target):
     close(runner.hidden, lean.hidden)
     assert (len(compile_events), counters["stats"]["unique_graphs"], state.fallbacks) == (events, graphs, fallbacks + 1)
     del runner
-    state.lazy = True
+    widths = state.widths
+    state.lazy, state.widths = True, (1, 2, 4)  # a width nobody prepared, on a lazy state: built, and both counters see it
     try:
         runner = StepRunner(target)
-        runner.hidden_layers = (1,)
         runner(ids[:, :2], 2)
         assert (len(compile_events), counters["stats"]["unique_graphs"]) == (events + 1, graphs + 1)
     finally:
-        state.lazy = False
+        state.lazy, state.widths = False, widths
 
 
 @pytest.mark.needs_cxx
