@@ -6,9 +6,11 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from conftest import EOS_NEVER, PROMPT, VOCAB, llama
+from models.llama import LlamaForward
 from drafters import PromptLookupSpec
 from kernels import skinny
 from kernels.blocked import blocked
+import kernels.c_step as c_step
 from kernels.c_step import CStep, step_unsupported
 from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
 from runners import LeanRunner, kernels
@@ -112,6 +114,88 @@ def test_greedy_drafting_rows_emit_target_ar_tokens_on_the_step():
         CStep.__call__ = real
     assert decoded >= 39 and calls[0] > decoded  # every row ran on the step
     assert out == reference and nasd == reference and pld == reference
+
+
+def test_a_long_prompt_runs_on_the_step_and_drafting_rows_emit_target_ar_tokens():
+    """A prompt of 100 positions (past any measured width) runs on the step like every later pass, so
+    prompt lookup and a drafter model verify what target AR decodes, exact by construction."""
+    target = llama(layers=3).to(torch.float32)
+    drafter = truncated_drafter(target, 1)
+    prompt = torch.randint(VOCAB, (100,), generator=torch.Generator().manual_seed(3)).tolist()
+    torch_passes = [0]
+    real = LlamaForward.__call__
+
+    def counting(self, *args, **kwargs):
+        torch_passes[0] += 1
+        return real(self, *args, **kwargs)
+
+    LlamaForward.__call__ = counting
+    try:
+        reference = autoregressive_generate(prompt, target, 30, eos_tokens_id=EOS_NEVER, use_cache=True)
+        out, _ = speculative_generate(prompt, drafter, target, gamma=4, max_gen_len=30, eos_tokens_id=EOS_NEVER, use_cache=True)
+        pld, _ = generate(prompt, target, PromptLookupSpec(), dict(max_gen_len=30, eos_tokens_id=EOS_NEVER, use_cache=True))
+    finally:
+        LlamaForward.__call__ = real
+    assert torch_passes[0] == 0  # the prompts too ran on the step
+    assert out == reference and pld == reference
+
+
+def wide_llama(head: int):
+    """A float32 Llama with head size ``head`` (16-key attention tiles, 64 and 128 unrolled, a lane tail)."""
+    return odd_llama(hidden_size=4 * head, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96)
+
+
+@pytest.mark.parametrize("head", [8, 24, 64])
+def test_a_prompts_logits_are_the_same_at_once_in_chunks_and_position_by_position(head, monkeypatch):
+    """A prompt of 200 positions fed in one pass, in chunks of 48 (c_step.CHUNK_ROWS), and one position
+    at a time, on 1 and 2 threads: every position's logits the same bit for bit; the torch forward's to
+    float32 rounding; the hidden states kept (an EAGLE-3 head's) the same in chunks."""
+    model, ids = wide_llama(head), ids_for(200)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            at_once, chunked = LeanRunner(model), LeanRunner(model)
+            at_once.hidden_layers = chunked.hidden_layers = (0, 1)
+            results.append(at_once(ids, 200))
+            with monkeypatch.context() as patch:
+                patch.setattr(c_step, "CHUNK_ROWS", 48)
+                results.append(chunked(ids, 200))
+            assert torch.equal(chunked.hidden, at_once.hidden)
+            alone = LeanRunner(model)
+            results.append(torch.cat([alone(ids[:, : i + 1], 1) for i in range(200)]))
+            assert alone.step_passes == 200
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(r, results[0]) for r in results[1:])
+    torch.testing.assert_close(results[0], TorchForward(model)(ids, 200), rtol=1e-4, atol=2e-5)
+
+
+def test_the_kernel_gives_each_row_alone_whatever_the_rows_with_it():
+    """The skinny kernel on 1..300 rows (register tiles of 12 rows and a partial one; K and N no
+    multiples of 16), on 1 and 2 threads: each row's outputs those of the row computed alone, bit for bit."""
+    import ctypes
+
+    from kernels.blocked import pack
+
+    library = skinny.library()
+    g = torch.Generator().manual_seed(2)
+    w, x, b = torch.randn(40, 37, generator=g), torch.randn(300, 37, generator=g), torch.randn(40, generator=g)
+    packed = pack(w)
+
+    def run(rows: torch.Tensor, threads: int) -> torch.Tensor:
+        y = torch.empty(rows.shape[0], 40)
+        library.skinny_linear(ctypes.c_void_p(rows.data_ptr()), ctypes.c_void_p(packed.data_ptr()), ctypes.c_void_p(b.data_ptr()),
+                              ctypes.c_void_p(y.data_ptr()), ctypes.c_int64(rows.shape[0]), ctypes.c_int64(40),
+                              ctypes.c_int64(37), ctypes.c_int64(threads))
+        return y
+
+    alone = torch.cat([run(x[i: i + 1].contiguous(), 1) for i in range(300)])
+    torch.testing.assert_close(alone, x @ w.T + b, rtol=1e-5, atol=1e-5)
+    for threads in (1, 2):
+        for m in range(1, 301):
+            assert torch.equal(run(x[:m].contiguous(), threads), alone[:m]), (m, threads)
 
 
 def test_hidden_states_match_the_torch_forward():
