@@ -269,30 +269,57 @@ def test_fused_weights_are_one_copy_that_the_layers_skinny_route_reads_too():
     torch.testing.assert_close(LeanRunner(model)(ids[:, :10], 2), expected, rtol=1e-4, atol=2e-5)
 
 
-def test_the_kernel_rounds_alike_on_avx512_avx2_and_scalar_builds(tmp_path):
-    """The processor changes between machines (AVX2 only, AVX-512, AMX): the skinny kernel built for
-    AVX2 and for plain x86-64 gives this machine's build's result bit for bit (one FMA chain per
-    output, whatever the vector width)."""
+def built(tmp_path, arch: str):
+    """The library built for ``arch`` (``-march``), loaded as ``kernels.skinny`` loads its own; None
+    where this machine cannot build and run all three (an x86-64 CPU with AVX2)."""
     import ctypes
     import platform
     import subprocess
 
-    from kernels.blocked import pack
     from utils.toolchain import c_compiler
 
     if platform.machine() != "x86_64" or "avx2" not in open("/proc/cpuinfo").read():
         pytest.skip("an x86-64 CPU with AVX2 builds and runs the three")
     flags = [f for f in skinny.FLAGS if f != "-march=native"]
+    out = tmp_path / f"{arch}.so"
+    subprocess.run([c_compiler(), f"-march={arch}", *flags, "-o", str(out), *map(str, skinny.SOURCES)], check=True, timeout=120)
+    library = ctypes.CDLL(str(out))
+    library.skinny_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
+    library.c_step.restype = ctypes.c_int
+    library.c_step_scratch.restype = ctypes.c_int64
+    return library
+
+
+def test_the_kernel_rounds_alike_on_avx512_avx2_and_scalar_builds(tmp_path):
+    """The processor changes between machines (AVX2 only, AVX-512, AMX): the skinny kernel built for
+    AVX2 and for plain x86-64 gives this machine's build's result bit for bit (one FMA chain per
+    output, whatever the vector width)."""
+    from kernels.blocked import pack
+
     g = torch.Generator().manual_seed(1)
     w, x, b = torch.randn(200, 576, generator=g), torch.randn(7, 576, generator=g), torch.randn(200, generator=g)
     results, packed = [], pack(w)  # held: the C code reads it by address
     for arch in ("native", "haswell", "x86-64"):
-        out = tmp_path / f"{arch}.so"
-        subprocess.run([c_compiler(), f"-march={arch}", *flags, "-o", str(out), *map(str, skinny.SOURCES)], check=True, timeout=120)
-        library = ctypes.CDLL(str(out))
-        library.skinny_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
+        library = built(tmp_path, arch)
         y = torch.empty(7, 200)
         library.skinny_linear(x.data_ptr(), packed.data_ptr(), b.data_ptr(), y.data_ptr(), 7, 200, 576, 2)
         results.append(y)
     torch.testing.assert_close(results[0], x @ w.T + b, rtol=1e-5, atol=1e-4)
+    assert torch.equal(results[1], results[0]) and torch.equal(results[2], results[0])
+
+
+@pytest.mark.parametrize("head", [8, 24, 64])
+def test_the_step_rounds_alike_on_avx512_avx2_and_scalar_builds(tmp_path, monkeypatch, head):
+    """A prompt pass of 40 positions and a one-position pass on the step built for this CPU (its
+    attention and SiLU on AVX-512 where it has it), for AVX2 and for plain x86-64: the same logits bit
+    for bit (the vector paths compute every number by the plain loops' operations, in their order)."""
+    model, ids = wide_llama(head), ids_for(41)
+    results = []
+    for arch in ("native", "haswell", "x86-64"):
+        library = built(tmp_path, arch)
+        with monkeypatch.context() as patch:
+            patch.setattr(skinny, "library", lambda: library)
+            runner = LeanRunner(model)
+            results.append(torch.cat([runner(ids[:, :40], 40), runner(ids, 1)]))
+            assert runner.step.library is library and runner.step_passes == 2
     assert torch.equal(results[1], results[0]) and torch.equal(results[2], results[0])
