@@ -274,8 +274,9 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                         memcpy(w->values + (kv * d->cap + slot) * D, qkv + i * nqkv + (Hq + Hkv + kv) * D, D * sizeof(float));
                     }
                 }
-            /* each (position, query head): attention over the slots that position sees */
-#pragma omp for schedule(static) collapse(2)
+            /* each (position, query head): attention over the slots that position sees; dealt round
+             * robin, as a later position sees more slots (in blocks, the last rows' would all go to one thread) */
+#pragma omp for schedule(static, 1) collapse(2)
             for (int64_t i = 0; i < r; i++)
                 for (int64_t head = 0; head < Hq; head++) {
                     int64_t kv = head / (Hq / Hkv), upto = start + i + 1;
