@@ -274,11 +274,13 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                         memcpy(w->values + (kv * d->cap + slot) * D, qkv + i * nqkv + (Hq + Hkv + kv) * D, D * sizeof(float));
                     }
                 }
-            /* each (position, query head): attention over the slots that position sees; dealt round
-             * robin, as a later position sees more slots (in blocks, the last rows' would all go to one thread) */
+            /* each (query head, position): attention over the slots that position sees; head by head,
+             * so a thread's next pairs read the same key-value head's slots (in L2 on a long pass), and
+             * dealt round robin, as a later position sees more slots (in blocks, the last rows' would
+             * all go to one thread) */
 #pragma omp for schedule(static, 1) collapse(2)
-            for (int64_t i = 0; i < r; i++)
-                for (int64_t head = 0; head < Hq; head++) {
+            for (int64_t head = 0; head < Hq; head++)
+                for (int64_t i = 0; i < r; i++) {
                     int64_t kv = head / (Hq / Hkv), upto = start + i + 1;
                     for (int64_t j = 0; j < L; j++) seen[j] = seen_mask ? seen_mask[i * L + j] : j < upto;
                     attend(qkv + i * nqkv + head * D, w->keys + kv * d->cap * D, w->values + kv * d->cap * D, seen,
