@@ -18,7 +18,10 @@ import kernels.skinny as skinny
 from kernels.blocked import blocked, fusable, fused
 from kernels.prepacking import SKINNY, copy_fits, plan
 
-STEP_ROWS = 64  # the longest pass the step runs; a longer one (a prompt) runs the torch forward on the model's plan
+# A pass over more positions (a long prompt) runs in chunks of this many, one C call each, each seeing
+# the cache its chunks before wrote: the same result bit for bit (a row never depends on the others),
+# with the scratch and the working set of a chunk bounded (its activations stay in the caches).
+CHUNK_ROWS = 256
 STEP_ATTENTION = "the step's own, row by row"  # what the headers say of the step's attention (exact softmax in C)
 LABEL = "C step (skinny linears on blocked weights, q/k/v and gate/up fused, row-invariant)"
 
@@ -73,13 +76,15 @@ def step_unsupported(model: Module) -> Optional[str]:
 
 
 def step_for(model: Module, rows: int, unsupported: bool = True) -> bool:
-    """Whether a pass of ``model`` over ``rows`` positions runs the C step: float32 on CPU, up to
-    ``STEP_ROWS`` positions, where the model has no kernel plan (as loaded), or where its plan
-    (``kernels.prepacking.plan``) runs that width on the skinny kernel (past the measured widths, where
-    one-position passes do: a draft tree's pass verifies on what decoding runs), and
-    (``unsupported``: checked here) ``step_unsupported`` finds nothing."""
+    """Whether a pass of ``model`` over ``rows`` positions runs the C step: float32 on CPU, where the
+    model has no kernel plan (as loaded), or where its plan (``kernels.prepacking.plan``) runs that
+    width on the skinny kernel (past the measured widths, where one-position passes do: a draft tree's
+    pass, and a prompt of any length, run on what decoding runs, so every row is exact by
+    construction), and (``unsupported``: checked here) ``step_unsupported`` finds nothing. A prompt
+    needs no measurement of its own: the skinny kernel's register tiles (12 rows x 32 features on
+    AVX-512) run near the core's arithmetic peak on many rows too, ahead of MKL (docs/profile.md)."""
     weight = next(model.parameters(), None)
-    if rows > STEP_ROWS or weight is None or weight.dtype != torch.float32 or weight.device.type != "cpu":
+    if weight is None or weight.dtype != torch.float32 or weight.device.type != "cpu":
         return False
     route = plan(model)
     if route is not None and route[rows - 1 if rows < len(route) else 0] != SKINNY:
@@ -150,19 +155,31 @@ class CStep:
         r, threads = h.shape[0], torch.get_num_threads()
         h = h.contiguous()  # written in place: the caller's embeddings, made for this pass
         cos, sin = cos.contiguous(), sin.contiguous()
-        needed = self.library.c_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(r), ctypes.c_int64(threads))
+        rows = min(r, CHUNK_ROWS)
+        needed = self.library.c_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(rows), ctypes.c_int64(threads))
         if self.scratch.numel() < needed:
             self.scratch = torch.empty(needed)
-        scratch = self.scratch
         logits = torch.empty((n_last, self.vocab))
         at = torch.tensor(list(hidden_layers), dtype=torch.int64)
         hidden = torch.empty((r, len(hidden_layers) * self.dims.H)) if hidden_layers else None
-        mask = None if seen is None else seen.to(torch.uint8).contiguous()
+        mask = None if seen is None else seen.to(torch.uint8)
+        first_logit = r - n_last  # the first position whose logits are asked
+        for a in range(0, r, CHUNK_ROWS):
+            b = min(a + CHUNK_ROWS, r)
+            chunk_mask = None if mask is None else mask[a:b, : start + b].contiguous()
+            asked = max(0, b - max(a, first_logit))  # this chunk's last `asked` positions have logits asked
+            out = logits[max(a, first_logit) - first_logit:] if asked else logits
+            self._run(h[a:b], cos[a:b], sin[a:b], start + a, chunk_mask, at,
+                      None if hidden is None else hidden[a:b], out, asked, threads)
+        return logits, hidden
+
+    def _run(self, h: Tensor, cos: Tensor, sin: Tensor, start: int, mask: Optional[Tensor], at: Tensor,
+             hidden: Optional[Tensor], logits: Tensor, n_last: int, threads: int) -> None:
+        """One C call over the contiguous rows ``h`` from slot ``start`` (``__call__``'s arguments, sliced)."""
         c = ctypes.c_void_p
         self.library.c_step(
             ctypes.byref(self.structs), ctypes.byref(self.dims), c(h.data_ptr()), c(cos.data_ptr()), c(sin.data_ptr()),
-            ctypes.c_int64(r), ctypes.c_int64(start), c(None if mask is None else mask.data_ptr()), c(at.data_ptr()),
-            ctypes.c_int64(len(hidden_layers)), c(None if hidden is None else hidden.data_ptr()), c(self.final_norm.data_ptr()),
+            ctypes.c_int64(h.shape[0]), ctypes.c_int64(start), c(None if mask is None else mask.data_ptr()), c(at.data_ptr()),
+            ctypes.c_int64(at.numel()), c(None if hidden is None else hidden.data_ptr()), c(self.final_norm.data_ptr()),
             c(self.head.data_ptr()), ctypes.c_int64(self.vocab), c(logits.data_ptr()), ctypes.c_int64(n_last),
-            c(scratch.data_ptr()), ctypes.c_int64(threads))
-        return logits, hidden
+            c(self.scratch.data_ptr()), ctypes.c_int64(threads))

@@ -53,9 +53,11 @@ class KernelChoice:
 
     def for_width(self, rows: int) -> str:
         """The kernels of a pass over ``rows`` positions: ``family()`` up to the measured widths; past
-        them (a prompt), the faster at the longest one of the options made for any number of rows
-        (the skinny kernel is for a few only)."""
-        if rows <= self.widths():
+        them (a prompt), the skinny kernel where it is the family (not measured there: its register
+        tiles of 12 rows run near the core's arithmetic peak on many rows, ahead of MKL, and a prompt on
+        the kernel decoding runs is exact by construction, docs/profile.md), else the faster at the
+        longest measured width of the options made for any number of rows."""
+        if rows <= self.widths() or self.family() == SKINNY:
             return self.family()
         options = [o for o in self.options() if o != SKINNY]
         return min(options, key=lambda o: self.seconds[o][self.widths() - 1])

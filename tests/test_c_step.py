@@ -6,9 +6,11 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from conftest import EOS_NEVER, PROMPT, VOCAB, llama
+from models.llama import LlamaForward
 from drafters import PromptLookupSpec
 from kernels import skinny
 from kernels.blocked import blocked
+import kernels.c_step as c_step
 from kernels.c_step import CStep, step_unsupported
 from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
 from runners import LeanRunner, kernels
@@ -114,6 +116,88 @@ def test_greedy_drafting_rows_emit_target_ar_tokens_on_the_step():
     assert out == reference and nasd == reference and pld == reference
 
 
+def test_a_long_prompt_runs_on_the_step_and_drafting_rows_emit_target_ar_tokens():
+    """A prompt of 100 positions (past any measured width) runs on the step like every later pass, so
+    prompt lookup and a drafter model verify what target AR decodes, exact by construction."""
+    target = llama(layers=3).to(torch.float32)
+    drafter = truncated_drafter(target, 1)
+    prompt = torch.randint(VOCAB, (100,), generator=torch.Generator().manual_seed(3)).tolist()
+    torch_passes = [0]
+    real = LlamaForward.__call__
+
+    def counting(self, *args, **kwargs):
+        torch_passes[0] += 1
+        return real(self, *args, **kwargs)
+
+    LlamaForward.__call__ = counting
+    try:
+        reference = autoregressive_generate(prompt, target, 30, eos_tokens_id=EOS_NEVER, use_cache=True)
+        out, _ = speculative_generate(prompt, drafter, target, gamma=4, max_gen_len=30, eos_tokens_id=EOS_NEVER, use_cache=True)
+        pld, _ = generate(prompt, target, PromptLookupSpec(), dict(max_gen_len=30, eos_tokens_id=EOS_NEVER, use_cache=True))
+    finally:
+        LlamaForward.__call__ = real
+    assert torch_passes[0] == 0  # the prompts too ran on the step
+    assert out == reference and pld == reference
+
+
+def wide_llama(head: int):
+    """A float32 Llama with head size ``head`` (16-key attention tiles, 64 and 128 unrolled, a lane tail)."""
+    return odd_llama(hidden_size=4 * head, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96)
+
+
+@pytest.mark.parametrize("head", [8, 24, 64])
+def test_a_prompts_logits_are_the_same_at_once_in_chunks_and_position_by_position(head, monkeypatch):
+    """A prompt of 200 positions fed in one pass, in chunks of 48 (c_step.CHUNK_ROWS), and one position
+    at a time, on 1 and 2 threads: every position's logits the same bit for bit; the torch forward's to
+    float32 rounding; the hidden states kept (an EAGLE-3 head's) the same in chunks."""
+    model, ids = wide_llama(head), ids_for(200)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            at_once, chunked = LeanRunner(model), LeanRunner(model)
+            at_once.hidden_layers = chunked.hidden_layers = (0, 1)
+            results.append(at_once(ids, 200))
+            with monkeypatch.context() as patch:
+                patch.setattr(c_step, "CHUNK_ROWS", 48)
+                results.append(chunked(ids, 200))
+            assert torch.equal(chunked.hidden, at_once.hidden)
+            alone = LeanRunner(model)
+            results.append(torch.cat([alone(ids[:, : i + 1], 1) for i in range(200)]))
+            assert alone.step_passes == 200
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(r, results[0]) for r in results[1:])
+    torch.testing.assert_close(results[0], TorchForward(model)(ids, 200), rtol=1e-4, atol=2e-5)
+
+
+def test_the_kernel_gives_each_row_alone_whatever_the_rows_with_it():
+    """The skinny kernel on 1..300 rows (register tiles of 12 rows and a partial one; K and N no
+    multiples of 16), on 1 and 2 threads: each row's outputs those of the row computed alone, bit for bit."""
+    import ctypes
+
+    from kernels.blocked import pack
+
+    library = skinny.library()
+    g = torch.Generator().manual_seed(2)
+    w, x, b = torch.randn(40, 37, generator=g), torch.randn(300, 37, generator=g), torch.randn(40, generator=g)
+    packed = pack(w)
+
+    def run(rows: torch.Tensor, threads: int) -> torch.Tensor:
+        y = torch.empty(rows.shape[0], 40)
+        library.skinny_linear(ctypes.c_void_p(rows.data_ptr()), ctypes.c_void_p(packed.data_ptr()), ctypes.c_void_p(b.data_ptr()),
+                              ctypes.c_void_p(y.data_ptr()), ctypes.c_int64(rows.shape[0]), ctypes.c_int64(40),
+                              ctypes.c_int64(37), ctypes.c_int64(threads))
+        return y
+
+    alone = torch.cat([run(x[i: i + 1].contiguous(), 1) for i in range(300)])
+    torch.testing.assert_close(alone, x @ w.T + b, rtol=1e-5, atol=1e-5)
+    for threads in (1, 2):
+        for m in range(1, 301):
+            assert torch.equal(run(x[:m].contiguous(), threads), alone[:m]), (m, threads)
+
+
 def test_hidden_states_match_the_torch_forward():
     """The residual stream entering the asked layers (what an EAGLE-3 head reads), to float32 rounding."""
     model, ids = float32("llama"), ids_for()
@@ -185,30 +269,57 @@ def test_fused_weights_are_one_copy_that_the_layers_skinny_route_reads_too():
     torch.testing.assert_close(LeanRunner(model)(ids[:, :10], 2), expected, rtol=1e-4, atol=2e-5)
 
 
-def test_the_kernel_rounds_alike_on_avx512_avx2_and_scalar_builds(tmp_path):
-    """The processor changes between machines (AVX2 only, AVX-512, AMX): the skinny kernel built for
-    AVX2 and for plain x86-64 gives this machine's build's result bit for bit (one FMA chain per
-    output, whatever the vector width)."""
+def built(tmp_path, arch: str):
+    """The library built for ``arch`` (``-march``), loaded as ``kernels.skinny`` loads its own; None
+    where this machine cannot build and run all three (an x86-64 CPU with AVX2)."""
     import ctypes
     import platform
     import subprocess
 
-    from kernels.blocked import pack
     from utils.toolchain import c_compiler
 
     if platform.machine() != "x86_64" or "avx2" not in open("/proc/cpuinfo").read():
         pytest.skip("an x86-64 CPU with AVX2 builds and runs the three")
     flags = [f for f in skinny.FLAGS if f != "-march=native"]
+    out = tmp_path / f"{arch}.so"
+    subprocess.run([c_compiler(), f"-march={arch}", *flags, "-o", str(out), *map(str, skinny.SOURCES)], check=True, timeout=120)
+    library = ctypes.CDLL(str(out))
+    library.skinny_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
+    library.c_step.restype = ctypes.c_int
+    library.c_step_scratch.restype = ctypes.c_int64
+    return library
+
+
+def test_the_kernel_rounds_alike_on_avx512_avx2_and_scalar_builds(tmp_path):
+    """The processor changes between machines (AVX2 only, AVX-512, AMX): the skinny kernel built for
+    AVX2 and for plain x86-64 gives this machine's build's result bit for bit (one FMA chain per
+    output, whatever the vector width)."""
+    from kernels.blocked import pack
+
     g = torch.Generator().manual_seed(1)
     w, x, b = torch.randn(200, 576, generator=g), torch.randn(7, 576, generator=g), torch.randn(200, generator=g)
     results, packed = [], pack(w)  # held: the C code reads it by address
     for arch in ("native", "haswell", "x86-64"):
-        out = tmp_path / f"{arch}.so"
-        subprocess.run([c_compiler(), f"-march={arch}", *flags, "-o", str(out), *map(str, skinny.SOURCES)], check=True, timeout=120)
-        library = ctypes.CDLL(str(out))
-        library.skinny_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
+        library = built(tmp_path, arch)
         y = torch.empty(7, 200)
         library.skinny_linear(x.data_ptr(), packed.data_ptr(), b.data_ptr(), y.data_ptr(), 7, 200, 576, 2)
         results.append(y)
     torch.testing.assert_close(results[0], x @ w.T + b, rtol=1e-5, atol=1e-4)
+    assert torch.equal(results[1], results[0]) and torch.equal(results[2], results[0])
+
+
+@pytest.mark.parametrize("head", [8, 24, 64])
+def test_the_step_rounds_alike_on_avx512_avx2_and_scalar_builds(tmp_path, monkeypatch, head):
+    """A prompt pass of 40 positions and a one-position pass on the step built for this CPU (its
+    attention and SiLU on AVX-512 where it has it), for AVX2 and for plain x86-64: the same logits bit
+    for bit (the vector paths compute every number by the plain loops' operations, in their order)."""
+    model, ids = wide_llama(head), ids_for(41)
+    results = []
+    for arch in ("native", "haswell", "x86-64"):
+        library = built(tmp_path, arch)
+        with monkeypatch.context() as patch:
+            patch.setattr(skinny, "library", lambda: library)
+            runner = LeanRunner(model)
+            results.append(torch.cat([runner(ids[:, :40], 40), runner(ids, 1)]))
+            assert runner.step.library is library and runner.step_passes == 2
     assert torch.equal(results[1], results[0]) and torch.equal(results[2], results[0])

@@ -182,6 +182,7 @@ def test_noise_between_close_options_never_makes_the_plan_alternate_by_width():
         noisy[OWN] = tuple((base * 1.5).tolist())
         route = KernelChoice(noisy).route()
         assert len(set(route[:12])) == 1, route
+        assert route[12] == (SKINNY if route[0] == SKINNY else PREPACKED), route  # prompts: the skinny family's own kernel
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 9])
