@@ -56,6 +56,11 @@ def pack(weight: Tensor) -> Tensor:
     return padded.view(blocks, BLOCK, k).transpose(1, 2).contiguous()
 
 
+def unpack(blocks: Tensor, n: int) -> Tensor:
+    """``pack``'s inverse: ``blocks`` ``[ceil(n/16), K, 16]`` -> a new ``[n, K]`` weight, the same values."""
+    return blocks.transpose(1, 2).reshape(-1, blocks.shape[1])[:n].contiguous()  # one block: reshape gives a view
+
+
 def blocked(weight: Tensor) -> Tensor:
     """The blocked copy of ``weight`` (made now if it has none, or if it changed since)."""
     found = _COPIES.get(weight)

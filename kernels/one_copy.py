@@ -1,0 +1,116 @@
+"""One copy of the weights: where the C step (``kernels.c_step``) holds the blocked copy of a decoder
+layer's linear (q/k/v and gate/up fused, o and down alone: ``kernels.blocked``), the model's own
+weight is freed and the layer (a ``kernels.prepacking.PrepackedLinear``) computes from the blocked
+copy: the skinny kernel for the widths its route runs on it, and for the others (a prompt past the
+C step's 64 positions, on "own" or "prepacked") a weight unblocked on demand, one layer at a time,
+into a temporary (the same values, so the same products bit for bit).
+
+Why a released ``PrepackedLinear`` and not a strided view: ``[N/16, K, 16]`` is no strided view of a
+row-major ``[N, K]`` (a row's 16-feature block interleaves K), and the plan by width (``set_prepack``'s
+route, what the start-up measurement chose) already lives on that module: every caller, transformers'
+forward included, runs what our rows run. A model with no plan gets the one the C step implies
+(``STEP_ROUTE``: skinny up to 64 positions, its own past them), so its header names it.
+
+What stays twice: the output layer (its weight is the embedding table where they are tied, and the
+EAGLE head, the runners' limits and the head formats read its rows), and the start-up kernel
+measurement, which times the model's own linears beside the blocked copies (``held``). What a user
+loses is in docs/limitations.md.
+"""
+import contextlib
+import weakref
+from typing import List, Optional, Sequence
+
+from torch import Tensor
+from torch.nn import Module
+
+from kernels.blocked import blocked, fused
+from kernels.prepacking import OWN, SKINNY, PrepackedLinear, plan, prepackable, set_prepack
+
+STEP_ROWS = 64  # the longest pass the C step runs (``kernels.c_step`` reads it here); a longer one (a prompt) runs the torch forward
+NOTE = "the layers' weights held once, blocked (a pass past 64 positions unblocks them a layer at a time)"  # the headers' words
+STEP_ROUTE = (SKINNY,) * STEP_ROWS + (OWN,)  # what a model with no plan runs: the step's kernel up to its widths
+
+_HELD: "weakref.WeakSet[Module]" = weakref.WeakSet()  # models whose own weights stay (``held``)
+
+
+def groups(layer: Module) -> List[List[Module]]:
+    """A decoder layer's linears as the C step reads them: q/k/v, o, gate/up, down."""
+    a, m = layer.self_attn, layer.mlp
+    return [[a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [m.gate_proj, m.up_proj], [m.down_proj]]
+
+
+def released(module: Module) -> bool:
+    """Whether ``module`` keeps its weight only as its blocked copy."""
+    return type(module) is PrepackedLinear and module.blocks is not None
+
+
+def group_blocks(modules: Sequence[Module]) -> Optional[Tensor]:
+    """The one blocked tensor of released ``modules`` (their fused group, or a lone layer's copy); None
+    where any is not released."""
+    if not all(released(m) for m in modules):
+        return None
+    if len(modules) == 1:
+        return modules[0].blocks
+    whole = modules[0].blocks._base  # each layer's blocks are a view of the group (``fused``)
+    if whole is None or any(m.blocks._base is not whole for m in modules) or \
+            sum(m.blocks.shape[0] for m in modules) != whole.shape[0]:
+        return None
+    return whole
+
+
+def release(model: Module) -> bool:
+    """Free the own weights of ``model``'s decoder-layer linears, keeping their blocked copies (made now
+    where they are not yet); whether they are released. Not where ``held``, nor where its layers cannot
+    be ``PrepackedLinear`` (no oneDNN: ``set_prepack`` finds nothing), nor twice. The caller has
+    checked that the C step takes the model (``kernels.c_step.step_unsupported``)."""
+    if model in _HELD:
+        return False
+    if plan(model) is None and not set_prepack(model, True, STEP_ROUTE):
+        return False
+    layers = model.model.layers[: model.config.num_hidden_layers]
+    if not all(type(x) is PrepackedLinear for layer in layers for group in groups(layer) for x in group):
+        return False
+    for layer in layers:
+        for group in groups(layer):
+            if group_blocks(group) is not None:
+                continue
+            weights = [x.linear[0].weight for x in group]
+            if len(group) > 1:
+                fused(weights)  # each weight's copy a view of the group's
+            for x, weight in zip(group, weights):
+                x.release(blocked(weight))
+    return True
+
+
+def note(model: Module) -> str:
+    """``NOTE`` where the C step's first pass over ``model`` releases its layers' weights (or has), else ""."""
+    if any(released(m) for m in model.modules()):
+        return NOTE
+    return NOTE if model not in _HELD and (plan(model) is not None or prepackable(model)) else ""
+
+
+@contextlib.contextmanager
+def held(model: Module):
+    """``model`` for the block with its own weights kept (given back where they were released): the
+    start-up kernel measurement times its own linears, not an unblocked temporary. Released again at
+    the next C step made after it."""
+    for layer in model.modules():
+        if type(layer) is PrepackedLinear:
+            layer.restore()
+    _HELD.add(model)
+    try:
+        yield model
+    finally:
+        _HELD.discard(model)
+
+
+def weight_bytes(model: Module, *more: Tensor) -> int:
+    """Bytes of the distinct storages behind ``model``'s parameters, buffers, released blocked copies
+    and ``more`` (each storage once, by address): what the process holds of the model."""
+    tensors = [*model.parameters(), *model.buffers(), *more]
+    tensors += [m.blocks for m in model.modules() if released(m)]
+    seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(seen.values())
+
+
+__all__ = ["NOTE", "STEP_ROUTE", "note", "group_blocks", "groups", "held", "release", "released", "weight_bytes"]
