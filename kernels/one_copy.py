@@ -17,8 +17,10 @@ measurement, which times the model's own linears beside the blocked copies (``he
 loses is in docs/limitations.md.
 """
 import contextlib
+import ctypes
+import mmap
 import weakref
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from torch import Tensor
 from torch.nn import Module
@@ -70,6 +72,7 @@ def release(model: Module) -> bool:
     layers = model.model.layers[: model.config.num_hidden_layers]
     if not all(type(x) is PrepackedLinear for layer in layers for group in groups(layer) for x in group):
         return False
+    files = _file_mappings()
     for layer in layers:
         for group in groups(layer):
             if group_blocks(group) is not None:
@@ -79,7 +82,53 @@ def release(model: Module) -> bool:
                 fused(weights)  # each weight's copy a view of the group's
             for x, weight in zip(group, weights):
                 x.release(blocked(weight))
+            spans = [(w.data_ptr(), w.data_ptr() + w.numel() * w.element_size(), weakref.ref(w)) for w in weights]
+            del weights, weight
+            _drop_pages(spans, files)  # group by group: at most one group's weights held twice
     return True
+
+
+def _file_mappings() -> List[Tuple[int, int]]:
+    """The address ranges of this process's private file mappings (``/proc/self/maps``; [] elsewhere)."""
+    try:
+        lines = open("/proc/self/maps").read().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 6 and fields[1].endswith("p") and fields[4] != "0" and fields[5].startswith("/"):
+            start, end = (int(a, 16) for a in fields[0].split("-"))
+            found.append((start, end))
+    return found
+
+
+def _drop_pages(spans: Sequence[Tuple[int, int, "weakref.ref"]], files: Sequence[Tuple[int, int]]) -> None:
+    """Give back the pages of freed weights that lie in a file mapping. A model loaded from float32
+    safetensors holds its weights as views of one mapping of the file, which stays mapped while any
+    tensor reads it: freeing a weight unmaps nothing, and the pages its blocking read stay resident.
+    Only pages wholly inside a weight no tensor holds any more (its weakref dead), and only in a
+    private file mapping (never the allocator's memory): read again, they would come from the file."""
+    libc = _libc()
+    if libc is None:
+        return
+    page = mmap.PAGESIZE
+    for start, end, alive in spans:
+        if alive() is not None or not any(lo <= start and end <= hi for lo, hi in files):
+            continue
+        first, last = -(-start // page) * page, end // page * page
+        if last > first:
+            libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), MADV_DONTNEED)
+
+
+MADV_DONTNEED = 4  # Linux's
+
+
+def _libc() -> Optional[ctypes.CDLL]:
+    try:
+        return ctypes.CDLL(None, use_errno=True) if hasattr(ctypes.CDLL(None), "madvise") else None
+    except OSError:
+        return None
 
 
 def note(model: Module) -> str:
