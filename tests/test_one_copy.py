@@ -98,3 +98,23 @@ def test_a_copy_the_own_linears_and_a_kernel_measurement_get_their_weights_back(
     assert isinstance(model.model.layers[0].self_attn.q_proj.weight, torch.nn.Parameter)
     assert autoregressive_generate(PROMPT, model, 20, eos_tokens_id=EOS_NEVER, use_cache=True) == reference
     assert copy.deepcopy(model) is not None
+
+
+def test_an_eagle_head_and_transformers_generate_run_on_a_released_target():
+    """A head made from the released target (it reads its layers, unblocked, and its output rows)
+    drafts with greedy target AR's tokens; transformers' ``generate`` runs the kernels it ran with the
+    own weights kept (the same route: the same tokens)."""
+    from strategies import BY_KEY, RunConfig, RunContext, run_strategy
+    from test_eagle_row import head_for
+
+    target, _ = model_and_step()
+    context = RunContext(target=target, tokenizer=None, head=head_for(target))
+    config = RunConfig(max_gen_len=24, eos_tokens_id=EOS_NEVER)
+    expected = run_strategy(BY_KEY["target"], PROMPT, config, context).tokens
+    assert run_strategy(BY_KEY["eagle"], PROMPT, config, context).tokens == expected
+    assert all(released(m) for m in (target.model.layers[0].self_attn.q_proj, target.model.layers[0].mlp.up_proj))
+    ids = torch.tensor([PROMPT])
+    after = target.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    with held(target):
+        before = target.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert torch.equal(after, before)
