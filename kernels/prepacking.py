@@ -44,8 +44,9 @@ class PrepackedLinear(Module):
     Released (``release``, by ``kernels.one_copy`` where the C step holds the blocked copy): the
     layer's own weight is freed and ``blocks`` is its one copy. ``weight`` then unblocks a temporary
     ``[N, K]`` on each read (the ``OWN`` and ``PREPACKED`` kernels read one; edits to it change
-    nothing), ``state_dict`` writes the unblocked weight, and loading a state dict, moving the layer
-    to another dtype or device, or compiling it refuse in one line; ``restore`` gives the weight back.
+    nothing), ``state_dict`` writes the unblocked weight, a compiled graph calls it by number on its
+    blocks, and loading a state dict or moving the layer to another dtype or device refuse in one
+    line; ``restore`` gives the weight back.
     """
 
     blocks: Optional[Tensor] = None  # released: the weight's one copy, ``[ceil(N/16), K, 16]`` (a view into a fused group)
@@ -131,10 +132,8 @@ class PrepackedLinear(Module):
         return route[min(x.numel() // self.in_features, len(route)) - 1]
 
     def forward(self, x: Tensor) -> Tensor:
-        if torch.compiler.is_compiling() and self.blocks is not None:
-            raise RuntimeError("a compiled graph over a weight kept only blocked for the C step (kernels.one_copy): compile before its first pass")
         if torch.compiler.is_compiling():  # one opaque call in the graph, the same kernels (``packed_linear``)
-            return packed_linear(x, self.weight, self.key)
+            return packed_linear(x, self.weight if self.blocks is None else self.blocks, self.key)
         return self.run(x)
 
     def run(self, x: Tensor) -> Tensor:
@@ -156,16 +155,18 @@ class PrepackedLinear(Module):
 @torch.library.custom_op("specdec::packed_linear", mutates_args=())
 def packed_linear(x: Tensor, weight: Tensor, key: int) -> Tensor:
     """``PrepackedLinear`` number ``key`` applied to ``x`` ``[..., in]`` -> ``[..., out]`` (``weight``
-    is the layer's own, for the shapes: the kernel reads the packed copy)."""
+    is the layer's own, or its blocks where released, for the shapes: the kernel reads the packed copy)."""
     layer = _BY_KEY[key]()
-    if layer is None or layer.weight is not weight and layer.weight.data_ptr() != weight.data_ptr():
+    held = None if layer is None else layer.weight if layer.blocks is None else layer.blocks
+    if held is None or held is not weight and held.data_ptr() != weight.data_ptr():
         raise RuntimeError("a compiled graph calls a prepacked layer that no longer exists")
     return layer.run(x)
 
 
 @packed_linear.register_fake
 def _(x: Tensor, weight: Tensor, key: int) -> Tensor:
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+    out = weight.shape[0] if weight.dim() == 2 else _BY_KEY[key]().out_features  # released: the blocks
+    return x.new_empty((*x.shape[:-1], out))
 
 
 def _source(linear: torch.nn.Linear) -> tuple:

@@ -118,3 +118,20 @@ def test_an_eagle_head_and_transformers_generate_run_on_a_released_target():
     with held(target):
         before = target.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0)
     assert torch.equal(after, before)
+
+
+@pytest.mark.needs_cxx
+def test_a_compiled_graph_calls_released_layers_on_their_blocks():
+    """transformers' compiled passes (``CompiledRunner``) over a released model: each layer one opaque
+    call on its blocks, the logits of the eager transformers passes on the same kernels."""
+    from runners import KVCacheModel
+    from runners import compiled
+
+    model, _ = model_and_step()
+    ids = torch.tensor([PROMPT * 3])
+    with pytest.MonkeyPatch.context() as patch, torch.no_grad():
+        patch.setattr(compiled, "BUCKETS", (1, 4))
+        fast, slow = compiled.CompiledRunner(model), KVCacheModel(model, True, cache="static")
+        for length, rows in [(20, 1), (21, 1), (24, 3)]:
+            torch.testing.assert_close(fast(ids[:, :length], rows), slow(ids[:, :length], rows), rtol=1e-5, atol=1e-6)
+    assert released(model.model.layers[0].mlp.down_proj)
