@@ -135,3 +135,21 @@ def test_a_compiled_graph_calls_released_layers_on_their_blocks():
         for length, rows in [(20, 1), (21, 1), (24, 3)]:
             torch.testing.assert_close(fast(ids[:, :length], rows), slow(ids[:, :length], rows), rtol=1e-5, atol=1e-6)
     assert released(model.model.layers[0].mlp.down_proj)
+
+
+def test_a_row_on_the_own_layers_gets_the_own_weights_back(monkeypatch):
+    """A row whose kernels are the model's own (transformers' compiled static peer) runs MKL over its
+    own weights, not over ones unblocked per pass; the next C step frees them again."""
+    import strategies
+    from strategies import BY_KEY, RunConfig, RunContext, run_strategy
+
+    target, _ = model_and_step()
+    context, config = RunContext(target=target, tokenizer=None), RunConfig(max_gen_len=12, eos_tokens_id=EOS_NEVER)
+    q = target.model.layers[0].self_attn.q_proj
+    expected = run_strategy(BY_KEY["target"], PROMPT, config, context).tokens
+    assert released(q)
+    monkeypatch.setattr(strategies, "row_kernels", lambda strategy, config: strategies.OWN)
+    assert run_strategy(BY_KEY["target"], PROMPT, config, context).tokens  # MKL: rounded apart from the step, no token asserted
+    assert not released(q) and isinstance(q.weight, torch.nn.Parameter)
+    monkeypatch.undo()
+    assert run_strategy(BY_KEY["target"], PROMPT, config, context).tokens == expected and released(q)
