@@ -153,6 +153,12 @@ def held(model: Module):
         _HELD.discard(model)
 
 
+def parameter_count(model: Module) -> int:
+    """``model``'s parameters, a released layer's weight counted (it is no parameter any more)."""
+    return sum(p.numel() for p in model.parameters()) + \
+        sum(m.in_features * m.out_features for m in model.modules() if released(m))
+
+
 def weight_bytes(model: Module, *more: Tensor) -> int:
     """Bytes of the distinct storages behind ``model``'s parameters, buffers, released blocked copies
     and ``more`` (each storage once, by address): what the process holds of the model."""
@@ -162,4 +168,4 @@ def weight_bytes(model: Module, *more: Tensor) -> int:
     return sum(seen.values())
 
 
-__all__ = ["NOTE", "STEP_ROUTE", "note", "group_blocks", "groups", "held", "release", "released", "weight_bytes"]
+__all__ = ["NOTE", "STEP_ROUTE", "note", "parameter_count", "group_blocks", "groups", "held", "release", "released", "weight_bytes"]

@@ -153,3 +153,14 @@ def test_a_row_on_the_own_layers_gets_the_own_weights_back(monkeypatch):
     assert not released(q) and isinstance(q.weight, torch.nn.Parameter)
     monkeypatch.undo()
     assert run_strategy(BY_KEY["target"], PROMPT, config, context).tokens == expected and released(q)
+
+
+def test_a_released_model_counts_and_keys_as_before():
+    """Its parameter count (a saved measurement's key, the budgets' scale) counts the released weights."""
+    from measure.saved import model_identity
+    from kernels.one_copy import parameter_count
+
+    fresh = llama(layers=3).to(torch.float32)
+    model, _ = model_and_step()
+    assert parameter_count(model) == sum(p.numel() for p in fresh.parameters())
+    assert model_identity(model) == model_identity(fresh)
