@@ -104,6 +104,8 @@ def _blocks(group: Sequence[Module]) -> Tensor:
     found = group_blocks(group)
     if found is not None:
         return found
+    if any(released(x) for x in group):  # never made so (release and restore go a whole model at once)
+        raise ValueError("a fused group of linears is partly released: its weights are in no one copy")
     weights = [_own(x).weight for x in group]
     return fused(weights) if len(weights) > 1 else blocked(weights[0])
 
