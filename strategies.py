@@ -8,6 +8,7 @@ statistics (ours in ``rows.py``, transformers' in ``peers.py``), or the drafter 
 the config (``spec``; a registered row: the drafter it makes, ``drafter``), run through the one
 entry, ``sampling.generate``.
 """
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Tuple
@@ -31,6 +32,7 @@ from rows import (  # our strategies' run functions, and the drafter specs of th
     _arctic, _arctic_memory, _autoregressive, _chained, _drafter_ar, _eagle, _eagle_tree, _merged, _ngram, _prompt_lookup,
     _recycling, _speculative, _suffix, _suffix_memory, _target_eager, _tree_ngram, _tree_suffix, arguments, spec_row,
 )
+from kernels.one_copy import held
 from measure.kernels import OWN, PREPACKED, model_label
 from runners import kernels, prepacked, synchronize
 
@@ -201,7 +203,10 @@ def run_strategy(strategy: Strategy, prompt: List[int], config: RunConfig, conte
     target = context.target
     models = [m for m in (target, context.drafter) if m is not None]
     option = row_kernels(strategy, config)
-    with kernels(target, None if option is None else option == PREPACKED):
+    # a row on the model's own layers (transformers' compiled peer) gets its own weights back for the
+    # row, where the C step freed them (``kernels.one_copy``): MKL over them, not over ones unblocked per pass
+    own_weights = held(target) if option == OWN else contextlib.nullcontext()
+    with kernels(target, None if option is None else option == PREPACKED), own_weights:
         set_seed(seed)
         stats = GenerationStats()
         for model in models:

@@ -8,7 +8,7 @@ tensor and keeps each weight's blocks as a view of it, so fusing costs no second
 remade when its weight changes (in place, or replaced).
 """
 import weakref
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -47,13 +47,25 @@ def _identity(weight: Tensor) -> tuple:
     return weight.data_ptr(), weight._version, tuple(weight.shape)
 
 
-def pack(weight: Tensor) -> Tensor:
-    """``weight`` ``[N, K]`` float32 -> ``[ceil(N/16), K, 16]``, the features past N zero."""
+def pack(weight: Tensor, out: Optional[Tensor] = None) -> Tensor:
+    """``weight`` ``[N, K]`` float32 -> ``[ceil(N/16), K, 16]``, the features past N zero; written into
+    ``out`` (of that shape) where given. No temporary of the weight's size: the full blocks are copied
+    from a strided view of it, a last partial block through one block's zeros."""
     n, k = weight.shape
-    blocks = -(-n // BLOCK)
-    padded = torch.zeros((blocks * BLOCK, k), dtype=torch.float32)
-    padded[:n] = weight.detach()
-    return padded.view(blocks, BLOCK, k).transpose(1, 2).contiguous()
+    blocks, full = -(-n // BLOCK), n // BLOCK
+    out = torch.empty((blocks, k, BLOCK), dtype=torch.float32) if out is None else out
+    weight = weight.detach()
+    out[:full].copy_(weight[: full * BLOCK].view(full, BLOCK, k).transpose(1, 2))
+    if full < blocks:
+        tail = torch.zeros((BLOCK, k), dtype=torch.float32)
+        tail[: n - full * BLOCK] = weight[full * BLOCK :]
+        out[full].copy_(tail.t())
+    return out
+
+
+def unpack(blocks: Tensor, n: int) -> Tensor:
+    """``pack``'s inverse: ``blocks`` ``[ceil(n/16), K, 16]`` -> a new ``[n, K]`` weight, the same values."""
+    return blocks.transpose(1, 2).reshape(-1, blocks.shape[1])[:n].contiguous()  # one block: reshape gives a view
 
 
 def blocked(weight: Tensor) -> Tensor:
@@ -77,11 +89,11 @@ def fused(weights: Sequence[Tensor]) -> Tensor:
     found = _FUSED.get(weights[0])
     if found is not None and found[0] == identities:
         return found[1]
-    whole = torch.cat([pack(w) for w in weights])
+    sizes = [-(-w.shape[0] // BLOCK) for w in weights]
+    whole = torch.empty((sum(sizes), weights[0].shape[1], BLOCK), dtype=torch.float32)
     start = 0
-    for w in weights:
-        blocks = -(-w.shape[0] // BLOCK)
-        _COPIES[w] = (_identity(w), whole[start : start + blocks])
+    for w, blocks in zip(weights, sizes):
+        _COPIES[w] = (_identity(w), pack(w, whole[start : start + blocks]))  # packed in place: no second copy
         start += blocks
     _FUSED[weights[0]] = (identities, whole)
     return whole

@@ -16,6 +16,7 @@ from torch.nn import Module
 
 import kernels.skinny as skinny
 from kernels.blocked import blocked, fusable, fused
+from kernels.one_copy import group_blocks, groups, release, released
 from kernels.prepacking import SKINNY, copy_fits, plan
 
 # A pass over more positions (a long prompt) runs in chunks of this many, one C call each, each seeing
@@ -36,10 +37,22 @@ class _Dims(ctypes.Structure):
                [("eps", ctypes.c_float), ("scale", ctypes.c_float)]
 
 
-def _own(linear: Module) -> Optional[torch.nn.Linear]:
-    """The ``nn.Linear`` behind a layer (its own, or the one a ``PrepackedLinear`` routes), else None."""
+class _Released:
+    """What the checks read of a released layer (``kernels.one_copy``): its weight's shape, float32 on
+    CPU (it was when blocked), without unblocking it."""
+
+    def __init__(self, layer: Module):
+        self.weight = torch.empty((), dtype=torch.float32).expand(layer.out_features, layer.in_features)
+        self.bias, self.out_features = layer.bias, layer.out_features
+
+
+def _own(linear: Module):
+    """The ``nn.Linear`` behind a layer (its own, or the one a ``PrepackedLinear`` routes; a released
+    one's shape, ``_Released``), else None."""
     own = getattr(linear, "linear", [linear])[0] if type(linear).__name__ == "PrepackedLinear" else linear
-    return own if type(own) is torch.nn.Linear and not own._forward_hooks and not own._forward_pre_hooks else None
+    if type(own) is not torch.nn.Linear or own._forward_hooks or own._forward_pre_hooks:
+        return None
+    return _Released(linear) if released(linear) else own
 
 
 def step_unsupported(model: Module) -> Optional[str]:
@@ -67,9 +80,10 @@ def step_unsupported(model: Module) -> Optional[str]:
             return "its q/k/v or gate/up sizes are not multiples of 16"
         if attn.head_dim > 512:
             return "head size over 512"
-    if _own(head) is None or head.weight.dtype != torch.float32:
+    if _own(head) is None or _own(head).weight.dtype != torch.float32:
         return "its output layer is not a float32 nn.Linear"
-    size = sum(p.numel() * 4 for layer in layers for p in layer.parameters() if p.dim() == 2) + head.weight.numel() * 4
+    size = sum(x.in_features * x.out_features * 4 for layer in layers for group in groups(layer) for x in group) + \
+        head.in_features * head.out_features * 4
     if not copy_fits(size):
         return f"its blocked weights ({size / 2**30:.1f} GiB) would take over a quarter of this machine's memory"
     return None
@@ -92,14 +106,27 @@ def step_for(model: Module, rows: int, unsupported: bool = True) -> bool:
     return not unsupported or step_unsupported(model) is None
 
 
+def _blocks(group: Sequence[Module]) -> Tensor:
+    """The blocked copy the step reads for a group of linears: the released one, else made (fused) now."""
+    found = group_blocks(group)
+    if found is not None:
+        return found
+    if any(released(x) for x in group):  # never made so (release and restore go a whole model at once)
+        raise ValueError("a fused group of linears is partly released: its weights are in no one copy")
+    weights = [_own(x).weight for x in group]
+    return fused(weights) if len(weights) > 1 else blocked(weights[0])
+
+
 class CStep:
     """The model's weights as the C step reads them; bound to a cache by ``bind``. Shapes: ``r``
-    positions a pass feeds, ``H`` hidden size, ``D`` head size, ``V`` vocabulary."""
+    positions a pass feeds, ``H`` hidden size, ``D`` head size, ``V`` vocabulary. Making it releases
+    the decoder layers' own weights (``kernels.one_copy``): the blocked copies are their one copy."""
 
     def __init__(self, model: Module):
         reason = step_unsupported(model)
         if reason is not None:
             raise ValueError(reason)
+        release(model)
         self.library = skinny.library()
         config, body = model.config, model.model
         self.layers = list(body.layers[: config.num_hidden_layers])
@@ -118,9 +145,9 @@ class CStep:
             if qkv_bias is None and any(b is not None for b in biases):
                 qkv_bias = torch.cat([(b.detach() if b is not None else torch.zeros(x.out_features)) for b, x in zip(biases, (q, k, v))])
             parts = dict(in_norm=layer.input_layernorm.weight.detach(), post_norm=layer.post_attention_layernorm.weight.detach(),
-                         qkv=fused([q.weight, k.weight, v.weight]), qkv_bias=qkv_bias, o=blocked(o.weight),
-                         o_bias=None if o.bias is None else o.bias.detach(), gate_up=fused([gate.weight, up.weight]),
-                         down=blocked(down.weight))
+                         qkv=_blocks([a.q_proj, a.k_proj, a.v_proj]), qkv_bias=qkv_bias, o=_blocks([a.o_proj]),
+                         o_bias=None if o.bias is None else o.bias.detach(), gate_up=_blocks([m.gate_proj, m.up_proj]),
+                         down=_blocks([m.down_proj]))
             for name, tensor in parts.items():
                 setattr(struct, name, self._address(tensor))
         self.final_norm = body.norm.weight.detach().contiguous()

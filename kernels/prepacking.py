@@ -40,7 +40,61 @@ class PrepackedLinear(Module):
     default. Same result up to float32 rounding (~1e-5); costs one extra copy of the weights.
     ``set_prepack`` makes it the model's own module, so every caller (our runners and
     transformers' ``generate``) runs the same kernel.
+
+    Released (``release``, by ``kernels.one_copy`` where the C step holds the blocked copy): the
+    layer's own weight is freed and ``blocks`` is its one copy. ``weight`` then unblocks a temporary
+    ``[N, K]`` on each read (the ``OWN`` and ``PREPACKED`` kernels read one; edits to it change
+    nothing), ``state_dict`` writes the unblocked weight, a compiled graph calls it by number on its
+    blocks, and loading a state dict or moving the layer to another dtype or device refuse in one
+    line; ``restore`` gives the weight back.
     """
+
+    blocks: Optional[Tensor] = None  # released: the weight's one copy, ``[ceil(N/16), K, 16]`` (a view into a fused group)
+
+    @property
+    def weight(self) -> Tensor:
+        """The layer's own weight ``[N, K]``; released, a temporary unblocked from ``blocks`` at each read."""
+        own = self._parameters.get("weight")
+        if own is not None:
+            return own
+        if self.blocks is None:
+            raise AttributeError("weight")  # not set yet (``__init__``'s registration asks)
+        from kernels.blocked import unpack
+
+        return unpack(self.blocks, self.out_features)
+
+    def release(self, blocks: Tensor) -> None:
+        """Keep the weight only as ``blocks`` (its blocked copy, the one the C step reads): its own is freed."""
+        self.blocks = blocks
+        self._parameters["weight"] = None
+        self.linear[0]._parameters["weight"] = None
+
+    def restore(self) -> None:
+        """The layer's own weight again, unblocked from ``blocks`` (a plan that no longer runs the skinny kernel)."""
+        if self.blocks is None:
+            return
+        own = torch.nn.Parameter(self.weight, requires_grad=False)
+        self.linear[0].weight = own
+        self.weight, self.blocks = own, None
+        self.source = _source(self.linear[0])
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        if self.blocks is not None:  # released: the unblocked weight, where the layer's own would be
+            destination[prefix + "weight"] = self.weight
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        if self.blocks is not None:
+            raise RuntimeError(f"{prefix}weight is kept only blocked for the C step (kernels.one_copy): load a state dict before its first pass")
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _apply(self, fn, recurse=True):
+        probe = torch.empty(0)
+        moved = fn(probe) if self.blocks is not None else probe
+        if moved.dtype != probe.dtype or moved.device != probe.device:
+            raise RuntimeError("this layer's weight is kept only blocked for the C step (kernels.one_copy): "
+                               "move or cast the model before its first pass")
+        return super()._apply(fn, recurse)
 
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
@@ -63,7 +117,10 @@ class PrepackedLinear(Module):
     def __deepcopy__(self, memo: dict) -> "PrepackedLinear":
         """A copy packed from a copy of its layer (oneDNN's packed tensor has no storage to copy):
         ``copy.deepcopy`` of a prepacked model, as ``utils.models.truncated_drafter`` makes, works."""
-        made = PrepackedLinear(copy.deepcopy(self.linear[0], memo))
+        own = copy.deepcopy(self.linear[0], memo)
+        if self.blocks is not None:  # released: the copy gets its own weight (it blocks it when its C step runs)
+            own.weight = torch.nn.Parameter(self.weight, requires_grad=False)
+        made = PrepackedLinear(own)
         made.route = self.route
         if self.packed is not None:
             made._pack()
@@ -76,7 +133,7 @@ class PrepackedLinear(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if torch.compiler.is_compiling():  # one opaque call in the graph, the same kernels (``packed_linear``)
-            return packed_linear(x, self.weight, self.key)
+            return packed_linear(x, self.weight if self.blocks is None else self.blocks, self.key)
         return self.run(x)
 
     def run(self, x: Tensor) -> Tensor:
@@ -85,10 +142,12 @@ class PrepackedLinear(Module):
         if kernel == OWN:
             return torch.nn.functional.linear(x, self.weight, self.bias)
         if kernel == SKINNY:
-            from kernels.skinny import skinny_linear
+            from kernels.skinny import skinny_blocked, skinny_linear
 
+            if self.blocks is not None:
+                return skinny_blocked(x, self.blocks, self.out_features, self.bias)
             return skinny_linear(x, self.weight, self.bias)
-        if self.packed is None or self.weight._version != self.source[0][1]:  # not made yet, or the weights changed in place
+        if self.packed is None or self.blocks is None and self.weight._version != self.source[0][1]:  # not made yet, or the weights changed in place
             self._pack()
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.packed_bias, "none", [], "")
 
@@ -96,16 +155,18 @@ class PrepackedLinear(Module):
 @torch.library.custom_op("specdec::packed_linear", mutates_args=())
 def packed_linear(x: Tensor, weight: Tensor, key: int) -> Tensor:
     """``PrepackedLinear`` number ``key`` applied to ``x`` ``[..., in]`` -> ``[..., out]`` (``weight``
-    is the layer's own, for the shapes: the kernel reads the packed copy)."""
+    is the layer's own, or its blocks where released, for the shapes: the kernel reads the packed copy)."""
     layer = _BY_KEY[key]()
-    if layer is None or layer.weight is not weight and layer.weight.data_ptr() != weight.data_ptr():
+    held = None if layer is None else layer.weight if layer.blocks is None else layer.blocks
+    if held is None or held is not weight and held.data_ptr() != weight.data_ptr():
         raise RuntimeError("a compiled graph calls a prepacked layer that no longer exists")
     return layer.run(x)
 
 
 @packed_linear.register_fake
 def _(x: Tensor, weight: Tensor, key: int) -> Tensor:
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+    out = weight.shape[0] if weight.dim() == 2 else _BY_KEY[key]().out_features  # released: the blocks
+    return x.new_empty((*x.shape[:-1], out))
 
 
 def _source(linear: torch.nn.Linear) -> tuple:
@@ -158,16 +219,17 @@ def prepackable(model: Module) -> List[Swap]:
             own = child.linear[0] if type(child) is PrepackedLinear else child
             if type(own) is not torch.nn.Linear or hasattr(own, "_hf_hook") or own._forward_hooks or own._forward_pre_hooks:
                 continue
-            if own.weight.device.type != "cpu" or own.weight.dtype != torch.float32:
+            released = type(child) is PrepackedLinear and child.blocks is not None  # float32 CPU, checked when blocked
+            if not released and (own.weight.device.type != "cpu" or own.weight.dtype != torch.float32):
                 continue
             found.append((parent._modules, name, own))
-    size = sum(own.weight.numel() * 4 for _, _, own in found)
+    size = sum(own.in_features * own.out_features * 4 for _, _, own in found)
     if not found or size > _physical_memory() // 4:
         return []
     swaps = []
     for modules, name, own in found:
         packed = modules[name] if type(modules[name]) is PrepackedLinear else _PREPACKED.get(own)
-        if packed is None or packed.source != _source(own):
+        if packed is None or packed.blocks is None and packed.source != _source(own):
             packed = PrepackedLinear(own)
         _PREPACKED[own] = packed
         swaps.append((modules, name, packed, own))
@@ -188,6 +250,8 @@ def set_prepack(model: Module, on: bool, route: Sequence[str] = (PREPACKED,)) ->
         raise ValueError(f"a route names kernels among {OWN}, {PREPACKED}, {SKINNY}; got {route!r}")
     swaps = prepackable(model) if on or prepacked(model) else []
     for modules, name, packed, own in swaps:
+        if not on:
+            packed.restore()  # the model's own layer needs its own weight
         modules[name] = packed if on else own
         if on:
             packed.route = route
@@ -240,6 +304,9 @@ def drop_blocked_copies(model: Module) -> None:
     """Free the skinny kernel's blocked copies of the model's float32 linear weights (``kernels.blocked``)."""
     from kernels.blocked import forget
 
+    for layer in model.modules():
+        if type(layer) is PrepackedLinear:
+            layer.restore()
     forget([m.weight for m in model.modules() if type(m) in (torch.nn.Linear, PrepackedLinear)])
 
 

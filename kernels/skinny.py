@@ -216,13 +216,23 @@ def skinny_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
         return torch.nn.functional.linear(x, weight, bias)
     from kernels.blocked import blocked
 
-    packed, bias = blocked(weight), None if bias is None else bias.contiguous()
+    return skinny_blocked(x, blocked(weight), weight.shape[0], bias)
+
+
+def skinny_blocked(x: Tensor, packed: Tensor, n: int, bias: Optional[Tensor]) -> Tensor:
+    """``skinny_linear`` on a weight already blocked (``kernels.blocked``: ``packed`` ``[ceil(n/16), K,
+    16]``, float32 CPU, a released layer's one copy): ``x`` ``[..., K]`` -> ``[..., n]``. ``x`` of
+    another dtype or device raises, in one line."""
+    library = _library()[0]
+    if x.dtype != torch.float32 or x.device.type != "cpu" or x.shape[-1] != packed.shape[1]:
+        raise RuntimeError(f"the skinny kernel takes float32 CPU rows of {packed.shape[1]} features, got {x.dtype} {x.device} {tuple(x.shape)}")
+    bias = None if bias is None else bias.contiguous()
     rows = x.reshape(-1, x.shape[-1]).contiguous()
-    out = torch.empty((rows.shape[0], weight.shape[0]), dtype=torch.float32)
+    out = torch.empty((rows.shape[0], n), dtype=torch.float32)
     # torch's thread count, given explicitly: whichever OpenMP runtime the library loaded (torch's own
     # or a second one), it runs that many threads, never its own default
     run_linear(library, rows, packed, bias, out, torch.get_num_threads())
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+    return out.reshape(*x.shape[:-1], n)
 
 
 def run_linear(library: ctypes.CDLL, rows: Tensor, packed: Tensor, bias: Optional[Tensor], out: Tensor, threads: int) -> int:

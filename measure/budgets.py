@@ -5,6 +5,8 @@ from typing import Dict, Optional
 
 from torch.nn import Module
 
+from kernels.one_copy import parameter_count
+
 # Seconds each start-up measurement may take. On a quiet 2-core CPU the embedded 135M model needs
 # well under these (cache ~1 s, kernels ~7 s for three options, verification costs ~3 s); on a busy one they are
 # the ceiling: a measurement stops at its first check past the budget (at most one pass later).
@@ -19,7 +21,7 @@ def budget_scale(model: Optional[Module]) -> float:
     of a 1.5B model costs about ten of SmolLM2's), at least 1, at most ``MAX_SCALE``."""
     if model is None:
         return 1.0
-    return min(MAX_SCALE, max(1.0, sum(p.numel() for p in model.parameters()) / EMBEDDED_PARAMETERS))
+    return min(MAX_SCALE, max(1.0, parameter_count(model) / EMBEDDED_PARAMETERS))
 
 
 def budget_seconds(kind: str, model: Optional[Module] = None) -> float:

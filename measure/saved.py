@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
 
+from kernels.one_copy import parameter_count
 from measure.costs import plausible_row_costs
 from measure.kernels import OPTIONS, OWN, PREPACKED, SKINNY
 from runners.cache_kind import CACHES
@@ -30,7 +31,7 @@ def model_identity(model) -> dict:
     text = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)
     params = next(model.parameters())
     return {"name": Path(name).name or name, "config": hashlib.sha256(text.encode()).hexdigest()[:16],
-            "parameters": sum(p.numel() for p in model.parameters()), "dtype": str(params.dtype).replace("torch.", ""),
+            "parameters": parameter_count(model), "dtype": str(params.dtype).replace("torch.", ""),
             "device": str(params.device)}
 
 

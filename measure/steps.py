@@ -23,6 +23,7 @@ from measure.kernels import KernelChoice
 from measure.machine import machine_key
 from measure.record import FIXED, GIVEN, MEASURED, REMEMBERED, Finding, ModelMeasured, Options
 from kernels import skinny
+from kernels.one_copy import parameter_count
 from runners.cache_kind import runner_cache
 from runners.config import RunnerConfig
 from runners.device import model_device
@@ -195,7 +196,7 @@ def drafter_step(drafter: Module, target: Module, runner: RunnerConfig, drafter_
         cost = timing.measure_draft_cost(drafter, target, budget=budget, runner=runner, drafter_runner=drafter_runner)
         budget.finish()
         if cost is None:
-            ratio = sum(p.numel() for p in drafter.parameters()) / sum(p.numel() for p in target.parameters())
+            ratio = parameter_count(drafter) / parameter_count(target)
             return {"cost": round(ratio, 3), "note": f"fallback: the parameter counts' ratio, {budget.reason}"}, True
         return {"cost": cost, "note": f"{budget.note}: {budget.reason}" if budget.stopped and budget.note else ""}, budget.stopped
 

@@ -114,7 +114,10 @@ class RunnerConfig:
         note = f" · {LEAN_LABEL} (attention: {STEP_ATTENTION if step else ATTENTION}" + \
             (f"; transformers' paths: {own})" if own != "sdpa" else ")")
         if step:
-            return f"{note} on the {STEP}"
+            from kernels.one_copy import note as one_copy
+
+            held_once = one_copy(model)
+            return f"{note} on the {STEP}" + (f"; {held_once}" if held_once else "")
         why = step_unsupported(model) if plan(model) is None else None
         return note + (f" (no C step: {why})" if why else "")
 

@@ -71,8 +71,10 @@ def main(argv: List[str] | None = None) -> None:
 
     if not skinny.available()[0]:
         sys.exit(f"the skinny kernel is not built here: {skinny.available()[1]}")
+    from kernels.one_copy import held
+
     model, tokenizer = load_embedded()
-    with torch.inference_mode():
+    with torch.inference_mode(), held(model):  # "own" on the model's own weights (the C step frees them elsewhere)
         sweeps = {w: linear_sweeps(model, w) for w in WIDTHS}
         size = sweeps[1][1]
         plain = torch.ones(size // 4)

@@ -12,6 +12,7 @@ from kernels import skinny
 from kernels.blocked import blocked
 import kernels.c_step as c_step
 from kernels.c_step import CStep, step_unsupported
+from kernels.one_copy import held
 from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
 from runners import LeanRunner, kernels
 from runners.trees import tree_mask
@@ -255,18 +256,21 @@ def test_step_unsupported_says_why_and_the_torch_forward_runs_instead():
 
 
 def test_fused_weights_are_one_copy_that_the_layers_skinny_route_reads_too():
-    """q/k/v fused: the layer's own blocked weight is a view of the fused one (no second copy), and it
-    is remade when the weight changes in place."""
+    """q/k/v fused: each layer's blocked weight (its one copy once the step binds, ``kernels.one_copy``)
+    is a view of the fused one (no second copy); where the own weights are kept (``held``), a copy is
+    remade when its weight changes in place."""
     model = odd_llama()
     attn, ids = model.model.layers[0].self_attn, ids_for()
     LeanRunner(model)(ids[:, :4], 1)
-    q, k = blocked(attn.q_proj.weight), blocked(attn.k_proj.weight)
+    q, k = attn.q_proj.blocks, attn.k_proj.blocks
     assert q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()
     assert k.data_ptr() == q.data_ptr() + q.numel() * 4
-    with torch.no_grad():
-        attn.k_proj.weight.mul_(2.0)
-    expected = TorchForward(model)(ids[:, :10], 2)
-    torch.testing.assert_close(LeanRunner(model)(ids[:, :10], 2), expected, rtol=1e-4, atol=2e-5)
+    with held(model):
+        assert blocked(attn.q_proj.weight) is not q  # the own weight given back, blocked anew
+        with torch.no_grad():
+            attn.k_proj.weight.mul_(2.0)
+        expected = TorchForward(model)(ids[:, :10], 2)
+        torch.testing.assert_close(LeanRunner(model)(ids[:, :10], 2), expected, rtol=1e-4, atol=2e-5)
 
 
 def built(tmp_path, arch: str):

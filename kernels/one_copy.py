@@ -1,0 +1,171 @@
+"""One copy of the weights: where the C step (``kernels.c_step``) holds the blocked copy of a decoder
+layer's linear (q/k/v and gate/up fused, o and down alone: ``kernels.blocked``), the model's own
+weight is freed and the layer (a ``kernels.prepacking.PrepackedLinear``) computes from the blocked
+copy: the skinny kernel for the widths its route runs on it (every width, where the C step runs
+the model: it takes passes of any length), and for the others (a plan's "own" or "prepacked" widths)
+a weight unblocked on demand, one layer at a time, into a temporary (the same values, so the same
+products bit for bit).
+
+Why a released ``PrepackedLinear`` and not a strided view: ``[N/16, K, 16]`` is no strided view of a
+row-major ``[N, K]`` (a row's 16-feature block interleaves K), and the plan by width (``set_prepack``'s
+route, what the start-up measurement chose) already lives on that module: every caller, transformers'
+forward included, runs what our rows run. A model with no plan gets the one the C step implies
+(``STEP_ROUTE``: the skinny kernel at every width), so its header names it.
+
+What stays twice: the output layer (its weight is the embedding table where they are tied, and the
+EAGLE head, the runners' limits and the head formats read its rows), and the start-up kernel
+measurement, which times the model's own linears beside the blocked copies (``held``). What a user
+loses is in docs/limitations.md.
+"""
+import contextlib
+import ctypes
+import mmap
+import weakref
+from typing import List, Optional, Sequence, Tuple
+
+from torch import Tensor
+from torch.nn import Module
+
+from kernels.blocked import blocked, fused
+from kernels.prepacking import OWN, SKINNY, PrepackedLinear, plan, prepackable, set_prepack
+
+NOTE = "the layers' weights held once, blocked"  # the headers' words
+STEP_ROUTE = (SKINNY,)  # what a model with no plan runs: the step's kernel at every width (the C step takes any)
+
+_HELD: "weakref.WeakSet[Module]" = weakref.WeakSet()  # models whose own weights stay (``held``)
+
+
+def groups(layer: Module) -> List[List[Module]]:
+    """A decoder layer's linears as the C step reads them: q/k/v, o, gate/up, down."""
+    a, m = layer.self_attn, layer.mlp
+    return [[a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [m.gate_proj, m.up_proj], [m.down_proj]]
+
+
+def released(module: Module) -> bool:
+    """Whether ``module`` keeps its weight only as its blocked copy."""
+    return type(module) is PrepackedLinear and module.blocks is not None
+
+
+def group_blocks(modules: Sequence[Module]) -> Optional[Tensor]:
+    """The one blocked tensor of released ``modules`` (their fused group, or a lone layer's copy); None
+    where any is not released."""
+    if not all(released(m) for m in modules):
+        return None
+    if len(modules) == 1:
+        return modules[0].blocks
+    whole = modules[0].blocks._base  # each layer's blocks are a view of the group (``fused``)
+    if whole is None or any(m.blocks._base is not whole for m in modules) or \
+            sum(m.blocks.shape[0] for m in modules) != whole.shape[0]:
+        return None
+    return whole
+
+
+def release(model: Module) -> bool:
+    """Free the own weights of ``model``'s decoder-layer linears, keeping their blocked copies (made now
+    where they are not yet); whether they are released. Not where ``held``, nor where its layers cannot
+    be ``PrepackedLinear`` (no oneDNN: ``set_prepack`` finds nothing), nor twice. The caller has
+    checked that the C step takes the model (``kernels.c_step.step_unsupported``)."""
+    if model in _HELD:
+        return False
+    if plan(model) is None and not set_prepack(model, True, STEP_ROUTE):
+        return False
+    layers = model.model.layers[: model.config.num_hidden_layers]
+    if not all(type(x) is PrepackedLinear for layer in layers for group in groups(layer) for x in group):
+        return False
+    files = _file_mappings()
+    for layer in layers:
+        for group in groups(layer):
+            if group_blocks(group) is not None:
+                continue
+            weights = [x.linear[0].weight for x in group]
+            if len(group) > 1:
+                fused(weights)  # each weight's copy a view of the group's
+            for x, weight in zip(group, weights):
+                x.release(blocked(weight))
+            spans = [(w.data_ptr(), w.data_ptr() + w.numel() * w.element_size(), weakref.ref(w)) for w in weights]
+            del weights, weight
+            _drop_pages(spans, files)  # group by group: at most one group's weights held twice
+    return True
+
+
+def _file_mappings() -> List[Tuple[int, int]]:
+    """The address ranges of this process's private file mappings (``/proc/self/maps``; [] elsewhere)."""
+    try:
+        lines = open("/proc/self/maps").read().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 6 and fields[1].endswith("p") and fields[4] != "0" and fields[5].startswith("/"):
+            start, end = (int(a, 16) for a in fields[0].split("-"))
+            found.append((start, end))
+    return found
+
+
+def _drop_pages(spans: Sequence[Tuple[int, int, "weakref.ref"]], files: Sequence[Tuple[int, int]]) -> None:
+    """Give back the pages of freed weights that lie in a file mapping. A model loaded from float32
+    safetensors holds its weights as views of one mapping of the file, which stays mapped while any
+    tensor reads it: freeing a weight unmaps nothing, and the pages its blocking read stay resident.
+    Only pages wholly inside a weight no tensor holds any more (its weakref dead), and only in a
+    private file mapping (never the allocator's memory): read again, they would come from the file."""
+    libc = _libc()
+    if libc is None:
+        return
+    page = mmap.PAGESIZE
+    for start, end, alive in spans:
+        if alive() is not None or not any(lo <= start and end <= hi for lo, hi in files):
+            continue
+        first, last = -(-start // page) * page, end // page * page
+        if last > first:
+            libc.madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), MADV_DONTNEED)
+
+
+MADV_DONTNEED = 4  # Linux's
+
+
+def _libc() -> Optional[ctypes.CDLL]:
+    try:
+        return ctypes.CDLL(None, use_errno=True) if hasattr(ctypes.CDLL(None), "madvise") else None
+    except OSError:
+        return None
+
+
+def note(model: Module) -> str:
+    """``NOTE`` where the C step's first pass over ``model`` releases its layers' weights (or has), else ""."""
+    if any(released(m) for m in model.modules()):
+        return NOTE
+    return NOTE if model not in _HELD and (plan(model) is not None or prepackable(model)) else ""
+
+
+@contextlib.contextmanager
+def held(model: Module):
+    """``model`` for the block with its own weights kept (given back where they were released): the
+    start-up kernel measurement times its own linears, not an unblocked temporary. Released again at
+    the next C step made after it."""
+    for layer in model.modules():
+        if type(layer) is PrepackedLinear:
+            layer.restore()
+    _HELD.add(model)
+    try:
+        yield model
+    finally:
+        _HELD.discard(model)
+
+
+def parameter_count(model: Module) -> int:
+    """``model``'s parameters, a released layer's weight counted (it is no parameter any more)."""
+    return sum(p.numel() for p in model.parameters()) + \
+        sum(m.in_features * m.out_features for m in model.modules() if released(m))
+
+
+def weight_bytes(model: Module, *more: Tensor) -> int:
+    """Bytes of the distinct storages behind ``model``'s parameters, buffers, released blocked copies
+    and ``more`` (each storage once, by address): what the process holds of the model."""
+    tensors = [*model.parameters(), *model.buffers(), *more]
+    tensors += [m.blocks for m in model.modules() if released(m)]
+    seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(seen.values())
+
+
+__all__ = ["NOTE", "STEP_ROUTE", "note", "parameter_count", "group_blocks", "groups", "held", "release", "released", "weight_bytes"]
