@@ -3,7 +3,7 @@ rows before anything is timed: the pass widths each enabled row feeds, and the k
 prompts meet. The REPL calls ``ready`` before each prompt's rows, the benchmark once before its timed
 runs; graphs already built cost nothing, and a timed pass never builds one (``StepState.lazy`` is off
 once a graph was prepared)."""
-from typing import Callable, Iterable, Optional, Sequence, Tuple
+from typing import Callable, Iterable, Sequence, Tuple
 
 START_LENGTH = 192  # the start-up measurements' contexts (128 positions plus 12 rows): the first key bucket only
 

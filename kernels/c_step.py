@@ -196,13 +196,15 @@ class CStep:
             chunk_mask = None if mask is None else mask[a:b, : start + b].contiguous()
             asked = max(0, b - max(a, first_logit))  # this chunk's last `asked` positions have logits asked
             out = logits[max(a, first_logit) - first_logit:] if asked else logits
-            self._run(h[a:b], cos[a:b], sin[a:b], start + a, chunk_mask, at,
+            self._run((h[a:b], cos[a:b], sin[a:b]), start + a, chunk_mask, at,
                       None if hidden is None else hidden[a:b], out, asked, threads)
         return logits, hidden
 
-    def _run(self, h: Tensor, cos: Tensor, sin: Tensor, start: int, mask: Optional[Tensor], at: Tensor,
+    def _run(self, rows: Tuple[Tensor, Tensor, Tensor], start: int, mask: Optional[Tensor], at: Tensor,
              hidden: Optional[Tensor], logits: Tensor, n_last: int, threads: int) -> None:
-        """One C call over the contiguous rows ``h`` from slot ``start`` (``__call__``'s arguments, sliced)."""
+        """One C call over the contiguous ``rows`` (embeddings, cos, sin) from slot ``start`` (``__call__``'s
+        arguments, sliced)."""
+        h, cos, sin = rows
         c = ctypes.c_void_p
         self.library.c_step(
             ctypes.byref(self.structs), ctypes.byref(self.dims), c(h.data_ptr()), c(cos.data_ptr()), c(sin.data_ptr()),
