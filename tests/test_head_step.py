@@ -131,3 +131,13 @@ def test_a_head_the_c_step_cannot_run_drafts_in_torch_and_says_why():
     cache = HeadCache(head, 8, "cpu", torch.float64)
     out, logits = head.draft_step(cache, torch.tensor([1, 2]), 0, features=torch.randn(2, 144, dtype=torch.float64))
     assert out.dtype == torch.float64 and logits.shape == (1, 40)
+
+
+def test_the_head_line_names_the_target_pass_the_cost_was_measured_against():
+    from app.heads import target_pass
+    from conftest import llama
+    from runners import EAGER
+
+    assert target_pass(llama().to(torch.float32), EAGER) == "on the C step"
+    assert target_pass(llama(), EAGER) == "eager"  # float64: the lean forward in torch
+    assert target_pass(llama().to(torch.float32), EAGER.with_(forward="transformers")) == "eager"
