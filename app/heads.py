@@ -66,8 +66,8 @@ def target_pass(target, config) -> str:
     from kernels.c_step import step_for
 
     if config.step_for(target):
-        return "on the compiled step"
-    return "on the C step" if config.lean_for(target) and step_for(target, 1) else "eager"
+        return "the compiled step"
+    return "the C step" if config.lean_for(target) and step_for(target, 1) else "the eager forward"
 
 
 def head_path(value: Optional[str], embedded: bool) -> Optional[Path]:
@@ -77,7 +77,7 @@ def head_path(value: Optional[str], embedded: bool) -> Optional[Path]:
     return SHIPPED if embedded and (SHIPPED / "config.json").is_file() else None
 
 
-def describe(head, path: Path, against: str = "eager") -> str:
+def describe(head, path: Path, against: str = "the eager forward") -> str:
     """One line: where the head is, its shape, what runs its draft step, and that step's measured cost
     against a one-position target pass (``against``: what that pass ran on)."""
     c = head.config
@@ -85,4 +85,4 @@ def describe(head, path: Path, against: str = "eager") -> str:
     where = full.relative_to(ROOT) if full.is_relative_to(ROOT) else path  # a relative --head names a folder under the cwd
     return (f"{where} · EAGLE-3 · layers {list(c.aux_layers)} · draft vocabulary {c.draft_vocab_size:,} · "
             f"{head.fc.weight.dtype} · draft step: {head.step_kind()} · it costs {head.step_cost:.1%} of a target pass "
-            f"{against} (measured)")
+            f"on {against} (measured)")

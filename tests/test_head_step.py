@@ -138,6 +138,6 @@ def test_the_head_line_names_the_target_pass_the_cost_was_measured_against():
     from conftest import llama
     from runners import EAGER
 
-    assert target_pass(llama().to(torch.float32), EAGER) == "on the C step"
-    assert target_pass(llama(), EAGER) == "eager"  # float64: the lean forward in torch
-    assert target_pass(llama().to(torch.float32), EAGER.with_(forward="transformers")) == "eager"
+    assert target_pass(llama().to(torch.float32), EAGER) == "the C step"
+    assert target_pass(llama(), EAGER) == "the eager forward"  # float64: the lean forward in torch
+    assert target_pass(llama().to(torch.float32), EAGER.with_(forward="transformers")) == "the eager forward"
