@@ -1,7 +1,8 @@
 """The skinny kernel: a float32 CPU linear layer over a few positions that streams its weight once,
 blocked for it (``skinny_gemm.c``, ``kernels.blocked``), and the C step that runs a whole pass of a
-Llama-family model on it (``c_step.c``, ``kernels.c_step``): one library, built at first use with
-the machine's C compiler for its own CPU.
+Llama-family model on it (``c_step.c``, ``kernels.c_step``) and an EAGLE-3 head's draft step
+(``head_step.c``, ``kernels.head_step``): one library, built at first use with the machine's C
+compiler for its own CPU.
 
 ``skinny_linear(x, weight, bias)`` is ``F.linear`` for float32 CPU tensors, computed by that kernel;
 ``available()`` says whether it could be built here (a C compiler with OpenMP), and why not. The
