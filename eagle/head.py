@@ -238,10 +238,9 @@ class Eagle3Head(nn.Module):
                 hidden = self.fc(features.to(self.fc.weight.dtype))
             out = self.decode(cache, embeds.unsqueeze(0), hidden.unsqueeze(0), start, mask, positions)[0]
             return out, self.logits(out[m - n_last :])
-        cos, sin = self.rotary(positions)
         cache.reserve(start + m)
         features = None if features is None else features.to(torch.float32)
-        return step(cache, embeds, hidden, features, cos, sin, start, mask, n_last)
+        return step(cache, embeds, hidden, features, self.rotary(positions), start, mask, n_last)
 
     def step_kind(self) -> str:
         """What runs the draft step here: the C head step, or the torch step and why."""

@@ -82,10 +82,10 @@ class HeadStep:
                 setattr(self.weights, name, tensor.data_ptr())
         self.scratch = torch.empty(0)  # grown to the widest step yet: no allocation per step
 
-    def __call__(self, cache, embeds: Tensor, hidden: Optional[Tensor], features: Optional[Tensor], cos: Tensor, sin: Tensor,
+    def __call__(self, cache, embeds: Tensor, hidden: Optional[Tensor], features: Optional[Tensor], rope: Tuple[Tensor, Tensor],
                  start: int, mask: Optional[Tensor], n_last: int) -> Tuple[Tensor, Tensor]:
         """One step: ``embeds`` ``[m, H]``; ``hidden`` ``[m, H]`` (the layer's earlier outputs) or ``features``
-        ``[m, F]`` (fused by fc); ``cos``/``sin`` ``[m, D]``; keys and values to slots ``start..`` of ``cache``
+        ``[m, F]`` (fused by fc); ``rope``: cos, sin ``[m, D]``; keys and values to slots ``start..`` of ``cache``
         (``eagle.head.HeadCache``, holding them); ``mask`` ``[m, start + m]`` bool (a tree) or None (causal).
         Returns the layer's outputs ``[m, H]`` and the draft logits ``[n_last, Vd]`` of the last rows."""
         m, threads = embeds.shape[0], torch.get_num_threads()
@@ -94,7 +94,7 @@ class HeadStep:
         needed = self.library.head_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(m), ctypes.c_int64(threads))
         if self.scratch.numel() < needed:
             self.scratch = torch.empty(needed)
-        embeds, cos, sin = embeds.contiguous(), cos.contiguous(), sin.contiguous()
+        embeds, cos, sin = embeds.contiguous(), rope[0].contiguous(), rope[1].contiguous()
         g = torch.empty((m, self.hidden)) if features is not None else hidden.contiguous()
         features = None if features is None else features.contiguous()
         out, logits = torch.empty((m, self.hidden)), torch.empty((n_last, self.vocab))
