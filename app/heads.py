@@ -23,8 +23,9 @@ def load_for(value: Optional[str], pair, embedded: bool, say: Say = to_stderr,
     """``(head or None, one line describing it)`` for ``--head value`` (None: the default) and the
     target of ``pair`` (``app.pair.Pair``); a compiled target gets the graphs that also return the
     head's hidden states, for sequences of ``length`` positions (counted in its compile seconds;
-    None: the caller builds them). The head's draft step is timed against an eager target pass
-    (a compiled one could need new graphs here). A head that cannot be read or does not fit the
+    None: the caller builds them). The head's draft step is timed against a one-position target pass
+    on the runner the rows run (the C step where it runs; eager passes where they would be compiled:
+    a compiled one could need new graphs here). A head that cannot be read or does not fit the
     target raises SetupError with one line."""
     if value is not None and value.strip().lower() == NONE:
         return None, "none (--head none)"
@@ -48,9 +49,8 @@ def load_for(value: Optional[str], pair, embedded: bool, say: Say = to_stderr,
         raise SetupError(f"could not load the head '{path}': {first_line(error)}") from None
     if runner.step_for(target):  # the step's graphs at the start-up widths, with the head's hidden states (if not built so)
         from app.steps import START_LENGTH
-        from runners import prepare_step
-
         from eagle.head_step import prepare_head_step
+        from runners import prepare_step
 
         seconds = prepare_step(target, START_LENGTH, lambda text: say(f"target: {text} ...", "dim"), tuple(head.config.aux_layers))
         clock = time.perf_counter()
@@ -61,8 +61,19 @@ def load_for(value: Optional[str], pair, embedded: bool, say: Say = to_stderr,
         seconds = prepare(target, length, lambda text: say(f"target: {text} ...", "dim"), hidden_layers=head.config.aux_layers,
                           config=runner)
         pair.compile_seconds["target"] = pair.compile_seconds.get("target", 0.0) + seconds
-    head.step_cost = measure_step_cost(head, target, runner=runner.with_(compile=False))
-    return head, describe(head, path)
+    timed = runner.with_(compile=False)  # the runner the rows' passes run on, less graphs a timing could need built
+    head.step_cost = measure_step_cost(head, target, runner=timed)
+    kind = "the compiled head step (eagle/head_step.py)" if timed.step_for(target) else head.step_kind()
+    return head, describe(head, path, target_pass(target, timed), kind)
+
+
+def target_pass(target, config) -> str:
+    """What a one-position pass of ``target`` runs on under ``config`` (a ``RunnerConfig``), in a few words."""
+    from kernels.c_step import step_for
+
+    if config.step_for(target):
+        return "the compiled step"
+    return "the C step" if config.lean_for(target) and step_for(target, 1) else "the eager forward"
 
 
 def head_path(value: Optional[str], embedded: bool) -> Optional[Path]:
@@ -72,10 +83,12 @@ def head_path(value: Optional[str], embedded: bool) -> Optional[Path]:
     return SHIPPED if embedded and (SHIPPED / "config.json").is_file() else None
 
 
-def describe(head, path: Path) -> str:
-    """One line: where the head is, its shape, and its measured draft-step cost."""
+def describe(head, path: Path, against: str = "the eager forward", kind: Optional[str] = None) -> str:
+    """One line: where the head is, its shape, what runs its draft step (``kind``; None: ``step_kind``), and
+    that step's measured cost against a one-position target pass (``against``: what that pass ran on)."""
     c = head.config
     full = path.resolve()
     where = full.relative_to(ROOT) if full.is_relative_to(ROOT) else path  # a relative --head names a folder under the cwd
     return (f"{where} · EAGLE-3 · layers {list(c.aux_layers)} · draft vocabulary {c.draft_vocab_size:,} · "
-            f"{head.fc.weight.dtype} · a draft step costs {head.step_cost:.1%} of an eager target pass (measured)")
+            f"{head.fc.weight.dtype} · draft step: {kind or head.step_kind()} · it costs {head.step_cost:.1%} of a target pass "
+            f"on {against} (measured)")

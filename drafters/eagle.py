@@ -73,25 +73,26 @@ class EagleDrafter(Drafter):
         """Whether the target's features reach position ``cur - 2`` (a target pass came first)."""
         return self.known >= cur - 1 > self.fed
 
-    def _feed(self, following: Tensor, cur: int) -> Tensor:
+    def _feed(self, following: Tensor, cur: int) -> Tuple[Tensor, Tensor]:
         """Feed the pairs the head lacks (positions ``fed..cur-2``: the target's features, with the
-        token after each, ``following`` ``[cur - 1 - fed]``); returns its output at ``cur - 2`` ``[1, 1, H]``."""
+        token after each, ``following`` ``[cur - 1 - fed]``); returns its output at ``cur - 2`` ``[1, H]``
+        and its draft logits ``[1, Vd]``."""
         head = self.head
         if self.cache is None:
             self.cache = HeadStepCache(head, 2 * cur) if self.compiled else \
                 HeadCache(head, max(256, 2 * cur), following.device, head.fc.weight.dtype)
         start = self.fed
-        hidden = head.fc(self.features[start : cur - 1].unsqueeze(0))
-        out = self._decode(head.embed(following.unsqueeze(0)), hidden, start)[:, -1:]
+        out, logits = self._draft_step(following, start, features=self.features[start : cur - 1])
         self.fed = cur - 1
-        return out
+        return out[-1:], logits
 
-    def _decode(self, embeds: Tensor, hidden: Tensor, start: int, mask: Tensor | None = None,
-                positions: Tensor | None = None) -> Tensor:
-        """``Eagle3Head.decode`` over this generation's cache: eager, or the compiled step (``eagle.head_step``)."""
+    def _draft_step(self, ids: Tensor, start: int, **rows) -> Tuple[Tensor, Tensor]:
+        """``Eagle3Head.draft_step`` over this generation's cache (its outputs ``[m, H]`` and draft logits):
+        the C head step or torch's, or, where the target runs the compiled step, the head's own
+        (``eagle.head_step``)."""
         if isinstance(self.cache, HeadStepCache):
-            return self.cache.decode(embeds, hidden, start, mask, positions)
-        return self.head.decode(self.cache, embeds, hidden, start, mask, positions)
+            return self.cache.draft_step(ids, start, **rows)
+        return self.head.draft_step(self.cache, ids, start, **rows)
 
     # ---- chains -------------------------------------------------------------------------------
     def propose(self, ids: Tensor, tokens: List[int], k: int) -> Tuple[int, Tensor | None]:
@@ -99,10 +100,9 @@ class EagleDrafter(Drafter):
         if k < max(1, self.min_draft) or not self._ready(cur):
             return 0, None
         head = self.head
-        out = self._feed(ids[0, self.fed + 1 : cur], cur)
+        out, logits = self._feed(ids[0, self.fed + 1 : cur], cur)  # [1, H], [1, Vd]
         qs, drawn = [], 0
         for i in range(k):
-            logits = head.logits(out[0])  # [1, Vd]
             q = None if self.greedy else self._distribution(logits)
             # not confident: stop here, decided before this draft is drawn (never below min_draft)
             if self.p_min > 0 and i >= self.min_draft and float(self._confidence(logits, q)) < self.p_min:
@@ -114,7 +114,7 @@ class EagleDrafter(Drafter):
                 qs.append(q)
             drawn += 1
             if i + 1 < k:
-                out = self._decode(head.embed(ids[:, cur + i : cur + i + 1]), out, cur - 1 + i)
+                out, logits = self._draft_step(ids[0, cur + i : cur + i + 1], cur - 1 + i, hidden=out)
         return drawn, (torch.cat(qs) if qs else None)
 
     def _distribution(self, logits: Tensor) -> Tensor:
@@ -135,11 +135,11 @@ class EagleDrafter(Drafter):
             return [], []
         head, k = self.head, self.top_k
         device = self.draft_ids.device
-        out = self._feed(torch.tensor(tokens[self.fed + 1 : cur], device=device), cur)[0]  # [1, H]
+        out, logits = self._feed(torch.tensor(tokens[self.fed + 1 : cur], device=device), cur)  # [1, H], [1, Vd]
         scores, drafted, parents, slots = [], [], [], []  # per candidate node; slot -1: not fed
         frontier, base, slot = [-1], torch.zeros(1, device=device), self.fed
         for depth in range(self.depth):
-            logp = torch.log_softmax(head.logits(out).float(), dim=-1)  # [frontier, Vd]
+            logp = torch.log_softmax(logits.float(), dim=-1)  # [frontier, Vd]
             top, index = logp.topk(k, dim=-1)
             total = (base.unsqueeze(1) + top).flatten()
             values = torch.cat([total, self.draft_ids[index.flatten()].to(total.dtype)]).tolist()  # one sync a depth
@@ -153,7 +153,7 @@ class EagleDrafter(Drafter):
             if depth + 1 == self.depth or len(scores) >= budget and max(values[:n]) < sorted(scores, reverse=True)[budget - 1]:
                 break
             chosen = sorted(range(first, first + n), key=lambda i: -scores[i])[:k]
-            out = self._expand(chosen, out, first, drafted, parents, slots, slot, cur - 1 + depth)
+            out, logits = self._expand(chosen, out, first, drafted, parents, slots, slot, cur - 1 + depth)
             for r, i in enumerate(chosen):
                 slots[i] = slot + r
             slot += len(chosen)
@@ -161,10 +161,11 @@ class EagleDrafter(Drafter):
         return self._best(scores, drafted, parents, budget)
 
     def _expand(self, chosen: List[int], out: Tensor, first: int, drafted: List[int], parents: List[int],
-                slots: List[int], slot: int, position: int) -> Tensor:
+                slots: List[int], slot: int, position: int) -> Tuple[Tensor, Tensor]:
         """Feed the ``chosen`` nodes (one depth, at ``position``) into slots ``slot..``, each reading
         its parent's output (row ``(i - first) // top_k`` of ``out`` ``[frontier, H]``) and attending
-        to the accepted positions, its ancestors' slots and its own; returns their outputs ``[m, H]``."""
+        to the accepted positions, its ancestors' slots and its own; returns their outputs ``[m, H]`` and
+        draft logits ``[m, Vd]``."""
         head, m = self.head, len(chosen)
         device = out.device
         mask = torch.zeros((m, slot + m), dtype=torch.bool, device=device)
@@ -178,7 +179,7 @@ class EagleDrafter(Drafter):
         rows = torch.tensor([(i - first) // self.top_k for i in chosen], device=device)
         tokens = torch.tensor([drafted[i] for i in chosen], device=device)
         positions = torch.full((m,), position, device=device)
-        return self._decode(head.embed(tokens.unsqueeze(0)), out[rows].unsqueeze(0), slot, mask, positions)[0]
+        return self._draft_step(tokens, slot, hidden=out[rows], mask=mask, positions=positions, n_last=m)
 
     def _best(self, scores: List[float], drafted: List[int], parents: List[int], budget: int) -> Tuple[List[int], List[int]]:
         """The ``budget`` candidates of highest path probability, parents first (a child's never

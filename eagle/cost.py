@@ -20,20 +20,21 @@ class HeadTimer:
         self.head, self.context = head, context
         generator = torch.Generator().manual_seed(0)
         self.ids = torch.randint(head.config.target_vocab_size, (1, context + 8), generator=generator).to(weight.device)
-        self.hidden = torch.randn(1, context + 8, head.config.hidden_size, generator=generator).to(weight)
+        self.hidden = torch.randn(context + 8, head.config.hidden_size, generator=generator).to(weight)
         if compiled:  # the head's compiled step (``eagle.head_step``), as it drafts for a target on the compiled step
             holder = HeadStepCache(head, context + 16)
-            self.cache, self.decode = holder, lambda cache, *a: holder.decode(*a)
+            self.cache, self.step = holder, lambda cache, *a, **k: holder.draft_step(*a, **k)
         else:
-            self.cache, self.decode = HeadCache(head, context + 16, weight.device, weight.dtype), head.decode
-        self.decode(self.cache, head.embed(self.ids[:, :context]), self.hidden[:, :context], 0)
+            self.cache, self.step = HeadCache(head, context + 16, weight.device, weight.dtype), head.draft_step
+        self.step(self.cache, self.ids[0, :context], 0, hidden=self.hidden[:context])
 
     def seconds(self, rows: int) -> float:
-        """Seconds of one step over ``rows`` positions after the context (written over by the next)."""
+        """Seconds of one draft step over ``rows`` positions after the context, every row's logits
+        (``Eagle3Head.draft_step``: the C head step where it runs), written over by the next."""
         head, end = self.head, self.context + rows
         synchronize(head)
         start = time.perf_counter()
-        head.logits(self.decode(self.cache, head.embed(self.ids[:, self.context : end]), self.hidden[:, self.context : end], self.context))
+        self.step(self.cache, self.ids[0, self.context : end], self.context, hidden=self.hidden[self.context : end], n_last=rows)
         synchronize(head)
         return time.perf_counter() - start
 

@@ -221,6 +221,45 @@ class Eagle3Head(nn.Module):
         attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
         return layer.finish(attended, residual)
 
+    def draft_step(self, cache: "HeadCache", ids: Tensor, start: int, hidden: Optional[Tensor] = None,
+                   features: Optional[Tensor] = None, mask: Optional[Tensor] = None, positions: Optional[Tensor] = None,
+                   n_last: int = 1) -> Tuple[Tensor, Tensor]:
+        """``decode`` of tokens ``ids`` ``[m]`` with ``hidden`` ``[m, H]`` (the layer's outputs) or the target's
+        ``features`` ``[m, F]`` (fused by ``fc``), then the draft logits of the last ``n_last`` rows: returns
+        outputs ``[m, H]`` and logits ``[n_last, Vd]``. One C call (``kernels.head_step``) where the head runs
+        it (float32 CPU, library built; ``step_kind``), else the torch step; the same up to rounding."""
+        m = ids.shape[0]
+        if positions is None:
+            positions = torch.arange(start, start + m, device=ids.device)
+        step = self._c_step()
+        embeds = self.embed(ids.unsqueeze(0))[0]
+        if step is None:
+            if features is not None:
+                hidden = self.fc(features.to(self.fc.weight.dtype))
+            out = self.decode(cache, embeds.unsqueeze(0), hidden.unsqueeze(0), start, mask, positions)[0]
+            return out, self.logits(out[m - n_last :])
+        cache.reserve(start + m)
+        features = None if features is None else features.to(torch.float32)
+        return step(cache, embeds, hidden, features, self.rotary(positions), start, mask, n_last)
+
+    def step_kind(self) -> str:
+        """What runs the draft step here: the C head step, or the torch step and why."""
+        from kernels.head_step import LABEL, TORCH_LABEL, head_step_unsupported
+
+        why = head_step_unsupported(self)
+        return LABEL if why is None else f"{TORCH_LABEL} ({why})"
+
+    def _c_step(self):
+        """The C head step over the current weights (remade when one changes), or None where it cannot run."""
+        identity = tuple((p.data_ptr(), p._version) for p in self.parameters())
+        found = self.__dict__.get("_c_head_step")
+        if found is None or found[0] != identity:
+            from kernels.head_step import HeadStep, head_step_unsupported
+
+            found = (identity, HeadStep(self) if head_step_unsupported(self) is None else None)
+            self.__dict__["_c_head_step"] = found
+        return found[1]
+
     # ---- training: the training-time test over whole sequences ----------------------------------
     def ttt(self, features: Tensor, ids: Tensor, steps: int):
         """The training-time test over sequences: ``features`` ``[B, T, 3Ht]`` (the target's, at every
@@ -279,14 +318,19 @@ class HeadCache:
         self.keys = torch.zeros(self.shape, device=device, dtype=dtype)
         self.values = torch.zeros(self.shape, device=device, dtype=dtype)
 
-    def write(self, start: int, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
-        """Keys and values at slots ``start..``; returns views over slots ``0..start+m-1``."""
-        end = start + k.shape[2]
+    def reserve(self, end: int) -> None:
+        """Room for slots ``0..end-1``: grown by doubling, keeping every slot held."""
         if end > self.keys.shape[2]:
             shape = self.shape[:2] + (1 << (end - 1).bit_length(),) + self.shape[3:]
             keys, values = self.keys.new_zeros(shape), self.values.new_zeros(shape)
-            keys[:, :, :start], values[:, :, :start] = self.keys[:, :, :start], self.values[:, :, :start]
+            held = self.keys.shape[2]
+            keys[:, :, :held], values[:, :, :held] = self.keys, self.values
             self.keys, self.values = keys, values
+
+    def write(self, start: int, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
+        """Keys and values at slots ``start..``; returns views over slots ``0..start+m-1``."""
+        end = start + k.shape[2]
+        self.reserve(end)
         self.keys[:, :, start:end] = k
         self.values[:, :, start:end] = v
         return self.keys[:, :, :end], self.values[:, :, :end]

@@ -166,6 +166,18 @@ class HeadStepCache:
         return self.steps.decode(self.cache, embeds, hidden, start, mask, positions)
 
 
+    def draft_step(self, ids: Tensor, start: int, hidden: Optional[Tensor] = None, features: Optional[Tensor] = None,
+                   mask: Optional[Tensor] = None, positions: Optional[Tensor] = None, n_last: int = 1) -> Tuple[Tensor, Tensor]:
+        """``Eagle3Head.draft_step`` on the compiled decode: tokens ``ids`` ``[m]`` with ``hidden`` ``[m, H]`` or
+        the target's ``features`` ``[m, F]`` (fused by ``fc``); outputs ``[m, H]`` and the draft logits of
+        the last ``n_last`` rows ``[n_last, Vd]`` (the output layer and ``fc`` run around the graph)."""
+        head = self.steps.head
+        if features is not None:
+            hidden = head.fc(features.to(head.fc.weight.dtype))
+        out = self.decode(head.embed(ids.unsqueeze(0)), hidden.unsqueeze(0), start, mask, positions)[0]
+        return out, head.logits(out[out.shape[0] - n_last:])
+
+
 def _give_back(steps: HeadSteps, held: List[HeadCache]) -> None:
     steps.give_back(held[0])
 

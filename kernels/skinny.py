@@ -1,7 +1,8 @@
 """The skinny kernel: a float32 CPU linear layer over a few positions that streams its weight once,
 blocked for it (``skinny_gemm.c``, ``kernels.blocked``), and the C step that runs a whole pass of a
-Llama-family model on it (``c_step.c``, ``kernels.c_step``): one library, built at first use with
-the machine's C compiler for its own CPU.
+Llama-family model on it (``c_step.c``, ``kernels.c_step``) and an EAGLE-3 head's draft step
+(``head_step.c``, ``kernels.head_step``): one library, built at first use with the machine's C
+compiler for its own CPU.
 
 ``skinny_linear(x, weight, bias)`` is ``F.linear`` for float32 CPU tensors, computed by that kernel;
 ``available()`` says whether it could be built here (a C compiler with OpenMP), and why not. The
@@ -24,7 +25,8 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-SOURCES = (Path(__file__).with_name("skinny_gemm.c"), Path(__file__).with_name("c_step.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("skinny_gemm.c", "c_step.c", "head_step.c"))
+HEADERS = (Path(__file__).with_name("step_rows.h"),)  # included by the sources: hashed with them, never compiled alone
 SOURCE = SOURCES[0]
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")  # no fused a*b+c unless written: one rounding on every CPU
 BUILD_TIMEOUT = 120.0  # seconds a compile may take before it counts as failed
@@ -64,7 +66,7 @@ def library_name(compiler: str, sources: Sequence[Path] = SOURCES, stem: str = "
     """The library's file stem: ``stem``, the machine, and a hash of the sources, the compiler's version
     and flags, its real target (``compiler_target``), the OS and the CPU's feature line, so that a cache
     folder shared by several machines never hands one a library built for another."""
-    parts = [*(source.read_text() for source in sources), compiler_version(compiler), " ".join(FLAGS), compiler_target(compiler),
+    parts = [*(source.read_text() for source in (*sources, *HEADERS)), compiler_version(compiler), " ".join(FLAGS), compiler_target(compiler),
              platform.system(), platform.machine(), _cpu_line()]
     return f"{stem}-{platform.machine() or 'unknown'}-{hashlib.sha256(chr(10).join(parts).encode()).hexdigest()[:16]}"
 
@@ -122,7 +124,7 @@ def _build(compiler: str, folder: Path, sources: Sequence[Path] = SOURCES, stem:
     return library
 
 
-SYMBOLS = ("skinny_linear", "skinny_simd", "c_step", "c_step_scratch")  # what a library of ours exports
+SYMBOLS = ("skinny_linear", "skinny_simd", "c_step", "c_step_scratch", "head_step", "head_step_scratch")  # what a library of ours exports
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -179,6 +181,8 @@ def _library() -> Tuple[Optional[ctypes.CDLL], str]:
     library.skinny_simd.restype = ctypes.c_int
     library.c_step.restype = ctypes.c_int
     library.c_step_scratch.restype = ctypes.c_int64
+    library.head_step.restype = ctypes.c_int
+    library.head_step_scratch.restype = ctypes.c_int64
     return library, path.name
 
 

@@ -1,0 +1,108 @@
+"""An EAGLE-3 head's draft step in one C call (``head_step.c``) on the C step's kernels: its fc, its
+one decoder layer (q/k/v over ``2H`` inputs), its own KV cache, norms, RoPE and output layer, float32
+on CPU over weights blocked once (``kernels.blocked``). A row's result depends only on its own row and
+the cache, never on the step's width or the thread count, as in ``c_step.c``.
+
+``head_step_unsupported(head)`` says why a head cannot run it (None: it can); ``HeadStep(head)``
+holds the weights' addresses and runs a step. ``eagle.head.Eagle3Head.draft_step`` falls back to
+the head's torch step where this cannot run.
+"""
+import ctypes
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+
+import kernels.skinny as skinny
+from kernels.blocked import blocked, fusable, fused
+
+LABEL = "C head step (skinny linears on blocked weights)"
+TORCH_LABEL = "torch head step"
+
+
+class _Weights(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_void_p) for name in
+                ("fc", "fc_bias", "in_norm", "hidden_norm", "post_norm", "qkv", "o", "gate_up", "down", "norm", "lm_head",
+                 "keys", "values")]
+
+
+class _Dims(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in ("H", "F", "Hq", "Hkv", "D", "I", "Vd", "cap", "norm_before_residual")] + \
+               [("eps", ctypes.c_float), ("scale", ctypes.c_float)]
+
+
+def head_step_unsupported(head: Module) -> Optional[str]:
+    """Why ``head`` (``eagle.head.Eagle3Head``) cannot run the C head step here, or None."""
+    built, why = skinny.available()
+    if not built:
+        return why
+    layer = head.layers[0]
+    a, mlp = layer.self_attn, layer.mlp
+    linears = [head.fc, a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj, head.lm_head]
+    if any(type(x) is not torch.nn.Linear or x._forward_hooks or x._forward_pre_hooks for x in linears):
+        return "a linear layer is quantized, hooked or not nn.Linear"
+    if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in head.parameters()):
+        return "the C head step runs float32 weights on CPU"
+    if any(x.bias is not None for x in linears[1:]):
+        return "its layer has biases"
+    if not fusable([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]) or not fusable([mlp.gate_proj.weight, mlp.up_proj.weight]):
+        return "its q/k/v or gate/up sizes are not multiples of 16"
+    if a.head_dim > 512 or a.heads % a.kv_heads:
+        return "head size over 512, or query heads not a multiple of key-value heads"
+    return None
+
+
+class HeadStep:
+    """The head's weights as ``head_step.c`` reads them. Shapes: ``m`` positions a step feeds, ``H``
+    the head's hidden size, ``F`` the fc's input, ``D`` head size, ``Vd`` the draft vocabulary."""
+
+    def __init__(self, head: Module):
+        reason = head_step_unsupported(head)
+        if reason is not None:
+            raise ValueError(reason)
+        self.library = skinny.library()
+        c, layer = head.config, head.layers[0]
+        a, mlp = layer.self_attn, layer.mlp
+        self.hidden, self.vocab = c.hidden_size, c.draft_vocab_size
+        self.dims = _Dims(c.hidden_size, head.fc.in_features, a.heads, a.kv_heads, a.head_dim, mlp.gate_proj.out_features,
+                          c.draft_vocab_size, 0, int(layer.norm_before_residual), layer.input_layernorm.eps, a.head_dim ** -0.5)
+        parts = dict(fc=blocked(head.fc.weight), fc_bias=None if head.fc.bias is None else head.fc.bias.detach(),
+                     in_norm=layer.input_layernorm.weight.detach(), hidden_norm=layer.hidden_norm.weight.detach(),
+                     post_norm=layer.post_attention_layernorm.weight.detach(),
+                     qkv=fused([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), o=blocked(a.o_proj.weight),
+                     gate_up=fused([mlp.gate_proj.weight, mlp.up_proj.weight]), down=blocked(mlp.down_proj.weight),
+                     norm=head.norm.weight.detach(), lm_head=blocked(head.lm_head.weight))
+        self.keep = []  # every tensor whose address the struct holds
+        self.weights = _Weights()
+        for name, tensor in parts.items():
+            if tensor is not None:
+                tensor = tensor.contiguous()
+                self.keep.append(tensor)
+                setattr(self.weights, name, tensor.data_ptr())
+        self.scratch = torch.empty(0)  # grown to the widest step yet: no allocation per step
+
+    def __call__(self, cache, embeds: Tensor, hidden: Optional[Tensor], features: Optional[Tensor], rope: Tuple[Tensor, Tensor],
+                 start: int, mask: Optional[Tensor], n_last: int) -> Tuple[Tensor, Tensor]:
+        """One step: ``embeds`` ``[m, H]``; ``hidden`` ``[m, H]`` (the layer's earlier outputs) or ``features``
+        ``[m, F]`` (fused by fc); ``rope``: cos, sin ``[m, D]``; keys and values to slots ``start..`` of ``cache``
+        (``eagle.head.HeadCache``, holding them); ``mask`` ``[m, start + m]`` bool (a tree) or None (causal).
+        Returns the layer's outputs ``[m, H]`` and the draft logits ``[n_last, Vd]`` of the last rows."""
+        m, threads = embeds.shape[0], torch.get_num_threads()
+        keys, values = cache.keys, cache.values
+        self.weights.keys, self.weights.values, self.dims.cap = keys.data_ptr(), values.data_ptr(), keys.shape[2]
+        needed = self.library.head_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(m), ctypes.c_int64(threads))
+        if self.scratch.numel() < needed:
+            self.scratch = torch.empty(needed)
+        embeds, cos, sin = embeds.contiguous(), rope[0].contiguous(), rope[1].contiguous()
+        g = torch.empty((m, self.hidden)) if features is not None else hidden.contiguous()
+        features = None if features is None else features.contiguous()
+        out, logits = torch.empty((m, self.hidden)), torch.empty((n_last, self.vocab))
+        seen = None if mask is None else mask.to(torch.uint8).contiguous()
+        c = ctypes.c_void_p
+        self.library.head_step(
+            ctypes.byref(self.weights), ctypes.byref(self.dims), c(embeds.data_ptr()),
+            c(None if features is None else features.data_ptr()), c(g.data_ptr()), c(cos.data_ptr()), c(sin.data_ptr()),
+            ctypes.c_int64(m), ctypes.c_int64(start), c(None if seen is None else seen.data_ptr()), c(out.data_ptr()),
+            c(logits.data_ptr()), ctypes.c_int64(n_last), c(self.scratch.data_ptr()), ctypes.c_int64(threads))
+        return out, logits
