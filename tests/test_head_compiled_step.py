@@ -19,7 +19,9 @@ STEP = RunnerConfig(forward="step")
 @pytest.fixture(scope="module")
 def pair():
     """The target's step (widths 1 and 8, with the head's hidden states) and the head's, prepared."""
-    target = llama(layers=2, init=0.1, seed=5).to(torch.float32)
+    # float64: target AR compared with runs the torch forward, not the C step, which would release the target's
+    # own weights (kernels.one_copy) and give each layer a number the compiled layer is specialized on
+    target = llama(layers=2, init=0.1, seed=5)
     head = head_for(target)
     prepare_step(target, 100, hidden_layers=tuple(head.config.aux_layers), widths=(1, 8))
     prepare_head_step(head, 1, 100)
@@ -35,8 +37,8 @@ def test_the_compiled_decode_gives_the_eager_decodes_outputs(pair):
     _, head = pair
     size, steps = head.config.hidden_size, head_steps(head)
     generator = torch.Generator().manual_seed(1)
-    embeds, hidden = torch.randn(1, 40, size, generator=generator), torch.randn(1, 40, size, generator=generator)
-    eager, step = HeadCache(head, 64, "cpu", torch.float32), HeadStepCache(head, 64)
+    embeds, hidden = (torch.randn(1, 40, size, generator=generator, dtype=torch.float64) for _ in range(2))
+    eager, step = HeadCache(head, 64, "cpu", torch.float64), HeadStepCache(head, 64)
     count, fallbacks, graphs = len(compile_events), steps.fallbacks, counters["stats"]["unique_graphs"]
     for start, m in ((0, 20), (20, 5), (25, 1), (26, 1), (27, 3)):  # prompt (uncompiled), catch-ups (padded to 8), drafts
         close(step.decode(embeds[:, start:start + m], hidden[:, start:start + m], start),
@@ -59,8 +61,9 @@ def test_the_eagle_rows_on_the_step_are_greedy_exact_draft_with_the_compiled_hea
 
     target, head = pair
     kinds, steps = [], head_steps(head)
-    method = EagleDrafter._decode
-    monkeypatch.setattr(EagleDrafter, "_decode", lambda self, *a: kinds.append(type(self.cache).__name__) or method(self, *a))
+    method = EagleDrafter._draft_step
+    monkeypatch.setattr(EagleDrafter, "_draft_step",
+                        lambda self, *a, **k: kinds.append(type(self.cache).__name__) or method(self, *a, **k))
     config = RunConfig(max_gen_len=24, eos_tokens_id=EOS_NEVER, runner=STEP).with_(tree_size=7)
     context = RunContext(target=target, tokenizer=None, head=head)
     expected = run_strategy(BY_KEY["target"], PROMPT, config.with_(runner=RunnerConfig()), context).tokens
