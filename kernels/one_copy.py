@@ -33,6 +33,7 @@ NOTE = "the layers' weights held once, blocked"  # the headers' words
 STEP_ROUTE = (SKINNY,)  # what a model with no plan runs: the step's kernel at every width (the C step takes any)
 
 _HELD: "weakref.WeakSet[Module]" = weakref.WeakSet()  # models whose own weights stay (``held``)
+_KEPT: "weakref.WeakSet[Module]" = weakref.WeakSet()  # models whose own weights stay for good (``keep``)
 
 
 def groups(layer: Module) -> List[List[Module]]:
@@ -65,7 +66,7 @@ def release(model: Module) -> bool:
     where they are not yet); whether they are released. Not where ``held``, nor where its layers cannot
     be ``PrepackedLinear`` (no oneDNN: ``set_prepack`` finds nothing), nor twice. The caller has
     checked that the C step takes the model (``kernels.c_step.step_unsupported``)."""
-    if model in _HELD:
+    if model in _HELD or model in _KEPT:
         return False
     if plan(model) is None and not set_prepack(model, True, STEP_ROUTE):
         return False
@@ -153,6 +154,16 @@ def held(model: Module):
         _HELD.discard(model)
 
 
+def keep(model: Module) -> None:
+    """Keep ``model``'s own weights from now on (given back where they were released): transformers'
+    forward is compiled over its layers (``runners.compiled``), and a release would change those layers
+    under the graphs (rebuilt inside a timed run)."""
+    for layer in model.modules():
+        if type(layer) is PrepackedLinear:
+            layer.restore()
+    _KEPT.add(model)
+
+
 def parameter_count(model: Module) -> int:
     """``model``'s parameters, a released layer's weight counted (it is no parameter any more)."""
     return sum(p.numel() for p in model.parameters()) + \
@@ -168,4 +179,5 @@ def weight_bytes(model: Module, *more: Tensor) -> int:
     return sum(seen.values())
 
 
-__all__ = ["NOTE", "STEP_ROUTE", "note", "parameter_count", "group_blocks", "groups", "held", "release", "released", "weight_bytes"]
+__all__ = ["NOTE", "STEP_ROUTE", "note", "parameter_count", "group_blocks", "groups", "held", "keep", "release", "released",
+           "weight_bytes"]

@@ -5,7 +5,6 @@ from typing import Dict, Optional
 
 from torch.nn import Module
 
-from kernels.one_copy import parameter_count
 
 # Seconds each start-up measurement may take. On a quiet 2-core CPU the embedded 135M model needs
 # well under these (cache ~1 s, kernels ~7 s for three options, verification costs ~3 s); on a busy one they are
@@ -27,3 +26,13 @@ def budget_scale(model: Optional[Module]) -> float:
 def budget_seconds(kind: str, model: Optional[Module] = None) -> float:
     """Seconds of one ``kind`` of measurement for ``model``: ``BUDGETS[kind] * budget_scale(model)``, to 0.1 s."""
     return round(BUDGETS[kind] * budget_scale(model), 1)
+
+
+def parameter_count(model) -> int:
+    """``model``'s parameters, the weights ``kernels.one_copy`` released counted (kept only as blocked
+    copies, they are no parameters any more): what the measurements' keys and budgets read. Written
+    here, not called there: the start-up reads the kernels' files only where it runs them."""
+    released = sum(m.in_features * m.out_features for m in model.modules()
+                   if type(m).__name__ == "PrepackedLinear" and getattr(m, "blocks", None) is not None)
+    return sum(p.numel() for p in model.parameters()) + released
+

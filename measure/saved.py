@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
 
-from kernels.one_copy import parameter_count
+from measure.budgets import parameter_count
 from measure.costs import plausible_row_costs
 from measure.kernels import OPTIONS, OWN, PREPACKED, SKINNY
 from runners.cache_kind import CACHES

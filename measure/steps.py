@@ -23,7 +23,7 @@ from measure.kernels import KernelChoice
 from measure.machine import machine_key
 from measure.record import FIXED, GIVEN, MEASURED, REMEMBERED, Finding, ModelMeasured, Options
 from kernels import skinny
-from kernels.one_copy import parameter_count
+from measure.budgets import parameter_count
 from runners.cache_kind import runner_cache
 from runners.config import RunnerConfig
 from runners.device import model_device

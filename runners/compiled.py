@@ -28,6 +28,7 @@ from torch.nn import Module
 from runners.attention import shared_kv_heads
 from runners.cache_kind import cache_keyword
 from kernels.compile_cache import CacheCount, use_compile_cache
+from kernels.one_copy import keep
 from runners.config import why_not_compiled
 from runners.device import model_device
 from runners.hidden import select_hidden
@@ -80,6 +81,7 @@ class _Compiled:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
         torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
         use_compile_cache()  # built once per machine: later starts read the graphs from the disk
+        keep(model)  # its layers under the graphs stay as they are: the C step of an eager row frees no weight of theirs
         self.model = model
         self.cache_keyword = cache_keyword(model)  # "cache" on transformers 5.24+, else "past_key_values"
         self.device = model_device(model)

@@ -117,7 +117,7 @@ class RunnerConfig:
             from kernels.one_copy import note as one_copy
 
             held_once = one_copy(model)
-            return f"{note} on the {STEP}" + (f"; {held_once}" if held_once else "")
+            return f"{note} on the " + (f"{STEP[:-1]}; {held_once})" if held_once else STEP)
         why = step_unsupported(model) if plan(model) is None else None
         return note + (f" (no C step: {why})" if why else "")
 

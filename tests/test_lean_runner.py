@@ -228,8 +228,8 @@ def test_make_runner_picks_the_lean_forward_by_default():
         assert EAGER.describe(model) == "static KV cache · eager · lean Llama forward (attention: SDPA)"
     model.to(torch.float64)
     assert step.endswith("lean Llama forward (attention: the step's own, row by row) on the C step (skinny linears "
-                         "on blocked weights, q/k/v and gate/up fused, row-invariant); the layers' weights held once, "
-                         "blocked") or step == "no C compiler"
+                         "on blocked weights, q/k/v and gate/up fused, row-invariant; the layers' weights held once, "
+                         "blocked)") or step == "no C compiler"
     assert make_runner(model).cache_kind == "static"
     with pytest.raises(ValueError, match="forward must be"):
         RunnerConfig(forward="fast")

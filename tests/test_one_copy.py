@@ -121,20 +121,25 @@ def test_an_eagle_head_and_transformers_generate_run_on_a_released_target():
 
 
 @pytest.mark.needs_cxx
-def test_a_compiled_graph_calls_released_layers_on_their_blocks():
-    """transformers' compiled passes (``CompiledRunner``) over a released model: each layer one opaque
-    call on its blocks, the logits of the eager transformers passes on the same kernels."""
+def test_a_model_compiled_with_transformers_forward_keeps_its_own_weights_and_is_never_released_under_its_graphs():
+    """transformers' compiled passes (``CompiledRunner``) over a model the C step released: its own weights
+    come back for good (``keep``), the graphs give the eager passes' logits, and a later C step (an eager
+    row's) releases nothing under them (a release would rebuild the graphs inside a timed run)."""
+    from kernels.c_step import CStep
     from runners import KVCacheModel
     from runners import compiled
 
     model, _ = model_and_step()
+    assert released(model.model.layers[0].mlp.down_proj)
     ids = torch.tensor([PROMPT * 3])
     with pytest.MonkeyPatch.context() as patch, torch.no_grad():
         patch.setattr(compiled, "BUCKETS", (1, 4))
         fast, slow = compiled.CompiledRunner(model), KVCacheModel(model, True, cache="static")
         for length, rows in [(20, 1), (21, 1), (24, 3)]:
             torch.testing.assert_close(fast(ids[:, :length], rows), slow(ids[:, :length], rows), rtol=1e-5, atol=1e-6)
-    assert released(model.model.layers[0].mlp.down_proj)
+    assert not released(model.model.layers[0].mlp.down_proj)
+    CStep(model)
+    assert not released(model.model.layers[0].mlp.down_proj)
 
 
 def test_a_row_on_the_own_layers_gets_the_own_weights_back(monkeypatch):

@@ -174,3 +174,24 @@ def test_regional_graphs_compile_one_layer_for_every_layer(monkeypatch):
     monkeypatch.setenv("SPECDEC_STEP_GRAPHS", "everything")
     with pytest.raises(ValueError, match="SPECDEC_STEP_GRAPHS must be one of regional, whole"):
         step_module.step_graphs()
+
+
+@pytest.mark.needs_cxx
+def test_a_drafter_model_runs_on_its_own_step_prepared_with_the_targets_and_greedy_stays_exact():
+    """Speculative decoding with the target's first layer as the drafter, both on the step (CUDA's default
+    for each): ``ready`` builds the drafter's widths (1 and gamma + 1) too, no pass builds a graph, and the
+    tokens are target AR's."""
+    from sampling import speculative_generate
+    from utils.models import truncated_drafter
+
+    model = llama(layers=2, window=512, seed=11)
+    drafter = truncated_drafter(model, 1)
+    config = RunConfig(gamma=3)
+    rows = [(BY_KEY["target"], config), (BY_KEY["speculative"], config)]
+    ready(model, drafter, {"target": STEP, "drafter": STEP}, rows, len(PROMPT), len(PROMPT) + 24, lambda text: None)
+    assert step_module.step_state(drafter).widths == (1, 4) and not step_module.step_state(drafter).lazy
+    count = len(compile_events)
+    common = dict(max_gen_len=24, eos_tokens_id=EOS_NEVER, use_cache=True)
+    drafted, _ = speculative_generate(PROMPT, drafter, model, gamma=3, runner=STEP, drafter_runner=STEP, **common)
+    assert len(compile_events) == count
+    assert drafted == autoregressive_generate(PROMPT, model, **common)
