@@ -42,7 +42,9 @@ def main(argv: List[str] | None = None) -> None:
     ids = torch.randint(len(tokenizer), (1, longest), generator=torch.Generator().manual_seed(0))
     plans = {"C step": None, "torch, own (MKL)": False}
     times: Dict[tuple, List[float]] = {(name, n): [] for name in plans for n in args.lengths}
-    with torch.inference_mode():
+    from kernels.one_copy import held
+
+    with torch.inference_mode(), held(model):  # "own" on the model's own weights (the C step frees them elsewhere)
         runners = {name: LeanRunner(model) for name in plans}
         for round_ in range(args.rounds + 1):  # round 0 warms up, outside the figures
             for name, value in plans.items():
