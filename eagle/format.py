@@ -16,6 +16,7 @@ import io
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple, Union
@@ -117,7 +118,11 @@ def _speculators_config(c: HeadConfig, target_name: str, dtype: torch.dtype, arc
 def _write_folder(path: Path, files: Dict[str, bytes]) -> None:
     """``path`` becomes a folder holding ``files``, all at once (see ``save_head``)."""
     path = Path(os.path.realpath(path))  # a link to a folder: the folder is replaced, the link stays
-    if path.exists() and not path.is_dir():
+    try:  # one stat: a concurrent save may move the folder away between two (exists, then is_dir)
+        kind = os.stat(path).st_mode
+    except FileNotFoundError:
+        kind = None
+    if kind is not None and not stat.S_ISDIR(kind):
         raise _refusal(f"cannot save a head to {path}: it is a file, not a folder")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
