@@ -32,6 +32,12 @@ def row_rows(strategy, config) -> int:
 Rows = Sequence[Tuple[object, object]]  # (a ``strategies.Strategy``, the ``RunConfig`` it runs with)
 
 
+def drafts_with_head(strategy) -> bool:
+    """Whether ``strategy``'s row drafts with the learned head when one is loaded: an EAGLE row, or the
+    merged tree (the head is one of its sources)."""
+    return strategy.needs_head or strategy.key == "merged"
+
+
 def step_widths(rows: Rows) -> Tuple[int, ...]:
     """The widths the target's passes pad to for ``rows``: 1, and each drafting row's most rows (a pass
     of fewer rows pads to the next of them: on a GPU a padded pass costs about what its rows do)."""

@@ -314,9 +314,10 @@ def run_record(bench: Bench, item: dict, repeat: int, config: Config, result, re
 
 
 def drafts_with(config: Config) -> bool:
-    """Whether ``config``'s row drafts with the learned head when one is loaded: an EAGLE row, or the
-    merged tree (the head is one of its sources)."""
-    return config.strategy.needs_head or config.key == "merged"
+    """Whether ``config``'s row drafts with the learned head when one is loaded (``app.steps.drafts_with_head``)."""
+    from app.steps import drafts_with_head
+
+    return drafts_with_head(config.strategy)
 
 
 def report_title(bench: Bench, configs: List[Config]) -> str:

@@ -153,10 +153,10 @@ class Repl:
     def ready(self, enabled, prompt_length: int) -> None:
         """On the compiled step (CUDA): build the graphs the enabled rows will need on this prompt before
         any of them is timed, a line each (nothing when they are built already)."""
-        from app.steps import ready
+        from app.steps import drafts_with_head, ready
 
         context, runners = self.context, {"target": self.config.runner, "drafter": self.config.drafter_runner}
-        head = context.head if any(strategy.needs_head or strategy.key == "merged" for strategy in enabled) else None
+        head = context.head if any(drafts_with_head(strategy) for strategy in enabled) else None
         seconds = ready(context.target, context.drafter, runners, [(strategy, self.config) for strategy in enabled],
                         prompt_length, prompt_length + self.config.max_gen_len, lambda text: console.print(Text(text, style="dim")),
                         head)
