@@ -200,7 +200,34 @@ def prepack_fits(size: int) -> bool:
     return _can_prepack() and copy_fits(size)
 
 
-_PREPACKED: "weakref.WeakKeyDictionary[Module, PrepackedLinear]" = weakref.WeakKeyDictionary()
+class _Remembered:
+    """A linear layer's prepacked copy, kept on the layer itself while the model runs its own layer
+    (``set_prepack(False)``), for a later ``set_prepack(True)``. On the layer, not in a registry keyed
+    weakly by it: the copy holds the layer (``linear``), so such a registry's value would hold its own
+    key and keep every model a process ever prepacked; here the pair is a cycle that dies with the
+    model. Neither copied nor pickled (oneDNN's copy has no storage): a copy prepacks its own."""
+
+    __slots__ = ("layer",)
+
+    def __init__(self, layer: Optional["PrepackedLinear"] = None):
+        self.layer = layer
+
+    def __deepcopy__(self, memo: dict) -> "_Remembered":
+        return _Remembered()
+
+    def __reduce__(self):
+        return (_Remembered, ())
+
+
+_REMEMBERED = "_specdec_prepacked"  # the own layer's ``__dict__`` entry (not ``Module.__setattr__``: no submodule)
+
+
+def remembered(own: torch.nn.Linear) -> Optional[PrepackedLinear]:
+    """The prepacked copy kept for the model's own layer ``own`` (made by ``prepackable``), or None."""
+    found = own.__dict__.get(_REMEMBERED)
+    layer = None if found is None else found.layer
+    return layer if layer is not None and layer.linear[0] is own else None  # a shallow copy's entry names another layer
+
 
 # (the parent's submodule dict, the child's name, the prepacked layer, the model's own layer)
 Swap = Tuple[Dict[str, Module], str, PrepackedLinear, torch.nn.Linear]
@@ -228,10 +255,10 @@ def prepackable(model: Module) -> List[Swap]:
         return []
     swaps = []
     for modules, name, own in found:
-        packed = modules[name] if type(modules[name]) is PrepackedLinear else _PREPACKED.get(own)
+        packed = modules[name] if type(modules[name]) is PrepackedLinear else remembered(own)
         if packed is None or packed.blocks is None and packed.source != _source(own):
             packed = PrepackedLinear(own)
-        _PREPACKED[own] = packed
+        own.__dict__[_REMEMBERED] = _Remembered(packed)
         swaps.append((modules, name, packed, own))
     return swaps
 
@@ -297,7 +324,7 @@ def drop_prepacked(model: Module) -> None:
     """Put the model's own linear layers back and free their prepacked copies (after a measurement chose them)."""
     set_prepack(model, False)
     for layer in model.modules():
-        _PREPACKED.pop(layer, None)
+        layer.__dict__.pop(_REMEMBERED, None)
 
 
 def drop_blocked_copies(model: Module) -> None:
