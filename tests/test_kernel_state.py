@@ -173,3 +173,23 @@ def test_a_page_drop_never_changes_another_tensors_weights(tmp_path):
     LeanRunner(a)(IDS, 1)
     assert released(a.model.layers[0].mlp.gate_proj)
     assert [k for k, v in saved.items() if not torch.equal(b.state_dict()[k], v)] == []
+
+
+def test_the_pages_of_weights_no_tensor_views_are_given_back(tmp_path, monkeypatch):
+    """The other side of the page drop: a model alone on its file's pages gives back those of every
+    released weight that spans a whole page (the memory the one copy saves)."""
+    from transformers import LlamaForCausalLM
+
+    import kernels.one_copy as one_copy
+
+    given = []
+
+    class Libc:
+        def madvise(self, start, size, advice):
+            given.append(size.value)
+
+    llama(layers=2).to(torch.float32).save_pretrained(tmp_path)
+    a = LlamaForCausalLM.from_pretrained(tmp_path, torch_dtype=torch.float32).eval()
+    monkeypatch.setattr(one_copy, "_libc", lambda: Libc())
+    LeanRunner(a)(IDS, 1)
+    assert len(given) >= 2 * 3 and sum(given) >= 2 * 3 * 4096  # gate, up, down of each layer span 8 KiB: a page at least
