@@ -83,7 +83,7 @@ def release(model: Module) -> bool:
             if len(group) > 1:
                 fused(weights)  # each weight's copy a view of the group's
             for x, weight in zip(group, weights):
-                x.release(blocked(weight))
+                x.release(blocked(weight), model)
             spans = [(w.data_ptr(), w.data_ptr() + w.numel() * w.element_size(), w.untyped_storage()) for w in weights]
             del weights, weight
             _drop_pages(spans, files)  # group by group: at most one group's weights held twice

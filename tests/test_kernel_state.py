@@ -44,6 +44,19 @@ def test_a_dropped_prepacked_model_frees_its_layers_and_weights(route):
     assert [r for r in refs if r() is not None] == []
 
 
+def test_a_dropped_runner_and_model_free_the_c_steps_copies():
+    """The C step's blocked copies (the released layers' and the output layer's, kept beside its
+    weight for the whole run) go with the runner and the model: none stays in ``kernels.blocked``."""
+    model = llama(layers=2).to(torch.float32)
+    runner = LeanRunner(model)
+    runner(torch.tensor([PROMPT]), 1)
+    step = runner.step
+    refs = [weakref.ref(x) for x in (model, step, step.head, *step.keep, *_tensors_of(model))]
+    del model, runner, step
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []
+
+
 def test_a_model_whose_own_layers_came_back_frees_its_prepacked_copies():
     """``set_prepack(False)`` after a pass: the prepacked layers kept for a later ``set_prepack(True)`` go with the model."""
     model = llama(layers=2).to(torch.float32)
