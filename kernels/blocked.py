@@ -5,7 +5,11 @@ One copy per weight, shared by everything that runs on it: the layer's own skinn
 (``kernels.prepacking.PrepackedLinear``) and the C step (``kernels.c_step``), which reads q/k/v as one
 matrix and gate/up as another. ``fused(weights)`` lays several weights' blocks end to end in one
 tensor and keeps each weight's blocks as a view of it, so fusing costs no second copy. A copy is
-remade when its weight changes (in place, or replaced).
+remade when its weight changes in place (its version) or is replaced (its address); an edit through
+``w.data``, which changes no version, is seen where a copy is verified (``verify``: when a C step or
+a C head step is made, at a runner's first pass on it), not per call.
+
+The copies are keyed weakly by their weight, and a copy holds nothing of it: they go with the weight.
 """
 import weakref
 from typing import Dict, Optional, Sequence, Tuple
@@ -68,28 +72,42 @@ def unpack(blocks: Tensor, n: int) -> Tensor:
     return blocks.transpose(1, 2).reshape(-1, blocks.shape[1])[:n].contiguous()  # one block: reshape gives a view
 
 
-def blocked(weight: Tensor) -> Tensor:
-    """The blocked copy of ``weight`` (made now if it has none, or if it changed since)."""
+def holds(blocks: Tensor, weight: Tensor) -> bool:
+    """Whether ``blocks`` (``pack``'s layout) holds ``weight``'s ``[N, K]`` values now, bit for bit. Read
+    in place, both once (no temporary): about the cost of copying the weight."""
+    n, k = weight.shape
+    full = n // BLOCK
+    ours, theirs = blocks.view(torch.int32), weight.detach().view(torch.int32)  # bits: -0.0 and NaN compare as written
+    if not torch.equal(ours[:full], theirs[: full * BLOCK].view(full, BLOCK, k).transpose(1, 2)):
+        return False
+    return full == ours.shape[0] or torch.equal(ours[full, :, : n - full * BLOCK], theirs[full * BLOCK :].t())
+
+
+def blocked(weight: Tensor, verify: bool = False) -> Tensor:
+    """The blocked copy of ``weight`` (made now if it has none, or if it changed since). ``verify``:
+    compare the copy's values with the weight's too (``holds``), for the edits that change no version
+    (through ``w.data``), at the points where that is worth a read of the weight: where a C step or a C
+    head step is made (a runner's first pass), never per pass."""
     found = _COPIES.get(weight)
-    if found is not None and found[0] == _identity(weight):
+    if found is not None and found[0] == _identity(weight) and (not verify or holds(found[1], weight)):
         return found[1]
     made = pack(weight)
     _COPIES[weight] = (_identity(weight), made)
     return made
 
 
-def fused(weights: Sequence[Tensor]) -> Tensor:
+def fused(weights: Sequence[Tensor], verify: bool = False) -> Tensor:
     """The blocks of ``weights`` (each ``[N_i, K]``, the same K) end to end, ``[sum N_i / 16, K, 16]``:
     one sweep of the skinny kernel computes all their outputs, concatenated. Each weight's own copy
     becomes a view of it, so fusing costs no second copy. Every N_i but the last must be a multiple
-    of 16, else a block would mix two weights' features (``fusable``)."""
+    of 16, else a block would mix two weights' features (``fusable``). ``verify``: ``blocked``'s."""
     if not fusable(weights):
         raise ValueError("fused weights need the same input size and all but the last a multiple of 16 outputs")
     identities = tuple(_identity(w) for w in weights)
     found = _FUSED.get(weights[0])
-    if found is not None and found[0] == identities:
-        return found[1]
     sizes = [-(-w.shape[0] // BLOCK) for w in weights]
+    if found is not None and found[0] == identities and (not verify or all(holds(part, w) for part, w in zip(found[1].split(sizes), weights))):
+        return found[1]
     whole = torch.empty((sum(sizes), weights[0].shape[1], BLOCK), dtype=torch.float32)
     start = 0
     for w, blocks in zip(weights, sizes):

@@ -3,11 +3,13 @@ over the model's weights blocked once for the skinny kernel (``kernels.blocked``
 one matrix, gate/up into another; the layers' own skinny route reads views of the same copies).
 
 ``CStep(model)`` holds the weights' addresses; ``step(h, cos, sin, cache, start, seen, n_last,
-hidden_layers)`` runs one pass. ``step_unsupported(model)`` says why a model cannot run it. A
+hidden_layers)`` runs one pass, on the model's weights as they are then: a step whose model changed
+since (cast, loaded, restored, edited in place: ``read``) is made again first. ``step_unsupported(model)`` says why a model cannot run it. A
 position's result depends only on its own row and the cache, never on the pass's width or the
 thread count (``c_step.c``), so every pass width gives the same logits for a position, bit for bit.
 """
 import ctypes
+import weakref
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -17,7 +19,7 @@ from torch.nn import Module
 import kernels.skinny as skinny
 from kernels.blocked import blocked, fusable, fused
 from kernels.one_copy import group_blocks, groups, release, released
-from kernels.prepacking import SKINNY, copy_fits, plan
+from kernels.prepacking import SKINNY, changes, copy_fits, plan
 
 # A pass over more positions (a long prompt) runs in chunks of this many, one C call each, each seeing
 # the cache its chunks before wrote: the same result bit for bit (a row never depends on the others),
@@ -107,14 +109,38 @@ def step_for(model: Module, rows: int, unsupported: bool = True) -> bool:
 
 
 def _blocks(group: Sequence[Module]) -> Tensor:
-    """The blocked copy the step reads for a group of linears: the released one, else made (fused) now."""
+    """The blocked copy the step reads for a group of linears: the released one, else made (fused) now,
+    or checked against the weights' values (``kernels.blocked``'s ``verify``: an edit through ``.data``)."""
     found = group_blocks(group)
     if found is not None:
         return found
     if any(released(x) for x in group):  # never made so (release and restore go a whole model at once)
         raise ValueError("a fused group of linears is partly released: its weights are in no one copy")
     weights = [_own(x).weight for x in group]
-    return fused(weights) if len(weights) > 1 else blocked(weights[0])
+    return fused(weights, verify=True) if len(weights) > 1 else blocked(weights[0], verify=True)
+
+
+def _of(tensor: Optional[Tensor]) -> Optional[Tuple[int, int]]:
+    return None if tensor is None else (tensor.data_ptr(), tensor._version)
+
+
+def read(model: Module) -> tuple:
+    """What the C step reads of ``model``, by identity: each tensor's address and version, a released
+    layer's blocks by address. While it is unchanged, the step's copies and addresses hold the model's
+    weights; a cast, a load, a ``restore`` or an in-place edit changes it. (An edit through ``.data``
+    changes no version: ``CStep`` compares the copies it did not make itself with their weights when
+    it is made, at a runner's first pass on it.) About 2 us a layer."""
+    config, body = model.config, model.model
+    found: list = [config.num_hidden_layers]
+    for layer in body.layers[: config.num_hidden_layers]:
+        found += [_of(layer.input_layernorm.weight), _of(layer.post_attention_layernorm.weight)]
+        for group in groups(layer):
+            for x in group:
+                own = x.linear[0] if type(x).__name__ == "PrepackedLinear" else x
+                found += [x.blocks.data_ptr() if released(x) else _of(own.weight), _of(own.bias)]
+    head = model.get_output_embeddings()
+    head = head.linear[0] if type(head).__name__ == "PrepackedLinear" else head
+    return tuple(found + [_of(body.norm.weight), _of(head.weight)])
 
 
 class CStep:
@@ -123,6 +149,28 @@ class CStep:
     the decoder layers' own weights (``kernels.one_copy``): the blocked copies are their one copy."""
 
     def __init__(self, model: Module):
+        self.model = weakref.ref(model)  # weakly: a runner holds its model, the step never keeps one alive
+        self._build(model)
+
+    def current(self) -> None:
+        """Made again where the model changed since (``read``): a cast back to float32, a loaded state
+        dict, layers restored, a weight edited in place. A step a runner holds never runs stale copies.
+        Per pass, where the step reads released layers, only what can change them is compared (the
+        casts, loads and restores of prepacked layers, ``changes``, and the output layer's weight: its
+        copy is the step's own), about a microsecond; the whole model (``read``) when one did."""
+        model = self.model()
+        if model is None or self.glance() == self.glanced and self.released:
+            return
+        if read(model) != self.read:
+            self._build(model)
+        self.glanced = self.glance()
+
+    def glance(self) -> tuple:
+        """What ``current`` compares per pass: the count of ``changes``, and the tensors the step copied
+        (the output layer's weight, q/k/v biases where the model has them) by address and version."""
+        return changes(), *(_of(t) for t in (self.output.weight, *self.copied))
+
+    def _build(self, model: Module) -> None:
         reason = step_unsupported(model)
         if reason is not None:
             raise ValueError(reason)
@@ -135,12 +183,14 @@ class CStep:
                           attn.head_dim, config.intermediate_size, 0, self.layers[0].input_layernorm.variance_epsilon,
                           attn.scaling)
         self.keep: List[Tensor] = []  # every tensor whose address the structs hold
+        self.copied: List[Tensor] = []  # the model's tensors the step holds copies of (``glance``)
         self.structs = (_Layer * len(self.layers))()
         for struct, layer in zip(self.structs, self.layers):
             a, m = layer.self_attn, layer.mlp
             q, k, v, o = (_own(x) for x in (a.q_proj, a.k_proj, a.v_proj, a.o_proj))
             gate, up, down = (_own(x) for x in (m.gate_proj, m.up_proj, m.down_proj))
             biases = [x.bias for x in (q, k, v)]
+            self.copied += [b for b in biases if b is not None]
             qkv_bias = torch.cat([b.detach() for b in biases]) if all(b is not None for b in biases) else None
             if qkv_bias is None and any(b is not None for b in biases):
                 qkv_bias = torch.cat([(b.detach() if b is not None else torch.zeros(x.out_features)) for b, x in zip(biases, (q, k, v))])
@@ -151,10 +201,17 @@ class CStep:
             for name, tensor in parts.items():
                 setattr(struct, name, self._address(tensor))
         self.final_norm = body.norm.weight.detach().contiguous()
-        self.head = blocked(_own(model.get_output_embeddings()).weight)
+        self.output = _own(model.get_output_embeddings())
+        self.head = blocked(self.output.weight, verify=True)
         self.vocab = model.get_output_embeddings().out_features
         self.cache_keys: Tuple[int, ...] = ()
         self.scratch = torch.empty(0)  # grown to the largest pass yet: no allocation per pass
+        # the model's tensors it read, held: a replaced one's address is never reused while ``read`` holds it
+        self.sources = [p for p in model.parameters()]
+        self.read = read(model)
+        # every decoder linear released: their copies change only by a restore (``changes``), not by an edit
+        self.released = all(released(x) for layer in self.layers for group in groups(layer) for x in group)
+        self.glanced = self.glance()
 
     def _address(self, tensor: Optional[Tensor]) -> Optional[int]:
         if tensor is None:
@@ -178,6 +235,7 @@ class CStep:
         values written to slots ``start..start + r - 1`` of ``cache``; ``seen`` ``[r, start + r]`` bool (a
         tree pass) or None (causal). Returns logits ``[n_last, V]`` and, with ``hidden_layers``, the
         residual stream entering those layers ``[r, len(hidden_layers) * H]``."""
+        self.current()
         self.bind(cache)
         r, threads = h.shape[0], torch.get_num_threads()
         h = h.contiguous()  # written in place: the caller's embeddings, made for this pass

@@ -23,7 +23,8 @@ import mmap
 import weakref
 from typing import List, Optional, Sequence, Tuple
 
-from torch import Tensor
+import torch
+from torch import Tensor, UntypedStorage
 from torch.nn import Module
 
 from kernels.blocked import blocked, fused
@@ -82,8 +83,8 @@ def release(model: Module) -> bool:
             if len(group) > 1:
                 fused(weights)  # each weight's copy a view of the group's
             for x, weight in zip(group, weights):
-                x.release(blocked(weight))
-            spans = [(w.data_ptr(), w.data_ptr() + w.numel() * w.element_size(), weakref.ref(w)) for w in weights]
+                x.release(blocked(weight), model)
+            spans = [(w.data_ptr(), w.data_ptr() + w.numel() * w.element_size(), w.untyped_storage()) for w in weights]
             del weights, weight
             _drop_pages(spans, files)  # group by group: at most one group's weights held twice
     return True
@@ -104,18 +105,21 @@ def _file_mappings() -> List[Tuple[int, int]]:
     return found
 
 
-def _drop_pages(spans: Sequence[Tuple[int, int, "weakref.ref"]], files: Sequence[Tuple[int, int]]) -> None:
-    """Give back the pages of freed weights that lie in a file mapping. A model loaded from float32
-    safetensors holds its weights as views of one mapping of the file, which stays mapped while any
-    tensor reads it: freeing a weight unmaps nothing, and the pages its blocking read stay resident.
-    Only pages wholly inside a weight no tensor holds any more (its weakref dead), and only in a
-    private file mapping (never the allocator's memory): read again, they would come from the file."""
+def _drop_pages(spans: Sequence[Tuple[int, int, UntypedStorage]], files: Sequence[Tuple[int, int]]) -> None:
+    """Give back the pages of freed weights (``spans``: each weight's bytes ``[start, end)`` and its
+    storage) that lie in a file mapping. A model loaded from float32 safetensors holds its weights as
+    views of a mapping of the file, which stays mapped while any tensor reads it: freeing a weight
+    unmaps nothing, and the pages its blocking read stay resident. Only pages wholly inside a weight
+    whose storage no tensor views any more (``unviewed``: not the Parameter's weakref, since another
+    model loaded with ``assign=True``, or a state dict, views the same pages), and only in a private
+    file mapping (never the allocator's memory): read again, they would come from the file, and
+    pages this process wrote would lose what it wrote."""
     libc = _libc()
     if libc is None:
         return
     page = mmap.PAGESIZE
-    for start, end, alive in spans:
-        if alive() is not None or not any(lo <= start and end <= hi for lo, hi in files):
+    for start, end, storage in spans:
+        if not unviewed(storage) or not any(lo <= start and end <= hi for lo, hi in files):
             continue
         first, last = -(-start // page) * page, end // page * page
         if last > first:
@@ -123,6 +127,13 @@ def _drop_pages(spans: Sequence[Tuple[int, int, "weakref.ref"]], files: Sequence
 
 
 MADV_DONTNEED = 4  # Linux's
+
+
+def unviewed(storage: UntypedStorage) -> bool:
+    """Whether no tensor views ``storage`` (the caller's handle holds it once); False where this torch
+    cannot count its holders (then no page is given back)."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    return count is not None and count(storage._cdata) == 1
 
 
 def _libc() -> Optional[ctypes.CDLL]:

@@ -25,6 +25,19 @@ _ROW_HINT = 8
 # with the same numbers, names this process's layers.
 _BY_KEY: List["weakref.ref[PrepackedLinear]"] = []
 
+_CHANGES = 0  # casts, loads and restores of prepacked layers so far, in any model (``changes``)
+
+
+def changes() -> int:
+    """How many times a ``PrepackedLinear`` was cast or moved, loaded into or restored, in this process:
+    what a C step compares at each pass before it reads the model again (``kernels.c_step.read``)."""
+    return _CHANGES
+
+
+def _changed() -> None:
+    global _CHANGES
+    _CHANGES += 1
+
 
 
 class PrepackedLinear(Module):
@@ -44,12 +57,15 @@ class PrepackedLinear(Module):
     Released (``release``, by ``kernels.one_copy`` where the C step holds the blocked copy): the
     layer's own weight is freed and ``blocks`` is its one copy. ``weight`` then unblocks a temporary
     ``[N, K]`` on each read (the ``OWN`` and ``PREPACKED`` kernels read one; edits to it change
-    nothing), ``state_dict`` writes the unblocked weight, a compiled graph calls it by number on its
-    blocks, and loading a state dict or moving the layer to another dtype or device refuse in one
-    line; ``restore`` gives the weight back.
+    nothing), ``state_dict`` writes the unblocked weight, and a compiled graph calls it by number on
+    its blocks. Loading a state dict, or moving or casting the model to another dtype or device,
+    first gives every layer of the model its own weight back (``restore``, all at once: the first
+    released layer torch reaches does it), then loads or casts as for any model; the next C step
+    (``kernels.c_step.CStep``, which sees that its copies no longer match) releases them again.
     """
 
     blocks: Optional[Tensor] = None  # released: the weight's one copy, ``[ceil(N/16), K, 16]`` (a view into a fused group)
+    owner: Optional["weakref.ref[Module]"] = None  # released: the model released with it (``release``)
 
     @property
     def weight(self) -> Tensor:
@@ -63,9 +79,10 @@ class PrepackedLinear(Module):
 
         return unpack(self.blocks, self.out_features)
 
-    def release(self, blocks: Tensor) -> None:
-        """Keep the weight only as ``blocks`` (its blocked copy, the one the C step reads): its own is freed."""
-        self.blocks = blocks
+    def release(self, blocks: Tensor, owner: Module) -> None:
+        """Keep the weight only as ``blocks`` (its blocked copy, the one the C step reads): its own is
+        freed. ``owner``: the model released with it (held weakly), whose layers a cast or a load restores."""
+        self.blocks, self.owner = blocks, weakref.ref(owner)
         self._parameters["weight"] = None
         self.linear[0]._parameters["weight"] = None
 
@@ -75,8 +92,32 @@ class PrepackedLinear(Module):
             return
         own = torch.nn.Parameter(self.weight, requires_grad=False)
         self.linear[0].weight = own
-        self.weight, self.blocks = own, None
+        self.weight, self.blocks, self.owner = own, None, None
+        _changed()
         self.source = _source(self.linear[0])
+
+    def _restore_owner(self) -> None:
+        """``restore`` every layer of the model released with this one (the C step releases a model's
+        layers at once): torch casts or loads modules in order, so the first released layer it reaches
+        gives all of them their own weights back before any is cast or loaded, and none is left blocked
+        (a fused group half restored would be in no one copy)."""
+        model = None if self.owner is None else self.owner()
+        for layer in (self,) if model is None else model.modules():
+            if type(layer) is PrepackedLinear:
+                layer.restore()
+
+    def _follow(self) -> None:
+        """The own layer's parameters are this one's again (a load with ``assign=True``, or a cast that
+        makes new parameters, replaced them here only); oneDNN's copy is remade at its next use."""
+        own = self.linear[0]
+        own._parameters["weight"], own._parameters["bias"] = self._parameters["weight"], self._parameters.get("bias")
+        if self.blocks is None and self.source != _source(own):
+            self.packed = self.packed_bias = None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["owner"] = None  # a weak reference does not pickle (``torch.save(model)``)
+        return state
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         if self.blocks is not None:  # released: the unblocked weight, where the layer's own would be
@@ -84,17 +125,22 @@ class PrepackedLinear(Module):
         super()._save_to_state_dict(destination, prefix, keep_vars)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        if self.blocks is not None:
-            raise RuntimeError(f"{prefix}weight is kept only blocked for the C step (kernels.one_copy): load a state dict before its first pass")
+        if self.blocks is not None:  # released: the model's own weights back, then loaded as any model's
+            self._restore_owner()
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._follow()
+        _changed()  # the model's other parameters may have been replaced too (``assign=True``)
 
     def _apply(self, fn, recurse=True):
-        probe = torch.empty(0)
-        moved = fn(probe) if self.blocks is not None else probe
-        if moved.dtype != probe.dtype or moved.device != probe.device:
-            raise RuntimeError("this layer's weight is kept only blocked for the C step (kernels.one_copy): "
-                               "move or cast the model before its first pass")
-        return super()._apply(fn, recurse)
+        if self.blocks is not None:
+            probe = torch.empty(0)
+            moved = fn(probe)
+            if moved.dtype != probe.dtype or moved.device != probe.device:  # a real move or cast, not ``.float()`` of float32
+                self._restore_owner()
+        made = super()._apply(fn, recurse)
+        self._follow()
+        _changed()  # the model's other parameters were moved too
+        return made
 
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
@@ -147,7 +193,7 @@ class PrepackedLinear(Module):
             if self.blocks is not None:
                 return skinny_blocked(x, self.blocks, self.out_features, self.bias)
             return skinny_linear(x, self.weight, self.bias)
-        if self.packed is None or self.blocks is None and self.weight._version != self.source[0][1]:  # not made yet, or the weights changed in place
+        if self.packed is None or self.blocks is None and self.weight._version != self.source[0][1]:  # not made yet, or the weights changed in place (a cast or a load: ``_follow``)
             self._pack()
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.packed_bias, "none", [], "")
 
@@ -200,7 +246,34 @@ def prepack_fits(size: int) -> bool:
     return _can_prepack() and copy_fits(size)
 
 
-_PREPACKED: "weakref.WeakKeyDictionary[Module, PrepackedLinear]" = weakref.WeakKeyDictionary()
+class _Remembered:
+    """A linear layer's prepacked copy, kept on the layer itself while the model runs its own layer
+    (``set_prepack(False)``), for a later ``set_prepack(True)``. On the layer, not in a registry keyed
+    weakly by it: the copy holds the layer (``linear``), so such a registry's value would hold its own
+    key and keep every model a process ever prepacked; here the pair is a cycle that dies with the
+    model. Neither copied nor pickled (oneDNN's copy has no storage): a copy prepacks its own."""
+
+    __slots__ = ("layer",)
+
+    def __init__(self, layer: Optional["PrepackedLinear"] = None):
+        self.layer = layer
+
+    def __deepcopy__(self, memo: dict) -> "_Remembered":
+        return _Remembered()
+
+    def __reduce__(self):
+        return (_Remembered, ())
+
+
+_REMEMBERED = "_specdec_prepacked"  # the own layer's ``__dict__`` entry (not ``Module.__setattr__``: no submodule)
+
+
+def remembered(own: torch.nn.Linear) -> Optional[PrepackedLinear]:
+    """The prepacked copy kept for the model's own layer ``own`` (made by ``prepackable``), or None."""
+    found = own.__dict__.get(_REMEMBERED)
+    layer = None if found is None else found.layer
+    return layer if layer is not None and layer.linear[0] is own else None  # a shallow copy's entry names another layer
+
 
 # (the parent's submodule dict, the child's name, the prepacked layer, the model's own layer)
 Swap = Tuple[Dict[str, Module], str, PrepackedLinear, torch.nn.Linear]
@@ -228,10 +301,10 @@ def prepackable(model: Module) -> List[Swap]:
         return []
     swaps = []
     for modules, name, own in found:
-        packed = modules[name] if type(modules[name]) is PrepackedLinear else _PREPACKED.get(own)
+        packed = modules[name] if type(modules[name]) is PrepackedLinear else remembered(own)
         if packed is None or packed.blocks is None and packed.source != _source(own):
             packed = PrepackedLinear(own)
-        _PREPACKED[own] = packed
+        own.__dict__[_REMEMBERED] = _Remembered(packed)
         swaps.append((modules, name, packed, own))
     return swaps
 
@@ -297,7 +370,7 @@ def drop_prepacked(model: Module) -> None:
     """Put the model's own linear layers back and free their prepacked copies (after a measurement chose them)."""
     set_prepack(model, False)
     for layer in model.modules():
-        _PREPACKED.pop(layer, None)
+        layer.__dict__.pop(_REMEMBERED, None)
 
 
 def drop_blocked_copies(model: Module) -> None:
