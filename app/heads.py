@@ -64,6 +64,7 @@ def load_for(value: Optional[str], pair, embedded: bool, say: Say = to_stderr,
     timed = runner.with_(compile=False)  # the runner the rows' passes run on, less graphs a timing could need built
     head.step_cost = measure_step_cost(head, target, runner=timed)
     kind = "the compiled head step (eagle/head_step.py)" if timed.step_for(target) else head.step_kind()
+    head.summary = summary(head, path, kind)  # the header's short line; the line returned is the full one
     return head, describe(head, path, target_pass(target, timed), kind)
 
 
@@ -83,12 +84,23 @@ def head_path(value: Optional[str], embedded: bool) -> Optional[Path]:
     return SHIPPED if embedded and (SHIPPED / "config.json").is_file() else None
 
 
+def _where(path: Path):
+    """``path`` under the repository as a relative path, else as given (a relative --head names a folder under the cwd)."""
+    full = path.resolve()
+    return full.relative_to(ROOT) if full.is_relative_to(ROOT) else path
+
+
+def summary(head, path: Path, kind: str) -> str:
+    """One short line: where the head is, its dtype, and what runs its draft step (``kind`` up to its parenthesis)."""
+    step = kind.split(" (")[0].removeprefix("the ")
+    weight = head.fc.weight
+    return f"{_where(path)} · EAGLE-3 · {weight.device} {str(weight.dtype).removeprefix('torch.')} · {step}"
+
+
 def describe(head, path: Path, against: str = "the eager forward", kind: Optional[str] = None) -> str:
     """One line: where the head is, its shape, what runs its draft step (``kind``; None: ``step_kind``), and
     that step's measured cost against a one-position target pass (``against``: what that pass ran on)."""
     c = head.config
-    full = path.resolve()
-    where = full.relative_to(ROOT) if full.is_relative_to(ROOT) else path  # a relative --head names a folder under the cwd
-    return (f"{where} · EAGLE-3 · layers {list(c.aux_layers)} · draft vocabulary {c.draft_vocab_size:,} · "
+    return (f"{_where(path)} · EAGLE-3 · layers {list(c.aux_layers)} · draft vocabulary {c.draft_vocab_size:,} · "
             f"{head.fc.weight.dtype} · draft step: {kind or head.step_kind()} · it costs {head.step_cost:.1%} of a target pass "
             f"on {against} (measured)")

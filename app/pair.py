@@ -52,6 +52,12 @@ class Pair:
         line = describe(model, label, quantize, notes, self.runner(role))
         return line + (f" · {self.relation}" if role == "drafter" and self.relation else "")
 
+    def summary(self, role: str) -> str:
+        """The short header line for the target or the drafter (``summary``); ``describe`` is the full one."""
+        model, label, quantize = ((self.target, self.target_label, self.quantize) if role == "target"
+                                  else (self.drafter, self.drafter_label, self.drafter_quantize))
+        return summary(model, label, quantize, self.runner(role))
+
     @property
     def dtype_note(self) -> str:
         """Why this dtype, when it was chosen by measurement (``--preset pair``), else ""."""
@@ -397,3 +403,38 @@ def describe(model: "Module", label: str, quantize: str, notes: Optional[Dict[st
     if "kernels" in notes:
         return line + f" · {notes['kernels']}"
     return line + (" · prepacked linears" if PREPACKED in (plan(model) or ()) else "")
+
+
+def summary(model: "Module", label: str, quantize: str, runner=None) -> str:
+    """One short line: the model, its device and dtype (and weight format), and what runs its passes,
+    e.g. "SmolLM2-135M-Instruct · cpu float32 · C step"."""
+    from runners import EAGER
+    from utils.quantization import model_quantization
+
+    runner = runner or EAGER
+    if runner.gguf is not None:
+        return f"{label} · cpu · llama.cpp ({Path(runner.gguf).name})"
+    weights = f"{next(model.parameters()).device} {str(model.dtype).removeprefix('torch.')}"
+    if model_quantization(model) in ("int4", "int8"):
+        weights += f", {quantize} weights"
+    return f"{label} · {weights} · {passes_label(model, runner)}"
+
+
+def passes_label(model: "Module", runner) -> str:
+    """What runs ``model``'s passes under ``runner``, in a few words: "C step", "compiled lean step",
+    "compiled passes", "lean forward, prepacked linears", "transformers' forward"."""
+    from kernels.c_step import step_for
+    from kernels.prepacking import plan
+
+    if runner.step_for(model):
+        return "compiled lean step"
+    if runner.compiled_for(model):
+        return "compiled passes"
+    lean = runner.lean_for(model)
+    if lean and step_for(model, 1):
+        return "C step"
+    forward = "lean forward" if lean else "transformers' forward"
+    route = set(plan(model) or ())
+    if route <= {"own"}:
+        return forward
+    return forward + (f", {route.pop()} linears" if len(route) == 1 else ", linears by pass width")

@@ -6,8 +6,8 @@ from torch.nn import Module
 from runners.device import model_device
 
 CACHES = ("static", "dynamic")
-# The CPU default, chosen by measurement (README, "CPU weights that read fewer bytes, and the static
-# cache": the static cache measured no faster on CPU); CUDA defaults to static (unmeasured).
+# The CPU default, chosen by measurement (docs/cpu-kernels.md: the static cache measured no faster on
+# CPU); CUDA defaults to static (not compared with the dynamic cache on a GPU).
 DEFAULT_CPU_CACHE = "dynamic"
 
 

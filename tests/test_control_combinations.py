@@ -54,7 +54,7 @@ CONTROLS = {
     "auto": dict(row_costs=COSTS, auto=True),
     "remember": dict(remember=True, min_gain=1.2, pause_steps=2),
 }
-README_POLICY = dict(adaptive=True, min_draft=2, pause_after=3, pause_steps=8, p_min=0.3)  # the README's example
+README_POLICY = dict(adaptive=True, min_draft=2, pause_after=3, pause_steps=8, p_min=0.3)  # the example of docs/python.md's first steps
 DRAFTERS = ("model", "ngram_basic", "ngram_onelevel", "pld", "chained")
 
 

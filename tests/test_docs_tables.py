@@ -1,7 +1,6 @@
 """The hand-written tables of the docs, checked against the code's tables: every REPL command
 (``app.repl.commands.COMMANDS``: the built-in ones and each strategy row's toggle and parameter
-commands) is in the command table of docs/repl.md and of the README, and every command they list
-exists; every strategy key (``strategies.EVERY``) is in docs/benchmark.md's table of keys, which
+commands) is in the command table of docs/repl.md, and every command it lists exists; every strategy key (``strategies.EVERY``) is in docs/benchmark.md's table of keys, which
 says which run by default (``app.bench.configs.default_strategies``). A row added to the strategy
 table without its line in the docs fails here."""
 import re
@@ -9,7 +8,7 @@ from pathlib import Path
 from typing import Dict, List, Set
 
 ROOT = Path(__file__).resolve().parents[1]
-REPL_DOCS = (ROOT / "docs" / "repl.md", ROOT / "README.md")
+REPL_DOCS = (ROOT / "docs" / "repl.md",)  # the README links to it; it has no command table of its own
 BENCHMARK_DOC = ROOT / "docs" / "benchmark.md"
 
 
@@ -119,3 +118,46 @@ def test_every_page_of_docs_is_reached_from_the_readme():
                 todo.append(page)
     assert not {p.resolve() for p in (ROOT / "docs").glob("*.md")} - reached
     assert (ROOT / "docs" / "adding-a-drafter.md").resolve() in links(ROOT / "README.md")
+
+
+def anchors(path: Path) -> Set[str]:
+    """The anchors GitHub gives ``path``'s headings: lower case, punctuation dropped, spaces as hyphens,
+    a repeated one suffixed -1, -2, ..."""
+    found: Set[str] = set()
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    for heading in re.findall(r"^#+ (.+)$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchor, n = slug, 0
+        while anchor in found:
+            n += 1
+            anchor = f"{slug}-{n}"
+        found.add(anchor)
+    return found
+
+
+def broken_links(path: Path) -> List[str]:
+    """Each relative link of ``path`` whose file does not exist, or whose #anchor no heading of that file gives."""
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        linked = (path.parent / file).resolve() if file else path
+        if not linked.exists() or (anchor and linked.suffix == ".md" and anchor not in anchors(linked)):
+            broken.append(target)
+    return broken
+
+
+def test_every_relative_link_of_the_readme_and_the_docs_resolves_to_a_file_and_heading():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    broken = {page.relative_to(ROOT).as_posix(): links for page in pages if (links := broken_links(page))}
+    assert not broken, broken
+
+
+def test_a_link_to_a_missing_file_or_heading_is_found(tmp_path):
+    (tmp_path / "there.md").write_text("# A heading: with `code`, and more\n## Twice\n## Twice\n")
+    page = tmp_path / "page.md"
+    page.write_text("[ok](there.md#a-heading-with-code-and-more) [ok](there.md#twice-1) [web](https://example.com/x)\n"
+                    "[no file](gone.md) [no heading](there.md#nowhere) [ok](#here)\n# Here\n")
+    assert broken_links(page) == ["gone.md", "there.md#nowhere"]

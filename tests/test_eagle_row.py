@@ -118,7 +118,7 @@ def infer(*args, stdin: str = ""):
 
 
 def test_the_repl_loads_the_head_says_it_and_runs_the_eagle_row(folders):
-    result = infer("--target", folders["target"], "--head", folders["head"], "--prompt", "Hi", "--length", "6")
+    result = infer("--target", folders["target"], "--head", folders["head"], "--prompt", "Hi", "--length", "6", "--verbose")
     assert result.returncode == 0, result.stderr
     head_line = next(line for line in result.stdout.splitlines() if line.startswith("Head:"))
     assert "EAGLE-3" in head_line and "draft vocabulary 48" in head_line and "draft step: " in head_line and "of a target pass" in head_line

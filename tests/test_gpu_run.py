@@ -68,6 +68,7 @@ def test_every_benchmark_and_repl_command_of_the_run_is_one_the_program_accepts(
                     if command[0] == "infer.py":
                         args = repl_parser().parse_args(list(command[1:]))
                         assert args.device == device and args.prompt and not args.eager
+                        assert args.verbose  # the record keeps each model's line and the measurements in full
 
 
 def test_the_run_measures_issue_65s_phases_in_order_each_alone_and_the_repl_twice_on_one_fresh_cache(tmp_path, monkeypatch):

@@ -43,7 +43,7 @@ def test_the_repl_starts_on_the_pair_with_speculative_decoding_and_names_its_dty
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    result = subprocess.run([sys.executable, "infer.py", "--preset", "pair", "--no-calibrate", "--length", "4", "--prompt", "Say hi"],
+    result = subprocess.run([sys.executable, "infer.py", "--preset", "pair", "--no-calibrate", "--length", "4", "--prompt", "Say hi", "--verbose"],
                             cwd=root, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     target_line = next(line for line in result.stdout.splitlines() if line.startswith("Target:"))

@@ -256,13 +256,13 @@ def test_prompt_flag_runs_one_comparison(tiny_models):
 
 
 def test_start_up_measures_verification_costs_unless_told_not_to(tiny_models):
-    measured = run("--target", tiny_models["target"], "--prompt", "Hi", "--length", "4")
-    skipped = run("--target", tiny_models["target"], "--prompt", "Hi", "--length", "4", "--no-calibrate")
+    measured = run("--target", tiny_models["target"], "--prompt", "Hi", "--length", "4", "--verbose")
+    skipped = run("--target", tiny_models["target"], "--prompt", "Hi", "--length", "4", "--no-calibrate", "--verbose")
     assert measured.returncode == 0 and skipped.returncode == 0, measured.stderr + skipped.stderr
     # that a measurement is made and shown, never what the clock said (a busy machine can make it implausible)
     assert "Verification cost" in measured.stdout
     assert "Verification cost" not in skipped.stdout and "Target AR" in skipped.stdout
-    given = run("--target", tiny_models["target"], "--prompt", "Hi", "--length", "4", "--row-costs", "1,1.2,1.1")
+    given = run("--target", tiny_models["target"], "--prompt", "Hi", "--length", "4", "--row-costs", "1,1.2,1.1", "--verbose")
     assert given.returncode == 0 and "Verification cost by positions 1..3: 1.00 1.20 1.10 (given, not measured)" in given.stdout
     refused = run("--target", tiny_models["target"], "--prompt", "Hi", "--row-costs", "1,9")
     assert refused.returncode == 1 and "--row-costs" in refused.stdout and "not plausible" in refused.stdout
@@ -307,6 +307,9 @@ def test_embedded_model_smoke():
     result = run("--prompt", "What is 2+2?", "--length", "8")
     assert result.returncode == 0, result.stderr
     assert "Target AR" in result.stdout and "SmolLM2-135M-Instruct" in result.stdout
+    # a newcomer's first screen: the model, device and dtype, what runs its passes; the measurement under --verbose
+    assert target_line(result).startswith("Target: SmolLM2-135M-Instruct") and " · cpu float32 · " in target_line(result)
+    assert len(target_line(result)) < 120 and "kernels by measurement" not in result.stdout
 
 
 def target_line(result) -> str:
@@ -314,9 +317,9 @@ def target_line(result) -> str:
 
 
 def test_prepacking_is_measured_by_default_or_the_flags_choice_and_named_on_the_target_line():
-    auto = run("--prompt", "Hi", "--length", "4", "--no-calibrate")
-    on = run("--prompt", "Hi", "--length", "4", "--no-calibrate", "--prepack", "on")
-    off = run("--prompt", "Hi", "--length", "4", "--no-calibrate", "--prepack", "off")
+    auto = run("--prompt", "Hi", "--length", "4", "--no-calibrate", "--verbose")
+    on = run("--prompt", "Hi", "--length", "4", "--no-calibrate", "--prepack", "on", "--verbose")
+    off = run("--prompt", "Hi", "--length", "4", "--no-calibrate", "--prepack", "off", "--verbose")
     assert auto.returncode == 0 and on.returncode == 0 and off.returncode == 0, auto.stderr + on.stderr + off.stderr
     # measured, or (a busy machine) fallen back past its budget: either way named, saved or not
     # the embedded SmolLM2 is a Llama: its eager passes run the lean forward (runners.lean), and the line says so
@@ -329,7 +332,7 @@ def test_prepacking_is_measured_by_default_or_the_flags_choice_and_named_on_the_
 
 @pytest.mark.needs_cxx
 def test_compile_compiles_once_at_start_up_says_how_long_and_names_the_runner(tiny_models):
-    result = run("--target", tiny_models["target"], "--compile", "--no-calibrate", "--prompt", "Hi", "--length", "6")
+    result = run("--target", tiny_models["target"], "--compile", "--no-calibrate", "--prompt", "Hi", "--length", "6", "--verbose")
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("Compiled the target in") == 1
     assert re.search(r"compiled \(inductor, frozen weights, (GEMM templates autotuned against MKL|MKL), passes of 1/2/4/8/16/32 positions, cache of 2048 positions, "
@@ -348,7 +351,7 @@ def test_a_drafter_made_of_the_targets_first_layers_drafts_in_the_repl(tiny_mode
 def test_quantized_target_loads_and_runs(tiny_models):
     result = run("--target", tiny_models["target"], "--quantize", "int8", "--prompt", "Hi", "--length", "4")
     assert result.returncode == 0, result.stderr
-    assert "quantization int8" in result.stdout and "Target AR" in result.stdout
+    assert "int8 weights" in target_line(result) and "Target AR" in result.stdout
 
 
 def test_encoder_decoder_models_are_detected_and_use_the_encoder_decoder_functions(tiny_models):
@@ -358,6 +361,24 @@ def test_encoder_decoder_models_are_detected_and_use_the_encoder_decoder_functio
     assert "decoder-only models only" in result.stdout
     assert "Speculative" in result.stdout and "Target AR" in result.stdout
     assert "N-gram assisted ─" not in result.stdout  # no section for it
+
+
+MODEL_LINES = ("Target:", "Drafter:", "Head:")
+
+
+def test_the_first_screen_is_one_short_line_per_model_and_stats_shows_the_start_up_in_full(tiny_models):
+    """By default each model is one line under 120 characters, and no measurement is printed before the
+    prompt; /stats prints the start-up in full: each model's whole line and the verification costs."""
+    result = run("--target", tiny_models["target"], "--drafter", tiny_models["drafter"], "--row-costs", GIVEN_COSTS, stdin="/stats\n")
+    assert result.returncode == 0, result.stderr
+    screen, stats = result.stdout.split("Type a prompt", 1)
+    lines = [line for line in screen.splitlines() if line.startswith(MODEL_LINES)]
+    assert [line.split(":")[0] for line in lines] == ["Target", "Drafter", "Head"], screen
+    assert all(len(line) < 120 for line in lines), lines
+    assert "Verification cost" not in screen and "KV cache" not in screen
+    full = stats.split("Start-up, in full:", 1)[1]
+    assert "Verification cost by positions 1..12: 1.00 1.10" in full and "Policy: " in full
+    assert next(line for line in full.splitlines() if line.startswith("Target:")).count(" · ") > lines[0].count(" · ")
 
 
 def test_stats_and_stream_show_the_last_prompt(repl):

@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gamma", type=gamma_flag, default=4, help="most drafts per step, or auto for the calibrated policy's choice (default 4)")
     parser.add_argument("--length", type=flag_type("--length", "length"), default=35, help="most new tokens (default 35)")
     parser.add_argument("--prompt", help="run one comparison on this prompt and exit")
+    parser.add_argument("--verbose", action="store_true", help="print the start-up measurements in full (each model's kernels "
+                        "and their costs by pass width, the verification costs, the policy); /stats shows them too")
     head_flag(parser)
     return parser
 
@@ -66,6 +68,33 @@ def fail(message: str) -> None:
 def say(text: str, style: str = "") -> None:
     """A start-up line, for ``session``."""
     console.print(Text(text, style=style))
+
+
+class Header:
+    """The start-up lines: one short line per model and, with ``--verbose``, each in full and the
+    measurements; ``full`` keeps the full lines for /stats."""
+
+    def __init__(self, verbose: bool):
+        self.verbose, self.full = verbose, []
+
+    def model(self, role: str, short: str, full: str = "") -> None:
+        """``role``'s line: ``short`` by default, ``full`` (kept for /stats) with ``--verbose``."""
+        line = Text(f"{role}: ", style="bold") + Text(full or short)
+        self.full.append(line.plain)
+        console.print(line if self.verbose else Text(f"{role}: ", style="bold") + Text(short))
+
+    def measurement(self, text: str) -> None:
+        """A line of the start-up measurements: kept for /stats, printed with ``--verbose``."""
+        self.full.append(text)
+        if self.verbose:
+            console.print(Text(text))
+
+    def say(self, text: str, style: str = "") -> None:
+        """``say`` for ``build_settings``: a warning (styled) is printed always, a measurement as above."""
+        if style:
+            say(text, style)
+        else:
+            self.measurement(text)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -112,34 +141,35 @@ def main(argv: Optional[List[str]] = None) -> None:
         pair = load_pair(args.target, args.drafter, options, say)
     except SetupError as error:
         fail(str(error))
-    console.print(Text("Target: ", style="bold") + Text(pair.describe("target") + (f" · {pair.dtype_note}" if pair.dtype_note else "")))
+    header = Header(args.verbose)
+    header.model("Target", pair.summary("target"), pair.describe("target") + (f" · {pair.dtype_note}" if pair.dtype_note else ""))
     if pair.drafter is None:
-        console.print("[bold]Drafter:[/bold] none (speculative decoding off; start with --drafter MODEL to compare it)")
+        header.model("Drafter", "none (speculative decoding off; start with --drafter MODEL to compare it)")
     else:
-        console.print(Text("Drafter: ", style="bold") + Text(pair.describe("drafter")))
+        header.model("Drafter", pair.summary("drafter"), pair.describe("drafter"))
     try:
         head, head_line = load_for(args.head, pair, args.target is None, say)
     except SetupError as error:
         fail(str(error))
-    console.print(Text("Head: ", style="bold") + Text(head_line))
+    header.model("Head", getattr(head, "summary", head_line), head_line)
     if pair.busy_note:  # a line of its own: the target's line ends with its runner, as scripts read it
         console.print(Text("Load: ", style="bold") + Text(pair.busy_note, style="yellow"))
     try:
-        config, context = build_settings(pair, args.processor, args.gamma, args.length, say=say)
+        config, context = build_settings(pair, args.processor, args.gamma, args.length, say=header.say)
     except SetupError as error:
         fail(str(error))
     context.head = head
     if not args.no_calibrate:
-        console.print(f"[bold]Policy:[/bold] {context.policy(config).describe(config.gamma)}")
+        header.measurement(f"Policy: {context.policy(config).describe(config.gamma)}")
     window = meter.stop()
     if window.record()["noisy"] and not pair.busy_note:
         console.print(Text("Load: ", style="bold") + Text(window.note("start-up"), style="yellow"))
-    repl = Repl(config, context, not args.no_chat, args.seed)
+    repl = Repl(config, context, not args.no_chat, args.seed, startup=header.full)
     if args.prompt is not None:
         try:
             repl.compare(args.prompt)
         except UsageError as error:
             fail(str(error))
         return
-    console.print("Type a prompt, or /help for the commands.")
+    console.print("Type a prompt, or /help for the commands" + ("." if args.verbose else "; /stats shows the start-up measurements."))
     repl.loop()

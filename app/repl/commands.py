@@ -389,7 +389,7 @@ BUILT_IN: Dict[str, Command] = {command.name: command for command in [
            f"x from {_range('min_gain')}, 0 = off; 1 = drafting steps must pay for their verification pass"),
     Command("/memory", "", "the policy remembers drafter models across prompts (off forgets)", _memory,
             value=lambda repl: repl.config.policy.remember),
-    Command("/stats", "", "detailed statistics of the last prompt", _stats),
+    Command("/stats", "", "the start-up measurements in full, and detailed statistics of the last prompt", _stats),
     toggle("/stream", "print tokens as they are accepted", REPL, "stream", "stream"),
 ]}
 COMMANDS = CommandTable(BUILT_IN, rows_after="/debug")  # /help: the strategy rows' toggles after /debug

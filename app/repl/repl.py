@@ -1,7 +1,7 @@
 """The REPL: its state (the run's config and context, and toggles), one line at a time (a /command or a prompt), each
 enabled strategy run on a prompt, their results, the table, and the divergences explained."""
 import copy
-from typing import List
+from typing import List, Sequence
 
 from rich.table import Table
 from rich.text import Text
@@ -34,7 +34,8 @@ class Repl:
 
     commands = COMMANDS
 
-    def __init__(self, config, context, chat: bool, seed: int):
+    def __init__(self, config, context, chat: bool, seed: int, startup: Sequence[str] = ()):
+        """``startup``: the start-up lines in full (each model's, the measurements), for /stats."""
         from strategies import STRATEGIES
 
         self.config = config.with_(stop_if_unknown=True)  # NASD as the reference's REPL runs it
@@ -48,6 +49,7 @@ class Repl:
         )
         self.stream = False
         self.last: list = []  # (strategy, result) of the last prompt, for /stats
+        self.startup = tuple(startup)  # the start-up lines in full, for /stats
         self.passes: dict = {}  # strategy key -> the target passes of its last run (sampling.divergence)
         self.storage_kind, self.storage_n = "basic", 3
         self.reset_in_between = True

@@ -21,6 +21,7 @@ class ReplState(Protocol):
     reset_in_between: bool
     stream: bool
     last: List[Tuple[Any, Any]]  # (strategy, result) of the last prompt, for /stats
+    startup: Tuple[str, ...]  # the start-up lines in full (each model's, the measurements), for /stats
     suffix_memory: "SuffixMemory"  # the global suffix memory, on or off (/suffix_global)
 
     def new_storage(self) -> None:

@@ -1,4 +1,5 @@
-"""The REPL's /stats: the last prompt's statistics per strategy, and the global suffix memory's state."""
+"""The REPL's /stats: the start-up measurements in full, the last prompt's statistics per strategy, and the
+global suffix memory's state."""
 from rich.table import Table
 from rich.text import Text
 
@@ -13,7 +14,16 @@ def suffix_memory_line(repl) -> str:
     return f"suffix global memory: on, {repl.suffix_memory.describe()}"
 
 
+def _startup(repl) -> None:
+    """The start-up lines in full, as ``--verbose`` prints them: each model's, the measurements."""
+    if repl.startup:
+        console.print(Text("Start-up, in full:", style="bold"))
+        for line in repl.startup:
+            console.print(Text(line))
+
+
 def _stats(repl):
+    _startup(repl)
     if not repl.last:
         raise UsageError("no prompt yet: /stats shows the statistics of the last prompt")
     table = Table(title="Statistics of the last prompt")

@@ -109,7 +109,7 @@ def phases(device: str, sizes: Sizes, work: Path, stage: Optional[Path] = None) 
     tokens, repeats = (str(256), str(3)) if sizes is FULL else (str(sizes.new_tokens), "1")
     probe = probe_path(stage)
     fresh = (("SPECDEC_CACHE", str(work / "repl-cache")),)
-    repl = ("infer.py", "--device", device, "--prompt", REPL_PROMPT, "--length", "32" if sizes is FULL else "8", *step)
+    repl = ("infer.py", "--device", device, "--prompt", REPL_PROMPT, "--length", "32" if sizes is FULL else "8", "--verbose", *step)
     cap = (lambda seconds: seconds) if sizes is FULL else (lambda seconds: 0)  # a smoke run on CPU compiles slowly: no caps
     return [
         Phase("step-bench", (("scripts/gpu/step_bench.py", "--device", device, "--tokens", tokens, "--repeats", repeats,
