@@ -117,3 +117,18 @@ def test_a_link_in_place_of_the_file_is_not_followed(folder, tmp_path):
     path.symlink_to(target)
     graphs, problem = artifacts.load_artifacts(KEY)
     assert graphs == [] and problem.startswith("skipped: ")
+
+
+def test_the_steps_header_says_why_its_artifacts_were_not_loaded(folder):
+    """The reason a file was skipped reaches the line that names the step (``runners.step.step_label``)."""
+    from conftest import llama
+    from runners.step import step_label, step_state
+
+    model = llama(layers=1, window=512, seed=12).to(torch.float32)
+    key = artifacts.artifact_key(model, torch.float32, torch.device("cpu"))
+    path = artifacts.artifact_path(key)
+    path.parent.mkdir(mode=0o700)
+    path.write_bytes(b"anything")
+    path.chmod(0o646)
+    assert step_state(model).artifact_problem.startswith("skipped: the file is writable by other users")
+    assert "artifacts not loaded: skipped: the file is writable by other users" in step_label(model)
