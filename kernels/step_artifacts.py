@@ -80,7 +80,7 @@ def _read_trusted(path: Path) -> Tuple[bytes, str]:
     except OSError as error:
         if path.is_symlink():  # O_NOFOLLOW's ELOOP: a link put in the file's place
             return b"", "the file is a link"
-        raise error
+        raise
     with os.fdopen(handle, "rb") as file:
         info = os.fstat(file.fileno())
         if not stat.S_ISREG(info.st_mode):
