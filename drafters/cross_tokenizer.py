@@ -202,15 +202,23 @@ class CrossTokenizerDrafter(Drafter):
         return len(qs), torch.cat(qs) if qs else None
 
 
-_TRANSLATIONS: Dict[Tuple[int, int], Tuple[object, object, Translation]] = {}  # the tokenizers kept, so ids stay theirs
+# the last pairs' translations, oldest first; each entry keeps its tokenizers, so that the ids of its
+# key stay theirs while it is kept. Bounded: a notebook loading pair after pair keeps the last few, not all.
+_TRANSLATIONS: Dict[Tuple[int, int], Tuple[object, object, Translation]] = {}
+TRANSLATIONS_KEPT = 4
 
 
 def translation(target_tokenizer, drafter_tokenizer) -> Translation:
-    """The ``Translation`` of two tokenizers, built once per pair (spelling a vocabulary takes a second)."""
+    """The ``Translation`` of two tokenizers, built once per pair (spelling a vocabulary takes a second)
+    and kept while the pair is among the last ``TRANSLATIONS_KEPT`` used."""
     key = (id(target_tokenizer), id(drafter_tokenizer))
-    if key not in _TRANSLATIONS:
-        _TRANSLATIONS[key] = (target_tokenizer, drafter_tokenizer, Translation(target_tokenizer, drafter_tokenizer))
-    return _TRANSLATIONS[key][2]
+    found = _TRANSLATIONS.pop(key, None)
+    if found is None:
+        found = (target_tokenizer, drafter_tokenizer, Translation(target_tokenizer, drafter_tokenizer))
+    _TRANSLATIONS[key] = found  # the most recent last
+    while len(_TRANSLATIONS) > TRANSLATIONS_KEPT:
+        del _TRANSLATIONS[next(iter(_TRANSLATIONS))]
+    return found[2]
 
 
 def same_vocabulary(tokenizer, other) -> bool:

@@ -363,6 +363,8 @@ def step_label(model: Module) -> str:
     capacity = f", cache of {state.capacity} positions" if state is not None and state.capacity else ""
     built = f", compiled in {state.prepared_seconds:.0f} s" if state is not None and state.prepared_seconds else ""
     reused = f", {len(state.loaded)} graphs' artifacts reused" if state is not None and state.loaded else ""
+    if state is not None and state.artifact_problem:  # a file was there and was not loaded: say why
+        reused = f", saved artifacts not loaded: {state.artifact_problem}"
     mode = state.mode if state is not None else step_graphs()
     compiled = "one decoder layer compiled for all, each pass captured whole" if mode == "regional" else "each pass compiled whole"
     return (f"{STEP_LABEL} ({how}, {compiled}, one graph per pass width {widths} and key bucket (from {MIN_KEYS} keys, "

@@ -236,14 +236,16 @@ def test_every_row_and_its_transformers_peer_run_one_plan_so_one_position_costs_
 
 def test_a_divergence_is_replayed_on_the_kernels_each_run_had(float32_pair):
     """A row on prepacked linears against target AR on the model's own: each computation replayed as it
-    ran, so the rounding weighed is the one between the kernels, whatever the model has now."""
+    ran, so the rounding weighed is the one between the kernels, whatever the model has now. The runs
+    are without gradients, as generation's and the replay's: with them, oneDNN's AVX2 kernels (AMD EPYC
+    before Zen 4; ``ONEDNN_MAX_CPU_ISA=AVX2``) take a training primitive that rounds apart."""
     from sampling.divergence import default_runner, on_kernels
 
     target, _ = float32_pair
     ids = torch.tensor([PROMPT])
-    with kernels(target, False):
+    with kernels(target, False), torch.no_grad():
         own = KVCacheModel(target)(ids, 3)
-    with kernels(target, True):
+    with kernels(target, True), torch.no_grad():
         packed = KVCacheModel(target)(ids, 3)
     for now in (True, False):
         with kernels(target, now):
