@@ -34,7 +34,7 @@ class HeadSteps:
 
     def __init__(self, head: Eagle3Head):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
-        self.head = head
+        self._head = weakref.ref(head)  # weakly: the state is the head's value in ``_STEPS``
         weight = head.fc.weight
         self.device, self.dtype, self.cuda = weight.device, weight.dtype, weight.device.type == "cuda"
         self.compiled = torch.compile(self.forward, fullgraph=True, dynamic=False, mode="reduce-overhead" if self.cuda else None)
@@ -43,6 +43,10 @@ class HeadSteps:
         self.inputs: dict = {}  # (width, keys) -> the graph's input buffers
         self.lazy, self.fallbacks = True, 0
         self.built: set = set()
+
+    @property
+    def head(self) -> Eagle3Head:
+        return self._head()
 
     def take_cache(self, length: int) -> HeadCache:
         """A free zeroed cache of the pool's capacity (grown to hold ``length`` plus a wide feed)."""
@@ -148,7 +152,7 @@ class HeadStepCache:
     the compiled decode over it (``decode`` has ``Eagle3Head.decode``'s arguments after the cache)."""
 
     def __init__(self, head: Eagle3Head, length: int):
-        self.steps = head_steps(head)
+        self.head, self.steps = head, head_steps(head)
         self._held = [self.steps.take_cache(length)]  # the cache held now: given back when the holder is dropped
         weakref.finalize(self, _give_back, self.steps, self._held)
 
@@ -171,7 +175,7 @@ class HeadStepCache:
         """``Eagle3Head.draft_step`` on the compiled decode: tokens ``ids`` ``[m]`` with ``hidden`` ``[m, H]`` or
         the target's ``features`` ``[m, F]`` (fused by ``fc``); outputs ``[m, H]`` and the draft logits of
         the last ``n_last`` rows ``[n_last, Vd]`` (the output layer and ``fc`` run around the graph)."""
-        head = self.steps.head
+        head = self.head
         if features is not None:
             hidden = head.fc(features.to(head.fc.weight.dtype))
         out = self.decode(head.embed(ids.unsqueeze(0)), hidden.unsqueeze(0), start, mask, positions)[0]

@@ -80,7 +80,8 @@ class StepState:
         self.mode = step_graphs()
         self.step = LlamaStep(model)  # refuses a model outside the family, with its reason
         self.eager = LlamaStep(model)  # the same arithmetic, never compiled: prompts, passes without a graph
-        self.model, self.device, self.dtype = model, model_device(model), compute_dtype(model)
+        self._model = weakref.ref(model)  # weakly: the state is the model's value in ``_STATES``
+        self.device, self.dtype = model_device(model), compute_dtype(model)
         self.cuda = self.device.type == "cuda"
         if self.mode == "whole":
             self.compiled = torch.compile(self.step.forward, fullgraph=True, dynamic=False,
@@ -102,6 +103,10 @@ class StepState:
         self.cache_count = CacheCount()
         self.artifact_key = artifact_key(model, self.dtype, self.device)
         self.loaded, self.artifact_problem = load_artifacts(self.artifact_key)
+
+    @property
+    def model(self) -> Module:
+        return self._model()
 
     def set_widths(self, widths: Sequence[int]) -> None:
         """The widths passes are padded to from now on (1 always among them; the first call replaces
@@ -229,6 +234,8 @@ class StepState:
         return logits, hidden
 
 
+# a state holds its model weakly (and its steps too): a value that referred to its key would keep the
+# model, its pool of caches and every graph alive for the whole process
 _STATES: "weakref.WeakKeyDictionary[Module, StepState]" = weakref.WeakKeyDictionary()
 
 
