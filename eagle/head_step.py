@@ -24,17 +24,26 @@ from torch import Tensor
 from eagle.head import Eagle3Head, HeadCache
 from runners.compiled import compile_events
 from runners.step import key_bucket, key_buckets
+from runners.step_graphs import forget_when_freed, weights_key
 
 WIDTHS = (1, 8)  # a draft step; a chain's catch-up (at most gamma + 1 rows) and a tree depth (top_k rows), padded
 MIN_CAPACITY = 1024
 
 
+def head_cache_key(cache: HeadCache) -> tuple:
+    """What a graph captures of ``cache``: its capacity, dtype and the keys' and values' addresses."""
+    return cache.keys.shape[2], cache.keys.dtype, cache.keys.device, cache.keys.data_ptr(), cache.values.data_ptr()
+
+
 class HeadSteps:
-    """A head's compiled decode, its pool of caches (one capacity) and the (width, keys, cache) graphs built."""
+    """A head's compiled decode, its pool of caches (one capacity) and the (width, keys, ``head_cache_key``)
+    graphs built (a cache's entries go when it is freed). One state serves one set of weights
+    (``weights``: ``head_steps`` makes a new one when a cast or a load with ``assign=True`` moved them)."""
 
     def __init__(self, head: Eagle3Head):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
         self._head = weakref.ref(head)  # weakly: the state is the head's value in ``_STEPS``
+        self.weights = weights_key(head)
         weight = head.fc.weight
         self.device, self.dtype, self.cuda = weight.device, weight.dtype, weight.device.type == "cuda"
         self.compiled = torch.compile(self.forward, fullgraph=True, dynamic=False, mode="reduce-overhead" if self.cuda else None)
@@ -93,11 +102,14 @@ class HeadSteps:
         if width is None or start + width > cache.keys.shape[2]:
             return self._uncompiled(cache, embeds, hidden, start, mask, positions)
         keys = key_bucket(start + width, cache.keys.shape[2])
-        key = (width, keys, cache.keys.data_ptr())
+        held = head_cache_key(cache)
+        key = (width, keys, held)
         if key not in self.built:
             if not self.lazy:
                 self.fallbacks += 1
                 return self._uncompiled(cache, embeds, hidden, start, mask, positions)
+            if not any(other[2] == held for other in self.built):
+                forget_when_freed(self, cache, held)
             self.built.add(key)
             compile_events.append(("Eagle3Head step", width, keys))
         embeds_in, hidden_in, positions_in, slots, full = self.buffers(width, keys)
@@ -114,6 +126,10 @@ class HeadSteps:
             torch.compiler.cudagraph_mark_step_begin()
         out = self.compiled(embeds_in, hidden_in, positions_in, slots, full, cache)[:, :m]
         return out.clone() if self.cuda else out  # a graph's output is overwritten by its next replay
+
+    def forget(self, held: tuple) -> None:
+        """Drop the entries of the cache whose ``head_cache_key`` is ``held`` (it was freed)."""
+        self.built = {key for key in self.built if key[2] != held}
 
     def buffers(self, width: int, keys: int) -> Tuple[Tensor, ...]:
         """The (``width``, ``keys``) graph's inputs at static addresses: embeddings and hidden states
@@ -140,9 +156,10 @@ _STEPS: "weakref.WeakKeyDictionary[Eagle3Head, HeadSteps]" = weakref.WeakKeyDict
 
 
 def head_steps(head: Eagle3Head) -> HeadSteps:
-    """The head's compiled decode, made on first use."""
+    """The head's compiled decode, made on first use, and made again when its weights moved (a cast, a
+    move, a load with ``assign=True``; read at each generation's ``HeadStepCache``)."""
     steps = _STEPS.get(head)
-    if steps is None:
+    if steps is None or steps.weights != weights_key(head):
         steps = _STEPS[head] = HeadSteps(head)
     return steps
 
@@ -195,7 +212,7 @@ def prepare_head_step(head: Eagle3Head, first: int, last: int, say: Callable[[st
     holder = HeadStepCache(head, last)
     cache, size = holder.cache, head.config.hidden_size
     todo: List[Tuple[int, int]] = [(w, k) for w in WIDTHS for k in key_buckets(max(1, first), last + w, cache.keys.shape[2])
-                                   if (w, k, cache.keys.data_ptr()) not in steps.built]
+                                   if (w, k, head_cache_key(cache)) not in steps.built]
     steps.lazy = True
     for i, (width, keys) in enumerate(sorted(todo, key=lambda wk: (wk[1], wk[0]))):
         say(f"compiling the EAGLE-3 head's draft step: graph {i + 1} of {len(todo)}, width {width}, {keys} keys "

@@ -17,6 +17,9 @@ default runner of a Llama-family model on CUDA (``runners.config.RunnerConfig.st
 * The inputs of a (width, keys) graph (ids, positions, slots, mask) and the cache live at static
   addresses (``mark_static_address``); the cache's capacity is a power of two, taken from a per-model
   pool at the pool's capacity, so that a new runner (every generation makes one) builds no graph.
+* A graph is keyed on everything it captured of its cache (``step_graphs.cache_key``: the capacity, the
+  dtype, every layer's keys and values) and goes when that cache is freed; a state serves one set of
+  weights (``step_state`` makes a new one after a cast, a move or a load with ``assign=True``).
 * Chain and tree passes share a graph: a tree only fills the mask and the slots differently.
 * With ``hidden_layers`` prepared (a learned head drafts), every graph also returns those layers'
   hidden states, and a pass that wants none takes the same graph: one set of graphs, not two.
@@ -40,7 +43,7 @@ from runners.compiled import compile_events
 from runners.config import STEP_LABEL
 from runners.device import model_device
 from runners.static import fed
-from runners.step_graphs import CapturedPasses, step_graphs
+from runners.step_graphs import CapturedPasses, cache_key, forget_when_freed, step_graphs, weights_key
 from runners.trees import TreePasses, compute_dtype
 
 WIDTHS = (1, 2, 4, 8, 16, 32)  # a notebook's widths: decoding, chain verification (suffix drafts up to 24), a tree of 16 nodes
@@ -71,7 +74,9 @@ def key_buckets(first: int, last: int, capacity: int) -> List[int]:
 
 class StepState:
     """A model's compiled step, its pool of caches (one capacity), each (width, keys)'s input buffers
-    and the graphs built, by (width, keys, cache address, hidden layers)."""
+    and the graphs built, by (width, keys, the cache's ``cache_key``, hidden layers): a cache's entries go
+    when it is freed. One state serves one set of weights (``weights``: ``step_state`` makes a new one
+    when a cast or a load with ``assign=True`` moved them)."""
 
     def __init__(self, model: Module):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
@@ -81,6 +86,7 @@ class StepState:
         self.step = LlamaStep(model)  # refuses a model outside the family, with its reason
         self.eager = LlamaStep(model)  # the same arithmetic, never compiled: prompts, passes without a graph
         self._model = weakref.ref(model)  # weakly: the state is the model's value in ``_STATES``
+        self.weights = weights_key(model)
         self.device, self.dtype = model_device(model), compute_dtype(model)
         self.cuda = self.device.type == "cuda"
         if self.mode == "whole":
@@ -158,13 +164,13 @@ class StepState:
         width = self.width(rows)
         if width is None or start + width > cache.capacity:
             return None
-        keys, pointer = key_bucket(start + width, cache.capacity), cache.layers[0].keys.data_ptr()
+        keys, held = key_bucket(start + width, cache.capacity), cache_key(cache)
         options = [layers] + ([self.hidden_layers] if not layers and self.hidden_layers else [])
         if self.lazy:
-            return width, keys, options[-1] if (width, keys, pointer, options[-1]) in self.built else layers
+            return width, keys, options[-1] if (width, keys, held, options[-1]) in self.built else layers
         for bucket in key_buckets(keys, cache.capacity, cache.capacity):
             for kept in options:
-                if (width, bucket, pointer, kept) in self.built:
+                if (width, bucket, held, kept) in self.built:
                     return width, bucket, kept
         return None
 
@@ -215,7 +221,8 @@ class StepState:
     def run(self, width: int, keys: int, cache: KVCache, rows: int, n_last: int, kept: Tuple[int, ...], layers: Tuple[int, ...]):
         """Replay (or build) the (``width``, ``keys``, ``kept``) graph over its buffers; the valid rows'
         outputs (hidden states only where ``layers`` asked), cloned on CUDA."""
-        key = (width, keys, cache.layers[0].keys.data_ptr(), kept)
+        held = cache_key(cache)
+        key = (width, keys, held, kept)
         first, clock = key not in self.built, time.perf_counter()
         if self.cuda and self.mode == "whole":
             torch.compiler.cudagraph_mark_step_begin()
@@ -225,6 +232,8 @@ class StepState:
         if self.cuda:  # a graph's outputs are overwritten by its next replay
             logits, hidden = logits.clone(), hidden.clone() if hidden is not None else None
         if first:
+            if not any(other[2] == held for other in self.built):
+                forget_when_freed(self, cache, held)
             self.built.add(key)
             self.graphs.add((width, keys, kept))
             compile_events.append((f"{type(self.model).__name__} step", width, keys))
@@ -233,6 +242,11 @@ class StepState:
             self.compile_seconds += time.perf_counter() - clock
         return logits, hidden
 
+    def forget(self, held: tuple) -> None:
+        """Drop the entries of the cache whose ``cache_key`` is ``held`` (it was freed: a new cache at its
+        addresses has no graph yet)."""
+        self.built = {key for key in self.built if key[2] != held}
+
 
 # a state holds its model weakly (and its steps too): a value that referred to its key would keep the
 # model, its pool of caches and every graph alive for the whole process
@@ -240,9 +254,11 @@ _STATES: "weakref.WeakKeyDictionary[Module, StepState]" = weakref.WeakKeyDiction
 
 
 def step_state(model: Module) -> StepState:
-    """The model's compiled step, made on first use."""
+    """The model's compiled step, made on first use, and made again when its weights moved (a cast, a
+    move, a load with ``assign=True``: the old graphs read the old addresses). Read when a runner is made
+    (every generation makes one) and by ``prepare_step``; a runner made before the change keeps the old state."""
     state = _STATES.get(model)
-    if state is None:
+    if state is None or state.weights != weights_key(model):
         state = _STATES[model] = StepState(model)
     return state
 
@@ -337,9 +353,9 @@ def prepare_step(model: Module, length: int = MIN_CAPACITY - max(WIDTHS), say: C
     runner = StepRunner(model)
     runner._reserve(length)
     cache, layers = runner.cache, state.hidden_layers
-    pointer = cache.layers[0].keys.data_ptr()
+    held = cache_key(cache)
     todo = sorted({(w, k) for w in state.widths for k in key_buckets(max(1, first), length + w, cache.capacity)
-                   if (w, k, pointer, layers) not in state.built}, key=lambda wk: (wk[0] != 1, wk[1], wk[0]))
+                   if (w, k, held, layers) not in state.built}, key=lambda wk: (wk[0] != 1, wk[1], wk[0]))
     state.lazy = True
     before, state.cache_count = state.compile_seconds, CacheCount()
     ids = torch.zeros(max(state.widths), dtype=torch.long, device=state.device)

@@ -2,6 +2,8 @@
 (``SPECDEC_STEP_GRAPHS``), and ``CapturedPasses`` captures a pass whose layers were compiled one by one
 as one CUDA graph (the "regional" mode)."""
 import os
+import weakref
+from itertools import chain
 from typing import Callable, Dict, Tuple
 
 import torch
@@ -23,22 +25,60 @@ def step_graphs() -> str:
     return mode
 
 
+def cache_key(cache: KVCache) -> tuple:
+    """What a graph captures of ``cache``: its capacity, dtype and every layer's key and value storage
+    (their addresses; layer 0's alone would let a cache that shares it, or lands where it was freed,
+    replay a graph that writes the other layers where they are no longer)."""
+    first = cache.layers[0].keys
+    return (cache.capacity, first.dtype, first.device) + \
+        tuple(t.data_ptr() for layer in cache.layers for t in (layer.keys, layer.values))
+
+
+def weights_key(module: torch.nn.Module) -> tuple:
+    """Each parameter's and buffer's identity, storage address, dtype, device and shape: a graph reads the
+    weights at the addresses it captured, so a cast (``half()``, ``.to(...)``) or a load with
+    ``assign=True`` must not replay it (an in-place load keeps the addresses: its graphs stay valid)."""
+    return tuple((id(t), t.data_ptr(), t.dtype, t.device, tuple(t.shape))
+                 for t in chain(module.parameters(), module.buffers()))
+
+
+def forget_when_freed(owner: object, held: object, key: tuple) -> None:
+    """Call ``owner.forget(key)`` when ``held`` (a cache) is freed, holding ``owner`` only weakly."""
+    weakref.finalize(held, _forget, weakref.ref(owner), key)
+
+
+def _forget(owner: "weakref.ref", key: tuple) -> None:
+    alive = owner()
+    if alive is not None:
+        alive.forget(key)
+
+
 class CapturedPasses:
-    """``forward``'s passes captured as CUDA graphs, one per (inputs' addresses, width, hidden layers):
-    the first call of a key warms up twice on a side stream (building the compiled layer's kernels for
-    these shapes), captures one pass, and replays it; every later call only replays. The outputs are
-    the graph's own tensors, overwritten by its next replay (the runner clones them)."""
+    """``forward``'s passes captured as CUDA graphs, one per (inputs' addresses, the cache's ``cache_key``,
+    width, hidden layers): the first call of a key warms up twice on a side stream (building the
+    compiled layer's kernels for these shapes), captures one pass, and replays it; every later call only
+    replays. A cache's graphs go when the cache is freed. The outputs are the graph's own tensors,
+    overwritten by its next replay (the runner clones them). One instance serves one set of weights
+    (``runners.step.step_state`` makes a new state when they change: ``weights_key``)."""
 
     def __init__(self, forward: Callable, device: torch.device):
         self.forward, self.device = forward, device
-        self.graphs: Dict[tuple, Tuple[object, tuple]] = {}
+        self.graphs: Dict[tuple, Tuple[object, tuple]] = {}  # (cache key, inputs, n_last, layers) -> graph, outputs
         self.pool = None  # one memory pool shared by every graph of this model
+
+    def forget(self, held: tuple) -> None:
+        """Drop the graphs captured over the cache whose ``cache_key`` is ``held`` (it was freed)."""
+        for key in [key for key in self.graphs if key[0] == held]:
+            del self.graphs[key]
 
     def __call__(self, ids: Tensor, positions: Tensor, slots: Tensor, mask: Tensor, cache: KVCache, n_last: int,
                  layers: Tuple[int, ...]):
-        key = (ids.data_ptr(), mask.data_ptr(), cache.layers[0].keys.data_ptr(), n_last, layers)
+        held = cache_key(cache)
+        key = (held, ids.data_ptr(), positions.data_ptr(), slots.data_ptr(), mask.data_ptr(), n_last, layers)
         found = self.graphs.get(key)
         if found is None:
+            if not any(other[0] == held for other in self.graphs):
+                forget_when_freed(self, cache, held)
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):

@@ -2,6 +2,7 @@
 head's (``eagle.head_step``) and transformers' compiled forward's (``runners.compiled``) die with their
 model (a value of a ``WeakKeyDictionary`` that refers to its key never lets it go). Tiny models on CPU
 (inductor's default mode; CUDA graphs are not exercised here)."""
+import contextlib
 import gc
 import weakref
 
@@ -11,8 +12,11 @@ import torch
 import runners.compiled as compiled_module
 import runners.step as step_module
 from conftest import llama
+from eagle.head import HeadCache
 from eagle.head_step import HeadStepCache, _STEPS
+from models.llama import KVCache, KVLayer
 from runners import StepRunner
+from runners.step_graphs import CapturedPasses
 from test_eagle_row import head_for
 
 
@@ -58,3 +62,116 @@ def test_the_compiled_forwards_state_dies_with_its_model():
     del model, state
     assert dropped(model_ref) and dropped(state_ref) and len(compiled_module._STATE) == entries - 1
 
+
+class FakeGraph:
+    """A CUDA graph on CPU: ``replay`` runs the captured call again over the cache it was captured on (held
+    weakly: a CUDA graph holds addresses, not the Python objects)."""
+
+    capturing = None
+
+    def __init__(self):
+        self.call = None
+
+    def replay(self):
+        forward, (ids, positions, slots, mask, cache, n_last, layers) = self.call
+        forward(ids, positions, slots, mask, cache(), n_last, layers)
+
+    def pool(self):
+        return None
+
+
+@contextlib.contextmanager
+def fake_capture(graph, pool=None):
+    FakeGraph.capturing = graph
+    try:
+        yield
+    finally:
+        FakeGraph.capturing = None
+
+
+def fake_cuda(monkeypatch):
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", fake_capture)
+
+
+def marking(ids, positions, slots, mask, cache, n_last, layers):
+    """A pass that writes ``ids[0]`` into every layer's keys and values at slot 0 (and is captured as that)."""
+    if FakeGraph.capturing is not None:
+        FakeGraph.capturing.call = (marking, (ids, positions, slots, mask, weakref.ref(cache), n_last, layers))
+    for layer in cache.layers:
+        layer.keys[0, 0, 0].fill_(ids[0].item())
+        layer.values[0, 0, 0].fill_(ids[0].item())
+    return ids.clone(), None
+
+
+def small_cache(layers=2, capacity=8):
+    return KVCache([KVLayer(torch.zeros(1, 1, capacity, 2), torch.zeros(1, 1, capacity, 2)) for _ in range(layers)], capacity)
+
+
+def test_a_captured_pass_is_keyed_on_every_layer_of_its_cache_and_goes_with_the_cache(monkeypatch):
+    """A cache sharing layer 0 with one a graph was captured on, its other layers new: today's key (layer
+    0's address) replayed the old graph, which wrote the old cache's layer 1 and left the new one's
+    unwritten. Each cache gets its own graph, and a freed cache's graphs are dropped."""
+    fake_cuda(monkeypatch)
+    passes = CapturedPasses(marking, torch.device("cpu"))
+    ids, positions, slots = (torch.zeros(1, dtype=torch.long) for _ in range(3))
+    mask = torch.ones(1, 1, 1, 8, dtype=torch.bool)
+    first = small_cache()
+    ids.fill_(3)
+    passes(ids, positions, slots, mask, first, 1, ())
+    second = KVCache([first.layers[0], small_cache(1).layers[0]], 8)
+    ids.fill_(5)
+    passes(ids, positions, slots, mask, second, 1, ())
+    assert second.layers[1].keys[0, 0, 0, 0] == 5 and second.layers[1].values[0, 0, 0, 0] == 5
+    assert first.layers[1].keys[0, 0, 0, 0] == 3  # the first cache's own layer is not written by the second's pass
+    assert len(passes.graphs) == 2
+    del first
+    gc.collect()
+    assert len(passes.graphs) == 1
+
+
+@pytest.mark.needs_cxx
+def test_a_cast_or_a_load_that_moves_the_weights_makes_a_new_state_and_the_passes_follow_them():
+    """After a pass on the step, ``load_state_dict(..., assign=True)`` of other weights, then a cast to
+    float32: each time a new state (the old graphs read the old addresses), and a pass's logits are
+    transformers' forward's on the weights the model holds now."""
+    model, other, ids = llama(layers=1, window=512, seed=24), llama(layers=1, window=512, seed=25), ids_for(12)
+
+    def state_after_a_pass(tolerance):
+        runner = StepRunner(model)
+        runner(ids[:, :10], 10)
+        logits = runner(ids[:, :11], 1)  # lazy: a compiled pass
+        with torch.no_grad():
+            expected = model(ids[:, :11]).logits[0, -1:]
+        torch.testing.assert_close(logits, expected, rtol=tolerance, atol=tolerance)
+        return runner.state
+
+    before = state_after_a_pass(1e-6)
+    model.load_state_dict(other.state_dict(), assign=True)
+    loaded = state_after_a_pass(1e-6)
+    model.to(torch.float32)
+    cast = state_after_a_pass(1e-4)
+    assert loaded is not before and cast is not loaded and cast.dtype == torch.float32
+
+
+@pytest.mark.needs_cxx
+def test_the_heads_step_follows_a_cast_of_the_head():
+    target = llama(layers=2, init=0.1, seed=26)
+    head = head_for(target)
+    size = head.config.hidden_size
+    generator = torch.Generator().manual_seed(2)
+    embeds, hidden = (torch.randn(1, 1, size, generator=generator, dtype=torch.float64) for _ in range(2))
+    HeadStepCache(head, 32).decode(embeds, hidden, 0)  # a compiled feed (lazy: built)
+    head.to(torch.float32)
+    embeds, hidden = embeds.float(), hidden.float()
+    holder = HeadStepCache(head, 32)
+    torch.testing.assert_close(holder.decode(embeds, hidden, 0), head.decode(HeadCache(head, 32, "cpu", torch.float32), embeds, hidden, 0),
+                               rtol=1e-5, atol=1e-5)
+    assert holder.cache.keys.dtype == torch.float32
