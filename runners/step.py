@@ -13,7 +13,8 @@ default runner of a Llama-family model on CUDA (``runners.config.RunnerConfig.st
   needs it. ``prepare_step`` builds the graphs asked for (width 1 first, a progress line each) and
   turns ``lazy`` off: the programs prepare what their enabled rows need before a timed run, and a
   pass with no built graph then takes a built one of a larger bucket, or runs uncompiled; it never
-  builds one (``StepState.fallbacks`` counts those passes).
+  builds one (``StepState.fallbacks`` counts those passes, and every later pass wider than every
+  prepared width: a width the programs forgot to prepare).
 * The inputs of a (width, keys) graph (ids, positions, slots, mask) and the cache live at static
   addresses (``mark_static_address``); the cache's capacity is a power of two, taken from a per-model
   pool at the pool's capacity, so that a new runner (every generation makes one) builds no graph.
@@ -104,7 +105,7 @@ class StepState:
         self.hidden_layers: Tuple[int, ...] = ()  # prepared: every graph returns these layers' hidden states
         self.built: set = set()
         self.graphs: set = set()  # (width, keys, hidden layers) built in this process, for the artifacts' line
-        self.fallbacks = 0  # passes run uncompiled for want of a built graph (never building one) while not lazy
+        self.fallbacks = 0  # passes of at most MAX_WIDTH rows run uncompiled while not lazy (prompts aside)
         self.compile_seconds = self.prepared_seconds = 0.0
         self.cache_count = CacheCount()
         self.artifact_key = artifact_key(model, self.dtype, self.device)
@@ -213,8 +214,8 @@ class StepState:
         rows = new.shape[0]
         if mask is None:
             mask = (self.slots[None, : start + rows] <= positions[:, None])[None, None]
-        if not self.lazy and rows <= max(self.widths):
-            self.fallbacks += 1
+        if not self.lazy and (rows <= max(self.widths) or 0 < start and rows <= MAX_WIDTH):
+            self.fallbacks += 1  # a pass a graph could have run (a sequence's first pass, its prompt, is not one)
         slots = torch.arange(start, start + rows, device=self.device)
         return self.eager.forward(new, positions, slots, mask, cache, n_last, layers)
 

@@ -68,6 +68,33 @@ def test_each_row_needs_its_drafts_plus_one_and_target_ar_one():
     assert start_widths([4]) == (1, 5) and start_widths([2, "auto"]) == (1, 3, 9)
 
 
+def test_gamma_auto_prepares_the_widths_its_policy_can_ask_for():
+    """Under ``/gamma auto`` the calibrated policy drafts up to the longest measured pass less one (11 on
+    12 measured rows), past ``gamma``: the target's and the drafter's widths hold those passes."""
+    config = RunConfig(gamma=4).with_policy(auto=True, row_costs=(1.0,) * 12)
+    rows = [(BY_KEY[key], config) for key in ("target", "ngram", "speculative")]
+    assert row_rows(BY_KEY["ngram"], config) == 12 and row_rows(BY_KEY["target"], config) == 1
+    assert step_widths(rows) == (1, 12) and drafter_widths(rows) == (1, 12)
+    assert step_widths([(BY_KEY["ngram"], config.with_policy(auto=False))]) == (1, 5)
+
+
+def test_every_uncompiled_pass_a_graph_could_run_is_a_fallback_once_prepared_and_a_prompt_is_not():
+    """Prepared (not lazy) with widths 1 and 4 and no graph built: a 12-row pass (``/gamma auto``'s widest,
+    past every width) counts, as a 1-row pass does; the prompt and a pass wider than any graph do not."""
+    model = llama(layers=1, window=512, seed=12)
+    state = step_module.step_state(model)
+    state.set_widths((1, 4))
+    state.lazy = False
+    runner, ids = StepRunner(model), ids_for(100)
+    runner(ids[:, :10], 1)
+    assert state.fallbacks == 0
+    runner(ids[:, :22], 12)
+    runner(ids[:, :23], 1)
+    assert state.fallbacks == 2
+    runner(ids[:, :23 + step_module.MAX_WIDTH + 1], 1)
+    assert state.fallbacks == 2
+
+
 @pytest.mark.needs_cxx
 def test_ready_builds_what_the_rows_need_and_no_timed_run_builds_a_graph():
     """``app.steps.ready`` for target AR and prompt lookup (3 drafts: width 4) on one prompt; then both
