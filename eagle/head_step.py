@@ -14,6 +14,7 @@ state is lazy (builds what a feed needs) until ``prepare_head_step`` built what 
 need; then a feed without a graph runs uncompiled and counts in ``fallbacks``.
 
 Shapes: ``m`` rows fed, ``H`` the head's hidden size, ``C`` the cache's capacity, ``K <= C`` keys attended."""
+import sys
 import weakref
 from typing import Callable, List, Optional, Tuple
 
@@ -51,6 +52,7 @@ class HeadSteps:
         self.slots = torch.arange(0, device=self.device)
         self.inputs: dict = {}  # (width, keys) -> the graph's input buffers
         self.lazy, self.fallbacks = True, 0
+        self.failure = ""  # why compiling or capturing failed (one line): every feed then runs uncompiled
         self.built: set = set()
 
     @property
@@ -99,12 +101,13 @@ class HeadSteps:
         width = next((w for w in WIDTHS if w >= m), None)
         if positions is None:
             positions = torch.arange(start, start + m, device=self.device)
-        if width is None or start + width > cache.keys.shape[2]:
+        if width is None or start + width > cache.keys.shape[2] or self.failure:
             return self._uncompiled(cache, embeds, hidden, start, mask, positions)
         keys = key_bucket(start + width, cache.keys.shape[2])
         held = head_cache_key(cache)
         key = (width, keys, held)
-        if key not in self.built:
+        first = key not in self.built
+        if first:
             if not self.lazy:
                 self.fallbacks += 1
                 return self._uncompiled(cache, embeds, hidden, start, mask, positions)
@@ -124,7 +127,16 @@ class HeadSteps:
             full[0, 0, :m, start + m:] = False
         if self.cuda:
             torch.compiler.cudagraph_mark_step_begin()
-        out = self.compiled(embeds_in, hidden_in, positions_in, slots, full, cache)[:, :m]
+        try:
+            out = self.compiled(embeds_in, hidden_in, positions_in, slots, full, cache)[:, :m]
+        except Exception as error:  # a build that failed (a replay that fails is a bug: raised)
+            if not first:
+                raise
+            self.built.discard(key)
+            first_line = next(iter(str(error).strip().splitlines()), "")
+            self.failure = f"compiling the graph of width {width}, {keys} keys failed ({type(error).__name__}: {first_line})"
+            print(f"the EAGLE-3 head's draft step: {self.failure}; its feeds run eagerly (uncompiled) from now on", file=sys.stderr)
+            return self.forward(embeds_in, hidden_in, positions_in, slots, full, cache)[:, :m]
         return out.clone() if self.cuda else out  # a graph's output is overwritten by its next replay
 
     def forget(self, held: tuple) -> None:

@@ -22,11 +22,14 @@ default runner of a Llama-family model on CUDA (``runners.config.RunnerConfig.st
   dtype, every layer's keys and values) and goes when that cache is freed; a state serves one set of
   weights (``step_state`` makes a new one after a cast, a move or a load with ``assign=True``).
 * Chain and tree passes share a graph: a tree only fills the mask and the slots differently.
+* A build that fails (a compile, a capture) is one line on stderr (what failed, what runs instead) and
+  the header's label says so; that pass and every later one run the step's eager forward.
 * With ``hidden_layers`` prepared (a learned head drafts), every graph also returns those layers'
   hidden states, and a pass that wants none takes the same graph: one set of graphs, not two.
 * ``compile_events`` (``runners.compiled``) records every graph built, as "<model class> step";
   ``kernels.step_artifacts`` keeps what was built for the next start.
 """
+import sys
 import time
 import weakref
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -105,6 +108,7 @@ class StepState:
         self.hidden_layers: Tuple[int, ...] = ()  # prepared: every graph returns these layers' hidden states
         self.built: set = set()
         self.graphs: set = set()  # (width, keys, hidden layers) built in this process, for the artifacts' line
+        self.failure = ""  # why compiling or capturing failed (one line): every pass then runs uncompiled
         self.fallbacks = 0  # passes of at most MAX_WIDTH rows run uncompiled while not lazy (prompts aside)
         self.compile_seconds = self.prepared_seconds = 0.0
         self.cache_count = CacheCount()
@@ -163,7 +167,7 @@ class StepState:
         Lazy: the smallest width and bucket, built if new. Else a built one: the smallest width, then the
         smallest bucket holding the pass, with the prepared hidden layers where the pass wants none."""
         width = self.width(rows)
-        if width is None or start + width > cache.capacity:
+        if width is None or start + width > cache.capacity or self.failure:
             return None
         keys, held = key_bucket(start + width, cache.capacity), cache_key(cache)
         options = [layers] + ([self.hidden_layers] if not layers and self.hidden_layers else [])
@@ -227,7 +231,14 @@ class StepState:
         first, clock = key not in self.built, time.perf_counter()
         if self.cuda and self.mode == "whole":
             torch.compiler.cudagraph_mark_step_begin()
-        logits, hidden = self.compiled(*self.buffers(width, keys), cache, width, kept)
+        try:
+            logits, hidden = self.compiled(*self.buffers(width, keys), cache, width, kept)
+        except Exception as error:  # a build that failed (a replay that fails is a bug: raised)
+            if not first:
+                raise
+            self._failed(error, width, keys)
+            logits, hidden = self.eager.forward(*self.buffers(width, keys), cache, width, kept)  # the same pass, uncompiled
+            first = False
         logits = logits[rows - n_last: rows]
         hidden = hidden[:rows] if hidden is not None and layers else None
         if self.cuda:  # a graph's outputs are overwritten by its next replay
@@ -242,6 +253,14 @@ class StepState:
                 torch.cuda.synchronize(self.device)
             self.compile_seconds += time.perf_counter() - clock
         return logits, hidden
+
+    def _failed(self, error: Exception, width: int, keys: int) -> None:
+        """Say in one line (stderr) what failed and what runs instead; every later pass runs uncompiled."""
+        what = "capturing" if self.cuda and self.mode == "regional" else "compiling"
+        first_line = next(iter(str(error).strip().splitlines()), "")
+        self.failure = f"{what} the graph of width {width}, {keys} keys failed ({type(error).__name__}: {first_line})"
+        print(f"{type(self.model).__name__}'s {STEP_LABEL}: {self.failure}; its passes run the step's eager forward "
+              "(uncompiled) from now on", file=sys.stderr)
 
     def forget(self, held: tuple) -> None:
         """Drop the entries of the cache whose ``cache_key`` is ``held`` (it was freed: a new cache at its
@@ -387,6 +406,8 @@ def step_label(model: Module) -> str:
     capacity = f", cache of {state.capacity} positions" if state is not None and state.capacity else ""
     built = f", compiled in {state.prepared_seconds:.0f} s" if state is not None and state.prepared_seconds else ""
     reused = f", {len(state.loaded)} graphs' artifacts reused" if state is not None and state.loaded else ""
+    if state is not None and state.failure:
+        return f"{STEP_LABEL} (compile failed, every pass runs uncompiled: {state.failure})"
     mode = state.mode if state is not None else step_graphs()
     compiled = "one decoder layer compiled for all, each pass captured whole" if mode == "regional" else "each pass compiled whole"
     return (f"{STEP_LABEL} ({how}, {compiled}, one graph per pass width {widths} and key bucket (from {MIN_KEYS} keys, "

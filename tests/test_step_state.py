@@ -1,7 +1,9 @@
 """What the compiled CUDA paths keep beside a model (issue 70): the step's state (``runners.step``), the
 head's (``eagle.head_step``) and transformers' compiled forward's (``runners.compiled``) die with their
-model (a value of a ``WeakKeyDictionary`` that refers to its key never lets it go). Tiny models on CPU
-(inductor's default mode; CUDA graphs are not exercised here)."""
+model (a value of a ``WeakKeyDictionary`` that refers to its key never lets it go); a captured pass is
+keyed on every layer of its cache and goes with it (a fake CUDA graph on CPU); a cast or a load that moves
+the weights makes a new state; a build that fails is one line and the passes run eagerly. Tiny models on
+CPU (inductor's default mode; real CUDA graphs are not exercised here)."""
 import contextlib
 import gc
 import weakref
@@ -175,3 +177,40 @@ def test_the_heads_step_follows_a_cast_of_the_head():
     torch.testing.assert_close(holder.decode(embeds, hidden, 0), head.decode(HeadCache(head, 32, "cpu", torch.float32), embeds, hidden, 0),
                                rtol=1e-5, atol=1e-5)
     assert holder.cache.keys.dtype == torch.float32
+
+
+def broken_compile(*args, **kwargs):
+    raise RuntimeError("inductor: no working C++ compiler\n(a traceback's second line)")
+
+
+def test_a_failed_compile_is_one_line_and_the_passes_run_the_steps_eager_forward(capsys):
+    """The compiled layer raising at its first pass (as a failed compile or capture does): one line on
+    stderr naming what failed and what runs instead, and every pass's logits are transformers' forward's."""
+    model, ids = llama(layers=1, window=512, seed=27), ids_for(14)
+    state = step_module.step_state(model)
+    state.step.layer = broken_compile  # regional, on CPU: what the compiled passes call for each layer
+    runner = StepRunner(model)
+    got = [runner(ids[:, :10], 10)] + [runner(ids[:, :length], 1) for length in (11, 12, 14)]
+    with torch.no_grad():
+        expected = model(ids).logits[0]
+    for logits, rows in zip(got, (slice(0, 10), slice(10, 11), slice(11, 12), slice(13, 14))):
+        torch.testing.assert_close(logits, expected[rows], rtol=1e-6, atol=1e-6)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "RuntimeError: inductor: no working C++ compiler" in lines[0]
+    assert "failed" in lines[0] and "the step's eager forward" in lines[0]
+    assert "compile failed" in step_module.step_label(model)
+
+
+def test_a_failed_compile_of_the_heads_step_is_one_line_and_its_feeds_run_eagerly(capsys):
+    target = llama(layers=2, init=0.1, seed=28)
+    head = head_for(target)
+    holder, size = HeadStepCache(head, 32), head.config.hidden_size
+    holder.steps.compiled = broken_compile
+    generator = torch.Generator().manual_seed(3)
+    embeds, hidden = (torch.randn(1, 6, size, generator=generator, dtype=torch.float64) for _ in range(2))
+    eager = HeadCache(head, 32, "cpu", torch.float64)
+    for start, m in ((0, 4), (4, 1), (5, 1)):
+        torch.testing.assert_close(holder.decode(embeds[:, start:start + m], hidden[:, start:start + m], start),
+                                   head.decode(eager, embeds[:, start:start + m], hidden[:, start:start + m], start))
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "RuntimeError: inductor: no working C++ compiler" in lines[0] and "eager" in lines[0]
