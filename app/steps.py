@@ -17,7 +17,7 @@ def start_graphs(model, role: str, options, say: Callable[[str], None]) -> float
 
     layers = options.hidden_layers if role == "target" else ()
     widths = options.step_widths if role == "target" else (1, max(options.step_widths))
-    return prepare_step(model, START_LENGTH, lambda text: say(f"{role}: {text} ..."), layers, widths)
+    return prepare_step(model, START_LENGTH, lambda text: say(f"{role}: {text} ..."), layers, widths, graphs=options.step_graphs)
 
 
 def most_drafts(config, drafts: int) -> int:
@@ -77,7 +77,7 @@ def ready(target, drafter, runners: dict, rows: Rows, first: int, last: int, say
         if model is None or not widths or not runners[role].step_for(model):
             continue
         seconds += prepare_step(model, last, lambda text: say(f"{role}: {text} ..."), layers if role == "target" else (),
-                                widths=widths, first=first)
+                                widths=widths, first=first, graphs=runners[role].graphs)
     if head is not None and runners["target"].step_for(target):
         from eagle.head_step import prepare_head_step
 

@@ -25,7 +25,7 @@ from torch import Tensor
 from eagle.head import Eagle3Head, HeadCache
 from runners.compiled import compile_events
 from runners.step import key_bucket, key_buckets
-from runners.step_graphs import forget_when_freed, weights_key
+from runners.step_graphs import failure, forget_when_freed, weights_key
 
 WIDTHS = (1, 8)  # a draft step; a chain's catch-up (at most gamma + 1 rows) and a tree depth (top_k rows), padded
 MIN_CAPACITY = 1024
@@ -133,8 +133,7 @@ class HeadSteps:
             if not first:
                 raise
             self.built.discard(key)
-            first_line = next(iter(str(error).strip().splitlines()), "")
-            self.failure = f"compiling the graph of width {width}, {keys} keys failed ({type(error).__name__}: {first_line})"
+            self.failure = failure("compiling", error, width, keys)
             print(f"the EAGLE-3 head's draft step: {self.failure}; its feeds run eagerly (uncompiled) from now on", file=sys.stderr)
             return self.forward(embeds_in, hidden_in, positions_in, slots, full, cache)[:, :m]
         return out.clone() if self.cuda else out  # a graph's output is overwritten by its next replay

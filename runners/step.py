@@ -47,33 +47,17 @@ from runners.compiled import compile_events
 from runners.config import STEP_LABEL
 from runners.device import model_device
 from runners.static import fed
-from runners.step_graphs import CapturedPasses, cache_key, forget_when_freed, step_graphs, weights_key
+from runners.step_graphs import (MIN_KEYS, CapturedPasses, cache_key, failure, forget_when_freed, key_bucket,  # noqa: F401
+                                 key_buckets, weights_key)
 from runners.trees import TreePasses, compute_dtype
 
 WIDTHS = (1, 2, 4, 8, 16, 32)  # a notebook's widths: decoding, chain verification (suffix drafts up to 24), a tree of 16 nodes
 MAX_WIDTH = 64  # the widest pass a graph is built for; wider ones (prompts) run uncompiled
 MIN_CAPACITY = 1024
-MIN_KEYS = 256  # the smallest key bucket
 
 
 def _capacity(length: int) -> int:
     return max(MIN_CAPACITY, 1 << (max(1, length) - 1).bit_length())
-
-
-def key_bucket(keys: int, capacity: int) -> int:
-    """The keys a pass whose last slot is ``keys - 1`` attends to: the power of two >= ``keys`` (at least
-    ``MIN_KEYS``), at most the cache's ``capacity``."""
-    return min(capacity, max(MIN_KEYS, 1 << (max(1, keys) - 1).bit_length()))
-
-
-def key_buckets(first: int, last: int, capacity: int) -> List[int]:
-    """Every bucket a sequence spanning slots ``first - 1`` to ``last - 1`` meets, in order."""
-    buckets, keys = [], key_bucket(first, capacity)
-    while True:
-        buckets.append(keys)
-        if keys >= key_bucket(last, capacity):
-            return buckets
-        keys = key_bucket(keys + 1, capacity)
 
 
 class StepState:
@@ -82,11 +66,11 @@ class StepState:
     when it is freed. One state serves one set of weights (``weights``: ``step_state`` makes a new one
     when a cast or a load with ``assign=True`` moved them)."""
 
-    def __init__(self, model: Module):
+    def __init__(self, model: Module, graphs: str = "regional"):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
         torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
         use_compile_cache()
-        self.mode = step_graphs()
+        self.mode = graphs  # ``RunnerConfig.graphs``: "regional" or "whole" (``runners.step_graphs``)
         self.step = LlamaStep(model)  # refuses a model outside the family, with its reason
         self.eager = LlamaStep(model)  # the same arithmetic, never compiled: prompts, passes without a graph
         self._model = weakref.ref(model)  # weakly: the state is the model's value in ``_STATES``
@@ -256,9 +240,7 @@ class StepState:
 
     def _failed(self, error: Exception, width: int, keys: int) -> None:
         """Say in one line (stderr) what failed and what runs instead; every later pass runs uncompiled."""
-        what = "capturing" if self.cuda and self.mode == "regional" else "compiling"
-        first_line = next(iter(str(error).strip().splitlines()), "")
-        self.failure = f"{what} the graph of width {width}, {keys} keys failed ({type(error).__name__}: {first_line})"
+        self.failure = failure("capturing" if self.cuda and self.mode == "regional" else "compiling", error, width, keys)
         print(f"{type(self.model).__name__}'s {STEP_LABEL}: {self.failure}; its passes run the step's eager forward "
               "(uncompiled) from now on", file=sys.stderr)
 
@@ -273,13 +255,15 @@ class StepState:
 _STATES: "weakref.WeakKeyDictionary[Module, StepState]" = weakref.WeakKeyDictionary()
 
 
-def step_state(model: Module) -> StepState:
+def step_state(model: Module, graphs: Optional[str] = None) -> StepState:
     """The model's compiled step, made on first use, and made again when its weights moved (a cast, a
-    move, a load with ``assign=True``: the old graphs read the old addresses). Read when a runner is made
-    (every generation makes one) and by ``prepare_step``; a runner made before the change keeps the old state."""
+    move, a load with ``assign=True``: the old graphs read the old addresses) or when ``graphs`` (the
+    run's ``RunnerConfig.graphs``; None: the state's own, "regional" for a new one) asks for the other
+    mode. Read when a runner is made (every generation makes one) and by ``prepare_step``; a runner made
+    before the change keeps the old state."""
     state = _STATES.get(model)
-    if state is None or state.weights != weights_key(model):
-        state = _STATES[model] = StepState(model)
+    if state is None or state.weights != weights_key(model) or graphs not in (None, state.mode):
+        state = _STATES[model] = StepState(model, graphs or (state.mode if state is not None else "regional"))
     return state
 
 
@@ -294,12 +278,12 @@ class StepRunner(TreePasses):
     use_cache = True
     compiled_step = True  # a learned head drafting for it runs its own compiled step (``eagle.head_step``)
 
-    def __init__(self, model: Module):
+    def __init__(self, model: Module, graphs: Optional[str] = None):
         reason = lean_unsupported(model)
         if reason is not None:
             raise ValueError(reason)
         self.model = model
-        self.state = step_state(model)
+        self.state = step_state(model, graphs)  # graphs: ``RunnerConfig.graphs`` (None: the state's)
         self.device = self.state.device
         self.cache: Optional[KVCache] = None
         self.cached = 0
@@ -358,15 +342,17 @@ class StepRunner(TreePasses):
 
 @torch.no_grad()
 def prepare_step(model: Module, length: int = MIN_CAPACITY - max(WIDTHS), say: Callable[[str], None] = lambda text: None,
-                 hidden_layers: Tuple[int, ...] = (), widths: Optional[Sequence[int]] = None, first: int = 1) -> float:
+                 hidden_layers: Tuple[int, ...] = (), widths: Optional[Sequence[int]] = None, first: int = 1,
+                 graphs: Optional[str] = None) -> float:
     """Build the graphs a run will replay, before anything is timed: each width (``widths``, added to
     the state's; None: the state's) at each key bucket a sequence meets between slot ``first - 1`` and
     ``length`` plus the width, at the capacity holding ``length`` positions; with ``hidden_layers``, every
     graph also returns those layers' hidden states (and serves the passes that want none). Width 1 first,
     then by bucket; one ``say`` line per graph. Afterwards the state is no longer lazy (no pass builds a
-    graph). Saves the artifacts (``kernels.step_artifacts``) when something was built. Returns the
-    seconds spent building (0 when nothing was new)."""
-    state = step_state(model)
+    graph). ``graphs``: the run's ``RunnerConfig.graphs`` (None: the state's). Saves the artifacts
+    (``kernels.step_artifacts``) when something was built. Returns the seconds spent building (0 when
+    nothing was new)."""
+    state = step_state(model, graphs)
     state.set_widths(widths if widths is not None else state.widths)
     if hidden_layers:
         state.hidden_layers = tuple(hidden_layers)
@@ -408,7 +394,7 @@ def step_label(model: Module) -> str:
     reused = f", {len(state.loaded)} graphs' artifacts reused" if state is not None and state.loaded else ""
     if state is not None and state.failure:
         return f"{STEP_LABEL} (compile failed, every pass runs uncompiled: {state.failure})"
-    mode = state.mode if state is not None else step_graphs()
+    mode = state.mode if state is not None else "regional"
     compiled = "one decoder layer compiled for all, each pass captured whole" if mode == "regional" else "each pass compiled whole"
     return (f"{STEP_LABEL} ({how}, {compiled}, one graph per pass width {widths} and key bucket (from {MIN_KEYS} keys, "
             f"powers of two){capacity}{built}{reused})")

@@ -1,28 +1,42 @@
-"""How the compiled step (``runners.step``) turns passes into graphs: ``step_graphs`` reads the choice
-(``SPECDEC_STEP_GRAPHS``), and ``CapturedPasses`` captures a pass whose layers were compiled one by one
-as one CUDA graph (the "regional" mode)."""
-import os
+"""How the compiled step (``runners.step``) turns passes into graphs, the run's choice
+(``runners.config.RunnerConfig.graphs``, ``--step-graphs``): "regional" (the default: one decoder layer
+compiled once and shared by every layer, the whole pass captured as one CUDA graph per (width, keys) on
+CUDA; a graph costs one layer's compilation, not thirty) or "whole" (the whole pass compiled per (width,
+keys), ``mode="reduce-overhead"``: inductor's CUDA graphs). ``CapturedPasses`` captures a pass whose
+layers were compiled one by one as one CUDA graph (the "regional" mode)."""
 import weakref
 from itertools import chain
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import torch
 from torch import Tensor
 
 from models.llama import KVCache
+from runners.config import STEP_GRAPHS as GRAPHS  # noqa: F401 (the choices, named here too)
 
-GRAPHS = ("regional", "whole")
+MIN_KEYS = 256  # the smallest key bucket (``key_bucket``)
 
 
-def step_graphs() -> str:
-    """How the step is compiled (``SPECDEC_STEP_GRAPHS``): "regional" (the default: one decoder layer
-    compiled once and shared by every layer, the whole pass captured as one CUDA graph per (width,
-    keys) on CUDA; a graph costs one layer's compilation, not thirty) or "whole" (the whole pass compiled
-    per (width, keys), ``mode="reduce-overhead"``: inductor's CUDA graphs)."""
-    mode = os.environ.get("SPECDEC_STEP_GRAPHS", "regional")
-    if mode not in GRAPHS:
-        raise ValueError(f"SPECDEC_STEP_GRAPHS must be one of {', '.join(GRAPHS)}, got {mode!r}")
-    return mode
+def key_bucket(keys: int, capacity: int) -> int:
+    """The keys a pass whose last slot is ``keys - 1`` attends to: the power of two >= ``keys`` (at least
+    ``MIN_KEYS``), at most the cache's ``capacity``."""
+    return min(capacity, max(MIN_KEYS, 1 << (max(1, keys) - 1).bit_length()))
+
+
+def key_buckets(first: int, last: int, capacity: int) -> List[int]:
+    """Every bucket a sequence spanning slots ``first - 1`` to ``last - 1`` meets, in order."""
+    buckets, keys = [], key_bucket(first, capacity)
+    while True:
+        buckets.append(keys)
+        if keys >= key_bucket(last, capacity):
+            return buckets
+        keys = key_bucket(keys + 1, capacity)
+
+
+def failure(what: str, error: Exception, width: int, keys: int) -> str:
+    """What failed, in one line: "compiling the graph of width 4, 256 keys failed (RuntimeError: ...)"."""
+    first_line = next(iter(str(error).strip().splitlines()), "")
+    return f"{what} the graph of width {width}, {keys} keys failed ({type(error).__name__}: {first_line})"
 
 
 def cache_key(cache: KVCache) -> tuple:
