@@ -39,12 +39,13 @@ def head_cache_key(cache: HeadCache) -> tuple:
 class HeadSteps:
     """A head's compiled decode, its pool of caches (one capacity) and the (width, keys, ``head_cache_key``)
     graphs built (a cache's entries go when it is freed). One state serves one set of weights
-    (``weights``: ``head_steps`` makes a new one when a cast or a load with ``assign=True`` moved them)."""
+    (``weights``: ``head_steps`` makes a new one after a cast or a move, and on CUDA after a load with
+    ``assign=True``: ``runners.step_graphs.weights_key``)."""
 
     def __init__(self, head: Eagle3Head):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
         self._head = weakref.ref(head)  # weakly: the state is the head's value in ``_STEPS``
-        self.weights = weights_key(head)
+        self.weights = weights_key(head, head.fc.weight.device.type == "cuda")
         weight = head.fc.weight
         self.device, self.dtype, self.cuda = weight.device, weight.dtype, weight.device.type == "cuda"
         self.compiled = torch.compile(self.forward, fullgraph=True, dynamic=False, mode="reduce-overhead" if self.cuda else None)
@@ -168,9 +169,9 @@ _STEPS: "weakref.WeakKeyDictionary[Eagle3Head, HeadSteps]" = weakref.WeakKeyDict
 
 def head_steps(head: Eagle3Head) -> HeadSteps:
     """The head's compiled decode, made on first use, and made again when its weights moved (a cast, a
-    move, a load with ``assign=True``; read at each generation's ``HeadStepCache``)."""
+    move; on CUDA a load with ``assign=True`` too), read at each generation's ``HeadStepCache``."""
     steps = _STEPS.get(head)
-    if steps is None or steps.weights != weights_key(head):
+    if steps is None or steps.weights != weights_key(head, steps.cuda):
         steps = _STEPS[head] = HeadSteps(head)
     return steps
 

@@ -18,9 +18,9 @@ default runner of a Llama-family model on CUDA (``runners.config.RunnerConfig.st
 * The inputs of a (width, keys) graph (ids, positions, slots, mask) and the cache live at static
   addresses (``mark_static_address``); the cache's capacity is a power of two, taken from a per-model
   pool at the pool's capacity, so that a new runner (every generation makes one) builds no graph.
-* A graph is keyed on everything it captured of its cache (``step_graphs.cache_key``: the capacity, the
-  dtype, every layer's keys and values) and goes when that cache is freed; a state serves one set of
-  weights (``step_state`` makes a new one after a cast, a move or a load with ``assign=True``).
+* A graph is keyed on all it captured of its cache (``cache_key``: capacity, dtype, every layer's keys and
+  values) and goes when the cache is freed; a state serves one set of weights (``step_state`` makes a
+  new one after a cast or a move, and on CUDA after a load with ``assign=True``: ``weights_key``).
 * Chain and tree passes share a graph: a tree only fills the mask and the slots differently.
 * A build that fails (a compile, a capture) is one line on stderr (what failed, what runs instead) and
   the header's label says so; that pass and every later one run the step's eager forward.
@@ -74,7 +74,7 @@ class StepState:
         self.step = LlamaStep(model)  # refuses a model outside the family, with its reason
         self.eager = LlamaStep(model)  # the same arithmetic, never compiled: prompts, passes without a graph
         self._model = weakref.ref(model)  # weakly: the state is the model's value in ``_STATES``
-        self.weights = weights_key(model)
+        self.weights = weights_key(model, model_device(model).type == "cuda")
         self.device, self.dtype = model_device(model), compute_dtype(model)
         self.cuda = self.device.type == "cuda"
         if self.mode == "whole":
@@ -257,12 +257,12 @@ _STATES: "weakref.WeakKeyDictionary[Module, StepState]" = weakref.WeakKeyDiction
 
 def step_state(model: Module, graphs: Optional[str] = None) -> StepState:
     """The model's compiled step, made on first use, and made again when its weights moved (a cast, a
-    move, a load with ``assign=True``: the old graphs read the old addresses) or when ``graphs`` (the
+    move; on CUDA a load with ``assign=True`` too: ``weights_key``) or when ``graphs`` (the
     run's ``RunnerConfig.graphs``; None: the state's own, "regional" for a new one) asks for the other
     mode. Read when a runner is made (every generation makes one) and by ``prepare_step``; a runner made
     before the change keeps the old state."""
     state = _STATES.get(model)
-    if state is None or state.weights != weights_key(model) or graphs not in (None, state.mode):
+    if state is None or state.weights != weights_key(model, state.cuda) or graphs not in (None, state.mode):
         state = _STATES[model] = StepState(model, graphs or (state.mode if state is not None else "regional"))
     return state
 

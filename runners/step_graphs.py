@@ -48,12 +48,16 @@ def cache_key(cache: KVCache) -> tuple:
         tuple(t.data_ptr() for layer in cache.layers for t in (layer.keys, layer.values))
 
 
-def weights_key(module: torch.nn.Module) -> tuple:
-    """Each parameter's and buffer's identity, storage address, dtype, device and shape: a graph reads the
-    weights at the addresses it captured, so a cast (``half()``, ``.to(...)``) or a load with
-    ``assign=True`` must not replay it (an in-place load keeps the addresses: its graphs stay valid)."""
-    return tuple((id(t), t.data_ptr(), t.dtype, t.device, tuple(t.shape))
-                 for t in chain(module.parameters(), module.buffers()))
+def weights_key(module: torch.nn.Module, captured: bool) -> tuple:
+    """What a state's graphs depend on of ``module``'s weights. ``captured`` (CUDA graphs: they read the
+    weights at the addresses they captured, so a cast, a move or a load with ``assign=True`` must not
+    replay them; an in-place load keeps the addresses): each parameter's and buffer's identity, address,
+    dtype, device and shape. Else (CPU: dynamo guards the compiled layer on what it reads, and the CPU
+    kernels swap linears for ``PrepackedLinear`` ones in place) the dtypes and devices: a cast or a move."""
+    tensors = list(chain(module.parameters(), module.buffers()))
+    if not captured:
+        return tuple(sorted({(str(t.dtype), str(t.device)) for t in tensors}))
+    return tuple((id(t), t.data_ptr(), t.dtype, t.device, tuple(t.shape)) for t in tensors)
 
 
 def forget_when_freed(owner: object, held: object, key: tuple) -> None:

@@ -18,7 +18,7 @@ from eagle.head import HeadCache
 from eagle.head_step import HeadStepCache, _STEPS
 from models.llama import KVCache, KVLayer
 from runners import StepRunner
-from runners.step_graphs import CapturedPasses
+from runners.step_graphs import CapturedPasses, weights_key
 from test_eagle_row import head_for
 
 
@@ -141,9 +141,10 @@ def test_a_captured_pass_is_keyed_on_every_layer_of_its_cache_and_goes_with_the_
 
 @pytest.mark.needs_cxx
 def test_a_cast_or_a_load_that_moves_the_weights_makes_a_new_state_and_the_passes_follow_them():
-    """After a pass on the step, ``load_state_dict(..., assign=True)`` of other weights, then a cast to
-    float32: each time a new state (the old graphs read the old addresses), and a pass's logits are
-    transformers' forward's on the weights the model holds now."""
+    """After a pass on the step, a load of other weights (in place, then with ``assign=True``), then a cast to
+    float32: a pass's logits are transformers' forward's on the weights the model holds now. The cast makes
+    a new state; on CUDA (captured graphs read the weights' addresses) the load with ``assign=True`` does
+    too, and the in-place one does not: what ``weights_key`` tells apart."""
     model, other, ids = llama(layers=1, window=512, seed=24), llama(layers=1, window=512, seed=25), ids_for(12)
 
     def state_after_a_pass(tolerance):
@@ -155,12 +156,15 @@ def test_a_cast_or_a_load_that_moves_the_weights_makes_a_new_state_and_the_passe
         torch.testing.assert_close(logits, expected, rtol=tolerance, atol=tolerance)
         return runner.state
 
-    before = state_after_a_pass(1e-6)
+    before, addresses = state_after_a_pass(1e-6), weights_key(model, True)
+    model.load_state_dict(other.state_dict())
+    assert weights_key(model, True) == addresses
     model.load_state_dict(other.state_dict(), assign=True)
-    loaded = state_after_a_pass(1e-6)
+    assert weights_key(model, True) != addresses and weights_key(model, False) == before.weights
+    state_after_a_pass(1e-6)
     model.to(torch.float32)
     cast = state_after_a_pass(1e-4)
-    assert loaded is not before and cast is not loaded and cast.dtype == torch.float32
+    assert cast is not before and cast.dtype == torch.float32
 
 
 @pytest.mark.needs_cxx
