@@ -52,7 +52,8 @@ def load_for(value: Optional[str], pair, embedded: bool, say: Say = to_stderr,
         from eagle.head_step import prepare_head_step
         from runners import prepare_step
 
-        seconds = prepare_step(target, START_LENGTH, lambda text: say(f"target: {text} ...", "dim"), tuple(head.config.aux_layers))
+        seconds = prepare_step(target, START_LENGTH, lambda text: say(f"target: {text} ...", "dim"), tuple(head.config.aux_layers),
+                               graphs=runner.graphs)
         clock = time.perf_counter()
         if prepare_head_step(head, 1, START_LENGTH, lambda text: say(f"head: {text} ...", "dim")):
             seconds += time.perf_counter() - clock

@@ -217,7 +217,7 @@ def _runners(pair: Pair, options: "LoadOptions", say: Say) -> Dict[str, object]:
         if (options.forward == "step" or eager_lean) and lean_unsupported(model) is not None:
             raise SetupError(f"--forward {options.forward}: the {role} cannot take it: {lean_unsupported(model)}")
         runners[role] = RunnerConfig(None if cache == "auto" else cache, compile and reason is None, forward=options.forward,
-                                     eager=options.eager)
+                                     eager=options.eager, graphs=options.step_graphs)
         if reason is not None:
             say(f"--compile: the {role} runs eagerly: {reason}", "red")
         if runners[role].step_for(model):
@@ -308,6 +308,7 @@ class LoadOptions:
     runner: str = "torch"  # what runs the target's passes: "torch" or "llama-cpp" (its GGUF file's, ``runners.llama_cpp``)
     forward: str = "auto"  # whose forward the eager runners run (``runners.RunnerConfig.forward``)
     eager: bool = False  # --eager: the eager forward kept on CUDA, where the compiled step is the default
+    step_graphs: str = "regional"  # --step-graphs: how the compiled step makes graphs (``runners.RunnerConfig.graphs``)
     step_widths: Tuple[int, ...] = (1,)  # the compiled step's widths built at start-up (the measurements': 1 and gamma + 1)
     hidden_layers: Tuple[int, ...] = ()  # a head's layers (``app.steps.head_layers``): the start-up graphs return them
 

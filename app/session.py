@@ -63,6 +63,9 @@ def add_shared_flags(parser: argparse.ArgumentParser) -> None:
                         "per pass width and key bucket (runners/step.py). transformers' peers always run transformers' forward")
     parser.add_argument("--eager", action="store_true", help="on CUDA, keep the eager forward (the lean one for the Llama family) "
                         "instead of the compiled step, the default there: for comparison")
+    parser.add_argument("--step-graphs", choices=["regional", "whole"], default="regional", help="how the compiled step "
+                        "(runners/step.py) makes its graphs: regional (default: one decoder layer compiled for every layer, "
+                        "each pass captured whole as one CUDA graph) or whole (each pass compiled whole, inductor's CUDA graphs)")
     parser.add_argument("--runner", choices=["torch", "llama-cpp"], default="torch", help="what runs the target's passes: "
                         "torch (default), or llama.cpp's kernels on the target's GGUF file (the embedded model, or --target "
                         "FILE.gguf; needs llama-cpp-python: make llama-cpp). A drafter model and transformers' peers stay on "

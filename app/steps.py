@@ -17,16 +17,26 @@ def start_graphs(model, role: str, options, say: Callable[[str], None]) -> float
 
     layers = options.hidden_layers if role == "target" else ()
     widths = options.step_widths if role == "target" else (1, max(options.step_widths))
-    return prepare_step(model, START_LENGTH, lambda text: say(f"{role}: {text} ..."), layers, widths)
+    return prepare_step(model, START_LENGTH, lambda text: say(f"{role}: {text} ..."), layers, widths, graphs=options.step_graphs)
+
+
+def most_drafts(config, drafts: int) -> int:
+    """The most drafts a step may ask for where a row's own bound is ``drafts``: that bound, or under
+    ``/gamma auto`` the calibrated policy's own (``DraftPolicy.start``'s ``limit``: up to the longest
+    measured pass, so 11 drafts on the start-up's 12 rows) where it is larger."""
+    policy = config.policy
+    bound = policy.bound()
+    return drafts if bound is None else max(drafts, min(policy.max_gamma, bound))
 
 
 def row_rows(strategy, config) -> int:
     """The most positions one pass of ``strategy``'s row feeds the target: its drafts a step (its
-    spec's budget, else the run's ``gamma``) plus one; 1 for a row that does not draft."""
+    spec's budget, else the run's ``gamma``; ``most_drafts`` under ``/gamma auto``) plus one; 1 for a
+    row that does not draft."""
     if not strategy.speculative or strategy.peer:
         return 1
     budget = strategy.spec(config).budget() if strategy.spec is not None else None
-    return 1 + int(budget or config.gamma)
+    return 1 + most_drafts(config, int(budget or config.gamma))
 
 
 Rows = Sequence[Tuple[object, object]]  # (a ``strategies.Strategy``, the ``RunConfig`` it runs with)
@@ -45,9 +55,11 @@ def step_widths(rows: Rows) -> Tuple[int, ...]:
 
 
 def drafter_widths(rows: Rows) -> Tuple[int, ...]:
-    """The drafter model's widths: 1 (drafting) and ``gamma + 1`` (catching up on accepted tokens) for
-    each row that drafts with it; () where none does."""
-    return tuple(sorted({1} | {1 + int(config.gamma) for strategy, config in rows if strategy.needs_drafter})) \
+    """The drafter model's widths: 1 (drafting) and its most drafts plus one (catching up on accepted
+    tokens: ``gamma + 1``, or ``most_drafts`` + 1 under ``/gamma auto``) for each row that drafts with
+    it; () where none does."""
+    return tuple(sorted({1} | {1 + most_drafts(config, int(config.gamma)) for strategy, config in rows
+                               if strategy.needs_drafter})) \
         if any(strategy.needs_drafter for strategy, _ in rows) else ()
 
 
@@ -65,7 +77,7 @@ def ready(target, drafter, runners: dict, rows: Rows, first: int, last: int, say
         if model is None or not widths or not runners[role].step_for(model):
             continue
         seconds += prepare_step(model, last, lambda text: say(f"{role}: {text} ..."), layers if role == "target" else (),
-                                widths=widths, first=first)
+                                widths=widths, first=first, graphs=runners[role].graphs)
     if head is not None and runners["target"].step_for(target):
         from eagle.head_step import prepare_head_step
 

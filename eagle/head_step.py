@@ -14,6 +14,7 @@ state is lazy (builds what a feed needs) until ``prepare_head_step`` built what 
 need; then a feed without a graph runs uncompiled and counts in ``fallbacks``.
 
 Shapes: ``m`` rows fed, ``H`` the head's hidden size, ``C`` the cache's capacity, ``K <= C`` keys attended."""
+import sys
 import weakref
 from typing import Callable, List, Optional, Tuple
 
@@ -24,17 +25,27 @@ from torch import Tensor
 from eagle.head import Eagle3Head, HeadCache
 from runners.compiled import compile_events
 from runners.step import key_bucket, key_buckets
+from runners.step_graphs import failure, forget_when_freed, weights_key
 
 WIDTHS = (1, 8)  # a draft step; a chain's catch-up (at most gamma + 1 rows) and a tree depth (top_k rows), padded
 MIN_CAPACITY = 1024
 
 
+def head_cache_key(cache: HeadCache) -> tuple:
+    """What a graph captures of ``cache``: its capacity, dtype and the keys' and values' addresses."""
+    return cache.keys.shape[2], cache.keys.dtype, cache.keys.device, cache.keys.data_ptr(), cache.values.data_ptr()
+
+
 class HeadSteps:
-    """A head's compiled decode, its pool of caches (one capacity) and the (width, keys, cache) graphs built."""
+    """A head's compiled decode, its pool of caches (one capacity) and the (width, keys, ``head_cache_key``)
+    graphs built (a cache's entries go when it is freed). One state serves one set of weights
+    (``weights``: ``head_steps`` makes a new one after a cast or a move, and on CUDA after a load with
+    ``assign=True``: ``runners.step_graphs.weights_key``)."""
 
     def __init__(self, head: Eagle3Head):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
-        self.head = head
+        self._head = weakref.ref(head)  # weakly: the state is the head's value in ``_STEPS``
+        self.weights = weights_key(head, head.fc.weight.device.type == "cuda")
         weight = head.fc.weight
         self.device, self.dtype, self.cuda = weight.device, weight.dtype, weight.device.type == "cuda"
         self.compiled = torch.compile(self.forward, fullgraph=True, dynamic=False, mode="reduce-overhead" if self.cuda else None)
@@ -42,7 +53,12 @@ class HeadSteps:
         self.slots = torch.arange(0, device=self.device)
         self.inputs: dict = {}  # (width, keys) -> the graph's input buffers
         self.lazy, self.fallbacks = True, 0
+        self.failure = ""  # why compiling or capturing failed (one line): every feed then runs uncompiled
         self.built: set = set()
+
+    @property
+    def head(self) -> Eagle3Head:
+        return self._head()
 
     def take_cache(self, length: int) -> HeadCache:
         """A free zeroed cache of the pool's capacity (grown to hold ``length`` plus a wide feed)."""
@@ -86,14 +102,18 @@ class HeadSteps:
         width = next((w for w in WIDTHS if w >= m), None)
         if positions is None:
             positions = torch.arange(start, start + m, device=self.device)
-        if width is None or start + width > cache.keys.shape[2]:
+        if width is None or start + width > cache.keys.shape[2] or self.failure:
             return self._uncompiled(cache, embeds, hidden, start, mask, positions)
         keys = key_bucket(start + width, cache.keys.shape[2])
-        key = (width, keys, cache.keys.data_ptr())
-        if key not in self.built:
+        held = head_cache_key(cache)
+        key = (width, keys, held)
+        first = key not in self.built
+        if first:
             if not self.lazy:
                 self.fallbacks += 1
                 return self._uncompiled(cache, embeds, hidden, start, mask, positions)
+            if not any(other[2] == held for other in self.built):
+                forget_when_freed(self, cache, held)
             self.built.add(key)
             compile_events.append(("Eagle3Head step", width, keys))
         embeds_in, hidden_in, positions_in, slots, full = self.buffers(width, keys)
@@ -108,8 +128,20 @@ class HeadSteps:
             full[0, 0, :m, start + m:] = False
         if self.cuda:
             torch.compiler.cudagraph_mark_step_begin()
-        out = self.compiled(embeds_in, hidden_in, positions_in, slots, full, cache)[:, :m]
+        try:
+            out = self.compiled(embeds_in, hidden_in, positions_in, slots, full, cache)[:, :m]
+        except Exception as error:  # a build that failed (a replay that fails is a bug: raised)
+            if not first:
+                raise
+            self.built.discard(key)
+            self.failure = failure("compiling", error, width, keys)
+            print(f"the EAGLE-3 head's draft step: {self.failure}; its feeds run eagerly (uncompiled) from now on", file=sys.stderr)
+            return self.forward(embeds_in, hidden_in, positions_in, slots, full, cache)[:, :m]
         return out.clone() if self.cuda else out  # a graph's output is overwritten by its next replay
+
+    def forget(self, held: tuple) -> None:
+        """Drop the entries of the cache whose ``head_cache_key`` is ``held`` (it was freed)."""
+        self.built = {key for key in self.built if key[2] != held}
 
     def buffers(self, width: int, keys: int) -> Tuple[Tensor, ...]:
         """The (``width``, ``keys``) graph's inputs at static addresses: embeddings and hidden states
@@ -136,9 +168,10 @@ _STEPS: "weakref.WeakKeyDictionary[Eagle3Head, HeadSteps]" = weakref.WeakKeyDict
 
 
 def head_steps(head: Eagle3Head) -> HeadSteps:
-    """The head's compiled decode, made on first use."""
+    """The head's compiled decode, made on first use, and made again when its weights moved (a cast, a
+    move; on CUDA a load with ``assign=True`` too), read at each generation's ``HeadStepCache``."""
     steps = _STEPS.get(head)
-    if steps is None:
+    if steps is None or steps.weights != weights_key(head, steps.cuda):
         steps = _STEPS[head] = HeadSteps(head)
     return steps
 
@@ -148,7 +181,7 @@ class HeadStepCache:
     the compiled decode over it (``decode`` has ``Eagle3Head.decode``'s arguments after the cache)."""
 
     def __init__(self, head: Eagle3Head, length: int):
-        self.steps = head_steps(head)
+        self.head, self.steps = head, head_steps(head)
         self._held = [self.steps.take_cache(length)]  # the cache held now: given back when the holder is dropped
         weakref.finalize(self, _give_back, self.steps, self._held)
 
@@ -171,7 +204,7 @@ class HeadStepCache:
         """``Eagle3Head.draft_step`` on the compiled decode: tokens ``ids`` ``[m]`` with ``hidden`` ``[m, H]`` or
         the target's ``features`` ``[m, F]`` (fused by ``fc``); outputs ``[m, H]`` and the draft logits of
         the last ``n_last`` rows ``[n_last, Vd]`` (the output layer and ``fc`` run around the graph)."""
-        head = self.steps.head
+        head = self.head
         if features is not None:
             hidden = head.fc(features.to(head.fc.weight.dtype))
         out = self.decode(head.embed(ids.unsqueeze(0)), hidden.unsqueeze(0), start, mask, positions)[0]
@@ -191,7 +224,7 @@ def prepare_head_step(head: Eagle3Head, first: int, last: int, say: Callable[[st
     holder = HeadStepCache(head, last)
     cache, size = holder.cache, head.config.hidden_size
     todo: List[Tuple[int, int]] = [(w, k) for w in WIDTHS for k in key_buckets(max(1, first), last + w, cache.keys.shape[2])
-                                   if (w, k, cache.keys.data_ptr()) not in steps.built]
+                                   if (w, k, head_cache_key(cache)) not in steps.built]
     steps.lazy = True
     for i, (width, keys) in enumerate(sorted(todo, key=lambda wk: (wk[1], wk[0]))):
         say(f"compiling the EAGLE-3 head's draft step: graph {i + 1} of {len(todo)}, width {width}, {keys} keys "

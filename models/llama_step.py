@@ -11,6 +11,7 @@ values, so a masked slot weighs exactly 0). ``K`` is the mask's width, a key buc
 costs, not to the whole capacity. Shapes: ``r`` rows fed, ``C`` the cache capacity, ``K <= C`` the
 keys attended, ``H`` hidden size, ``V`` vocabulary; the cache is ``models.llama.KVCache`` (per layer ``[1, Hkv, C, D]``).
 """
+import weakref
 from typing import Callable, Optional, Sequence, Tuple
 
 import torch
@@ -34,14 +35,19 @@ class LlamaStep:
     """One pass of ``model`` (the Llama family, ``lean_unsupported``) over a ``KVCache`` of fixed
     capacity; references the model's modules, copies nothing. ``forward`` is what gets compiled whole,
     or, regionally, ``layer`` (``decoder_layer`` compiled once: every layer of the model is the same
-    code over other weights, so one graph serves them all)."""
+    code over other weights, so one graph serves them all). Holds the model weakly: a step lives in its
+    model's state (``runners.step._STATES``), a value that must not keep its own key alive."""
 
     def __init__(self, model: Module, layer: Callable = None):
         reason = lean_unsupported(model)
         if reason is not None:
             raise ValueError(reason)
-        self.model = model
+        self._model = weakref.ref(model)
         self.layer = layer or decoder_layer
+
+    @property
+    def model(self) -> Module:
+        return self._model()
 
     def forward(self, ids: Tensor, positions: Tensor, slots: Tensor, mask: Tensor, cache: KVCache, n_last: int,
                 hidden_layers: Sequence[int] = ()) -> Tuple[Tensor, Optional[Tensor]]:

@@ -64,7 +64,7 @@ def _make_runner(model: Module, use_cache: bool, encoder_input_ids: Optional[Lis
 
         return LlamaCppRunner(config.gguf, model)
     if use_cache and encoder_input_ids is None and config.step_for(model):
-        return StepRunner(model)  # forward="step" for a model outside the family: refused here, with its reason
+        return StepRunner(model, config.graphs)  # forward="step" for a model outside the family: refused here, with its reason
     if use_cache and encoder_input_ids is None and config.compiled_for(model):
         return CompiledRunner(model)
     if use_cache and encoder_input_ids is None and config.lean_for(model):
@@ -77,8 +77,9 @@ def prepare(model: Module, length: int = MIN_CAPACITY - BUCKETS[-1], say: Callab
     """Build every graph the compiled runner of ``model`` under ``config`` will replay (None: ``--compile``'s
     choice, ``RunnerConfig(compile=True)``), before anything is timed: ``runners.step.prepare_step`` where
     ``config.step_for(model)``, else ``runners.compiled.prepare``. Returns the seconds spent building."""
-    if (config or RunnerConfig(compile=True)).step_for(model):
-        return prepare_step(model, length, say, hidden_layers)
+    config = config or RunnerConfig(compile=True)
+    if config.step_for(model):
+        return prepare_step(model, length, say, hidden_layers, graphs=config.graphs)
     return _compiled.prepare(model, length, say, hidden_layers)
 
 

@@ -82,7 +82,7 @@ class _Compiled:
         torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
         use_compile_cache()  # built once per machine: later starts read the graphs from the disk
         keep(model)  # its layers under the graphs stay as they are: the C step of an eager row frees no weight of theirs
-        self.model = model
+        self._model = weakref.ref(model)  # weakly: the state is the model's value in ``_STATE``
         self.cache_keyword = cache_keyword(model)  # "cache" on transformers 5.24+, else "past_key_values"
         self.device = model_device(model)
         self.cuda = self.device.type == "cuda"
@@ -99,6 +99,10 @@ class _Compiled:
         self.compile_seconds = 0.0
         self.cache_count = CacheCount()  # inductor's disk-cache hits and misses of the last ``prepare``
         self.prepared_seconds = 0.0  # what the last ``prepare`` that built something took
+
+    @property
+    def model(self) -> Module:
+        return self._model()
 
     def _forward(self, input_ids: Tensor, position_ids: Tensor, cache) -> Tensor:
         return self.model(input_ids=input_ids, position_ids=position_ids, **{self.cache_keyword: cache}, use_cache=True).logits

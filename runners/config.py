@@ -26,13 +26,17 @@ class RunnerConfig:
     (the model's own, ``KVCacheModel``), or "auto": lean where ``lean_unsupported`` finds nothing and
     no dynamic cache is asked for, else transformers'; "step": the lean forward as compiled steps, one
     graph per pass width and key bucket (``runners.step``), which "auto" picks for the family on CUDA
-    unless ``eager`` (``--eager``: the eager forward kept on CUDA, for comparison)."""
+    unless ``eager`` (``--eager``: the eager forward kept on CUDA, for comparison). ``graphs``: how that
+    step turns passes into graphs (``--step-graphs``, ``STEP_GRAPHS``): "regional" (one decoder layer
+    compiled for every layer, each pass captured whole as a CUDA graph) or "whole" (each pass compiled
+    whole, inductor's CUDA graphs); ``runners.step_graphs``."""
 
     cache: Optional[str] = None
     compile: bool = False
     gguf: Optional[str] = None
     forward: str = "auto"
     eager: bool = False
+    graphs: str = "regional"
 
     def __post_init__(self):
         check_cache(self.cache)
@@ -40,6 +44,8 @@ class RunnerConfig:
         object.__setattr__(self, "eager", bool(self.eager))
         if self.forward not in FORWARDS:
             raise ValueError(f"forward must be one of {', '.join(FORWARDS)}, got {self.forward!r}")
+        if self.graphs not in STEP_GRAPHS:
+            raise ValueError(f"graphs must be one of {', '.join(STEP_GRAPHS)}, got {self.graphs!r}")
         if self.eager and (self.compile or self.forward == "step"):
             raise ValueError("eager keeps the eager forward: it cannot be asked for with compile or forward='step'")
 
@@ -123,6 +129,7 @@ class RunnerConfig:
 
 
 FORWARDS = ("auto", "lean", "transformers", "step")
+STEP_GRAPHS = ("regional", "whole")  # how the compiled step makes graphs (``RunnerConfig.graphs``)
 LEAN_LABEL = "lean Llama forward"  # the headers' name of ``runners.lean``'s passes
 STEP_LABEL = "compiled lean Llama step"  # and of ``runners.step``'s
 EAGER = RunnerConfig()  # the default: eager passes, but the compiled step for the Llama family on CUDA (``step_for``)

@@ -13,16 +13,23 @@ default runner of a Llama-family model on CUDA (``runners.config.RunnerConfig.st
   needs it. ``prepare_step`` builds the graphs asked for (width 1 first, a progress line each) and
   turns ``lazy`` off: the programs prepare what their enabled rows need before a timed run, and a
   pass with no built graph then takes a built one of a larger bucket, or runs uncompiled; it never
-  builds one (``StepState.fallbacks`` counts those passes).
+  builds one (``StepState.fallbacks`` counts those passes, and every later pass wider than every
+  prepared width: a width the programs forgot to prepare).
 * The inputs of a (width, keys) graph (ids, positions, slots, mask) and the cache live at static
   addresses (``mark_static_address``); the cache's capacity is a power of two, taken from a per-model
   pool at the pool's capacity, so that a new runner (every generation makes one) builds no graph.
+* A graph is keyed on all it captured of its cache (``cache_key``: capacity, dtype, every layer's keys and
+  values) and goes when the cache is freed; a state serves one set of weights (``step_state`` makes a
+  new one after a cast or a move, and on CUDA after a load with ``assign=True``: ``weights_key``).
 * Chain and tree passes share a graph: a tree only fills the mask and the slots differently.
+* A build that fails (a compile, a capture) is one line on stderr (what failed, what runs instead) and
+  the header's label says so; that pass and every later one run the step's eager forward.
 * With ``hidden_layers`` prepared (a learned head drafts), every graph also returns those layers'
   hidden states, and a pass that wants none takes the same graph: one set of graphs, not two.
 * ``compile_events`` (``runners.compiled``) records every graph built, as "<model class> step";
   ``kernels.step_artifacts`` keeps what was built for the next start.
 """
+import sys
 import time
 import weakref
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -40,47 +47,35 @@ from runners.compiled import compile_events
 from runners.config import STEP_LABEL
 from runners.device import model_device
 from runners.static import fed
-from runners.step_graphs import CapturedPasses, step_graphs
+from runners.step_graphs import (MIN_KEYS, CapturedPasses, cache_key, failure, forget_when_freed, key_bucket,  # noqa: F401
+                                 key_buckets, weights_key)
 from runners.trees import TreePasses, compute_dtype
 
 WIDTHS = (1, 2, 4, 8, 16, 32)  # a notebook's widths: decoding, chain verification (suffix drafts up to 24), a tree of 16 nodes
 MAX_WIDTH = 64  # the widest pass a graph is built for; wider ones (prompts) run uncompiled
 MIN_CAPACITY = 1024
-MIN_KEYS = 256  # the smallest key bucket
 
 
 def _capacity(length: int) -> int:
     return max(MIN_CAPACITY, 1 << (max(1, length) - 1).bit_length())
 
 
-def key_bucket(keys: int, capacity: int) -> int:
-    """The keys a pass whose last slot is ``keys - 1`` attends to: the power of two >= ``keys`` (at least
-    ``MIN_KEYS``), at most the cache's ``capacity``."""
-    return min(capacity, max(MIN_KEYS, 1 << (max(1, keys) - 1).bit_length()))
-
-
-def key_buckets(first: int, last: int, capacity: int) -> List[int]:
-    """Every bucket a sequence spanning slots ``first - 1`` to ``last - 1`` meets, in order."""
-    buckets, keys = [], key_bucket(first, capacity)
-    while True:
-        buckets.append(keys)
-        if keys >= key_bucket(last, capacity):
-            return buckets
-        keys = key_bucket(keys + 1, capacity)
-
-
 class StepState:
     """A model's compiled step, its pool of caches (one capacity), each (width, keys)'s input buffers
-    and the graphs built, by (width, keys, cache address, hidden layers)."""
+    and the graphs built, by (width, keys, the cache's ``cache_key``, hidden layers): a cache's entries go
+    when it is freed. One state serves one set of weights (``weights``: ``step_state`` makes a new one
+    when a cast or a load with ``assign=True`` moved them)."""
 
-    def __init__(self, model: Module):
+    def __init__(self, model: Module, graphs: str = "regional"):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
         torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 4096)
         use_compile_cache()
-        self.mode = step_graphs()
+        self.mode = graphs  # ``RunnerConfig.graphs``: "regional" or "whole" (``runners.step_graphs``)
         self.step = LlamaStep(model)  # refuses a model outside the family, with its reason
         self.eager = LlamaStep(model)  # the same arithmetic, never compiled: prompts, passes without a graph
-        self.model, self.device, self.dtype = model, model_device(model), compute_dtype(model)
+        self._model = weakref.ref(model)  # weakly: the state is the model's value in ``_STATES``
+        self.weights = weights_key(model, model_device(model).type == "cuda")
+        self.device, self.dtype = model_device(model), compute_dtype(model)
         self.cuda = self.device.type == "cuda"
         if self.mode == "whole":
             self.compiled = torch.compile(self.step.forward, fullgraph=True, dynamic=False,
@@ -97,11 +92,16 @@ class StepState:
         self.hidden_layers: Tuple[int, ...] = ()  # prepared: every graph returns these layers' hidden states
         self.built: set = set()
         self.graphs: set = set()  # (width, keys, hidden layers) built in this process, for the artifacts' line
-        self.fallbacks = 0  # passes run uncompiled for want of a built graph (never building one) while not lazy
+        self.failure = ""  # why compiling or capturing failed (one line): every pass then runs uncompiled
+        self.fallbacks = 0  # passes of at most MAX_WIDTH rows run uncompiled while not lazy (prompts aside)
         self.compile_seconds = self.prepared_seconds = 0.0
         self.cache_count = CacheCount()
         self.artifact_key = artifact_key(model, self.dtype, self.device)
         self.loaded, self.artifact_problem = load_artifacts(self.artifact_key)
+
+    @property
+    def model(self) -> Module:
+        return self._model()
 
     def set_widths(self, widths: Sequence[int]) -> None:
         """The widths passes are padded to from now on (1 always among them; the first call replaces
@@ -151,15 +151,15 @@ class StepState:
         Lazy: the smallest width and bucket, built if new. Else a built one: the smallest width, then the
         smallest bucket holding the pass, with the prepared hidden layers where the pass wants none."""
         width = self.width(rows)
-        if width is None or start + width > cache.capacity:
+        if width is None or start + width > cache.capacity or self.failure:
             return None
-        keys, pointer = key_bucket(start + width, cache.capacity), cache.layers[0].keys.data_ptr()
+        keys, held = key_bucket(start + width, cache.capacity), cache_key(cache)
         options = [layers] + ([self.hidden_layers] if not layers and self.hidden_layers else [])
         if self.lazy:
-            return width, keys, options[-1] if (width, keys, pointer, options[-1]) in self.built else layers
+            return width, keys, options[-1] if (width, keys, held, options[-1]) in self.built else layers
         for bucket in key_buckets(keys, cache.capacity, cache.capacity):
             for kept in options:
-                if (width, bucket, pointer, kept) in self.built:
+                if (width, bucket, held, kept) in self.built:
                     return width, bucket, kept
         return None
 
@@ -202,24 +202,34 @@ class StepState:
         rows = new.shape[0]
         if mask is None:
             mask = (self.slots[None, : start + rows] <= positions[:, None])[None, None]
-        if not self.lazy and rows <= max(self.widths):
-            self.fallbacks += 1
+        if not self.lazy and (rows <= max(self.widths) or 0 < start and rows <= MAX_WIDTH):
+            self.fallbacks += 1  # a pass a graph could have run (a sequence's first pass, its prompt, is not one)
         slots = torch.arange(start, start + rows, device=self.device)
         return self.eager.forward(new, positions, slots, mask, cache, n_last, layers)
 
     def run(self, width: int, keys: int, cache: KVCache, rows: int, n_last: int, kept: Tuple[int, ...], layers: Tuple[int, ...]):
         """Replay (or build) the (``width``, ``keys``, ``kept``) graph over its buffers; the valid rows'
         outputs (hidden states only where ``layers`` asked), cloned on CUDA."""
-        key = (width, keys, cache.layers[0].keys.data_ptr(), kept)
+        held = cache_key(cache)
+        key = (width, keys, held, kept)
         first, clock = key not in self.built, time.perf_counter()
         if self.cuda and self.mode == "whole":
             torch.compiler.cudagraph_mark_step_begin()
-        logits, hidden = self.compiled(*self.buffers(width, keys), cache, width, kept)
+        try:
+            logits, hidden = self.compiled(*self.buffers(width, keys), cache, width, kept)
+        except Exception as error:  # a build that failed (a replay that fails is a bug: raised)
+            if not first:
+                raise
+            self._failed(error, width, keys)
+            logits, hidden = self.eager.forward(*self.buffers(width, keys), cache, width, kept)  # the same pass, uncompiled
+            first = False
         logits = logits[rows - n_last: rows]
         hidden = hidden[:rows] if hidden is not None and layers else None
         if self.cuda:  # a graph's outputs are overwritten by its next replay
             logits, hidden = logits.clone(), hidden.clone() if hidden is not None else None
         if first:
+            if not any(other[2] == held for other in self.built):
+                forget_when_freed(self, cache, held)
             self.built.add(key)
             self.graphs.add((width, keys, kept))
             compile_events.append((f"{type(self.model).__name__} step", width, keys))
@@ -228,15 +238,32 @@ class StepState:
             self.compile_seconds += time.perf_counter() - clock
         return logits, hidden
 
+    def _failed(self, error: Exception, width: int, keys: int) -> None:
+        """Say in one line (stderr) what failed and what runs instead; every later pass runs uncompiled."""
+        self.failure = failure("capturing" if self.cuda and self.mode == "regional" else "compiling", error, width, keys)
+        print(f"{type(self.model).__name__}'s {STEP_LABEL}: {self.failure}; its passes run the step's eager forward "
+              "(uncompiled) from now on", file=sys.stderr)
 
+    def forget(self, held: tuple) -> None:
+        """Drop the entries of the cache whose ``cache_key`` is ``held`` (it was freed: a new cache at its
+        addresses has no graph yet)."""
+        self.built = {key for key in self.built if key[2] != held}
+
+
+# a state holds its model weakly (and its steps too): a value that referred to its key would keep the
+# model, its pool of caches and every graph alive for the whole process
 _STATES: "weakref.WeakKeyDictionary[Module, StepState]" = weakref.WeakKeyDictionary()
 
 
-def step_state(model: Module) -> StepState:
-    """The model's compiled step, made on first use."""
+def step_state(model: Module, graphs: Optional[str] = None) -> StepState:
+    """The model's compiled step, made on first use, and made again when its weights moved (a cast, a
+    move; on CUDA a load with ``assign=True`` too: ``weights_key``) or when ``graphs`` (the
+    run's ``RunnerConfig.graphs``; None: the state's own, "regional" for a new one) asks for the other
+    mode. Read when a runner is made (every generation makes one) and by ``prepare_step``; a runner made
+    before the change keeps the old state."""
     state = _STATES.get(model)
-    if state is None:
-        state = _STATES[model] = StepState(model)
+    if state is None or state.weights != weights_key(model, state.cuda) or graphs not in (None, state.mode):
+        state = _STATES[model] = StepState(model, graphs or (state.mode if state is not None else "regional"))
     return state
 
 
@@ -251,12 +278,12 @@ class StepRunner(TreePasses):
     use_cache = True
     compiled_step = True  # a learned head drafting for it runs its own compiled step (``eagle.head_step``)
 
-    def __init__(self, model: Module):
+    def __init__(self, model: Module, graphs: Optional[str] = None):
         reason = lean_unsupported(model)
         if reason is not None:
             raise ValueError(reason)
         self.model = model
-        self.state = step_state(model)
+        self.state = step_state(model, graphs)  # graphs: ``RunnerConfig.graphs`` (None: the state's)
         self.device = self.state.device
         self.cache: Optional[KVCache] = None
         self.cached = 0
@@ -315,24 +342,26 @@ class StepRunner(TreePasses):
 
 @torch.no_grad()
 def prepare_step(model: Module, length: int = MIN_CAPACITY - max(WIDTHS), say: Callable[[str], None] = lambda text: None,
-                 hidden_layers: Tuple[int, ...] = (), widths: Optional[Sequence[int]] = None, first: int = 1) -> float:
+                 hidden_layers: Tuple[int, ...] = (), widths: Optional[Sequence[int]] = None, first: int = 1,
+                 graphs: Optional[str] = None) -> float:
     """Build the graphs a run will replay, before anything is timed: each width (``widths``, added to
     the state's; None: the state's) at each key bucket a sequence meets between slot ``first - 1`` and
     ``length`` plus the width, at the capacity holding ``length`` positions; with ``hidden_layers``, every
     graph also returns those layers' hidden states (and serves the passes that want none). Width 1 first,
     then by bucket; one ``say`` line per graph. Afterwards the state is no longer lazy (no pass builds a
-    graph). Saves the artifacts (``kernels.step_artifacts``) when something was built. Returns the
-    seconds spent building (0 when nothing was new)."""
-    state = step_state(model)
+    graph). ``graphs``: the run's ``RunnerConfig.graphs`` (None: the state's). Saves the artifacts
+    (``kernels.step_artifacts``) when something was built. Returns the seconds spent building (0 when
+    nothing was new)."""
+    state = step_state(model, graphs)
     state.set_widths(widths if widths is not None else state.widths)
     if hidden_layers:
         state.hidden_layers = tuple(hidden_layers)
     runner = StepRunner(model)
     runner._reserve(length)
     cache, layers = runner.cache, state.hidden_layers
-    pointer = cache.layers[0].keys.data_ptr()
+    held = cache_key(cache)
     todo = sorted({(w, k) for w in state.widths for k in key_buckets(max(1, first), length + w, cache.capacity)
-                   if (w, k, pointer, layers) not in state.built}, key=lambda wk: (wk[0] != 1, wk[1], wk[0]))
+                   if (w, k, held, layers) not in state.built}, key=lambda wk: (wk[0] != 1, wk[1], wk[0]))
     state.lazy = True
     before, state.cache_count = state.compile_seconds, CacheCount()
     ids = torch.zeros(max(state.widths), dtype=torch.long, device=state.device)
@@ -363,9 +392,11 @@ def step_label(model: Module) -> str:
     capacity = f", cache of {state.capacity} positions" if state is not None and state.capacity else ""
     built = f", compiled in {state.prepared_seconds:.0f} s" if state is not None and state.prepared_seconds else ""
     reused = f", {len(state.loaded)} graphs' artifacts reused" if state is not None and state.loaded else ""
+    if state is not None and state.failure:
+        return f"{STEP_LABEL} (compile failed, every pass runs uncompiled: {state.failure})"
     if state is not None and state.artifact_problem:  # a file was there and was not loaded: say why
         reused = f", saved artifacts not loaded: {state.artifact_problem}"
-    mode = state.mode if state is not None else step_graphs()
+    mode = state.mode if state is not None else "regional"
     compiled = "one decoder layer compiled for all, each pass captured whole" if mode == "regional" else "each pass compiled whole"
     return (f"{STEP_LABEL} ({how}, {compiled}, one graph per pass width {widths} and key bucket (from {MIN_KEYS} keys, "
             f"powers of two){capacity}{built}{reused})")

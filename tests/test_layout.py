@@ -245,6 +245,41 @@ def test_no_function_takes_more_than_eight_parameters_but_the_references():
     assert not found, found
 
 
+# The library's settings reach it through the run's configuration (``RunConfig``, ``RunnerConfig``), never
+# through an environment switch. These modules read the environment, each for a reason that is no switch;
+# the list may only shrink. The programs (``app``, ``scripts``, ``infer.py``, ``bench.py``) are not the library.
+ENVIRONMENT_READERS = {
+    "utils.models": "SPECDEC_CACHE: the project's cache folder (``cache_dir``)",
+    "kernels.compile_cache": "TORCHINDUCTOR_CACHE_DIR: inductor's cache folder, pointed at ours",
+    "utils.toolchain": "CC: the C compiler, as make reads it",
+    "eagle.parallel": "WORLD_SIZE, RANK, LOCAL_RANK: torchrun's protocol",
+    "peers_openvino": "SPECDEC_OPENVINO_VENV: the OpenVINO peer's own virtual environment, and its subprocess's",
+}
+PROGRAMS = ("app", "scripts", "infer", "bench")
+
+
+def reads_environment(tree: ast.AST) -> bool:
+    """Whether the code names ``os.environ``, ``os.getenv`` or ``os.putenv`` (or imports them by name)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "putenv"):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.module == "os" and any(
+                alias.name in ("environ", "getenv", "putenv") for alias in node.names):
+            return True
+    return False
+
+
+def test_the_library_reads_no_environment_switch():
+    """Beyond ``ENVIRONMENT_READERS``, no library module reads the environment (``SPECDEC_STEP_GRAPHS`` became
+    ``RunnerConfig.graphs``, issue 70); the check finds a read where there is one."""
+    found = {module for module, path in project_modules().items()
+             if module.split(".")[0] not in PROGRAMS and reads_environment(ast.parse(path.read_text()))}
+    assert found <= set(ENVIRONMENT_READERS), sorted(found - set(ENVIRONMENT_READERS))
+    assert reads_environment(ast.parse("import os\nmode = os.environ.get('SPECDEC_STEP_GRAPHS', 'regional')"))
+    assert reads_environment(ast.parse("from os import getenv"))
+    assert not reads_environment(ast.parse("import os\npath = os.path.join('a', 'b')"))
+
+
 if __name__ == "__main__":  # the cycles as they are now: between modules, then between packages
     for component in cycles(import_graph(project_modules())):
         print(sorted(component))

@@ -10,6 +10,7 @@ import torch
 
 import kernels.step_artifacts as artifacts
 import runners.step as step_module
+import runners.step_graphs as step_graphs
 from app.steps import drafter_widths, ready, row_rows, start_widths, step_widths
 from conftest import EOS_NEVER, PROMPT, llama
 from configuration import RunConfig
@@ -38,7 +39,7 @@ def built_since(count):
 def test_a_pass_attends_to_its_key_bucket_not_the_whole_capacity(monkeypatch):
     """Buckets of 16, 32, 64, 128 keys in a cache of 1024 slots: a decoding pass at position p runs the
     graph of the smallest bucket holding p + 1, and its logits are the lean runner's."""
-    monkeypatch.setattr(step_module, "MIN_KEYS", 16)
+    monkeypatch.setattr(step_graphs, "MIN_KEYS", 16)  # where ``key_bucket`` reads it
     model = llama(layers=1, window=512, seed=5).to(torch.float32)
     step_module.step_state(model).set_widths((1,))
     ids, step, lean = ids_for(120), StepRunner(model), LeanRunner(model)
@@ -66,6 +67,33 @@ def test_each_row_needs_its_drafts_plus_one_and_target_ar_one():
     assert step_widths(rows) == (1, 5, 7)
     assert drafter_widths(rows) == (1, 5) and drafter_widths(rows[:3]) == ()
     assert start_widths([4]) == (1, 5) and start_widths([2, "auto"]) == (1, 3, 9)
+
+
+def test_gamma_auto_prepares_the_widths_its_policy_can_ask_for():
+    """Under ``/gamma auto`` the calibrated policy drafts up to the longest measured pass less one (11 on
+    12 measured rows), past ``gamma``: the target's and the drafter's widths hold those passes."""
+    config = RunConfig(gamma=4).with_policy(auto=True, row_costs=(1.0,) * 12)
+    rows = [(BY_KEY[key], config) for key in ("target", "ngram", "speculative")]
+    assert row_rows(BY_KEY["ngram"], config) == 12 and row_rows(BY_KEY["target"], config) == 1
+    assert step_widths(rows) == (1, 12) and drafter_widths(rows) == (1, 12)
+    assert step_widths([(BY_KEY["ngram"], config.with_policy(auto=False))]) == (1, 5)
+
+
+def test_every_uncompiled_pass_a_graph_could_run_is_a_fallback_once_prepared_and_a_prompt_is_not():
+    """Prepared (not lazy) with widths 1 and 4 and no graph built: a 12-row pass (``/gamma auto``'s widest,
+    past every width) counts, as a 1-row pass does; the prompt and a pass wider than any graph do not."""
+    model = llama(layers=1, window=512, seed=12)
+    state = step_module.step_state(model)
+    state.set_widths((1, 4))
+    state.lazy = False
+    runner, ids = StepRunner(model), ids_for(100)
+    runner(ids[:, :10], 1)
+    assert state.fallbacks == 0
+    runner(ids[:, :22], 12)
+    runner(ids[:, :23], 1)
+    assert state.fallbacks == 2
+    runner(ids[:, :23 + step_module.MAX_WIDTH + 1], 1)
+    assert state.fallbacks == 2
 
 
 @pytest.mark.needs_cxx
@@ -153,14 +181,13 @@ def test_artifacts_round_trip_and_a_corrupt_or_foreign_file_is_never_loaded(monk
 
 
 @pytest.mark.needs_cxx
-def test_regional_graphs_compile_one_layer_for_every_layer(monkeypatch):
-    """The default (``SPECDEC_STEP_GRAPHS`` unset): a (width, keys) graph of a 4-layer model is one dynamo
+def test_regional_graphs_compile_one_layer_for_every_layer():
+    """The default (``RunnerConfig.graphs``): a (width, keys) graph of a 4-layer model is one dynamo
     graph, the decoder layer's, shared by the four layers; "whole" would trace the four into one."""
     from torch._dynamo.utils import counters
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    monkeypatch.delenv("SPECDEC_STEP_GRAPHS", raising=False)
     torch.manual_seed(10)  # a shape no other test compiles: dynamo's cache of decoder_layer is shared by every model
     config = LlamaConfig(vocab_size=96, hidden_size=48, intermediate_size=80, num_hidden_layers=4, num_attention_heads=4,
                          num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
@@ -171,9 +198,20 @@ def test_regional_graphs_compile_one_layer_for_every_layer(monkeypatch):
     assert counters["stats"]["unique_graphs"] == graphs + 1
     ids = ids_for(30)
     close(StepRunner(model)(ids, 1), LeanRunner(model)(ids, 1))
-    monkeypatch.setenv("SPECDEC_STEP_GRAPHS", "everything")
-    with pytest.raises(ValueError, match="SPECDEC_STEP_GRAPHS must be one of regional, whole"):
-        step_module.step_graphs()
+
+
+def test_how_the_step_makes_graphs_is_a_setting_of_the_runs_configuration_not_an_environment_switch(monkeypatch):
+    """``RunnerConfig.graphs`` (``--step-graphs``) reaches the model's state through ``make_runner``; a runner
+    made without a choice keeps the state's; the environment variable that chose it before is not read."""
+    from runners import make_runner
+
+    monkeypatch.setenv("SPECDEC_STEP_GRAPHS", "whole")
+    model = llama(layers=1, window=512, seed=13)
+    assert RunnerConfig().graphs == "regional" and make_runner(model, config=STEP).state.mode == "regional"
+    assert make_runner(model, config=STEP.with_(graphs="whole")).state.mode == "whole"
+    assert StepRunner(model).state.mode == "whole"
+    with pytest.raises(ValueError, match="graphs must be one of regional, whole"):
+        RunnerConfig(graphs="everything")
 
 
 @pytest.mark.needs_cxx

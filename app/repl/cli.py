@@ -136,7 +136,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                               args.trust_remote_code, args.cache, args.prepack, args.compile,
                               measure_dtype=preset.get("measure_dtype", False), remeasure=args.remeasure, chat=not args.no_chat,
                               calibrate=not args.no_calibrate, row_costs=args.row_costs, runner=args.runner,
-                              forward=args.forward, eager=args.eager, step_widths=start_widths([args.gamma]),
+                              forward=args.forward, eager=args.eager, step_graphs=args.step_graphs,
+                              step_widths=start_widths([args.gamma]),
                               hidden_layers=head_layers(head_path(args.head, args.target is None)))
         pair = load_pair(args.target, args.drafter, options, say)
     except SetupError as error:

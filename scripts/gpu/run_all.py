@@ -19,7 +19,7 @@ The phases, in this order; one that the budget no longer holds is skipped, and t
     bench-bfloat16   bench.py on the compiled step (the default on CUDA): target AR, NASD, prompt lookup,
                      suffix, the EAGLE-3 head's chains, and transformers' compiled static-cache generate
     bench-float32    the same in float32
-    step-bench-whole step-bench with the step compiled whole (SPECDEC_STEP_GRAPHS=whole, the other option: each pass
+    step-bench-whole step-bench with the step compiled whole (--graphs whole, the other option: each pass
                      compiled as one graph with inductor's CUDA graphs), from an empty cache: compile time and speed
 
 On the GPU machine (the last call; ``run_all.sh`` stages and calls this):
@@ -122,8 +122,8 @@ def phases(device: str, sizes: Sizes, work: Path, stage: Optional[Path] = None) 
         Phase("bench-bfloat16", (bench(device, sizes, "bfloat16", BENCH_ROWS, work / "bench-bfloat16", bool(step)),), 120),
         Phase("bench-float32", (bench(device, sizes, "float32", BENCH_ROWS, work / "bench-float32", bool(step)),), 120),
         Phase("step-bench-whole", (("scripts/gpu/step_bench.py", "--device", device, "--tokens", tokens, "--repeats", repeats,
-                                    *(() if cuda else ("--dtypes", "float32"))),), 150, cap=cap(260),
-              env=(("SPECDEC_STEP_GRAPHS", "whole"), ("SPECDEC_CACHE", str(work / "whole-cache")))),
+                                    "--graphs", "whole", *(() if cuda else ("--dtypes", "float32"))),), 150, cap=cap(260),
+              env=(("SPECDEC_CACHE", str(work / "whole-cache")),)),
     ]
 
 

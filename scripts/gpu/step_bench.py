@@ -57,11 +57,12 @@ def bench(dtype: torch.dtype, args) -> None:
     prompt = tokenizer.encode(text, add_special_tokens=False)
     new = args.tokens
     # on CUDA the step is this family's default runner; on CPU it is asked for by name
-    config = RunnerConfig() if cuda else RunnerConfig(forward="step")
+    config = RunnerConfig(graphs=args.graphs) if cuda else RunnerConfig(forward="step", graphs=args.graphs)
     assert config.step_for(model), config.describe(model)
     start = graphs()
     widths = tuple(int(w) for w in args.widths.split(","))
-    seconds = prepare_step(model, len(prompt) + new, lambda text: print(f"  {text}", flush=True), widths=widths)
+    seconds = prepare_step(model, len(prompt) + new, lambda text: print(f"  {text}", flush=True), widths=widths,
+                           graphs=config.graphs)
     prepared = graphs()
     ours = lambda: autoregressive_generate(prompt, model, max_gen_len=new, eos_tokens_id=[], use_cache=True, runner=config)  # noqa: E731
     our_time, our_tokens = timed(ours, model, args.repeats)
@@ -92,6 +93,8 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=256, help="new tokens a run (default 256)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs, the median reported (default 5)")
     p.add_argument("--widths", default="1", help="pass widths to build (default 1: target AR decodes one position a pass)")
+    p.add_argument("--graphs", choices=["regional", "whole"], default="regional",
+                   help="how the step makes its graphs (RunnerConfig.graphs; default regional)")
     args = p.parse_args()
     torch.set_grad_enabled(False)
     for name in args.dtypes.split(","):
