@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import time
-import weakref
 from pathlib import Path
 
 import pytest
@@ -137,22 +136,6 @@ def child(rounds: int, paths) -> None:
 
 # ---- the test ---------------------------------------------------------------------------------------
 
-def _prepacked_layers_outlive_their_model() -> bool:
-    """Issue 70's fault 1, still here: ``kernels.prepacking._PREPACKED`` keeps a prepacked layer whose
-    value holds its own weak key, so the layer never goes. Checked on a tiny linear, in microseconds."""
-    import torch
-
-    from kernels import prepacking
-
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
-    if not prepacking.set_prepack(model, True, (prepacking.OWN,)):
-        return False
-    layer = weakref.ref(model[0].linear[0])
-    del model
-    gc.collect()
-    return layer() is not None
-
-
 def rounds_of(paths, rounds: int = ROUNDS):
     from conftest import MEASUREMENTS_ENV
 
@@ -169,9 +152,6 @@ def table(found) -> str:
 
 
 @pytest.mark.needs_cc  # the skinny route runs the C kernels
-@pytest.mark.xfail(not CHILD and _prepacked_layers_outlive_their_model(), strict=True,
-                   reason="issue 70 fault 1: kernels.prepacking._PREPACKED's values hold their own keys (being fixed on "
-                          "another branch); once it is, this mark must go (strict: the XPASS says so)")
 def test_twenty_rounds_of_every_users_path_hold_resident_memory_flat():
     found = rounds_of(PATHS)
     first = found[0]["dropped"]  # the round's end: everything it made dropped
