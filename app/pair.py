@@ -389,6 +389,8 @@ def describe(model: "Module", label: str, quantize: str, notes: Optional[Dict[st
     if model_quantization(model) in ("int4", "int8"):
         quantize += " (CPU weight-only kernels, bfloat16 activations)"
     line = f"{label} · {next(model.parameters()).device} · {model.dtype} · quantization {quantize} · "
+    if runner.hooks_note(model):  # its passes run transformers' forward while the hooks are there
+        return line + f"{runner.cache_for(model)} KV cache · {runner.hooks_note(model)}"
     if runner.step_for(model):
         return line + f"static KV cache · {step_label(model)}: {runner.step_reason(model)}"
     if runner.compiled_for(model):

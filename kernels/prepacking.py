@@ -24,6 +24,7 @@ _ROW_HINT = 8
 # graph read back from inductor's disk cache (``kernels.compile_cache``), which matches only a trace
 # with the same numbers, names this process's layers.
 _BY_KEY: List["weakref.ref[PrepackedLinear]"] = []
+SWAPS = [0]  # ``set_prepack`` calls that swapped layers (plain dict writes: ``runners.hooks`` remakes its module lists)
 
 
 
@@ -134,6 +135,9 @@ class PrepackedLinear(Module):
     def forward(self, x: Tensor) -> Tensor:
         if torch.compiler.is_compiling():  # one opaque call in the graph, the same kernels (``packed_linear``)
             return packed_linear(x, self.weight if self.blocks is None else self.blocks, self.key)
+        own = self.linear[0]
+        if own._forward_hooks or own._forward_pre_hooks:  # hooked before it was swapped in: they fire here
+            return _with_hooks(own, self.run, x)
         return self.run(x)
 
     def run(self, x: Tensor) -> Tensor:
@@ -150,6 +154,27 @@ class PrepackedLinear(Module):
         if self.packed is None or self.blocks is None and self.weight._version != self.source[0][1]:  # not made yet, or the weights changed in place
             self._pack()
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.packed_bias, "none", [], "")
+
+
+def _with_hooks(own: torch.nn.Linear, run, x: Tensor) -> Tensor:
+    """``run(x)`` with ``own``'s forward pre-hooks and hooks around it, as ``own(x)`` would fire them
+    (its own hooks only: the global ones fired for the ``PrepackedLinear`` already)."""
+    args, kwargs = (x,), {}
+    for key, hook in list(own._forward_pre_hooks.items()):
+        if key in own._forward_pre_hooks_with_kwargs:
+            result = hook(own, args, kwargs)
+            if result is not None:
+                args, kwargs = result
+        else:
+            result = hook(own, args)
+            if result is not None:
+                args = result if isinstance(result, tuple) else (result,)
+    out = run(*args, **kwargs)
+    for key, hook in list(own._forward_hooks.items()):
+        result = hook(own, args, kwargs, out) if key in own._forward_hooks_with_kwargs else hook(own, args, out)
+        if result is not None:
+            out = result
+    return out
 
 
 @torch.library.custom_op("specdec::packed_linear", mutates_args=())
@@ -249,6 +274,7 @@ def set_prepack(model: Module, on: bool, route: Sequence[str] = (PREPACKED,)) ->
     if on and (not route or any(k not in (OWN, PREPACKED, SKINNY) for k in route)):
         raise ValueError(f"a route names kernels among {OWN}, {PREPACKED}, {SKINNY}; got {route!r}")
     swaps = prepackable(model) if on or prepacked(model) else []
+    SWAPS[0] += 1
     for modules, name, packed, own in swaps:
         if not on:
             packed.restore()  # the model's own layer needs its own weight
