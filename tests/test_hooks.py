@@ -214,3 +214,35 @@ def test_the_compiled_runners_take_their_graphs_again_once_the_hook_is_gone(make
     handle.remove()
     runner(torch.cat([IDS, torch.tensor([[3]])], dim=1), 1)
     assert runner.hooked_passes == 1 and calls == [1]
+
+
+def test_a_hooked_eagle_head_drafts_on_the_torch_step_and_its_hooks_fire(monkeypatch):
+    """Hooks on the head's MLP and final norm (no linear layer: the C head step took them before): the C head step and the compiled head step give way to
+    the torch step (the hooks fire), and the C step runs again once they are gone."""
+    from types import SimpleNamespace
+
+    import kernels.head_step as head_step
+    from drafters.eagle import EagleDrafter
+    from eagle.head import HeadCache
+    from eagle.head_step import HeadStepCache
+    from test_head_step import random_head, torch_step
+
+    head = random_head()
+    ids, features = torch.arange(6), torch.randn(6, 3 * 48, generator=torch.Generator().manual_seed(0))
+    calls = []
+    real = head_step.HeadStep.__call__
+    monkeypatch.setattr(head_step.HeadStep, "__call__", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+    handles = [head.layers[0].mlp.register_forward_hook(zero), head.norm.register_forward_pre_hook(shift)]
+    try:
+        hooked = head.draft_step(HeadCache(head, 8, "cpu", torch.float32), ids, 0, features=features)[1]
+        torch.testing.assert_close(hooked, torch_step(head, HeadCache(head, 8, "cpu", torch.float32), ids, 0, features=features)[1])
+        assert "the head has forward hooks: layers.0.mlp, norm" in head.step_kind()
+        holder = HeadStepCache(head, 16)  # the compiled head step's cache: no graph is built while hooked
+        drafted = EagleDrafter._draft_step(SimpleNamespace(cache=holder, head=head), ids, 0, features=features)[1]
+        torch.testing.assert_close(drafted, hooked)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert calls == [] and "hooks" not in head.step_kind()
+    plain = head.draft_step(HeadCache(head, 8, "cpu", torch.float32), ids, 0, features=features)[1]
+    assert (calls == [1] or not skinny_built()) and (plain - hooked).abs().max() > 1e-3
