@@ -8,7 +8,8 @@ import torch
 from torch.nn.modules.module import register_module_forward_hook
 
 from conftest import EOS_NEVER, PROMPT, llama
-from runners import EAGER, CompiledRunner, KVCacheModel, LeanRunner, StepRunner, make_runner
+from app.pair import describe
+from runners import EAGER, CompiledRunner, KVCacheModel, LeanRunner, RunnerConfig, StepRunner, make_runner
 from sampling import autoregressive_generate, speculative_generate
 from utils.models import truncated_drafter
 
@@ -145,11 +146,13 @@ def test_the_header_names_the_hooks(model):
     pre = model.model.norm.register_forward_pre_hook(shift)
     try:
         text = EAGER.describe(model)
+        step, line = RunnerConfig(forward="step").describe(model), describe(model, "tiny", "none")
     finally:
         handle.remove()
         pre.remove()
     assert "transformers' forward (the model has forward hooks: model.layers.1.mlp.down_proj, model.norm" in text
     assert "lean" not in text and "hooks" not in plain and EAGER.describe(model) == plain
+    assert step == text and line.endswith(text)  # the compiled step's header, and the programs' line
 
 
 def test_greedy_drafting_under_a_hook_emits_greedy_ar_under_the_same_hook(model):
