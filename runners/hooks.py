@@ -7,7 +7,7 @@ activations, and a fast path that ran its own layer code would silently skip the
 at every pass; the pass after the hooks are removed runs the fast path again.
 
 Not counted: transformers' own output-capturing hooks (installed once by ``output_hidden_states``,
-inactive otherwise), and backward hooks (the runners' passes run under ``torch.no_grad``: nothing
+inactive otherwise), the project's pass clock (``skippable``), and backward hooks (the runners' passes run under ``torch.no_grad``: nothing
 for them to fire on).
 
 Cost per pass: a few integer comparisons and the lengths of the hook dicts that held hooks at the
@@ -17,7 +17,7 @@ only then are the hooks read again, over a cached list of the model's modules (w
 gets a submodule (a global module-registration hook counts them) or ``set_prepack`` swaps layers
 (``kernels.prepacking.SWAPS``): a hook on a module put in after the list was made is seen too.
 """
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn.modules.module as torch_module
@@ -39,9 +39,18 @@ def _count_registration(module: Module, name: str, submodule: Optional[Module]) 
 torch_module.register_module_module_registration_hook(_count_registration)
 
 
+def skippable(hook: Callable) -> Callable:
+    """Mark ``hook`` as one a fast path may skip (it does not count here): the project's own pass clock
+    (``runners.clock.model_passes``), which times transformers' ``generate`` at the model's top-level
+    calls while a runner's passes are timed at the runner."""
+    hook.skippable_hook = True
+    return hook
+
+
 def _own(hooks: Dict) -> bool:
-    """Whether a hook dict holds a hook of the user's (not one of transformers' output-capturing hooks)."""
-    return any(getattr(hook, "__module__", None) != _OUTPUT_CAPTURING for hook in hooks.values())
+    """Whether a hook dict holds a hook of the user's (not transformers' output-capturing ones, nor ``skippable``)."""
+    return any(getattr(hook, "__module__", None) != _OUTPUT_CAPTURING and not getattr(hook, "skippable_hook", False)
+               for hook in hooks.values())
 
 
 def _modules(model: Module) -> Iterator[Tuple[str, Module]]:

@@ -249,3 +249,13 @@ def test_a_hooked_eagle_head_drafts_on_the_torch_step_and_its_hooks_fire(monkeyp
     assert calls == [] and "hooks" not in head.step_kind()
     plain = head.draft_step(HeadCache(head, 8, "cpu", torch.float32), ids, 0, features=features)[1]
     assert (calls == [1] or not skinny_built()) and (plain - hooked).abs().max() > 1e-3
+
+
+def test_the_pass_clocks_hooks_leave_the_fast_path_on(model):
+    """``bench.py --overhead`` times transformers' generate with hooks on the models: not the user's."""
+    from runners.clock import PassClock, model_passes
+
+    runner = make_runner(model)
+    with model_passes([model], PassClock()):
+        greedy(runner, 2)
+    assert runner.hooked_passes == 0 and (runner.step_passes == 2 or not skinny_built())
