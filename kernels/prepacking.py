@@ -40,7 +40,8 @@ class PrepackedLinear(Module):
     per-machine choice, measured at start-up (``measure.choose_kernels``), never a
     default. Same result up to float32 rounding (~1e-5); costs one extra copy of the weights.
     ``set_prepack`` makes it the model's own module, so every caller (our runners and
-    transformers' ``generate``) runs the same kernel.
+    transformers' ``generate``) runs the same kernel. Forward hooks on the ``nn.Linear`` it replaced
+    (registered before the swap, through a reference kept) fire at each call, as they would on it.
 
     Released (``release``, by ``kernels.one_copy`` where the C step holds the blocked copy): the
     layer's own weight is freed and ``blocks`` is its one copy. ``weight`` then unblocks a temporary

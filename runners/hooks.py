@@ -7,8 +7,8 @@ activations, and a fast path that ran its own layer code would silently skip the
 at every pass; the pass after the hooks are removed runs the fast path again.
 
 Not counted: transformers' own output-capturing hooks (installed once by ``output_hidden_states``,
-inactive otherwise), the project's pass clock (``skippable``), and backward hooks (the runners' passes run under ``torch.no_grad``: nothing
-for them to fire on).
+inactive otherwise), the project's pass clock (``skippable``), and backward hooks (the runners'
+passes run under ``torch.no_grad``: nothing for them to fire on).
 
 Cost per pass: a few integer comparisons and the lengths of the hook dicts that held hooks at the
 last read (a hook added anywhere takes a new ``RemovableHandle`` id; one removed shortens its dict);
@@ -65,7 +65,8 @@ def _modules(model: Module) -> Iterator[Tuple[str, Module]]:
 
 def global_hooks() -> bool:
     """Whether a global module forward hook or pre-hook is registered (``register_module_forward_hook``)."""
-    return bool(torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks)
+    found = torch_module._global_forward_hooks, torch_module._global_forward_pre_hooks
+    return any(hooks and _own(hooks) for hooks in found)
 
 
 def hooked_modules(model: Module) -> List[str]:

@@ -259,3 +259,15 @@ def test_the_pass_clocks_hooks_leave_the_fast_path_on(model):
     with model_passes([model], PassClock()):
         greedy(runner, 2)
     assert runner.hooked_passes == 0 and (runner.step_passes == 2 or not skinny_built())
+
+
+def test_a_prepacked_layer_fires_the_hooks_of_the_linear_it_replaced():
+    from kernels.prepacking import OWN, PrepackedLinear
+
+    own, x = torch.nn.Linear(32, 16), torch.randn(3, 32, generator=torch.Generator().manual_seed(0))
+    own.register_forward_pre_hook(lambda module, args, kwargs: ((args[0] * 2,), kwargs), with_kwargs=True)
+    own.register_forward_hook(lambda module, args, output: output + args[0].sum())
+    packed = PrepackedLinear(own)
+    packed.route = (OWN,)
+    with torch.no_grad():
+        torch.testing.assert_close(packed(x), own(x), rtol=0, atol=0)
