@@ -253,7 +253,7 @@ class CompiledRunner(TreePasses):
         new = fed(self, ids, n_last)
         hooked = self.hooks.hooked()  # a graph runs no hook: a hooked model's passes run eagerly (``runners.hooks``)
         self.hooked_passes += hooked
-        if new.shape[1] > BUCKETS[-1] or hooked:  # a prompt: one eager pass into the same cache
+        if new.shape[1] > BUCKETS[-1] or hooked:  # a prompt, or a hooked pass: one eager pass into the same cache
             positions = torch.arange(start, length, device=self.device).unsqueeze(0)
             logits = self._eager(dict(input_ids=new, position_ids=positions, logits_to_keep=n_last), start)
         else:

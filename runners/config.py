@@ -114,10 +114,10 @@ class RunnerConfig:
 
     def forward_note(self, model: Module) -> str:
         """" · lean Llama forward (attention: SDPA)" where the lean forward runs ``model``'s eager passes
-        (" · transformers' forward (the model has forward hooks: ...)" while it has hooks: ``hooks_note``)
         (and transformers' attention where the model's differs: its peers' rows run that), else "";
         with " on the C step (...)" where its decoding passes run the C step (``kernels.c_step.step_for``:
-        its attention is its own), or why not where the model has no kernel plan (as loaded) and still cannot."""
+        its attention is its own), or why not where the model has no kernel plan (as loaded) and still cannot.
+        While the model has forward hooks: " · transformers' forward (the model has forward hooks: ...)"."""
         if not self.lean_for(model):
             return ""
         hooked = self.hooks_note(model)
