@@ -383,9 +383,8 @@ def load_pair(target: Optional[str], drafter: Optional[str], options: LoadOption
 
 
 def describe(model: "Module", label: str, quantize: str, notes: Optional[Dict[str, str]] = None, runner=None) -> str:
-    """One line: the model, where it runs, its weights, its KV cache and its runner (compiled or
-    eager: ``runner``, a ``RunnerConfig``; None: the defaults) and, eager, whether its linear layers
-    are prepacked; ``notes`` say how the cache and the kernels were chosen (the measurements)."""
+    """One line: the model, where it runs, its weights, its KV cache, its runner (``runner``, a ``RunnerConfig``;
+    None: the defaults) and, eager, its prepacked linears; ``notes``: how the cache and kernels were chosen."""
     from kernels.prepacking import PREPACKED, plan
     from runners import EAGER, compiled_label, step_label
     from utils.quantization import model_quantization
@@ -396,6 +395,8 @@ def describe(model: "Module", label: str, quantize: str, notes: Optional[Dict[st
     if model_quantization(model) in ("int4", "int8"):
         quantize += " (CPU weight-only kernels, bfloat16 activations)"
     line = f"{label} · {next(model.parameters()).device} · {model.dtype} · quantization {quantize} · "
+    if runner.hooks_note(model):  # transformers' forward runs its passes while it has hooks (runners.hooks)
+        return line + runner.describe(model)
     if runner.step_for(model):
         return line + f"static KV cache · {step_label(model)}: {runner.step_reason(model)}"
     if runner.compiled_for(model):

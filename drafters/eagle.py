@@ -91,6 +91,8 @@ class EagleDrafter(Drafter):
         the C head step or torch's, or, where the target runs the compiled step, the head's own
         (``eagle.head_step``)."""
         if isinstance(self.cache, HeadStepCache):
+            if self.head.hooked():  # a graph runs no hook: the torch step over the same cache (``runners.hooks``)
+                return self.head.draft_step(self.cache.cache, ids, start, **rows)
             return self.cache.draft_step(ids, start, **rows)
         return self.head.draft_step(self.cache, ids, start, **rows)
 

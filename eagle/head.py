@@ -227,11 +227,11 @@ class Eagle3Head(nn.Module):
         """``decode`` of tokens ``ids`` ``[m]`` with ``hidden`` ``[m, H]`` (the layer's outputs) or the target's
         ``features`` ``[m, F]`` (fused by ``fc``), then the draft logits of the last ``n_last`` rows: returns
         outputs ``[m, H]`` and logits ``[n_last, Vd]``. One C call (``kernels.head_step``) where the head runs
-        it (float32 CPU, library built; ``step_kind``), else the torch step; the same up to rounding."""
+        it (float32 CPU, library built, no forward hooks: ``step_kind``), else the torch step; the same up to rounding."""
         m = ids.shape[0]
         if positions is None:
             positions = torch.arange(start, start + m, device=ids.device)
-        step = self._c_step()
+        step = None if self.hooked() else self._c_step()  # a hooked head: the torch step, whose modules fire their hooks
         embeds = self.embed(ids.unsqueeze(0))[0]
         if step is None:
             if features is not None:
@@ -246,8 +246,22 @@ class Eagle3Head(nn.Module):
         """What runs the draft step here: the C head step, or the torch step and why."""
         from kernels.head_step import LABEL, TORCH_LABEL, head_step_unsupported
 
-        why = head_step_unsupported(self)
+        from runners.hooks import hooked_modules
+
+        hooks = hooked_modules(self)
+        why = f"the head has forward hooks: {', '.join(hooks)}" if hooks else head_step_unsupported(self)
         return LABEL if why is None else f"{TORCH_LABEL} ({why})"
+
+    def hooked(self) -> bool:
+        """Whether the head has forward hooks now (``runners.hooks``, read at every step): its draft steps then
+        run the torch step, where the modules it calls fire their hooks (the embedding, ``fc``, the norms,
+        the linears, the MLP, ``lm_head``; its decoder layer and attention are no module call there)."""
+        watch = self.__dict__.get("_hook_watch")
+        if watch is None:
+            from runners.hooks import HookWatch
+
+            watch = self.__dict__["_hook_watch"] = HookWatch(self)
+        return watch.hooked()
 
     def _c_step(self):
         """The C head step over the current weights (remade when one changes), or None where it cannot run."""

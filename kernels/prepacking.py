@@ -24,6 +24,7 @@ _ROW_HINT = 8
 # graph read back from inductor's disk cache (``kernels.compile_cache``), which matches only a trace
 # with the same numbers, names this process's layers.
 _BY_KEY: List["weakref.ref[PrepackedLinear]"] = []
+SWAPS = [0]  # ``set_prepack`` calls that swapped layers (plain dict writes: ``runners.hooks`` remakes its module lists)
 
 _CHANGES = 0  # casts, loads and restores of prepacked layers so far, in any model (``changes``)
 
@@ -52,7 +53,8 @@ class PrepackedLinear(Module):
     per-machine choice, measured at start-up (``measure.choose_kernels``), never a
     default. Same result up to float32 rounding (~1e-5); costs one extra copy of the weights.
     ``set_prepack`` makes it the model's own module, so every caller (our runners and
-    transformers' ``generate``) runs the same kernel.
+    transformers' ``generate``) runs the same kernel. Forward hooks on the ``nn.Linear`` it replaced
+    (registered before the swap, through a reference kept) fire at each call, as they would on it.
 
     Released (``release``, by ``kernels.one_copy`` where the C step holds the blocked copy): the
     layer's own weight is freed and ``blocks`` is its one copy. ``weight`` then unblocks a temporary
@@ -180,6 +182,9 @@ class PrepackedLinear(Module):
     def forward(self, x: Tensor) -> Tensor:
         if torch.compiler.is_compiling():  # one opaque call in the graph, the same kernels (``packed_linear``)
             return packed_linear(x, self.weight if self.blocks is None else self.blocks, self.key)
+        own = self.linear[0]
+        if own._forward_hooks or own._forward_pre_hooks:  # hooked before it was swapped in: they fire here
+            return _with_hooks(own, self.run, x)
         return self.run(x)
 
     def run(self, x: Tensor) -> Tensor:
@@ -196,6 +201,27 @@ class PrepackedLinear(Module):
         if self.packed is None or self.blocks is None and self.weight._version != self.source[0][1]:  # not made yet, or the weights changed in place (a cast or a load: ``_follow``)
             self._pack()
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.packed_bias, "none", [], "")
+
+
+def _with_hooks(own: torch.nn.Linear, run, x: Tensor) -> Tensor:
+    """``run(x)`` with ``own``'s forward pre-hooks and hooks around it, as ``own(x)`` would fire them
+    (its own hooks only: the global ones fired for the ``PrepackedLinear`` already)."""
+    args, kwargs = (x,), {}
+    for key, hook in list(own._forward_pre_hooks.items()):
+        if key in own._forward_pre_hooks_with_kwargs:
+            result = hook(own, args, kwargs)
+            if result is not None:
+                args, kwargs = result
+        else:
+            result = hook(own, args)
+            if result is not None:
+                args = result if isinstance(result, tuple) else (result,)
+    out = run(*args, **kwargs)
+    for key, hook in list(own._forward_hooks.items()):
+        result = hook(own, args, kwargs, out) if key in own._forward_hooks_with_kwargs else hook(own, args, out)
+        if result is not None:
+            out = result
+    return out
 
 
 @torch.library.custom_op("specdec::packed_linear", mutates_args=())
@@ -322,6 +348,7 @@ def set_prepack(model: Module, on: bool, route: Sequence[str] = (PREPACKED,)) ->
     if on and (not route or any(k not in (OWN, PREPACKED, SKINNY) for k in route)):
         raise ValueError(f"a route names kernels among {OWN}, {PREPACKED}, {SKINNY}; got {route!r}")
     swaps = prepackable(model) if on or prepacked(model) else []
+    SWAPS[0] += 1
     for modules, name, packed, own in swaps:
         if not on:
             packed.restore()  # the model's own layer needs its own weight

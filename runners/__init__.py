@@ -15,6 +15,7 @@ decoding loop calls. ``make_runner`` is the one place that picks which runner a 
     clock.py       ``timing_passes``: every runner made inside times its passes (``bench.py --overhead``)
     llama_cpp.py   ``LlamaCppRunner``: a GGUF target on llama.cpp's kernels (llama-cpp-python, optional)
     llama_model.py a GGUF file loaded by llama.cpp (``GGUFModel``: its config) and its one context
+    hooks.py       ``HookWatch``: a model with forward hooks runs transformers' forward at that pass, on every runner
     config.py      ``RunnerConfig``: which cache, compiled or not, whose forward; carried in ``GenerationConfig``
     cache_kind.py  the cache names and the device's default
     device.py      ``model_device``, ``synchronize``

@@ -94,10 +94,13 @@ def timed_runner(runner):
 @contextlib.contextmanager
 def model_passes(models: Sequence[Module], clock: PassClock) -> Iterator[None]:
     """The top-level calls of ``models`` timed on ``clock``: the passes of transformers' own ``generate``,
-    which makes no runner (inside a runner's pass they nest, and count once)."""
+    which makes no runner (inside a runner's pass they nest, and count once). Its hooks are
+    ``runners.hooks.skippable``: the runners' fast paths still run (and are timed at the runner)."""
+    from runners.hooks import skippable  # no hook of the user's: the fast paths run on under it
+
     depths: List[int] = []
-    handles = [h for m in models for h in (m.register_forward_pre_hook(lambda *a: depths.append(clock.enter())),
-                                           m.register_forward_hook(lambda *a: clock.leave(depths.pop())))]
+    enter, leave = skippable(lambda *a: depths.append(clock.enter())), skippable(lambda *a: clock.leave(depths.pop()))
+    handles = [h for m in models for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
     try:
         yield
     finally:

@@ -5,7 +5,8 @@ over a static KV cache kept per model (gpt-fast's ``prefill`` / ``decode_one_tok
 * One graph per pass-length bucket (``BUCKETS``: 1 for decoding, 2-32 for verification); a pass
   over r new positions runs in the smallest bucket >= r, the extra positions are padding whose
   keys and values are written past the sequence and forgotten by moving the write position back.
-  A pass over more positions than the largest bucket (a prompt) runs eagerly into the same cache.
+  A pass over more positions than the largest bucket (a prompt) runs eagerly into the same cache, and
+  so does every pass of a model with forward hooks (``runners.hooks``: a graph would run none).
 * On CPU: the model's kernels (``set_prepack``): prepacked linears as one opaque call each
   (``kernels.prepacking.packed_linear``), or the model's own with inductor's ``freezing`` (weights
   become constants, packed for MKL; ``FREEZING``); graphs are kept on disk (``kernels.compile_cache``);
@@ -32,6 +33,7 @@ from kernels.one_copy import keep
 from runners.config import why_not_compiled
 from runners.device import model_device
 from runners.hidden import select_hidden
+from runners.hooks import HookWatch
 from kernels.prepacking import plan, plan_label, prepacked
 from runners.static import capacity as cache_capacity, carry, fed, set_length, static_cache
 from runners.trees import TreePasses
@@ -223,6 +225,8 @@ class CompiledRunner(TreePasses):
             raise ValueError(reason)
         self.model = model
         self.cache_keyword = cache_keyword(model)  # "cache" on transformers 5.24+, else "past_key_values"
+        self.hooks = HookWatch(model)
+        self.hooked_passes = 0  # passes run eagerly, the model having forward hooks then
         self.state = compiled(model)
         self.state.packed = prepacked(model)  # the graphs call the same kernels as the eager runner (``set_prepack``)
         self.device = self.state.device
@@ -251,7 +255,9 @@ class CompiledRunner(TreePasses):
     def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
         length, start = ids.shape[1], self.cached
         new = fed(self, ids, n_last)
-        if new.shape[1] > BUCKETS[-1]:  # a prompt: one eager pass into the same cache
+        hooked = self.hooks.hooked()  # a graph runs no hook: a hooked model's passes run eagerly (``runners.hooks``)
+        self.hooked_passes += hooked
+        if new.shape[1] > BUCKETS[-1] or hooked:  # a prompt, or a hooked pass: one eager pass into the same cache
             positions = torch.arange(start, length, device=self.device).unsqueeze(0)
             logits = self._eager(dict(input_ids=new, position_ids=positions, logits_to_keep=n_last), start)
         else:

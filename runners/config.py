@@ -101,17 +101,34 @@ class RunnerConfig:
             model = gguf_model(self.gguf)
             caveat = "" if model.exact else ", with llamafile's kernels: passes of 1 and of 2+ positions round apart"
             return f"llama.cpp ({model.weights} GGUF kernels{caveat})"
+        hooked = self.hooks_note(model)
+        if hooked:
+            return f"{self.cache_for(model)} KV cache · {hooked}"
         if self.step_for(model):
             return f"static KV cache · {STEP_LABEL} ({self.step_reason(model)})"
         return f"{self.cache_for(model)} KV cache · " + ("compiled" if self.compiled_for(model) else "eager") + self.forward_note(model)
+
+    def hooks_note(self, model: Module) -> str:
+        """Where a fast path (the lean forward, the C step, compiled passes) would run ``model`` and it has
+        forward hooks (``runners.hooks``): "transformers' forward (the model has forward hooks: ...)", the
+        runner's passes while they are there; else ""."""
+        if self.gguf is not None or not (self.lean_for(model) or self.compiled_for(model)):
+            return ""
+        from runners.hooks import hooks_note
+
+        return hooks_note(model)
 
     def forward_note(self, model: Module) -> str:
         """" · lean Llama forward (attention: SDPA)" where the lean forward runs ``model``'s eager passes
         (and transformers' attention where the model's differs: its peers' rows run that), else "";
         with " on the C step (...)" where its decoding passes run the C step (``kernels.c_step.step_for``:
-        its attention is its own), or why not where the model has no kernel plan (as loaded) and still cannot."""
+        its attention is its own), or why not where the model has no kernel plan (as loaded) and still cannot.
+        While the model has forward hooks: " · transformers' forward (the model has forward hooks: ...)"."""
         if not self.lean_for(model):
             return ""
+        hooked = self.hooks_note(model)
+        if hooked:
+            return f" · {hooked}"
         from kernels.prepacking import plan
         from kernels.c_step import LABEL as STEP, STEP_ATTENTION, step_for, step_unsupported
 

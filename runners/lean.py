@@ -5,7 +5,8 @@ behind the ``runners.base.Runner`` interface; the default eager runner of the mo
 A float32 CPU pass runs the C step (``kernels.c_step``: the whole pass in one C call, on the skinny
 kernel) where the model's kernel plan runs that pass width on the skinny kernel, or where the model
 has no plan (as loaded: ``step_for``); every other pass runs ``models.llama``'s torch forward over
-the model's own modules, on their plan."""
+the model's own modules, on their plan. A pass of a model with forward hooks (``runners.hooks``, checked
+at every pass) runs transformers' own forward into the same cache, so that every hook fires."""
 from typing import Optional
 
 import torch
@@ -16,6 +17,7 @@ from kernels.c_step import CStep, step_for, step_unsupported
 from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache, rope
 from runners.config import LEAN_LABEL as LABEL
 from runners.device import model_device
+from runners.hooks import HookWatch, transformers_pass
 from runners.static import fed, grown_capacity
 from runners.trees import TreePasses, compute_dtype
 
@@ -45,6 +47,8 @@ class LeanRunner(TreePasses):
         self.hidden_start = 0
         self.step: Optional[CStep] | bool = None  # made at the first pass that runs it (``step_for``); False: it cannot
         self.step_passes = 0  # passes the step ran (the rest ran the torch forward)
+        self.hooks = HookWatch(model)
+        self.hooked_passes = 0  # passes run on transformers' forward, the model having hooks then
 
     def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
         length, start = ids.shape[1], self.cached
@@ -74,6 +78,11 @@ class LeanRunner(TreePasses):
     @torch.no_grad()
     def _run(self, ids: Tensor, positions: Tensor, start: int, n_last: int, mask: Optional[Tensor]) -> Tensor:
         """One pass of ``ids`` ``[r]`` at ``positions`` into slots ``start..``; logits ``[n_last, V]``."""
+        if self.hooks.hooked():
+            logits, hidden = transformers_pass(self.model, ids, positions, self.cache, start, n_last, mask, self.hidden_layers)
+            self.hooked_passes += 1
+            self._passed(hidden, start)
+            return logits
         use = self.step is not False and step_for(self.model, ids.shape[0], unsupported=False)
         if use and self.step is None:  # the first pass that runs it: whether it can, once
             self.step = CStep(self.model) if step_unsupported(self.model) is None else False
@@ -86,10 +95,13 @@ class LeanRunner(TreePasses):
             self.step_passes += 1
         else:
             logits, hidden = self.forward(ids, positions, self.cache, start, n_last, mask, self.hidden_layers)
+        self._passed(hidden, start)
+        return logits
+
+    def _passed(self, hidden: Optional[Tensor], start: int) -> None:
         self.forward_passes += 1
         if self.hidden_layers:
             self.hidden, self.hidden_start = hidden, start
-        return logits
 
     # ---- draft trees (``TreePasses``): the tree's mask spans the slots < cur + N ----
     def _tree_room(self, length: int) -> int:

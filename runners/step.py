@@ -26,6 +26,8 @@ default runner of a Llama-family model on CUDA (``runners.config.RunnerConfig.st
   the header's label says so; that pass and every later one run the step's eager forward.
 * With ``hidden_layers`` prepared (a learned head drafts), every graph also returns those layers'
   hidden states, and a pass that wants none takes the same graph: one set of graphs, not two.
+* A pass of a model with forward hooks (``runners.hooks``, checked at every pass) runs transformers'
+  own forward into the same cache, uncompiled, so that every hook fires (a graph would run none).
 * ``compile_events`` (``runners.compiled``) records every graph built, as "<model class> step";
   ``kernels.step_artifacts`` keeps what was built for the next start.
 """
@@ -46,6 +48,7 @@ from models.llama_step import LlamaStep, decoder_layer, zeroed_cache
 from runners.compiled import compile_events
 from runners.config import STEP_LABEL
 from runners.device import model_device
+from runners.hooks import HookWatch, transformers_pass
 from runners.static import fed
 from runners.step_graphs import (MIN_KEYS, CapturedPasses, cache_key, failure, forget_when_freed, key_bucket,  # noqa: F401
                                  key_buckets, weights_key)
@@ -292,12 +295,17 @@ class StepRunner(TreePasses):
         self.hidden_layers: tuple = ()  # runners.base.Runner: hidden states kept with each pass
         self.hidden: Optional[Tensor] = None
         self.hidden_start = 0
+        self.hooks = HookWatch(model)
+        self.hooked_passes = 0  # passes run on transformers' forward, the model having hooks then
 
     def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
         length, start = ids.shape[1], self.cached
         new = fed(self, ids, n_last)[0]
         with torch.no_grad():
-            logits, hidden = self.state.chain(new, start, self.cache, n_last, self.hidden_layers)
+            if self.hooks.hooked():
+                logits, hidden = self._hooked(new, torch.arange(start, length, device=self.device), start, n_last, None)
+            else:
+                logits, hidden = self.state.chain(new, start, self.cache, n_last, self.hidden_layers)
         self._passed(hidden, start)
         self.cached = length
         return logits
@@ -335,9 +343,17 @@ class StepRunner(TreePasses):
         """Logits ``[1 + n, V]`` of the tree pass ``kwargs`` (``runners.trees.tree_inputs``) from ``start``."""
         ids, positions, mask = kwargs["input_ids"][0], kwargs["position_ids"][0], kwargs["attention_mask"]
         with torch.no_grad():
-            logits, hidden = self.state.tree(ids, positions, mask == 0, start, self.cache, self.hidden_layers)
+            if self.hooks.hooked():
+                logits, hidden = self._hooked(ids, positions, start, n + 1, mask)
+            else:
+                logits, hidden = self.state.tree(ids, positions, mask == 0, start, self.cache, self.hidden_layers)
         self._passed(hidden, start)
         return logits[-(n + 1):]
+
+    def _hooked(self, ids: Tensor, positions: Tensor, start: int, n_last: int, mask: Optional[Tensor]):
+        """A pass of the hooked model on transformers' forward (``runners.hooks.transformers_pass``)."""
+        self.hooked_passes += 1
+        return transformers_pass(self.model, ids, positions, self.cache, start, n_last, mask, self.hidden_layers)
 
 
 @torch.no_grad()

@@ -250,9 +250,9 @@ def test_step_unsupported_says_why_and_the_torch_forward_runs_instead():
     hooked = odd_llama()
     hooked.model.layers[0].mlp.up_proj.register_forward_hook(lambda *a: None)
     assert step_unsupported(hooked) == "a linear layer is quantized, hooked or not nn.Linear"
-    runner = LeanRunner(hooked)
+    runner = LeanRunner(hooked)  # a hooked model's passes run transformers' forward (runners.hooks): no step is made
     runner(ids_for()[:, :8], 1)
-    assert runner.step is False and runner.step_passes == 0
+    assert runner.step is None and runner.step_passes == 0 and runner.hooked_passes == 1
 
 
 def test_fused_weights_are_one_copy_that_the_layers_skinny_route_reads_too():
