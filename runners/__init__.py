@@ -40,7 +40,8 @@ from runners.device import model_device, synchronize
 from runners.dynamic import prune_cache, prune_dynamic_cache, prune_tuple_cache
 from runners.eager import KVCacheModel
 from runners.lean import LeanRunner, lean_unsupported
-from kernels.prepacking import PrepackedLinear, drop_prepacked, kernels, prepack_fits, prepackable, prepacked, set_prepack
+from kernels.plans import kernels
+from kernels.prepacking import PrepackedLinear, drop_prepacked, prepack_fits, prepackable, prepacked, set_prepack
 from runners.step import StepRunner, prepare_step, step_label, step_source
 from runners.trees import gather_branch, tree_depths, tree_mask, tree_unsupported
 
