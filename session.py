@@ -1,5 +1,7 @@
-"""The set-up both programs share now lives in ``app/session.py`` and ``app/pair.py``; this module keeps ``import session`` working."""
-from app.pair import Pair, describe, load_pair, pair_preset
+"""The set-up both programs share now lives in ``app/session.py``, ``app/pair.py`` and ``app/header_lines.py``;
+this module keeps ``import session`` working."""
+from app.header_lines import describe
+from app.pair import Pair, load_pair, pair_preset
 from app.session import (
     Say,
     SetupError,

@@ -2,7 +2,6 @@
 ``nn.Linear`` made the model's own ``PrepackedLinear`` module (``set_prepack``), so that every caller
 runs the same kernels, computed by the layer's own ``F.linear`` (MKL), by oneDNN from a weight
 reordered once, or by the skinny kernel (``kernels.skinny``), as its route says."""
-import contextlib
 import copy
 import os
 import weakref
@@ -371,77 +370,8 @@ def plan(model: Module) -> Optional[Tuple[str, ...]]:
     return None if layer is None else layer.route
 
 
-@contextlib.contextmanager
-def kernels(model: Module, prepack: bool | Tuple[str, ...] | None):
-    """``model`` for the block with its linear layers prepacked (True), its own (False: the route
-    ``(OWN,)``, so that no pass runs the C step either), on a route by pass width (a tuple,
-    ``set_prepack``'s), or as they are (None); then as before."""
-    if prepack is None:
-        yield model
-        return
-    wanted = (PREPACKED,) if prepack is True else (OWN,) if prepack is False else prepack
-    before = plan(model)
-    if before != wanted:
-        set_prepack(model, True, wanted)
-    try:
-        yield model
-    finally:
-        if plan(model) != before:
-            if before is None:
-                set_prepack(model, False)
-            else:
-                set_prepack(model, True, before)
-
-
 def drop_prepacked(model: Module) -> None:
     """Put the model's own linear layers back and free their prepacked copies (after a measurement chose them)."""
     set_prepack(model, False)
     for layer in model.modules():
         layer.__dict__.pop(_REMEMBERED, None)
-
-
-def drop_blocked_copies(model: Module) -> None:
-    """Free the skinny kernel's blocked copies of the model's float32 linear weights (``kernels.blocked``)."""
-    from kernels.blocked import forget
-
-    for layer in model.modules():
-        if type(layer) is PrepackedLinear:
-            layer.restore()
-    forget([m.weight for m in model.modules() if type(m) in (torch.nn.Linear, PrepackedLinear)])
-
-
-def drop_packed_copies(model: Module) -> None:
-    """Free oneDNN's copies of the weights of the model's ``PrepackedLinear`` layers (a route that no
-    longer uses them); a route that asks again makes them again."""
-    for layer in model.modules():
-        if type(layer) is PrepackedLinear:
-            layer.packed = layer.packed_bias = None
-
-
-def plan_label(route: Optional[Sequence[str]]) -> str:
-    """The name of a kernel plan (``kernels.prepacking.plan``): one option when the route names one
-    (None: "own"), else the widths of each, e.g. "own at 1-2, prepacked at 3+ positions"."""
-    if route is None:
-        return OWN
-    if len(set(route)) == 1:
-        return route[0]
-    ranges, start = [], 1
-    for width in range(2, len(route) + 2):
-        if width > len(route) or route[width - 1] != route[start - 1]:
-            ranges.append(f"{route[start - 1]} at {start}" + ("+" if width > len(route) else f"-{width - 1}" if width - 1 > start else ""))
-            start = width
-    return ", ".join(ranges) + " positions"
-
-
-def label_plan(label: str) -> bool | Tuple[str, ...]:
-    """The plan ``plan_label`` named, as ``runners.kernels`` takes it (False: the model's own layers)."""
-    if label == OWN:
-        return False
-    if label in (OWN, PREPACKED, SKINNY):
-        return (label,)
-    route = []
-    for part in label.removesuffix(" positions").split(", "):
-        name, _, widths = part.partition(" at ")
-        first, _, last = widths.rstrip("+").partition("-")
-        route += [name] * (int(last or first) - int(first) + 1)
-    return tuple(route)

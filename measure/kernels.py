@@ -7,8 +7,8 @@ from typing import Dict, Optional, Sequence, Tuple
 
 from torch.nn import Module
 
-from kernels.prepacking import (OWN, PREPACKED, SKINNY, drop_blocked_copies, drop_packed_copies, drop_prepacked, label_plan, plan, plan_label,  # noqa: F401 (label_plan: importable from here)
-                                prepack_fits, prepackable, set_prepack)
+from kernels.plans import drop_blocked_copies, drop_packed_copies, label_plan, plan_label  # noqa: F401 (label_plan: importable from here)
+from kernels.prepacking import OWN, PREPACKED, SKINNY, plan, prepack_fits, prepackable, set_prepack
 from kernels import skinny
 from utils.quantization import model_quantization
 

@@ -7,7 +7,8 @@ decoding loop calls. ``make_runner`` is the one place that picks which runner a 
                    the default eager runner of the models it covers (``lean_unsupported``)
     compiled.py    ``CompiledRunner``: ``torch.compile``d passes in buckets over a pooled static cache
     step.py        ``StepRunner``: the lean forward as compiled steps (``models.llama_step``), one graph per
-                   pass width (CUDA graphs on CUDA): what ``--compile`` runs for the Llama family on CUDA
+                   pass width (CUDA graphs on CUDA): what ``--compile`` runs for the Llama family on CUDA;
+                   step_prepare.py: ``prepare_step``, its graphs built before anything is timed
     beams.py       ``BeamRunner``: a batch of beams over one cache, for beam search (not a ``Runner``)
     static.py      the static cache's operations (allocate, regrow with copy, rollback), shared
     dynamic.py     the dynamic cache's operations and the reference-compatible ``prune_*``
@@ -40,8 +41,10 @@ from runners.device import model_device, synchronize
 from runners.dynamic import prune_cache, prune_dynamic_cache, prune_tuple_cache
 from runners.eager import KVCacheModel
 from runners.lean import LeanRunner, lean_unsupported
-from kernels.prepacking import PrepackedLinear, drop_prepacked, kernels, prepack_fits, prepackable, prepacked, set_prepack
-from runners.step import StepRunner, prepare_step, step_label, step_source
+from kernels.plans import kernels
+from kernels.prepacking import PrepackedLinear, drop_prepacked, prepack_fits, prepackable, prepacked, set_prepack
+from runners.step import StepRunner, step_label, step_source
+from runners.step_prepare import prepare_step
 from runners.trees import gather_branch, tree_depths, tree_mask, tree_unsupported
 
 
@@ -76,7 +79,7 @@ def _make_runner(model: Module, use_cache: bool, encoder_input_ids: Optional[Lis
 def prepare(model: Module, length: int = MIN_CAPACITY - BUCKETS[-1], say: Callable[[str], None] = lambda text: None,
             hidden_layers: Tuple[int, ...] = (), config: Optional[RunnerConfig] = None) -> float:
     """Build every graph the compiled runner of ``model`` under ``config`` will replay (None: ``--compile``'s
-    choice, ``RunnerConfig(compile=True)``), before anything is timed: ``runners.step.prepare_step`` where
+    choice, ``RunnerConfig(compile=True)``), before anything is timed: ``runners.step_prepare.prepare_step`` where
     ``config.step_for(model)``, else ``runners.compiled.prepare``. Returns the seconds spent building."""
     config = config or RunnerConfig(compile=True)
     if config.step_for(model):

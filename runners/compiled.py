@@ -34,7 +34,8 @@ from runners.config import why_not_compiled
 from runners.device import model_device
 from runners.hidden import select_hidden
 from runners.hooks import HookWatch
-from kernels.prepacking import plan, plan_label, prepacked
+from kernels.plans import plan_label
+from kernels.prepacking import plan, prepacked
 from runners.static import capacity as cache_capacity, carry, fed, set_length, static_cache
 from runners.trees import TreePasses
 

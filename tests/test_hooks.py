@@ -8,7 +8,7 @@ import torch
 from torch.nn.modules.module import register_module_forward_hook
 
 from conftest import EOS_NEVER, PROMPT, llama
-from app.pair import describe
+from app.header_lines import describe
 from runners import EAGER, CompiledRunner, KVCacheModel, LeanRunner, RunnerConfig, StepRunner, make_runner
 from sampling import autoregressive_generate, speculative_generate
 from utils.models import truncated_drafter
