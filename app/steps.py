@@ -63,6 +63,12 @@ def drafter_widths(rows: Rows) -> Tuple[int, ...]:
         if any(strategy.needs_drafter for strategy, _ in rows) else ()
 
 
+def head_widths(rows: Rows) -> Tuple[int, ...]:
+    """The head's widths past its own (``eagle.head_step.WIDTHS``): a catch-up on accepted tokens feeds
+    it up to ``most_drafts`` + 1 rows for each row that drafts with it (12 under ``/gamma auto``)."""
+    return tuple(sorted({1 + most_drafts(config, int(config.gamma)) for strategy, config in rows if drafts_with_head(strategy)}))
+
+
 def ready(target, drafter, runners: dict, rows: Rows, first: int, last: int, say: Callable[[str], None], head=None) -> float:
     """Build every graph ``rows`` will replay on sequences from ``first`` to ``last`` positions
     (``runners``: role -> ``RunnerConfig``), for each model whose runner is the step; with ``head`` (a
@@ -82,7 +88,7 @@ def ready(target, drafter, runners: dict, rows: Rows, first: int, last: int, say
         from eagle.head_step import prepare_head_step
 
         clock = time.perf_counter()
-        if prepare_head_step(head, first, last, lambda text: say(f"head: {text} ...")):
+        if prepare_head_step(head, first, last, lambda text: say(f"head: {text} ..."), head_widths(rows)):
             seconds += time.perf_counter() - clock
     return seconds
 

@@ -16,7 +16,7 @@ need; then a feed without a graph runs uncompiled and counts in ``fallbacks``.
 Shapes: ``m`` rows fed, ``H`` the head's hidden size, ``C`` the cache's capacity, ``K <= C`` keys attended."""
 import sys
 import weakref
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,7 @@ from runners.step import key_bucket, key_buckets
 from runners.step_graphs import failure, forget_when_freed, weights_key
 
 WIDTHS = (1, 8)  # a draft step; a chain's catch-up (at most gamma + 1 rows) and a tree depth (top_k rows), padded
+MAX_WIDTH = 64  # the widest feed a graph is built for (``runners.step``'s): a wider one (a prompt) runs uncompiled
 MIN_CAPACITY = 1024
 
 
@@ -52,6 +53,7 @@ class HeadSteps:
         self.capacity, self.caches = 0, []
         self.slots = torch.arange(0, device=self.device)
         self.inputs: dict = {}  # (width, keys) -> the graph's input buffers
+        self.widths = WIDTHS  # widened by ``prepare_head_step`` (a catch-up under ``/gamma auto``: up to 12 rows)
         self.lazy, self.fallbacks = True, 0
         self.failure = ""  # why compiling or capturing failed (one line): every feed then runs uncompiled
         self.built: set = set()
@@ -62,7 +64,7 @@ class HeadSteps:
 
     def take_cache(self, length: int) -> HeadCache:
         """A free zeroed cache of the pool's capacity (grown to hold ``length`` plus a wide feed)."""
-        capacity = max(self.capacity, MIN_CAPACITY, 1 << (length + max(WIDTHS) - 1).bit_length())
+        capacity = max(self.capacity, MIN_CAPACITY, 1 << (length + max(self.widths) - 1).bit_length())
         if capacity > self.capacity:
             self.capacity, self.caches = capacity, []
             self.slots = torch.arange(capacity, device=self.device)
@@ -99,10 +101,12 @@ class HeadSteps:
         attending to the slots before ``start`` and causally among themselves, or where ``mask``
         ``[m, start + m]`` allows, at ``positions`` ``[m]`` (default ``start..``); returns ``[1, m, H]``."""
         m = embeds.shape[1]
-        width = next((w for w in WIDTHS if w >= m), None)
+        width = next((w for w in self.widths if w >= m), None)
         if positions is None:
             positions = torch.arange(start, start + m, device=self.device)
         if width is None or start + width > cache.keys.shape[2] or self.failure:
+            if width is None and not self.lazy and start > 0 and m <= MAX_WIDTH:  # a graph could have run it
+                self.fallbacks += 1
             return self._uncompiled(cache, embeds, hidden, start, mask, positions)
         keys = key_bucket(start + width, cache.keys.shape[2])
         held = head_cache_key(cache)
@@ -191,7 +195,7 @@ class HeadStepCache:
 
     def decode(self, embeds: Tensor, hidden: Tensor, start: int, mask: Optional[Tensor] = None,
                positions: Optional[Tensor] = None) -> Tensor:
-        if start + embeds.shape[1] + max(WIDTHS) > self.cache.keys.shape[2]:  # past its capacity: a larger one, carried
+        if start + embeds.shape[1] + max(self.steps.widths) > self.cache.keys.shape[2]:  # past its capacity: a larger one, carried
             old, new = self.cache, self.steps.take_cache(start + embeds.shape[1])
             new.keys[:, :, :start].copy_(old.keys[:, :, :start])
             new.values[:, :, :start].copy_(old.values[:, :, :start])
@@ -216,14 +220,17 @@ def _give_back(steps: HeadSteps, held: List[HeadCache]) -> None:
 
 
 @torch.no_grad()
-def prepare_head_step(head: Eagle3Head, first: int, last: int, say: Callable[[str], None] = lambda text: None) -> int:
-    """Build the head's graphs (each width of ``WIDTHS`` at each key bucket between slot ``first - 1``
+def prepare_head_step(head: Eagle3Head, first: int, last: int, say: Callable[[str], None] = lambda text: None,
+                      widths: Sequence[int] = ()) -> int:
+    """Build the head's graphs (each width of ``WIDTHS``, and of ``widths``: the widest catch-up a row
+    feeds, at most ``MAX_WIDTH``, added to the state's, at each key bucket between slot ``first - 1``
     and ``last``) before anything is timed, a line each; then the state is no longer lazy. Returns the
     number of graphs built."""
     steps = head_steps(head)
+    steps.widths = tuple(sorted(set(steps.widths) | {min(int(w), MAX_WIDTH) for w in widths}))
     holder = HeadStepCache(head, last)
     cache, size = holder.cache, head.config.hidden_size
-    todo: List[Tuple[int, int]] = [(w, k) for w in WIDTHS for k in key_buckets(max(1, first), last + w, cache.keys.shape[2])
+    todo: List[Tuple[int, int]] = [(w, k) for w in steps.widths for k in key_buckets(max(1, first), last + w, cache.keys.shape[2])
                                    if (w, k, head_cache_key(cache)) not in steps.built]
     steps.lazy = True
     for i, (width, keys) in enumerate(sorted(todo, key=lambda wk: (wk[1], wk[0]))):

@@ -11,7 +11,7 @@ import torch
 import kernels.step_artifacts as artifacts
 import runners.step as step_module
 import runners.step_graphs as step_graphs
-from app.steps import drafter_widths, ready, row_rows, start_widths, step_widths
+from app.steps import drafter_widths, head_widths, ready, row_rows, start_widths, step_widths
 from conftest import EOS_NEVER, PROMPT, llama
 from configuration import RunConfig
 from drafters import PromptLookupSpec
@@ -77,6 +77,28 @@ def test_gamma_auto_prepares_the_widths_its_policy_can_ask_for():
     assert row_rows(BY_KEY["ngram"], config) == 12 and row_rows(BY_KEY["target"], config) == 1
     assert step_widths(rows) == (1, 12) and drafter_widths(rows) == (1, 12)
     assert step_widths([(BY_KEY["ngram"], config.with_policy(auto=False))]) == (1, 5)
+
+
+def test_gamma_auto_prepares_the_heads_catch_up_and_an_uncompiled_head_feed_is_a_fallback():
+    """The head's side of ``/gamma auto``: an EAGLE row's catch-up feeds the head up to 12 rows, so ``ready``
+    prepares that width for the head too; and once prepared, a head feed past every width (a 12-row
+    catch-up on widths 1 and 8) runs uncompiled and counts as a fallback, where the head's prompt does not."""
+    from eagle.head_step import HeadStepCache, head_steps
+    from test_eagle_row import head_for
+
+    config = RunConfig(gamma=4).with_policy(auto=True, row_costs=(1.0,) * 12)
+    assert head_widths([(BY_KEY[key], config) for key in ("target", "eagle", "ngram")]) == (12,)
+    assert head_widths([(BY_KEY["eagle"], config.with_policy(auto=False))]) == (5,)
+    head = head_for(llama(layers=2, init=0.1, seed=5))
+    steps = head_steps(head)
+    steps.lazy = False  # prepared, with the head's own widths 1 and 8 and no graph built
+    size, holder = head.config.hidden_size, HeadStepCache(head, 64)
+    feed = lambda start, m: holder.decode(torch.zeros((1, m, size), dtype=head.fc.weight.dtype),
+                                          torch.zeros((1, m, size), dtype=head.fc.weight.dtype), start)
+    feed(0, 20)  # the prompt
+    assert steps.fallbacks == 0
+    feed(20, 12)
+    assert steps.fallbacks == 1
 
 
 def test_every_uncompiled_pass_a_graph_could_run_is_a_fallback_once_prepared_and_a_prompt_is_not():
