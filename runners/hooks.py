@@ -13,9 +13,10 @@ passes run under ``torch.no_grad``: nothing for them to fire on).
 Cost per pass: a few integer comparisons and the lengths of the hook dicts that held hooks at the
 last read (a hook added anywhere takes a new ``RemovableHandle`` id; one removed shortens its dict);
 only then are the hooks read again, over a cached list of the model's modules (walking
-``model.modules()`` costs about 1 ms for 400 modules). The list is remade when any module anywhere
-gets a submodule (a global module-registration hook counts them) or ``set_prepack`` swaps layers
-(``kernels.prepacking.SWAPS``): a hook on a module put in after the list was made is seen too.
+``model.modules()`` costs about 1 ms for 400 modules). The list is remade when a hook is registered
+anywhere or ``set_prepack`` swaps layers (``kernels.prepacking.SWAPS``): a module put in after the list
+was made is seen once a hook is registered on it (a module put in with hooks it already had, by plain
+assignment, is seen at the next registration or swap).
 """
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -29,14 +30,9 @@ import kernels.prepacking as prepacking
 
 LABEL = "transformers' forward"  # what the headers say runs a hooked model's passes
 _OUTPUT_CAPTURING = "transformers.utils.output_capturing"  # where transformers' own recording hooks live
-_REGISTERED = [0]  # submodules registered anywhere in this process (a watch's list is stale when it moved)
-
-
-def _count_registration(module: Module, name: str, submodule: Optional[Module]) -> None:
-    _REGISTERED[0] += 1
-
-
-torch_module.register_module_module_registration_hook(_count_registration)
+# No global module-registration hook counts submodules put in: its presence makes dynamo recompile
+# compiled passes (tests/test_compiled.py's steady state, found after the merge); a hook registered
+# anywhere takes a new handle id, and that remakes the module list instead.
 
 
 def skippable(hook: Callable) -> Callable:
@@ -95,7 +91,7 @@ class HookWatch:
         self.dicts: List[Dict] = []  # every module's forward hook and pre-hook dicts
         self.busy: List[Dict] = []  # those that held hooks at the last read, and how many
         self.lengths: List[int] = []
-        self.stamp: Tuple[int, int, int] = (-1, -1, -1)  # registrations, swaps, handle ids at the last read
+        self.stamp: Tuple[int, int] = (-1, -1)  # swaps, handle ids at the last read
         self.found = False  # whether that read found a hook of the user's
 
     def hooked(self) -> bool:
@@ -103,14 +99,14 @@ class HookWatch:
         if global_hooks():
             return True
         # a hook added anywhere takes a new handle id; one removed shortens a dict that held it
-        stamp = (_REGISTERED[0], prepacking.SWAPS[0], RemovableHandle.next_id)
+        stamp = (prepacking.SWAPS[0], RemovableHandle.next_id)
         if stamp != self.stamp or [len(hooks) for hooks in self.busy] != self.lengths:
             self._read(stamp)
         return self.found
 
-    def _read(self, stamp: Tuple[int, int, int]) -> None:
-        """Read the hooks again (the module list too where modules were swapped or registered since)."""
-        if stamp[:2] != self.stamp[:2]:
+    def _read(self, stamp: Tuple[int, int]) -> None:
+        """Read the hooks again (the module list too where layers were swapped or a hook registered since)."""
+        if stamp != self.stamp:
             modules = [module for _, module in _modules(self.model)]
             self.dicts = [module._forward_hooks for module in modules] + [module._forward_pre_hooks for module in modules]
         self.busy = [hooks for hooks in self.dicts if hooks]
