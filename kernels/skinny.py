@@ -25,7 +25,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("skinny_gemm.c", "c_step.c", "head_step.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("skinny_gemm.c", "c_step.c", "head_step.c", "blocked_check.c"))
 HEADERS = (Path(__file__).with_name("step_rows.h"),)  # included by the sources: hashed with them, never compiled alone
 SOURCE = SOURCES[0]
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")  # no fused a*b+c unless written: one rounding on every CPU
@@ -124,7 +124,7 @@ def _build(compiler: str, folder: Path, sources: Sequence[Path] = SOURCES, stem:
     return library
 
 
-SYMBOLS = ("skinny_linear", "skinny_simd", "c_step", "c_step_scratch", "head_step", "head_step_scratch")  # what a library of ours exports
+SYMBOLS = ("skinny_linear", "skinny_simd", "c_step", "c_step_scratch", "head_step", "head_step_scratch", "blocked_holds")  # what a library of ours exports
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -183,6 +183,8 @@ def _library() -> Tuple[Optional[ctypes.CDLL], str]:
     library.c_step_scratch.restype = ctypes.c_int64
     library.head_step.restype = ctypes.c_int
     library.head_step_scratch.restype = ctypes.c_int64
+    library.blocked_holds.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3
+    library.blocked_holds.restype = ctypes.c_int
     return library, path.name
 
 

@@ -206,3 +206,21 @@ def test_the_pages_of_weights_no_tensor_views_are_given_back(tmp_path, monkeypat
     monkeypatch.setattr(one_copy, "_libc", lambda: Libc())
     LeanRunner(a)(IDS, 1)
     assert len(given) >= 2 * 3 and sum(given) >= 2 * 3 * 4096  # gate, up, down of each layer span 8 KiB: a page at least
+
+
+@pytest.mark.parametrize("shape", [(48, 40), (50, 1100), (7, 3)])
+def test_the_blocked_check_in_c_sees_what_the_torch_check_sees(shape):
+    """``holds`` (C where built, torch's strided compare otherwise) answers alike: a copy that holds
+    its weight, one bit flipped anywhere (the last partial block and a second chunk of inputs too),
+    and -0.0 written over 0.0 (bits, not values)."""
+    from kernels.blocked import _in_c, holds, pack
+
+    torch.manual_seed(0)
+    weight = torch.randn(shape)
+    weight[0, 0] = 0.0
+    blocks = pack(weight)
+    assert _in_c(blocks, weight) is True and holds(blocks, weight.t().contiguous().t())  # the torch path
+    for n, k in [(0, 0), (shape[0] - 1, shape[1] - 1), (shape[0] // 2, shape[1] // 2)]:
+        edited = weight.clone()
+        edited[n, k] = -0.0 if (n, k) == (0, 0) else edited[n, k] * 1.5
+        assert _in_c(blocks, edited) is False and not holds(blocks, edited.t().contiguous().t())
