@@ -12,12 +12,13 @@ a C head step is made, at a runner's first pass on it), not per call.
 The copies are keyed weakly by their weight, and a copy holds nothing of it: they go with the weight.
 """
 import weakref
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 BLOCK = 16  # output features per block (skinny_gemm.c's BW)
+Check = Callable[[Tensor, Tensor], bool]  # whether a blocked copy holds a weight's values now (``holds``)
 
 class _ByTensor:
     """A dict keyed by tensors themselves (not by value: a tensor's ``==`` is elementwise), whose
@@ -74,48 +75,30 @@ def unpack(blocks: Tensor, n: int) -> Tensor:
 
 def holds(blocks: Tensor, weight: Tensor) -> bool:
     """Whether ``blocks`` (``pack``'s layout) holds ``weight``'s ``[N, K]`` values now, bit for bit. Read
-    in place, both once (no temporary), in C where the library is built: about a read of both."""
+    in place, both once (no temporary), in torch (strided, one thread; ``kernels.skinny.holds`` is the C one)."""
     n, k = weight.shape
-    weight = weight.detach()
-    checked = _in_c(blocks, weight)
-    if checked is not None:
-        return checked
     full = n // BLOCK
-    ours, theirs = blocks.view(torch.int32), weight.view(torch.int32)  # bits: -0.0 and NaN compare as written
+    ours, theirs = blocks.view(torch.int32), weight.detach().view(torch.int32)  # bits: -0.0 and NaN compare as written
     if not torch.equal(ours[:full], theirs[: full * BLOCK].view(full, BLOCK, k).transpose(1, 2)):
         return False
     return full == ours.shape[0] or torch.equal(ours[full, :, : n - full * BLOCK], theirs[full * BLOCK :].t())
 
 
-def _in_c(blocks: Tensor, weight: Tensor) -> Optional[bool]:
-    """``holds`` by the skinny library's ``blocked_holds`` (both read once, in place, on torch's threads:
-    about a read of the two at memory speed, several times torch's strided compare), or None where the
-    library is not built or the weight is not a contiguous float32 CPU tensor."""
-    if weight.dtype != torch.float32 or weight.device.type != "cpu" or not weight.is_contiguous() or not blocks.is_contiguous():
-        return None
-    from kernels import skinny  # the library's loader imports this module
-
-    loaded, _ = skinny._library()
-    if loaded is None:
-        return None
-    n, k = weight.shape
-    return bool(loaded.blocked_holds(blocks.data_ptr(), weight.data_ptr(), n, k, torch.get_num_threads()))
-
-
-def blocked(weight: Tensor, verify: bool = False) -> Tensor:
+def blocked(weight: Tensor, verify: Optional[Check] = None) -> Tensor:
     """The blocked copy of ``weight`` (made now if it has none, or if it changed since). ``verify``:
-    compare the copy's values with the weight's too (``holds``), for the edits that change no version
+    compare the copy's values with the weight's too by this check (``holds``, or the C one,
+    ``kernels.skinny.holds``), for the edits that change no version
     (through ``w.data``), at the points where that is worth a read of the weight: where a C step or a C
     head step is made (a runner's first pass), never per pass."""
     found = _COPIES.get(weight)
-    if found is not None and found[0] == _identity(weight) and (not verify or holds(found[1], weight)):
+    if found is not None and found[0] == _identity(weight) and (verify is None or verify(found[1], weight)):
         return found[1]
     made = pack(weight)
     _COPIES[weight] = (_identity(weight), made)
     return made
 
 
-def fused(weights: Sequence[Tensor], verify: bool = False) -> Tensor:
+def fused(weights: Sequence[Tensor], verify: Optional[Check] = None) -> Tensor:
     """The blocks of ``weights`` (each ``[N_i, K]``, the same K) end to end, ``[sum N_i / 16, K, 16]``:
     one sweep of the skinny kernel computes all their outputs, concatenated. Each weight's own copy
     becomes a view of it, so fusing costs no second copy. Every N_i but the last must be a multiple
@@ -125,7 +108,7 @@ def fused(weights: Sequence[Tensor], verify: bool = False) -> Tensor:
     identities = tuple(_identity(w) for w in weights)
     found = _FUSED.get(weights[0])
     sizes = [-(-w.shape[0] // BLOCK) for w in weights]
-    if found is not None and found[0] == identities and (not verify or all(holds(part, w) for part, w in zip(found[1].split(sizes), weights))):
+    if found is not None and found[0] == identities and (verify is None or all(verify(part, w) for part, w in zip(found[1].split(sizes), weights))):
         return found[1]
     whole = torch.empty((sum(sizes), weights[0].shape[1], BLOCK), dtype=torch.float32)
     start = 0

@@ -117,7 +117,7 @@ def _blocks(group: Sequence[Module]) -> Tensor:
     if any(released(x) for x in group):  # never made so (release and restore go a whole model at once)
         raise ValueError("a fused group of linears is partly released: its weights are in no one copy")
     weights = [_own(x).weight for x in group]
-    return fused(weights, verify=True) if len(weights) > 1 else blocked(weights[0], verify=True)
+    return fused(weights, verify=skinny.holds) if len(weights) > 1 else blocked(weights[0], verify=skinny.holds)
 
 
 def _of(tensor: Optional[Tensor]) -> Optional[Tuple[int, int]]:
@@ -202,7 +202,7 @@ class CStep:
                 setattr(struct, name, self._address(tensor))
         self.final_norm = body.norm.weight.detach().contiguous()
         self.output = _own(model.get_output_embeddings())
-        self.head = blocked(self.output.weight, verify=True)
+        self.head = blocked(self.output.weight, verify=skinny.holds)
         self.vocab = model.get_output_embeddings().out_features
         self.cache_keys: Tuple[int, ...] = ()
         self.scratch = torch.empty(0)  # grown to the largest pass yet: no allocation per pass

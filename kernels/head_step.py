@@ -67,12 +67,12 @@ class HeadStep:
         self.hidden, self.vocab = c.hidden_size, c.draft_vocab_size
         self.dims = _Dims(c.hidden_size, head.fc.in_features, a.heads, a.kv_heads, a.head_dim, mlp.gate_proj.out_features,
                           c.draft_vocab_size, 0, int(layer.norm_before_residual), layer.input_layernorm.eps, a.head_dim ** -0.5)
-        parts = dict(fc=blocked(head.fc.weight, verify=True), fc_bias=None if head.fc.bias is None else head.fc.bias.detach(),
+        parts = dict(fc=blocked(head.fc.weight, verify=skinny.holds), fc_bias=None if head.fc.bias is None else head.fc.bias.detach(),
                      in_norm=layer.input_layernorm.weight.detach(), hidden_norm=layer.hidden_norm.weight.detach(),
                      post_norm=layer.post_attention_layernorm.weight.detach(),
-                     qkv=fused([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], verify=True), o=blocked(a.o_proj.weight, verify=True),
-                     gate_up=fused([mlp.gate_proj.weight, mlp.up_proj.weight], verify=True), down=blocked(mlp.down_proj.weight, verify=True),
-                     norm=head.norm.weight.detach(), lm_head=blocked(head.lm_head.weight, verify=True))
+                     qkv=fused([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], verify=skinny.holds), o=blocked(a.o_proj.weight, verify=skinny.holds),
+                     gate_up=fused([mlp.gate_proj.weight, mlp.up_proj.weight], verify=skinny.holds), down=blocked(mlp.down_proj.weight, verify=skinny.holds),
+                     norm=head.norm.weight.detach(), lm_head=blocked(head.lm_head.weight, verify=skinny.holds))
         self.keep = []  # every tensor whose address the struct holds
         self.weights = _Weights()
         for name, tensor in parts.items():

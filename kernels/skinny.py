@@ -225,6 +225,20 @@ def skinny_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
     return skinny_blocked(x, blocked(weight), weight.shape[0], bias)
 
 
+def holds(blocks: Tensor, weight: Tensor) -> bool:
+    """``kernels.blocked.holds`` by the library's ``blocked_holds``: both read once, in place, on
+    torch's threads (about a read of the two at memory speed, where torch's strided compare runs on
+    one thread); torch's where the library is not built or the weight is not contiguous float32 CPU."""
+    from kernels.blocked import holds as in_torch
+
+    library = _library()[0]
+    if library is None or weight.dtype != torch.float32 or weight.device.type != "cpu" or not weight.is_contiguous() \
+            or not blocks.is_contiguous():
+        return in_torch(blocks, weight)
+    n, k = weight.shape
+    return bool(library.blocked_holds(blocks.data_ptr(), weight.detach().data_ptr(), n, k, torch.get_num_threads()))
+
+
 def skinny_blocked(x: Tensor, packed: Tensor, n: int, bias: Optional[Tensor]) -> Tensor:
     """``skinny_linear`` on a weight already blocked (``kernels.blocked``: ``packed`` ``[ceil(n/16), K,
     16]``, float32 CPU, a released layer's one copy): ``x`` ``[..., K]`` -> ``[..., n]``. ``x`` of

@@ -210,17 +210,17 @@ def test_the_pages_of_weights_no_tensor_views_are_given_back(tmp_path, monkeypat
 
 @pytest.mark.parametrize("shape", [(48, 40), (50, 1100), (7, 3)])
 def test_the_blocked_check_in_c_sees_what_the_torch_check_sees(shape):
-    """``holds`` (C where built, torch's strided compare otherwise) answers alike: a copy that holds
+    """``skinny.holds`` (in C) answers as ``blocked.holds`` (torch) does: a copy that holds
     its weight, one bit flipped anywhere (the last partial block and a second chunk of inputs too),
     and -0.0 written over 0.0 (bits, not values)."""
-    from kernels.blocked import _in_c, holds, pack
+    from kernels.blocked import holds, pack
 
     torch.manual_seed(0)
     weight = torch.randn(shape)
     weight[0, 0] = 0.0
     blocks = pack(weight)
-    assert _in_c(blocks, weight) is True and holds(blocks, weight.t().contiguous().t())  # the torch path
+    assert skinny.holds(blocks, weight) is True and holds(blocks, weight)  # in C, in torch
     for n, k in [(0, 0), (shape[0] - 1, shape[1] - 1), (shape[0] // 2, shape[1] // 2)]:
         edited = weight.clone()
         edited[n, k] = -0.0 if (n, k) == (0, 0) else edited[n, k] * 1.5
-        assert _in_c(blocks, edited) is False and not holds(blocks, edited.t().contiguous().t())
+        assert skinny.holds(blocks, edited) is False and not holds(blocks, edited)
