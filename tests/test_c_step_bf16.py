@@ -68,6 +68,21 @@ def test_a_positions_logits_do_not_depend_on_the_pass_width_or_the_tree(path):
         assert torch.equal(tree[1 + i], chain[-1]), i
 
 
+def test_a_prompt_at_once_on_any_thread_count_is_the_prompt_position_by_position(path):
+    """40 positions in one pass (four register blocks of rows) on 1, 2 and 3 threads, and one at a
+    time: the same logits bit for bit."""
+    model, ids = bfloat16("qwen2"), ids_for(40)
+    alone = LeanRunner(model)
+    expected = torch.cat([alone(ids[:, : i + 1], 1) for i in range(40)])
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            assert torch.equal(LeanRunner(model)(ids, 40), expected), threads
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("name", ["llama", "qwen2", "tied"])
 def test_the_widening_paths_are_the_float32_step_on_the_widened_weights(name, monkeypatch):
     """Prompt and decoding passes (Qwen2's biases, tied embeddings): the AVX-512, AVX2 and plain-C
