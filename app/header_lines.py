@@ -48,9 +48,10 @@ def summary(model: "Module", label: str, quantize: str, runner=None) -> str:
 
 
 def passes_label(model: "Module", runner) -> str:
-    """What runs ``model``'s passes under ``runner``, in a few words: "C step", "compiled lean step",
+    """What runs ``model``'s passes under ``runner``, in a few words: "C step" (a bfloat16 model's with its
+    weights' path: "C step, avx512_bf16 dot"), "compiled lean step",
     "compiled passes", "lean forward, prepacked linears", "transformers' forward"."""
-    from kernels.c_step import step_for
+    from kernels.c_step import short_label, step_for
     from kernels.prepacking import plan
 
     if runner.step_for(model):
@@ -59,7 +60,7 @@ def passes_label(model: "Module", runner) -> str:
         return "compiled passes"
     lean = runner.lean_for(model)
     if lean and step_for(model, 1):
-        return "C step"
+        return short_label(model)
     forward = "lean forward" if lean else "transformers' forward"
     route = set(plan(model) or ())
     if route <= {"own"}:

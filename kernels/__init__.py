@@ -1,6 +1,7 @@
 """CPU kernels and compile caches, apart from the runners that use them.
 
     skinny.py / skinny_gemm.c  the skinny kernel: float32 linears over a few positions, built here at first use
+    bf16.py / skinny_bf16.c    the same on bfloat16 weights (float32 sums): the path this CPU takes, named
     prepacking.py              ``PrepackedLinear``: each pass width on the kernel measured fastest for it
     plans.py                   a model's kernel plan as a whole: switched for a block, its unused copies freed, named
     compile_cache.py           inductor's on-disk caches in the project's cache folder

@@ -19,6 +19,7 @@ from torch import Tensor
 
 BLOCK = 16  # output features per block (skinny_gemm.c's BW)
 Check = Callable[[Tensor, Tensor], bool]  # whether a blocked copy holds a weight's values now (``holds``)
+DTYPES = (torch.float32, torch.bfloat16)  # the weights blocked (bfloat16: for skinny_bf16.c)
 
 class _ByTensor:
     """A dict keyed by tensors themselves (not by value: a tensor's ``==`` is elementwise), whose
@@ -55,33 +56,56 @@ def _identity(weight: Tensor) -> tuple:
 def pack(weight: Tensor, out: Optional[Tensor] = None) -> Tensor:
     """``weight`` ``[N, K]`` float32 -> ``[ceil(N/16), K, 16]``, the features past N zero; written into
     ``out`` (of that shape) where given. No temporary of the weight's size: the full blocks are copied
-    from a strided view of it, a last partial block through one block's zeros."""
+    from a strided view of it, a last partial block through one block's zeros. A bfloat16 weight (K
+    even) is blocked alike, bfloat16, its pairs of input features interleaved (``_memory``)."""
     n, k = weight.shape
-    blocks, full = -(-n // BLOCK), n // BLOCK
-    out = torch.empty((blocks, k, BLOCK), dtype=torch.float32) if out is None else out
+    blocks, full, pairs = -(-n // BLOCK), n // BLOCK, weight.dtype == torch.bfloat16
+    out = torch.empty((blocks, k, BLOCK), dtype=weight.dtype) if out is None else out
     weight = weight.detach()
-    out[:full].copy_(weight[: full * BLOCK].view(full, BLOCK, k).transpose(1, 2))
+    _memory(out[:full], pairs).copy_(_logical(weight[: full * BLOCK].view(full, BLOCK, k).transpose(1, 2), pairs))
     if full < blocks:
-        tail = torch.zeros((BLOCK, k), dtype=torch.float32)
+        tail = torch.zeros((BLOCK, k), dtype=weight.dtype)
         tail[: n - full * BLOCK] = weight[full * BLOCK :]
-        out[full].copy_(tail.t())
+        _memory(out[full : full + 1], pairs).copy_(_logical(tail.t()[None], pairs))
     return out
+
+
+def _memory(blocks: Tensor, pairs: bool) -> Tensor:
+    """Contiguous ``blocks`` ``[b, K, 16]`` in the order of their memory: as they are (float32), or, with
+    ``pairs`` (bfloat16), ``[b, K/2, 16, 2]``: input features 2q and 2q + 1 of output feature j side by
+    side, one 32-bit lane (``skinny_bf16.c``)."""
+    return blocks.view(blocks.shape[0], blocks.shape[1] // 2, BLOCK, 2) if pairs else blocks
+
+
+def _logical(view: Tensor, pairs: bool) -> Tensor:
+    """A weight's blocks as ``[b, K, 16]`` (element ``[b, k, j]``: output ``16 b + j``, input ``k``) in
+    ``_memory``'s order: ``[b, K/2, 16, 2]`` with ``pairs``, else as they are."""
+    return view.unflatten(1, (view.shape[1] // 2, 2)).transpose(2, 3) if pairs else view
 
 
 def unpack(blocks: Tensor, n: int) -> Tensor:
     """``pack``'s inverse: ``blocks`` ``[ceil(n/16), K, 16]`` -> a new ``[n, K]`` weight, the same values."""
+    if blocks.dtype == torch.bfloat16:
+        blocks = _memory(blocks, True).transpose(2, 3).reshape(blocks.shape)
     return blocks.transpose(1, 2).reshape(-1, blocks.shape[1])[:n].contiguous()  # one block: reshape gives a view
 
 
 def holds(blocks: Tensor, weight: Tensor) -> bool:
     """Whether ``blocks`` (``pack``'s layout) holds ``weight``'s ``[N, K]`` values now, bit for bit. Read
-    in place, both once (no temporary), in torch (strided, one thread; ``kernels.skinny.holds`` is the C one)."""
-    n, k = weight.shape
-    full = n // BLOCK
-    ours, theirs = blocks.view(torch.int32), weight.detach().view(torch.int32)  # bits: -0.0 and NaN compare as written
-    if not torch.equal(ours[:full], theirs[: full * BLOCK].view(full, BLOCK, k).transpose(1, 2)):
+    in place, both once (no temporary), in torch (strided, one thread; ``kernels.skinny.holds``: in C)."""
+    if blocks.dtype != weight.dtype:
         return False
-    return full == ours.shape[0] or torch.equal(ours[full, :, : n - full * BLOCK], theirs[full * BLOCK :].t())
+    n, k = weight.shape
+    full, pairs = n // BLOCK, weight.dtype == torch.bfloat16
+    bits = torch.int16 if pairs else torch.int32  # bits: -0.0 and NaN compare as written
+    ours, theirs = blocks.view(bits), weight.detach().view(bits)
+    if not torch.equal(_memory(ours[:full], pairs), _logical(theirs[: full * BLOCK].view(full, BLOCK, k).transpose(1, 2), pairs)):
+        return False
+    if full == ours.shape[0]:
+        return True
+    cut = n - full * BLOCK
+    return torch.equal(_memory(ours[full : full + 1], pairs)[..., :cut, :] if pairs else ours[full, :, :cut],
+                       _logical(theirs[full * BLOCK :].t()[None], pairs) if pairs else theirs[full * BLOCK :].t())
 
 
 def blocked(weight: Tensor, verify: Optional[Check] = None) -> Tensor:
@@ -110,7 +134,7 @@ def fused(weights: Sequence[Tensor], verify: Optional[Check] = None) -> Tensor:
     sizes = [-(-w.shape[0] // BLOCK) for w in weights]
     if found is not None and found[0] == identities and (verify is None or all(verify(part, w) for part, w in zip(found[1].split(sizes), weights))):
         return found[1]
-    whole = torch.empty((sum(sizes), weights[0].shape[1], BLOCK), dtype=torch.float32)
+    whole = torch.empty((sum(sizes), weights[0].shape[1], BLOCK), dtype=weights[0].dtype)
     start = 0
     for w, blocks in zip(weights, sizes):
         _COPIES[w] = (_identity(w), pack(w, whole[start : start + blocks]))  # packed in place: no second copy
@@ -120,9 +144,11 @@ def fused(weights: Sequence[Tensor], verify: Optional[Check] = None) -> Tensor:
 
 
 def fusable(weights: Sequence[Tensor]) -> bool:
-    """Whether ``fused`` takes ``weights``: float32 CPU, one input size, all but the last a multiple of 16 outputs."""
-    return all(w.dtype == torch.float32 and w.device.type == "cpu" and w.dim() == 2 for w in weights) and \
-        len({w.shape[1] for w in weights}) == 1 and all(w.shape[0] % BLOCK == 0 for w in weights[:-1])
+    """Whether ``fused`` takes ``weights``: float32 or bfloat16 (an even input size), all one dtype, on CPU,
+    one input size, all but the last a multiple of 16 outputs."""
+    return all(w.dtype in DTYPES and w.dtype == weights[0].dtype and w.device.type == "cpu" and w.dim() == 2 for w in weights) and \
+        len({w.shape[1] for w in weights}) == 1 and all(w.shape[0] % BLOCK == 0 for w in weights[:-1]) and \
+        (weights[0].dtype != torch.bfloat16 or weights[0].shape[1] % 2 == 0)
 
 
 def forget(weights: Sequence[Tensor]) -> None:

@@ -23,20 +23,26 @@
 #include <string.h>
 #include <omp.h>
 
-void skinny_rows(const float *x, const float *p, const float *b, float *y, int64_t M, int64_t N, int64_t K);
+/* the linears: skinny_gemm.c's on float32 weights, skinny_bf16.c's on bfloat16 (format: Dims.weights) */
+void skinny_rows_as(int64_t format, const float *x, const void *p, const float *b, float *y, int64_t M, int64_t N, int64_t K);
 
+/* The weights (blocked, as the format Dims.weights says: float32, or bfloat16 with pairs of k
+ * interleaved, skinny_bf16.c); norms and biases float32 in either. */
 typedef struct {
     const float *in_norm, *post_norm; /* [H] */
-    const float *qkv, *qkv_bias;      /* blocked [(Hq + 2 Hkv) D / 16, H, 16]; bias [(Hq + 2 Hkv) D] or NULL */
-    const float *o, *o_bias;          /* blocked [H / 16, Hq D, 16]; bias [H] or NULL */
-    const float *gate_up;             /* blocked [2 I / 16, H, 16]: the gate's blocks, then the up's */
-    const float *down;                /* blocked [H / 16, I, 16] */
+    const void *qkv;                  /* blocked [(Hq + 2 Hkv) D / 16, H, 16] */
+    const float *qkv_bias;            /* [(Hq + 2 Hkv) D] or NULL */
+    const void *o;                    /* blocked [H / 16, Hq D, 16] */
+    const float *o_bias;              /* [H] or NULL */
+    const void *gate_up;              /* blocked [2 I / 16, H, 16]: the gate's blocks, then the up's */
+    const void *down;                 /* blocked [H / 16, I, 16] */
     float *keys, *values;             /* the cache [Hkv, cap, D] */
 } Layer;
 
 typedef struct {
     int64_t layers, H, Hq, Hkv, D, I, cap;
     float eps, scale;
+    int64_t weights; /* the blocked weights' format and the path that reads them: skinny_bf16.c's F32, BF16_* */
 } Dims;
 
 #include "step_rows.h"
@@ -52,11 +58,11 @@ int64_t c_step_scratch(const Dims *d, int64_t r, int64_t threads) {
  * position i sees slot j where seen_mask[i * (start + r) + j] (a tree pass), or where j <= start + i
  * (seen_mask NULL: a chain). hidden_at[0..n_hidden): layers whose input (the residual stream
  * entering them) is copied to hidden [r, n_hidden * H]. Then logits [n_last, V] of the last n_last
- * positions: final_norm, and the output layer head (blocked [V / 16, H, 16]). scratch: floats, at
+ * positions: final_norm, and the output layer head (blocked [V / 16, H, 16], Dims.weights). scratch: floats, at
  * least c_step_scratch. Returns the threads it ran on. */
 int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const float *sin, int64_t r,
               int64_t start, const uint8_t *seen_mask, const int64_t *hidden_at, int64_t n_hidden, float *hidden,
-              const float *final_norm, const float *head, int64_t V, float *logits, int64_t n_last, float *scratch,
+              const float *final_norm, const void *head, int64_t V, float *logits, int64_t n_last, float *scratch,
               int64_t threads) {
     const int64_t H = d->H, D = d->D, Hq = d->Hq, Hkv = d->Hkv, I = d->I, nqkv = (Hq + 2 * Hkv) * D, L = start + r;
     float *x = scratch, *qkv = x + r * H, *att = qkv + r * nqkv, *delta = att + r * Hq * D, *gu = delta + r * H,
@@ -80,7 +86,7 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                     if (hidden_at[e] == l) memcpy(hidden + (i * n_hidden + e) * H, h + i * H, H * sizeof(float));
                 rms_norm(h + i * H, w->in_norm, d->eps, x + i * H, H);
             }
-            skinny_rows(x, w->qkv, w->qkv_bias, qkv, r, nqkv, H);
+            skinny_rows_as(d->weights, x, w->qkv, w->qkv_bias, qkv, r, nqkv, H);
 #pragma omp barrier
             /* RoPE on queries and keys; keys and values into the cache */
 #pragma omp for schedule(static) collapse(2)
@@ -106,14 +112,14 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                     attend(qkv + i * nqkv + head * D, w->keys + kv * d->cap * D, w->values + kv * d->cap * D, seen,
                            seen_mask ? L : upto, D, d->scale, s, att + (i * Hq + head) * D);
                 }
-            skinny_rows(att, w->o, w->o_bias, delta, r, H, Hq * D);
+            skinny_rows_as(d->weights, att, w->o, w->o_bias, delta, r, H, Hq * D);
 #pragma omp barrier
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < r; i++) {
                 for (int64_t k = 0; k < H; k++) h[i * H + k] += delta[i * H + k];
                 rms_norm(h + i * H, w->post_norm, d->eps, x + i * H, H);
             }
-            skinny_rows(x, w->gate_up, NULL, gu, r, 2 * I, H);
+            skinny_rows_as(d->weights, x, w->gate_up, NULL, gu, r, 2 * I, H);
 #pragma omp barrier
             /* over rows and spans of columns: both threads busy at one position too (each element alone) */
 #pragma omp for schedule(static) collapse(2)
@@ -133,7 +139,7 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                         act[i * I + k] = g / (1.0f + fexp(-g)) * gu[i * 2 * I + I + k];
                     }
                 }
-            skinny_rows(act, w->down, NULL, delta, r, H, I);
+            skinny_rows_as(d->weights, act, w->down, NULL, delta, r, H, I);
 #pragma omp barrier
         }
         /* the last layer's residual, the final norm of the last n_last positions, the output layer */
@@ -142,7 +148,7 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
             for (int64_t k = 0; k < H; k++) h[i * H + k] += delta[i * H + k];
             if (i >= r - n_last) rms_norm(h + i * H, final_norm, d->eps, x + (i - (r - n_last)) * H, H);
         }
-        skinny_rows(x, head, NULL, logits, n_last, V, H);
+        skinny_rows_as(d->weights, x, head, NULL, logits, n_last, V, H);
     }
     return ran;
 }

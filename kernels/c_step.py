@@ -1,6 +1,9 @@
 """The C step: a whole pass of a Llama-family model in one C call (``c_step.c``), float32 on CPU,
 over the model's weights blocked once for the skinny kernel (``kernels.blocked``: q/k/v fused into
 one matrix, gate/up into another; the layers' own skinny route reads views of the same copies).
+A bfloat16 model's weights are blocked in bfloat16 and read by ``skinny_bf16.c`` on the path this
+machine takes (``kernels.bf16``, named by ``label``); the rest of its pass, its KV cache and its
+logits are float32 (its own weights stay too: only float32 layers are released).
 
 ``CStep(model)`` holds the weights' addresses; ``step(h, cos, sin, cache, start, seen, n_last,
 hidden_layers)`` runs one pass, on the model's weights as they are then: a step whose model changed
@@ -16,8 +19,9 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
+import kernels.bf16 as bf16
 import kernels.skinny as skinny
-from kernels.blocked import blocked, fusable, fused
+from kernels.blocked import DTYPES, blocked, fusable, fused
 from kernels.one_copy import group_blocks, groups, release, released
 from kernels.prepacking import SKINNY, changes, copy_fits, plan
 
@@ -36,7 +40,7 @@ class _Layer(ctypes.Structure):
 
 class _Dims(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in ("layers", "H", "Hq", "Hkv", "D", "I", "cap")] + \
-               [("eps", ctypes.c_float), ("scale", ctypes.c_float)]
+               [("eps", ctypes.c_float), ("scale", ctypes.c_float), ("weights", ctypes.c_int64)]
 
 
 class _Released:
@@ -68,31 +72,35 @@ def step_unsupported(model: Module) -> Optional[str]:
     body = model.model
     layers = body.layers[: config.num_hidden_layers]
     head = model.get_output_embeddings()
+    dtype = _own(head).weight.dtype if _own(head) is not None else torch.float32  # the layers' must match it
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
         linears = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
         owns = [_own(m) for m in linears]
         if any(o is None for o in owns):
             return "a linear layer is quantized, hooked or not nn.Linear"
-        if any(o.weight.dtype != torch.float32 or o.weight.device.type != "cpu" for o in owns):
-            return "the step runs float32 weights on CPU"
+        if any(o.weight.dtype not in DTYPES or o.weight.dtype != dtype or o.weight.device.type != "cpu" for o in owns):
+            return "the step runs float32 or bfloat16 weights on CPU"
         if any(o.bias is not None for o in owns[4:]):
             return "its MLP has biases"
         if not fusable([o.weight for o in owns[:3]]) or not fusable([o.weight for o in owns[4:6]]):
-            return "its q/k/v or gate/up sizes are not multiples of 16"
+            return "its q/k/v or gate/up sizes are not multiples of 16" + (", or an input size is odd" if dtype == torch.bfloat16 else "")
+        if dtype == torch.bfloat16 and (owns[3].in_features % 2 or owns[6].in_features % 2):
+            return "an input size is odd (bfloat16 weights are read in pairs)"
         if attn.head_dim > 512:
             return "head size over 512"
-    if _own(head) is None or _own(head).weight.dtype != torch.float32:
-        return "its output layer is not a float32 nn.Linear"
-    size = sum(x.in_features * x.out_features * 4 for layer in layers for group in groups(layer) for x in group) + \
-        head.in_features * head.out_features * 4
+    if _own(head) is None or _own(head).weight.dtype != dtype:
+        return f"its output layer is not a {str(dtype).removeprefix('torch.')} nn.Linear"
+    each = dtype.itemsize
+    size = sum(x.in_features * x.out_features * each for layer in layers for group in groups(layer) for x in group) + \
+        head.in_features * head.out_features * each
     if not copy_fits(size):
         return f"its blocked weights ({size / 2**30:.1f} GiB) would take over a quarter of this machine's memory"
     return None
 
 
 def step_for(model: Module, rows: int, unsupported: bool = True) -> bool:
-    """Whether a pass of ``model`` over ``rows`` positions runs the C step: float32 on CPU, where the
+    """Whether a pass of ``model`` over ``rows`` positions runs the C step: float32 or bfloat16 on CPU, where the
     model has no kernel plan (as loaded), or where its plan (``kernels.prepacking.plan``) runs that
     width on the skinny kernel (past the measured widths, where one-position passes do: a draft tree's
     pass, and a prompt of any length, run on what decoding runs, so every row is exact by
@@ -100,7 +108,7 @@ def step_for(model: Module, rows: int, unsupported: bool = True) -> bool:
     needs no measurement of its own: the skinny kernel's register tiles (12 rows x 32 features on
     AVX-512) run near the core's arithmetic peak on many rows too, ahead of MKL (docs/profile.md)."""
     weight = next(model.parameters(), None)
-    if weight is None or weight.dtype != torch.float32 or weight.device.type != "cpu":
+    if weight is None or weight.dtype not in DTYPES or weight.device.type != "cpu":
         return False
     route = plan(model)
     if route is not None and route[rows - 1 if rows < len(route) else 0] != SKINNY:
@@ -143,10 +151,33 @@ def read(model: Module) -> tuple:
     return tuple(found + [_of(body.norm.weight), _of(head.weight)])
 
 
+def weights_format(model: Module, library: ctypes.CDLL) -> int:
+    """``c_step.c``'s ``Dims.weights`` for ``model``: float32 (``kernels.bf16.F32``), or the bfloat16 path
+    this machine takes (``kernels.bf16.chosen``)."""
+    dtype = model.get_output_embeddings().weight.dtype
+    return bf16.chosen(library) if dtype == torch.bfloat16 else bf16.F32
+
+
+def short_label(model: Module) -> str:
+    """The C step in a few words: "C step", or with a bfloat16 model's path: "C step, avx512_bf16 dot"."""
+    if next(model.parameters()).dtype != torch.bfloat16 or not skinny.available()[0]:
+        return "C step"
+    return f"C step, {bf16.NAMES[weights_format(model, skinny.library())]}"
+
+
+def label(model: Module) -> str:
+    """What the headers call the C step running ``model``: ``LABEL``, with a bfloat16 model's weights and
+    the path that reads them ("C step (bfloat16 weights read by the avx512_bf16 dot, ...; skinny linears ...)")."""
+    dtype = next(model.parameters()).dtype
+    if dtype != torch.bfloat16 or not skinny.available()[0]:
+        return LABEL
+    return f"C step ({bf16.describe(bf16.chosen(skinny.library()))}; {LABEL.split(' (', 1)[1]}"
+
+
 class CStep:
     """The model's weights as the C step reads them; bound to a cache by ``bind``. Shapes: ``r``
     positions a pass feeds, ``H`` hidden size, ``D`` head size, ``V`` vocabulary. Making it releases
-    the decoder layers' own weights (``kernels.one_copy``): the blocked copies are their one copy."""
+    the decoder layers' own float32 weights (``kernels.one_copy``): the blocked copies are their one copy."""
 
     def __init__(self, model: Module):
         self.model = weakref.ref(model)  # weakly: a runner holds its model, the step never keeps one alive
@@ -174,14 +205,15 @@ class CStep:
         reason = step_unsupported(model)
         if reason is not None:
             raise ValueError(reason)
-        release(model)
         self.library = skinny.library()
+        if weights_format(model, self.library) == bf16.F32:
+            release(model)  # only float32 layers are released (``kernels.one_copy``): a bfloat16 model keeps its own weights too
         config, body = model.config, model.model
         self.layers = list(body.layers[: config.num_hidden_layers])
         attn = self.layers[0].self_attn
         self.dims = _Dims(len(self.layers), config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
                           attn.head_dim, config.intermediate_size, 0, self.layers[0].input_layernorm.variance_epsilon,
-                          attn.scaling)
+                          attn.scaling, weights_format(model, self.library))
         self.keep: List[Tensor] = []  # every tensor whose address the structs hold
         self.copied: List[Tensor] = []  # the model's tensors the step holds copies of (``glance``)
         self.structs = (_Layer * len(self.layers))()
@@ -191,16 +223,16 @@ class CStep:
             gate, up, down = (_own(x) for x in (m.gate_proj, m.up_proj, m.down_proj))
             biases = [x.bias for x in (q, k, v)]
             self.copied += [b for b in biases if b is not None]
-            qkv_bias = torch.cat([b.detach() for b in biases]) if all(b is not None for b in biases) else None
+            qkv_bias = torch.cat([b.detach().float() for b in biases]) if all(b is not None for b in biases) else None
             if qkv_bias is None and any(b is not None for b in biases):
-                qkv_bias = torch.cat([(b.detach() if b is not None else torch.zeros(x.out_features)) for b, x in zip(biases, (q, k, v))])
-            parts = dict(in_norm=layer.input_layernorm.weight.detach(), post_norm=layer.post_attention_layernorm.weight.detach(),
+                qkv_bias = torch.cat([(b.detach().float() if b is not None else torch.zeros(x.out_features)) for b, x in zip(biases, (q, k, v))])
+            parts = dict(in_norm=layer.input_layernorm.weight.detach().float(), post_norm=layer.post_attention_layernorm.weight.detach().float(),
                          qkv=_blocks([a.q_proj, a.k_proj, a.v_proj]), qkv_bias=qkv_bias, o=_blocks([a.o_proj]),
-                         o_bias=None if o.bias is None else o.bias.detach(), gate_up=_blocks([m.gate_proj, m.up_proj]),
+                         o_bias=None if o.bias is None else o.bias.detach().float(), gate_up=_blocks([m.gate_proj, m.up_proj]),
                          down=_blocks([m.down_proj]))
             for name, tensor in parts.items():
                 setattr(struct, name, self._address(tensor))
-        self.final_norm = body.norm.weight.detach().contiguous()
+        self.final_norm = body.norm.weight.detach().float().contiguous()
         self.output = _own(model.get_output_embeddings())
         self.head = blocked(self.output.weight, verify=skinny.holds)
         self.vocab = model.get_output_embeddings().out_features
@@ -238,8 +270,8 @@ class CStep:
         self.current()
         self.bind(cache)
         r, threads = h.shape[0], torch.get_num_threads()
-        h = h.contiguous()  # written in place: the caller's embeddings, made for this pass
-        cos, sin = cos.contiguous(), sin.contiguous()
+        h = h.to(torch.float32).contiguous()  # written in place: the caller's embeddings, made for this pass
+        cos, sin = cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous()
         rows = min(r, CHUNK_ROWS)
         needed = self.library.c_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(rows), ctypes.c_int64(threads))
         if self.scratch.numel() < needed:

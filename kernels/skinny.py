@@ -25,7 +25,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("skinny_gemm.c", "c_step.c", "head_step.c", "blocked_check.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("skinny_gemm.c", "skinny_bf16.c", "c_step.c", "head_step.c", "blocked_check.c"))
 HEADERS = (Path(__file__).with_name("step_rows.h"),)  # included by the sources: hashed with them, never compiled alone
 SOURCE = SOURCES[0]
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")  # no fused a*b+c unless written: one rounding on every CPU
@@ -124,7 +124,8 @@ def _build(compiler: str, folder: Path, sources: Sequence[Path] = SOURCES, stem:
     return library
 
 
-SYMBOLS = ("skinny_linear", "skinny_simd", "c_step", "c_step_scratch", "head_step", "head_step_scratch", "blocked_holds")  # what a library of ours exports
+SYMBOLS = ("skinny_linear", "skinny_simd", "skinny_bf16_paths", "skinny_linear_bf16", "c_step", "c_step_scratch", "head_step",
+           "head_step_scratch", "blocked_holds")  # what a library of ours exports
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -179,6 +180,9 @@ def _library() -> Tuple[Optional[ctypes.CDLL], str]:
     library.skinny_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     library.skinny_linear.restype = ctypes.c_int
     library.skinny_simd.restype = ctypes.c_int
+    library.skinny_bf16_paths.restype = ctypes.c_int
+    library.skinny_linear_bf16.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
+    library.skinny_linear_bf16.restype = ctypes.c_int
     library.c_step.restype = ctypes.c_int
     library.c_step_scratch.restype = ctypes.c_int64
     library.head_step.restype = ctypes.c_int
@@ -232,8 +236,8 @@ def holds(blocks: Tensor, weight: Tensor) -> bool:
     from kernels.blocked import holds as in_torch
 
     library = _library()[0]
-    if library is None or weight.dtype != torch.float32 or weight.device.type != "cpu" or not weight.is_contiguous() \
-            or not blocks.is_contiguous():
+    if library is None or weight.dtype != torch.float32 or blocks.dtype != torch.float32 or weight.device.type != "cpu" \
+            or not weight.is_contiguous() or not blocks.is_contiguous():
         return in_torch(blocks, weight)
     n, k = weight.shape
     return bool(library.blocked_holds(blocks.data_ptr(), weight.detach().data_ptr(), n, k, torch.get_num_threads()))

@@ -130,9 +130,10 @@ class RunnerConfig:
         if hooked:
             return f" · {hooked}"
         from kernels.prepacking import plan
-        from kernels.c_step import LABEL as STEP, STEP_ATTENTION, step_for, step_unsupported
+        from kernels.c_step import STEP_ATTENTION, label, step_for, step_unsupported
 
         step = step_for(model, 1)
+        words = label(model) if step else ""  # a bfloat16 model's: its weights' path named
         own = getattr(model.config, "_attn_implementation", None)
         note = f" · {LEAN_LABEL} (attention: {STEP_ATTENTION if step else ATTENTION}" + \
             (f"; transformers' paths: {own})" if own != "sdpa" else ")")
@@ -140,7 +141,7 @@ class RunnerConfig:
             from kernels.one_copy import note as one_copy
 
             held_once = one_copy(model)
-            return f"{note} on the " + (f"{STEP[:-1]}; {held_once})" if held_once else STEP)
+            return f"{note} on the " + (f"{words[:-1]}; {held_once})" if held_once else words)
         why = step_unsupported(model) if plan(model) is None else None
         return note + (f" (no C step: {why})" if why else "")
 

@@ -2,11 +2,14 @@
 behind the ``runners.base.Runner`` interface; the default eager runner of the models it covers
 (``lean_unsupported``: why another model keeps transformers' forward in ``KVCacheModel``).
 
-A float32 CPU pass runs the C step (``kernels.c_step``: the whole pass in one C call, on the skinny
-kernel) where the model's kernel plan runs that pass width on the skinny kernel, or where the model
-has no plan (as loaded: ``step_for``); every other pass runs ``models.llama``'s torch forward over
-the model's own modules, on their plan. A pass of a model with forward hooks (``runners.hooks``, checked
-at every pass) runs transformers' own forward into the same cache, so that every hook fires."""
+A float32 or bfloat16 CPU pass runs the C step (``kernels.c_step``: the whole pass in one C call, on
+the skinny kernel) where the model's kernel plan runs that pass width on the skinny kernel, or where
+the model has no plan (as loaded: ``step_for``); every other pass runs ``models.llama``'s torch forward
+over the model's own modules, on their plan. The step computes in float32 and keeps its KV cache in
+float32 (a bfloat16 model's too: ``_cache_dtype``); a bfloat16 model's pass that the step does not
+take casts the cache to bfloat16 first, and the step is not taken again. A pass of a model with
+forward hooks (``runners.hooks``, checked at every pass) runs transformers' own forward into the same
+cache, so that every hook fires."""
 from typing import Optional
 
 import torch
@@ -68,6 +71,8 @@ class LeanRunner(TreePasses):
         if length <= self.capacity:
             return
         capacity = grown_capacity(length, self.capacity)
+        if self.cache is None:
+            self.dtype = self._cache_dtype()
         cache = new_cache(self.model, capacity, self.dtype, self.device)
         if self.cache is not None:
             for old, new in zip(self.cache.layers, cache.layers):
@@ -79,6 +84,7 @@ class LeanRunner(TreePasses):
     def _run(self, ids: Tensor, positions: Tensor, start: int, n_last: int, mask: Optional[Tensor]) -> Tensor:
         """One pass of ``ids`` ``[r]`` at ``positions`` into slots ``start..``; logits ``[n_last, V]``."""
         if self.hooks.hooked():
+            self._torch_cache()
             logits, hidden = transformers_pass(self.model, ids, positions, self.cache, start, n_last, mask, self.hidden_layers)
             self.hooked_passes += 1
             self._passed(hidden, start)
@@ -89,14 +95,32 @@ class LeanRunner(TreePasses):
         if use and self.step:
             body = self.model.model
             h = body.embed_tokens(ids)  # [r, H]
-            cos, sin = rope(positions, body.rotary_emb.inv_freq, body.rotary_emb.attention_scaling, h.dtype)
+            cos, sin = rope(positions, body.rotary_emb.inv_freq, body.rotary_emb.attention_scaling, torch.float32)
             seen = None if mask is None else (mask[0, 0] if mask.dtype == torch.bool else mask[0, 0] == 0)
             logits, hidden = self.step(h, cos[0, 0], sin[0, 0], self.cache, start, seen, n_last, self.hidden_layers)
             self.step_passes += 1
         else:
+            self._torch_cache()
             logits, hidden = self.forward(ids, positions, self.cache, start, n_last, mask, self.hidden_layers)
         self._passed(hidden, start)
         return logits
+
+    def _cache_dtype(self) -> torch.dtype:
+        """The KV cache's dtype: float32 where the C step takes the model's passes (it computes in float32),
+        else the model's own (``compute_dtype``)."""
+        own = compute_dtype(self.model)
+        if own == torch.float32 or self.step is False or not step_for(self.model, 1, unsupported=False):
+            return own
+        return torch.float32 if step_unsupported(self.model) is None else own
+
+    def _torch_cache(self) -> None:
+        """Before a torch pass: the cache in the model's own dtype (a bfloat16 model's float32 step cache
+        cast, what it holds rounded once), and from then on no C step (it reads a float32 cache)."""
+        own = compute_dtype(self.model)
+        if self.cache is not None and self.dtype != own:
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys.to(own), layer.values.to(own)
+            self.dtype, self.step = own, False
 
     def _passed(self, hidden: Optional[Tensor], start: int) -> None:
         self.forward_passes += 1

@@ -243,7 +243,7 @@ def test_a_vocabulary_that_is_no_multiple_of_16_is_padded_and_cut():
 
 
 def test_step_unsupported_says_why_and_the_torch_forward_runs_instead():
-    assert step_unsupported(llama()) == "the step runs float32 weights on CPU"  # float64
+    assert step_unsupported(llama()) == "the step runs float32 or bfloat16 weights on CPU"  # float64
     assert step_unsupported(odd_llama(mlp_bias=True)) == "its MLP has biases"
     assert step_unsupported(odd_llama(hidden_size=24, num_attention_heads=3, num_key_value_heads=3)) == \
         "its q/k/v or gate/up sizes are not multiples of 16"

@@ -236,7 +236,7 @@ def test_make_runner_picks_the_lean_forward_by_default():
     assert type(make_runner(model, config=RunnerConfig(forward="transformers"))) is KVCacheModel
     assert type(make_runner(model, config=RunnerConfig(cache="dynamic"))) is KVCacheModel  # a dynamic cache is transformers'
     assert type(make_runner(model, use_cache=False)) is KVCacheModel
-    assert EAGER.describe(model) == "static KV cache · eager · lean Llama forward (attention: SDPA) (no C step: the step runs float32 weights on CPU)"
+    assert EAGER.describe(model) == "static KV cache · eager · lean Llama forward (attention: SDPA) (no C step: the step runs float32 or bfloat16 weights on CPU)"
     step = EAGER.describe(model.to(torch.float32)) if skinny_built() else "no C compiler"
     with kernels(model, False):  # the model's own linears said explicitly: the torch forward
         assert EAGER.describe(model) == "static KV cache · eager · lean Llama forward (attention: SDPA)"

@@ -145,7 +145,8 @@ def test_bfloat16_steps_follow_the_lean_runner():
     prepare_step(model, 100, widths=(1,))
     ids, step, lean = ids_for(40), StepRunner(model), LeanRunner(model)
     for length, n in ((10, 10), (11, 1), (12, 1), (13, 1)):
-        torch.testing.assert_close(step(ids[:, :length], n), lean(ids[:, :length], n), rtol=2e-2, atol=2e-2)
+        # the lean runner's passes are the C step's on CPU: bfloat16 weights, float32 arithmetic and logits
+        torch.testing.assert_close(step(ids[:, :length], n), lean(ids[:, :length], n), rtol=2e-2, atol=2e-2, check_dtype=False)
     assert step.cache.layers[0].keys.dtype == torch.bfloat16
 
 

@@ -1,0 +1,227 @@
+"""The C step on bfloat16 weights (kernels/skinny_bf16.c, kernels/bf16.py): each path this build has
+(the avx512_bf16 dot, the AVX-512, AVX2 and plain-C widening loads, forced one at a time on this CPU)
+gives a position's logits whatever the pass width or tree, so greedy drafting rows emit bfloat16
+target AR's tokens; the widening paths are the float32 step on the widened weights bit for bit; the
+dot path computes the sums it documents; all stay close to transformers' forward."""
+import copy
+import ctypes
+
+import pytest
+import torch
+
+from conftest import EOS_NEVER, PROMPT, VOCAB, llama
+from drafters import PromptLookupSpec
+import kernels.bf16 as bf16
+from kernels import skinny
+from kernels.blocked import fusable, pack
+from kernels.c_step import CStep, label, short_label, step_unsupported
+from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
+from runners import EAGER, LeanRunner
+from sampling import autoregressive_generate, generate, speculative_generate
+from test_lean_runner import MODELS, ids_for
+from utils.models import truncated_drafter
+
+pytestmark = [pytest.mark.needs_cc,
+              pytest.mark.skipif(not skinny.available()[0], reason="the skinny kernel is not built here")]
+
+PATHS = (bf16.DOT, bf16.AVX512, bf16.AVX2, bf16.SCALAR)
+WIDENING = PATHS[1:]
+
+
+@pytest.fixture(params=PATHS, ids=lambda p: bf16.NAMES[p])
+def path(request, monkeypatch):
+    """Each bfloat16 path, forced (skipped where this build lacks it: no avx512_bf16, no AVX-512)."""
+    if request.param not in bf16.paths(skinny.library()):
+        pytest.skip(f"this build has no {bf16.NAMES[request.param]}")
+    monkeypatch.setattr(bf16, "FORCED", request.param)
+    return request.param
+
+
+def bfloat16(name: str = "llama"):
+    return MODELS[name]().to(torch.bfloat16)
+
+
+def test_a_positions_logits_do_not_depend_on_the_pass_width_or_the_tree(path):
+    """Positions 20..31 one at a time, in passes of 2..12, and in a branching draft tree (each node's
+    logits those of its branch fed one position at a time): the same logits bit for bit."""
+    model, ids = bfloat16(), ids_for()
+    runner = LeanRunner(model)
+    runner(ids[:, :20], 1)
+    alone = torch.cat([runner(ids[:, : 21 + i], 1) for i in range(12)])
+    for width in range(2, 13):
+        runner.rollback(20)
+        got = torch.cat([runner(ids[:, : min(20 + w0 + width, 32)], min(width, 12 - w0)) for w0 in range(0, 12, width)])
+        assert torch.equal(got, alone), width
+    assert runner.step_passes == runner.forward_passes and runner.step.dims.weights == path
+    nodes, parents = [5, 7, 9, 11, 13, 15], [-1, 0, 0, 1, 2, 4]
+    runner.rollback(20)
+    tree = runner.tree_pass(ids[:, :21], 21, nodes, parents)  # fed: position 20, then the six nodes
+    assert runner.step_passes == runner.forward_passes
+    assert torch.equal(tree[0], alone[0])
+    for i in range(len(nodes)):
+        branch = [i]
+        while parents[branch[-1]] >= 0:
+            branch.append(parents[branch[-1]])
+        fed = torch.cat([ids[0, :21], torch.tensor([nodes[j] for j in reversed(branch)])])[None]
+        runner.rollback(21)
+        chain = torch.cat([runner(fed[:, : 22 + k], 1) for k in range(len(branch))])
+        assert torch.equal(tree[1 + i], chain[-1]), i
+
+
+def test_a_prompt_at_once_on_any_thread_count_is_the_prompt_position_by_position(path):
+    """40 positions in one pass (four register blocks of rows) on 1, 2 and 3 threads, and one at a
+    time: the same logits bit for bit."""
+    model, ids = bfloat16("qwen2"), ids_for(40)
+    alone = LeanRunner(model)
+    expected = torch.cat([alone(ids[:, : i + 1], 1) for i in range(40)])
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            assert torch.equal(LeanRunner(model)(ids, 40), expected), threads
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "tied"])
+def test_the_widening_paths_are_the_float32_step_on_the_widened_weights(name, monkeypatch):
+    """Prompt and decoding passes (Qwen2's biases, tied embeddings): the AVX-512, AVX2 and plain-C
+    widening loads give the float32 step's logits on the same weights widened to float32, bit for bit."""
+    model, ids = bfloat16(name), ids_for()
+    wide = copy.deepcopy(model).float()
+    expected = torch.cat([LeanRunner(wide)(ids[:, :18], 18), LeanRunner(wide)(ids[:, :19], 1)])
+    for path in set(WIDENING) & set(bf16.paths(skinny.library())):
+        monkeypatch.setattr(bf16, "FORCED", path)
+        runner = LeanRunner(model)
+        got = torch.cat([runner(ids[:, :18], 18), runner(ids[:, :19], 1)])
+        assert runner.step_passes == 2 and runner.cache.layers[0].keys.dtype == torch.float32
+        assert torch.equal(got, expected), bf16.NAMES[path]
+
+
+def dot_sums(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """What skinny_bf16.c documents for its dot path: x rounded to bfloat16, per pair of k the odd
+    product added first, then the even one, each sum rounded to float32 (in float64, exact products,
+    then one rounding: the same as float32's own for a sum of two floats), then + b."""
+    xb, wd = x.bfloat16().double(), w.double()
+    acc = torch.zeros(x.shape[0], w.shape[0])
+    for q in range(w.shape[1] // 2):
+        for k in (2 * q + 1, 2 * q):
+            acc = (acc.double() + xb[:, k, None] * wd[None, :, k]).float()
+    return acc + b
+
+
+def test_the_dot_path_computes_the_sums_it_documents():
+    """K of 200 (a partial chunk of 64), 40 outputs (a padded block), 1..13 rows: vdpbf16ps's sums as
+    documented, bit for bit, and each row alone the same."""
+    if bf16.DOT not in bf16.paths(skinny.library()):
+        pytest.skip("this build has no avx512_bf16 dot")
+    g = torch.Generator().manual_seed(5)
+    w, x, b = torch.randn(40, 200, generator=g).bfloat16(), torch.randn(13, 200, generator=g), torch.randn(40, generator=g)
+    got = bf16.linear(x, pack(w), 40, b, bf16.DOT)
+    assert torch.equal(got, dot_sums(x, w, b))
+    for m in range(1, 13):
+        assert torch.equal(bf16.linear(x[:m], pack(w), 40, b, bf16.DOT), got[:m]), m
+
+
+def built(tmp_path, arch: str) -> ctypes.CDLL:
+    """The two kernels (float32 and bfloat16) built for ``arch``; skipped off x86-64 with AVX2."""
+    import platform
+    import subprocess
+
+    from utils.toolchain import c_compiler
+
+    if platform.machine() != "x86_64" or "avx2" not in open("/proc/cpuinfo").read():
+        pytest.skip("an x86-64 CPU with AVX2 builds and runs these")
+    sources = [s for s in skinny.SOURCES if s.name.startswith("skinny")]
+    out = tmp_path / f"{arch}.so"
+    flags = [f for f in skinny.FLAGS if f != "-march=native"]
+    subprocess.run([c_compiler(), f"-march={arch}", *flags, "-o", str(out), *map(str, sources)], check=True, timeout=120)
+    library = ctypes.CDLL(str(out))
+    library.skinny_linear_bf16.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
+    return library
+
+
+def test_builds_without_avx512_have_only_the_widening_paths_and_round_alike(tmp_path, monkeypatch):
+    """Built for AVX2 (haswell) and for plain x86-64, as on CPUs without AVX-512: only their widening
+    paths, the best one chosen, and the same outputs as this build's bit for bit."""
+    g = torch.Generator().manual_seed(6)
+    w, x, b = torch.randn(72, 96, generator=g).bfloat16(), torch.randn(9, 96, generator=g), torch.randn(72, generator=g)
+    packed = pack(w)
+    expected = bf16.linear(x, packed, 72, b, bf16.SCALAR)
+    for arch, have in (("haswell", [bf16.AVX2, bf16.SCALAR]), ("x86-64", [bf16.SCALAR])):
+        library = built(tmp_path, arch)
+        assert bf16.paths(library) == have and bf16.chosen(library) == have[0]
+        monkeypatch.setattr(skinny, "library", lambda: library)
+        for path in have:
+            assert torch.equal(bf16.linear(x, packed, 72, b, path), expected), (arch, path)
+        monkeypatch.undo()
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral"])
+def test_logits_are_close_to_transformers_forward(name, path):
+    """Against transformers' float32 forward on the widened weights: the widening paths to float32
+    rounding; the dot path within 1% of the logits' scale, no further than transformers' own bfloat16
+    forward is; both within 2% of that bfloat16 forward."""
+    model, ids = bfloat16(name), ids_for()
+    got = LeanRunner(model)(ids[:, :30], 30)
+    with torch.no_grad():
+        float32 = copy.deepcopy(model).float()(ids[:, :30]).logits[0]
+        own = model(ids[:, :30]).logits[0].float()
+    scale = float32.abs().max()
+    if path == bf16.DOT:
+        assert (got - float32).abs().max() <= min(0.01 * scale, (own - float32).abs().max())
+    else:
+        torch.testing.assert_close(got, float32, rtol=1e-4, atol=2e-5)
+    assert (got - own).abs().max() <= 0.02 * scale
+
+
+def test_greedy_drafting_rows_emit_bfloat16_target_ar_tokens(path):
+    """Prompt lookup, NASD and a drafter model verify on the bfloat16 step what target AR decodes on it."""
+    target = llama(layers=3).to(torch.bfloat16)
+    drafter = truncated_drafter(target, 1)
+    calls = [0]
+    real = CStep.__call__
+
+    def counting(self, *args, **kwargs):
+        calls[0] += 1
+        assert self.dims.weights == path
+        return real(self, *args, **kwargs)
+
+    CStep.__call__ = counting
+    try:
+        reference = autoregressive_generate(PROMPT, target, 40, eos_tokens_id=EOS_NEVER, use_cache=True)
+        decoded = calls[0]
+        out, _ = speculative_generate(PROMPT, drafter, target, gamma=4, max_gen_len=40, eos_tokens_id=EOS_NEVER, use_cache=True)
+        nasd, _ = ngram_assisted_speculative_generate(PROMPT, NGramStorage(2, VOCAB), target, gamma=4, max_gen_len=40,
+                                                      eos_tokens_id=EOS_NEVER, use_cache=True)
+        pld, _ = generate(PROMPT, target, PromptLookupSpec(), dict(max_gen_len=40, eos_tokens_id=EOS_NEVER, use_cache=True))
+    finally:
+        CStep.__call__ = real
+    assert decoded >= 39 and calls[0] > decoded  # every row ran on the step
+    assert out == reference and nasd == reference and pld == reference
+
+
+def test_the_header_names_the_path_that_ran(path):
+    model = bfloat16()
+    assert short_label(model) == f"C step, {bf16.NAMES[path]}"
+    assert label(model).startswith(f"C step (bfloat16 weights read by the {bf16.NAMES[path]}, ")
+    described = EAGER.describe(model)
+    assert f"on the C step (bfloat16 weights read by the {bf16.NAMES[path]}" in described, described
+    assert ("activations rounded to bfloat16" in described) == (path == bf16.DOT)
+    assert short_label(model.float()) == "C step" and "bfloat16" not in label(model)
+
+
+def test_what_the_bfloat16_step_refuses_and_a_hooked_pass_after_it():
+    """Mixed dtypes and odd input sizes are refused; a hook on a model the step ran gives transformers'
+    forward a bfloat16 copy of the cache, and the step is not taken again."""
+    mixed = bfloat16()
+    mixed.lm_head.float()
+    assert step_unsupported(mixed) == "the step runs float32 or bfloat16 weights on CPU"
+    assert not fusable([torch.zeros(16, 7, dtype=torch.bfloat16)]) and fusable([torch.zeros(16, 8, dtype=torch.bfloat16)])
+    model, ids = bfloat16(), ids_for()
+    runner, reference = LeanRunner(model), LeanRunner(copy.deepcopy(model))
+    runner(ids[:, :10], 1)
+    model.model.layers[0].mlp.up_proj.register_forward_hook(lambda *a: None)
+    got = runner(ids[:, :12], 2)
+    assert runner.hooked_passes == 1 and runner.step is False and runner.cache.layers[0].keys.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), reference(ids[:, :12], 2), rtol=0, atol=0.02 * got.abs().max().item())
