@@ -113,3 +113,21 @@ def test_the_refusals_name_the_one_feature_missing():
         assert step_unsupported(model) is None
         model.model.layers[1].input_layernorm.eps = 1e-5  # the step takes one epsilon for every norm
         assert step_unsupported(model) == "its norms' epsilons differ: the step takes one"
+
+
+@pytest.mark.needs_cxx
+def test_the_compiled_step_follows_the_lean_runner():
+    """The compiled step (inductor on CPU, width 1 prepared, wider passes eager) on Gemma 3, the family
+    with the most features (both norm places, (1 + w), q/k norms, GELU-tanh, two RoPE tables, sliding
+    layers, a softcap), through rollbacks, tree passes and kept branches: the lean runner's logits
+    (float64: the lean runner's torch forward, as tests/test_step_runner.py compares). One family:
+    inductor's compile is the cost (Phi-3's fused linears and partial RoPE pass too, run by hand)."""
+    from runners import StepRunner, prepare_step
+    from test_step_runner import close, passes
+
+    model = gemma3()
+    prepare_step(model, 200, widths=(1,))
+    ids = ids_for(80, seed=3)
+    for step, lean in zip(passes(StepRunner(model), ids), passes(LeanRunner(model), ids)):
+        assert step.shape == lean.shape
+        close(step, lean)
