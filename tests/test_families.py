@@ -85,6 +85,23 @@ def test_a_positions_logits_do_not_depend_on_the_pass_width_nor_on_the_tree(name
 
 
 @on_step
+def test_a_long_prompt_in_chunks_gives_each_positions_logits_alone(monkeypatch):
+    """Gemma 3, 100 positions (12 windows of 8) at once, in chunks of 24 (``c_step.CHUNK_ROWS``: a chunk's
+    sliding layers read the keys the chunks before wrote), and one at a time: the same logits and
+    hidden states bit for bit."""
+    import kernels.c_step as c_step
+
+    model, ids = gemma3().to(torch.float32), ids_for(100)
+    at_once, chunked = LeanRunner(model), LeanRunner(model)
+    at_once.hidden_layers = chunked.hidden_layers = (0, 2)
+    whole = at_once(ids, 100)
+    monkeypatch.setattr(c_step, "CHUNK_ROWS", 24)
+    assert torch.equal(chunked(ids, 100), whole) and torch.equal(chunked.hidden, at_once.hidden)
+    alone = LeanRunner(model)
+    assert torch.equal(torch.cat([alone(ids[:, : i + 1], 1) for i in range(100)]), whole)
+
+
+@on_step
 @pytest.mark.parametrize("name", NAMES)
 def test_greedy_drafting_rows_emit_target_ar_tokens_on_the_step(name):
     """A drafter model, NASD, prompt lookup and an n-gram tree verify on the C step what target AR
