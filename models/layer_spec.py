@@ -80,6 +80,9 @@ class ModelSpec:
         return tuple(sorted({layer.window for layer in self.layers if layer.window is not None}))
 
 
+_SPECS: Dict["ModelSpec", "ModelSpec"] = {}
+
+
 def family_of(model: Module) -> Optional[Family]:
     """``model``'s row, where it is an instance of that row's transformers class itself (not a subclass
     nor a remote-code class that borrows the name: either may change any step of the forward)."""
@@ -141,9 +144,12 @@ def model_spec(model: Module) -> ModelSpec:
                              _window(config, t)) for i, t in enumerate(types))
     attn = model.model.layers[0].self_attn
     act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
-    return ModelSpec(family, ACTIVATIONS[act], ropes, 2 * getattr(rotary, f"{ropes[0]}inv_freq").shape[0], attn.scaling,
+    spec = ModelSpec(family, ACTIVATIONS[act], ropes, 2 * getattr(rotary, f"{ropes[0]}inv_freq").shape[0], attn.scaling,
                      float(getattr(config, "embedding_multiplier", 1.0)), float(getattr(config, "residual_multiplier", 1.0)),
                      float(getattr(config, "logits_scaling", 1.0)), getattr(config, "final_logit_softcapping", None), layers)
+    # one object per description: the compiled step's regional graph (``models.llama_step.decoder_layer``)
+    # takes it as an argument, and serves every model that equals it
+    return _SPECS.setdefault(spec, spec)
 
 
 def norm_modules(layer: Module, spec: ModelSpec) -> Tuple[Optional[Module], ...]:
