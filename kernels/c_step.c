@@ -1,11 +1,14 @@
-/* The C step: a whole pass of a Llama-family decoder over r positions (r small: decoding,
- * verification, draft trees) in one call, float32 on CPU, inside one OpenMP parallel region.
+/* The C step: a whole pass of a Llama-family decoder (or its kin's: models/layer_spec.py) over r
+ * positions (r small: decoding, verification, draft trees) in one call, float32 on CPU, inside one
+ * OpenMP parallel region.
  *
  * Per layer, as transformers computes it (models/llama.py is the same arithmetic in torch):
- *   x = rms_norm(h) ; q|k|v = x . Wqkv^T (+ b) ; RoPE on q, k (rotate-half form) ; k, v written to
- *   the cache at slots start..start+r-1 ; attention of each query over the slots it may see ;
- *   h += o_proj(attention) ; x = rms_norm(h) ; g|u = x . Wgu^T ; h += down(silu(g) * u)
- * then the final norm and the output layer on the last n_last positions.
+ *   x = rms_norm(h) (where the layer norms its input) ; q|k|v = x . Wqkv^T (+ b) ; q/k norms (per
+ *   head, or over all heads) ; RoPE on the first `rot` dimensions of q, k (rotate-half form, the
+ *   layer's cos/sin table, or none) ; k, v written to the cache at slots start..start+r-1 ; attention
+ *   of each query over the slots it may see (within the layer's window) ; h += post_norm?(o_proj(attention)) * rs ;
+ *   x = rms_norm(h) ; g|u = x . Wgu^T ; h += post_norm?(down(act(g) * u)) * rs   (act: silu or gelu-tanh)
+ * then the final norm and the output layer on the last n_last positions (divided, softcapped).
  *
  * Every linear is the skinny kernel on weights blocked once (skinny_gemm.c), q/k/v fused into one
  * matrix and gate/up into another, so each weight matrix is read in one sweep. Everything else is
@@ -16,7 +19,7 @@
  * (where its first pass, the prompt and its first drafts, is a pass this step takes).
  *
  * Shapes: H hidden size, Hq / Hkv query / key-value heads, D head size, I intermediate size,
- * cap the cache's slots per layer, V the vocabulary. */
+ * cap the cache's slots per layer, V the vocabulary, T the RoPE tables, rot the dimensions rotated. */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -37,15 +40,61 @@ typedef struct {
     const void *gate_up;              /* blocked [2 I / 16, H, 16]: the gate's blocks, then the up's */
     const void *down;                 /* blocked [H / 16, I, 16] */
     float *keys, *values;             /* the cache [Hkv, cap, D] */
+    /* the family's own (models/layer_spec.py); NULL, 0 or -1 where it has none */
+    const float *attn_out_norm, *mlp_out_norm; /* [H]: on the attention's, the MLP's output, before the residual */
+    const float *q_norm, *k_norm;     /* [D] (Dims.qk_norm 1: per head) or [Hq D] / [Hkv D] (2: over all heads) */
+    int64_t window;                   /* attends to the last `window` positions; 0: to all */
+    int64_t rope;                     /* its cos/sin table; -1: no RoPE */
 } Layer;
 
 typedef struct {
     int64_t layers, H, Hq, Hkv, D, I, cap;
     float eps, scale;
+    int64_t rot;          /* the dimensions RoPE rotates, the first of each head (<= D) */
+    int64_t qk_norm;      /* 0: none; 1: per head; 2: over all heads */
+    int64_t act;          /* 0: silu; 1: gelu-tanh */
+    float residual_scale; /* h += delta * residual_scale (Granite; 1 elsewhere) */
+    float logit_divisor;  /* logits / logit_divisor (Granite; 1 elsewhere) */
+    float softcap;        /* logits = tanh(logits / softcap) * softcap (Gemma); 0: none */
     int64_t weights; /* the blocked weights' format and the path that reads them: skinny_bf16.c's F32, BF16_* */
 } Dims;
 
 #include "step_rows.h"
+
+/* x normed into y (n floats), or copied where the layer has no norm there (OLMo 2's input) */
+static void norm_or_copy(const float *x, const float *weight, float eps, float *y, int64_t n) {
+    if (weight)
+        rms_norm(x, weight, eps, y, n);
+    else
+        memcpy(y, x, n * sizeof(float));
+}
+
+/* one row's residual: h += delta * residual_scale, delta normed first (in place) where the layer
+ * norms its block's output (OLMo 2, Gemma 3); torch's order: the product rounded, then the sum */
+static void add_residual(float *h, float *delta, const float *out_norm, const Dims *d) {
+    if (out_norm) rms_norm(delta, out_norm, d->eps, delta, d->H);
+    for (int64_t k = 0; k < d->H; k++) h[k] += delta[k] * d->residual_scale;
+}
+
+/* gelu-tanh, 0.5 g (1 + tanh(u)) with u = sqrt(2 / pi) (g + 0.044715 g^3), as g / (1 + exp(-2u)):
+ * the same value without the cancellation of 1 + tanh(u) near -1; branch-free, so it vectorizes */
+static inline float gelu_tanh(float g) {
+    float u = 0.7978845608028654f * (g + 0.044715f * (g * g * g));
+    return g / (1.0f + fexp(-2.0f * u));
+}
+
+/* one row of logits: / divisor, then tanh(y / cap) * cap where softcapped, tanh as 1 - 2 / (1 + exp(2y))
+ * (odd: computed on |y|, the sign put back) */
+static void finish_logits(float *logits, int64_t V, const Dims *d) {
+    for (int64_t k = 0; k < V; k++) {
+        float y = logits[k] / d->logit_divisor;
+        if (d->softcap != 0.0f) {
+            float a = fabsf(y / d->softcap), t = 1.0f - 2.0f / (1.0f + fexp(2.0f * a));
+            y = (y < 0.0f ? -t : t) * d->softcap;
+        }
+        logits[k] = y;
+    }
+}
 
 /* The scratch floats c_step needs for r positions and a cache of cap slots on `threads` threads. */
 int64_t c_step_scratch(const Dims *d, int64_t r, int64_t threads) {
@@ -54,14 +103,15 @@ int64_t c_step_scratch(const Dims *d, int64_t r, int64_t threads) {
 }
 
 /* One pass. h: [r, H], the embeddings of the fed ids in, the last layer's output (before the final
- * norm) out. cos, sin: [r, D]. The fed positions' keys and values go to slots start..start+r-1;
- * position i sees slot j where seen_mask[i * (start + r) + j] (a tree pass), or where j <= start + i
- * (seen_mask NULL: a chain). hidden_at[0..n_hidden): layers whose input (the residual stream
+ * norm) out. cos, sin: [T, r, rot], a layer's table Layer.rope. The fed positions' keys and values go
+ * to slots start..start+r-1; position i sees slot j where seen_mask[i * (start + r) + j] (a tree
+ * pass; window_mask instead in a layer with a window), or where j <= start + i and, in a layer with a
+ * window W, j > start + i - W (seen_mask NULL: a chain). hidden_at[0..n_hidden): layers whose input (the residual stream
  * entering them) is copied to hidden [r, n_hidden * H]. Then logits [n_last, V] of the last n_last
  * positions: final_norm, and the output layer head (blocked [V / 16, H, 16], Dims.weights). scratch: floats, at
  * least c_step_scratch. Returns the threads it ran on. */
 int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const float *sin, int64_t r,
-              int64_t start, const uint8_t *seen_mask, const int64_t *hidden_at, int64_t n_hidden, float *hidden,
+              int64_t start, const uint8_t *seen_mask, const uint8_t *window_mask, const int64_t *hidden_at, int64_t n_hidden, float *hidden,
               const float *final_norm, const void *head, int64_t V, float *logits, int64_t n_last, float *scratch,
               int64_t threads) {
     const int64_t H = d->H, D = d->D, Hq = d->Hq, Hkv = d->Hkv, I = d->I, nqkv = (Hq + 2 * Hkv) * D, L = start + r;
@@ -80,20 +130,27 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
             /* the residual from the layer before (its MLP's delta), the hidden states, the input norm */
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < r; i++) {
-                if (l > 0)
-                    for (int64_t k = 0; k < H; k++) h[i * H + k] += delta[i * H + k];
+                if (l > 0) add_residual(h + i * H, delta + i * H, w[-1].mlp_out_norm, d);
                 for (int64_t e = 0; e < n_hidden; e++)
                     if (hidden_at[e] == l) memcpy(hidden + (i * n_hidden + e) * H, h + i * H, H * sizeof(float));
-                rms_norm(h + i * H, w->in_norm, d->eps, x + i * H, H);
+                norm_or_copy(h + i * H, w->in_norm, d->eps, x + i * H, H);
             }
             skinny_rows_as(d->weights, x, w->qkv, w->qkv_bias, qkv, r, nqkv, H);
 #pragma omp barrier
-            /* RoPE on queries and keys; keys and values into the cache */
+            if (d->qk_norm == 2) { /* q and k normed over all their heads (OLMo 2) */
+#pragma omp for schedule(static)
+                for (int64_t i = 0; i < r; i++) {
+                    rms_norm(qkv + i * nqkv, w->q_norm, d->eps, qkv + i * nqkv, Hq * D);
+                    rms_norm(qkv + i * nqkv + Hq * D, w->k_norm, d->eps, qkv + i * nqkv + Hq * D, Hkv * D);
+                }
+            }
+            /* q/k norms per head, RoPE on queries and keys; keys and values into the cache */
 #pragma omp for schedule(static) collapse(2)
             for (int64_t i = 0; i < r; i++)
                 for (int64_t head = 0; head < Hq + Hkv; head++) {
                     float *v = qkv + i * nqkv + head * D;
-                    rotate(v, cos + i * D, sin + i * D, D);
+                    if (d->qk_norm == 1) rms_norm(v, head < Hq ? w->q_norm : w->k_norm, d->eps, v, D);
+                    if (w->rope >= 0) rotate(v, cos + (w->rope * r + i) * d->rot, sin + (w->rope * r + i) * d->rot, d->rot);
                     if (head >= Hq) {
                         int64_t kv = head - Hq, slot = start + i;
                         memcpy(w->keys + (kv * d->cap + slot) * D, v, D * sizeof(float));
@@ -107,17 +164,25 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
 #pragma omp for schedule(static, 1) collapse(2)
             for (int64_t head = 0; head < Hq; head++)
                 for (int64_t i = 0; i < r; i++) {
-                    int64_t kv = head / (Hq / Hkv), upto = start + i + 1;
-                    for (int64_t j = 0; j < L; j++) seen[j] = seen_mask ? seen_mask[i * L + j] : j < upto;
-                    attend(qkv + i * nqkv + head * D, w->keys + kv * d->cap * D, w->values + kv * d->cap * D, seen,
-                           seen_mask ? L : upto, D, d->scale, s, att + (i * Hq + head) * D);
+                    int64_t kv = head / (Hq / Hkv), upto = start + i + 1, lo = 0, n = L;
+                    const uint8_t *mask = w->window && window_mask ? window_mask : seen_mask;
+                    if (mask) {
+                        for (int64_t j = 0; j < L; j++) seen[j] = mask[i * L + j];
+                    } else { /* a chain: the slots from the window's first (a masked slot adds an exact 0, so a
+                              * tree's row over all the slots gives the same numbers) */
+                        lo = w->window && upto > w->window ? upto - w->window : 0;
+                        n = upto - lo;
+                        memset(seen, 1, n);
+                    }
+                    attend(qkv + i * nqkv + head * D, w->keys + (kv * d->cap + lo) * D, w->values + (kv * d->cap + lo) * D, seen,
+                           n, D, d->scale, s, att + (i * Hq + head) * D);
                 }
             skinny_rows_as(d->weights, att, w->o, w->o_bias, delta, r, H, Hq * D);
 #pragma omp barrier
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < r; i++) {
-                for (int64_t k = 0; k < H; k++) h[i * H + k] += delta[i * H + k];
-                rms_norm(h + i * H, w->post_norm, d->eps, x + i * H, H);
+                add_residual(h + i * H, delta + i * H, w->attn_out_norm, d);
+                norm_or_copy(h + i * H, w->post_norm, d->eps, x + i * H, H);
             }
             skinny_rows_as(d->weights, x, w->gate_up, NULL, gu, r, 2 * I, H);
 #pragma omp barrier
@@ -126,6 +191,10 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
             for (int64_t i = 0; i < r; i++)
                 for (int64_t k0 = 0; k0 < I; k0 += SPAN) {
                     int64_t k = k0, end = k0 + SPAN < I ? k0 + SPAN : I;
+                    if (d->act == 1) { /* gelu-tanh (Gemma 3) */
+                        for (; k < end; k++) act[i * I + k] = gelu_tanh(gu[i * 2 * I + k]) * gu[i * 2 * I + I + k];
+                        continue;
+                    }
 #if defined(__AVX512F__)
                     for (; k + 16 <= end; k += 16) { /* silu as below, on 16 lanes */
                         __m512 g = _mm512_loadu_ps(gu + i * 2 * I + k);
@@ -145,10 +214,15 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
         /* the last layer's residual, the final norm of the last n_last positions, the output layer */
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < r; i++) {
-            for (int64_t k = 0; k < H; k++) h[i * H + k] += delta[i * H + k];
+            add_residual(h + i * H, delta + i * H, layers[d->layers - 1].mlp_out_norm, d);
             if (i >= r - n_last) rms_norm(h + i * H, final_norm, d->eps, x + (i - (r - n_last)) * H, H);
         }
         skinny_rows_as(d->weights, x, head, NULL, logits, n_last, V, H);
+        if (d->logit_divisor != 1.0f || d->softcap != 0.0f) {
+#pragma omp barrier
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < n_last; i++) finish_logits(logits + i * V, V, d);
+        }
     }
     return ran;
 }

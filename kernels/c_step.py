@@ -1,4 +1,4 @@
-"""The C step: a whole pass of a Llama-family model in one C call (``c_step.c``), float32 on CPU,
+"""The C step: a whole pass of a Llama-family model (or its kin's, as ``models.layer_spec`` describes them) in one C call (``c_step.c``), float32 on CPU,
 over the model's weights blocked once for the skinny kernel (``kernels.blocked``: q/k/v fused into
 one matrix, gate/up into another; the layers' own skinny route reads views of the same copies).
 A bfloat16 model's weights are blocked in bfloat16 and read by ``skinny_bf16.c`` on the path this
@@ -24,6 +24,7 @@ import kernels.skinny as skinny
 from kernels.blocked import DTYPES, blocked, fusable, fused
 from kernels.one_copy import group_blocks, groups, release, released
 from kernels.prepacking import SKINNY, changes, copy_fits, plan
+from models.layer_spec import ModelSpec, family_of, model_spec, norm_eps, norm_modules, spec_unsupported
 
 # A pass over more positions (a long prompt) runs in chunks of this many, one C call each, each seeing
 # the cache its chunks before wrote: the same result bit for bit (a row never depends on the others),
@@ -35,12 +36,44 @@ LABEL = "C step (skinny linears on blocked weights, q/k/v and gate/up fused, row
 
 class _Layer(ctypes.Structure):
     _fields_ = [(name, ctypes.c_void_p) for name in
-                ("in_norm", "post_norm", "qkv", "qkv_bias", "o", "o_bias", "gate_up", "down", "keys", "values")]
+                ("in_norm", "post_norm", "qkv", "qkv_bias", "o", "o_bias", "gate_up", "down", "keys", "values",
+                 "attn_out_norm", "mlp_out_norm", "q_norm", "k_norm")] + [("window", ctypes.c_int64), ("rope", ctypes.c_int64)]
 
 
 class _Dims(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in ("layers", "H", "Hq", "Hkv", "D", "I", "cap")] + \
-               [("eps", ctypes.c_float), ("scale", ctypes.c_float), ("weights", ctypes.c_int64)]
+               [("eps", ctypes.c_float), ("scale", ctypes.c_float)] + \
+               [(name, ctypes.c_int64) for name in ("rot", "qk_norm", "act")] + \
+               [(name, ctypes.c_float) for name in ("residual_scale", "logit_divisor", "softcap")] + \
+               [("weights", ctypes.c_int64)]
+
+
+QK_NORMS = {None: 0, "head": 1, "all": 2}  # Dims.qk_norm
+ACTS = {"silu": 0, "gelu_tanh": 1}  # Dims.act
+
+
+def _dims(model: Module, spec: ModelSpec) -> _Dims:
+    config, attn = model.config, model.model.layers[0].self_attn
+    return _Dims(config.num_hidden_layers, config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+                 attn.head_dim, config.intermediate_size, 0, norm_eps(model.model.norm), spec.scale, spec.rotary,
+                 QK_NORMS[spec.family.qk_norm], ACTS[spec.act], spec.residual_scale, spec.logit_divisor, spec.softcap or 0.0)
+
+
+def _norms(layer: Module, spec: ModelSpec) -> List[Optional[Module]]:
+    """A layer's norm modules in ``_Layer``'s order: in_norm, post_norm (before the MLP), attn_out_norm,
+    mlp_out_norm, q_norm, k_norm (None where it has none)."""
+    attn_in, attn_out, mlp_in, mlp_out = norm_modules(layer, spec)
+    qk = (layer.self_attn.q_norm, layer.self_attn.k_norm) if spec.family.qk_norm else (None, None)
+    return [attn_in, mlp_in, attn_out, mlp_out, *qk]
+
+
+def _norm_weight(norm: Optional[Module], spec: ModelSpec) -> Optional[Tensor]:
+    """What the step multiplies a normed row by: the weight, or Gemma's ``1 + w`` (float32, as
+    transformers computes it: the same numbers)."""
+    if norm is None:
+        return None
+    weight = norm.weight.detach()
+    return 1.0 + weight.float() if spec.family.norm == "1+w" else weight.float()  # float32 in the step, whatever the weights
 
 
 class _Released:
@@ -62,32 +95,34 @@ def _own(linear: Module):
 
 
 def step_unsupported(model: Module) -> Optional[str]:
-    """Why ``model`` (a Llama-family model the lean forward takes) cannot run the C step, or None."""
+    """Why ``model`` (a model the lean forward takes) cannot run the C step (the one feature), or None."""
     built, why = skinny.available()
     if not built:
         return why
-    config = model.config
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"its activation is {config.hidden_act}, the step computes silu"
-    body = model.model
+    if family_of(model) is None or spec_unsupported(model) is not None:
+        return spec_unsupported(model) if family_of(model) is not None else "its family is none the step computes"
+    config, body, spec = model.config, model.model, model_spec(model)
     layers = body.layers[: config.num_hidden_layers]
+    if len(spec.windows) > 1:
+        return "its layers slide over windows of different sizes: the step takes one"
+    if len({norm_eps(n) for layer in layers for n in _norms(layer, spec) if n is not None} | {norm_eps(body.norm)}) > 1:
+        return "its norms' epsilons differ: the step takes one"
     head = model.get_output_embeddings()
     dtype = _own(head).weight.dtype if _own(head) is not None else torch.float32  # the layers' must match it
     for layer in layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        linears = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
-        owns = [_own(m) for m in linears]
-        if any(o is None for o in owns):
+        qkv, o, gate_up, down = groups(layer)
+        owns = [_own(m) for m in qkv + o + gate_up + down]
+        if any(x is None for x in owns):
             return "a linear layer is quantized, hooked or not nn.Linear"
-        if any(o.weight.dtype not in DTYPES or o.weight.dtype != dtype or o.weight.device.type != "cpu" for o in owns):
+        if any(x.weight.dtype not in DTYPES or x.weight.dtype != dtype or x.weight.device.type != "cpu" for x in owns):
             return "the step runs float32 or bfloat16 weights on CPU"
-        if any(o.bias is not None for o in owns[4:]):
+        if any(x.bias is not None for x in owns[len(qkv) + 1:]):
             return "its MLP has biases"
-        if not fusable([o.weight for o in owns[:3]]) or not fusable([o.weight for o in owns[4:6]]):
+        if not fusable([x.weight for x in owns[: len(qkv)]]) or not fusable([x.weight for x in owns[len(qkv) + 1: -1]]):
             return "its q/k/v or gate/up sizes are not multiples of 16" + (", or an input size is odd" if dtype == torch.bfloat16 else "")
-        if dtype == torch.bfloat16 and (owns[3].in_features % 2 or owns[6].in_features % 2):
+        if dtype == torch.bfloat16 and any(x.in_features % 2 for x in owns):
             return "an input size is odd (bfloat16 weights are read in pairs)"
-        if attn.head_dim > 512:
+        if layer.self_attn.head_dim > 512:
             return "head size over 512"
     if _own(head) is None or _own(head).weight.dtype != dtype:
         return f"its output layer is not a {str(dtype).removeprefix('torch.')} nn.Linear"
@@ -138,10 +173,10 @@ def read(model: Module) -> tuple:
     weights; a cast, a load, a ``restore`` or an in-place edit changes it. (An edit through ``.data``
     changes no version: ``CStep`` compares the copies it did not make itself with their weights when
     it is made, at a runner's first pass on it.) About 2 us a layer."""
-    config, body = model.config, model.model
+    config, body, spec = model.config, model.model, model_spec(model)
     found: list = [config.num_hidden_layers]
     for layer in body.layers[: config.num_hidden_layers]:
-        found += [_of(layer.input_layernorm.weight), _of(layer.post_attention_layernorm.weight)]
+        found += [None if n is None else _of(n.weight) for n in _norms(layer, spec)]
         for group in groups(layer):
             for x in group:
                 own = x.linear[0] if type(x).__name__ == "PrepackedLinear" else x
@@ -208,31 +243,35 @@ class CStep:
         self.library = skinny.library()
         if weights_format(model, self.library) == bf16.F32:
             release(model)  # only float32 layers are released (``kernels.one_copy``): a bfloat16 model keeps its own weights too
-        config, body = model.config, model.model
+        config, body, spec = model.config, model.model, model_spec(model)
+        self.spec = spec
         self.layers = list(body.layers[: config.num_hidden_layers])
-        attn = self.layers[0].self_attn
-        self.dims = _Dims(len(self.layers), config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
-                          attn.head_dim, config.intermediate_size, 0, self.layers[0].input_layernorm.variance_epsilon,
-                          attn.scaling, weights_format(model, self.library))
+        self.dims = _dims(model, spec)
+        self.dims.weights = weights_format(model, self.library)
         self.keep: List[Tensor] = []  # every tensor whose address the structs hold
         self.copied: List[Tensor] = []  # the model's tensors the step holds copies of (``glance``)
         self.structs = (_Layer * len(self.layers))()
-        for struct, layer in zip(self.structs, self.layers):
-            a, m = layer.self_attn, layer.mlp
-            q, k, v, o = (_own(x) for x in (a.q_proj, a.k_proj, a.v_proj, a.o_proj))
-            gate, up, down = (_own(x) for x in (m.gate_proj, m.up_proj, m.down_proj))
-            biases = [x.bias for x in (q, k, v)]
+        for struct, layer, at in zip(self.structs, self.layers, spec.layers):
+            qkv, (o,), gate_up, (down,) = groups(layer)
+            owns = [_own(x) for x in qkv]
+            biases = [x.bias for x in owns]
             self.copied += [b for b in biases if b is not None]
-            qkv_bias = torch.cat([b.detach().float() for b in biases]) if all(b is not None for b in biases) else None
-            if qkv_bias is None and any(b is not None for b in biases):
-                qkv_bias = torch.cat([(b.detach().float() if b is not None else torch.zeros(x.out_features)) for b, x in zip(biases, (q, k, v))])
-            parts = dict(in_norm=layer.input_layernorm.weight.detach().float(), post_norm=layer.post_attention_layernorm.weight.detach().float(),
-                         qkv=_blocks([a.q_proj, a.k_proj, a.v_proj]), qkv_bias=qkv_bias, o=_blocks([a.o_proj]),
-                         o_bias=None if o.bias is None else o.bias.detach().float(), gate_up=_blocks([m.gate_proj, m.up_proj]),
-                         down=_blocks([m.down_proj]))
+            qkv_bias = None
+            if any(b is not None for b in biases):
+                qkv_bias = torch.cat([(b.detach().float() if b is not None else torch.zeros(x.out_features)) for b, x in zip(biases, owns)])
+            norms = _norms(layer, spec)
+            if spec.family.norm == "1+w":  # the step's copies: an in-place edit of the weights must remake them
+                self.copied += [n.weight for n in norms if n is not None]
+            names = ("in_norm", "post_norm", "attn_out_norm", "mlp_out_norm", "q_norm", "k_norm")
+            parts = dict(zip(names, (_norm_weight(n, spec) for n in norms)), qkv=_blocks(qkv), qkv_bias=qkv_bias, o=_blocks([o]),
+                         o_bias=None if _own(o).bias is None else _own(o).bias.detach(), gate_up=_blocks(gate_up),
+                         down=_blocks([down]))
             for name, tensor in parts.items():
                 setattr(struct, name, self._address(tensor))
-        self.final_norm = body.norm.weight.detach().float().contiguous()
+            struct.window, struct.rope = at.window or 0, -1 if at.rope is None else at.rope
+        self.final_norm = _norm_weight(body.norm, spec).contiguous()
+        if spec.family.norm == "1+w":
+            self.copied.append(body.norm.weight)
         self.output = _own(model.get_output_embeddings())
         self.head = blocked(self.output.weight, verify=skinny.holds)
         self.vocab = model.get_output_embeddings().out_features
@@ -263,9 +302,10 @@ class CStep:
 
     def __call__(self, h: Tensor, cos: Tensor, sin: Tensor, cache, start: int, seen: Optional[Tensor], n_last: int,
                  hidden_layers: Sequence[int] = ()) -> Tuple[Tensor, Optional[Tensor]]:
-        """One pass: ``h`` ``[r, H]`` the fed ids' embeddings (overwritten), ``cos``/``sin`` ``[r, D]``, their keys and
-        values written to slots ``start..start + r - 1`` of ``cache``; ``seen`` ``[r, start + r]`` bool (a
-        tree pass) or None (causal). Returns logits ``[n_last, V]`` and, with ``hidden_layers``, the
+        """One pass: ``h`` ``[r, H]`` the fed ids' embeddings (overwritten), ``cos``/``sin`` ``[T, r, R]`` (the
+        model's RoPE tables, ``ModelSpec.ropes``), their keys and values written to slots ``start..start + r - 1``
+        of ``cache``; ``seen`` bool, a tree pass's ``[r, start + r]``, or ``[2, r, start + r]``: what the full
+        layers see, then what the sliding ones do (``models.llama.window_seen``); None: causal. Returns logits ``[n_last, V]`` and, with ``hidden_layers``, the
         residual stream entering those layers ``[r, len(hidden_layers) * H]``."""
         self.current()
         self.bind(cache)
@@ -279,26 +319,27 @@ class CStep:
         logits = torch.empty((n_last, self.vocab))
         at = torch.tensor(list(hidden_layers), dtype=torch.int64)
         hidden = torch.empty((r, len(hidden_layers) * self.dims.H)) if hidden_layers else None
-        mask = None if seen is None else seen.to(torch.uint8)
+        mask = None if seen is None else seen.to(torch.uint8).view(-1, r, start + r)
         first_logit = r - n_last  # the first position whose logits are asked
         for a in range(0, r, CHUNK_ROWS):
             b = min(a + CHUNK_ROWS, r)
-            chunk_mask = None if mask is None else mask[a:b, : start + b].contiguous()
+            masks = (None, None) if mask is None else tuple(m[a:b, : start + b].contiguous() for m in mask[[0, -1]])
             asked = max(0, b - max(a, first_logit))  # this chunk's last `asked` positions have logits asked
             out = logits[max(a, first_logit) - first_logit:] if asked else logits
-            self._run((h[a:b], cos[a:b], sin[a:b]), start + a, chunk_mask, at,
+            self._run((h[a:b], cos[:, a:b].contiguous(), sin[:, a:b].contiguous()), start + a, masks, at,
                       None if hidden is None else hidden[a:b], out, asked, threads)
         return logits, hidden
 
-    def _run(self, rows: Tuple[Tensor, Tensor, Tensor], start: int, mask: Optional[Tensor], at: Tensor,
+    def _run(self, rows: Tuple[Tensor, Tensor, Tensor], start: int, masks: Tuple[Optional[Tensor], Optional[Tensor]], at: Tensor,
              hidden: Optional[Tensor], logits: Tensor, n_last: int, threads: int) -> None:
         """One C call over the contiguous ``rows`` (embeddings, cos, sin) from slot ``start`` (``__call__``'s
-        arguments, sliced)."""
+        arguments, sliced; ``masks``: what the full layers and the sliding ones see, or None)."""
         h, cos, sin = rows
         c = ctypes.c_void_p
+        mask, window = (None if m is None else m.data_ptr() for m in masks)
         self.library.c_step(
             ctypes.byref(self.structs), ctypes.byref(self.dims), c(h.data_ptr()), c(cos.data_ptr()), c(sin.data_ptr()),
-            ctypes.c_int64(h.shape[0]), ctypes.c_int64(start), c(None if mask is None else mask.data_ptr()), c(at.data_ptr()),
+            ctypes.c_int64(h.shape[0]), ctypes.c_int64(start), c(mask), c(window), c(at.data_ptr()),
             ctypes.c_int64(at.numel()), c(None if hidden is None else hidden.data_ptr()), c(self.final_norm.data_ptr()),
             c(self.head.data_ptr()), ctypes.c_int64(self.vocab), c(logits.data_ptr()), ctypes.c_int64(n_last),
             c(self.scratch.data_ptr()), ctypes.c_int64(threads))

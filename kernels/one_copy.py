@@ -38,9 +38,12 @@ _KEPT: "weakref.WeakSet[Module]" = weakref.WeakSet()  # models whose own weights
 
 
 def groups(layer: Module) -> List[List[Module]]:
-    """A decoder layer's linears as the C step reads them: q/k/v, o, gate/up, down."""
+    """A decoder layer's linears as the C step reads them: q/k/v, o, gate/up, down (Phi-3's q/k/v and
+    gate/up are one linear each: the same blocked layout as the fused three, two)."""
     a, m = layer.self_attn, layer.mlp
-    return [[a.q_proj, a.k_proj, a.v_proj], [a.o_proj], [m.gate_proj, m.up_proj], [m.down_proj]]
+    qkv = [a.qkv_proj] if hasattr(a, "qkv_proj") else [a.q_proj, a.k_proj, a.v_proj]
+    gate_up = [m.gate_up_proj] if hasattr(m, "gate_up_proj") else [m.gate_proj, m.up_proj]
+    return [qkv, [a.o_proj], gate_up, [m.down_proj]]
 
 
 def released(module: Module) -> bool:

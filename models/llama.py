@@ -1,67 +1,60 @@
-"""The Llama family's forward, written out over the Hugging Face model's own modules and weights
-(``LlamaForCausalLM``, SmolLM2, ``Qwen2ForCausalLM`` with its q/k/v biases, ``MistralForCausalLM``
-without a sliding window), gpt-fast style: no copy of any weight, no ``Cache`` object, no mask
-built by transformers, one preallocated KV cache written by position.
+"""The Llama family's forward and its kin's, written out over the Hugging Face model's own modules
+and weights, gpt-fast style: no copy of any weight, no ``Cache`` object, no mask built by
+transformers, one preallocated KV cache written by position. What differs between the families
+(norm places and kinds, q/k norms, activation, scales, per-layer RoPE and windows, fused q/k/v and
+gate/up) is read from one description of the model's layers (``models.layer_spec``), not branched
+on by family: ``LlamaForCausalLM`` (SmolLM2), ``Qwen2ForCausalLM`` with its q/k/v biases,
+``MistralForCausalLM``, ``Qwen3ForCausalLM``, ``SmolLM3ForCausalLM``, ``GraniteForCausalLM``,
+``Phi3ForCausalLM``, ``Olmo2ForCausalLM`` and ``Gemma3ForCausalLM``, sliding windows included.
 
 Every linear layer is the model's own module, called as transformers calls it: the project's kernel
 plan (``kernels.prepacking.PrepackedLinear`` routing each pass width to MKL, oneDNN or the skinny
 kernel; quantized layers) applies unchanged. Norms, RoPE and attention follow transformers' own
 arithmetic step for step (RMSNorm in float32, cos/sin per pass in float32, SDPA called as
-transformers' ``sdpa_attention_forward`` calls it), so that logits match its forward bit for bit.
+transformers' ``sdpa_attention_forward`` calls it, a sliding layer over the keys transformers'
+dynamic sliding cache holds), so that logits match its forward bit for bit.
 
 Shapes: ``r`` positions fed by a pass, ``L`` key slots it attends to (cached + fed), ``H`` hidden
-size, ``Hq``/``Hkv`` query and key/value heads, ``D`` head size, ``V`` vocabulary.
+size, ``Hq``/``Hkv`` query and key/value heads, ``D`` head size, ``R`` the dimensions RoPE rotates, ``V`` vocabulary.
 """
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Module
 
-FAMILY = ("llama", "qwen2", "mistral")  # config.model_type values this forward covers
-CLASSES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")  # transformers' own: the classes, not their names
+from models.layer_spec import FAMILIES, STATIC_ROPE, ModelSpec, family_of, model_spec, norm_eps, norm_modules, spec_unsupported
+
+FAMILY = tuple(FAMILIES)  # config.model_type values this forward covers
+CLASSES = tuple(f.cls for f in FAMILIES.values())  # transformers' own: the classes, not their names
 # the lean forward's attention is its own, whatever the model was loaded with (the headers name it); it
 # admits the kinds that compute the same exact softmax attention (eager: the same, rounded apart)
 ATTENTION = "SDPA"
 ADMITTED_ATTENTION = ("sdpa", "eager")
-# RoPE types whose frequencies are fixed once (transformers' ``inv_freq`` buffer and
-# ``attention_scaling``); "dynamic" and "longrope" recompute them from the sequence length
-STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 
 
 def lean_unsupported(model: Module) -> Optional[str]:
-    """Why ``model`` cannot run this forward (one line), or None when it can."""
+    """Why ``model`` cannot run this forward (one line: the one feature missing), or None when it can."""
     name = type(model).__name__
     config = getattr(model, "config", None)
     if config is None or getattr(config, "is_encoder_decoder", False):
         return f"{name} is no decoder-only transformers model"
-    if not _family_class(model) or getattr(config, "model_type", None) not in FAMILY:
+    if family_of(model) is None:
         where = type(model).__module__
         name = name if where.startswith("transformers.") else f"{where}.{name}"
-        return f"{name} ({getattr(config, 'model_type', '?')}) is outside the Llama family ({', '.join(FAMILY)})"
+        return f"{name} ({getattr(config, 'model_type', '?')}) is outside the Llama family and its kin ({', '.join(FAMILY)})"
     attention = getattr(config, "_attn_implementation", None)
     if attention not in ADMITTED_ATTENTION:
         return f"{name} runs {attention!r} attention: the lean forward's is {ATTENTION} (it takes models loaded with {' or '.join(ADMITTED_ATTENTION)})"
-    layer_types = getattr(config, "layer_types", None)
-    if (any(t != "full_attention" for t in layer_types) if layer_types else getattr(config, "sliding_window", None) is not None):
-        return f"{name} has sliding-window layers: the lean forward attends to every position"
-    rope = getattr(model.model.rotary_emb, "rope_type", "default")
-    if rope not in STATIC_ROPE:
-        return f"{name}'s RoPE scaling {rope!r} recomputes its frequencies by length: the lean forward takes {', '.join(STATIC_ROPE)}"
+    reason = spec_unsupported(model)
+    if reason is not None:
+        return reason
     devices = {str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()}
     if len(devices) > 1 or devices & {"disk", "meta"}:
         return f"{name} is split across devices ({', '.join(sorted(devices))})"
     return None
-
-
-def _family_class(model: Module) -> bool:
-    """Whether ``model`` is an instance of one of transformers' own ``CLASSES`` (the class itself, not a
-    subclass nor a remote-code class that borrows the name: either may change any step of the forward)."""
-    import transformers
-
-    return any(type(model) is getattr(transformers, name, None) for name in CLASSES)
 
 
 # ---- the cache: per layer, keys and values [1, Hkv, capacity, D], written at their positions ----
@@ -101,25 +94,53 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return weight * x.to(dtype)
 
 
+def norm(x: Tensor, module: Optional[Module], kind: str) -> Tensor:
+    """The RMSNorm ``module`` of kind ``kind`` (``models.layer_spec.Family.norm``) on ``x``; None: ``x``."""
+    if module is None:
+        return x
+    if kind == "w":
+        return rms_norm(x, module.weight, norm_eps(module))
+    dtype, x = x.dtype, x.to(torch.float32)
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm_eps(module))
+    if kind == "1+w":  # Gemma: x * (1 + w) in float32
+        return (x * (1.0 + module.weight.float())).to(dtype)
+    return (module.weight * x).to(dtype)  # OLMo 2: scaled in float32, then cast
+
+
 def rope(positions: Tensor, inv_freq: Tensor, scaling: float, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
-    """cos and sin ``[1, 1, r, D]`` for ``positions`` ``[r]`` (transformers' rotary embedding: float32,
+    """cos and sin ``[1, 1, r, R]`` for ``positions`` ``[r]`` (transformers' rotary embedding: float32,
     each pass its own positions, so a position rounds the same whichever pass holds it)."""
     freqs = positions[None, :, None].float() * inv_freq.to(device=positions.device, dtype=torch.float)
     emb = torch.cat((freqs, freqs), dim=-1)
     return (emb.cos() * scaling).to(dtype)[:, None], (emb.sin() * scaling).to(dtype)[:, None]
 
 
+def rope_tables(model: Module, spec: ModelSpec, positions: Tensor, dtype: torch.dtype) -> List[Tuple[Tensor, Tensor]]:
+    """cos and sin ``[1, 1, r, R]`` of each of the model's RoPE tables (``ModelSpec.ropes``) at ``positions``."""
+    rotary = model.model.rotary_emb
+    return [rope(positions, getattr(rotary, f"{p}inv_freq"), getattr(rotary, f"{p}attention_scaling"), dtype) for p in spec.ropes]
+
+
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """RoPE on ``x`` ``[1, heads, r, D]`` (transformers' ``rotate_half`` form)."""
+    """RoPE on ``x`` ``[1, heads, r, D]`` (transformers' ``rotate_half`` form) over its first ``R``
+    dimensions (``cos``'s; Phi's partial rotary), the rest passed through."""
+    rotated = cos.shape[-1]
+    if rotated < x.shape[-1]:
+        return torch.cat([rotate(x[..., :rotated], cos, sin), x[..., rotated:]], dim=-1)
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: float) -> Tensor:
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: float, pack: bool = False) -> Tensor:
     """SDPA of ``q`` ``[1, Hq, r, D]`` over ``k``/``v`` ``[1, Hkv, L, D]`` -> ``[1, r, Hq * D]``.
     ``mask``: additive or boolean ``[1, 1, r, L]``; None: every key for one position, causal for a
-    pass with no cache before it (L == r). The key/value heads are shared inside the kernel, never copied."""
+    pass with no cache before it (L == r). The key/value heads are shared inside the kernel, never copied.
+    ``pack``: one position under a mask runs as transformers runs it (a group's queries as its rows)."""
     _, heads, r, dim = q.shape
+    groups = k.shape[1]
+    if pack and r == 1 and mask is not None and heads > groups:  # transformers' pack_gqa
+        out = F.scaled_dot_product_attention(q.reshape(1, groups, heads // groups, dim), k, v, attn_mask=mask, scale=scale)
+        return out.reshape(1, heads, 1, dim).transpose(1, 2).reshape(1, 1, heads * dim)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, is_causal=mask is None and r > 1,
                                          enable_gqa=heads > k.shape[1])
     return out.transpose(1, 2).reshape(1, r, heads * dim)
@@ -134,24 +155,108 @@ def causal_mask(start: int, r: int, device: torch.device) -> Optional[Tensor]:
     return (keys[None, :] <= torch.arange(start, start + r, device=device)[:, None])[None, None]
 
 
+def window_seen(seen: Tensor, positions: Tensor, start: int, window: int) -> Tensor:
+    """A tree pass's ``seen`` ``[r, L]`` (bool, slots ``< L``) cut to a window: row ``i`` (at
+    ``positions[i]``) sees a slot whose position is within the last ``window`` (slots ``< start`` hold
+    their positions; slot ``start + k`` holds the fed row ``k``'s)."""
+    slots = torch.cat([torch.arange(start, device=positions.device), positions])[: seen.shape[-1]]
+    return seen & (positions[:, None] - slots[None, :] < window)
+
+
+def pass_masks(spec: ModelSpec, start: int, positions: Tensor, mask: Optional[Tensor]) -> Dict[Optional[int], Tuple[int, Optional[Tensor]]]:
+    """Per attention window of the layers (None: full), the first key slot ``lo`` a pass attends from
+    and its mask over slots ``lo..end`` (``attend``'s; ``mask``: the tree's ``[1, 1, r, >= end]``, None:
+    causal). A sliding layer attends from ``start - window + 1``, the keys transformers' dynamic sliding
+    cache holds, under the mask transformers builds for them (none where it builds none)."""
+    r = positions.shape[0]
+    end, device = start + r, positions.device
+    found = {None: (0, causal_mask(start, r, device) if mask is None else mask)}
+    for window in spec.windows:
+        lo = max(0, start - window + 1)
+        if mask is not None:
+            seen = mask[0, 0, :, :end] if mask.dtype == torch.bool else mask[0, 0, :, :end] == 0
+            found[window] = (lo, window_seen(seen, positions, start, window)[None, None, :, lo:])
+        elif end - lo < window and (r == 1 or end - lo == r):  # transformers' _ignore_causal_mask_sdpa
+            found[window] = (lo, None)
+        else:
+            keys, rows = torch.arange(lo, end, device=device), torch.arange(start, end, device=device)[:, None]
+            found[window] = (lo, ((keys <= rows) & (rows - keys < window))[None, None])
+    return found
+
+
+# ---- a decoder layer's blocks, as its description states them (the lean forward's and the compiled step's) ----
+def heads(attn: Module, x: Tensor, spec: ModelSpec, kv_heads: int, rotary: Optional[Tuple[Tensor, Tensor]]) -> Tuple[Tensor, ...]:
+    """q ``[1, Hq, r, D]``, k and v ``[1, Hkv, r, D]`` of the attention ``attn`` on its normed input ``x``
+    ``[1, r, H]``: projected (Phi-3: one linear), q/k-normed (OLMo 2: over all heads; Qwen3, Gemma 3: per
+    head), q and k rotated by ``rotary`` (cos, sin; None: no RoPE)."""
+    family, r = spec.family, x.shape[1]
+    if family.fused:  # Phi-3: q, k and v one linear
+        sizes = (attn.config.num_attention_heads * attn.head_dim, kv_heads * attn.head_dim)
+        q, k, v = attn.qkv_proj(x).split([sizes[0], sizes[1], sizes[1]], dim=-1)
+    else:
+        q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    if family.qk_norm == "all":
+        q, k = norm(q, attn.q_norm, family.norm), norm(k, attn.k_norm, family.norm)
+    shape = (1, r, -1, attn.head_dim)
+    q, k, v = q.view(shape), k.view(shape), v.view(shape)
+    if family.qk_norm == "head":
+        q, k = norm(q, attn.q_norm, family.norm), norm(k, attn.k_norm, family.norm)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if rotary is not None:
+        q, k = rotate(q, *rotary), rotate(k, *rotary)
+    return q, k, v
+
+
+def residual(h: Tensor, delta: Tensor, out_norm: Optional[Module], spec: ModelSpec) -> Tensor:
+    """``h`` plus a block's output: normed first where the family norms it (OLMo 2, Gemma 3), scaled
+    where it scales it (Granite)."""
+    if out_norm is not None:
+        return h + norm(delta, out_norm, spec.family.norm)
+    return h + delta if spec.residual_scale == 1.0 else h + delta * spec.residual_scale
+
+
+def feed_forward(mlp: Module, x: Tensor, spec: ModelSpec) -> Tensor:
+    """The MLP on its normed input: down(act(gate(x)) * up(x)) (Phi-3: gate and up one linear)."""
+    if spec.family.fused:
+        gate, up = mlp.gate_up_proj(x).chunk(2, dim=-1)
+        return mlp.down_proj(up * mlp.activation_fn(gate))
+    return mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+
+
+def final_logits(model: Module, h: Tensor, spec: ModelSpec) -> Tensor:
+    """The output layer on the final norm's output ``h``, Granite's divisor and Gemma's softcap applied."""
+    logits = model.get_output_embeddings()(h)
+    if spec.logit_divisor != 1.0:
+        logits = logits / spec.logit_divisor
+    if spec.softcap is not None:
+        logits = torch.tanh(logits / spec.softcap) * spec.softcap
+    return logits
+
+
 # ---- the forward ----
 class LlamaForward:
-    """The family's forward over ``model``'s own modules (references only: nothing is copied). The
-    decoder layers are kept; the modules inside them and the output layer are looked up at each pass:
-    a kernel plan that swaps the model's linear layers (``runners.kernels``) after this was made is
-    the one that runs."""
+    """The forward over ``model``'s own modules (references only: nothing is copied), as its
+    description (``models.layer_spec.model_spec``) states it. The decoder layers are kept; the modules
+    inside them and the output layer are looked up at each pass: a kernel plan that swaps the model's
+    linear layers (``runners.kernels``) after this was made is the one that runs."""
 
     def __init__(self, model: Module):
         reason = lean_unsupported(model)
         if reason is not None:
             raise ValueError(reason)
         self.model = model
+        self.spec = model_spec(model)
         self.layers = list(model.model.layers[: model.config.num_hidden_layers])
 
     @property
     def head(self) -> Module:
         """The output layer (the embeddings' own weight where they are tied)."""
         return self.model.get_output_embeddings()
+
+    def embed(self, ids: Tensor) -> Tensor:
+        """The embeddings of ``ids`` (any shape) the first layer reads (Granite's multiplier applied)."""
+        h = self.model.model.embed_tokens(ids)
+        return h if self.spec.embed_scale == 1.0 else h * self.spec.embed_scale
 
     def __call__(self, ids: Tensor, positions: Tensor, cache: KVCache, start: int, n_last: int,
                  mask: Optional[Tensor] = None, hidden_layers: Sequence[int] = ()) -> Tuple[Tensor, Optional[Tensor]]:
@@ -160,33 +265,31 @@ class LlamaForward:
         ``[1, 1, r, start + r]`` (a tree pass), None: causal. Returns the logits ``[n_last, V]`` of
         the last ``n_last`` positions and, with ``hidden_layers``, the residual stream entering
         those layers ``[r, len(hidden_layers) * H]`` (``runners.hidden.select_hidden``'s), else None."""
-        r, end, body = ids.shape[0], start + ids.shape[0], self.model.model
-        h = body.embed_tokens(ids[None])  # [1, r, H]
-        cos, sin = rope(positions, body.rotary_emb.inv_freq, body.rotary_emb.attention_scaling, h.dtype)
-        if mask is None:
-            mask = causal_mask(start, r, h.device)
+        r, body, spec = ids.shape[0], self.model.model, self.spec
+        h = self.embed(ids[None])  # [1, r, H]
+        ropes = rope_tables(self.model, spec, positions, h.dtype)
+        masks = pass_masks(spec, start, positions, mask)
         kept = {}
         for i, layer in enumerate(self.layers):
             if i in hidden_layers:
                 kept[i] = h[0]
-            h = h + self._attention(layer, h, cos, sin, cache.layers[i], start, end, mask)
-            mlp = layer.mlp
-            x = rms_norm(h, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
-            h = h + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+            at = spec.layers[i]
+            attn_in, attn_out, mlp_in, mlp_out = norm_modules(layer, spec)
+            x = norm(h, attn_in, spec.family.norm)
+            rotary = None if at.rope is None else ropes[at.rope]
+            h = residual(h, self._attention(layer, x, rotary, cache.layers[i], start, masks[at.window], spec), attn_out, spec)
+            h = residual(h, feed_forward(layer.mlp, norm(h, mlp_in, spec.family.norm), spec), mlp_out, spec)
         # the final norm and the output layer only where logits are asked for (the norm is per position)
-        h = rms_norm(h[:, r - n_last :], body.norm.weight, body.norm.variance_epsilon)
+        h = norm(h[:, r - n_last :], body.norm, spec.family.norm)
         hidden = torch.cat([kept[k] for k in hidden_layers], dim=-1) if hidden_layers else None
-        return self.head(h)[0], hidden
+        return final_logits(self.model, h, spec)[0], hidden
 
     @staticmethod
-    def _attention(layer: Module, h: Tensor, cos: Tensor, sin: Tensor, kv: KVLayer, start: int, end: int,
-                   mask: Optional[Tensor]) -> Tensor:
-        """The attention block of ``layer`` on ``h`` ``[1, r, H]`` (its input norm included) -> ``[1, r, H]``."""
-        attn, norm = layer.self_attn, layer.input_layernorm
-        x = rms_norm(h, norm.weight, norm.variance_epsilon)
-        shape = (1, h.shape[1], -1, attn.head_dim)
-        q = rotate(attn.q_proj(x).view(shape).transpose(1, 2), cos, sin)
-        kv.keys[:, :, start:end] = rotate(attn.k_proj(x).view(shape).transpose(1, 2), cos, sin)
-        kv.values[:, :, start:end] = attn.v_proj(x).view(shape).transpose(1, 2)
-        out = attend(q, kv.keys[:, :, :end], kv.values[:, :, :end], mask, attn.scaling)
-        return attn.o_proj(out)
+    def _attention(layer: Module, x: Tensor, rotary: Optional[Tuple[Tensor, Tensor]], kv: KVLayer, start: int,
+                   masked: Tuple[int, Optional[Tensor]], spec: ModelSpec) -> Tensor:
+        """The attention block of ``layer`` on its normed input ``x`` ``[1, r, H]`` -> ``[1, r, H]``: keys
+        and values written at slots ``start..``, attending to slots ``lo..`` under ``mask`` (``masked``)."""
+        attn, end = layer.self_attn, start + x.shape[1]
+        q, kv.keys[:, :, start:end], kv.values[:, :, start:end] = heads(attn, x, spec, kv.keys.shape[1], rotary)
+        lo, mask = masked
+        return attn.o_proj(attend(q, kv.keys[:, :, lo:end], kv.values[:, :, lo:end], mask, attn.scaling, pack=True))

@@ -1,4 +1,4 @@
-"""The Llama family's forward as one step of fixed shapes, for ``torch.compile`` (gpt-fast's
+"""The Llama family's forward (and its kin's: ``models.layer_spec``) as one step of fixed shapes, for ``torch.compile`` (gpt-fast's
 ``model.py`` with ``decode_one_token``): tensors in, tensors out, nothing that changes per step is a
 Python value, so one graph serves every pass of a width (a CUDA graph under ``mode="reduce-overhead"``).
 
@@ -6,7 +6,8 @@ The pieces (``rms_norm``, ``rope``, ``rotate``, ``attend``) are ``models.llama``
 modules; what differs is the cache access: keys and values are written in place with ``index_copy_``
 at a ``slots`` tensor, and every pass attends over the cache's first ``K`` slots under a boolean mask
 ``[1, 1, r, K]`` (slots not yet written, or rolled back, are masked; they hold zeros or old finite
-values, so a masked slot weighs exactly 0). ``K`` is the mask's width, a key bucket
+values, so a masked slot weighs exactly 0; a sliding layer's mask is cut to its window by the positions
+the slots hold). ``K`` is the mask's width, a key bucket
 (``runners.step.key_bucket``): a graph per (width, bucket), so a pass attends to what its context
 costs, not to the whole capacity. Shapes: ``r`` rows fed, ``C`` the cache capacity, ``K <= C`` the
 keys attended, ``H`` hidden size, ``V`` vocabulary; the cache is ``models.llama.KVCache`` (per layer ``[1, Hkv, C, D]``).
@@ -18,7 +19,8 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
-from models.llama import KVCache, attend, lean_unsupported, new_cache, rms_norm, rope, rotate
+from models.layer_spec import ModelSpec, model_spec, norm_modules
+from models.llama import KVCache, attend, feed_forward, final_logits, heads, lean_unsupported, new_cache, norm, residual, rope_tables
 
 
 def zeroed_cache(model: Module, capacity: int, dtype: torch.dtype, device: torch.device) -> KVCache:
@@ -43,6 +45,7 @@ class LlamaStep:
         if reason is not None:
             raise ValueError(reason)
         self._model = weakref.ref(model)
+        self.spec = model_spec(model)
         self.layer = layer or decoder_layer
 
     @property
@@ -56,34 +59,37 @@ class LlamaStep:
         attending to the slots ``mask`` ``[1, 1, r, K]`` (boolean; ``K <= C``, every slot written < ``K``) allows. Returns the logits
         ``[n_last, V]`` of the last ``n_last`` rows and, with ``hidden_layers``, the residual stream
         entering those layers ``[r, len(hidden_layers) * H]`` (else None)."""
-        body = self.model.model
+        body, spec = self.model.model, self.spec
         r = ids.shape[0]
         h = body.embed_tokens(ids[None])  # [1, r, H]
-        cos, sin = rope(positions, body.rotary_emb.inv_freq, body.rotary_emb.attention_scaling, h.dtype)
+        h = h if spec.embed_scale == 1.0 else h * spec.embed_scale
+        ropes = rope_tables(self.model, spec, positions, h.dtype)
+        masks = {None: mask}
+        if spec.windows:  # the position each slot < K holds: its own, or the fed row's written there
+            held = torch.arange(mask.shape[-1], device=mask.device).index_copy(0, slots, positions)
+            masks.update({w: mask & (positions[:, None] - held[None, :] < w)[None, None] for w in spec.windows})
         kept = {}
         for i, layer in enumerate(body.layers[: self.model.config.num_hidden_layers]):
             if i in hidden_layers:
                 kept[i] = h[0]
-            kv = cache.layers[i]
-            h = self.layer(layer, h, cos, sin, kv.keys, kv.values, slots, mask)
-        h = rms_norm(h[:, r - n_last:], body.norm.weight, body.norm.variance_epsilon)
+            kv, at = cache.layers[i], spec.layers[i]
+            h = self.layer(layer, h, None if at.rope is None else ropes[at.rope], kv.keys, kv.values, slots, masks[at.window], spec)
+        h = norm(h[:, r - n_last:], body.norm, spec.family.norm)
         hidden = torch.cat([kept[k] for k in hidden_layers], dim=-1) if hidden_layers else None
-        return self.model.get_output_embeddings()(h)[0], hidden
+        return final_logits(self.model, h, spec)[0], hidden
 
 
-def decoder_layer(layer: Module, h: Tensor, cos: Tensor, sin: Tensor, keys: Tensor, values: Tensor, slots: Tensor,
-                  mask: Tensor) -> Tensor:
-    """One decoder layer on the residual stream ``h`` ``[1, r, H]``: attention (its keys and values
-    written at ``slots`` into the layer's ``keys``/``values`` ``[1, Hkv, C, D]``, attending to the first
-    ``K`` slots under ``mask`` ``[1, 1, r, K]``), then the MLP; returns the new ``[1, r, H]``."""
-    attn, norm = layer.self_attn, layer.input_layernorm
-    x = rms_norm(h, norm.weight, norm.variance_epsilon)
-    shape = (1, h.shape[1], -1, attn.head_dim)
-    q = rotate(attn.q_proj(x).view(shape).transpose(1, 2), cos, sin)
-    keys.index_copy_(2, slots, rotate(attn.k_proj(x).view(shape).transpose(1, 2), cos, sin))
-    values.index_copy_(2, slots, attn.v_proj(x).view(shape).transpose(1, 2))
+def decoder_layer(layer: Module, h: Tensor, rotary: Optional[Tuple[Tensor, Tensor]], keys: Tensor, values: Tensor, slots: Tensor,
+                  mask: Tensor, spec: ModelSpec) -> Tensor:
+    """One decoder layer on the residual stream ``h`` ``[1, r, H]`` as ``spec`` states it: attention (its
+    keys and values written at ``slots`` into the layer's ``keys``/``values`` ``[1, Hkv, C, D]``, rotated
+    by ``rotary`` (cos, sin; None: no RoPE), attending to the first ``K`` slots under ``mask``
+    ``[1, 1, r, K]``, the layer's window drawn in), then the MLP; returns the new ``[1, r, H]``."""
+    attn_in, attn_out, mlp_in, mlp_out = norm_modules(layer, spec)
+    attn = layer.self_attn
+    q, k, v = heads(attn, norm(h, attn_in, spec.family.norm), spec, keys.shape[1], rotary)
+    keys.index_copy_(2, slots, k)
+    values.index_copy_(2, slots, v)
     width = mask.shape[-1]
-    h = h + attn.o_proj(attend(q, keys[:, :, :width], values[:, :, :width], mask, attn.scaling))
-    mlp, norm = layer.mlp, layer.post_attention_layernorm
-    x = rms_norm(h, norm.weight, norm.variance_epsilon)
-    return h + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+    h = residual(h, attn.o_proj(attend(q, keys[:, :, :width], values[:, :, :width], mask, attn.scaling)), attn_out, spec)
+    return residual(h, feed_forward(layer.mlp, norm(h, mlp_in, spec.family.norm), spec), mlp_out, spec)

@@ -1,4 +1,5 @@
-"""``LeanRunner``: the Llama family's own forward (``models.llama``) over a static KV cache it owns,
+"""``LeanRunner``: the Llama family's own forward and its kin's (``models.llama``, as ``models.layer_spec``
+describes each model) over a static KV cache it owns,
 behind the ``runners.base.Runner`` interface; the default eager runner of the models it covers
 (``lean_unsupported``: why another model keeps transformers' forward in ``KVCacheModel``).
 
@@ -17,7 +18,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from kernels.c_step import CStep, step_for, step_unsupported
-from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache, rope
+from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache, rope_tables, window_seen
 from runners.config import LEAN_LABEL as LABEL
 from runners.device import model_device
 from runners.hooks import HookWatch, transformers_pass
@@ -93,11 +94,10 @@ class LeanRunner(TreePasses):
         if use and self.step is None:  # the first pass that runs it: whether it can, once
             self.step = CStep(self.model) if step_unsupported(self.model) is None else False
         if use and self.step:
-            body = self.model.model
-            h = body.embed_tokens(ids)  # [r, H]
-            cos, sin = rope(positions, body.rotary_emb.inv_freq, body.rotary_emb.attention_scaling, torch.float32)
-            seen = None if mask is None else (mask[0, 0] if mask.dtype == torch.bool else mask[0, 0] == 0)
-            logits, hidden = self.step(h, cos[0, 0], sin[0, 0], self.cache, start, seen, n_last, self.hidden_layers)
+            h = self.forward.embed(ids)  # [r, H]
+            tables = rope_tables(self.model, self.forward.spec, positions, torch.float32)
+            cos, sin = (torch.stack([table[k][0, 0] for table in tables]) for k in (0, 1))  # [T, r, R]
+            logits, hidden = self.step(h, cos, sin, self.cache, start, self._seen(mask, positions, start), n_last, self.hidden_layers)
             self.step_passes += 1
         else:
             self._torch_cache()
@@ -122,12 +122,27 @@ class LeanRunner(TreePasses):
                 layer.keys, layer.values = layer.keys.to(own), layer.values.to(own)
             self.dtype, self.step = own, False
 
+    def _seen(self, mask: Optional[Tensor], positions: Tensor, start: int) -> Optional[Tensor]:
+        """A tree pass's ``mask`` as the C step reads it: what the rows see ``[r, start + r]``, and with
+        sliding layers, what they see in their window too ``[2, r, start + r]``; None: a chain."""
+        if mask is None:
+            return None
+        end = start + positions.shape[0]
+        seen = mask[0, 0, :, :end] if mask.dtype == torch.bool else mask[0, 0, :, :end] == 0
+        windows = self.forward.spec.windows
+        return torch.stack([seen, window_seen(seen, positions, start, windows[0])]) if windows else seen
+
     def _passed(self, hidden: Optional[Tensor], start: int) -> None:
         self.forward_passes += 1
         if self.hidden_layers:
             self.hidden, self.hidden_start = hidden, start
 
     # ---- draft trees (``TreePasses``): the tree's mask spans the slots < cur + N ----
+    def _tree_refusal(self) -> Optional[str]:
+        """None: the lean forward takes every model it runs through a tree (its sliding layers' windows
+        drawn into the tree's mask by position, its cache keeping every layer's full length)."""
+        return None
+
     def _tree_room(self, length: int) -> int:
         self._reserve(length)
         return length

@@ -335,6 +335,11 @@ class StepRunner(TreePasses):
         self._release = weakref.finalize(self, self.state.give_back, self.cache)
 
     # ---- draft trees (``TreePasses``): the mask spans the cache's capacity ----
+    def _tree_refusal(self) -> Optional[str]:
+        """None: the step takes every model it runs through a tree (a sliding layer's mask cut by the
+        positions its slots hold, ``models.llama_step``; its cache keeping every layer's full length)."""
+        return None
+
     def _tree_room(self, length: int) -> int:
         self._reserve(length)
         return self.cache.capacity

@@ -38,7 +38,8 @@ def generate(inputs, target: Module | Runner, drafter: DrafterSpec | Drafter | M
     is refused). ``config``: a ``GenerationConfig``, or the arguments of a public function by the
     reference's names (``GenerationConfig.of``: ``max_gen_len``, ``eos_tokens_id``, ``use_cache``,
     ``gamma``, ``trees``, ``policy``, ``stats``, ``streamer``, ...). ``trees``: the tree loop
-    (``draft_tree_and_verify``), refused here, in one line, for a target without full attention; else
+    (``draft_tree_and_verify``), refused here, in one line, where the runner that verifies cannot take them (transformers'
+        forward on a target without full attention; the lean forward takes sliding windows); else
     the chain loop (``draft_and_verify``). Both keep greedy exact and sampling lossless. ``loop``:
     another loop with their signature (a test's). The drafter's ``finish`` hears the output (None on
     failure)."""
@@ -53,15 +54,18 @@ def generate(inputs, target: Module | Runner, drafter: DrafterSpec | Drafter | M
             context = replace(context, encoder_input_ids=encoder_ids)
     if isinstance(drafter, DrafterSpec):
         config = replace(config, **drafter.prepare(model, context))
-    if config.trees:
-        reason = tree_unsupported(model)
+    runner = target if isinstance(target, Runner) else None
+    if config.trees:  # the runner that will verify says (the lean forward takes sliding windows into its trees)
+        runner = runner or config.make_runner(model, encoder_ids)
+        refusal = getattr(runner, "_tree_refusal", None)
+        reason = refusal() if callable(refusal) else tree_unsupported(model)
         if reason is not None:
             raise ValueError(reason)
     generation_end(len(prompt), config.max_gen_len, context_window(model))  # no room: refused before the drafter learns
     made = as_drafter(_make(drafter, prompt, model, config, context))
     if config.trees and not made.supports_trees:
         raise ValueError(f"{type(made).__name__} does not draft trees")
-    runner = target if isinstance(target, Runner) else config.make_runner(model, encoder_ids)
+    runner = runner or config.make_runner(model, encoder_ids)
     output = None
     try:
         loop = loop or (draft_tree_and_verify if config.trees else draft_and_verify)

@@ -201,8 +201,13 @@ def test_the_models_kernel_plan_applies():
         set_prepack(model, False)
 
 
-def sliding_mistral():
-    return mistral(sliding_window=16)
+def softcapped_gemma3():
+    """Gemma 3 with its attention scores softcapped (Gemma 2's feature, off in Gemma 3's configs)."""
+    from families import gemma3
+
+    model = gemma3()
+    model.config.attn_logit_softcapping = 50.0
+    return model
 
 
 def dynamic_rope_llama():
@@ -211,7 +216,7 @@ def dynamic_rope_llama():
     return model
 
 
-@pytest.mark.parametrize("make, words", [(gpt2, "outside the Llama family"), (sliding_mistral, "sliding-window"),
+@pytest.mark.parametrize("make, words", [(gpt2, "outside the Llama family"), (softcapped_gemma3, "softcaps its attention scores"),
                                          (dynamic_rope_llama, "recomputes its frequencies")])
 def test_an_unsupported_model_keeps_transformers_forward_with_its_reason(make, words):
     model = make()

@@ -390,13 +390,18 @@ def test_the_benchmark_runs_the_tree_strategies_greedy_exact(tiny_models, tmp_pa
     assert all(r["diverged_at"] is None for r in records)
 
 
-def test_tree_strategies_refuse_a_sliding_window_model_in_one_line():
+def test_tree_strategies_refuse_a_sliding_window_model_on_transformers_forward_in_one_line():
+    """transformers' forward keeps a sliding layer's window only (its trees refused); the lean forward,
+    a sliding-window model's default runner, draws the window into the tree (tests/test_families.py)."""
+    from runners import RunnerConfig
     from test_control_combinations import mistral
 
+    own = dict(max_gen_len=4, use_cache=True, runner=RunnerConfig(forward="transformers"))
     with pytest.raises(ValueError, match="sliding-window"):
-        generate(PROMPT, mistral(), RecyclingSpec(), dict(max_gen_len=4, use_cache=True))
+        generate(PROMPT, mistral(), RecyclingSpec(), own)
     with pytest.raises(ValueError, match="sliding-window"):
-        generate(PROMPT, mistral(), NGramTreeSpec(), dict(max_gen_len=4, use_cache=True), DraftContext(storage=NGramStorage(3, 24)))
+        generate(PROMPT, mistral(), NGramTreeSpec(), own, DraftContext(storage=NGramStorage(3, 24)))
+    assert len(generate([t % 24 for t in PROMPT], mistral(), RecyclingSpec(), dict(max_gen_len=4, use_cache=True))[0]) == 4
 
 
 def test_the_repl_toggles_the_tree_strategies_and_their_size(tiny_models):
