@@ -3,6 +3,7 @@
     skinny.py / skinny_gemm.c  the skinny kernel: float32 linears over a few positions, built here at first use
     prepacking.py              ``PrepackedLinear``: each pass width on the kernel measured fastest for it
     plans.py                   a model's kernel plan as a whole: switched for a block, its unused copies freed, named
+    holding.py                 one option's copy of the weights at a time (the start-up's kernel measurement)
     compile_cache.py           inductor's on-disk caches in the project's cache folder
 
 ``runners`` re-exports what callers use of them (``runners.kernels``, ``set_prepack``...).
