@@ -1,8 +1,8 @@
 """One kernel option's copy of the weights at a time: ``hold(model, option)`` switches a model's float32
 CPU linears to one option (``OWN``, ``PREPACKED``, ``SKINNY``: ``kernels.prepacking``) and leaves it
-holding that option's copy of each weight and no other, each copy freed before the next is made. What
-the start-up's kernel measurement times (``measure.kernel_rounds``): every option on the whole model,
-never three copies of it at once (issue 71: a first start within memory).
+holding that option's copy of each weight and no other, each copy freed before the next is made.
+What the start-up's kernel measurement (``measure.timing.measure_kernels``) times every option on
+the whole model with, never three copies of it at once (issue 71: a first start within memory).
 
 What each option holds (W: the float32 weights):
 - ``OWN``: the own weights (W).
