@@ -54,16 +54,22 @@ def hold(model: Module, option: str) -> bool:
 
 
 def _pack_and_park(model: Module) -> None:
-    """oneDNN's copy of each layer's weight, the weight parked right after where no other module reads it."""
-    readers = _readers(model)
+    """oneDNN's copy of each layer's weight, the weight parked right after where no other module reads it
+    (the pages of a weight read from its safetensors file given back, as ``kernels.one_copy.release`` does)."""
+    from kernels.one_copy import _drop_pages, _file_mappings
+
+    readers, files = _readers(model), _file_mappings()
     for layer in [m for m in model.modules() if type(m) is PrepackedLinear]:
         if layer.packed is None:
             layer._pack()
         weight = layer.linear[0].weight
         if readers.get(id(weight), 0) == 1 and weight.numel():
+            span = (weight.data_ptr(), weight.data_ptr() + weight.numel() * weight.element_size(), weight.untyped_storage())
             weight.data = torch.empty(0, dtype=weight.dtype)  # the same Parameter (and version): its storage freed
             layer.source = _source(layer.linear[0])  # its copy still holds the weight (``prepackable`` keeps it)
             _PARKED.add(layer)
+            _drop_pages([span], files)
+            del span
 
 
 def _readers(model: Module) -> Dict[int, int]:

@@ -276,6 +276,7 @@ def measure_kernels(model: Module, max_rows: int = 12, context: int = 64, repeat
         return None
     hold(model, OWN)  # the own weights, as the passes before the first switch read them
     holder = _Holder(PassTimer(model, context, max_rows, budget=budget, runner=runner), None if budget is None else budget.clock)
+    holder.current = OWN  # the rounds start on it (a model read from a file is first released, its pages given back)
     choice = None
     try:
         choice = _measured_kernels(holder, max_rows, repeats, budget)
