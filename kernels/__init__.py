@@ -4,6 +4,7 @@
     bf16.py / skinny_bf16.c    the same on bfloat16 weights (float32 sums): the path this CPU takes, named
     prepacking.py              ``PrepackedLinear``: each pass width on the kernel measured fastest for it
     plans.py                   a model's kernel plan as a whole: switched for a block, its unused copies freed, named
+    holding.py                 one option's copy of the weights at a time (the start-up's kernel measurement)
     compile_cache.py           inductor's on-disk caches in the project's cache folder
 
 ``runners`` re-exports what callers use of them (``runners.kernels``, ``set_prepack``...).

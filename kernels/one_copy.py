@@ -13,9 +13,9 @@ forward included, runs what our rows run. A model with no plan gets the one the 
 (``STEP_ROUTE``: the skinny kernel at every width), so its header names it.
 
 What stays twice: the output layer (its weight is the embedding table where they are tied, and the
-EAGLE head, the runners' limits and the head formats read its rows), and the start-up kernel
-measurement, which times the model's own linears beside the blocked copies (``held``). What a user
-loses is in docs/limitations.md.
+EAGLE head, the runners' limits and the head formats read its rows). The start-up kernel measurement
+holds one option's copy at a time (``kernels.holding``: the own weights given back for "own", released
+again for "skinny"). What a user loses is in docs/limitations.md.
 """
 import contextlib
 import ctypes

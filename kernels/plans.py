@@ -33,13 +33,16 @@ def kernels(model: Module, prepack: bool | Tuple[str, ...] | None):
 
 
 def drop_blocked_copies(model: Module) -> None:
-    """Free the skinny kernel's blocked copies of the model's float32 linear weights (``kernels.blocked``)."""
+    """Free the skinny kernel's blocked copies of the model's float32 linear weights (``kernels.blocked``):
+    first those made beside an own weight (the output layer's, the C step's), then the released
+    layers' own weights given back (unblocked), each fused group freed once its last layer has its own."""
     from kernels.blocked import forget
 
-    for layer in model.modules():
+    linears = [m for m in model.modules() if type(m) in (torch.nn.Linear, PrepackedLinear)]
+    forget([m.weight for m in linears if getattr(m, "blocks", None) is None])
+    for layer in linears:
         if type(layer) is PrepackedLinear:
             layer.restore()
-    forget([m.weight for m in model.modules() if type(m) in (torch.nn.Linear, PrepackedLinear)])
 
 
 def drop_packed_copies(model: Module) -> None:

@@ -3,6 +3,9 @@ timing passes after it), interleaved rounds, and every timed model pass of the s
 options' curve (``measure_kernels``), the KV cache kinds (``choose_cache``), the verification costs
 by positions (``measure_row_costs``) and a drafter's cost (``measure_draft_cost``).
 
+The kernel options are timed one copy of the weights at a time (``kernels.holding``, issue 71): the
+rounds are interleaved by option (each runs its passes in turn), not pass by pass.
+
 Seconds are ``time.perf_counter`` seconds, the device synchronised around each pass; costs are
 relative to a one-position pass. A budget is asked between passes, never inside one. What the figures
 decide lives above: ``measure.kernels`` (which kernels each row runs on), ``measure.costs`` (which
@@ -17,9 +20,9 @@ from torch.nn import Module
 
 from measure.kernels import OWN, PREPACKED, SKINNY, KernelChoice, decide
 from measure.record import Clock, Progress
-from runners import DEFAULT_CPU_CACHE, KVCacheModel, kernels, make_runner, prepackable, runner_cache, synchronize
+from runners import DEFAULT_CPU_CACHE, KVCacheModel, make_runner, prepackable, runner_cache, synchronize
 from kernels import skinny
-from kernels.one_copy import held
+from kernels.holding import drop_step, hold
 from runners.config import EAGER, RunnerConfig
 from runners.limits import context_window, output_vocab_size
 
@@ -117,17 +120,6 @@ class _EagerTimer(PassTimer):
         encoder = self.ids[0, :context].tolist() if getattr(model.config, "is_encoder_decoder", False) else None
         self.runner = KVCacheModel(model, True, encoder_input_ids=encoder, cache=cache)
         _prefill(self, budget)
-
-
-class _UnderKernels:
-    """A timer's passes under one kernel option (the swap outside the clock)."""
-
-    def __init__(self, timer: PassTimer, option: str):
-        self.timer, self.option = timer, option
-
-    def seconds(self, rows: int) -> float:
-        with kernels(self.timer.model, (self.option,)):
-            return self.timer.seconds(rows)
 
 
 def _prefill(timer: PassTimer, budget: Optional[Budget]) -> None:
@@ -241,44 +233,109 @@ def kernel_options_text() -> str:
     return text if SKINNY in options else f"{text}; {skinny.missing()}"
 
 
+class _Holder:
+    """The model behind ``timer`` holding one kernel option's copy of its weights at a time
+    (``kernels.holding.hold``: the others freed first), never the three at once (issue 71: a first
+    start within memory); ``spent`` the seconds each switch took by ``clock`` (None: not counted)."""
+
+    def __init__(self, timer: PassTimer, clock: Optional[Clock]):
+        self.timer, self.clock, self.current, self.spent = timer, clock, None, []
+
+    def switch(self, option: str) -> None:
+        """Hold ``option``'s copy, the timer's C step (its copies) dropped first, then one untimed pass
+        on it (a C step made): outside the timed passes."""
+        if option == self.current:
+            return
+        started = self.clock() if self.clock is not None else 0.0
+        drop_step(self.timer.runner)
+        hold(self.timer.model, option)
+        self.current = option
+        self.timer.runner(self.timer.ids[:, : self.timer.context + 1], 1)
+        self.timer.runner.rollback(self.timer.context)
+        if self.clock is not None:
+            self.spent.append(self.clock() - started)
+
+    def cycle(self, options: Tuple[str, ...]) -> List[str]:
+        """``options`` in their order from the one held: a round switches ``len(options) - 1`` times."""
+        start = options.index(self.current) if self.current in options else 0
+        return list(options[start:] + options[:start])
+
+
 @torch.no_grad()
 def measure_kernels(model: Module, max_rows: int = 12, context: int = 64, repeats: int = 3,
                     budget: Optional[Budget] = None, runner: RunnerConfig = EAGER) -> Optional[KernelChoice]:
     """Time cached passes over 1..``max_rows`` positions with the model's float32 CPU linear layers on
-    each kernel option: prepacked, its own, and the skinny kernel where it builds here (interleaved,
-    each option's pass back to back with the others'; medians). None when nothing can be prepacked
-    (other dtypes, devices, no oneDNN), or a ``budget`` ran out before every option had a pass timed;
-    cut short later, the positions timed under all (``budget.note``). The model's kernels are as before.
-    ``runner``: the configuration the passes run under (its forward: lean or transformers')."""
+    each kernel option: prepacked, its own, and the skinny kernel where it builds here (medians of
+    ``repeats`` rounds; the model holds one option's copy of its weights at a time, ``_Holder``, so
+    in each round every option in turn runs its passes). None when nothing can be prepacked (other
+    dtypes, devices, no oneDNN), or a ``budget`` ran out before every option had a pass timed; cut
+    short later, the positions timed under all (``budget.note``). The model is left holding what the
+    family chosen runs on (the blocked copies for skinny, else its own weights), on that option at
+    every width: ``measure.kernels.decide`` gives it its plan. ``runner``: what the passes run under."""
     if not prepackable(model):
         return None
-    with held(model):  # "own" timed on the model's own weights, not on ones unblocked per pass (kernels.one_copy)
-        return _measured_kernels(model, max_rows, context, repeats, budget, runner)
+    hold(model, OWN)  # the own weights, as the passes before the first switch read them
+    holder = _Holder(PassTimer(model, context, max_rows, budget=budget, runner=runner), None if budget is None else budget.clock)
+    holder.current = OWN  # the rounds start on it (a model read from a file is first released, its pages given back)
+    choice = None
+    try:
+        choice = _measured_kernels(holder, max_rows, repeats, budget)
+    finally:  # an interruption too: never left with its weights parked
+        drop_step(holder.timer.runner)
+        hold(model, SKINNY if choice is not None and choice.family() == SKINNY else OWN)
+    return choice
 
 
-def _measured_kernels(model: Module, max_rows: int, context: int, repeats: int, budget: Optional[Budget],
-                      runner: RunnerConfig) -> Optional[KernelChoice]:
-    """``measure_kernels``' timing, the model's own weights kept."""
+def _measured_kernels(holder: _Holder, max_rows: int, repeats: int, budget: Optional[Budget]) -> Optional[KernelChoice]:
+    """``measure_kernels``' rounds, the ``KernelChoice`` from their medians."""
     options = kernel_options()
     n = len(options)
-    timer = PassTimer(model, context, max_rows, budget=budget, runner=runner)
-    passes = [(_UnderKernels(timer, option), rows) for rows in range(1, max_rows + 1) for option in options]
     if budget is not None and not budget.exhausted():
-        # a one-position pass on each option tells what the whole measurement costs on this machine
-        # (passes grow with width: 1.3x on average over 1-12 measured); the budget grows to fit every
-        # round where that is within MOST_SCALED of it (a plan from one noisy round zig-zagged), else
-        # to fit the full rounds that fit in MOST_SCALED of it, at least one: never a partial plan
-        probe = sum(_UnderKernels(timer, option).seconds(1) for option in options)
-        repeats = budget.scale_rounds(1.3 * probe * max_rows, repeats, MOST_SCALED)
-    timed = samples(passes, repeats, budget)
+        # a one-position pass on each option (switching to it) tells what a round costs here (passes
+        # grow with width: 1.3x on average over 1-12 measured; a round switches n - 1 times); the budget
+        # grows to fit every round where that is within MOST_SCALED of it (a plan from one noisy round
+        # zig-zagged), else to fit the full rounds that fit in MOST_SCALED of it: never a partial plan
+        probe = 0.0
+        for option in holder.cycle(options):
+            holder.switch(option)
+            probe += holder.timer.seconds(1)
+        switch = statistics.mean(holder.spent) if holder.spent else 0.0
+        repeats = budget.scale_rounds(1.3 * probe * max_rows + switch * (n - 1), repeats, MOST_SCALED)
+    timed = _timed_rounds(holder, options, max_rows, repeats, budget)
     widths = next((i for i in range(max_rows) if not all(timed[n * i + k] for k in range(n))), max_rows)
     if widths == 0:
         return None
     if budget is not None and budget.stopped:
-        rounds = min(len(timed[i]) for i in range(n * widths))
-        budget.note = f"positions 1-{widths} of 1-{max_rows}" if widths < max_rows else f"{rounds} of {repeats} rounds"
+        done = min(len(timed[i]) for i in range(n * widths))
+        budget.note = f"positions 1-{widths} of 1-{max_rows}" if widths < max_rows else f"{done} of {repeats} rounds"
     return KernelChoice({option: tuple(statistics.median(timed[n * i + k]) for i in range(widths))
                          for k, option in enumerate(options)})
+
+
+def _timed_rounds(holder: _Holder, options: Tuple[str, ...], max_rows: int, repeats: int,
+                  budget: Optional[Budget]) -> List[List[float]]:
+    """Seconds of the passes over 1..``max_rows`` positions under each option, at ``n * (rows - 1) + k``
+    for ``options[k]``, in ``repeats`` rounds; in each, every option in turn (``_Holder.cycle``) runs
+    its passes, each warmed up once just before its first timing. With a ``budget``, asked before
+    every pass (and switch): once spent the rounds stop there (an option not yet reached: no samples)."""
+    n = len(options)
+    timed: List[List[float]] = [[] for _ in range(n * max_rows)]
+    total, done = n * max_rows * (repeats + 1), 0
+    for round_ in range(repeats):
+        for option in holder.cycle(options):
+            if budget is not None and budget.exhausted():
+                return timed
+            holder.switch(option)
+            for rows, warm_up in [(r, w) for r in range(1, max_rows + 1) for w in ((True, False) if round_ == 0 else (False,))]:
+                if budget is not None and budget.exhausted():
+                    return timed
+                seconds = holder.timer.seconds(rows)
+                if not warm_up:
+                    timed[n * (rows - 1) + options.index(option)].append(seconds)
+                done += 1
+                if budget is not None:
+                    budget.tick(done, total)
+    return timed
 
 
 @torch.no_grad()

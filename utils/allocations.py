@@ -1,0 +1,79 @@
+"""Bytes held in torch's CPU allocator, counted from its own allocation events (torch's profiler with
+``profile_memory``): every CPU tensor's storage and oneDNN's packed weights (ideep allocates through
+torch's CPU allocator) as each is made and freed, in order. Not the resident set: no page cache, no
+file mapping (a model mapped from float32 safetensors is not counted), no allocator slack, no noise.
+
+Only allocations made inside the block are counted, and their frees (by address): a tensor made
+before the block and freed inside it never shows. Make what is to be counted (the model) inside it;
+``Held.part`` names a stretch of it (the start after the model is made)."""
+import contextlib
+import gc
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, List, Tuple
+
+import torch
+
+_PART = "counted::"  # the profiler ranges ``Held.part`` opens
+
+
+@dataclass
+class Held:
+    """What ``counted`` saw, in bytes from the start of the block (0): ``peak`` the most held at once,
+    ``end`` what was still held at its end, ``trace`` (time in ns, bytes held) after each allocation or
+    free, in order, and ``parts`` the most held within each stretch ``part`` named."""
+
+    peak: int = 0
+    end: int = 0
+    trace: List[Tuple[int, int]] = field(default_factory=list)
+    parts: Dict[str, int] = field(default_factory=dict)
+
+    def part(self, name: str):
+        """A stretch of the block whose peak ``parts[name]`` gives (read after the block)."""
+        return torch.profiler.record_function(_PART + name)
+
+
+@contextlib.contextmanager
+def counted() -> Iterator[Held]:
+    """Count the CPU bytes held by the allocations made within the block; read the ``Held`` after it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gc.collect()
+    held = Held()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as recorder:
+        yield held
+    events = list(_walk(recorder.profiler.kineto_results.experimental_event_tree()))
+    made, now = set(), 0
+    for event in sorted((e for e in events if _allocation(e)), key=lambda e: e.start_time_ns):  # stable: ties keep their order
+        ptr, size = event.typed[1].ptr, event.typed[1].alloc_size
+        if size > 0:
+            made.add(ptr)
+        elif ptr in made:  # a free of a block made before the block is not counted (its making was not)
+            made.discard(ptr)
+        else:
+            continue
+        now += size
+        held.trace.append((event.start_time_ns, now))
+    held.peak, held.end = max((b for _, b in held.trace), default=0), now
+    for event in events:
+        if event.name.startswith(_PART):
+            start, end = event.start_time_ns, event.end_time_ns
+            before = [b for t, b in held.trace if t < start][-1:]  # what the stretch starts with
+            held.parts[event.name[len(_PART):]] = max(before + [b for t, b in held.trace if start <= t <= end], default=0)
+
+
+def _walk(events) -> Iterator:
+    for event in events:
+        yield event
+        yield from _walk(event.children)
+
+
+def _allocation(event) -> bool:
+    from torch._C._profiler import _EventType
+
+    return event.typed[0] == _EventType.Allocation and event.typed[1].device.type == "cpu"
+
+
+def tensor_bytes(*tensors: torch.Tensor) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (each storage once, by address)."""
+    seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(seen.values())
