@@ -175,3 +175,95 @@ int skinny_linear(const float *x, const float *p, const float *b, float *y, int6
     }
     return ran;
 }
+
+/* The output layer read in place: y[M, N] = x . W^T with W row-major [N, K] (the model's own weight,
+ * no blocked copy beside it), bit for bit what skinny_rows gives on W blocked. Each thread takes a
+ * contiguous range of GB * 16 output features at a time, lays those rows out as blocks in `buf`
+ * (its own GB * 16 * K floats, in L2: the rows read as GB * 16 sequential streams) and runs the same
+ * register tiles over them: every output is the same FMA chain over k = 0..K-1. Inside a parallel
+ * region (every thread calls it). */
+#if defined(__AVX512F__)
+/* 16 rows r[0..16) (16 floats each) -> 16 columns: r[k] holds element k of every row */
+static inline void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int g = 0; g < 4; g++) { /* r[4g + c], 128-bit lane q: column 4q + c of rows 4g..4g+3 */
+        __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 1]);
+        __m512d c = _mm512_castps_pd(t[4 * g + 2]), d = _mm512_castps_pd(t[4 * g + 3]);
+        r[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int c = 0; c < 4; c++) {
+        __m512 ab_lo = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44), ab_hi = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xEE);
+        __m512 cd_lo = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x44), cd_hi = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xEE);
+        t[c] = _mm512_shuffle_f32x4(ab_lo, cd_lo, 0x88);
+        t[c + 4] = _mm512_shuffle_f32x4(ab_lo, cd_lo, 0xDD);
+        t[c + 8] = _mm512_shuffle_f32x4(ab_hi, cd_hi, 0x88);
+        t[c + 12] = _mm512_shuffle_f32x4(ab_hi, cd_hi, 0xDD);
+    }
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+#endif
+
+/* rows n0..n0+rows (rows <= 16) of W [N, K] as one block [K][16] in out, the rows past `rows` zero */
+static void block_of_rows(const float *w, int64_t K, int64_t n0, int64_t rows, float *out) {
+    int64_t k = 0;
+#if defined(__AVX512F__)
+    if (rows == BW)
+        for (; k + 16 <= K; k += 16) {
+            __m512 r[16];
+            for (int j = 0; j < 16; j++) r[j] = _mm512_loadu_ps(w + (n0 + j) * K + k);
+            transpose16(r);
+            for (int j = 0; j < 16; j++) _mm512_storeu_ps(out + (k + j) * BW, r[j]);
+        }
+#endif
+    for (int64_t j = 0; j < BW; j++) {
+        const float *row = w + (n0 + j) * K;
+        for (int64_t kk = k; kk < K; kk++) out[kk * BW + j] = j < rows ? row[kk] : 0.0f;
+    }
+}
+
+/* buf: this thread's GB * 16 * K floats */
+void head_rows(const float *x, const float *w, float *y, int64_t M, int64_t N, int64_t K, float *buf) {
+    int t = omp_get_thread_num(), threads = omp_get_num_threads();
+    int64_t blocks = (N + BW - 1) / BW, groups = (blocks + GB - 1) / GB, first, last;
+    share(groups, t, threads, &first, &last);
+    float spill[MB * GB * BW];
+    for (int64_t g = first; g < last; g++) {
+        int64_t b0 = g * GB, gb = blocks - b0 < GB ? blocks - b0 : GB, n0 = b0 * BW, width = gb * BW;
+        for (int64_t b = 0; b < gb; b++) {
+            int64_t rows = N - (n0 + b * BW) < BW ? N - (n0 + b * BW) : BW;
+            block_of_rows(w, K, n0 + b * BW, rows, buf + b * K * BW);
+        }
+        for (int64_t m0 = 0; m0 < M; m0 += MB) {
+            int64_t mb = M - m0 < MB ? M - m0 : MB;
+            if (n0 + width <= N) {
+                tile_any(x + m0 * K, K, mb, gb, buf, y + m0 * N + n0, N);
+            } else {
+                tile_any(x + m0 * K, K, mb, gb, buf, spill, width);
+                for (int64_t i = 0; i < mb; i++)
+                    for (int64_t j = 0; n0 + j < N; j++) y[(m0 + i) * N + n0 + j] = spill[i * width + j];
+            }
+        }
+    }
+}
+
+/* head_rows on `threads` threads, buf: threads * GB * 16 * K floats. Returns the threads it ran on. */
+int head_linear(const float *x, const float *w, float *y, int64_t M, int64_t N, int64_t K, float *buf, int64_t threads) {
+    int ran = 1;
+    if (threads < 1) threads = 1;
+#pragma omp parallel num_threads((int)threads)
+    {
+        if (omp_get_thread_num() == 0) ran = omp_get_num_threads();
+        head_rows(x, w, y, M, N, K, buf + omp_get_thread_num() * GB * BW * K);
+    }
+    return ran;
+}
+
+/* the floats of a thread's head_rows buffer for inputs of K */
+int64_t head_buffer(int64_t K) { return GB * BW * K; }

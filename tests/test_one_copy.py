@@ -39,14 +39,14 @@ def model_and_step():
 
 def test_once_the_step_binds_the_layers_weights_are_held_once():
     """Counted by storage address: the model's parameters and every blocked copy the step reads come
-    to the float32 weights plus the output layer's blocked copy (it stays twice), where keeping
-    the layers' own weights would hold them twice."""
+    to the float32 weights, once (the output layer is read in place, no copy beside it), where
+    keeping the layers' own weights would hold them twice."""
     fresh = llama(layers=3).to(torch.float32)
     weights = sum(t.numel() * t.element_size() for t in (*fresh.parameters(), *fresh.buffers()))
     model, step = model_and_step()
-    head = step.head.untyped_storage().nbytes()
+    assert step.head.untyped_storage().data_ptr() == model.lm_head.weight.untyped_storage().data_ptr()
     assert all(released(m) for layer in model.model.layers for m in (layer.self_attn.q_proj, layer.mlp.down_proj))
-    assert weight_bytes(model, *step.keep, step.head) <= weights + head
+    assert weight_bytes(model, *step.keep, step.head) <= weights
     with held(model):  # the own weights back beside the copies: what the process held before
         assert weight_bytes(model, *step.keep, step.head) >= 1.8 * weights
 
