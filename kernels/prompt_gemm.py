@@ -42,6 +42,10 @@ class Tile:
             return f"{shape} (decoding's)"
         return shape + (f", k-panels of {self.kc}" if self.kc else "")
 
+    def short(self) -> str:
+        """"12x2 (decoding's)", "8x3/k128": for a list of variants."""
+        return self.name() if self.index == REFERENCE else f"{self.rows}x{self.blocks}" + (f"/k{self.kc}" if self.kc else "")
+
 
 def tiles(library: ctypes.CDLL) -> Tuple[Tile, ...]:
     """The variants ``library`` was built with (``skinny_tile_shape``), variant 0 first."""

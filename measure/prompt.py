@@ -129,7 +129,7 @@ def measurable(model: Module, runner) -> bool:
 @torch.no_grad()
 def measure_model(model: Module, budget: Optional[Budget] = None) -> Tuple[Optional[PromptChoice], Dict[int, str]]:
     """``measure_prompt`` on ``model``'s own linears (its C step made, as its first pass would: one copy
-    of the weights) on torch's threads; with the names of this build's variants."""
+    of the weights) on torch's threads; with the short names of this build's variants."""
     from kernels import skinny
     from kernels.c_step import CStep
     from kernels.prompt_gemm import tiles
@@ -137,4 +137,4 @@ def measure_model(model: Module, budget: Optional[Budget] = None) -> Tuple[Optio
     library = skinny.library()
     variants: Sequence[Tile] = tiles(library)
     run, flops = layer_seconds(CStep(model), library, torch.get_num_threads())
-    return measure_prompt(run, [t.index for t in variants], flops, budget), {t.index: t.name() for t in variants}
+    return measure_prompt(run, [t.index for t in variants], flops, budget), {t.index: t.short() for t in variants}

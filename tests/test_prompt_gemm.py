@@ -61,6 +61,7 @@ def test_this_build_lists_decodings_loop_first_and_other_tiles_after():
     assert len(found) >= 3 and [t.index for t in found] == list(range(len(found)))
     assert all(t.rows >= 1 and t.blocks >= 1 and t.kc >= 0 for t in found)
     assert len({(t.rows, t.blocks, t.kc) for t in found[1:]}) == len(found) - 1  # no variant twice
+    assert found[0].short() == found[0].name() and all("," not in t.short() for t in found)
 
 
 def built(tmp_path, arch: str) -> ctypes.CDLL:
