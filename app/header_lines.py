@@ -9,7 +9,8 @@ if TYPE_CHECKING:
 
 def describe(model: "Module", label: str, quantize: str, notes: Optional[Dict[str, str]] = None, runner=None) -> str:
     """One line: the model, where it runs, its weights, its KV cache, its runner (``runner``, a ``RunnerConfig``;
-    None: the defaults) and, eager, its prepacked linears; ``notes``: how the cache and kernels were chosen."""
+    None: the defaults) and, eager, its prepacked linears; ``notes``: how the cache, the kernels and the
+    prompt GEMM (its long passes' variant and chunk length, ``measure.prompt``) were chosen."""
     from kernels.prepacking import PREPACKED, plan
     from runners import EAGER, compiled_label, step_label
     from utils.quantization import model_quantization
@@ -27,9 +28,10 @@ def describe(model: "Module", label: str, quantize: str, notes: Optional[Dict[st
     if runner.compiled_for(model):
         return line + f"static KV cache · {compiled_label(model)}"
     line += notes.get("cache", f"{runner.cache_for(model)} KV cache") + " · eager" + runner.forward_note(model)
+    prompt = f" · {notes['prompt']}" if "prompt" in notes else ""
     if "kernels" in notes:
-        return line + f" · {notes['kernels']}"
-    return line + (" · prepacked linears" if PREPACKED in (plan(model) or ()) else "")
+        return line + f" · {notes['kernels']}" + prompt
+    return line + (" · prepacked linears" if PREPACKED in (plan(model) or ()) else "") + prompt
 
 
 def summary(model: "Module", label: str, quantize: str, runner=None) -> str:

@@ -26,11 +26,13 @@
 #include <string.h>
 #include <omp.h>
 
-/* the linears: skinny_gemm.c's on float32 weights, skinny_bf16.c's on bfloat16 (format: Dims.weights) */
+/* the linears: skinny_gemm.c's on float32 weights (by the variant Dims.tile, skinny_tiles.c), skinny_bf16.c's on
+ * bfloat16 (format: Dims.weights) */
+void skinny_rows_as(int64_t format, int64_t tile, const float *x, const void *p, const float *b, float *y, int64_t M, int64_t N,
+                    int64_t K);
 /* skinny_gemm.c's output layer on its own row-major float32 weight, bit for bit skinny_rows on it blocked */
 void head_rows(const float *x, const float *w, float *y, int64_t M, int64_t N, int64_t K, float *buf);
 int64_t head_buffer(int64_t K);
-void skinny_rows_as(int64_t format, const float *x, const void *p, const float *b, float *y, int64_t M, int64_t N, int64_t K);
 
 /* The weights (blocked, as the format Dims.weights says: float32, or bfloat16 with pairs of k
  * interleaved, skinny_bf16.c); norms and biases float32 in either. */
@@ -60,6 +62,7 @@ typedef struct {
     float logit_divisor;  /* logits / logit_divisor (Granite; 1 elsewhere) */
     float softcap;        /* logits = tanh(logits / softcap) * softcap (Gemma); 0: none */
     int64_t weights; /* the blocked weights' format and the path that reads them: skinny_bf16.c's F32, BF16_* */
+    int64_t tile;    /* float32 weights: the linears' variant (skinny_tiles.c; 0: skinny_gemm.c's own), bits alike */
 } Dims;
 
 #include "step_rows.h"
@@ -139,7 +142,7 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                     if (hidden_at[e] == l) memcpy(hidden + (i * n_hidden + e) * H, h + i * H, H * sizeof(float));
                 norm_or_copy(h + i * H, w->in_norm, d->eps, x + i * H, H);
             }
-            skinny_rows_as(d->weights, x, w->qkv, w->qkv_bias, qkv, r, nqkv, H);
+            skinny_rows_as(d->weights, d->tile, x, w->qkv, w->qkv_bias, qkv, r, nqkv, H);
 #pragma omp barrier
             if (d->qk_norm == 2) { /* q and k normed over all their heads (OLMo 2) */
 #pragma omp for schedule(static)
@@ -181,14 +184,14 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                     attend(qkv + i * nqkv + head * D, w->keys + (kv * d->cap + lo) * D, w->values + (kv * d->cap + lo) * D, seen,
                            n, D, d->scale, s, att + (i * Hq + head) * D);
                 }
-            skinny_rows_as(d->weights, att, w->o, w->o_bias, delta, r, H, Hq * D);
+            skinny_rows_as(d->weights, d->tile, att, w->o, w->o_bias, delta, r, H, Hq * D);
 #pragma omp barrier
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < r; i++) {
                 add_residual(h + i * H, delta + i * H, w->attn_out_norm, d);
                 norm_or_copy(h + i * H, w->post_norm, d->eps, x + i * H, H);
             }
-            skinny_rows_as(d->weights, x, w->gate_up, NULL, gu, r, 2 * I, H);
+            skinny_rows_as(d->weights, d->tile, x, w->gate_up, NULL, gu, r, 2 * I, H);
 #pragma omp barrier
             /* over rows and spans of columns: both threads busy at one position too (each element alone) */
 #pragma omp for schedule(static) collapse(2)
@@ -212,7 +215,7 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                         act[i * I + k] = g / (1.0f + fexp(-g)) * gu[i * 2 * I + I + k];
                     }
                 }
-            skinny_rows_as(d->weights, act, w->down, NULL, delta, r, H, I);
+            skinny_rows_as(d->weights, d->tile, act, w->down, NULL, delta, r, H, I);
 #pragma omp barrier
         }
         /* the last layer's residual, the final norm of the last n_last positions, the output layer */
@@ -224,7 +227,7 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
         if (d->weights == 0) /* float32: the output layer's own weight, read in place (no copy beside it) */
             head_rows(x, (const float *)head, logits, n_last, V, H, head_rows_buf);
         else
-            skinny_rows_as(d->weights, x, head, NULL, logits, n_last, V, H);
+            skinny_rows_as(d->weights, d->tile, x, head, NULL, logits, n_last, V, H);
         if (d->logit_divisor != 1.0f || d->softcap != 0.0f) {
 #pragma omp barrier
 #pragma omp for schedule(static)

@@ -24,12 +24,14 @@ import kernels.skinny as skinny
 from kernels.blocked import DTYPES, blocked, fusable, fused
 from kernels.one_copy import group_blocks, groups, release, released
 from kernels.prepacking import SKINNY, changes, copy_fits, plan
+from kernels.prompt_gemm import DEFAULT_CHUNK, MANY_ROWS, plan_of
 from models.layer_spec import ModelSpec, family_of, model_spec, norm_eps, norm_modules, spec_unsupported
 
-# A pass over more positions (a long prompt) runs in chunks of this many, one C call each, each seeing
-# the cache its chunks before wrote: the same result bit for bit (a row never depends on the others),
-# with the scratch and the working set of a chunk bounded (its activations stay in the caches).
-CHUNK_ROWS = 256
+# A pass over more positions (a long prompt) runs in chunks of this many (or its model's prompt plan's,
+# ``kernels.prompt_gemm``), one C call each, each seeing the cache its chunks before wrote: the same
+# result bit for bit (a row never depends on the others), with the scratch and the working set of a
+# chunk bounded (its activations stay in the caches).
+CHUNK_ROWS = DEFAULT_CHUNK
 STEP_ATTENTION = "the step's own, row by row"  # what the headers say of the step's attention (exact softmax in C)
 LABEL = "C step (skinny linears on blocked weights, q/k/v and gate/up fused, row-invariant)"
 
@@ -45,7 +47,7 @@ class _Dims(ctypes.Structure):
                [("eps", ctypes.c_float), ("scale", ctypes.c_float)] + \
                [(name, ctypes.c_int64) for name in ("rot", "qk_norm", "act")] + \
                [(name, ctypes.c_float) for name in ("residual_scale", "logit_divisor", "softcap")] + \
-               [("weights", ctypes.c_int64)]
+               [("weights", ctypes.c_int64), ("tile", ctypes.c_int64)]
 
 
 QK_NORMS = {None: 0, "head": 1, "all": 2}  # Dims.qk_norm
@@ -294,6 +296,12 @@ class CStep:
         self.keep.append(tensor)
         return tensor.data_ptr()
 
+    def linears(self, layer: int) -> Tuple[Tuple[int, int, int], ...]:
+        """Decoder layer ``layer``'s blocked matrices as the step reads them, each ``(address, N, K)``: q/k/v
+        fused, o, gate/up fused, down (``kernels.blocked`` layout; float32 or bfloat16 as ``dims.weights``)."""
+        d, s = self.dims, self.structs[layer]
+        return ((s.qkv, (d.Hq + 2 * d.Hkv) * d.D, d.H), (s.o, d.H, d.Hq * d.D), (s.gate_up, 2 * d.I, d.H), (s.down, d.H, d.I))
+
     def bind(self, cache) -> None:
         """Point the step at ``cache`` (``models.llama.KVCache``, float32 ``[1, Hkv, cap, D]`` a layer)."""
         keys = tuple(layer.keys.data_ptr() for layer in cache.layers)
@@ -315,7 +323,9 @@ class CStep:
         r, threads = h.shape[0], torch.get_num_threads()
         h = h.to(torch.float32).contiguous()  # written in place: the caller's embeddings, made for this pass
         cos, sin = cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous()
-        rows = min(r, CHUNK_ROWS)
+        prompt = plan_of(self.model())  # a long pass's variant and chunks: speed only, the same bits
+        chunk, tile = prompt.chunk or CHUNK_ROWS, prompt.tile if self.dims.weights == bf16.F32 else 0
+        rows = min(r, chunk)
         needed = self.library.c_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(rows), ctypes.c_int64(threads))
         if self.scratch.numel() < needed:
             self.scratch = torch.empty(needed)
@@ -324,8 +334,9 @@ class CStep:
         hidden = torch.empty((r, len(hidden_layers) * self.dims.H)) if hidden_layers else None
         mask = None if seen is None else seen.to(torch.uint8).view(-1, r, start + r)
         first_logit = r - n_last  # the first position whose logits are asked
-        for a in range(0, r, CHUNK_ROWS):
-            b = min(a + CHUNK_ROWS, r)
+        for a in range(0, r, chunk):
+            b = min(a + chunk, r)
+            self.dims.tile = tile if b - a > MANY_ROWS else 0  # decoding's and verification's widths: variant 0
             masks = (None, None) if mask is None else tuple(m[a:b, : start + b].contiguous() for m in mask[[0, -1]])
             asked = max(0, b - max(a, first_logit))  # this chunk's last `asked` positions have logits asked
             out = logits[max(a, first_logit) - first_logit:] if asked else logits

@@ -25,7 +25,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("skinny_gemm.c", "skinny_bf16.c", "c_step.c", "head_step.c", "blocked_check.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("skinny_gemm.c", "skinny_tiles.c", "skinny_bf16.c", "c_step.c", "head_step.c", "blocked_check.c"))
 HEADERS = (Path(__file__).with_name("step_rows.h"),)  # included by the sources: hashed with them, never compiled alone
 SOURCE = SOURCES[0]
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")  # no fused a*b+c unless written: one rounding on every CPU
@@ -124,8 +124,9 @@ def _build(compiler: str, folder: Path, sources: Sequence[Path] = SOURCES, stem:
     return library
 
 
-SYMBOLS = ("skinny_linear", "skinny_simd", "skinny_bf16_paths", "skinny_linear_bf16", "c_step", "c_step_scratch", "head_step",
-           "head_step_scratch", "blocked_holds", "head_linear", "head_buffer")  # what a library of ours exports
+SYMBOLS = ("skinny_linear", "skinny_simd", "skinny_tiles", "skinny_tile_shape", "skinny_linear_tile", "skinny_bf16_paths",
+           "skinny_linear_bf16", "c_step", "c_step_scratch", "head_step", "head_step_scratch", "blocked_holds", "head_linear",
+           "head_buffer")  # what a library of ours exports
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -180,6 +181,11 @@ def _library() -> Tuple[Optional[ctypes.CDLL], str]:
     library.skinny_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     library.skinny_linear.restype = ctypes.c_int
     library.skinny_simd.restype = ctypes.c_int
+    library.skinny_tiles.restype = ctypes.c_int
+    library.skinny_tile_shape.argtypes = [ctypes.c_int64, ctypes.c_void_p]
+    library.skinny_tile_shape.restype = ctypes.c_int
+    library.skinny_linear_tile.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
+    library.skinny_linear_tile.restype = ctypes.c_int
     library.skinny_bf16_paths.restype = ctypes.c_int
     library.skinny_linear_bf16.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     library.skinny_linear_bf16.restype = ctypes.c_int

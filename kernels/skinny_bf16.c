@@ -27,6 +27,7 @@
 #endif
 
 void skinny_rows(const float *x, const float *p, const float *b, float *y, int64_t M, int64_t N, int64_t K);
+void skinny_rows_tile(int64_t tile, const float *x, const float *p, const float *b, float *y, int64_t M, int64_t N, int64_t K);
 
 enum { F32 = 0, BF16_SCALAR = 1, BF16_AVX2 = 2, BF16_AVX512 = 3, BF16_DOT = 4 };
 
@@ -229,10 +230,12 @@ void skinny_rows_bf16(int64_t path, const float *x, const uint16_t *p, const flo
     }
 }
 
-/* The linear the C step runs for its weights' format: F32 (skinny_gemm.c) or a bfloat16 path. */
-void skinny_rows_as(int64_t format, const float *x, const void *p, const float *b, float *y, int64_t M, int64_t N, int64_t K) {
+/* The linear the C step runs for its weights' format: F32 (skinny_gemm.c's, by its many-row variant `tile`,
+ * skinny_tiles.c: the same bits whichever) or a bfloat16 path (`tile` not read). */
+void skinny_rows_as(int64_t format, int64_t tile, const float *x, const void *p, const float *b, float *y, int64_t M, int64_t N,
+                    int64_t K) {
     if (format == F32)
-        skinny_rows(x, (const float *)p, b, y, M, N, K);
+        skinny_rows_tile(tile, x, (const float *)p, b, y, M, N, K);
     else
         skinny_rows_bf16(format, x, (const uint16_t *)p, b, y, M, N, K);
 }

@@ -117,6 +117,15 @@ static void tile_any(const float *x, int64_t K, int64_t mb, int64_t gb, const fl
 #endif
 }
 
+/* mb rows (any count) of x against gb blocks (any count) of p, out[i * ys + j], in register blocks of
+ * up to MB rows x GB blocks: the reference tiles for what a variant's tile does not cover
+ * (skinny_tiles.c: a last rows' block, a thread's last blocks, a padded block) */
+void skinny_cover(const float *x, int64_t K, int64_t mb, int64_t gb, const float *p, float *out, int64_t ys) {
+    for (int64_t m0 = 0; m0 < mb; m0 += MB)
+        for (int64_t g0 = 0; g0 < gb; g0 += GB)
+            tile_any(x + m0 * K, K, mb - m0 < MB ? mb - m0 : MB, gb - g0 < GB ? gb - g0 : GB, p + g0 * K * BW, out + m0 * ys + g0 * BW, ys);
+}
+
 /* The share of thread t of `groups` register blocks: a contiguous range, so each thread streams one
  * contiguous part of the blocked weights. */
 static void share(int64_t groups, int t, int threads, int64_t *first, int64_t *last) {

@@ -10,6 +10,7 @@ project), below everything that decides or runs with it (``sampling``, ``eagle``
     kernels.py  ``KernelChoice`` (each row's kernels), giving a model its kernels, their part of a key
     costs.py    which verification costs can be real; ``measure_costs`` (now, no budget, not saved)
     dtype.py    the CPU dtype by a matmul of the model's shape
+    prompt.py   the prompt pass's GEMM: a many-row variant and a chunk length, by timings of the model's own linears
     saved.py    results saved per machine, model and settings; their keys and shapes
     budgets.py  how long each measurement may take
     machine.py  the machine's load, its key, a result's environment

@@ -7,9 +7,11 @@ from torch.nn import Module
 
 
 # Seconds each start-up measurement may take. On a quiet 2-core CPU the embedded 135M model needs
-# well under these (cache ~1 s, kernels ~7 s for three options, verification costs ~3 s); on a busy one they are
+# well under these (cache ~1 s, kernels ~7 s for three options, verification costs ~3 s, the prompt GEMM's variants
+# under 1 s); on a busy one they are
 # the ceiling: a measurement stops at its first check past the budget (at most one pass later).
-BUDGETS: Dict[str, float] = {"cache": 3.0, "prepack": 10.0, "verification": 5.0, "drafter": 2.0, "dtype": 2.0}
+BUDGETS: Dict[str, float] = {"cache": 3.0, "prepack": 10.0, "verification": 5.0, "drafter": 2.0, "dtype": 2.0,
+                             "prompt": 3.0}
 
 EMBEDDED_PARAMETERS = 135e6  # the budgets are set for the embedded SmolLM2-135M
 MAX_SCALE = 8.0

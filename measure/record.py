@@ -60,16 +60,19 @@ class Finding:
 class ModelMeasured:
     """One model's runner (its KV cache kind chosen) and kernels (``value``: a ``KernelChoice``, or None:
     a flag's, compiled, nothing to prepack, or a fallback to its own linears); ``cache`` None where the
-    kind was not measured (given by --cache, compiled, not on CPU)."""
+    kind was not measured (given by --cache, compiled, not on CPU); ``prompt`` its long passes' GEMM
+    (``measure.prompt``: ``value`` {"tile", "chunk"}), None where they do not run the float32 C step."""
 
     role: str  # "target" or "drafter"
     runner: RunnerConfig
     kernels: Finding
     cache: Optional[Finding] = None
+    prompt: Optional[Finding] = None
 
     def as_dict(self) -> dict:
         return {"runner": {"cache": self.runner.cache, "compile": self.runner.compile}, "kernels": self.kernels.as_dict(),
-                "cache": None if self.cache is None else self.cache.as_dict()}
+                "cache": None if self.cache is None else self.cache.as_dict(),
+                "prompt": None if self.prompt is None else self.prompt.as_dict()}
 
 
 @dataclass(frozen=True)
@@ -95,17 +98,18 @@ class Measured:
     def noisy(self) -> bool:
         """Whether any figure is noisy (a busy machine, a budget cut short)."""
         models = [m for m in (self.target, self.drafter) if m is not None]
-        found = [m.kernels for m in models] + [m.cache for m in models] + [self.dtype]
+        found = [m.kernels for m in models] + [m.cache for m in models] + [m.prompt for m in models] + [self.dtype]
         found += [self.costs.row_costs, self.costs.draft_cost] if self.costs is not None else []
         return bool(self.busy) or any(f is not None and f.noisy for f in found)
 
     def notes(self, role: str) -> Dict[str, str]:
-        """The header's words on ``role``'s model: {"cache": ..., "kernels": ...} where they were chosen here."""
+        """The header's words on ``role``'s model: {"cache": ..., "kernels": ..., "prompt": ...} where they were chosen here."""
         model = self.target if role == "target" else self.drafter
         if model is None:
             return {}
         notes = {"cache": model.cache.line} if model.cache is not None else {}
-        return {**notes, "kernels": model.kernels.line} if model.kernels.line else notes
+        notes = {**notes, "kernels": model.kernels.line} if model.kernels.line else notes
+        return {**notes, "prompt": model.prompt.line} if model.prompt is not None and model.prompt.line else notes
 
     def lines(self) -> List[str]:
         """What the programs print after the header: the verification costs and the drafter's cost."""

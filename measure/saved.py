@@ -113,8 +113,25 @@ def _cost(result: dict) -> None:
         raise ValueError("expected a cost from 0 to 1000 and a note")
 
 
+def _pairs(found, least: int) -> bool:
+    """Whether ``found`` is a non-empty list of [whole number >= least, positive seconds]."""
+    return isinstance(found, list) and bool(found) and all(
+        isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) and p[0] >= least
+        and isinstance(p[1], (int, float)) and p[1] > 0 for p in found)
+
+
+def _prompt(result: dict) -> None:
+    if not isinstance(result.get("line"), str):
+        raise ValueError("expected a line")
+    if result.get("tiles") is None:  # a fallback: the default plan
+        return
+    flops = result.get("flops")
+    if not _pairs(result["tiles"], 0) or not _pairs(result.get("chunks"), 1) or not isinstance(flops, (int, float)) or flops <= 0:
+        raise ValueError("expected [variant, seconds] and [chunk, seconds] pairs and positive flops")
+
+
 # the shape each kind of saved result must have (ValueError: why not); a kind not named is taken as it is
 SHAPES: Dict[str, Callable[[dict], None]] = {
     "kernels": _kernels, "cache": _choice("cache", CACHES), "verification": _costs, "drafter": _cost,
-    "dtype": _choice("dtype", ("float32", "bfloat16")),
+    "dtype": _choice("dtype", ("float32", "bfloat16")), "prompt": _prompt,
 }

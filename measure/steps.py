@@ -15,6 +15,7 @@ from torch.nn import Module
 
 import measure.dtype as dtype
 import measure.kernels as kernels
+import measure.prompt as prompt
 import measure.saved as saved
 import measure.timing as timing
 from measure.budgets import budget_seconds
@@ -125,15 +126,46 @@ def cache_step(model: Module, role: str, options: Options) -> Finding:
     return _found(result["cache"], _with_source(result["line"], _reused(when)), when, noisy)
 
 
+def prompt_step(model: Module, role: str, runner: RunnerConfig, options: Options) -> Optional[Finding]:
+    """The GEMM of the model's long passes (``measure.prompt``: a many-row variant and a chunk length,
+    given to the model, ``kernels.prompt_gemm.set_plan``) within its budget, or saved; None where its long
+    passes do not run the float32 C step. A budget spent first: the default plan, and the line says so.
+    ``value``: {"tile": variant, "chunk": positions}."""
+    if not prompt.measurable(model, runner):
+        return None
+    from kernels.prompt_gemm import DEFAULT, describe, set_plan
+
+    key = {**machine_key(), "model": saved.model_identity(model), "skinny": skinny.identity(), "rows": prompt.ROWS,
+           "chunks": list(prompt.CHUNKS), "repeats": prompt.REPEATS}
+
+    def measure() -> Tuple[dict, bool]:
+        budget = _budget("prompt", f"the {role}'s prompt GEMM (its many-row variants over {prompt.ROWS} positions, then chunks of "
+                         f"{'/'.join(map(str, prompt.CHUNKS))}, {prompt.REPEATS} rounds", options, model)
+        choice, names = prompt.measure_model(model, budget)
+        budget.finish()
+        if choice is None:
+            return {"tiles": None, "line": f"{describe(DEFAULT, skinny.library())} (fallback: {budget.reason})"}, True
+        cut = f"; {budget.reason}: chunk lengths not all timed" if budget.stopped else ""
+        return {**choice.as_result(), "line": choice.line(names, skinny.library())[:-1] + cut + ")"}, budget.stopped
+
+    result, when, noisy = remembered("prompt", key, measure, options)
+    plan = DEFAULT if result["tiles"] is None else prompt.PromptChoice.from_result(result).plan()
+    set_plan(model, plan)
+    return _found({"tile": plan.tile, "chunk": plan.chunk or prompt.DEFAULT_CHUNK}, _with_source(result["line"], _reused(when)),
+                  when, noisy)
+
+
 def model_step(model: Module, role: str, runner: RunnerConfig, options: Options) -> ModelMeasured:
-    """One model's kernels, then (``--cache auto``, eager on CPU, transformers' forward) its KV cache
-    kind, put in its runner; the lean forward (``runners.lean``) has one cache kind, static."""
+    """One model's kernels, its long passes' GEMM where they run the C step, then (``--cache auto``,
+    eager on CPU, transformers' forward) its KV cache kind, put in its runner; the lean forward
+    (``runners.lean``) has one cache kind, static."""
     found = kernels_step(model, role, runner, options)
+    long_passes = prompt_step(model, role, runner, options)
     if (options.cache != "auto" or runner.compiled_for(model) or runner.gguf is not None or model_device(model).type != "cpu"
             or runner.lean_for(model)):
-        return ModelMeasured(role, runner, found)
+        return ModelMeasured(role, runner, found, prompt=long_passes)
     cache = cache_step(model, role, options)
-    return ModelMeasured(role, runner.with_(cache=cache.value), found, cache)
+    return ModelMeasured(role, runner.with_(cache=cache.value), found, cache, long_passes)
 
 
 def given_costs(options: Options) -> Optional[Finding]:

@@ -3,7 +3,7 @@ each under its own heading, after one line naming the CPU and the vector extensi
 
 - ``step_bound.py``: the C step's one-position pass against a read of its own weights (the memory bound),
   the linears alone, wider passes, target AR's tokens/s;
-- ``prompt_pass.py``: the prompt pass at 210 and 769 positions (GFLOP/s, against the torch forward on
+- ``prompt_pass.py``: the prompt pass at 210 and 769 positions (GFLOP/s beside the FMA peak, against the torch forward on
   MKL) and a one-position pass after 700 cached positions;
 - ``head_cost.py``: the EAGLE-3 head's draft step against a target pass;
 - ``anchor_ar.py``: target AR against OpenVINO GenAI on the same prompts, where its probe's folder

@@ -1,80 +1,136 @@
-"""The prompt pass and a long context's one-position pass on the embedded SmolLM2-135M (float32):
+"""The prompt pass and a long context's one-position pass on the embedded SmolLM2-135M (float32), beside
+the cores' float32 FMA peak (``measure.peak``: clock x FMA units x lanes x 2, each part's source named):
 
-- a prompt pass (a fresh cache, logits of the last position) over 210 and 769 positions, on the
-  C step and on the lean torch forward over the model's own linears (MKL), interleaved, medians,
-  with the pass's GFLOP/s (2 * the linear layers' parameters * positions / seconds: the output
-  layer counts once, as only the last position's logits are computed);
+- a prompt pass (a fresh cache, logits of the last position) over each of ``--lengths`` positions on the
+  C step under each prompt plan asked (``--tiles``: the many-row GEMM's variants, ``kernels/skinny_tiles.c``;
+  ``--chunks``: positions per C call) and on the lean torch forward over the model's own linears (MKL),
+  interleaved, medians, with the pass's GFLOP/s (2 * the linear layers' parameters * positions / seconds:
+  the output layer counts once, as only the last position's logits are computed; attention not counted)
+  and its share of the peak;
+- each variant's GFLOP/s on the linears alone (one decoder layer's q/k/v, o, gate/up and down over 256
+  positions, a layer per sample in turn: what the start-up measurement times, ``measure.prompt``);
 - a one-position pass after 700 cached positions on the C step (attention over a long context).
 
-    .venv/bin/python scripts/prompt_pass.py                  # the figures (run alone)
-    .venv/bin/python scripts/prompt_pass.py --rounds 1 --lengths 70 --context 80   # a smoke run
+    .venv/bin/python scripts/prompt_pass.py                                   # the default plan (run alone)
+    .venv/bin/python scripts/prompt_pass.py --tiles all --chunks 128 256 512 --lengths 210 660 671 767 769
+    .venv/bin/python scripts/prompt_pass.py --rounds 1 --lengths 70 --context 80 --tiles all   # a smoke run
 """
 import argparse
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def main(argv: List[str] | None = None) -> None:
+def parse(argv: List[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[210, 769], help="prompt passes' positions")
     parser.add_argument("--context", type=int, default=700, help="cached positions before the one-position pass")
     parser.add_argument("--rounds", type=int, default=5, help="timed repeats of each measurement (median)")
     parser.add_argument("--threads", type=int, default=None, help="torch's threads (default: its own count)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--tiles", nargs="+", default=["0"], help="the many-row variants to run the prompt on: indices, or all")
+    parser.add_argument("--chunks", type=int, nargs="+", default=[256], help="chunk lengths (positions per C call)")
+    parser.add_argument("--no-torch", action="store_true", help="leave out the torch forward on MKL")
+    return parser.parse_args(argv)
+
+
+def prompt_passes(model, ids, plans: Dict[str, object], lengths: List[int], rounds: int) -> Dict[Tuple[str, int], List[float]]:
+    """Seconds of each plan's prompt pass over each length, ``rounds`` interleaved rounds after a warm-up.
+    A plan: a ``PromptPlan`` (the C step), or False (the model's own linears, the torch forward)."""
+    from kernels.prompt_gemm import set_plan
+    from runners import LeanRunner, kernels
+
+    times: Dict[Tuple[str, int], List[float]] = {(name, n): [] for name in plans for n in lengths}
+    runners = {name: LeanRunner(model) for name in plans}
+    for round_ in range(rounds + 1):  # round 0 warms up, outside the figures
+        for name, plan in plans.items():
+            if plan is not False:
+                set_plan(model, plan)
+            with kernels(model, False if plan is False else None):
+                for n in lengths:
+                    runners[name].rollback(0)
+                    start = time.perf_counter()
+                    runners[name](ids[:, :n], 1)
+                    if round_:
+                        times[name, n].append(time.perf_counter() - start)
+    for name, plan in plans.items():
+        assert (runners[name].step_passes > 0) == (plan is not False), name
+    return times
+
+
+def linears_alone(model, tiles, rounds: int) -> Dict[int, float]:
+    """Each variant's GFLOP/s on one layer's linears over 256 positions (``measure.prompt``'s samples), medians."""
+    from kernels import skinny
+    from kernels.c_step import CStep
+    from measure.prompt import ROWS, layer_seconds
+
+    run, flops = layer_seconds(CStep(model), skinny.library(), torch.get_num_threads())
+    timed: Dict[int, List[float]] = {t.index: [] for t in tiles}
+    for round_ in range(rounds + 1):
+        for tile in tiles:
+            seconds = run(tile.index, ROWS)
+            if round_:
+                timed[tile.index].append(seconds)
+    return {index: flops * ROWS / statistics.median(times) / 1e9 for index, times in timed.items()}
+
+
+def one_position(model, ids, context: int, rounds: int) -> float:
+    """Median seconds of a one-position C step pass after ``context`` cached positions."""
+    from runners import LeanRunner
+
+    step = LeanRunner(model)
+    step(ids[:, :context], 1)
+    one = []
+    for round_ in range(rounds + 1):
+        start = time.perf_counter()
+        step(ids[:, : context + 1], 1)
+        if round_:
+            one.append(time.perf_counter() - start)
+        step.rollback(context)
+    return statistics.median(one)
+
+
+def main(argv: List[str] | None = None) -> None:
+    args = parse(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from kernels import c_step, skinny
-    from runners import LeanRunner, kernels
+    from kernels import skinny
+    from kernels.one_copy import held
+    from kernels.prompt_gemm import PromptPlan, tiles
+    from measure.peak import machine_peak
     from utils.models import load_embedded
 
     model, tokenizer = load_embedded()
-    layers = model.model.layers
-    linear = sum(p.numel() for layer in layers for p in layer.parameters() if p.dim() == 2)
+    built = tiles(skinny.library())
+    chosen = built if args.tiles == ["all"] else [built[int(i)] for i in args.tiles]
+    linear = sum(p.numel() for layer in model.model.layers for p in layer.parameters() if p.dim() == 2)
     head = model.get_output_embeddings().weight.numel()
-    longest = max(max(args.lengths), args.context + 1)
-    ids = torch.randint(len(tokenizer), (1, longest), generator=torch.Generator().manual_seed(0))
-    plans = {"C step": None, "torch, own (MKL)": False}
-    times: Dict[tuple, List[float]] = {(name, n): [] for name in plans for n in args.lengths}
-    from kernels.one_copy import held
-
+    ids = torch.randint(len(tokenizer), (1, max(max(args.lengths), args.context + 1)), generator=torch.Generator().manual_seed(0))
+    plans: Dict[str, object] = {f"C step, tile {t.name()}, chunks of {c}": PromptPlan(t.index, c) for t in chosen for c in args.chunks}
+    if not args.no_torch:
+        plans["torch, own (MKL)"] = False
+    peak = machine_peak(torch.get_num_threads(), skinny.library().skinny_simd())
     with torch.inference_mode(), held(model):  # "own" on the model's own weights (the C step frees them elsewhere)
-        runners = {name: LeanRunner(model) for name in plans}
-        for round_ in range(args.rounds + 1):  # round 0 warms up, outside the figures
-            for name, value in plans.items():
-                with kernels(model, value):
-                    for n in args.lengths:
-                        runners[name].rollback(0)
-                        start = time.perf_counter()
-                        runners[name](ids[:, :n], 1)
-                        if round_:
-                            times[name, n].append(time.perf_counter() - start)
-        step = runners["C step"]
-        assert step.step_passes > 0 and runners["torch, own (MKL)"].step_passes == 0
-        step.rollback(0)
-        step(ids[:, : args.context], 1)
-        one = []
-        for round_ in range(args.rounds + 1):
-            start = time.perf_counter()
-            step(ids[:, : args.context + 1], 1)
-            if round_:
-                one.append(time.perf_counter() - start)
-            step.rollback(args.context)
+        times = prompt_passes(model, ids, plans, args.lengths, args.rounds)
+        alone = linears_alone(model, chosen, args.rounds)
+        one = one_position(model, ids, args.context, args.rounds)
     print(f"embedded SmolLM2-135M · float32 · {torch.get_num_threads()} threads · kernel {skinny.identity()} "
-          f"(AVX width {skinny.library().skinny_simd()}) · C step in chunks of {c_step.CHUNK_ROWS} positions · "
-          f"median of {args.rounds}")
+          f"(AVX width {skinny.library().skinny_simd()}) · median of {args.rounds}")
+    print(peak.line())
     for n in args.lengths:
         flops = 2 * (linear * n + head)
-        line = ", ".join(f"{name} {1e3 * statistics.median(times[name, n]):.1f} ms "
-                         f"({flops / statistics.median(times[name, n]) / 1e9:.0f} GFLOP/s)" for name in plans)
-        print(f"prompt pass of {n} positions: {line}")
-    print(f"one-position pass after {args.context} cached positions, C step: {1e3 * statistics.median(one):.2f} ms")
+        for name in plans:
+            seconds = statistics.median(times[name, n])
+            print(f"prompt pass of {n} positions, {name}: {1e3 * seconds:.1f} ms ({flops / seconds / 1e9:.0f} GFLOP/s, "
+                  f"{100 * flops / seconds / 1e9 / peak.gflops():.0f}% of the peak)")
+    for tile in chosen:
+        print(f"linears alone, tile {tile.name()}: {alone[tile.index]:.0f} GFLOP/s ({100 * alone[tile.index] / peak.gflops():.0f}% of the peak)")
+    print(f"one-position pass after {args.context} cached positions, C step: {1e3 * one:.2f} ms")
 
 
 if __name__ == "__main__":
