@@ -19,6 +19,7 @@ from drafters.base import Drafter
 from drafters.spec import DraftContext, DrafterSpec
 from eagle.head import Eagle3Head, HeadCache
 from eagle.head_step import HeadStepCache
+from kernels.head_step import cache_dtype
 from runners.hidden import check_layers
 from runners.limits import output_vocab_size
 from utils.parsing import check_positive_int
@@ -80,7 +81,7 @@ class EagleDrafter(Drafter):
         head = self.head
         if self.cache is None:
             self.cache = HeadStepCache(head, 2 * cur) if self.compiled else \
-                HeadCache(head, max(256, 2 * cur), following.device, head.fc.weight.dtype)
+                HeadCache(head, max(256, 2 * cur), following.device, cache_dtype(head))  # float32 for the C head step
         start = self.fed
         out, logits = self._draft_step(following, start, features=self.features[start : cur - 1])
         self.fed = cur - 1

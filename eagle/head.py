@@ -190,11 +190,11 @@ class Eagle3Head(nn.Module):
         """``[Vd]`` the target id of every draft token."""
         return self.d2t + torch.arange(len(self.d2t), device=self.d2t.device)
 
-    def rotary(self, positions: Tensor) -> Tuple[Tensor, Tensor]:
-        """cos, sin ``[..., d]`` at ``positions`` (any shape)."""
+    def rotary(self, positions: Tensor, dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
+        """cos, sin ``[..., d]`` at ``positions`` (any shape), in ``dtype`` (None: the head's)."""
         angles = positions.to(torch.float32).unsqueeze(-1) * self.inv_freq
         angles = torch.cat([angles, angles], dim=-1)
-        dtype = self.fc.weight.dtype
+        dtype = dtype or self.fc.weight.dtype
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
     def logits(self, hidden: Tensor) -> Tensor:
@@ -227,30 +227,32 @@ class Eagle3Head(nn.Module):
         """``decode`` of tokens ``ids`` ``[m]`` with ``hidden`` ``[m, H]`` (the layer's outputs) or the target's
         ``features`` ``[m, F]`` (fused by ``fc``), then the draft logits of the last ``n_last`` rows: returns
         outputs ``[m, H]`` and logits ``[n_last, Vd]``. One C call (``kernels.head_step``) where the head runs
-        it (float32 CPU, library built, no forward hooks: ``step_kind``), else the torch step; the same up to rounding."""
+        it (float32 or bfloat16 CPU, library built, no forward hooks, a float32 ``cache``: ``step_kind``), else the
+        torch step (a bfloat16 head's float32 cache cast to bfloat16 for it, and kept so); the same up to rounding."""
         m = ids.shape[0]
         if positions is None:
             positions = torch.arange(start, start + m, device=ids.device)
-        step = None if self.hooked() else self._c_step()  # a hooked head: the torch step, whose modules fire their hooks
+        # a hooked head: the torch step, whose modules fire their hooks
+        step = None if self.hooked() or cache.keys.dtype != torch.float32 else self._c_step()
         embeds = self.embed(ids.unsqueeze(0))[0]
         if step is None:
-            if features is not None:
-                hidden = self.fc(features.to(self.fc.weight.dtype))
+            dtype = self.fc.weight.dtype
+            cache.cast(dtype)
+            hidden = self.fc(features.to(dtype)) if features is not None else hidden.to(dtype)
             out = self.decode(cache, embeds.unsqueeze(0), hidden.unsqueeze(0), start, mask, positions)[0]
             return out, self.logits(out[m - n_last :])
         cache.reserve(start + m)
-        features = None if features is None else features.to(torch.float32)
-        return step(cache, embeds, hidden, features, self.rotary(positions), start, mask, n_last)
+        return step(cache, embeds, hidden, features, self.rotary(positions, torch.float32), start, mask, n_last)
 
     def step_kind(self) -> str:
         """What runs the draft step here: the C head step, or the torch step and why."""
-        from kernels.head_step import LABEL, TORCH_LABEL, head_step_unsupported
+        from kernels.head_step import TORCH_LABEL, head_step_unsupported, label
 
         from runners.hooks import hooked_modules
 
         hooks = hooked_modules(self)
         why = f"the head has forward hooks: {', '.join(hooks)}" if hooks else head_step_unsupported(self)
-        return LABEL if why is None else f"{TORCH_LABEL} ({why})"
+        return label(self) if why is None else f"{TORCH_LABEL} ({why})"
 
     def hooked(self) -> bool:
         """Whether the head has forward hooks now (``runners.hooks``, read at every step): its draft steps then
@@ -340,6 +342,11 @@ class HeadCache:
             held = self.keys.shape[2]
             keys[:, :, :held], values[:, :, :held] = self.keys, self.values
             self.keys, self.values = keys, values
+
+    def cast(self, dtype: torch.dtype) -> None:
+        """Keys and values in ``dtype`` from now on (a torch step after C ones: float32 rounded once)."""
+        if self.keys.dtype != dtype:
+            self.keys, self.values = self.keys.to(dtype), self.values.to(dtype)
 
     def write(self, start: int, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor]:
         """Keys and values at slots ``start..``; returns views over slots ``0..start+m-1``."""

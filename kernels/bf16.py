@@ -59,3 +59,14 @@ def linear(x: Tensor, packed: Tensor, n: int, bias: Optional[Tensor], path: Opti
     loaded.skinny_linear_bf16(path, x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
                               x.shape[0], n, x.shape[1], torch.get_num_threads())
     return out
+
+
+def layer_rows(x: Tensor, packed: Tensor, n: int, bias: Optional[Tensor]) -> Tensor:
+    """A bfloat16 layer on the skinny route (``kernels.prepacking.PrepackedLinear``): ``x`` ``[..., K]``
+    bfloat16 CPU times its weight blocked in bfloat16 (``packed``) -> ``[..., n]`` bfloat16: the rows
+    widened to float32 (exactly), ``linear``'s float32 sums (+ ``bias``), rounded to bfloat16 once, each
+    row alone. Rows of another dtype or device raise, in one line, as ``F.linear``'s mismatch would."""
+    if x.dtype != torch.bfloat16 or x.device.type != "cpu" or x.shape[-1] != packed.shape[1]:
+        raise RuntimeError(f"a bfloat16 layer takes bfloat16 CPU rows of {packed.shape[1]} features, got {x.dtype} {x.device} {tuple(x.shape)}")
+    rows = x.reshape(-1, x.shape[-1]).float()
+    return linear(rows, packed, n, bias).to(torch.bfloat16).reshape(*x.shape[:-1], n)

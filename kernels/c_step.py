@@ -3,7 +3,7 @@ over the model's weights blocked once for the skinny kernel (``kernels.blocked``
 one matrix, gate/up into another; the layers' own skinny route reads views of the same copies).
 A bfloat16 model's weights are blocked in bfloat16 and read by ``skinny_bf16.c`` on the path this
 machine takes (``kernels.bf16``, named by ``label``); the rest of its pass, its KV cache and its
-logits are float32 (its own weights stay too: only float32 layers are released).
+logits are float32; its decoder layers are released as a float32 model's are (``kernels.one_copy``).
 
 ``CStep(model)`` holds the weights' addresses; ``step(h, cos, sin, cache, start, seen, n_last,
 hidden_layers)`` runs one pass, on the model's weights as they are then: a step whose model changed
@@ -79,12 +79,12 @@ def _norm_weight(norm: Optional[Module], spec: ModelSpec) -> Optional[Tensor]:
 
 
 class _Released:
-    """What the checks read of a released layer (``kernels.one_copy``): its weight's shape, float32 on
-    CPU (it was when blocked), without unblocking it."""
+    """What the checks read of a released layer (``kernels.one_copy``): its weight's shape and dtype
+    (its blocks', float32 or bfloat16), on CPU (it was when blocked), without unblocking it."""
 
     def __init__(self, layer: Module):
-        self.weight = torch.empty((), dtype=torch.float32).expand(layer.out_features, layer.in_features)
-        self.bias, self.out_features = layer.bias, layer.out_features
+        self.weight = torch.empty((), dtype=layer.blocks.dtype).expand(layer.out_features, layer.in_features)
+        self.bias, self.out_features, self.in_features = layer.bias, layer.out_features, layer.in_features
 
 
 def _own(linear: Module):
@@ -214,7 +214,7 @@ def label(model: Module) -> str:
 class CStep:
     """The model's weights as the C step reads them; bound to a cache by ``bind``. Shapes: ``r``
     positions a pass feeds, ``H`` hidden size, ``D`` head size, ``V`` vocabulary. Making it releases
-    the decoder layers' own float32 weights (``kernels.one_copy``): the blocked copies are their one copy."""
+    the decoder layers' own weights (``kernels.one_copy``): the blocked copies are their one copy."""
 
     def __init__(self, model: Module):
         self.model = weakref.ref(model)  # weakly: a runner holds its model, the step never keeps one alive
@@ -243,8 +243,7 @@ class CStep:
         if reason is not None:
             raise ValueError(reason)
         self.library = skinny.library()
-        if weights_format(model, self.library) == bf16.F32:
-            release(model)  # only float32 layers are released (``kernels.one_copy``): a bfloat16 model keeps its own weights too
+        release(model)  # float32 or bfloat16: the blocked copies are the layers' one copy (``kernels.one_copy``)
         config, body, spec = model.config, model.model, model_spec(model)
         self.spec = spec
         self.layers = list(body.layers[: config.num_hidden_layers])

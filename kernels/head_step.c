@@ -1,5 +1,6 @@
 /* A draft step of an EAGLE-3 head (eagle/head.py) in one C call, float32 on CPU, on the C step's
- * kernels: the skinny kernel (skinny_gemm.c) on weights blocked once, the rest row by row
+ * kernels: the skinny kernel (skinny_gemm.c) on weights blocked once, float32 or bfloat16 (then
+ * skinny_bf16.c's path, HeadDims.weights, as c_step.c reads them), the rest row by row
  * (step_rows.h), so a row's result never depends on the step's width nor on the thread count.
  *
  * For each of m fed positions, as eagle/head.py computes it:
@@ -19,21 +20,23 @@
 
 #include "step_rows.h"
 
-void skinny_rows(const float *x, const float *p, const float *b, float *y, int64_t M, int64_t N, int64_t K);
+/* the linears: skinny_gemm.c's on float32 weights, skinny_bf16.c's on bfloat16 (format: HeadDims.weights) */
+void skinny_rows_as(int64_t format, const float *x, const void *p, const float *b, float *y, int64_t M, int64_t N, int64_t K);
 
-typedef struct {
-    const float *fc, *fc_bias;                      /* blocked [H / 16, F, 16]; bias [H] or NULL */
+typedef struct {  /* blocked: in HeadDims.weights' format; norms and the fc bias float32 */
+    const void *fc; const float *fc_bias;           /* blocked [H / 16, F, 16]; bias [H] or NULL */
     const float *in_norm, *hidden_norm, *post_norm; /* [H] */
-    const float *qkv;                               /* blocked [(Hq + 2 Hkv) D / 16, 2H, 16] */
-    const float *o;                                 /* blocked [H / 16, Hq D, 16] */
-    const float *gate_up, *down;                    /* blocked [2 I / 16, H, 16], [H / 16, I, 16] */
-    const float *norm, *lm_head;                    /* [H]; blocked [Vd / 16, H, 16] */
+    const void *qkv;                                /* blocked [(Hq + 2 Hkv) D / 16, 2H, 16] */
+    const void *o;                                  /* blocked [H / 16, Hq D, 16] */
+    const void *gate_up, *down;                     /* blocked [2 I / 16, H, 16], [H / 16, I, 16] */
+    const float *norm; const void *lm_head;         /* [H]; blocked [Vd / 16, H, 16] */
     float *keys, *values;                           /* the head's cache [Hkv, cap, D] */
 } HeadWeights;
 
 typedef struct {
     int64_t H, F, Hq, Hkv, D, I, Vd, cap, norm_before_residual;
     float eps, scale;
+    int64_t weights; /* the blocked weights' format and the path that reads them: skinny_bf16.c's F32, BF16_* */
 } HeadDims;
 
 /* The scratch floats head_step needs for m positions on `threads` threads. */
@@ -61,7 +64,7 @@ int head_step(const HeadWeights *w, const HeadDims *d, const float *emb, const f
         uint8_t *seen = (uint8_t *)(s + d->cap);
         if (t == 0) ran = omp_get_num_threads();
         if (features) {
-            skinny_rows(features, w->fc, w->fc_bias, g, m, H, d->F);
+            skinny_rows_as(d->weights, features, w->fc, w->fc_bias, g, m, H, d->F);
 #pragma omp barrier
         }
 #pragma omp for schedule(static)
@@ -70,7 +73,7 @@ int head_step(const HeadWeights *w, const HeadDims *d, const float *emb, const f
             rms_norm(g + i * H, w->hidden_norm, d->eps, x + i * 2 * H + H, H);
             memcpy(out + i * H, d->norm_before_residual ? x + i * 2 * H + H : g + i * H, H * sizeof(float));
         }
-        skinny_rows(x, w->qkv, NULL, qkv, m, nqkv, 2 * H);
+        skinny_rows_as(d->weights, x, w->qkv, NULL, qkv, m, nqkv, 2 * H);
 #pragma omp barrier
 #pragma omp for schedule(static) collapse(2)
         for (int64_t i = 0; i < m; i++)
@@ -91,14 +94,14 @@ int head_step(const HeadWeights *w, const HeadDims *d, const float *emb, const f
                 attend(qkv + i * nqkv + head * D, w->keys + kv * d->cap * D, w->values + kv * d->cap * D, seen,
                        seen_mask ? L : upto, D, d->scale, s, att + (i * Hq + head) * D);
             }
-        skinny_rows(att, w->o, NULL, delta, m, H, Hq * D);
+        skinny_rows_as(d->weights, att, w->o, NULL, delta, m, H, Hq * D);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < m; i++) {
             for (int64_t k = 0; k < H; k++) out[i * H + k] += delta[i * H + k];
             rms_norm(out + i * H, w->post_norm, d->eps, normed + i * H, H);
         }
-        skinny_rows(normed, w->gate_up, NULL, gu, m, 2 * I, H);
+        skinny_rows_as(d->weights, normed, w->gate_up, NULL, gu, m, 2 * I, H);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < m; i++)
@@ -106,14 +109,14 @@ int head_step(const HeadWeights *w, const HeadDims *d, const float *emb, const f
                 float gate = gu[i * 2 * I + k];
                 act[i * I + k] = gate / (1.0f + fexp(-gate)) * gu[i * 2 * I + I + k];
             }
-        skinny_rows(act, w->down, NULL, delta, m, H, I);
+        skinny_rows_as(d->weights, act, w->down, NULL, delta, m, H, I);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < m; i++) {
             for (int64_t k = 0; k < H; k++) out[i * H + k] += delta[i * H + k];
             if (i >= m - n_last) rms_norm(out + i * H, w->norm, d->eps, normed + (i - (m - n_last)) * H, H);
         }
-        skinny_rows(normed, w->lm_head, NULL, logits, n_last, d->Vd, H);
+        skinny_rows_as(d->weights, normed, w->lm_head, NULL, logits, n_last, d->Vd, H);
     }
     return ran;
 }

@@ -1,7 +1,9 @@
 """An EAGLE-3 head's draft step in one C call (``head_step.c``) on the C step's kernels: its fc, its
 one decoder layer (q/k/v over ``2H`` inputs), its own KV cache, norms, RoPE and output layer, float32
-on CPU over weights blocked once (``kernels.blocked``). A row's result depends only on its own row and
-the cache, never on the step's width or the thread count, as in ``c_step.c``.
+on CPU over weights blocked once (``kernels.blocked``). A bfloat16 head's weights are blocked in
+bfloat16 and read by the C step's bfloat16 path (``kernels.bf16``); the rest of its step, its cache
+(``cache_dtype``) and its logits are float32. A row's result depends only on its own row and the
+cache, never on the step's width or the thread count, as in ``c_step.c``.
 
 ``head_step_unsupported(head)`` says why a head cannot run it (None: it can); ``HeadStep(head)``
 holds the weights' addresses and runs a step. ``eagle.head.Eagle3Head.draft_step`` falls back to
@@ -14,11 +16,26 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
+import kernels.bf16 as bf16
 import kernels.skinny as skinny
 from kernels.blocked import blocked, fusable, fused
 
 LABEL = "C head step (skinny linears on blocked weights)"
 TORCH_LABEL = "torch head step"
+
+
+def label(head: Module) -> str:
+    """What the header calls the C head step running ``head``: ``LABEL``, with a bfloat16 head's path
+    ("C head step (bfloat16 weights read by the avx512_bf16 dot, ...; skinny linears on blocked weights)")."""
+    if head.fc.weight.dtype != torch.bfloat16 or not skinny.available()[0]:
+        return LABEL
+    return f"C head step ({bf16.describe(bf16.chosen(skinny.library()))}; {LABEL.split(' (', 1)[1]}"
+
+
+def cache_dtype(head: Module) -> torch.dtype:
+    """The dtype of a head cache (``eagle.head.HeadCache``) the head's draft steps write: float32 where the
+    C head step runs them (a bfloat16 head's too: the step computes in float32), else the head's own."""
+    return torch.float32 if head_step_unsupported(head) is None else head.fc.weight.dtype
 
 
 class _Weights(ctypes.Structure):
@@ -29,7 +46,7 @@ class _Weights(ctypes.Structure):
 
 class _Dims(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in ("H", "F", "Hq", "Hkv", "D", "I", "Vd", "cap", "norm_before_residual")] + \
-               [("eps", ctypes.c_float), ("scale", ctypes.c_float)]
+               [("eps", ctypes.c_float), ("scale", ctypes.c_float), ("weights", ctypes.c_int64)]
 
 
 def head_step_unsupported(head: Module) -> Optional[str]:
@@ -42,8 +59,11 @@ def head_step_unsupported(head: Module) -> Optional[str]:
     linears = [head.fc, a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj, head.lm_head]
     if any(type(x) is not torch.nn.Linear or x._forward_hooks or x._forward_pre_hooks for x in linears):
         return "a linear layer is quantized, hooked or not nn.Linear"
-    if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in head.parameters()):
-        return "the C head step runs float32 weights on CPU"
+    dtype = head.fc.weight.dtype
+    if any(p.dtype != dtype or p.dtype not in (torch.float32, torch.bfloat16) or p.device.type != "cpu" for p in head.parameters()):
+        return "the C head step runs float32 or bfloat16 weights on CPU"
+    if dtype == torch.bfloat16 and any(x.in_features % 2 for x in linears):
+        return "an input size is odd (bfloat16 weights are read in pairs)"
     if any(x.bias is not None for x in linears[1:]):
         return "its layer has biases"
     if not fusable([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]) or not fusable([mlp.gate_proj.weight, mlp.up_proj.weight]):
@@ -62,17 +82,19 @@ class HeadStep:
         if reason is not None:
             raise ValueError(reason)
         self.library = skinny.library()
+        bfloat16 = head.fc.weight.dtype == torch.bfloat16
         c, layer = head.config, head.layers[0]
         a, mlp = layer.self_attn, layer.mlp
         self.hidden, self.vocab = c.hidden_size, c.draft_vocab_size
         self.dims = _Dims(c.hidden_size, head.fc.in_features, a.heads, a.kv_heads, a.head_dim, mlp.gate_proj.out_features,
-                          c.draft_vocab_size, 0, int(layer.norm_before_residual), layer.input_layernorm.eps, a.head_dim ** -0.5)
-        parts = dict(fc=blocked(head.fc.weight, verify=skinny.holds), fc_bias=None if head.fc.bias is None else head.fc.bias.detach(),
-                     in_norm=layer.input_layernorm.weight.detach(), hidden_norm=layer.hidden_norm.weight.detach(),
-                     post_norm=layer.post_attention_layernorm.weight.detach(),
+                          c.draft_vocab_size, 0, int(layer.norm_before_residual), layer.input_layernorm.eps, a.head_dim ** -0.5,
+                          bf16.chosen(self.library) if bfloat16 else bf16.F32)
+        parts = dict(fc=blocked(head.fc.weight, verify=skinny.holds), fc_bias=None if head.fc.bias is None else head.fc.bias.detach().float(),
+                     in_norm=layer.input_layernorm.weight.detach().float(), hidden_norm=layer.hidden_norm.weight.detach().float(),
+                     post_norm=layer.post_attention_layernorm.weight.detach().float(),
                      qkv=fused([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], verify=skinny.holds), o=blocked(a.o_proj.weight, verify=skinny.holds),
                      gate_up=fused([mlp.gate_proj.weight, mlp.up_proj.weight], verify=skinny.holds), down=blocked(mlp.down_proj.weight, verify=skinny.holds),
-                     norm=head.norm.weight.detach(), lm_head=blocked(head.lm_head.weight, verify=skinny.holds))
+                     norm=head.norm.weight.detach().float(), lm_head=blocked(head.lm_head.weight, verify=skinny.holds))
         self.keep = []  # every tensor whose address the struct holds
         self.weights = _Weights()
         for name, tensor in parts.items():
@@ -86,17 +108,20 @@ class HeadStep:
                  start: int, mask: Optional[Tensor], n_last: int) -> Tuple[Tensor, Tensor]:
         """One step: ``embeds`` ``[m, H]``; ``hidden`` ``[m, H]`` (the layer's earlier outputs) or ``features``
         ``[m, F]`` (fused by fc); ``rope``: cos, sin ``[m, D]``; keys and values to slots ``start..`` of ``cache``
-        (``eagle.head.HeadCache``, holding them); ``mask`` ``[m, start + m]`` bool (a tree) or None (causal).
-        Returns the layer's outputs ``[m, H]`` and the draft logits ``[n_last, Vd]`` of the last rows."""
+        (``eagle.head.HeadCache``, float32, holding them); ``mask`` ``[m, start + m]`` bool (a tree) or None
+        (causal). Rows of any float dtype, read as float32. Returns the layer's outputs ``[m, H]`` and the
+        draft logits ``[n_last, Vd]`` of the last rows (float32)."""
         m, threads = embeds.shape[0], torch.get_num_threads()
         keys, values = cache.keys, cache.values
+        if keys.dtype != torch.float32:
+            raise ValueError(f"the C head step writes a float32 cache, not {keys.dtype}")
         self.weights.keys, self.weights.values, self.dims.cap = keys.data_ptr(), values.data_ptr(), keys.shape[2]
         needed = self.library.head_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(m), ctypes.c_int64(threads))
         if self.scratch.numel() < needed:
             self.scratch = torch.empty(needed)
-        embeds, cos, sin = embeds.contiguous(), rope[0].contiguous(), rope[1].contiguous()
-        g = torch.empty((m, self.hidden)) if features is not None else hidden.contiguous()
-        features = None if features is None else features.contiguous()
+        embeds, cos, sin = (t.to(torch.float32).contiguous() for t in (embeds, *rope))
+        g = torch.empty((m, self.hidden)) if features is not None else hidden.to(torch.float32).contiguous()
+        features = None if features is None else features.to(torch.float32).contiguous()
         out, logits = torch.empty((m, self.hidden)), torch.empty((n_last, self.vocab))
         seen = None if mask is None else mask.to(torch.uint8).contiguous()
         c = ctypes.c_void_p

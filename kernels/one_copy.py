@@ -12,6 +12,10 @@ route, what the start-up measurement chose) already lives on that module: every 
 forward included, runs what our rows run. A model with no plan gets the one the C step implies
 (``STEP_ROUTE``: the skinny kernel at every width), so its header names it.
 
+A bfloat16 model alike: its layers' copies are blocked in bfloat16 (``[N/16, K/2, 16, 2]`` in memory),
+so it holds about half a float32 model's bytes; its layers' forward reads them by the step's
+bfloat16 path (``kernels.bf16.layer_rows``: float32 sums, each output rounded to bfloat16 once).
+
 What stays twice: the output layer (its weight is the embedding table where they are tied, and the
 EAGLE head, the runners' limits and the head formats read its rows). The start-up kernel measurement
 holds one option's copy at a time (``kernels.holding``: the own weights given back for "own", released
@@ -27,7 +31,7 @@ import torch
 from torch import Tensor, UntypedStorage
 from torch.nn import Module
 
-from kernels.blocked import blocked, fused
+from kernels.blocked import DTYPES, blocked, fused
 from kernels.prepacking import OWN, SKINNY, PrepackedLinear, plan, prepackable, set_prepack
 
 NOTE = "the layers' weights held once, blocked"  # the headers' words
@@ -67,12 +71,13 @@ def group_blocks(modules: Sequence[Module]) -> Optional[Tensor]:
 
 def release(model: Module) -> bool:
     """Free the own weights of ``model``'s decoder-layer linears, keeping their blocked copies (made now
-    where they are not yet); whether they are released. Not where ``held``, nor where its layers cannot
+    where they are not yet), float32 or bfloat16 (a bfloat16 model's layers become ``PrepackedLinear``
+    here, on the step's route, blocked in bfloat16); whether they are released. Not where ``held``, nor where its layers cannot
     be ``PrepackedLinear`` (no oneDNN: ``set_prepack`` finds nothing), nor twice. The caller has
     checked that the C step takes the model (``kernels.c_step.step_unsupported``)."""
     if model in _HELD or model in _KEPT:
         return False
-    if plan(model) is None and not set_prepack(model, True, STEP_ROUTE):
+    if plan(model) is None and not set_prepack(model, True, STEP_ROUTE, DTYPES):
         return False
     layers = model.model.layers[: model.config.num_hidden_layers]
     if not all(type(x) is PrepackedLinear for layer in layers for group in groups(layer) for x in group):
@@ -150,7 +155,7 @@ def note(model: Module) -> str:
     """``NOTE`` where the C step's first pass over ``model`` releases its layers' weights (or has), else ""."""
     if any(released(m) for m in model.modules()):
         return NOTE
-    return NOTE if model not in _HELD and (plan(model) is not None or prepackable(model)) else ""
+    return NOTE if model not in _HELD and (plan(model) is not None or prepackable(model, DTYPES)) else ""
 
 
 @contextlib.contextmanager

@@ -1,7 +1,8 @@
 """Linear layers that run, at each pass width, the kernel measured fastest for it: a float32 CPU
 ``nn.Linear`` made the model's own ``PrepackedLinear`` module (``set_prepack``), so that every caller
 runs the same kernels, computed by the layer's own ``F.linear`` (MKL), by oneDNN from a weight
-reordered once, or by the skinny kernel (``kernels.skinny``), as its route says."""
+reordered once, or by the skinny kernel (``kernels.skinny``), as its route says. A bfloat16 layer is
+made one only by the C step (``kernels.one_copy.release``: the skinny kernel's route, its bfloat16 path)."""
 import copy
 import os
 import weakref
@@ -11,6 +12,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
+from kernels.blocked import DTYPES
 
 OWN, PREPACKED, SKINNY = "own", "prepacked", "skinny"  # the kernels a float32 CPU linear layer can run on
 # oneDNN's blocked weight layout is chosen for passes of this many rows (verification passes);
@@ -41,7 +43,7 @@ def _changed() -> None:
 
 
 class PrepackedLinear(Module):
-    """A float32 CPU ``nn.Linear`` that runs, for each pass width, the kernel its ``route`` names:
+    """A float32 (or, made so by the C step, bfloat16) CPU ``nn.Linear`` that runs, for each pass width, the kernel its ``route`` names:
     ``route[r - 1]`` for a pass over r positions (rows), the last entry for longer passes. The kernels:
     ``OWN`` (the layer's own ``F.linear``), ``PREPACKED`` (oneDNN, from a copy of its weight
     reordered once, made when a route first asks for it) and ``SKINNY`` (``kernels.skinny``, on the
@@ -134,7 +136,7 @@ class PrepackedLinear(Module):
 
     def _apply(self, fn, recurse=True):
         if self.blocks is not None:
-            probe = torch.empty(0)
+            probe = torch.empty(0, dtype=self.blocks.dtype)
             moved = fn(probe)
             if moved.dtype != probe.dtype or moved.device != probe.device:  # a real move or cast, not ``.float()`` of float32
                 self._restore_owner()
@@ -194,6 +196,11 @@ class PrepackedLinear(Module):
         if kernel == SKINNY:
             from kernels.skinny import skinny_blocked, skinny_linear
 
+            if _dtype(self) == torch.bfloat16 and self.in_features % 2 == 0:  # the C step's bfloat16 path (else F.linear)
+                from kernels.bf16 import layer_rows
+                from kernels.blocked import blocked
+
+                return layer_rows(x, self.blocks if self.blocks is not None else blocked(self.weight), self.out_features, self.bias)
             if self.blocks is not None:
                 return skinny_blocked(x, self.blocks, self.out_features, self.bias)
             return skinny_linear(x, self.weight, self.bias)
@@ -304,11 +311,12 @@ def remembered(own: torch.nn.Linear) -> Optional[PrepackedLinear]:
 Swap = Tuple[Dict[str, Module], str, PrepackedLinear, torch.nn.Linear]
 
 
-def prepackable(model: Module) -> List[Swap]:
+def prepackable(model: Module, dtypes: Sequence[torch.dtype] = (torch.float32,)) -> List[Swap]:
     """The model's float32 CPU linear layers (its own or already prepacked) with their prepacked
     copies; [] when none could be prepacked: without oneDNN, or when the copies would take more
     than a quarter of the machine's memory. Quantized, hooked (accelerate) or non-CPU layers, and
-    other dtypes, never are. A copy is remade when its layer's parameters change."""
+    other dtypes, never are. A copy is remade when its layer's parameters change. ``dtypes``: those
+    taken (the C step's bfloat16 too: ``kernels.one_copy.release``; a measurement's: float32 only)."""
     if not _can_prepack():
         return []
     found = []
@@ -317,15 +325,16 @@ def prepackable(model: Module) -> List[Swap]:
             own = child.linear[0] if type(child) is PrepackedLinear else child
             if type(own) is not torch.nn.Linear or hasattr(own, "_hf_hook") or own._forward_hooks or own._forward_pre_hooks:
                 continue
-            released = type(child) is PrepackedLinear and child.blocks is not None  # float32 CPU, checked when blocked
-            if not released and (own.weight.device.type != "cpu" or own.weight.dtype != torch.float32):
+            released = type(child) is PrepackedLinear and child.blocks is not None  # CPU, checked when blocked
+            weight = child.blocks if released else own.weight
+            if weight.device.type != "cpu" or weight.dtype not in dtypes:
                 continue
-            found.append((parent._modules, name, own))
-    size = sum(own.in_features * own.out_features * 4 for _, _, own in found)
+            found.append((parent._modules, name, own, weight.dtype))
+    size = sum(own.in_features * own.out_features * dtype.itemsize for _, _, own, dtype in found)
     if not found or size > _physical_memory() // 4:
         return []
     swaps = []
-    for modules, name, own in found:
+    for modules, name, own, _ in found:
         packed = modules[name] if type(modules[name]) is PrepackedLinear else remembered(own)
         if packed is None or packed.blocks is None and packed.source != _source(own):
             packed = PrepackedLinear(own)
@@ -334,7 +343,7 @@ def prepackable(model: Module) -> List[Swap]:
     return swaps
 
 
-def set_prepack(model: Module, on: bool, route: Sequence[str] = (PREPACKED,)) -> bool:
+def set_prepack(model: Module, on: bool, route: Sequence[str] = (PREPACKED,), dtypes: Sequence[torch.dtype] = (torch.float32,)) -> bool:
     """Make the model's float32 CPU linear layers ``PrepackedLinear`` (``on``) or its own
     ``nn.Linear`` again; returns whether they are ``PrepackedLinear`` now (False where ``prepackable``
     finds nothing). ``route``: the kernel by pass width 1..R (``OWN``, ``PREPACKED``, ``SKINNY``; a
@@ -342,11 +351,14 @@ def set_prepack(model: Module, on: bool, route: Sequence[str] = (PREPACKED,)) ->
     its width; oneDNN's copies of the weights are made only when the route uses them. The modules
     themselves change: every caller of the model, transformers' ``generate`` included, runs what
     this chose, and ``prepacked(model)`` / ``plan(model)`` read it back. Plain dict writes:
-    ``Module.__setattr__`` on 200 layers costs about a millisecond."""
+    ``Module.__setattr__`` on 200 layers costs about a millisecond. ``dtypes``: ``prepackable``'s, and
+    the dtypes of the layers already prepacked (a bfloat16 model's, by the C step: a route or the own
+    layers again reach them too)."""
     route = tuple(route)
     if on and (not route or any(k not in (OWN, PREPACKED, SKINNY) for k in route)):
         raise ValueError(f"a route names kernels among {OWN}, {PREPACKED}, {SKINNY}; got {route!r}")
-    swaps = prepackable(model) if on or prepacked(model) else []
+    present = {_dtype(m) for m in model.modules() if type(m) is PrepackedLinear} & set(DTYPES)
+    swaps = prepackable(model, (*dtypes, *present)) if on or prepacked(model) else []
     SWAPS[0] += 1
     for modules, name, packed, own in swaps:
         if not on:
@@ -357,6 +369,11 @@ def set_prepack(model: Module, on: bool, route: Sequence[str] = (PREPACKED,)) ->
             if PREPACKED in route and packed.packed is None:
                 packed._pack()
     return bool(on and swaps)
+
+
+def _dtype(layer: PrepackedLinear) -> torch.dtype:
+    """A prepacked layer's weight dtype (a released one's: its blocks')."""
+    return (layer.blocks if layer.blocks is not None else layer.linear[0].weight).dtype
 
 
 def prepacked(model: Module) -> bool:

@@ -1,8 +1,9 @@
 """The C step on bfloat16 weights (kernels/skinny_bf16.c, kernels/bf16.py): each path this build has
 (the avx512_bf16 dot, the AVX-512, AVX2 and plain-C widening loads, forced one at a time on this CPU)
 gives a position's logits whatever the pass width or tree, so greedy drafting rows emit bfloat16
-target AR's tokens; the widening paths are the float32 step on the widened weights bit for bit; the
-dot path computes the sums it documents; all stay close to transformers' forward."""
+target AR's tokens (Llama, and the kin with the most features: Gemma 3 and OLMo 2, ``families.py``);
+the widening paths are the float32 step on the widened weights bit for bit; the dot path computes the
+sums it documents; all stay close to transformers' forward."""
 import copy
 import ctypes
 
@@ -10,7 +11,8 @@ import pytest
 import torch
 
 from conftest import EOS_NEVER, PROMPT, VOCAB, llama
-from drafters import PromptLookupSpec
+from drafters import DraftContext, NGramTreeSpec, PromptLookupSpec
+from families import FAMILY_MODELS
 import kernels.bf16 as bf16
 from kernels import skinny
 from kernels.blocked import fusable, pack
@@ -37,14 +39,19 @@ def path(request, monkeypatch):
     return request.param
 
 
+FAMILIES = ["gemma3", "olmo2"]  # (1 + w) norms before and after, GELU-tanh, per-head q/k norms, a softcap, sliding layers; q/k norms over all heads
+
+
 def bfloat16(name: str = "llama"):
-    return MODELS[name]().to(torch.bfloat16)
+    return {**MODELS, **FAMILY_MODELS}[name]().to(torch.bfloat16)
 
 
-def test_a_positions_logits_do_not_depend_on_the_pass_width_or_the_tree(path):
-    """Positions 20..31 one at a time, in passes of 2..12, and in a branching draft tree (each node's
-    logits those of its branch fed one position at a time): the same logits bit for bit."""
-    model, ids = bfloat16(), ids_for()
+@pytest.mark.parametrize("name", ["llama", *FAMILIES])
+def test_a_positions_logits_do_not_depend_on_the_pass_width_or_the_tree(path, name):
+    """Positions 20..31 (past the families' window of 8) one at a time, in passes of 2..12, and in a
+    branching draft tree (each node's logits those of its branch fed one position at a time): the
+    same logits bit for bit."""
+    model, ids = bfloat16(name), ids_for()
     runner = LeanRunner(model)
     runner(ids[:, :20], 1)
     alone = torch.cat([runner(ids[:, : 21 + i], 1) for i in range(12)])
@@ -83,7 +90,7 @@ def test_a_prompt_at_once_on_any_thread_count_is_the_prompt_position_by_position
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "tied"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "tied", *FAMILIES])
 def test_the_widening_paths_are_the_float32_step_on_the_widened_weights(name, monkeypatch):
     """Prompt and decoding passes (Qwen2's biases, tied embeddings): the AVX-512, AVX2 and plain-C
     widening loads give the float32 step's logits on the same weights widened to float32, bit for bit."""
@@ -157,16 +164,16 @@ def test_builds_without_avx512_have_only_the_widening_paths_and_round_alike(tmp_
         monkeypatch.undo()
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", *FAMILIES])
 def test_logits_are_close_to_transformers_forward(name, path):
     """Against transformers' float32 forward on the widened weights: the widening paths to float32
     rounding; the dot path within 1% of the logits' scale, no further than transformers' own bfloat16
     forward is; both within 2% of that bfloat16 forward."""
     model, ids = bfloat16(name), ids_for()
-    got = LeanRunner(model)(ids[:, :30], 30)
-    with torch.no_grad():
+    with torch.no_grad():  # before the step: its first pass makes the layers its own route's (``kernels.one_copy``)
         float32 = copy.deepcopy(model).float()(ids[:, :30]).logits[0]
         own = model(ids[:, :30]).logits[0].float()
+    got = LeanRunner(model)(ids[:, :30], 30)
     scale = float32.abs().max()
     if path == bf16.DOT:
         assert (got - float32).abs().max() <= min(0.01 * scale, (own - float32).abs().max())
@@ -175,9 +182,11 @@ def test_logits_are_close_to_transformers_forward(name, path):
     assert (got - own).abs().max() <= 0.02 * scale
 
 
-def test_greedy_drafting_rows_emit_bfloat16_target_ar_tokens(path):
-    """Prompt lookup, NASD and a drafter model verify on the bfloat16 step what target AR decodes on it."""
-    target = llama(layers=3).to(torch.bfloat16)
+@pytest.mark.parametrize("name", ["llama", *FAMILIES])
+def test_greedy_drafting_rows_emit_bfloat16_target_ar_tokens(path, name):
+    """Prompt lookup, NASD, a drafter model and an n-gram tree verify on the bfloat16 step what target AR
+    decodes on it, past the families' sliding window, and drafts were accepted now and then."""
+    target = llama(layers=3).to(torch.bfloat16) if name == "llama" else bfloat16(name)
     drafter = truncated_drafter(target, 1)
     calls = [0]
     real = CStep.__call__
@@ -191,14 +200,17 @@ def test_greedy_drafting_rows_emit_bfloat16_target_ar_tokens(path):
     try:
         reference = autoregressive_generate(PROMPT, target, 40, eos_tokens_id=EOS_NEVER, use_cache=True)
         decoded = calls[0]
-        out, _ = speculative_generate(PROMPT, drafter, target, gamma=4, max_gen_len=40, eos_tokens_id=EOS_NEVER, use_cache=True)
+        out, rate = speculative_generate(PROMPT, drafter, target, gamma=4, max_gen_len=40, eos_tokens_id=EOS_NEVER, use_cache=True)
         nasd, _ = ngram_assisted_speculative_generate(PROMPT, NGramStorage(2, VOCAB), target, gamma=4, max_gen_len=40,
                                                       eos_tokens_id=EOS_NEVER, use_cache=True)
-        pld, _ = generate(PROMPT, target, PromptLookupSpec(), dict(max_gen_len=40, eos_tokens_id=EOS_NEVER, use_cache=True))
+        common = dict(max_gen_len=40, eos_tokens_id=EOS_NEVER, use_cache=True)
+        pld, pld_rate = generate(PROMPT, target, PromptLookupSpec(), common)
+        tree, tree_rate = generate(PROMPT, target, NGramTreeSpec(tree_size=4), common, DraftContext(storage=NGramStorage(2, VOCAB)))
     finally:
         CStep.__call__ = real
     assert decoded >= 39 and calls[0] > decoded  # every row ran on the step
-    assert out == reference and nasd == reference and pld == reference
+    assert out == reference and nasd == reference and pld == reference and tree == reference
+    assert max(rate, pld_rate, tree_rate) > 0.0
 
 
 def test_the_header_names_the_path_that_ran(path):

@@ -9,6 +9,7 @@ from torch.nn.modules.module import register_module_forward_hook
 
 from conftest import EOS_NEVER, PROMPT, llama
 from app.header_lines import describe
+from kernels.one_copy import released
 from runners import EAGER, CompiledRunner, KVCacheModel, LeanRunner, RunnerConfig, StepRunner, make_runner
 from sampling import autoregressive_generate, speculative_generate
 from utils.models import truncated_drafter
@@ -271,3 +272,25 @@ def test_a_prepacked_layer_fires_the_hooks_of_the_linear_it_replaced():
     packed.route = (OWN,)
     with torch.no_grad():
         torch.testing.assert_close(packed(x), own(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("where", ["PrepackedLinear", "its own nn.Linear"])
+def test_a_hook_on_a_released_bfloat16_layer_fires_and_a_new_runner_takes_the_step_again(where):
+    """bfloat16, its layers released by the step (their forward on its bfloat16 route): a hook on the
+    layer or on the linear it replaced fires on the lean runner (transformers' forward, a bfloat16 cache
+    from then on: ``runners.lean``); removed, a new runner's step gives the unhooked logits bit for bit."""
+    made = llama(layers=3).to(torch.bfloat16)
+    unhooked = greedy(make_runner(made), 4)
+    assert released(made.model.layers[1].mlp.down_proj) or not skinny_built()
+    find, register, hook = HOOKS[where]
+    handle = getattr(find(made), register)(hook)
+    try:
+        runner = make_runner(made)
+        hooked = greedy(runner, 4)
+        torch.testing.assert_close(torch.stack(hooked), torch.stack(reference(made, 4)), rtol=0, atol=2e-3)  # logits up to ~0.3
+        assert (torch.stack(hooked).float() - torch.stack(unhooked)).abs().max() > 1e-2
+        assert runner.hooked_passes == 4 and runner.step_passes == 0
+    finally:
+        handle.remove()
+    again = make_runner(made)
+    assert torch.equal(torch.stack(greedy(again, 4)), torch.stack(unhooked)) and (again.step_passes == 4 or not skinny_built())

@@ -44,10 +44,11 @@ def test_a_dropped_prepacked_model_frees_its_layers_and_weights(route):
     assert [r for r in refs if r() is not None] == []
 
 
-def test_a_dropped_runner_and_model_free_the_c_steps_copies():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_dropped_runner_and_model_free_the_c_steps_copies(dtype):
     """The C step's blocked copies (the released layers' and the output layer's, kept beside its
     weight for the whole run) go with the runner and the model: none stays in ``kernels.blocked``."""
-    model = llama(layers=2).to(torch.float32)
+    model = llama(layers=2).to(dtype)
     runner = LeanRunner(model)
     runner(torch.tensor([PROMPT]), 1)
     step = runner.step
@@ -73,9 +74,9 @@ def test_a_model_whose_own_layers_came_back_frees_its_prepacked_copies():
 IDS = torch.randint(96, (1, 12), generator=torch.Generator().manual_seed(3))
 
 
-def stepped():
-    """A float32 model after a pass on the C step (its decoder layers released), and that runner."""
-    model = llama(layers=2).to(torch.float32)
+def stepped(dtype: torch.dtype = torch.float32):
+    """A float32 (or ``dtype``) model after a pass on the C step (its decoder layers released), and that runner."""
+    model = llama(layers=2).to(dtype)
     runner = LeanRunner(model)
     runner(IDS[:, :6], 1)
     assert released(model.model.layers[0].self_attn.q_proj) and runner.step
@@ -142,6 +143,37 @@ def test_loading_a_state_dict_after_a_pass_loads_every_weight(assign):
     runner.rollback(0)
     close(runner(IDS, 3), expected)
     close(LeanRunner(model)(IDS, 3), expected)
+
+
+def test_a_bfloat16_model_after_a_pass_loads_casts_and_steps_on_its_current_weights():
+    """bfloat16, released: a no-op move keeps it released; a load gives every layer its weight back and
+    the runner that held a step computes from the loaded weights (a new one's logits, bit for bit); a
+    cast to float32 widens every weight exactly, and the step runs it in float32, released again."""
+    model, runner = stepped(torch.bfloat16)
+    model.to(torch.bfloat16)
+    assert released(model.model.layers[0].self_attn.q_proj)
+    other = llama(layers=2, seed=5).to(torch.bfloat16)
+    model.load_state_dict(other.state_dict())
+    assert not any(released(m) for m in model.modules())
+    runner.rollback(0)
+    assert torch.equal(runner(IDS, 3), LeanRunner(other)(IDS, 3))
+    assert released(model.model.layers[0].mlp.down_proj) and model.model.layers[0].mlp.down_proj.blocks.dtype == torch.bfloat16
+    model.float()
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(torch.equal(model.state_dict()[k], v.float()) for k, v in other.state_dict().items())
+    assert torch.equal(LeanRunner(model)(IDS, 3), LeanRunner(other.float())(IDS, 3))
+    assert model.model.layers[0].mlp.down_proj.blocks.dtype == torch.float32
+
+
+@pytest.mark.parametrize("shape", [(48, 40), (50, 1100), (7, 4)])
+def test_a_bfloat16_blocked_copy_unpacks_to_its_weight_bit_for_bit(shape):
+    """``unpack`` of the bfloat16 layout (``[N/16][K/2][16][2]``: the one copy ``restore`` reads back):
+    every bit, -0.0, NaN and the last partial block's features too."""
+    from kernels.blocked import pack, unpack
+
+    weight = torch.randn(shape, generator=torch.Generator().manual_seed(0)).bfloat16()
+    weight[0, 0], weight[-1, -1] = -0.0, float("nan")
+    assert torch.equal(unpack(pack(weight), shape[0]).view(torch.int16), weight.view(torch.int16))
 
 
 def test_a_refused_load_changes_no_weight():

@@ -9,7 +9,7 @@ import torch
 from conftest import EOS_NEVER, PROMPT, llama
 from drafters import PromptLookupSpec
 from kernels import skinny
-from kernels.one_copy import held, released, weight_bytes
+from kernels.one_copy import groups, held, released, weight_bytes
 from kernels.prepacking import set_prepack
 from measure.timing import measure_kernels
 from runners import LeanRunner
@@ -30,8 +30,8 @@ def outputs(model) -> dict:
     return dict(target=target, lookup=lookup, long=LeanRunner(model)(LONG, 5), transformers=model(LONG).logits)
 
 
-def model_and_step():
-    model = llama(layers=3).to(torch.float32)
+def model_and_step(dtype: torch.dtype = torch.float32):
+    model = llama(layers=3).to(dtype)
     runner = LeanRunner(model)
     runner(LONG[:, :8], 1)
     return model, runner.step
@@ -49,6 +49,40 @@ def test_once_the_step_binds_the_layers_weights_are_held_once():
     assert weight_bytes(model, *step.keep, step.head) <= weights
     with held(model):  # the own weights back beside the copies: what the process held before
         assert weight_bytes(model, *step.keep, step.head) >= 1.8 * weights
+
+
+def test_a_bfloat16_model_on_the_step_holds_about_half_a_float32_models_bytes():
+    """Counted by storage (``weight_bytes``: parameters, buffers, released copies and the step's own
+    tensors; not RSS): a bfloat16 model's layers are released too, their bfloat16 blocks their one copy,
+    so it holds about half a float32 model's bytes (keeping its own weights beside the copies, 0.88x)."""
+    held_bytes, layers = {}, {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model, step = model_and_step(dtype)
+        held_bytes[dtype] = weight_bytes(model, *step.keep, step.head)
+        layers[dtype] = [x for layer in model.model.layers for group in groups(layer) for x in group]
+    assert held_bytes[torch.bfloat16] <= 0.55 * held_bytes[torch.float32], held_bytes
+    assert all(released(x) and x.blocks.dtype == dtype for dtype, found in layers.items() for x in found)
+
+
+def bits(model) -> dict:
+    return {k: v.view(torch.int16) if v.dtype == torch.bfloat16 else v for k, v in model.state_dict().items()}
+
+
+def test_a_bfloat16_models_release_changes_no_weight_token_or_logit():
+    """Its own weights given back (``held``: the bfloat16 blocks unpacked) are the loaded ones bit for
+    bit; released again, greedy tokens, the step's logits and transformers' forward (its layers on the
+    step's bfloat16 route either way) are unchanged bit for bit."""
+    loaded = bits(llama(layers=3).to(torch.bfloat16))
+    model, _ = model_and_step(torch.bfloat16)
+    with held(model):
+        assert not any(released(m) for m in model.modules())
+        assert all(torch.equal(v, loaded[k]) for k, v in bits(model).items())
+        before = outputs(model)
+    after = outputs(model)
+    assert released(model.model.layers[0].mlp.gate_proj) and model.model.layers[0].mlp.gate_proj.blocks.dtype == torch.bfloat16
+    assert after["target"] == before["target"] and after["lookup"] == before["lookup"]
+    assert torch.equal(after["long"], before["long"]) and torch.equal(after["transformers"], before["transformers"])
+    assert all(torch.equal(v, loaded[k]) for k, v in bits(model).items())  # ``state_dict`` unblocks them alike
 
 
 def test_greedy_tokens_and_logits_are_unchanged_bit_for_bit():
@@ -102,14 +136,15 @@ def test_a_copy_the_own_linears_and_a_kernel_measurement_get_their_weights_back(
     assert copy.deepcopy(model) is not None
 
 
-def test_an_eagle_head_and_transformers_generate_run_on_a_released_target():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_eagle_head_and_transformers_generate_run_on_a_released_target(dtype):
     """A head made from the released target (it reads its layers, unblocked, and its output rows)
     drafts with greedy target AR's tokens; transformers' ``generate`` runs the kernels it ran with the
-    own weights kept (the same route: the same tokens)."""
+    own weights kept (the same route: the same tokens). bfloat16 too (its head in bfloat16)."""
     from strategies import BY_KEY, RunConfig, RunContext, run_strategy
     from test_eagle_row import head_for
 
-    target, _ = model_and_step()
+    target, _ = model_and_step(dtype)
     context = RunContext(target=target, tokenizer=None, head=head_for(target))
     config = RunConfig(max_gen_len=24, eos_tokens_id=EOS_NEVER)
     expected = run_strategy(BY_KEY["target"], PROMPT, config, context).tokens
