@@ -6,6 +6,7 @@ from typing import Optional
 
 from torch.nn import Module
 
+from models.layer_spec import family_name
 from models.llama import ATTENTION, lean_unsupported
 
 from runners.cache_kind import check_cache, runner_cache
@@ -87,7 +88,7 @@ class RunnerConfig:
             return ""
         if self.forward == "step":
             return "--forward step"
-        return "the default on CUDA for a Llama-family model; --eager keeps the eager forward"
+        return f"the default on CUDA for the {family_name(model)} family; --eager keeps the eager forward"
 
     def with_(self, **changes) -> "RunnerConfig":
         """A copy with ``changes`` (``cache=``, ``compile=``)."""
@@ -105,7 +106,7 @@ class RunnerConfig:
         if hooked:
             return f"{self.cache_for(model)} KV cache · {hooked}"
         if self.step_for(model):
-            return f"static KV cache · {STEP_LABEL} ({self.step_reason(model)})"
+            return f"static KV cache · {step_name(model)} ({self.step_reason(model)})"
         return f"{self.cache_for(model)} KV cache · " + ("compiled" if self.compiled_for(model) else "eager") + self.forward_note(model)
 
     def hooks_note(self, model: Module) -> str:
@@ -119,7 +120,7 @@ class RunnerConfig:
         return hooks_note(model)
 
     def forward_note(self, model: Module) -> str:
-        """" · lean Llama forward (attention: SDPA)" where the lean forward runs ``model``'s eager passes
+        """" · lean Qwen3 forward (attention: SDPA)" (``lean_label``) where the lean forward runs ``model``'s eager passes
         (and transformers' attention where the model's differs: its peers' rows run that), else "";
         with " on the C step (...)" where its decoding passes run the C step (``kernels.c_step.step_for``:
         its attention is its own), or why not where the model has no kernel plan (as loaded) and still cannot.
@@ -135,7 +136,7 @@ class RunnerConfig:
         step = step_for(model, 1)
         words = label(model) if step else ""  # a bfloat16 model's: its weights' path named
         own = getattr(model.config, "_attn_implementation", None)
-        note = f" · {LEAN_LABEL} (attention: {STEP_ATTENTION if step else ATTENTION}" + \
+        note = f" · {lean_label(model)} (attention: {STEP_ATTENTION if step else ATTENTION}" + \
             (f"; transformers' paths: {own})" if own != "sdpa" else ")")
         if step:
             from kernels.one_copy import note as one_copy
@@ -148,9 +149,17 @@ class RunnerConfig:
 
 FORWARDS = ("auto", "lean", "transformers", "step")
 STEP_GRAPHS = ("regional", "whole")  # how the compiled step makes graphs (``RunnerConfig.graphs``)
-LEAN_LABEL = "lean Llama forward"  # the headers' name of ``runners.lean``'s passes
-STEP_LABEL = "compiled lean Llama step"  # and of ``runners.step``'s
 EAGER = RunnerConfig()  # the default: eager passes, but the compiled step for the Llama family on CUDA (``step_for``)
+
+
+def lean_label(model: Module) -> str:
+    """The headers' name of ``runners.lean``'s passes of ``model``: "lean Llama forward", "lean Qwen3 forward"."""
+    return f"lean {family_name(model)} forward"
+
+
+def step_name(model: Module) -> str:
+    """And of ``runners.step``'s: "compiled lean Gemma 3 step"."""
+    return f"compiled lean {family_name(model)} step"
 
 
 def why_not_compiled(model: Module) -> Optional[str]:
