@@ -26,8 +26,10 @@ def describe(model: "Module", label: str, quantize: str, notes: Optional[Dict[st
     if runner.step_for(model):
         return line + f"static KV cache · {step_label(model)}: {runner.step_reason(model)}"
     if runner.compiled_for(model):
-        return line + f"static KV cache · {compiled_label(model)}"
-    line += notes.get("cache", f"{runner.cache_for(model)} KV cache") + " · eager" + runner.forward_note(model)
+        why = runner.compiled_reason(model)  # CUDA's default for a model the step cannot take
+        return line + f"static KV cache · {compiled_label(model)}" + (f": {why}" if why else "")
+    why = runner.eager_reason(model)  # on CUDA: why not compiled
+    line += notes.get("cache", f"{runner.cache_for(model)} KV cache") + " · eager" + (f" ({why})" if why else "") + runner.forward_note(model)
     prompt = f" · {notes['prompt']}" if "prompt" in notes else ""
     if "kernels" in notes:
         return line + f" · {notes['kernels']}" + prompt

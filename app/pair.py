@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from app.header_lines import describe, summary
+from app.steps import FIRST_ANSWER_LIMIT, cuda_decides, cuda_default, start_graphs
 from app.session import Say, SetupError, first_line, to_stderr
 from utils.parsing import parse_int
 
@@ -221,9 +222,11 @@ def _runners(pair: Pair, options: "LoadOptions", say: Say) -> Dict[str, object]:
                                      eager=options.eager, graphs=options.step_graphs)
         if reason is not None:
             say(f"--compile: the {role} runs eagerly: {reason}", "red")
-        if runners[role].step_for(model):
-            from app.steps import start_graphs
-
+        if cuda_decides(runners[role], model):  # on CUDA, never eager by default: transformers' forward compiled
+            runners[role], seconds = cuda_default(model, role, runners[role], options, say)
+            if runners[role].compiled_for(model):
+                pair.compile_seconds[role] = seconds
+        elif runners[role].step_for(model):
             pair.compile_seconds[role] = seconds = start_graphs(model, role, options, lambda text: say(text, "dim"))
             say(f"Compiled the {role}'s first graphs in {seconds:.1f} s ({compile_source(model) or 'nothing new'}; "
                 "outside every timed run)")
@@ -311,6 +314,7 @@ class LoadOptions:
     eager: bool = False  # --eager: the eager forward kept on CUDA, where the compiled step is the default
     step_graphs: str = "regional"  # --step-graphs: how the compiled step makes graphs (``runners.RunnerConfig.graphs``)
     step_widths: Tuple[int, ...] = (1,)  # the compiled step's widths built at start-up (the measurements': 1 and gamma + 1)
+    first_answer_limit: float = FIRST_ANSWER_LIMIT  # seconds transformers' compiled forward may take by CUDA's default
     hidden_layers: Tuple[int, ...] = ()  # a head's layers (``app.steps.head_layers``): the start-up graphs return them
 
 

@@ -58,11 +58,12 @@ def add_shared_flags(parser: argparse.ArgumentParser) -> None:
                         "on disk between starts)")
     parser.add_argument("--forward", choices=["auto", "lean", "transformers", "step"], default="auto", help="whose forward our "
                         "runners run: the lean one (runners/lean.py: the Llama family's forward over the model's own weights, "
-                        "static KV cache), transformers' own, or auto (default): on CUDA the compiled step for that family, elsewhere "
+                        "static KV cache), transformers' own, or auto (default): on CUDA the compiled step for that family (another "
+                        "model: transformers' forward compiled where ready within app.steps.FIRST_ANSWER_LIMIT s, else eager), elsewhere "
                         "lean where the model is of that family and --cache is not dynamic; step: the lean forward compiled, one graph "
                         "per pass width and key bucket (runners/step.py). transformers' peers always run transformers' forward")
-    parser.add_argument("--eager", action="store_true", help="on CUDA, keep the eager forward (the lean one for the Llama family) "
-                        "instead of the compiled step, the default there: for comparison")
+    parser.add_argument("--eager", action="store_true", help="on CUDA, keep the eager forward (the lean one for the Llama family "
+                        "and its kin) instead of the compiled step or transformers' compiled forward, the defaults there: for comparison")
     parser.add_argument("--step-graphs", choices=["regional", "whole"], default="regional", help="how the compiled step "
                         "(runners/step.py) makes its graphs: regional (default: one decoder layer compiled for every layer, "
                         "each pass captured whole as one CUDA graph) or whole (each pass compiled whole, inductor's CUDA graphs)")

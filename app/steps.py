@@ -1,11 +1,54 @@
-"""The compiled step (``runners.step``, the Llama family's runner on CUDA) made ready for the programs'
-rows before anything is timed: the pass widths each enabled row feeds, and the key buckets its
-prompts meet. The REPL calls ``ready`` before each prompt's rows, the benchmark once before its timed
-runs; graphs already built cost nothing, and a timed pass never builds one (``StepState.lazy`` is off
-once a graph was prepared)."""
+"""The compiled step (``runners.step``, the runner on CUDA of the models the lean forward takes) made
+ready for the programs' rows before anything is timed: the pass widths each enabled row feeds, and the
+key buckets its prompts meet. The REPL calls ``ready`` before each prompt's rows, the benchmark once
+before its timed runs; graphs already built cost nothing, and a timed pass never builds one
+(``StepState.lazy`` is off once a graph was prepared). On CUDA a model the step cannot take runs
+transformers' forward compiled where it is ready within ``FIRST_ANSWER_LIMIT``, else eager with one
+line saying why (``cuda_default``)."""
 from typing import Callable, Iterable, Sequence, Tuple
 
 START_LENGTH = 192  # the start-up measurements' contexts (128 positions plus 12 rows): the first key bucket only
+# the seconds a start may spend building transformers' compiled forward for a model the step cannot take
+# (CUDA's default: ``RunnerConfig.compiles_by_default``) before its first answer; past them it runs eager
+FIRST_ANSWER_LIMIT = 120.0
+
+
+def cuda_decides(config, model) -> bool:
+    """Whether CUDA's default, not a flag, makes ``model`` run other than on the step under ``config``
+    (a ``RunnerConfig``): transformers' compiled forward (``compiles_by_default``), or eager for a model
+    that cannot compile (``why_not_compiled``)."""
+    if config.compiles_by_default(model):
+        return True
+    return not (config.compile or config.eager or config.forward != "auto") and bool(config.eager_reason(model))
+
+
+def cuda_default(model, role: str, config, options, say: Callable[..., None]) -> Tuple[object, float]:
+    """``config`` for a model ``cuda_decides`` on, and the seconds spent compiling: ``compiled_within``'s,
+    or, for a model that cannot compile, the same, with one line saying why it runs eager."""
+    if config.compiles_by_default(model):
+        return compiled_within(model, role, config, options, say)
+    say(f"The {role} runs eager on CUDA: {config.eager_reason(model)}", "red")
+    return config, 0.0
+
+
+def compiled_within(model, role: str, config, options, say: Callable[..., None]) -> Tuple[object, float]:
+    """``config`` (a ``RunnerConfig`` compiling ``model`` by CUDA's default) where transformers' compiled
+    forward is ready within ``options.first_answer_limit`` seconds (``runners.compiled.prepare``'s
+    ``limit``: each bucket's graph, at ``options.compile_length`` positions); else the same run eager,
+    with one line (``say``, and the header: ``RunnerConfig.why_eager``) saying why. A later start
+    finds the graphs built so far in inductor's disk cache. With the seconds spent compiling (0: eager)."""
+    from runners import NotReady, compile_source, prepare
+
+    try:
+        seconds = prepare(model, options.compile_length, lambda text: say(f"{role}: {text} ...", "dim"), config=config,
+                          limit=options.first_answer_limit)
+    except NotReady as error:
+        why = f"transformers' compiled forward not ready in time: {error}; --compile waits for it"
+        say(f"The {role} runs eager on CUDA: {why}", "red")
+        return config.with_(why_eager=why), 0.0
+    say(f"Compiled the {role} (transformers' forward, CUDA's default for a model the step cannot take) in {seconds:.1f} s "
+        f"({compile_source(model) or 'nothing new'}; outside every timed run)")
+    return config, seconds
 
 
 def start_graphs(model, role: str, options, say: Callable[[str], None]) -> float:

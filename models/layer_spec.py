@@ -22,7 +22,8 @@ BOTH = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernor
 @dataclass(frozen=True)
 class Family:
     """A row: transformers' own class, the places of its norms (``PRE``, ``POST``, ``BOTH``), their
-    kind, its q/k norms and whether q/k/v and gate/up are one linear each (``qkv_proj``, ``gate_up_proj``)."""
+    kind, its q/k norms, whether q/k/v and gate/up are one linear each (``qkv_proj``, ``gate_up_proj``),
+    and its name in the headers ("lean Qwen3 forward")."""
 
     cls: str
     norms: Tuple[Optional[str], ...]
@@ -31,18 +32,19 @@ class Family:
     norm: str = "w"
     qk_norm: Optional[str] = None  # "head": RMSNorm over each head's D (Qwen3, Gemma 3); "all": over Hq * D (OLMo 2)
     fused: bool = False
+    name: str = ""
 
 
 FAMILIES: Dict[str, Family] = {  # config.model_type -> its row
-    "llama": Family("LlamaForCausalLM", PRE),
-    "qwen2": Family("Qwen2ForCausalLM", PRE),
-    "mistral": Family("MistralForCausalLM", PRE),
-    "qwen3": Family("Qwen3ForCausalLM", PRE, qk_norm="head"),
-    "smollm3": Family("SmolLM3ForCausalLM", PRE),
-    "granite": Family("GraniteForCausalLM", PRE),
-    "phi3": Family("Phi3ForCausalLM", PRE, fused=True),
-    "olmo2": Family("Olmo2ForCausalLM", POST, norm="w32", qk_norm="all"),
-    "gemma3_text": Family("Gemma3ForCausalLM", BOTH, norm="1+w", qk_norm="head"),
+    "llama": Family("LlamaForCausalLM", PRE, name="Llama"),
+    "qwen2": Family("Qwen2ForCausalLM", PRE, name="Qwen2"),
+    "mistral": Family("MistralForCausalLM", PRE, name="Mistral"),
+    "qwen3": Family("Qwen3ForCausalLM", PRE, qk_norm="head", name="Qwen3"),
+    "smollm3": Family("SmolLM3ForCausalLM", PRE, name="SmolLM3"),
+    "granite": Family("GraniteForCausalLM", PRE, name="Granite"),
+    "phi3": Family("Phi3ForCausalLM", PRE, fused=True, name="Phi-3"),
+    "olmo2": Family("Olmo2ForCausalLM", POST, norm="w32", qk_norm="all", name="OLMo 2"),
+    "gemma3_text": Family("Gemma3ForCausalLM", BOTH, norm="1+w", qk_norm="head", name="Gemma 3"),
 }
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # config's name -> the spec's
 # RoPE types whose frequencies are fixed once (transformers' ``inv_freq`` buffer and
@@ -92,6 +94,13 @@ def family_of(model: Module) -> Optional[Family]:
     if family is None or type(model) is not getattr(transformers, family.cls, None):
         return None
     return family
+
+
+def family_name(model: Module) -> str:
+    """``model``'s family as the headers name it ("Qwen3", "Gemma 3"); outside every row, its class's
+    name less "ForCausalLM" (such a model is refused before any pass)."""
+    family = family_of(model)
+    return family.name if family is not None else type(model).__name__.removesuffix("ForCausalLM")
 
 
 def _layer_types(config) -> Tuple[str, ...]:

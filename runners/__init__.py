@@ -34,7 +34,7 @@ from runners.clock import timed_runner
 from runners.cache_kind import CACHES, DEFAULT_CPU_CACHE, default_cache, runner_cache
 import runners.compiled as _compiled
 from runners.compiled import (
-    BUCKETS, MIN_CAPACITY, CompiledRunner, bucket, compile_events, compiled_graphs, compiled_label, why_not_compiled,
+    BUCKETS, MIN_CAPACITY, CompiledRunner, NotReady, bucket, compile_events, compiled_graphs, compiled_label, why_not_compiled,
 )
 from runners.config import EAGER, RunnerConfig
 from runners.device import model_device, synchronize
@@ -52,8 +52,9 @@ def make_runner(model: Module, use_cache: bool = True, encoder_input_ids: Option
                 config: RunnerConfig = EAGER) -> Runner:
     """The runner the loops use for ``model`` under ``config``: llama.cpp's over ``config.gguf`` when it
     names a GGUF file, compiled passes when it asks for them and the model can take them with a cache,
-    the lean forward as compiled steps (``StepRunner``: ``config.step_for``, ``--compile`` on CUDA for the Llama
-    family) or transformers' compiled passes (``CompiledRunner``) when compiled passes are asked for,
+    the lean forward as compiled steps (``StepRunner``: ``config.step_for``, CUDA's default for the Llama
+    family and its kin) or transformers' compiled passes (``CompiledRunner``) when compiled passes are asked
+    for or, on CUDA, by default for another model (``config.compiles_by_default``),
     the lean forward (``LeanRunner``) for an eager cached run of a Llama-family model (``config.lean_for``),
     else the eager ``KVCacheModel`` (transformers' forward) with its cache kind. Inside
     ``runners.clock.timing_passes`` its passes are timed (a ``TimedRunner``)."""
@@ -77,14 +78,15 @@ def _make_runner(model: Module, use_cache: bool, encoder_input_ids: Optional[Lis
 
 
 def prepare(model: Module, length: int = MIN_CAPACITY - BUCKETS[-1], say: Callable[[str], None] = lambda text: None,
-            hidden_layers: Tuple[int, ...] = (), config: Optional[RunnerConfig] = None) -> float:
+            hidden_layers: Tuple[int, ...] = (), config: Optional[RunnerConfig] = None, limit: Optional[float] = None) -> float:
     """Build every graph the compiled runner of ``model`` under ``config`` will replay (None: ``--compile``'s
     choice, ``RunnerConfig(compile=True)``), before anything is timed: ``runners.step_prepare.prepare_step`` where
-    ``config.step_for(model)``, else ``runners.compiled.prepare``. Returns the seconds spent building."""
+    ``config.step_for(model)``, else ``runners.compiled.prepare`` (``limit``: its seconds, past which it
+    raises ``NotReady``). Returns the seconds spent building."""
     config = config or RunnerConfig(compile=True)
     if config.step_for(model):
         return prepare_step(model, length, say, hidden_layers, graphs=config.graphs)
-    return _compiled.prepare(model, length, say, hidden_layers)
+    return _compiled.prepare(model, length, say, hidden_layers, limit)
 
 
 def compile_source(model: Module) -> str:
@@ -93,7 +95,8 @@ def compile_source(model: Module) -> str:
 
 
 __all__ = [
-    "BUCKETS", "CACHES", "DEFAULT_CPU_CACHE", "EAGER", "RunnerConfig", "BeamRunner", "CompiledRunner", "KVCacheModel", "LeanRunner", "PrepackedLinear",
+    "BUCKETS", "CACHES", "DEFAULT_CPU_CACHE", "EAGER", "RunnerConfig", "BeamRunner", "CompiledRunner", "KVCacheModel", "LeanRunner", "NotReady",
+    "PrepackedLinear",
     "Runner", "StepRunner", "bucket", "compile_events", "compile_source", "compiled_graphs", "compiled_label", "default_cache",
     "drop_prepacked", "gather_branch", "kernels", "lean_unsupported", "make_runner", "model_device", "prepack_fits", "prepackable",
     "prepacked", "prepare", "prune_cache", "prune_dynamic_cache", "prune_tuple_cache", "runner_cache",

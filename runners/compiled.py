@@ -297,13 +297,31 @@ class CompiledRunner(TreePasses):
         return out.logits[0]
 
 
+class NotReady(RuntimeError):
+    """``prepare`` stopped building: the graphs would not be ready within its ``limit`` (one line why)."""
+
+
+def past_limit(spent: float, last: float, built: int, total: int, limit: float) -> Optional[str]:
+    """Why graphs would not be ready within ``limit`` seconds, ``built`` of ``total`` having taken ``spent``
+    and the last of them ``last`` (each one left taken to cost what the last did: the first pays for
+    tracing set-up and cold caches); None where they would."""
+    expected = spent + last * (total - built)
+    if expected <= limit:
+        return None
+    return (f"its compiled graphs would be ready in about {expected:.0f} s ({built} of {total} built in {spent:.0f} s), "
+            f"past the first-answer limit of {limit:g} s")
+
+
 @torch.no_grad()
 def prepare(model: Module, length: int = MIN_CAPACITY - BUCKETS[-1], say: Callable[[str], None] = lambda text: None,
-            hidden_layers: Tuple[int, ...] = ()) -> float:
+            hidden_layers: Tuple[int, ...] = (), limit: Optional[float] = None,
+            clock: Callable[[], float] = time.perf_counter) -> float:
     """Build every graph of ``model`` (each bucket, at the capacity holding ``length`` positions; with
     ``hidden_layers``, each bucket's graph that also returns those hidden states, for a learned head)
     before anything is timed; returns the seconds spent compiling (0 when nothing was new).
-    Tells ``say`` what it compiles and how long it took."""
+    Tells ``say`` what it compiles and how long it took. With ``limit`` (seconds), raises ``NotReady``
+    after a graph when the rest would not be ready within it (``past_limit``, read on ``clock``); the
+    graphs built stay built (inductor's disk cache keeps them for the next start)."""
     state = compiled(model)
     runner = CompiledRunner(model)
     runner._reserve(length)
@@ -319,11 +337,16 @@ def prepare(model: Module, length: int = MIN_CAPACITY - BUCKETS[-1], say: Callab
         f"cache of {state.capacity} positions ({_how(state.cuda, state.packed, next(model.parameters()).dtype, plan(model))})")
     before, state.cache_count = state.compile_seconds, CacheCount()
     ids = torch.zeros((1, BUCKETS[-1]), dtype=torch.long, device=state.device)
-    for _ in range(2):  # twice: CUDA graphs record on the run after their warm-up
-        for size, layers in todo:
+    start = clock()
+    for round in range(2):  # twice: CUDA graphs record on the run after their warm-up
+        for i, (size, layers) in enumerate(todo):
+            began = clock()
             runner.hidden_layers = layers
             runner(ids[:, :size], size)
             runner.rollback(0)
+            why = past_limit(clock() - start, clock() - began, i + 1, len(todo), limit) if round == 0 and limit is not None else None
+            if why is not None:
+                raise NotReady(why)
     runner.hidden_layers = ()
     state.cache_count.finish()
     state.prepared_seconds = state.compile_seconds - before

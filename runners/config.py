@@ -6,6 +6,7 @@ from typing import Optional
 
 from torch.nn import Module
 
+from models.layer_spec import family_name
 from models.llama import ATTENTION, lean_unsupported
 
 from runners.cache_kind import check_cache, runner_cache
@@ -26,7 +27,10 @@ class RunnerConfig:
     (the model's own, ``KVCacheModel``), or "auto": lean where ``lean_unsupported`` finds nothing and
     no dynamic cache is asked for, else transformers'; "step": the lean forward as compiled steps, one
     graph per pass width and key bucket (``runners.step``), which "auto" picks for the family on CUDA
-    unless ``eager`` (``--eager``: the eager forward kept on CUDA, for comparison). ``graphs``: how that
+    unless ``eager`` (``--eager``: the eager forward kept on CUDA, for comparison); on CUDA "auto" never
+    runs eager by default: a model the step cannot take runs transformers' forward compiled
+    (``compiles_by_default``) unless ``eager``, whose reason ``why_eager`` gives where the programs chose it
+    (its graphs not ready within the first-answer limit: ``app.steps.compiled_within``). ``graphs``: how that
     step turns passes into graphs (``--step-graphs``, ``STEP_GRAPHS``): "regional" (one decoder layer
     compiled for every layer, each pass captured whole as a CUDA graph) or "whole" (each pass compiled
     whole, inductor's CUDA graphs); ``runners.step_graphs``."""
@@ -37,9 +41,12 @@ class RunnerConfig:
     forward: str = "auto"
     eager: bool = False
     graphs: str = "regional"
+    why_eager: str = ""
 
     def __post_init__(self):
         check_cache(self.cache)
+        if self.why_eager:
+            object.__setattr__(self, "eager", True)
         object.__setattr__(self, "compile", bool(self.compile))
         object.__setattr__(self, "eager", bool(self.eager))
         if self.forward not in FORWARDS:
@@ -50,8 +57,9 @@ class RunnerConfig:
             raise ValueError("eager keeps the eager forward: it cannot be asked for with compile or forward='step'")
 
     def cache_for(self, model: Module) -> str:
-        """The cache a runner of ``model`` starts with under this configuration (llama.cpp's and the lean forward's: static)."""
-        static = self.gguf is not None or self.lean_for(model) or self.step_for(model)
+        """The cache a runner of ``model`` starts with under this configuration (llama.cpp's, the lean forward's
+        and compiled passes': static)."""
+        static = self.gguf is not None or self.lean_for(model) or self.compiled_for(model)
         return "static" if static else runner_cache(model, self.cache)
 
     def lean_for(self, model: Module) -> bool:
@@ -67,7 +75,29 @@ class RunnerConfig:
         ``runners.step``'s (``step_for``) or ``runners.compiled``'s."""
         if self.gguf is not None:
             return False
-        return self.step_for(model) or self.compile and why_not_compiled(model) is None
+        return self.step_for(model) or (self.compile or self.compiles_by_default(model)) and why_not_compiled(model) is None
+
+    def compiles_by_default(self, model: Module) -> bool:
+        """Whether ``model`` runs transformers' forward compiled (``runners.compiled``) without ``compile``:
+        on CUDA, never eager by default, a model the step cannot take (``lean_unsupported``) that compiles,
+        under the default forward and not held ``eager``."""
+        if self.gguf is not None or self.eager or self.compile or self.forward != "auto":
+            return False
+        return model_device(model).type == "cuda" and lean_unsupported(model) is not None and why_not_compiled(model) is None
+
+    def compiled_reason(self, model: Module) -> str:
+        """Why transformers' compiled forward runs ``model`` (for the header), "" where ``--compile`` asked or it does not."""
+        if not self.compiles_by_default(model):
+            return ""
+        return f"the default on CUDA for a model the step cannot take ({lean_unsupported(model)}); --eager keeps the eager forward"
+
+    def eager_reason(self, model: Module) -> str:
+        """Why ``model`` runs eager on CUDA, in one line ("" where it does not, and off CUDA)."""
+        if self.gguf is not None or model_device(model).type != "cuda" or self.compiled_for(model):
+            return ""
+        if self.why_eager or self.eager:
+            return self.why_eager or "--eager"
+        return why_not_compiled(model) or (f"--forward {self.forward} without --compile" if self.forward != "auto" else "")
 
     def step_for(self, model: Module) -> bool:
         """Whether ``model``'s passes are the compiled lean step (``runners.step.StepRunner``): asked for
@@ -87,7 +117,7 @@ class RunnerConfig:
             return ""
         if self.forward == "step":
             return "--forward step"
-        return "the default on CUDA for a Llama-family model; --eager keeps the eager forward"
+        return f"the default on CUDA for the {family_name(model)} family; --eager keeps the eager forward"
 
     def with_(self, **changes) -> "RunnerConfig":
         """A copy with ``changes`` (``cache=``, ``compile=``)."""
@@ -105,8 +135,12 @@ class RunnerConfig:
         if hooked:
             return f"{self.cache_for(model)} KV cache · {hooked}"
         if self.step_for(model):
-            return f"static KV cache · {STEP_LABEL} ({self.step_reason(model)})"
-        return f"{self.cache_for(model)} KV cache · " + ("compiled" if self.compiled_for(model) else "eager") + self.forward_note(model)
+            return f"static KV cache · {step_name(model)} ({self.step_reason(model)})"
+        if self.compiles_by_default(model):
+            return f"static KV cache · compiled ({self.compiled_reason(model)})"
+        why = self.eager_reason(model)
+        how = "compiled" if self.compiled_for(model) else "eager" + (f" ({why})" if why else "")
+        return f"{self.cache_for(model)} KV cache · {how}{self.forward_note(model)}"
 
     def hooks_note(self, model: Module) -> str:
         """Where a fast path (the lean forward, the C step, compiled passes) would run ``model`` and it has
@@ -119,7 +153,7 @@ class RunnerConfig:
         return hooks_note(model)
 
     def forward_note(self, model: Module) -> str:
-        """" · lean Llama forward (attention: SDPA)" where the lean forward runs ``model``'s eager passes
+        """" · lean Qwen3 forward (attention: SDPA)" (``lean_label``) where the lean forward runs ``model``'s eager passes
         (and transformers' attention where the model's differs: its peers' rows run that), else "";
         with " on the C step (...)" where its decoding passes run the C step (``kernels.c_step.step_for``:
         its attention is its own), or why not where the model has no kernel plan (as loaded) and still cannot.
@@ -135,7 +169,7 @@ class RunnerConfig:
         step = step_for(model, 1)
         words = label(model) if step else ""  # a bfloat16 model's: its weights' path named
         own = getattr(model.config, "_attn_implementation", None)
-        note = f" · {LEAN_LABEL} (attention: {STEP_ATTENTION if step else ATTENTION}" + \
+        note = f" · {lean_label(model)} (attention: {STEP_ATTENTION if step else ATTENTION}" + \
             (f"; transformers' paths: {own})" if own != "sdpa" else ")")
         if step:
             from kernels.one_copy import note as one_copy
@@ -148,9 +182,17 @@ class RunnerConfig:
 
 FORWARDS = ("auto", "lean", "transformers", "step")
 STEP_GRAPHS = ("regional", "whole")  # how the compiled step makes graphs (``RunnerConfig.graphs``)
-LEAN_LABEL = "lean Llama forward"  # the headers' name of ``runners.lean``'s passes
-STEP_LABEL = "compiled lean Llama step"  # and of ``runners.step``'s
 EAGER = RunnerConfig()  # the default: eager passes, but the compiled step for the Llama family on CUDA (``step_for``)
+
+
+def lean_label(model: Module) -> str:
+    """The headers' name of ``runners.lean``'s passes of ``model``: "lean Llama forward", "lean Qwen3 forward"."""
+    return f"lean {family_name(model)} forward"
+
+
+def step_name(model: Module) -> str:
+    """And of ``runners.step``'s: "compiled lean Gemma 3 step"."""
+    return f"compiled lean {family_name(model)} step"
 
 
 def why_not_compiled(model: Module) -> Optional[str]:

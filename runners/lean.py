@@ -19,7 +19,7 @@ from torch.nn import Module
 
 from kernels.c_step import CStep, step_for, step_unsupported
 from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache, rope_tables, window_seen
-from runners.config import LEAN_LABEL as LABEL
+from runners.config import lean_label
 from runners.device import model_device
 from runners.hooks import HookWatch, transformers_pass
 from runners.static import fed, grown_capacity
@@ -153,4 +153,4 @@ class LeanRunner(TreePasses):
         return self._run(ids, positions, start, n + 1, kwargs["attention_mask"])
 
 
-__all__ = ["LABEL", "LeanRunner", "lean_unsupported"]
+__all__ = ["LeanRunner", "lean_label", "lean_unsupported"]

@@ -1,7 +1,8 @@
-"""``StepRunner``: the lean Llama forward as compiled steps (``models.llama_step``), one graph per pass
-width and key bucket, gpt-fast style (``torch.compile(mode="reduce-overhead", fullgraph=True)``: one
-CUDA graph per (width, keys) on CUDA; inductor's default mode on CPU, where it is only tested). The
-default runner of a Llama-family model on CUDA (``runners.config.RunnerConfig.step_for``).
+"""``StepRunner``: the lean forward (the Llama family's and its kin's) as compiled steps
+(``models.llama_step``), one graph per pass width and key bucket, gpt-fast style
+(``torch.compile(mode="reduce-overhead", fullgraph=True)``: one CUDA graph per (width, keys) on CUDA;
+inductor's default mode on CPU, where it is only tested). The default runner on CUDA of a model the
+lean forward takes (``runners.config.RunnerConfig.step_for``).
 
 * A pass over ``r`` new rows runs in the smallest width >= r (``StepState.widths``); the padded rows are
   written at slots after the valid ones, each attends causally to its own slot, and is then ignored
@@ -46,7 +47,7 @@ from kernels.step_artifacts import artifact_key, load_artifacts
 from models.llama import KVCache, lean_unsupported
 from models.llama_step import LlamaStep, decoder_layer, zeroed_cache
 from runners.compiled import compile_events
-from runners.config import STEP_LABEL
+from runners.config import step_name
 from runners.device import model_device
 from runners.hooks import HookWatch, transformers_pass
 from runners.static import fed
@@ -244,7 +245,7 @@ class StepState:
     def _failed(self, error: Exception, width: int, keys: int) -> None:
         """Say in one line (stderr) what failed and what runs instead; every later pass runs uncompiled."""
         self.failure = failure("capturing" if self.cuda and self.mode == "regional" else "compiling", error, width, keys)
-        print(f"{type(self.model).__name__}'s {STEP_LABEL}: {self.failure}; its passes run the step's eager forward "
+        print(f"{type(self.model).__name__}'s {step_name(self.model)}: {self.failure}; its passes run the step's eager forward "
               "(uncompiled) from now on", file=sys.stderr)
 
     def forget(self, held: tuple) -> None:
@@ -368,7 +369,7 @@ def step_source(model: Module) -> str:
 
 
 def step_label(model: Module) -> str:
-    """How ``model``'s passes run, for the header lines: "compiled lean Llama step (...)"."""
+    """How ``model``'s passes run, for the header lines: "compiled lean Qwen3 step (...)" (``step_name``)."""
     state = _STATES.get(model)
     how = "CUDA graphs" if model_device(model).type == "cuda" else "inductor"
     widths = "/".join(map(str, state.widths if state is not None else WIDTHS))
@@ -376,10 +377,10 @@ def step_label(model: Module) -> str:
     built = f", compiled in {state.prepared_seconds:.0f} s" if state is not None and state.prepared_seconds else ""
     reused = f", {len(state.loaded)} graphs' artifacts reused" if state is not None and state.loaded else ""
     if state is not None and state.failure:
-        return f"{STEP_LABEL} (compile failed, every pass runs uncompiled: {state.failure})"
+        return f"{step_name(model)} (compile failed, every pass runs uncompiled: {state.failure})"
     if state is not None and state.artifact_problem:  # a file was there and was not loaded: say why
         reused = f", saved artifacts not loaded: {state.artifact_problem}"
     mode = state.mode if state is not None else "regional"
     compiled = "one decoder layer compiled for all, each pass captured whole" if mode == "regional" else "each pass compiled whole"
-    return (f"{STEP_LABEL} ({how}, {compiled}, one graph per pass width {widths} and key bucket (from {MIN_KEYS} keys, "
+    return (f"{step_name(model)} ({how}, {compiled}, one graph per pass width {widths} and key bucket (from {MIN_KEYS} keys, "
             f"powers of two){capacity}{built}{reused})")

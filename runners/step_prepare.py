@@ -7,7 +7,7 @@ from torch.nn import Module
 
 from kernels.compile_cache import CacheCount
 from kernels.step_artifacts import save_artifacts
-from runners.config import STEP_LABEL
+from runners.config import step_name
 from runners.step import MIN_CAPACITY, WIDTHS, StepRunner, step_state
 from runners.step_graphs import cache_key, key_buckets
 
@@ -38,7 +38,7 @@ def prepare_step(model: Module, length: int = MIN_CAPACITY - max(WIDTHS), say: C
     before, state.cache_count = state.compile_seconds, CacheCount()
     ids = torch.zeros(max(state.widths), dtype=torch.long, device=state.device)
     for i, (width, keys) in enumerate(todo):
-        say(f"compiling {type(model).__name__}'s {STEP_LABEL}: graph {i + 1} of {len(todo)}, width {width}, {keys} keys"
+        say(f"compiling {type(model).__name__}'s {step_name(model)}: graph {i + 1} of {len(todo)}, width {width}, {keys} keys"
             f"{', hidden states' if layers else ''} ({'CUDA graph' if state.cuda else 'inductor'})")
         for _ in range(2 if state.cuda else 1):  # a CUDA graph records on the run after its warm-up
             state.chain(ids[:width], keys // 2, cache, width, layers)  # slots keys/2 .. keys/2 + width - 1: that bucket

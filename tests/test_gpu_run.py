@@ -74,7 +74,8 @@ def test_every_benchmark_and_repl_command_of_the_run_is_one_the_program_accepts(
 def test_the_run_measures_issue_65s_phases_in_order_each_alone_and_the_repl_twice_on_one_fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(run_all, "ROOT", tmp_path / "repo")  # no shared/ beside it
     names = [phase.name for phase in run_all.phases("cuda", run_all.FULL, tmp_path)]
-    assert names == ["step-bench", "probe", "repl-fresh", "repl-next", "bench-bfloat16", "bench-float32", "step-bench-whole"]
+    assert names == ["step-bench", "probe", "repl-fresh", "repl-next", "bench-bfloat16", "bench-float32", "step-bench-whole",
+                     "family-bench"]
     phases = {phase.name: phase for phase in run_all.phases("cuda", run_all.FULL, tmp_path, tmp_path)}
     assert all(len(phase.commands) == 1 for phase in phases.values())  # never two timed at once
     assert phases["repl-fresh"].env == phases["repl-next"].env and "SPECDEC_CACHE" in dict(phases["repl-fresh"].env)
@@ -89,3 +90,27 @@ def test_a_phase_past_its_budget_is_stopped_and_a_failing_one_says_its_exit_stat
     assert status.startswith("stopped at the budget")
     failing = run_all.Phase("failing", (("-c", "raise SystemExit(3)"),), 0)
     assert run_all.run_phase(failing, tmp_path, {"PATH": "/usr/bin:/bin"}, 60)[0] == "failed (exit 3)"
+
+
+def test_the_family_bench_builds_each_published_shape_and_its_tiny_rehearsal_as_a_family_the_step_takes(tmp_path):
+    """Issue 72's prepared CUDA run (``scripts/gpu/family_bench.py``): each published config (built on the
+    meta device: no memory, no weights) is of a family the step takes, at its published parameter count
+    (within 2%); so is each ``--tiny`` model; and the run's phase is a command the script accepts."""
+    import torch
+
+    import family_bench
+    from models.layer_spec import family_name
+    from runners import lean_unsupported
+
+    published = {"qwen3-0.6b": ("Qwen3", 0.6e9), "gemma3-270m": ("Gemma 3", 0.27e9), "gemma3-1b": ("Gemma 3", 1.0e9),
+                 "olmo2-1b": ("OLMo 2", 1.5e9), "smollm3-3b": ("SmolLM3", 3.1e9)}
+    assert list(family_bench.SHAPES) == list(published)
+    for name, (family, count) in published.items():
+        shape, tiny = family_bench.build(name, False, torch.bfloat16, "meta"), family_bench.build(name, True, torch.float32, "cpu")
+        for model in (shape, tiny):
+            assert lean_unsupported(model) is None and family_name(model) == family, name
+        assert abs(sum(p.numel() for p in shape.parameters()) / count - 1) < 0.02, name
+    for device, sizes in (("cuda", run_all.FULL), ("cpu", run_all.SMOKE)):
+        phase = next(p for p in run_all.phases(device, sizes, tmp_path) if p.name == "family-bench")
+        args = family_bench.parser().parse_args(list(phase.commands[0][1:]))
+        assert args.device == device and args.tiny == (device == "cpu") and args.shapes == ",".join(published)

@@ -57,3 +57,22 @@ def test_a_class_that_borrows_a_family_name_is_not_the_family():
     reason = lean_unsupported(model)
     assert reason is not None and "transformers_modules.someone.modeling.LlamaForCausalLM" in reason
     assert type(make_runner(model)) is KVCacheModel
+
+
+def test_the_headers_name_each_models_family(monkeypatch):
+    """The lean forward and the compiled step are named for the model's family (``Family.name``), not
+    "Llama" for every one: on the eager line, the step's label and, on CUDA, the step's reason."""
+    import runners.config as runner_config
+    from app.header_lines import describe
+    from families import gemma3, granite, olmo2, phi3, qwen3, smollm3
+    from runners import RunnerConfig, step_label
+
+    named = [(llama(), "Llama"), (qwen3(), "Qwen3"), (olmo2(), "OLMo 2"), (smollm3(), "SmolLM3"), (granite(), "Granite"),
+             (phi3(), "Phi-3"), (gemma3(), "Gemma 3")]
+    for model, name in named:
+        assert f"· eager · lean {name} forward (attention: {ATTENTION})" in describe(model, "tiny", "none")
+        assert step_label(model).startswith(f"compiled lean {name} step (inductor, ")
+    monkeypatch.setattr(runner_config, "model_device", lambda m: torch.device("cuda"))
+    for model, name in named:
+        assert RunnerConfig().describe(model) == (f"static KV cache · compiled lean {name} step (the default on CUDA for the "
+                                                  f"{name} family; --eager keeps the eager forward)")

@@ -166,7 +166,7 @@ def test_the_step_is_the_default_on_cuda_for_the_llama_family_and_eager_keeps_th
     for config in (default, compiled):  # with or without --compile: the step
         assert config.step_for(model) and config.compiled_for(model) and not config.lean_for(model)
         assert config.cache_for(model) == "static"
-    assert "the default on CUDA for a Llama-family model; --eager keeps the eager forward" in default.describe(model)
+    assert "the default on CUDA for the Llama family; --eager keeps the eager forward" in default.describe(model)
     eager = RunnerConfig(eager=True)
     assert not eager.step_for(model) and not eager.compiled_for(model) and eager.lean_for(model)  # --eager: the lean forward
     assert not compiled.with_(forward="transformers").step_for(model)  # transformers' forward, compiled

@@ -21,6 +21,9 @@ The phases, in this order; one that the budget no longer holds is skipped, and t
     bench-float32    the same in float32
     step-bench-whole step-bench with the step compiled whole (--graphs whole, the other option: each pass
                      compiled as one graph with inductor's CUDA graphs), from an empty cache: compile time and speed
+    family-bench     scripts/gpu/family_bench.py (issue 72): each family at a published config, random weights, the
+                     compiled step against transformers' compiled static-cache generate, bfloat16; alone:
+                     --phases family-bench (on CPU: --tiny)
 
 On the GPU machine (the last call; ``run_all.sh`` stages and calls this):
 
@@ -124,6 +127,8 @@ def phases(device: str, sizes: Sizes, work: Path, stage: Optional[Path] = None) 
         Phase("step-bench-whole", (("scripts/gpu/step_bench.py", "--device", device, "--tokens", tokens, "--repeats", repeats,
                                     "--graphs", "whole", *(() if cuda else ("--dtypes", "float32"))),), 150, cap=cap(260),
               env=(("SPECDEC_CACHE", str(work / "whole-cache")),)),
+        Phase("family-bench", (("scripts/gpu/family_bench.py", "--device", device, "--tokens", tokens, "--repeats", repeats,
+                                *(() if cuda else ("--tiny", "--dtypes", "float32"))),), 200),
     ]
 
 
