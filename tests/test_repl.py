@@ -316,13 +316,13 @@ def target_line(result) -> str:
     return next(line for line in result.stdout.splitlines() if line.startswith("Target:"))
 
 
-def test_prepacking_is_measured_by_default_or_the_flags_choice_and_named_on_the_target_line():
-    auto = run("--prompt", "Hi", "--length", "4", "--no-calibrate", "--verbose")
-    on = run("--prompt", "Hi", "--length", "4", "--no-calibrate", "--prepack", "on", "--verbose")
-    off = run("--prompt", "Hi", "--length", "4", "--no-calibrate", "--prepack", "off", "--verbose")
+def test_prepacking_is_measured_by_default_or_the_flags_choice_and_named_on_the_target_line(tiny_models):
+    """On the tiny float32 Llama, one token a run: the choice and its line do not depend on the model's size."""
+    common = ("--target", tiny_models["target"], "--prompt", "Hi", "--length", "1", "--no-calibrate", "--verbose")
+    auto, on, off = run(*common), run(*common, "--prepack", "on"), run(*common, "--prepack", "off")
     assert auto.returncode == 0 and on.returncode == 0 and off.returncode == 0, auto.stderr + on.stderr + off.stderr
     # measured, or (a busy machine) fallen back past its budget: either way named, saved or not
-    # the embedded SmolLM2 is a Llama: its eager passes run the lean forward (runners.lean), and the line says so
+    # a Llama's eager passes run the lean forward (runners.lean), and the line says so
     assert re.search(r"· eager · lean Llama forward \(attention: (SDPA\)|the step's own, row by row\) on the C step \(.*\)) · (kernels by measurement: a one-position pass [0-9.]+ ms own, [0-9.]+ ms prepacked(, [0-9.]+ ms skinny)?; "
                      r"every pass on (prepacked|own|skinny|.* at [0-9]+\+ positions) \(costs"
                      r"|the model's own linears \(fallback: measurement over its [0-9.]+ s budget)", target_line(auto))
