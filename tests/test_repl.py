@@ -11,7 +11,7 @@ import pexpect
 import pytest
 import torch
 
-from conftest import MEASUREMENTS_ENV
+from conftest import MEASUREMENTS_ENV, llama, save_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "\n> "  # the REPL prompt at the start of a line (usage lines contain "<n> ")
@@ -340,10 +340,11 @@ def test_compile_compiles_once_at_start_up_says_how_long_and_names_the_runner(ti
     assert "Target AR" in result.stdout and "N-gram assisted" in result.stdout
 
 
-def test_a_drafter_made_of_the_targets_first_layers_drafts_in_the_repl(tiny_models):
-    result = run("--drafter", "layers:10", "--no-calibrate", "--prompt", "Hi", "--length", "6")
+def test_a_drafter_made_of_the_targets_first_layers_drafts_in_the_repl(tiny_models, tmp_path):
+    deep = save_tiny(tmp_path / "deep", llama(vocab=49152, window=4096, layers=3))  # tiny_models' target, three layers
+    result = run("--target", deep, "--drafter", "layers:2", "--no-calibrate", "--prompt", "Hi", "--length", "6")
     assert result.returncode == 0, result.stderr
-    assert "first 10 layers of the target" in result.stdout and "Speculative" in result.stdout
+    assert "first 2 layers of the target" in result.stdout and "Speculative" in result.stdout
     refused = run("--target", tiny_models["target"], "--drafter", "layers:1", "--no-calibrate", "--prompt", "Hi")
     assert refused.returncode == 1 and "a drafter needs fewer layers than the target" in refused.stdout
 
