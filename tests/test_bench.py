@@ -236,8 +236,10 @@ def test_compiled_benchmark_compiles_before_timing_reports_it_apart_and_runs_the
     """--compile: our strategies run compiled passes (named in the title), the compile time is its own
     line, target AR on the eager runner runs alongside as a peer, no greedy run diverges, and no
     graph is built after the start-up compilation."""
+    import runners.compiled as compiled
     from runners.compiled import compile_events
 
+    monkeypatch.setattr(compiled, "BUCKETS", (1, 4))  # two pass widths, as tests/test_compiled.py's (longer passes: eager)
     after_start_up = []
     compile_for = bench.Bench.compile_for
     monkeypatch.setattr(bench.Bench, "compile_for", lambda self, items, configs: (compile_for(self, items, configs), after_start_up.append(len(compile_events))))

@@ -225,7 +225,7 @@ def test_float32_graphs_on_gemm_templates_autotuned_against_mkl_give_the_eager_l
     set_prepack(model, False)
     ids = torch.tensor([PROMPT * 3])
     with pytest.MonkeyPatch.context() as patch, torch.no_grad():
-        patch.setattr(compiled, "BUCKETS", (1, 4))
+        patch.setattr(compiled, "BUCKETS", (4,))  # autotuning on one small shape (1- and 3-position passes padded into it)
         patch.setattr(compiled, "CPU_GEMM", "templates")  # --gemm templates
         fast, slow = CompiledRunner(model), KVCacheModel(model, True, cache="static")
         for length, rows in [(20, 1), (21, 1), (24, 3), (25, 1)]:

@@ -11,7 +11,7 @@ import pexpect
 import pytest
 import torch
 
-from conftest import MEASUREMENTS_ENV
+from conftest import MEASUREMENTS_ENV, llama, save_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "\n> "  # the REPL prompt at the start of a line (usage lines contain "<n> ")
@@ -316,13 +316,13 @@ def target_line(result) -> str:
     return next(line for line in result.stdout.splitlines() if line.startswith("Target:"))
 
 
-def test_prepacking_is_measured_by_default_or_the_flags_choice_and_named_on_the_target_line():
-    auto = run("--prompt", "Hi", "--length", "4", "--no-calibrate", "--verbose")
-    on = run("--prompt", "Hi", "--length", "4", "--no-calibrate", "--prepack", "on", "--verbose")
-    off = run("--prompt", "Hi", "--length", "4", "--no-calibrate", "--prepack", "off", "--verbose")
+def test_prepacking_is_measured_by_default_or_the_flags_choice_and_named_on_the_target_line(tiny_models):
+    """On the tiny float32 Llama, one token a run: the choice and its line do not depend on the model's size."""
+    common = ("--target", tiny_models["target"], "--prompt", "Hi", "--length", "1", "--no-calibrate", "--verbose")
+    auto, on, off = run(*common), run(*common, "--prepack", "on"), run(*common, "--prepack", "off")
     assert auto.returncode == 0 and on.returncode == 0 and off.returncode == 0, auto.stderr + on.stderr + off.stderr
     # measured, or (a busy machine) fallen back past its budget: either way named, saved or not
-    # the embedded SmolLM2 is a Llama: its eager passes run the lean forward (runners.lean), and the line says so
+    # a Llama's eager passes run the lean forward (runners.lean), and the line says so
     assert re.search(r"· eager · lean Llama forward \(attention: (SDPA\)|the step's own, row by row\) on the C step \(.*\)) · (kernels by measurement: a one-position pass [0-9.]+ ms own, [0-9.]+ ms prepacked(, [0-9.]+ ms skinny)?; "
                      r"every pass on (prepacked|own|skinny|.* at [0-9]+\+ positions) \(costs"
                      r"|the model's own linears \(fallback: measurement over its [0-9.]+ s budget)", target_line(auto))
@@ -340,10 +340,11 @@ def test_compile_compiles_once_at_start_up_says_how_long_and_names_the_runner(ti
     assert "Target AR" in result.stdout and "N-gram assisted" in result.stdout
 
 
-def test_a_drafter_made_of_the_targets_first_layers_drafts_in_the_repl(tiny_models):
-    result = run("--drafter", "layers:10", "--no-calibrate", "--prompt", "Hi", "--length", "6")
+def test_a_drafter_made_of_the_targets_first_layers_drafts_in_the_repl(tiny_models, tmp_path):
+    deep = save_tiny(tmp_path / "deep", llama(vocab=49152, window=4096, layers=3))  # tiny_models' target, three layers
+    result = run("--target", deep, "--drafter", "layers:2", "--no-calibrate", "--prompt", "Hi", "--length", "6")
     assert result.returncode == 0, result.stderr
-    assert "first 10 layers of the target" in result.stdout and "Speculative" in result.stdout
+    assert "first 2 layers of the target" in result.stdout and "Speculative" in result.stdout
     refused = run("--target", tiny_models["target"], "--drafter", "layers:1", "--no-calibrate", "--prompt", "Hi")
     assert refused.returncode == 1 and "a drafter needs fewer layers than the target" in refused.stdout
 
