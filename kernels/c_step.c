@@ -26,13 +26,7 @@
 #include <string.h>
 #include <omp.h>
 
-/* the linears: skinny_gemm.c's on float32 weights (by the variant Dims.tile, skinny_tiles.c), skinny_bf16.c's on
- * bfloat16 (format: Dims.weights) */
-void skinny_rows_as(int64_t format, int64_t tile, const float *x, const void *p, const float *b, float *y, int64_t M, int64_t N,
-                    int64_t K);
-/* skinny_gemm.c's output layer on its own row-major float32 weight, bit for bit skinny_rows on it blocked */
-void head_rows(const float *x, const float *w, float *y, int64_t M, int64_t N, int64_t K, float *buf);
-int64_t head_buffer(int64_t K);
+#include "linears.h"
 
 /* The weights (blocked, as the format Dims.weights says: float32, or bfloat16 with pairs of k
  * interleaved, skinny_bf16.c); norms and biases float32 in either. */

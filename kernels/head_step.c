@@ -20,8 +20,7 @@
 
 #include "step_rows.h"
 
-/* the linears: skinny_gemm.c's on float32 weights, skinny_bf16.c's on bfloat16 (format: HeadDims.weights) */
-void skinny_rows_as(int64_t format, const float *x, const void *p, const float *b, float *y, int64_t M, int64_t N, int64_t K);
+#include "linears.h" /* the linears: float32 (variant 0) or bfloat16 blocked, as HeadDims.weights says */
 
 typedef struct {  /* blocked: in HeadDims.weights' format; norms and the fc bias float32 */
     const void *fc; const float *fc_bias;           /* blocked [H / 16, F, 16]; bias [H] or NULL */
@@ -64,7 +63,7 @@ int head_step(const HeadWeights *w, const HeadDims *d, const float *emb, const f
         uint8_t *seen = (uint8_t *)(s + d->cap);
         if (t == 0) ran = omp_get_num_threads();
         if (features) {
-            skinny_rows_as(d->weights, features, w->fc, w->fc_bias, g, m, H, d->F);
+            skinny_rows_as(d->weights, 0, features, w->fc, w->fc_bias, g, m, H, d->F);
 #pragma omp barrier
         }
 #pragma omp for schedule(static)
@@ -73,7 +72,7 @@ int head_step(const HeadWeights *w, const HeadDims *d, const float *emb, const f
             rms_norm(g + i * H, w->hidden_norm, d->eps, x + i * 2 * H + H, H);
             memcpy(out + i * H, d->norm_before_residual ? x + i * 2 * H + H : g + i * H, H * sizeof(float));
         }
-        skinny_rows_as(d->weights, x, w->qkv, NULL, qkv, m, nqkv, 2 * H);
+        skinny_rows_as(d->weights, 0, x, w->qkv, NULL, qkv, m, nqkv, 2 * H);
 #pragma omp barrier
 #pragma omp for schedule(static) collapse(2)
         for (int64_t i = 0; i < m; i++)
@@ -94,14 +93,14 @@ int head_step(const HeadWeights *w, const HeadDims *d, const float *emb, const f
                 attend(qkv + i * nqkv + head * D, w->keys + kv * d->cap * D, w->values + kv * d->cap * D, seen,
                        seen_mask ? L : upto, D, d->scale, s, att + (i * Hq + head) * D);
             }
-        skinny_rows_as(d->weights, att, w->o, NULL, delta, m, H, Hq * D);
+        skinny_rows_as(d->weights, 0, att, w->o, NULL, delta, m, H, Hq * D);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < m; i++) {
             for (int64_t k = 0; k < H; k++) out[i * H + k] += delta[i * H + k];
             rms_norm(out + i * H, w->post_norm, d->eps, normed + i * H, H);
         }
-        skinny_rows_as(d->weights, normed, w->gate_up, NULL, gu, m, 2 * I, H);
+        skinny_rows_as(d->weights, 0, normed, w->gate_up, NULL, gu, m, 2 * I, H);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < m; i++)
@@ -109,14 +108,14 @@ int head_step(const HeadWeights *w, const HeadDims *d, const float *emb, const f
                 float gate = gu[i * 2 * I + k];
                 act[i * I + k] = gate / (1.0f + fexp(-gate)) * gu[i * 2 * I + I + k];
             }
-        skinny_rows_as(d->weights, act, w->down, NULL, delta, m, H, I);
+        skinny_rows_as(d->weights, 0, act, w->down, NULL, delta, m, H, I);
 #pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < m; i++) {
             for (int64_t k = 0; k < H; k++) out[i * H + k] += delta[i * H + k];
             if (i >= m - n_last) rms_norm(out + i * H, w->norm, d->eps, normed + (i - (m - n_last)) * H, H);
         }
-        skinny_rows_as(d->weights, normed, w->lm_head, NULL, logits, n_last, d->Vd, H);
+        skinny_rows_as(d->weights, 0, normed, w->lm_head, NULL, logits, n_last, d->Vd, H);
     }
     return ran;
 }

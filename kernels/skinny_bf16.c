@@ -22,6 +22,7 @@
 #include <string.h>
 #include <math.h>
 #include <omp.h>
+#include "linears.h"
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif

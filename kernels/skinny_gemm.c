@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <omp.h>
+#include "linears.h"
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
