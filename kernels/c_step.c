@@ -99,7 +99,7 @@ static void finish_logits(float *logits, int64_t V, const Dims *d) {
 /* The scratch floats c_step needs for r positions and a cache of cap slots on `threads` threads. */
 int64_t c_step_scratch(const Dims *d, int64_t r, int64_t threads) {
     int64_t nqkv = (d->Hq + 2 * d->Hkv) * d->D;
-    return r * (d->H + nqkv + d->Hq * d->D + d->H + 2 * d->I + d->I) + threads * (d->cap + d->cap / 4 + 64 + head_buffer(d->H));
+    return r * (d->H + nqkv + d->Hq * d->D + d->H + 2 * d->I + d->I) + threads * (d->cap + d->cap / 4 + 64);
 }
 
 /* One pass. h: [r, H], the embeddings of the fed ids in, the last layer's output (before the final
@@ -108,8 +108,7 @@ int64_t c_step_scratch(const Dims *d, int64_t r, int64_t threads) {
  * pass; window_mask instead in a layer with a window), or where j <= start + i and, in a layer with a
  * window W, j > start + i - W (seen_mask NULL: a chain). hidden_at[0..n_hidden): layers whose input (the residual stream
  * entering them) is copied to hidden [r, n_hidden * H]. Then logits [n_last, V] of the last n_last
- * positions: final_norm, and the output layer head (float32: its own weight [V, H], read in place; bfloat16:
- * blocked [V / 16, H, 16], Dims.weights). scratch: floats, at
+ * positions: final_norm, and the output layer head (blocked [V / 16, H, 16], Dims.weights). scratch: floats, at
  * least c_step_scratch. Returns the threads it ran on. */
 int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const float *sin, int64_t r,
               int64_t start, const uint8_t *seen_mask, const uint8_t *window_mask, const int64_t *hidden_at, int64_t n_hidden, float *hidden,
@@ -123,7 +122,7 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
 #pragma omp parallel num_threads((int)threads)
     {
         int t = omp_get_thread_num();
-        float *s = per_thread + t * (d->cap + d->cap / 4 + 64 + head_buffer(H)), *head_rows_buf = s + d->cap + d->cap / 4 + 64;
+        float *s = per_thread + t * (d->cap + d->cap / 4 + 64);
         uint8_t *seen = (uint8_t *)(s + d->cap);
         if (t == 0) ran = omp_get_num_threads();
         for (int64_t l = 0; l < d->layers; l++) {
@@ -218,10 +217,7 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
             add_residual(h + i * H, delta + i * H, layers[d->layers - 1].mlp_out_norm, d);
             if (i >= r - n_last) rms_norm(h + i * H, final_norm, d->eps, x + (i - (r - n_last)) * H, H);
         }
-        if (d->weights == 0) /* float32: the output layer's own weight, read in place (no copy beside it) */
-            head_rows(x, (const float *)head, logits, n_last, V, H, head_rows_buf);
-        else
-            skinny_rows_as(d->weights, d->tile, x, head, NULL, logits, n_last, V, H);
+        skinny_rows_as(d->weights, d->tile, x, head, NULL, logits, n_last, V, H);
         if (d->logit_divisor != 1.0f || d->softcap != 0.0f) {
 #pragma omp barrier
 #pragma omp for schedule(static)

@@ -274,10 +274,7 @@ class CStep:
         if spec.family.norm == "1+w":
             self.copied.append(body.norm.weight)
         self.output = _own(model.get_output_embeddings())
-        # float32: the output layer's own weight, read in place by head_rows (no copy to keep or check);
-        # bfloat16: its blocked copy (checked against the weight, for edits through .data)
-        weight = self.output.weight.detach()
-        self.head = weight.contiguous() if self.dims.weights == bf16.F32 else blocked(self.output.weight, verify=skinny.holds)
+        self.head = blocked(self.output.weight, verify=skinny.holds)
         self.vocab = model.get_output_embeddings().out_features
         self.cache_keys: Tuple[int, ...] = ()
         self.scratch = torch.empty(0)  # grown to the largest pass yet: no allocation per pass

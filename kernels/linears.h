@@ -9,8 +9,4 @@
  * variant `tile`, skinny_tiles.c: the same bits whichever) or a bfloat16 path (`tile` not read) */
 void skinny_rows_as(int64_t format, int64_t tile, const float *x, const void *p, const float *b, float *y, int64_t M, int64_t N,
                     int64_t K);
-/* skinny_gemm.c: the output layer on its own row-major float32 weight, bit for bit skinny_rows on it
- * blocked; buf: this thread's head_buffer(K) floats */
-void head_rows(const float *x, const float *w, float *y, int64_t M, int64_t N, int64_t K, float *buf);
-int64_t head_buffer(int64_t K);
 #endif

@@ -125,8 +125,7 @@ def _build(compiler: str, folder: Path, sources: Sequence[Path] = SOURCES, stem:
 
 
 SYMBOLS = ("skinny_linear", "skinny_simd", "skinny_tiles", "skinny_tile_shape", "skinny_linear_tile", "skinny_bf16_paths",
-           "skinny_linear_bf16", "c_step", "c_step_scratch", "head_step", "head_step_scratch", "blocked_holds", "head_linear",
-           "head_buffer")  # what a library of ours exports
+           "skinny_linear_bf16", "c_step", "c_step_scratch", "head_step", "head_step_scratch", "blocked_holds")  # what a library of ours exports
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -195,10 +194,6 @@ def _library() -> Tuple[Optional[ctypes.CDLL], str]:
     library.head_step_scratch.restype = ctypes.c_int64
     library.blocked_holds.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3
     library.blocked_holds.restype = ctypes.c_int
-    library.head_linear.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_void_p, ctypes.c_int64]
-    library.head_linear.restype = ctypes.c_int
-    library.head_buffer.argtypes = [ctypes.c_int64]
-    library.head_buffer.restype = ctypes.c_int64
     return library, path.name
 
 

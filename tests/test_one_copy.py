@@ -39,14 +39,14 @@ def model_and_step(dtype: torch.dtype = torch.float32):
 
 def test_once_the_step_binds_the_layers_weights_are_held_once():
     """Counted by storage address: the model's parameters and every blocked copy the step reads come
-    to the float32 weights, once (the output layer is read in place, no copy beside it), where
-    keeping the layers' own weights would hold them twice."""
+    to the float32 weights plus the output layer's blocked copy (it stays twice), where keeping
+    the layers' own weights would hold them twice."""
     fresh = llama(layers=3).to(torch.float32)
     weights = sum(t.numel() * t.element_size() for t in (*fresh.parameters(), *fresh.buffers()))
     model, step = model_and_step()
-    assert step.head.untyped_storage().data_ptr() == model.lm_head.weight.untyped_storage().data_ptr()
+    head = step.head.untyped_storage().nbytes()
     assert all(released(m) for layer in model.model.layers for m in (layer.self_attn.q_proj, layer.mlp.down_proj))
-    assert weight_bytes(model, *step.keep, step.head) <= weights
+    assert weight_bytes(model, *step.keep, step.head) <= weights + head
     with held(model):  # the own weights back beside the copies: what the process held before
         assert weight_bytes(model, *step.keep, step.head) >= 1.8 * weights
 
@@ -54,15 +54,13 @@ def test_once_the_step_binds_the_layers_weights_are_held_once():
 def test_a_bfloat16_model_on_the_step_holds_about_half_a_float32_models_bytes():
     """Counted by storage (``weight_bytes``: parameters, buffers, released copies and the step's own
     tensors; not RSS): a bfloat16 model's layers are released too, their bfloat16 blocks their one copy,
-    so it holds about half a float32 model's bytes (keeping its own weights beside the copies, 0.88x),
-    plus its output layer's blocked bfloat16 copy (a float32 one reads its own weight in place)."""
-    held_bytes, layers, head = {}, {}, {}
+    so it holds about half a float32 model's bytes (keeping its own weights beside the copies, 0.88x)."""
+    held_bytes, layers = {}, {}
     for dtype in (torch.float32, torch.bfloat16):
         model, step = model_and_step(dtype)
         held_bytes[dtype] = weight_bytes(model, *step.keep, step.head)
-        head[dtype] = step.head.untyped_storage().nbytes() if step.head.data_ptr() != model.lm_head.weight.data_ptr() else 0
         layers[dtype] = [x for layer in model.model.layers for group in groups(layer) for x in group]
-    assert head[torch.float32] == 0 and held_bytes[torch.bfloat16] <= 0.52 * held_bytes[torch.float32] + head[torch.bfloat16], held_bytes
+    assert held_bytes[torch.bfloat16] <= 0.55 * held_bytes[torch.float32], held_bytes
     assert all(released(x) and x.blocks.dtype == dtype for dtype, found in layers.items() for x in found)
 
 
