@@ -13,10 +13,19 @@ START_LENGTH = 192  # the start-up measurements' contexts (128 positions plus 12
 FIRST_ANSWER_LIMIT = 120.0
 
 
+def on_cuda(model) -> bool:
+    """Whether ``model``'s weights are on a CUDA device (read off its first parameter)."""
+    weight = next(model.parameters(), None)
+    return weight is not None and weight.device.type == "cuda"
+
+
 def cuda_decides(config, model) -> bool:
     """Whether CUDA's default, not a flag, makes ``model`` run other than on the step under ``config``
     (a ``RunnerConfig``): transformers' compiled forward (``compiles_by_default``), or eager for a model
-    that cannot compile (``why_not_compiled``)."""
+    that cannot compile (``why_not_compiled``). Off CUDA never (asked without entering the runner's
+    config: the start-up enters each file by few routes, tests/test_startup_trace.py)."""
+    if not on_cuda(model):
+        return False
     if config.compiles_by_default(model):
         return True
     return not (config.compile or config.eager or config.forward != "auto") and bool(config.eager_reason(model))

@@ -116,14 +116,13 @@ def layer_seconds(step, library, threads: int) -> Tuple[Seconds, float]:
     return run, 2.0 * sum(n * k for _, n, k in layers[0])
 
 
-def measurable(model: Module, runner) -> bool:
-    """Whether ``model``'s long passes run the C step on float32 weights under ``runner`` (the lean
-    forward, eager): the only passes a prompt plan changes."""
+def measurable(model: Module, eager_lean: bool) -> bool:
+    """Whether ``model``'s long passes run the C step on float32 weights, where its runner runs the lean
+    forward eager (``eager_lean``, the caller's to ask of its runner): the only passes a prompt plan changes."""
     from kernels.c_step import step_for
 
     weight = next(model.parameters(), None)
-    return (weight is not None and weight.dtype == torch.float32 and runner.lean_for(model) and not runner.compiled_for(model)
-            and step_for(model, MANY_ROWS + 1))
+    return weight is not None and weight.dtype == torch.float32 and eager_lean and step_for(model, MANY_ROWS + 1)
 
 
 @torch.no_grad()

@@ -131,7 +131,7 @@ def prompt_step(model: Module, role: str, runner: RunnerConfig, options: Options
     given to the model, ``kernels.prompt_gemm.set_plan``) within its budget, or saved; None where its long
     passes do not run the float32 C step. A budget spent first: the default plan, and the line says so.
     ``value``: {"tile": variant, "chunk": positions}."""
-    if not prompt.measurable(model, runner):
+    if not prompt.measurable(model, runner.lean_for(model) and not runner.compiled_for(model)):
         return None
     from kernels.prompt_gemm import DEFAULT, describe, set_plan
 

@@ -6,6 +6,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from conftest import EOS_NEVER, PROMPT, VOCAB, llama
+from invariance import widths_agree
 from models.llama import LlamaForward
 from drafters import PromptLookupSpec
 from kernels import skinny
@@ -67,13 +68,7 @@ def test_a_positions_logits_do_not_depend_on_the_pass_width():
     same logits bit for bit (each row computed alone, in a fixed order)."""
     model, ids = float32("llama"), ids_for()
     runner = LeanRunner(model)
-    runner(ids[:, :20], 1)
-    alone = torch.cat([runner(ids[:, : 21 + i], 1) for i in range(12)])
-    for width in range(2, 13):
-        runner.rollback(20)
-        got = torch.cat([runner(ids[:, : min(20 + w0 + width, 32)], min(width, 12 - w0)) for w0 in range(0, 12, width)])
-        assert torch.equal(got, alone), width
-    runner.rollback(20)
+    alone = widths_agree(runner, ids)
     chain = ids[0, 20:26].tolist()
     tree = runner.tree_pass(ids[:, :20], 20, chain, list(range(-1, 5)))  # a chain as a tree: its mask is the causal one
     assert torch.equal(tree[1:], alone[:6])

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import EOS_NEVER, PROMPT, VOCAB, llama
+from invariance import widths_agree
 from drafters import DraftContext, NGramTreeSpec, PromptLookupSpec
 from families import FAMILY_MODELS
 import kernels.bf16 as bf16
@@ -53,12 +54,7 @@ def test_a_positions_logits_do_not_depend_on_the_pass_width_or_the_tree(path, na
     same logits bit for bit."""
     model, ids = bfloat16(name), ids_for()
     runner = LeanRunner(model)
-    runner(ids[:, :20], 1)
-    alone = torch.cat([runner(ids[:, : 21 + i], 1) for i in range(12)])
-    for width in range(2, 13):
-        runner.rollback(20)
-        got = torch.cat([runner(ids[:, : min(20 + w0 + width, 32)], min(width, 12 - w0)) for w0 in range(0, 12, width)])
-        assert torch.equal(got, alone), width
+    alone = widths_agree(runner, ids)
     assert runner.step_passes == runner.forward_passes and runner.step.dims.weights == path
     nodes, parents = [5, 7, 9, 11, 13, 15], [-1, 0, 0, 1, 2, 4]
     runner.rollback(20)

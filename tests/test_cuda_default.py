@@ -22,6 +22,7 @@ from runners.compiled import past_limit
 def cuda(monkeypatch):
     """The runner configuration's device decision forced to CUDA (the models stay on CPU)."""
     monkeypatch.setattr(runner_config, "model_device", lambda model: torch.device("cuda"))
+    monkeypatch.setattr("app.steps.on_cuda", lambda model: True)
 
 
 def stub_graphs(monkeypatch, seconds_a_call: float) -> None:

@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from conftest import EOS_NEVER, PROMPT, VOCAB
+from invariance import lean_equals_transformers, widths_agree
 from drafters import DraftContext, NGramTreeSpec, PromptLookupSpec
 from families import FAMILY_MODELS, gemma3, phi3
 from kernels import skinny
 from kernels.c_step import step_unsupported
 from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
-from runners import KVCacheModel, LeanRunner, kernels, lean_unsupported
+from runners import LeanRunner, kernels, lean_unsupported
 from sampling import autoregressive_generate, generate, speculative_generate
 from test_c_step import TorchForward
 from test_lean_runner import PASSES, ids_for
@@ -32,15 +33,7 @@ def model(request):
 def test_logits_equal_transformers_forward_bit_for_bit(model, dtype):
     """Prompt, decoding and verification passes past the sliding window, on the model's own linears:
     transformers' logits over its dynamic cache (its sliding layers keeping their window), exactly."""
-    model = model.to(dtype)
-    try:
-        with kernels(model, False):
-            ids, lean, own = ids_for(), LeanRunner(model), KVCacheModel(model, cache="dynamic")
-            for length, n in PASSES:
-                assert torch.equal(lean(ids[:, :length], n), own(ids[:, :length], n)), (length, n)
-            assert lean.step_passes == 0
-    finally:
-        model.to(torch.float64)
+    lean_equals_transformers(model, dtype, ids_for(), PASSES)
 
 
 def float32(name: str):
@@ -65,13 +58,7 @@ def test_a_positions_logits_do_not_depend_on_the_pass_width_nor_on_the_tree(name
     draft tree, and as the branches of a branching tree: the same logits bit for bit on the C step."""
     model, ids = float32(name), ids_for()
     runner = LeanRunner(model)
-    runner(ids[:, :20], 1)
-    alone = torch.cat([runner(ids[:, : 21 + i], 1) for i in range(12)])
-    for width in range(2, 13):
-        runner.rollback(20)
-        got = torch.cat([runner(ids[:, : min(20 + w0 + width, 32)], min(width, 12 - w0)) for w0 in range(0, 12, width)])
-        assert torch.equal(got, alone), width
-    runner.rollback(20)
+    alone = widths_agree(runner, ids)
     chain = ids[0, 20:26].tolist()
     assert torch.equal(runner.tree_pass(ids[:, :20], 20, chain, list(range(-1, 5)))[1:], alone[:6])
     # a branching tree: node 4's branch is nodes 0, 2, 4 (ids 20, 21, 22 of another sequence)

@@ -9,6 +9,7 @@ import torch
 from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from conftest import VOCAB, gpt2, llama
+from invariance import lean_equals_transformers
 from runners import EAGER, KVCacheModel, LeanRunner, RunnerConfig, kernels, lean_unsupported, make_runner, set_prepack
 
 warnings.filterwarnings("ignore", message=".*past_key_values.*")
@@ -72,15 +73,7 @@ def test_logits_equal_transformers_forward_bit_for_bit(model, dtype):
     """Prompt, one-position and several-position cached passes on the model's own linears (the torch
     forward; the C step is tests/test_c_step.py's): the logits of transformers' forward over its
     dynamic cache, exactly (float64 and float32)."""
-    model = model.to(dtype)
-    try:
-        with kernels(model, False):
-            ids, lean, own = ids_for(), LeanRunner(model), KVCacheModel(model, cache="dynamic")
-            for length, n in PASSES:
-                assert torch.equal(lean(ids[:, :length], n), own(ids[:, :length], n)), (length, n)
-            assert lean.step_passes == 0
-    finally:
-        model.to(torch.float64)
+    lean_equals_transformers(model, dtype, ids_for(), PASSES)
 
 
 def test_qwen2_biases_and_tied_embeddings_are_read():
