@@ -92,11 +92,13 @@ class Worker:
     that hangs (no answer within ``TIMEOUT``), dies or answers garbage is killed, and the request fails in one line."""
 
     def __init__(self, ir: Path, threads: int, python: Optional[Path] = None, env: Optional[Dict[str, str]] = None,
-                 stderr: Any = None):
-        """``env``: variables added to this process's; ``stderr``: where the worker's goes (default: this process's)."""
+                 stderr: Any = None, precision: str = "f32"):
+        """``env``: variables added to this process's; ``stderr``: where the worker's goes (default: this process's);
+        ``precision``: OpenVINO's inference precision, f32 (the benchmark's rows) or bf16."""
         python = python or venv() / "bin" / "python"
         self.threads = threads
-        self.process = subprocess.Popen([str(python), str(WORKER), "--ir", str(ir), "--threads", str(threads)],
+        self.process = subprocess.Popen([str(python), str(WORKER), "--ir", str(ir), "--threads", str(threads),
+                                         "--precision", precision],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1,
                                         env={**os.environ, **env} if env else None)
         self.lines: "queue.Queue[str]" = queue.Queue()  # its stdout, a line at a time ("" at its end), read by a thread

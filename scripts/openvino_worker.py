@@ -10,7 +10,9 @@ JSON answer a line on stdout (anything OpenVINO prints goes to stderr):
     {"op": "info"} -> {"openvino": version, "openvino_genai": version, "properties": {...}}
 
 A bad request gets {"error": "one line"} and the worker goes on; end of input ends it. Every pipeline runs with
-float32 inference and KV cache, the given threads, and prefix caching off (a repeated prompt is prefilled again).
+the given threads and prefix caching off (a repeated prompt is prefilled again), and float32 inference and KV cache,
+or with ``--precision bf16`` OpenVINO's bfloat16 inference precision (its default on a CPU with bf16) and a bfloat16
+KV cache (with bf16 inference it refuses a float32 one; its default there is u8).
 """
 import argparse
 import json
@@ -20,19 +22,24 @@ import time
 from typing import Any, Dict, List
 
 KINDS = ("plain", "pld")
+PRECISIONS = ("f32", "bf16")
 
 
-def properties(threads: int) -> Dict[str, Any]:
-    """The CPU plugin's settings: float32 everywhere (its default KV cache is u8), ``threads`` threads."""
-    return {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0,
+def properties(threads: int, precision: str = "f32") -> Dict[str, Any]:
+    """The CPU plugin's settings: ``precision`` inference and KV cache (f32 or bf16; its default cache is u8,
+    and bf16 inference refuses an f32 cache), no dynamic quantization, ``threads`` threads."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return {"INFERENCE_PRECISION_HINT": precision, "KV_CACHE_PRECISION": precision, "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0,
             "INFERENCE_NUM_THREADS": threads}
 
 
 class Engine:
     """The IR's pipelines, plain and prompt lookup, each made at its first request."""
 
-    def __init__(self, ir: str, threads: int):
-        self.ir, self.threads, self.pipelines = ir, threads, {}
+    def __init__(self, ir: str, threads: int, precision: str = "f32"):
+        properties(threads, precision)  # a bad precision fails here, before any pipeline
+        self.ir, self.threads, self.precision, self.pipelines = ir, threads, precision, {}
 
     def pipeline(self, kind: str):
         if kind not in self.pipelines:
@@ -41,7 +48,7 @@ class Engine:
             scheduler = genai.SchedulerConfig()
             scheduler.enable_prefix_caching = False
             self.pipelines[kind] = genai.LLMPipeline(self.ir, "CPU", scheduler_config=scheduler, prompt_lookup=kind == "pld",
-                                                     **properties(self.threads))
+                                                     **properties(self.threads, self.precision))
         return self.pipelines[kind]
 
     def generate(self, request: Dict[str, Any]) -> Dict[str, Any]:
@@ -78,7 +85,7 @@ class Engine:
         import openvino
         import openvino_genai
 
-        return {"openvino": openvino.__version__, "openvino_genai": openvino_genai.__version__, "properties": properties(self.threads)}
+        return {"openvino": openvino.__version__, "openvino_genai": openvino_genai.__version__, "properties": properties(self.threads, self.precision)}
 
 
 def _ids(value: Any, name: str, least: int = 0) -> List[int]:
@@ -111,12 +118,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ir", required=True, help="the exported OpenVINO IR folder")
     parser.add_argument("--threads", type=int, required=True, help="CPU inference threads")
+    parser.add_argument("--precision", choices=PRECISIONS, default="f32", help="inference and KV cache precision")
     args = parser.parse_args()
     if not os.path.isfile(os.path.join(args.ir, "openvino_model.xml")):
         raise SystemExit(f"error: no OpenVINO model in {args.ir} (make openvino exports it)")
     out = os.fdopen(os.dup(1), "w")  # the protocol's stream; fd 1 (what OpenVINO may print) goes to stderr
     os.dup2(2, 1)
-    engine = Engine(args.ir, args.threads)
+    engine = Engine(args.ir, args.threads, args.precision)
     for line in sys.stdin:
         if line.strip():
             out.write(json.dumps(answer(engine, line)) + "\n")

@@ -78,6 +78,16 @@ def test_a_bad_request_gets_one_line(line, said):
     assert list(answer) == ["error"] and said in answer["error"] and "\n" not in answer["error"]
 
 
+def test_the_worker_asks_the_precision_it_is_given_and_refuses_another():
+    """bf16 is OpenVINO's bfloat16 inference with a bfloat16 KV cache (it refuses float32 there); a bad one fails first."""
+    worker = worker_module()
+    assert worker.properties(2)["INFERENCE_PRECISION_HINT"] == "f32"
+    bf16 = worker.properties(2, "bf16")
+    assert bf16["INFERENCE_PRECISION_HINT"] == "bf16" and bf16["KV_CACHE_PRECISION"] == "bf16"
+    with pytest.raises(ValueError, match="precision must be one of f32, bf16, got 'f16'"):
+        worker.Engine("unused", 1, "f16")
+
+
 def test_a_peer_row_is_compared_with_its_own_plain_row():
     """ov_pld against ov_plain (its own baseline) and against target AR; the tokens/step of a peer that says its steps."""
     runs = [("target", 8.0, 0, 100), ("ov_plain", 4.0, 0, 100), ("ov_pld", 2.0, 60, 40)]
