@@ -151,7 +151,7 @@ def built(tmp_path, arch: str) -> ctypes.CDLL:
     flags = [f for f in skinny.FLAGS if f != "-march=native"]
     subprocess.run([c_compiler(), f"-march={arch}", *flags, "-o", str(out), *map(str, sources)], check=True, timeout=120)
     library = ctypes.CDLL(str(out))
-    library.skinny_linear_bf16.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
+    library.skinny_linear_bf16.argtypes = [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     return library
 
 
