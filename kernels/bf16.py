@@ -9,15 +9,19 @@ for bit. The widening paths agree with one another bit for bit, and with the flo
 weights widened to float32; the dot path rounds apart from them (``skinny_bf16.c`` says how).
 """
 import ctypes
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
+
+from kernels.prompt_gemm import MANY_ROWS  # a linear over more rows than this takes its path's many-row variant
 
 F32 = 0  # skinny_bf16.c's format of float32 weights
 SCALAR, AVX2, AVX512, DOT = 1, 2, 3, 4  # its bfloat16 paths
 NAMES = {DOT: "avx512_bf16 dot", AVX512: "AVX-512 widening load", AVX2: "AVX2 widening load", SCALAR: "widening load in plain C"}
 FORCED: Optional[int] = None  # a path to take instead of the best (tests: each path this build has, on this CPU)
+# each path's many-row variant (``skinny_bf16_rows.c``'s SHAPES): speed only, every variant gives the same bits
+PROMPT_TILE = {DOT: 2, AVX512: 2, AVX2: 1, SCALAR: 1}
 
 
 def paths(library: ctypes.CDLL) -> List[int]:
@@ -36,6 +40,22 @@ def chosen(library: ctypes.CDLL) -> int:
     return built[0]
 
 
+def tiles(library: ctypes.CDLL, path: int) -> List[Tuple[int, int, int]]:
+    """``path``'s variants (``skinny_bf16_rows.c``), each (rows, blocks, kc): 0 decoding's, then the many-row ones."""
+    shape = (ctypes.c_int64 * 3)()
+    found = []
+    for index in range(library.skinny_bf16_tiles(path)):
+        library.skinny_bf16_tile_shape(path, index, shape)
+        found.append(tuple(shape))
+    return found
+
+
+def prompt_tile(path: int, rows: int) -> int:
+    """The variant a linear of ``path`` over ``rows`` rows takes: decoding's (0) up to ``MANY_ROWS``, else
+    the path's many-row one (``PROMPT_TILE``)."""
+    return PROMPT_TILE.get(path, 0) if rows > MANY_ROWS else 0
+
+
 def describe(path: int) -> str:
     """The header's words for ``path``: "bfloat16 weights read by the avx512_bf16 dot, activations rounded
     to bfloat16 for it, float32 sums" or "... by the AVX2 widening load, float32 activations and sums"."""
@@ -43,10 +63,11 @@ def describe(path: int) -> str:
     return f"bfloat16 weights read by the {NAMES[path]}, {done}"
 
 
-def linear(x: Tensor, packed: Tensor, n: int, bias: Optional[Tensor], path: Optional[int] = None) -> Tensor:
+def linear(x: Tensor, packed: Tensor, n: int, bias: Optional[Tensor], path: Optional[int] = None,
+           tile: Optional[int] = None) -> Tensor:
     """``x`` ``[M, K]`` float32 times a bfloat16 weight blocked (``kernels.blocked.blocked``: ``packed``
     ``[ceil(n/16), K, 16]``) -> ``[M, n]`` float32 (+ ``bias`` ``[n]`` float32), by ``path`` (None:
-    ``chosen``), on torch's thread count."""
+    ``chosen``) and its variant ``tile`` (None: ``prompt_tile``), on torch's thread count."""
     from kernels.skinny import library
 
     loaded = library()
@@ -56,7 +77,8 @@ def linear(x: Tensor, packed: Tensor, n: int, bias: Optional[Tensor], path: Opti
     x, packed = x.contiguous(), packed.contiguous()
     bias = None if bias is None else bias.to(torch.float32).contiguous()
     out = torch.empty((x.shape[0], n), dtype=torch.float32)
-    loaded.skinny_linear_bf16(path, x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
+    tile = prompt_tile(path, x.shape[0]) if tile is None else tile
+    loaded.skinny_linear_bf16(path, tile, x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
                               x.shape[0], n, x.shape[1], torch.get_num_threads())
     return out
 

@@ -320,7 +320,9 @@ class CStep:
         h = h.to(torch.float32).contiguous()  # written in place: the caller's embeddings, made for this pass
         cos, sin = cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous()
         prompt = plan_of(self.model())  # a long pass's variant and chunks: speed only, the same bits
-        chunk, tile = prompt.chunk or CHUNK_ROWS, prompt.tile if self.dims.weights == bf16.F32 else 0
+        chunk = prompt.chunk or CHUNK_ROWS
+        # a long chunk's variant: the float32 plan's, or the bfloat16 path's many-row one (speed only, the same bits)
+        tile = prompt.tile if self.dims.weights == bf16.F32 else bf16.prompt_tile(self.dims.weights, MANY_ROWS + 1)
         rows = min(r, chunk)
         needed = self.library.c_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(rows), ctypes.c_int64(threads))
         if self.scratch.numel() < needed:

@@ -25,8 +25,8 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("skinny_gemm.c", "skinny_tiles.c", "skinny_bf16.c", "c_step.c", "head_step.c", "blocked_check.c"))
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("step_rows.h", "linears.h"))  # included by the sources: hashed with them, never compiled alone
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("skinny_gemm.c", "skinny_tiles.c", "skinny_bf16.c", "skinny_bf16_rows.c", "c_step.c", "head_step.c", "blocked_check.c"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("step_rows.h", "linears.h", "bf16_tiles.h"))  # included by the sources: hashed with them, never compiled alone
 SOURCE = SOURCES[0]
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")  # no fused a*b+c unless written: one rounding on every CPU
 BUILD_TIMEOUT = 120.0  # seconds a compile may take before it counts as failed
@@ -125,7 +125,7 @@ def _build(compiler: str, folder: Path, sources: Sequence[Path] = SOURCES, stem:
 
 
 SYMBOLS = ("skinny_linear", "skinny_simd", "skinny_tiles", "skinny_tile_shape", "skinny_linear_tile", "skinny_bf16_paths",
-           "skinny_linear_bf16", "c_step", "c_step_scratch", "head_step", "head_step_scratch", "blocked_holds")  # what a library of ours exports
+           "skinny_linear_bf16", "skinny_bf16_tiles", "skinny_bf16_tile_shape", "c_step", "c_step_scratch", "head_step", "head_step_scratch", "blocked_holds")  # what a library of ours exports
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -186,8 +186,12 @@ def _library() -> Tuple[Optional[ctypes.CDLL], str]:
     library.skinny_linear_tile.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     library.skinny_linear_tile.restype = ctypes.c_int
     library.skinny_bf16_paths.restype = ctypes.c_int
-    library.skinny_linear_bf16.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
+    library.skinny_linear_bf16.argtypes = [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     library.skinny_linear_bf16.restype = ctypes.c_int
+    library.skinny_bf16_tiles.argtypes = [ctypes.c_int64]
+    library.skinny_bf16_tiles.restype = ctypes.c_int
+    library.skinny_bf16_tile_shape.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    library.skinny_bf16_tile_shape.restype = ctypes.c_int
     library.c_step.restype = ctypes.c_int
     library.c_step_scratch.restype = ctypes.c_int64
     library.head_step.restype = ctypes.c_int

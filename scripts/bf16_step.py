@@ -9,6 +9,7 @@
 
     ../shared/tools/quiet -- .venv/bin/python scripts/bf16_step.py       # the figures (a timing: run alone)
     .venv/bin/python scripts/bf16_step.py --rounds 1 --tokens 4 --prompts 2   # a smoke run
+    ../shared/tools/quiet -- .venv/bin/python scripts/bf16_step.py --path avx512   # another path forced
 """
 import argparse
 import copy
@@ -48,6 +49,8 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds over the prompts")
     parser.add_argument("--tokens", type=int, default=64, help="greedy tokens a generation")
     parser.add_argument("--prompts", type=int, default=6, help="prompts of bench_prompts.jsonl")
+    parser.add_argument("--path", choices=["dot", "avx512", "avx2", "scalar"], default=None,
+                        help="the bfloat16 path forced (default: the one the C step takes here)")
     args = parser.parse_args(argv)
     import json
 
@@ -59,6 +62,9 @@ def main(argv: List[str] | None = None) -> None:
 
     if not skinny.available()[0]:
         sys.exit(f"the skinny kernel is not built here: {skinny.available()[1]}")
+    import kernels.bf16 as bf16
+
+    bf16.FORCED = {"dot": bf16.DOT, "avx512": bf16.AVX512, "avx2": bf16.AVX2, "scalar": bf16.SCALAR}.get(args.path)
     torch.set_grad_enabled(False)
     model32, tokenizer = load_embedded()
     size32 = weight_bytes(model32)

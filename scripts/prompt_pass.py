@@ -1,4 +1,5 @@
-"""The prompt pass and a long context's one-position pass on the embedded SmolLM2-135M (float32), beside
+"""The prompt pass and a long context's one-position pass on the embedded SmolLM2-135M (float32, or
+bfloat16 with ``--dtype bfloat16``: its path's many-row variants, ``kernels/skinny_bf16_rows.c``), beside
 the cores' float32 FMA peak (``measure.peak``: clock x FMA units x lanes x 2, each part's source named):
 
 - a prompt pass (a fresh cache, logits of the last position) over each of ``--lengths`` positions on the
@@ -14,6 +15,7 @@ the cores' float32 FMA peak (``measure.peak``: clock x FMA units x lanes x 2, ea
     .venv/bin/python scripts/prompt_pass.py                                   # the default plan (run alone)
     .venv/bin/python scripts/prompt_pass.py --tiles all --chunks 128 256 512 --lengths 210 660 671 767 769
     .venv/bin/python scripts/prompt_pass.py --rounds 1 --lengths 70 --context 80 --tiles all   # a smoke run
+    .venv/bin/python scripts/prompt_pass.py --dtype bfloat16 --tiles all [--path avx512]  # bfloat16 (run alone)
 """
 import argparse
 import statistics
@@ -36,12 +38,18 @@ def parse(argv: List[str] | None) -> argparse.Namespace:
     parser.add_argument("--tiles", nargs="+", default=["0"], help="the many-row variants to run the prompt on: indices, or all")
     parser.add_argument("--chunks", type=int, nargs="+", default=[256], help="chunk lengths (positions per C call)")
     parser.add_argument("--no-torch", action="store_true", help="leave out the torch forward on MKL")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the weights' dtype")
+    parser.add_argument("--path", choices=["dot", "avx512", "avx2", "scalar"], default=None,
+                        help="bfloat16: the path forced (default: the one the C step takes here)")
     return parser.parse_args(argv)
 
 
-def prompt_passes(model, ids, plans: Dict[str, object], lengths: List[int], rounds: int) -> Dict[Tuple[str, int], List[float]]:
+def prompt_passes(model, ids, plans: Dict[str, object], lengths: List[int], rounds: int,
+                  variants: Dict[str, int] | None = None) -> Dict[Tuple[str, int], List[float]]:
     """Seconds of each plan's prompt pass over each length, ``rounds`` interleaved rounds after a warm-up.
-    A plan: a ``PromptPlan`` (the C step), or False (the model's own linears, the torch forward)."""
+    A plan: a ``PromptPlan`` (the C step), or False (the model's own linears, the torch forward);
+    ``variants``: a bfloat16 plan's many-row variant of the path (``kernels.bf16.PROMPT_TILE``, set per plan)."""
+    import kernels.bf16 as bf16
     from kernels.prompt_gemm import set_plan
     from runners import LeanRunner, kernels
 
@@ -51,6 +59,8 @@ def prompt_passes(model, ids, plans: Dict[str, object], lengths: List[int], roun
         for name, plan in plans.items():
             if plan is not False:
                 set_plan(model, plan)
+            if variants and name in variants:
+                bf16.PROMPT_TILE[bf16.chosen(skinny_library())] = variants[name]
             with kernels(model, False if plan is False else None):
                 for n in lengths:
                     runners[name].rollback(0)
@@ -61,6 +71,12 @@ def prompt_passes(model, ids, plans: Dict[str, object], lengths: List[int], roun
     for name, plan in plans.items():
         assert (runners[name].step_passes > 0) == (plan is not False), name
     return times
+
+
+def skinny_library():
+    from kernels import skinny
+
+    return skinny.library()
 
 
 def linears_alone(model, tiles, rounds: int) -> Dict[int, float]:
@@ -105,23 +121,38 @@ def main(argv: List[str] | None = None) -> None:
     from measure.peak import machine_peak
     from utils.models import load_embedded
 
+    import kernels.bf16 as bf16
+
     model, tokenizer = load_embedded()
-    built = tiles(skinny.library())
-    chosen = built if args.tiles == ["all"] else [built[int(i)] for i in args.tiles]
+    variants: Dict[str, int] = {}
+    if args.dtype == "bfloat16":
+        model = model.to(torch.bfloat16)
+        bf16.FORCED = {"dot": bf16.DOT, "avx512": bf16.AVX512, "avx2": bf16.AVX2, "scalar": bf16.SCALAR}.get(args.path)
+        path = bf16.chosen(skinny.library())
+        shapes = bf16.tiles(skinny.library(), path)
+        indices = range(1, len(shapes)) if args.tiles == ["all"] else [bf16.PROMPT_TILE[path]] if args.tiles == ["0"] else map(int, args.tiles)
+        for i in indices:
+            for c in args.chunks:
+                variants[f"C step, {bf16.NAMES[path]}, tile {shapes[i][0]}x{shapes[i][1]}, k-panels of {shapes[i][2]}, chunks of {c}"] = i
+        chosen = []
+    else:
+        built = tiles(skinny.library())
+        chosen = built if args.tiles == ["all"] else [built[int(i)] for i in args.tiles]
     linear = sum(p.numel() for layer in model.model.layers for p in layer.parameters() if p.dim() == 2)
     head = model.get_output_embeddings().weight.numel()
     ids = torch.randint(len(tokenizer), (1, max(max(args.lengths), args.context + 1)), generator=torch.Generator().manual_seed(0))
     plans: Dict[str, object] = {f"C step, tile {t.name()}, chunks of {c}": PromptPlan(t.index, c) for t in chosen for c in args.chunks}
-    if not args.no_torch:
+    plans.update({name: PromptPlan(0, int(name.rsplit(" ", 1)[1])) for name in variants})
+    if not args.no_torch and not variants:  # a bfloat16 model has no kernel plan to switch its passes to torch
         plans["torch, own (MKL)"] = False
     peak = machine_peak(torch.get_num_threads(), skinny.library().skinny_simd())
     with torch.inference_mode(), held(model):  # "own" on the model's own weights (the C step frees them elsewhere)
-        times = prompt_passes(model, ids, plans, args.lengths, args.rounds)
-        alone = linears_alone(model, chosen, args.rounds)
+        times = prompt_passes(model, ids, plans, args.lengths, args.rounds, variants)
+        alone = linears_alone(model, chosen, args.rounds) if chosen else {}
         one = one_position(model, ids, args.context, args.rounds)
-    print(f"embedded SmolLM2-135M · float32 · {torch.get_num_threads()} threads · kernel {skinny.identity()} "
+    print(f"embedded SmolLM2-135M · {args.dtype} · {torch.get_num_threads()} threads · kernel {skinny.identity()} "
           f"(AVX width {skinny.library().skinny_simd()}) · median of {args.rounds}")
-    print(peak.line())
+    print(peak.line() + (" (float32 FMA; bfloat16 sums are float32 FMAs or vdpbf16ps)" if variants else ""))
     for n in args.lengths:
         flops = 2 * (linear * n + head)
         for name in plans:

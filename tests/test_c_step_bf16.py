@@ -137,6 +137,48 @@ def test_the_dot_path_computes_the_sums_it_documents():
         assert torch.equal(bf16.linear(x[:m], pack(w), 40, b, bf16.DOT), got[:m]), m
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_every_variant_gives_a_row_the_bits_it_gets_alone(path, threads):
+    """K of 600 (two k-panels of 256 and a part, chunks of 128 rounded on the dot path), 216 outputs (13
+    whole blocks, shared 13 ways over the threads into full and partial tiles, and a padded one), a bias:
+    every variant of the path (decoding's and the many-row tiles) over 1..12 rows and over 100 (row
+    blocks and a remainder) gives each row the bits it gets alone on decoding's loop; the widening paths
+    give the plain-C path's bits."""
+    g = torch.Generator().manual_seed(7)
+    w, x, b = torch.randn(216, 600, generator=g).bfloat16(), torch.randn(100, 600, generator=g), torch.randn(216, generator=g)
+    packed, variants = pack(w), bf16.tiles(skinny.library(), path)
+    assert len(variants) >= 2 and variants[0][2] == 0 and all(kc == 256 for _, _, kc in variants[1:])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        alone = torch.cat([bf16.linear(x[i: i + 1], packed, 216, b, path, 0) for i in range(100)])
+        if path != bf16.DOT:
+            assert torch.equal(alone, torch.cat([bf16.linear(x[i: i + 1], packed, 216, b, bf16.SCALAR, 0) for i in range(100)]))
+        for tile in range(len(variants)):
+            for m in (*range(1, 13), 100):
+                assert torch.equal(bf16.linear(x[:m], packed, 216, b, path, tile), alone[:m]), (variants[tile], m)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_long_pass_takes_the_paths_many_row_variant(path, monkeypatch):
+    """The C step's chunks over 12 positions run the path's many-row variant (``bf16.PROMPT_TILE``), up
+    to 12 decoding's loop: the variant a prompt runs is one the test above holds to the same bits."""
+    seen = []
+    real = CStep._run
+
+    def recording(self, *args):
+        seen.append((args[0][0].shape[0], self.dims.tile))
+        return real(self, *args)
+
+    monkeypatch.setattr(CStep, "_run", recording)
+    model, ids = bfloat16("llama"), ids_for(40)
+    runner = LeanRunner(model)
+    runner(ids[:, :30], 1)
+    runner(ids[:, :40], 10)
+    assert seen == [(30, bf16.PROMPT_TILE[path]), (10, 0)] and bf16.PROMPT_TILE[path] < len(bf16.tiles(skinny.library(), path))
+
+
 def built(tmp_path, arch: str) -> ctypes.CDLL:
     """The two kernels (float32 and bfloat16) built for ``arch``; skipped off x86-64 with AVX2."""
     import platform
@@ -151,7 +193,7 @@ def built(tmp_path, arch: str) -> ctypes.CDLL:
     flags = [f for f in skinny.FLAGS if f != "-march=native"]
     subprocess.run([c_compiler(), f"-march={arch}", *flags, "-o", str(out), *map(str, sources)], check=True, timeout=120)
     library = ctypes.CDLL(str(out))
-    library.skinny_linear_bf16.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
+    library.skinny_linear_bf16.argtypes = [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     return library
 
 

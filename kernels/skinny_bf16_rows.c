@@ -1,0 +1,138 @@
+/* The row loops of the bfloat16 paths (their tiles: skinny_bf16.c, which states each path's sums).
+ *
+ * Variant 0 is decoding's loop: each thread streams a contiguous share of the weights, in groups of
+ * the path's register block (blocks of 16 features), every row block over the whole of k. The others
+ * are a prompt's many-row variants (as skinny_tiles.c's for float32): a register tile of rows x blocks,
+ * the weights' whole blocks shared among the threads, and k-panels of kc input features (a tile's
+ * weights for a panel stay in L1 while every row block passes over them). Rows and blocks a variant's
+ * tile does not cover take decoding's tiles. Every tile computes every output by its path's one
+ * chain, panels included (bf16_tiles.h), so every variant gives every row the same bits whatever M or
+ * the thread count: which one runs is a matter of speed only. */
+#include <stddef.h>
+#include <stdint.h>
+#include <omp.h>
+#include "bf16_tiles.h"
+#include "linears.h"
+
+void skinny_rows_tile(int64_t tile, const float *x, const float *p, const float *b, float *y, int64_t M, int64_t N, int64_t K);
+
+typedef struct {
+    int rows, blocks; /* the register tile: rows x blocks of 16 features */
+    int kc;           /* input features per k-panel; 0: the whole of k per tile */
+} Shape;
+
+/* each path's variants: 0 decoding's (its register block), then the many-row ones; rows 0 ends a list */
+static const Shape SHAPES[5][5] = {
+    [BF16_SCALAR] = {{4, 1, 0}, {4, 1, 256}},
+    [BF16_AVX2] = {{6, 1, 0}, {6, 1, 256}},
+    [BF16_AVX512] = {{12, 2, 0}, {12, 2, 256}, {8, 3, 256}},
+    [BF16_DOT] = {{12, 2, 0}, {12, 2, 256}, {8, 3, 256}, {6, 4, 256}},
+};
+
+/* how many variants `path` has (0 for no such path) */
+int skinny_bf16_tiles(int64_t path) {
+    int n = 0;
+    while (path >= BF16_SCALAR && path <= BF16_DOT && n < 5 && SHAPES[path][n].rows) n++;
+    return n;
+}
+
+/* variant `tile` of `path` into shape[0..3): rows, blocks, kc; -1 where there is none */
+int skinny_bf16_tile_shape(int64_t path, int64_t tile, int64_t *shape) {
+    if (tile < 0 || tile >= skinny_bf16_tiles(path)) return -1;
+    shape[0] = SHAPES[path][tile].rows, shape[1] = SHAPES[path][tile].blocks, shape[2] = SHAPES[path][tile].kc;
+    return 0;
+}
+
+static void add_bias(const float *b, float *y, int64_t M, int64_t N, int64_t n0, int64_t n1) {
+    if (b)
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = n0; j < n1 && j < N; j++) y[i * N + j] += b[j];
+}
+
+/* variant 0: groups of the register block's blocks, dealt contiguously; the padded last group through `spill` */
+static void decoding(int64_t path, const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N, int64_t K) {
+    int t = omp_get_thread_num(), threads = omp_get_num_threads();
+    int64_t GB = SHAPES[path][0].blocks, blocks = (N + BW - 1) / BW, groups = (blocks + GB - 1) / GB;
+    int64_t first = groups * t / threads, last = groups * (t + 1) / threads;
+    float spill[MBX * GBX * BW];
+    for (int64_t g = first; g < last; g++) {
+        int64_t b0 = g * GB, gb = blocks - b0 < GB ? blocks - b0 : GB, n0 = b0 * BW, width = gb * BW;
+        const uint16_t *pg = p + b0 * K * BW;
+        /* the group's weights stay in L2 while every row block passes over them */
+        for (int64_t m0 = 0; m0 < M; m0 += MBX) {
+            int64_t mb = M - m0 < MBX ? M - m0 : MBX;
+            if (n0 + width <= N) {
+                bf16_tile(path, x + m0 * K, K, 0, K, mb, gb, pg, y + m0 * N + n0, N, 0);
+            } else {
+                bf16_tile(path, x + m0 * K, K, 0, K, mb, gb, pg, spill, width, 0);
+                for (int64_t i = 0; i < mb; i++)
+                    for (int64_t j = 0; n0 + j < N; j++) y[(m0 + i) * N + n0 + j] = spill[i * width + j];
+            }
+            add_bias(b, y + m0 * N, mb, N, n0, n0 + width);
+        }
+    }
+}
+
+/* a many-row variant: each thread a contiguous share of the whole blocks, in groups of the tile's
+ * width, panel by panel over the rows the tile fills, decoding's tiles for the rest; the padded last
+ * block (N not a multiple of 16) to the last thread, through `spill` */
+static void many(int64_t path, const Shape *s, const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N,
+                 int64_t K) {
+    int t = omp_get_thread_num(), threads = omp_get_num_threads();
+    int64_t whole = N / BW, first = whole * t / threads, last = whole * (t + 1) / threads, kc = s->kc > 0 ? s->kc : K;
+    for (int64_t b0 = first; b0 < last; b0 += s->blocks) {
+        int64_t gb = last - b0 < s->blocks ? last - b0 : s->blocks, tiled = gb == s->blocks ? M - M % s->rows : 0;
+        const uint16_t *pg = p + b0 * K * BW;
+        float *yg = y + b0 * BW;
+        for (int64_t k0 = 0; tiled > 0 && k0 < K; k0 += kc)
+            for (int64_t m0 = 0; m0 < tiled; m0 += s->rows)
+                if (!bf16_full(path, s->rows, s->blocks, x + m0 * K, K, k0, k0 + kc < K ? k0 + kc : K, pg, yg + m0 * N, N, k0 > 0))
+                    bf16_tile(path, x + m0 * K, K, k0, k0 + kc < K ? k0 + kc : K, s->rows, s->blocks, pg, yg + m0 * N, N, k0 > 0);
+        if (tiled < M) bf16_tile(path, x + tiled * K, K, 0, K, M - tiled, gb, pg, yg + tiled * N, N, 0);
+        add_bias(b, y, M, N, b0 * BW, (b0 + gb) * BW);
+    }
+    if (N % BW && t == threads - 1) {
+        float spill[MBX * BW];
+        for (int64_t m0 = 0; m0 < M; m0 += MBX) {
+            int64_t mb = M - m0 < MBX ? M - m0 : MBX;
+            bf16_tile(path, x + m0 * K, K, 0, K, mb, 1, p + whole * K * BW, spill, BW, 0);
+            for (int64_t i = 0; i < mb; i++)
+                for (int64_t j = whole * BW; j < N; j++) y[(m0 + i) * N + j] = spill[i * BW + j - whole * BW];
+            add_bias(b, y + m0 * N, mb, N, whole * BW, N);
+        }
+    }
+}
+
+/* Inside a parallel region (every thread calls it): skinny_rows (skinny_gemm.c) on W blocked bfloat16
+ * [ceil(N/16), K, 16] (pairs of k interleaved), by `path` (one of skinny_bf16_paths) and its variant
+ * `tile` (0 or one it lacks: decoding's loop). */
+void skinny_rows_bf16(int64_t path, int64_t tile, const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N,
+                      int64_t K) {
+    if (tile <= 0 || tile >= skinny_bf16_tiles(path))
+        decoding(path, x, p, b, y, M, N, K);
+    else
+        many(path, &SHAPES[path][tile], x, p, b, y, M, N, K);
+}
+
+/* The linear the C step runs for its weights' format: F32 (skinny_gemm.c's, by its many-row variant `tile`,
+ * skinny_tiles.c: the same bits whichever) or a bfloat16 path (by its variant `tile`: the same bits whichever). */
+void skinny_rows_as(int64_t format, int64_t tile, const float *x, const void *p, const float *b, float *y, int64_t M, int64_t N,
+                    int64_t K) {
+    if (format == F32)
+        skinny_rows_tile(tile, x, (const float *)p, b, y, M, N, K);
+    else
+        skinny_rows_bf16(format, tile, x, (const uint16_t *)p, b, y, M, N, K);
+}
+
+/* skinny_rows_bf16 on `threads` threads (skinny_gemm.c's skinny_linear); the threads it ran on */
+int skinny_linear_bf16(int64_t path, int64_t tile, const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N,
+                       int64_t K, int64_t threads) {
+    int ran = 1;
+    if (threads < 1) threads = 1;
+#pragma omp parallel num_threads((int)threads)
+    {
+        if (omp_get_thread_num() == 0) ran = omp_get_num_threads();
+        skinny_rows_bf16(path, tile, x, p, b, y, M, N, K);
+    }
+    return ran;
+}
