@@ -5,6 +5,8 @@ gives transformers' logits bit for bit (float64 and float32); the C step gives t
 rounding, a position's logits the same at every pass width and in a tree pass, so greedy drafting
 rows on it emit target AR's tokens; the compiled step (inductor on CPU) follows the lean runner, one
 compile a family."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -21,6 +23,7 @@ from test_c_step import TorchForward
 from test_lean_runner import PASSES, ids_for
 from utils.models import truncated_drafter
 
+ROOT = Path(__file__).resolve().parents[1]
 NAMES = sorted(FAMILY_MODELS)
 on_step = pytest.mark.skipif(not skinny.available()[0], reason="the skinny kernel is not built here")
 
@@ -148,3 +151,29 @@ def test_the_compiled_step_follows_the_lean_runner(name):
         close(step, lean)
     # the five passes of 3 to 7 rows after the prompt ran uncompiled, none of the four 1-position ones
     assert step_state(model).fallbacks == 5
+
+
+@on_step
+def test_the_family_table_rehearses_every_published_shape_with_greedy_rows_exact(monkeypatch, capsys):
+    """``scripts/family_table.py`` (issue 72's CPU table) at ``--tiny``: a line for every published shape,
+    each greedy row with 0 disagreements with target AR and some drafts accepted; and a model still held
+    after its line (the next, at SmolLM3-3B's 12 GB, would not fit beside it) stops the run."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import family_table
+
+    family_table.main(["--tiny", "--tokens", "8", "--repeats", "2"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "(tiny)" in line]
+    assert [line.split(" | ")[0][2:].removesuffix(" (tiny)") for line in lines] == list(family_table.SHAPES)
+    for line in lines:
+        rows = [cell.strip(" |") for cell in line.split(" | ")[-len(family_table.ROWS):]]
+        assert all(cell.startswith("0 (accept ") for cell in rows), line
+        assert max(float(cell.split("accept ")[1].rstrip(")")) for cell in rows) > 0, line
+    held, build = [], family_table.build
+
+    def holding(*args):
+        held.append(build(*args))
+        return held[-1]
+
+    monkeypatch.setattr(family_table, "build", holding)
+    with pytest.raises(SystemExit, match="still held"):
+        family_table.main(["--tiny", "--tokens", "2", "--shapes", "gemma3-270m"])
