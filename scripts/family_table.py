@@ -48,6 +48,7 @@ class Row:
 
     shape: str
     family: str
+    how: str = ""  # how the greedy rows' passes run (the header's words)
     size: int = 0  # bytes a pass reads of the weights
     decode: Tuple[float, ...] = ()
     read: Tuple[float, ...] = ()
@@ -62,6 +63,8 @@ def step_tensors(runner) -> List[Tensor]:
 
     model = runner.model
     found = [group_blocks(g) for layer in model.model.layers[: model.config.num_hidden_layers] for g in groups(layer)]
+    if any(t is None for t in found):  # the step then reads copies of its own beside the weights (no oneDNN here)
+        raise SystemExit("the layers' weights were not released into the step's blocked copies: no read of the same bytes")
     return found + [runner.step.head]
 
 
@@ -129,7 +132,7 @@ def measure(name: str, args) -> Tuple[Row, "weakref.ref"]:
     this returns, or the next shape would not fit beside it)."""
     from kernels.c_step import step_unsupported
     from models.layer_spec import family_name
-    from runners import LeanRunner, lean_unsupported
+    from runners import LeanRunner, RunnerConfig, lean_unsupported
 
     model = build(name, args.tiny, torch.float32, "cpu")
     row, alive = Row(name + (" (tiny)" if args.tiny else ""), family_name(model)), weakref.ref(model)
@@ -137,6 +140,7 @@ def measure(name: str, args) -> Tuple[Row, "weakref.ref"]:
     if refused is not None:
         row.refused = refused
         return row, alive
+    row.how = RunnerConfig().describe(model)
     prompts = [prompt_ids(model.config.vocab_size, args.prompt, seed=1 + k) for k in range(args.prompts)]
     runner = LeanRunner(model)
     timed, _ = decode(runner, prompts[0], args.tokens)  # warm: the step made, the weights released into it
@@ -205,7 +209,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         if alive() is not None:
             raise SystemExit(f"{name}: the model is still held after its row: the next one would not fit beside it")
         found.append(row)
-        print(f"{row.shape}: done in {time.perf_counter() - clock:.0f} s", flush=True)
+        print(f"{row.shape}: done in {time.perf_counter() - clock:.0f} s; passes: {row.how or row.refused}", flush=True)
     print("\n" + "\n".join(table(found)))
 
 
