@@ -3,7 +3,10 @@ SmolLM3, Granite, Phi-3, Gemma 3 and a sliding-window Mistral and Qwen2, each a 
 transformers' own class with every feature of its family on (``families.py``). The lean torch forward
 gives transformers' logits bit for bit (float64 and float32); the C step gives them to float32
 rounding, a position's logits the same at every pass width and in a tree pass, so greedy drafting
-rows on it emit target AR's tokens; the compiled step (inductor on CPU) follows the lean runner."""
+rows on it emit target AR's tokens; the compiled step (inductor on CPU) follows the lean runner, one
+compile a family."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -20,6 +23,7 @@ from test_c_step import TorchForward
 from test_lean_runner import PASSES, ids_for
 from utils.models import truncated_drafter
 
+ROOT = Path(__file__).resolve().parents[1]
 NAMES = sorted(FAMILY_MODELS)
 on_step = pytest.mark.skipif(not skinny.available()[0], reason="the skinny kernel is not built here")
 
@@ -119,19 +123,57 @@ def test_the_refusals_name_the_one_feature_missing():
         assert step_unsupported(model) == "its norms' epsilons differ: the step takes one"
 
 
+# the families whose decoder layer the compiled step traces another way: Gemma 3 (both norm places,
+# (1 + w), GELU-tanh, two RoPE tables, a softcap), Qwen3 (per-head q/k norms on w norms, q/k/v biases,
+# sliding layers), OLMo 2 (norms after each block, scaled in float32, q/k norms over all heads),
+# SmolLM3 (a layer without RoPE: a second graph), Granite (the residual and attention scales), Phi-3
+# (fused linears, half the head rotated). Mistral's and Qwen2's windows are Qwen3's layer less its q/k
+# norms, the same mask: a compile each would add cost and no path.
+COMPILED = ["gemma3", "granite", "olmo2", "phi3", "qwen3", "smollm3"]
+
+
 @pytest.mark.needs_cxx
-def test_the_compiled_step_follows_the_lean_runner():
-    """The compiled step (inductor on CPU, width 1 prepared, wider passes eager) on Gemma 3, the family
-    with the most features (both norm places, (1 + w), q/k norms, GELU-tanh, two RoPE tables, sliding
-    layers, a softcap), through rollbacks, tree passes and kept branches: the lean runner's logits
-    (float64: the lean runner's torch forward, as tests/test_step_runner.py compares). One family:
-    inductor's compile is the cost (Phi-3's fused linears and partial RoPE pass too, run by hand)."""
+@pytest.mark.parametrize("name", COMPILED)
+def test_the_compiled_step_follows_the_lean_runner(name):
+    """The compiled step (inductor on CPU, width 1 prepared, wider passes eager) through rollbacks, tree
+    passes and kept branches past the sliding window: the lean runner's logits (float64: the lean
+    runner's torch forward, as tests/test_step_runner.py compares), every 1-position pass on the graph.
+    One width, one key bucket: inductor's compile is the cost (one graph a family, SmolLM3's two)."""
     from runners import StepRunner, prepare_step
+    from runners.step import step_state
     from test_step_runner import close, passes
 
-    model = gemma3()
+    model = FAMILY_MODELS[name]()
     prepare_step(model, 200, widths=(1,))
     ids = ids_for(80, seed=3)
     for step, lean in zip(passes(StepRunner(model), ids), passes(LeanRunner(model), ids)):
         assert step.shape == lean.shape
         close(step, lean)
+    # the five passes of 3 to 7 rows after the prompt ran uncompiled, none of the four 1-position ones
+    assert step_state(model).fallbacks == 5
+
+
+@on_step
+def test_the_family_table_rehearses_every_published_shape_with_greedy_rows_exact(monkeypatch, capsys):
+    """``scripts/family_table.py`` (issue 72's CPU table) at ``--tiny``: a line for every published shape,
+    each greedy row with 0 disagreements with target AR and some drafts accepted; and a model still held
+    after its line (the next, at SmolLM3-3B's 12 GB, would not fit beside it) stops the run."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import family_table
+
+    family_table.main(["--tiny", "--tokens", "8", "--repeats", "2"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "(tiny)" in line]
+    assert [line.split(" | ")[0][2:].removesuffix(" (tiny)") for line in lines] == list(family_table.SHAPES)
+    for line in lines:
+        rows = [cell.strip(" |") for cell in line.split(" | ")[-len(family_table.ROWS):]]
+        assert all(cell.startswith("0 (accept ") for cell in rows), line
+        assert max(float(cell.split("accept ")[1].rstrip(")")) for cell in rows) > 0, line
+    held, build = [], family_table.build
+
+    def holding(*args):
+        held.append(build(*args))
+        return held[-1]
+
+    monkeypatch.setattr(family_table, "build", holding)
+    with pytest.raises(SystemExit, match="still held"):
+        family_table.main(["--tiny", "--tokens", "2", "--shapes", "gemma3-270m"])
