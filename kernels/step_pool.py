@@ -6,7 +6,7 @@ Held weakly on the model (a ``WeakKeyDictionary``; the step keeps only a weak re
 so an entry never holds its own key): the step goes with the model. Never replayed stale: each
 runner's first take compares what the step reads by identity (``kernels.c_step.read``: every tensor's
 address and version, a released layer's blocks; a cast, a load, a restore, an in-place edit, a
-replaced parameter) and, as a newly made step would (``kernels.blocked``'s ``verify``), the copies it
+replaced parameter), the library build it calls, and, as a newly made step would (``kernels.blocked``'s ``verify``), the copies it
 made beside a live weight by value: the output layer's blocked copy (``kernels.skinny.holds``) and
 its small float32 copies (Gemma's ``1 + w`` norms, q/k/v biases), for edits through ``w.data``,
 which change no version. Any difference: a new step. Only a step whose decoder layers are all
@@ -37,8 +37,10 @@ class _Kept:
         from kernels.c_step import read
 
         step = self.step
-        if step.model() is not model or step.read is not self.read or read(model) != self.read:
-            return False  # remade since this entry (its copies' bits unknown here), or changed by identity
+        if step.model() is not model or step.read is not self.read or step.library is not skinny.library():
+            return False  # remade since this entry (its copies' bits unknown here), or another build of the library
+        if read(model) != self.read:
+            return False  # changed by identity: cast, loaded, restored, replaced, edited in place
         if not skinny.holds(step.head, step.output.weight):
             return False
         return all(torch.equal(_bits(t), bits) for t, bits in zip(step.copied, self.copied))
