@@ -11,6 +11,7 @@ Module and buffer names are those of the speculators format (``fc``, ``layers.0.
 ``lm_head``, ``d2t``, ``t2d``), so ``state_dict()`` is what ``eagle.format`` saves.
 Shapes: ``H`` the head's hidden size, ``Ht`` the target's, ``Vd`` the draft vocabulary, ``V`` the target's.
 """
+import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Optional, Tuple
 
@@ -150,6 +151,12 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+# head -> (its parameters' addresses and versions, its C head step or None), held weakly on the head and
+# outside its ``__dict__``: the step (ctypes structs of addresses) neither copies nor pickles, and a copy
+# of the head (``copy.deepcopy``) makes its own rather than replay the original's weights
+_C_STEPS: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+
 class Eagle3Head(nn.Module):
     """The head's weights and its passes: ``decode`` over a KV cache (drafting), ``ttt`` over whole
     sequences (training). The token embedding is the target's unless the head owns one
@@ -268,12 +275,12 @@ class Eagle3Head(nn.Module):
     def _c_step(self):
         """The C head step over the current weights (remade when one changes), or None where it cannot run."""
         identity = tuple((p.data_ptr(), p._version) for p in self.parameters())
-        found = self.__dict__.get("_c_head_step")
+        found = _C_STEPS.get(self)
         if found is None or found[0] != identity:
             from kernels.head_step import HeadStep, head_step_unsupported
 
             found = (identity, HeadStep(self) if head_step_unsupported(self) is None else None)
-            self.__dict__["_c_head_step"] = found
+            _C_STEPS[self] = found
         return found[1]
 
     # ---- training: the training-time test over whole sequences ----------------------------------

@@ -300,7 +300,9 @@ class CStep:
 
     def bind(self, cache) -> None:
         """Point the step at ``cache`` (``models.llama.KVCache``, float32 ``[1, Hkv, cap, D]`` a layer)."""
-        keys = tuple(layer.keys.data_ptr() for layer in cache.layers)
+        # keys and values: a step shared by runners (``kernels.step_pool``) may meet a cache whose keys sit
+        # where a freed cache's did, its values elsewhere
+        keys = tuple(t.data_ptr() for layer in cache.layers for t in (layer.keys, layer.values))
         if keys == self.cache_keys and self.dims.cap == cache.capacity:
             return
         for struct, layer in zip(self.structs, cache.layers):

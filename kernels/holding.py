@@ -15,8 +15,8 @@ What each option holds (W: the float32 weights):
   (unpacked from oneDNN's copy: the same values, bit for bit) before anything else reads them.
 
 A switch goes layer by layer: at most one layer's weight (one fused group of the C step's) is held twice
-at any moment. The C step's own copy of the output layer lives in the runner that made it: the caller
-drops that step (``drop_step``) before switching away from ``SKINNY``."""
+at any moment. The C step's own copy of the output layer lives in the step its runners share (``kernels.step_pool``): the
+caller drops that step (``drop_step``) before switching away from ``SKINNY``."""
 import weakref
 from typing import Dict
 
@@ -25,6 +25,7 @@ from torch.nn import Module
 
 from kernels.plans import drop_blocked_copies
 from kernels.prepacking import OWN, PREPACKED, SKINNY, PrepackedLinear, _source, set_prepack
+from kernels.step_pool import forget_step
 
 _PARKED: "weakref.WeakSet[PrepackedLinear]" = weakref.WeakSet()  # layers whose own weight is parked
 
@@ -101,9 +102,10 @@ def unpark(model: Module) -> None:
 
 def drop_step(runner: object) -> None:
     """Forget the C step ``runner`` made (its copies of the weights, the output layer's blocked copy):
-    made again at its next pass that runs it."""
+    made again at its next pass that runs it (the step kept for its model too, ``kernels.step_pool``)."""
     if getattr(runner, "step", None):
         runner.step = None
+    forget_step(getattr(runner, "model", None))
 
 
 __all__ = ["drop_step", "hold", "parked", "unpark"]

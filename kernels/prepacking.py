@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from kernels.blocked import DTYPES
+from kernels.step_pool import forget_step
 
 OWN, PREPACKED, SKINNY = "own", "prepacked", "skinny"  # the kernels a float32 CPU linear layer can run on
 # oneDNN's blocked weight layout is chosen for passes of this many rows (verification passes);
@@ -93,6 +94,8 @@ class PrepackedLinear(Module):
         """The layer's own weight again, unblocked from ``blocks`` (a plan that no longer runs the skinny kernel)."""
         if self.blocks is None:
             return
+        if self.owner is not None:
+            forget_step(self.owner())  # the model's kept C step reads these blocks: it goes with them
         own = torch.nn.Parameter(self.weight, requires_grad=False)
         self.linear[0].weight = own
         self.weight, self.blocks, self.owner = own, None, None
@@ -116,6 +119,13 @@ class PrepackedLinear(Module):
         own._parameters["weight"], own._parameters["bias"] = self._parameters["weight"], self._parameters.get("bias")
         if self.blocks is None and self.source != _source(own):
             self.packed = self.packed_bias = None
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        # a parameter assigned (``layer.weight = Parameter(...)``): the own layer's too, which the C step
+        # reads (``kernels.c_step.read`` then sees it replaced), and oneDNN's copy remade
+        if name in ("weight", "bias") and "linear" in self.__dict__:
+            self._follow()
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)

@@ -23,10 +23,15 @@ def default_cache(model: Module) -> str:
 
 
 def runner_cache(model: Module, cache: str | None = None) -> str:
-    """The cache a runner of ``model`` starts with: ``cache``, else ``default_cache(model)``; the
-    dynamic one for encoder-decoder models and models whose forward takes no ``position_ids``."""
+    """The cache a runner of ``model`` starts with and keeps: ``cache``, else ``default_cache(model)``; the
+    dynamic one for encoder-decoder models, models whose forward takes no ``position_ids``, and models
+    whose cache is no plain key/value store (linear attention, convolution states: ``static_cache`` makes
+    none, and the eager runner would run the dynamic one while the headers said static)."""
+    from runners.static import static_cache
+
     static_possible = not getattr(model.config, "is_encoder_decoder", False) and "position_ids" in inspect.signature(model.forward).parameters
-    return (cache or default_cache(model)) if static_possible else "dynamic"
+    chosen = (cache or default_cache(model)) if static_possible else "dynamic"
+    return "dynamic" if chosen == "static" and static_cache(model, 8) is None else chosen
 
 
 def cache_keyword(model: Module) -> str:

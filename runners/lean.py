@@ -18,6 +18,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from kernels.c_step import CStep, step_for, step_unsupported
+from kernels.step_pool import shared_step
 from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache, rope_tables, window_seen
 from runners.config import lean_label
 from runners.device import model_device
@@ -49,7 +50,8 @@ class LeanRunner(TreePasses):
         self.hidden_layers: tuple = ()  # runners.base.Runner: hidden states kept with each pass
         self.hidden: Optional[Tensor] = None
         self.hidden_start = 0
-        self.step: Optional[CStep] | bool = None  # made at the first pass that runs it (``step_for``); False: it cannot
+        # taken at the first pass that runs it (``step_for``): the model's one step, checked (``kernels.step_pool``); False: it cannot
+        self.step: Optional[CStep] | bool = None
         self.step_passes = 0  # passes the step ran (the rest ran the torch forward)
         self.hooks = HookWatch(model)
         self.hooked_passes = 0  # passes run on transformers' forward, the model having hooks then
@@ -92,7 +94,7 @@ class LeanRunner(TreePasses):
             return logits
         use = self.step is not False and step_for(self.model, ids.shape[0], unsupported=False)
         if use and self.step is None:  # the first pass that runs it: whether it can, once
-            self.step = CStep(self.model) if step_unsupported(self.model) is None else False
+            self.step = shared_step(self.model) if step_unsupported(self.model) is None else False
         if use and self.step:
             h = self.forward.embed(ids)  # [r, H]
             tables = rope_tables(self.model, self.forward.spec, positions, torch.float32)

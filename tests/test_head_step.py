@@ -108,6 +108,40 @@ def test_a_rows_logits_are_bit_identical_whatever_the_steps_width_and_thread_cou
         torch.set_num_threads(threads)
 
 
+@torch.no_grad()
+def test_a_head_copied_after_its_c_step_ran_runs_its_own_step_on_its_own_weights():
+    """``copy.deepcopy`` of a head whose C step has run works (the step lives outside the head's
+    ``__dict__``), and the copy never shares or replays the original's step: with its own weights
+    edited, its draft logits are its weights' (the torch step's), the original's stay as they were;
+    the step goes with its head."""
+    import copy
+    import gc
+    import weakref
+
+    head = random_head(seed=4)
+    generator = torch.Generator().manual_seed(5)
+    features, ids = torch.randn(5, 144, generator=generator), torch.randint(100, (5,), generator=generator)
+
+    def c_logits(h):
+        return h.draft_step(HeadCache(h, 8, "cpu", torch.float32), ids, 0, features=features, n_last=5)[1]
+
+    before = c_logits(head)
+    twin = copy.deepcopy(head)  # raised where the step sat in the head's __dict__ (ctypes pointers do not copy)
+    twin.lm_head.weight.mul_(-1.0)
+    twin_logits = c_logits(twin)
+    from eagle.head import _C_STEPS  # each head's step, by the head
+
+    assert _C_STEPS[twin][1] is not _C_STEPS[head][1]
+    expected = torch_step(twin, HeadCache(twin, 8, "cpu", torch.float32), ids, 0, features=features, n_last=5)[1]
+    torch.testing.assert_close(twin_logits, expected, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(twin_logits, before, rtol=1e-3, atol=1e-3), "the edit changes the copy's logits"
+    assert torch.equal(c_logits(head), before)
+    refs = [weakref.ref(x) for x in (twin, _C_STEPS[twin][1])]
+    del twin
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []
+
+
 @pytest.mark.parametrize("trees", [False, True])
 @torch.no_grad()
 def test_greedy_eagle_rows_on_the_c_head_step_emit_target_ar_tokens(trained, trees):

@@ -113,3 +113,30 @@ def test_the_header_names_the_cache_the_runners_use():
         runner = RunnerConfig(cache="static")
         assert runner.cache_for(model) == expected == KVCacheModel(model, cache="static").cache_kind
         assert f"{expected} KV cache" in describe(model, "tiny", "none", runner=runner)
+
+
+def lfm2():
+    """A tiny LFM2: a convolution layer beside an attention layer, whose cache transformers' ``StaticCache``
+    holds as no plain key/value store (``runners.static.static_cache`` makes none)."""
+    from transformers import Lfm2Config, Lfm2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Lfm2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, layer_types=["conv", "full_attention"], max_position_embeddings=256)
+    return Lfm2ForCausalLM(config).to(torch.float64).eval()
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compile"])
+def test_a_model_with_no_plain_key_value_cache_is_said_to_run_the_dynamic_cache_it_runs(compile):
+    """Asked for the static cache (and compiled passes, refused: it runs eagerly), a model whose cache is no
+    plain key/value store runs the dynamic one: ``cache_for``, the runner's ``cache_kind`` before and after
+    a pass, and the header all say so (they said static while the runner fell back to dynamic)."""
+    from session import describe
+
+    model = lfm2()
+    config = RunnerConfig(cache="static", compile=compile)
+    runner = caching.make_runner(model, True, None, config)
+    said = (config.cache_for(model), runner.cache_kind)
+    runner(torch.tensor([PROMPT]), 1)
+    assert said == (runner.cache_kind, runner.cache_kind) == ("dynamic", "dynamic")
+    assert "dynamic KV cache · eager" in describe(model, "tiny", "none", runner=config)

@@ -1,0 +1,136 @@
+"""One C step per model (kernels/step_pool.py): every runner of a model runs the same step, which is
+never replayed stale (a weight changed in place, through ``.data``, replaced, loaded or cast: the
+next runner makes a fresh one, whose logits follow the new weights), dies with its model, and lets
+go of the blocks a restore frees."""
+import gc
+import weakref
+
+import pytest
+import torch
+
+from conftest import llama
+from kernels import skinny
+from kernels.one_copy import held, released
+from kernels.prepacking import prepackable
+from kernels.step_pool import kept_step
+from models.llama import new_cache
+from runners import LeanRunner
+
+pytestmark = [pytest.mark.needs_cc,
+              pytest.mark.skipif(not skinny.available()[0], reason="the skinny kernel is not built here"),
+              pytest.mark.skipif(not prepackable(llama().to(torch.float32)), reason="needs oneDNN (mkldnn)")]
+
+IDS = torch.randint(96, (1, 12), generator=torch.Generator().manual_seed(3))
+
+
+def first_pass(model) -> LeanRunner:
+    """A new runner of ``model`` after its first pass (on the C step: its layers released)."""
+    runner = LeanRunner(model)
+    runner(IDS[:, :6], 1)
+    assert runner.step and released(model.model.layers[0].self_attn.q_proj)
+    return runner
+
+
+def reference(model) -> torch.Tensor:
+    """The last 3 positions' logits by transformers' forward of a fresh model on ``model``'s weights."""
+    fresh = llama(layers=2).to(torch.float32)
+    fresh.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        return fresh(IDS).logits[0, -3:]
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> None:
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)  # the skinny kernel rounds apart from MKL
+
+
+def test_runners_of_a_model_share_its_step_and_its_logits_bit_for_bit():
+    """A second runner runs the step the first made (none made again), and computes what the first did."""
+    model = llama(layers=2).to(torch.float32)
+    first = first_pass(model)
+    first.rollback(0)
+    logits = first(IDS, 3)
+    second = first_pass(model)
+    assert second.step is first.step is kept_step(model)
+    second.rollback(0)
+    assert torch.equal(second(IDS, 3), logits)
+    close(logits, reference(model))
+    del first, second
+    gc.collect()
+    assert first_pass(model).step is kept_step(model), "the step outlives the runners while its model lives"
+
+
+def _scale(weight: torch.Tensor) -> None:
+    with torch.no_grad():
+        weight.mul_(0.5)
+
+
+def _held(model) -> None:
+    with held(model):  # its own weights back for the block, released again by the next step
+        pass
+
+
+EDITS = {
+    "output in place": lambda m: _scale(m.lm_head.weight),
+    "output through .data": lambda m: m.lm_head.weight.data.mul_(0.5),  # no version bump: the values are compared
+    "output replaced": lambda m: setattr(m.lm_head, "weight", torch.nn.Parameter(m.lm_head.weight.detach() * 0.5)),
+    "norm replaced": lambda m: setattr(m.model.norm, "weight", torch.nn.Parameter(m.model.norm.weight.detach() * 3)),
+    "norm in place": lambda m: _scale(m.model.layers[1].post_attention_layernorm.weight),
+    "state dict loaded": lambda m: m.load_state_dict(llama(layers=2, seed=5).to(torch.float32).state_dict()),
+    "cast and back": lambda m: m.to(torch.float64).to(torch.float32),
+    "held and released": lambda m: _held(m),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_a_changed_weight_makes_a_fresh_step_on_the_new_weights(edit):
+    """After ``edit``, the next runner's step is a new one, and its logits are the new weights' (which
+    differ from the old ones': an edit the step missed would fail here)."""
+    model = llama(layers=2).to(torch.float32)
+    old = first_pass(model).step
+    before = reference(model)
+    EDITS[edit](model)
+    expected = reference(model)
+    if edit not in ("cast and back", "held and released"):
+        assert not torch.allclose(expected, before, rtol=1e-3, atol=1e-3), "the edit changes the logits"
+    runner = first_pass(model)
+    assert runner.step is not old
+    runner.rollback(0)
+    close(runner(IDS, 3), expected)
+
+
+def test_a_model_and_its_kept_step_are_freed_together():
+    """The kept step holds its model weakly, and goes with it (nothing else keeps either)."""
+    model = llama(layers=2).to(torch.float32)
+    first_pass(model)
+    step = kept_step(model)
+    assert step is not None
+    refs = [weakref.ref(x) for x in (model, step, step.head, *step.keep)]
+    del model, step
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []
+
+
+def test_a_restore_lets_go_of_the_kept_step_and_its_blocks():
+    """A cast restores the model's own weights: the kept step (and the float32 blocks only it would
+    still hold) goes at once, not at the next runner."""
+    model = llama(layers=2).to(torch.float32)
+    step = first_pass(model).step
+    refs = [weakref.ref(x) for x in (step, *step.keep)]
+    del step
+    model.to(torch.float64)
+    gc.collect()
+    assert kept_step(model) is None and [r for r in refs if r() is not None] == []
+
+
+def test_a_step_rebinds_to_a_cache_whose_keys_sit_where_anothers_did():
+    """A shared step meets caches of several runners: one whose keys are where the last cache's were
+    but whose values are not gets the step's writes into its own values."""
+    model = llama(layers=2).to(torch.float32)
+    step = first_pass(model).step
+    a = new_cache(model, 16, torch.float32, torch.device("cpu"))
+    b = new_cache(model, 16, torch.float32, torch.device("cpu"))
+    for x, y in zip(a.layers, b.layers):
+        y.keys = x.keys  # b's keys where a's are, its values its own
+    step.bind(a)
+    step.bind(b)
+    assert [s.values for s in step.structs] == [layer.values.data_ptr() for layer in b.layers]
