@@ -53,7 +53,7 @@ def summary(model: "Module", label: str, quantize: str, runner=None) -> str:
 
 def passes_label(model: "Module", runner) -> str:
     """What runs ``model``'s passes under ``runner``, in a few words: "C step" (a bfloat16 model's with its
-    weights' path: "C step, avx512_bf16 dot"), "compiled lean step",
+    weights' path and why: "C step, AVX-512 widening load by measurement"), "compiled lean step",
     "compiled passes", "lean forward, prepacked linears", "transformers' forward"."""
     from kernels.c_step import short_label, step_for
     from kernels.prepacking import plan

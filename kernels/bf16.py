@@ -1,27 +1,48 @@
 """bfloat16 weights on CPU (``skinny_bf16.c``): which of its paths read them here, and a linear on one.
 
 The C step on a bfloat16 model reads the weights blocked in bfloat16 (``kernels.blocked``) and computes
-everything else in float32. One path per machine, the best this build has (``chosen``): the
-``avx512_bf16`` dot (vdpbf16ps, the activations rounded to bfloat16 for it) where the compiler targets
-it, else a widening load (bfloat16 to float32 by a shift) on AVX-512, on AVX2, or in plain C. Each is
-row-invariant, and every pass of a run takes the same one, so verification gives decoding's logits bit
-for bit. The widening paths agree with one another bit for bit, and with the float32 step on the
-weights widened to float32; the dot path rounds apart from them (``skinny_bf16.c`` says how).
+everything else in float32. Its paths: the ``avx512_bf16`` dot (vdpbf16ps, the activations rounded to
+bfloat16 for it) where the compiler targets it, and a widening load (bfloat16 to float32 by a shift) on
+AVX-512, on AVX2, or in plain C. One path per process and library (``chosen``): ``FORCED`` where set,
+else the fastest on a one-position linear of the first model's shape, measured here once
+(``kernels.bf16_choice``); then that path's many-row variant for long passes the same way
+(``prompt_tile``). Each path is row-invariant, and every pass of a run takes the same one, so
+verification gives decoding's logits bit for bit. The widening paths agree with one another bit for
+bit, and with the float32 step on the weights widened to float32; the dot path rounds apart from them
+(``skinny_bf16.c`` says how). ``describe`` and ``short_words`` name the choice and its measurement.
 """
 import ctypes
-from typing import List, Optional, Tuple
+import weakref
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
+import kernels.bf16_choice as choice
 from kernels.prompt_gemm import MANY_ROWS  # a linear over more rows than this takes its path's many-row variant
 
 F32 = 0  # skinny_bf16.c's format of float32 weights
 SCALAR, AVX2, AVX512, DOT = 1, 2, 3, 4  # its bfloat16 paths
 NAMES = {DOT: "avx512_bf16 dot", AVX512: "AVX-512 widening load", AVX2: "AVX2 widening load", SCALAR: "widening load in plain C"}
-FORCED: Optional[int] = None  # a path to take instead of the best (tests: each path this build has, on this CPU)
-# each path's many-row variant (``skinny_bf16_rows.c``'s SHAPES): speed only, every variant gives the same bits
+FORCED: Optional[int] = None  # a path to take instead of the measured one (scripts' --path; tests: each path built)
+FORCED_TILE: Optional[int] = None  # a many-row variant to take instead of the measured one (scripts/prompt_pass.py)
+# each path's many-row variant (``skinny_bf16_rows.c``'s SHAPES) where no other measures clearly faster: speed only
 PROMPT_TILE = {DOT: 2, AVX512: 2, AVX2: 1, SCALAR: 1}
+DEFAULT_SHAPE = (3072, 576)  # the linear measured where a caller names none: the embedded model's gate/up (N, K)
+
+
+@dataclass
+class _Decided:
+    """A library's choices in this process: the measured path (None until needed), each path's
+    many-row variant, and the linear's shape (N, K) they were measured on. Holds no library."""
+
+    shape: Tuple[int, int]
+    path: Optional[choice.Measured] = None
+    tiles: Dict[int, choice.Measured] = field(default_factory=dict)
+
+
+_DECIDED: "weakref.WeakKeyDictionary[ctypes.CDLL, _Decided]" = weakref.WeakKeyDictionary()
 
 
 def paths(library: ctypes.CDLL) -> List[int]:
@@ -30,14 +51,57 @@ def paths(library: ctypes.CDLL) -> List[int]:
     return [p for p in (DOT, AVX512, AVX2, SCALAR) if have & (1 << p)]
 
 
-def chosen(library: ctypes.CDLL) -> int:
-    """The path the C step takes here: ``FORCED`` where set (it must be built), else the best."""
-    built = paths(library)
+def _decided(library: ctypes.CDLL, shape: Optional[Tuple[int, int]]) -> _Decided:
+    found = _DECIDED.get(library)
+    if found is None:
+        found = _DECIDED[library] = _Decided(tuple(shape or DEFAULT_SHAPE))
+    return found
+
+
+def _timer(library: ctypes.CDLL, decided: _Decided) -> choice.Timer:
+    return choice.linear_timer(library, decided.shape, torch.get_num_threads())
+
+
+def chosen(library: ctypes.CDLL, shape: Optional[Tuple[int, int]] = None) -> int:
+    """The path the C step takes here: ``FORCED`` where set (it must be built), else the one measured
+    fastest (``bf16_choice.choose_path``) the first time this process asked ``library``, on a linear of
+    ``shape`` (N, K; None: ``DEFAULT_SHAPE``), the dot path only where clearly faster than the best
+    widening one; later shapes take the same path (``forget`` asks again).
+    The path's many-row variant is chosen with it (``prompt_tile``), so no pass measures."""
     if FORCED is not None:
+        built = paths(library)
         if FORCED not in built:
             raise ValueError(f"the bfloat16 path {NAMES.get(FORCED, FORCED)} is not built here (built: {[NAMES[p] for p in built]})")
-        return FORCED
-    return built[0]
+        path = FORCED
+    else:
+        decided = _decided(library, shape)
+        if decided.path is None:
+            built = paths(library)
+            # the default a path must beat clearly: a widening one (they all give the same bits, so a close
+            # race between them changes no output from run to run; the dot path rounds apart)
+            default = next((p for p in built if p != DOT), built[0])
+            decided.path = choice.choose_path(built, _timer(library, decided), default)
+        path = decided.path.pick
+    _tile(library, path, shape)
+    return path
+
+
+def _tile(library: ctypes.CDLL, path: int, shape: Optional[Tuple[int, int]] = None) -> choice.Measured:
+    """``path``'s many-row variant, measured the first time it is asked (``FORCED_TILE`` aside)."""
+    decided = _decided(library, shape)
+    found = decided.tiles.get(path)
+    if found is None:
+        many = list(range(1, library.skinny_bf16_tiles(path)))
+        found = decided.tiles[path] = choice.choose_tile(path, many, PROMPT_TILE.get(path, 1), _timer(library, decided))
+    return found
+
+
+def forget(library: Optional[ctypes.CDLL] = None) -> None:
+    """Drop the choices made for ``library`` (None: every library): the next ``chosen`` measures again."""
+    if library is None:
+        _DECIDED.clear()
+    else:
+        _DECIDED.pop(library, None)
 
 
 def tiles(library: ctypes.CDLL, path: int) -> List[Tuple[int, int, int]]:
@@ -50,34 +114,73 @@ def tiles(library: ctypes.CDLL, path: int) -> List[Tuple[int, int, int]]:
     return found
 
 
-def prompt_tile(path: int, rows: int) -> int:
+def prompt_tile(library: ctypes.CDLL, path: int, rows: int) -> int:
     """The variant a linear of ``path`` over ``rows`` rows takes: decoding's (0) up to ``MANY_ROWS``, else
-    the path's many-row one (``PROMPT_TILE``)."""
-    return PROMPT_TILE.get(path, 0) if rows > MANY_ROWS else 0
+    ``FORCED_TILE`` where set, else the path's many-row one measured fastest (``chosen``)."""
+    if rows <= MANY_ROWS:
+        return 0
+    return FORCED_TILE if FORCED_TILE is not None else _tile(library, path).pick
 
 
-def describe(path: int) -> str:
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
+
+
+def _why(library: ctypes.CDLL, path: int) -> str:
+    """Why ``path`` runs here, and which many-row variant: "by measurement (a one-position 3072x576 linear
+    0.41 ms against 0.63 ms avx512_bf16 dot, ...); prompt tile 8x3 by measurement (64 rows 1.0 ms against ...)"."""
+    decided = _decided(library, None)
+    if path == FORCED:
+        why = "forced"
+    elif decided.path is None or decided.path.pick != path:
+        why = "as asked"  # a caller's own path (``linear``'s argument)
+    elif decided.path.how != choice.MEASURED:
+        why = f"{decided.path.how} here"
+    else:
+        n, k = decided.shape
+        others = ", ".join(f"{_ms(s)} {NAMES[p]}" for p, s in decided.path.others())
+        why = f"by measurement (a one-position {n}x{k} linear {_ms(decided.path.picked_seconds())} against {others})"
+    shapes = tiles(library, path)
+    name = lambda t: f"{shapes[t][0]}x{shapes[t][1]}"  # noqa: E731 (register tile: rows x blocks of 16 features)
+    if FORCED_TILE is not None:
+        return f"{why}; prompt tile {name(FORCED_TILE)} forced"
+    tile = _tile(library, path)
+    if tile.how != choice.MEASURED:
+        return f"{why}; prompt tile {name(tile.pick)}, {tile.how}"
+    others = ", ".join(f"{_ms(s)} {name(t)}" for t, s in tile.others())
+    return f"{why}; prompt tile {name(tile.pick)} by measurement ({choice.ROWS} rows {_ms(tile.picked_seconds())} against {others})"
+
+
+def short_words(library: ctypes.CDLL, path: int) -> str:
+    """The path in a few words: "AVX-512 widening load by measurement", "AVX2 widening load, forced"."""
+    why = _why(library, path).split(" (", 1)[0].split(";", 1)[0]
+    return f"{NAMES[path]} {why}" if why.startswith("by ") else f"{NAMES[path]}, {why}"
+
+
+def describe(library: ctypes.CDLL, path: int) -> str:
     """The header's words for ``path``: "bfloat16 weights read by the avx512_bf16 dot, activations rounded
-    to bfloat16 for it, float32 sums" or "... by the AVX2 widening load, float32 activations and sums"."""
+    to bfloat16 for it, float32 sums, ..." or "... by the AVX2 widening load, float32 activations and sums,
+    ...", then why it runs and its many-row variant (``_why``)."""
     done = "activations rounded to bfloat16 for it, float32 sums" if path == DOT else "float32 activations and sums"
-    return f"bfloat16 weights read by the {NAMES[path]}, {done}"
+    return f"bfloat16 weights read by the {NAMES[path]}, {done}, {_why(library, path)}"
 
 
 def linear(x: Tensor, packed: Tensor, n: int, bias: Optional[Tensor], path: Optional[int] = None,
            tile: Optional[int] = None) -> Tensor:
     """``x`` ``[M, K]`` float32 times a bfloat16 weight blocked (``kernels.blocked.blocked``: ``packed``
     ``[ceil(n/16), K, 16]``) -> ``[M, n]`` float32 (+ ``bias`` ``[n]`` float32), by ``path`` (None:
-    ``chosen``) and its variant ``tile`` (None: ``prompt_tile``), on torch's thread count."""
+    ``chosen``, measured on this shape where nothing was yet) and its variant ``tile`` (None:
+    ``prompt_tile``), on torch's thread count."""
     from kernels.skinny import library
 
     loaded = library()
-    path = chosen(loaded) if path is None else path
+    path = chosen(loaded, (n, packed.shape[1])) if path is None else path
     if path not in paths(loaded) or packed.dtype != torch.bfloat16 or x.dtype != torch.float32 or x.shape[-1] != packed.shape[1]:
         raise ValueError(f"bfloat16 linear: path {path}, weight {packed.dtype}, rows {x.dtype} {tuple(x.shape)}")
     x, packed = x.contiguous(), packed.contiguous()
     bias = None if bias is None else bias.to(torch.float32).contiguous()
     out = torch.empty((x.shape[0], n), dtype=torch.float32)
-    tile = prompt_tile(path, x.shape[0]) if tile is None else tile
+    tile = prompt_tile(loaded, path, x.shape[0]) if tile is None else tile
     loaded.skinny_linear_bf16(path, tile, x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
                               x.shape[0], n, x.shape[1], torch.get_num_threads())
     return out

@@ -2,7 +2,7 @@
 over the model's weights blocked once for the skinny kernel (``kernels.blocked``: q/k/v fused into
 one matrix, gate/up into another; the layers' own skinny route reads views of the same copies).
 A bfloat16 model's weights are blocked in bfloat16 and read by ``skinny_bf16.c`` on the path this
-machine takes (``kernels.bf16``, named by ``label``); the rest of its pass, its KV cache and its
+process takes (measured here once, ``kernels.bf16.chosen``; named by ``label``); the rest of its pass, its KV cache and its
 logits are float32; its decoder layers are released as a float32 model's are (``kernels.one_copy``).
 
 ``CStep(model)`` holds the weights' addresses; ``step(h, cos, sin, cache, start, seen, n_last,
@@ -188,27 +188,39 @@ def read(model: Module) -> tuple:
     return tuple(found + [_of(body.norm.weight), _of(head.weight)])
 
 
+def gate_up_shape(model: Module) -> Tuple[int, int]:
+    """(N, K) of the first decoder layer's gate/up as the step reads it (fused): the linear a bfloat16 path is measured on."""
+    gate_up = groups(model.model.layers[0])[2]
+    owns = [_own(x) for x in gate_up]
+    return sum(x.out_features for x in owns), owns[0].in_features
+
+
 def weights_format(model: Module, library: ctypes.CDLL) -> int:
     """``c_step.c``'s ``Dims.weights`` for ``model``: float32 (``kernels.bf16.F32``), or the bfloat16 path
-    this machine takes (``kernels.bf16.chosen``)."""
+    this process takes (``kernels.bf16.chosen``: measured on the model's gate/up the first time one is asked)."""
     dtype = model.get_output_embeddings().weight.dtype
-    return bf16.chosen(library) if dtype == torch.bfloat16 else bf16.F32
+    return bf16.chosen(library, gate_up_shape(model)) if dtype == torch.bfloat16 else bf16.F32
 
 
 def short_label(model: Module) -> str:
-    """The C step in a few words: "C step", or with a bfloat16 model's path: "C step, avx512_bf16 dot"."""
+    """The C step in a few words: "C step", or with a bfloat16 model's path and why it runs: "C step,
+    AVX-512 widening load by measurement", "C step, avx512_bf16 dot, forced"."""
     if next(model.parameters()).dtype != torch.bfloat16 or not skinny.available()[0]:
         return "C step"
-    return f"C step, {bf16.NAMES[weights_format(model, skinny.library())]}"
+    library = skinny.library()
+    return f"C step, {bf16.short_words(library, weights_format(model, library))}"
 
 
 def label(model: Module) -> str:
-    """What the headers call the C step running ``model``: ``LABEL``, with a bfloat16 model's weights and
-    the path that reads them ("C step (bfloat16 weights read by the avx512_bf16 dot, ...; skinny linears ...)")."""
+    """What the headers call the C step running ``model``: ``LABEL``, with a bfloat16 model's weights, the
+    path that reads them and why, and its many-row variant ("C step (bfloat16 weights read by the AVX-512
+    widening load, float32 activations and sums, by measurement (...); prompt tile 8x3 by measurement (...);
+    skinny linears ...)")."""
     dtype = next(model.parameters()).dtype
     if dtype != torch.bfloat16 or not skinny.available()[0]:
         return LABEL
-    return f"C step ({bf16.describe(bf16.chosen(skinny.library()))}; {LABEL.split(' (', 1)[1]}"
+    library = skinny.library()
+    return f"C step ({bf16.describe(library, weights_format(model, library))}; {LABEL.split(' (', 1)[1]}"
 
 
 class CStep:
@@ -324,7 +336,7 @@ class CStep:
         prompt = plan_of(self.model())  # a long pass's variant and chunks: speed only, the same bits
         chunk = prompt.chunk or CHUNK_ROWS
         # a long chunk's variant: the float32 plan's, or the bfloat16 path's many-row one (speed only, the same bits)
-        tile = prompt.tile if self.dims.weights == bf16.F32 else bf16.prompt_tile(self.dims.weights, MANY_ROWS + 1)
+        tile = prompt.tile if self.dims.weights == bf16.F32 else bf16.prompt_tile(self.library, self.dims.weights, MANY_ROWS + 1)
         rows = min(r, chunk)
         needed = self.library.c_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(rows), ctypes.c_int64(threads))
         if self.scratch.numel() < needed:

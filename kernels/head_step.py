@@ -29,7 +29,14 @@ def label(head: Module) -> str:
     ("C head step (bfloat16 weights read by the avx512_bf16 dot, ...; skinny linears on blocked weights)")."""
     if head.fc.weight.dtype != torch.bfloat16 or not skinny.available()[0]:
         return LABEL
-    return f"C head step ({bf16.describe(bf16.chosen(skinny.library()))}; {LABEL.split(' (', 1)[1]}"
+    library = skinny.library()
+    return f"C head step ({bf16.describe(library, bf16.chosen(library, gate_up_shape(head)))}; {LABEL.split(' (', 1)[1]}"
+
+
+def gate_up_shape(head: Module) -> Tuple[int, int]:
+    """(N, K) of the head's gate/up fused: the linear a bfloat16 path is measured on, where none was yet."""
+    mlp = head.layers[0].mlp
+    return mlp.gate_proj.out_features + mlp.up_proj.out_features, mlp.gate_proj.in_features
 
 
 def cache_dtype(head: Module) -> torch.dtype:
@@ -88,7 +95,7 @@ class HeadStep:
         self.hidden, self.vocab = c.hidden_size, c.draft_vocab_size
         self.dims = _Dims(c.hidden_size, head.fc.in_features, a.heads, a.kv_heads, a.head_dim, mlp.gate_proj.out_features,
                           c.draft_vocab_size, 0, int(layer.norm_before_residual), layer.input_layernorm.eps, a.head_dim ** -0.5,
-                          bf16.chosen(self.library) if bfloat16 else bf16.F32)
+                          bf16.chosen(self.library, gate_up_shape(head)) if bfloat16 else bf16.F32)
         parts = dict(fc=blocked(head.fc.weight, verify=skinny.holds), fc_bias=None if head.fc.bias is None else head.fc.bias.detach().float(),
                      in_norm=layer.input_layernorm.weight.detach().float(), hidden_norm=layer.hidden_norm.weight.detach().float(),
                      post_norm=layer.post_attention_layernorm.weight.detach().float(),

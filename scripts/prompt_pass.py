@@ -48,7 +48,7 @@ def prompt_passes(model, ids, plans: Dict[str, object], lengths: List[int], roun
                   variants: Dict[str, int] | None = None) -> Dict[Tuple[str, int], List[float]]:
     """Seconds of each plan's prompt pass over each length, ``rounds`` interleaved rounds after a warm-up.
     A plan: a ``PromptPlan`` (the C step), or False (the model's own linears, the torch forward);
-    ``variants``: a bfloat16 plan's many-row variant of the path (``kernels.bf16.PROMPT_TILE``, set per plan)."""
+    ``variants``: a bfloat16 plan's many-row variant of the path (``kernels.bf16.FORCED_TILE``, set per plan)."""
     import kernels.bf16 as bf16
     from kernels.prompt_gemm import set_plan
     from runners import LeanRunner, kernels
@@ -60,7 +60,7 @@ def prompt_passes(model, ids, plans: Dict[str, object], lengths: List[int], roun
             if plan is not False:
                 set_plan(model, plan)
             if variants and name in variants:
-                bf16.PROMPT_TILE[bf16.chosen(skinny_library())] = variants[name]
+                bf16.FORCED_TILE = variants[name]
             with kernels(model, False if plan is False else None):
                 for n in lengths:
                     runners[name].rollback(0)
@@ -71,12 +71,6 @@ def prompt_passes(model, ids, plans: Dict[str, object], lengths: List[int], roun
     for name, plan in plans.items():
         assert (runners[name].step_passes > 0) == (plan is not False), name
     return times
-
-
-def skinny_library():
-    from kernels import skinny
-
-    return skinny.library()
 
 
 def linears_alone(model, tiles, rounds: int) -> Dict[int, float]:
@@ -128,9 +122,13 @@ def main(argv: List[str] | None = None) -> None:
     if args.dtype == "bfloat16":
         model = model.to(torch.bfloat16)
         bf16.FORCED = {"dot": bf16.DOT, "avx512": bf16.AVX512, "avx2": bf16.AVX2, "scalar": bf16.SCALAR}.get(args.path)
-        path = bf16.chosen(skinny.library())
+        from kernels.c_step import gate_up_shape
+        from kernels.prompt_gemm import MANY_ROWS
+
+        path = bf16.chosen(skinny.library(), gate_up_shape(model))  # --path, else measured here
         shapes = bf16.tiles(skinny.library(), path)
-        indices = range(1, len(shapes)) if args.tiles == ["all"] else [bf16.PROMPT_TILE[path]] if args.tiles == ["0"] else map(int, args.tiles)
+        measured = [bf16.prompt_tile(skinny.library(), path, MANY_ROWS + 1)]  # the variant a run would take here
+        indices = range(1, len(shapes)) if args.tiles == ["all"] else measured if args.tiles == ["0"] else map(int, args.tiles)
         for i in indices:
             for c in args.chunks:
                 variants[f"C step, {bf16.NAMES[path]}, tile {shapes[i][0]}x{shapes[i][1]}, k-panels of {shapes[i][2]}, chunks of {c}"] = i

@@ -15,9 +15,10 @@ from invariance import widths_agree
 from drafters import DraftContext, NGramTreeSpec, PromptLookupSpec
 from families import FAMILY_MODELS
 import kernels.bf16 as bf16
-from kernels import skinny
+from kernels import bf16_choice, skinny
 from kernels.blocked import fusable, pack
 from kernels.c_step import CStep, label, short_label, step_unsupported
+from kernels.prompt_gemm import MANY_ROWS
 from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
 from runners import EAGER, LeanRunner
 from sampling import autoregressive_generate, generate, speculative_generate
@@ -162,8 +163,9 @@ def test_every_variant_gives_a_row_the_bits_it_gets_alone(path, threads):
 
 
 def test_a_long_pass_takes_the_paths_many_row_variant(path, monkeypatch):
-    """The C step's chunks over 12 positions run the path's many-row variant (``bf16.PROMPT_TILE``), up
-    to 12 decoding's loop: the variant a prompt runs is one the test above holds to the same bits."""
+    """The C step's chunks over 12 positions run the path's many-row variant (the one measured fastest
+    here, ``bf16.prompt_tile``), up to 12 decoding's loop: the variant a prompt runs is one the test
+    above holds to the same bits."""
     seen = []
     real = CStep._run
 
@@ -176,7 +178,8 @@ def test_a_long_pass_takes_the_paths_many_row_variant(path, monkeypatch):
     runner = LeanRunner(model)
     runner(ids[:, :30], 1)
     runner(ids[:, :40], 10)
-    assert seen == [(30, bf16.PROMPT_TILE[path]), (10, 0)] and bf16.PROMPT_TILE[path] < len(bf16.tiles(skinny.library(), path))
+    many = bf16.prompt_tile(skinny.library(), path, MANY_ROWS + 1)
+    assert seen == [(30, many), (10, 0)] and 1 <= many < len(bf16.tiles(skinny.library(), path))
 
 
 def built(tmp_path, arch: str) -> ctypes.CDLL:
@@ -199,14 +202,16 @@ def built(tmp_path, arch: str) -> ctypes.CDLL:
 
 def test_builds_without_avx512_have_only_the_widening_paths_and_round_alike(tmp_path, monkeypatch):
     """Built for AVX2 (haswell) and for plain x86-64, as on CPUs without AVX-512: only their widening
-    paths, the best one chosen, and the same outputs as this build's bit for bit."""
+    paths, each library's own measured fastest chosen (given seconds: the plain-C one), and the same
+    outputs as this build's bit for bit."""
     g = torch.Generator().manual_seed(6)
     w, x, b = torch.randn(72, 96, generator=g).bfloat16(), torch.randn(9, 96, generator=g), torch.randn(72, generator=g)
     packed = pack(w)
     expected = bf16.linear(x, packed, 72, b, bf16.SCALAR)
     for arch, have in (("haswell", [bf16.AVX2, bf16.SCALAR]), ("x86-64", [bf16.SCALAR])):
         library = built(tmp_path, arch)
-        assert bf16.paths(library) == have and bf16.chosen(library) == have[0]
+        monkeypatch.setattr(bf16_choice, "linear_timer", lambda *_: lambda path, tile, rows: 1e-3 if path == bf16.SCALAR else 2e-3)
+        assert bf16.paths(library) == have and bf16.chosen(library, (72, 96)) == bf16.SCALAR
         monkeypatch.setattr(skinny, "library", lambda: library)
         for path in have:
             assert torch.equal(bf16.linear(x, packed, 72, b, path), expected), (arch, path)
@@ -235,6 +240,11 @@ def test_logits_are_close_to_transformers_forward(name, path):
 def test_greedy_drafting_rows_emit_bfloat16_target_ar_tokens(path, name):
     """Prompt lookup, NASD, a drafter model and an n-gram tree verify on the bfloat16 step what target AR
     decodes on it, past the families' sliding window, and drafts were accepted now and then."""
+    drafting_rows_are_target_ar(name, path)
+
+
+def drafting_rows_are_target_ar(name: str, path: int) -> None:
+    """``test_greedy_drafting_rows_emit_bfloat16_target_ar_tokens``'s run: every pass of every row on ``path``."""
     target = llama(layers=3).to(torch.bfloat16) if name == "llama" else bfloat16(name)
     drafter = truncated_drafter(target, 1)
     calls = [0]
@@ -264,8 +274,9 @@ def test_greedy_drafting_rows_emit_bfloat16_target_ar_tokens(path, name):
 
 def test_the_header_names_the_path_that_ran(path):
     model = bfloat16()
-    assert short_label(model) == f"C step, {bf16.NAMES[path]}"
+    assert short_label(model) == f"C step, {bf16.NAMES[path]}, forced"
     assert label(model).startswith(f"C step (bfloat16 weights read by the {bf16.NAMES[path]}, ")
+    assert "sums, forced; prompt tile " in label(model)
     described = EAGER.describe(model)
     assert f"on the C step (bfloat16 weights read by the {bf16.NAMES[path]}" in described, described
     assert ("activations rounded to bfloat16" in described) == (path == bf16.DOT)

@@ -1,0 +1,101 @@
+"""The bfloat16 path, and that path's many-row variant, chosen by a short measurement (``kernels.bf16``'s
+``chosen`` and ``prompt_tile`` keep the results, once per process and library).
+
+A linear of the model's shape (its gate/up, blocked in bfloat16) is timed over one position on each
+path built, then over ``ROWS`` rows on each many-row variant of the path kept: interleaved rounds after
+``WARMUP`` untimed ones, medians. Speed is all that depends on it: a process takes one path for every
+pass of every row, and every variant of a path gives a row the same bits (``skinny_bf16_rows.c``).
+The timer is given (``Timer``): the decisions are pure functions of the seconds it returns, and the
+budget counts those seconds, so a test's fixed seconds decide as a clock's would.
+"""
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Sequence, Tuple
+
+import torch
+
+Timer = Callable[[int, int, int], float]  # (path, variant, rows) -> seconds of one linear
+WARMUP, REPEATS, MIN_REPEATS = 2, 7, 3  # untimed rounds, timed rounds, timed rounds before the budget may cut
+BUDGET = 0.15  # seconds of timed linears (their own sum, warm-up included) past which no further round starts
+ROWS = 64  # rows the many-row variants are timed over: half a prompt chunk, past MANY_ROWS
+MARGIN = 0.97  # another path or variant replaces the default only where it takes at most this share of its time
+WORKING_SET = 32 << 20  # bytes of weight copies taken in turn: a sample reads its weights from memory, as a pass does
+MOST_COPIES = 8
+MEASURED, FORCED, ONLY = "by measurement", "forced", "the only one built"  # a choice's ``how``
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One choice: ``pick`` (a path, or a variant of one), ``how`` it was made, and the median seconds
+    of each key timed (``seconds``, in timing order; empty where nothing was timed)."""
+
+    pick: int
+    how: str
+    seconds: Tuple[Tuple[int, float], ...] = ()
+
+    def others(self) -> Tuple[Tuple[int, float], ...]:
+        return tuple((key, s) for key, s in self.seconds if key != self.pick)
+
+    def picked_seconds(self) -> float:
+        return dict(self.seconds)[self.pick]
+
+
+def medians(keys: Sequence[int], run: Callable[[int], float], repeats: int = REPEATS, budget: float = BUDGET) -> Dict[int, float]:
+    """Median seconds of ``run(key)`` for each key: interleaved rounds, ``WARMUP`` untimed then up to
+    ``repeats`` timed; past ``MIN_REPEATS`` timed rounds, none starts once ``budget`` seconds were spent."""
+    timed: Dict[int, list] = {key: [] for key in keys}
+    spent = 0.0
+    for round_ in range(WARMUP + repeats):
+        if round_ >= WARMUP + MIN_REPEATS and spent > budget:
+            break
+        for key in keys:
+            seconds = run(key)
+            spent += seconds
+            if round_ >= WARMUP:
+                timed[key].append(seconds)
+    return {key: statistics.median(values) for key, values in timed.items()}
+
+
+def fastest(seconds: Dict[int, float], default: int) -> int:
+    """The key of the least ``seconds``; ``default`` where that is not under ``MARGIN`` of its own (noise
+    between close keys cannot make a machine's choice flip from run to run)."""
+    best = min(seconds, key=lambda key: (seconds[key], key != default))
+    return default if default in seconds and not seconds[best] < MARGIN * seconds[default] else best
+
+
+def choose_path(built: Sequence[int], timer: Timer, default: Optional[int] = None) -> Measured:
+    """The path of ``built`` whose one-position linear runs fastest (``default``, None: ``built[0]``,
+    unless another is clearly faster)."""
+    if len(built) == 1:
+        return Measured(built[0], ONLY)
+    seconds = medians(built, lambda path: timer(path, 0, 1))
+    return Measured(fastest(seconds, built[0] if default is None else default), MEASURED, tuple(seconds.items()))
+
+
+def choose_tile(path: int, variants: Sequence[int], default: int, timer: Timer) -> Measured:
+    """The many-row variant of ``path`` (of ``variants``; ``default`` the build's) fastest over ``ROWS`` rows."""
+    if len(variants) == 1:
+        return Measured(variants[0], ONLY)
+    seconds = medians(variants, lambda tile: timer(path, tile, ROWS))
+    return Measured(fastest(seconds, default), MEASURED, tuple(seconds.items()))
+
+
+def linear_timer(library, shape: Tuple[int, int], threads: int) -> Timer:
+    """A ``Timer`` of ``library``'s ``skinny_linear_bf16`` on a bfloat16 weight of ``shape`` (N outputs, K
+    inputs, blocked) over up to ``ROWS`` rows on ``threads`` threads, the next of a few copies at each call
+    (``WORKING_SET``). The weights are one small constant: speed does not depend on the values."""
+    n, k = shape
+    blocks = (n + 15) // 16
+    copies = max(1, min(MOST_COPIES, -(-WORKING_SET // (blocks * k * 16 * 2))))
+    weights = [torch.full((blocks, k, 16), 1 / 64, dtype=torch.bfloat16) for _ in range(copies)]
+    x, y = torch.randn(ROWS, k, generator=torch.Generator().manual_seed(0)), torch.empty(ROWS, n)
+    turn = [0]
+
+    def run(path: int, tile: int, rows: int) -> float:
+        weight, turn[0] = weights[turn[0] % copies], turn[0] + 1
+        start = time.perf_counter()
+        library.skinny_linear_bf16(path, tile, x.data_ptr(), weight.data_ptr(), None, y.data_ptr(), rows, n, k, threads)
+        return time.perf_counter() - start
+
+    return run

@@ -1,0 +1,112 @@
+"""The bfloat16 path and its many-row variant chosen by measurement (kernels/bf16_choice.py,
+kernels/bf16.py): the choice is a pure function of the seconds the timer gives (fixed here, no clock),
+made once per process and library, named in the header with its figures, and the greedy rows of a run
+under it emit target AR's tokens, every pass on the one path chosen."""
+import weakref
+
+import pytest
+
+import kernels.bf16 as bf16
+from kernels import bf16_choice as choice
+from kernels import skinny
+from kernels.c_step import CStep, gate_up_shape, label, short_label
+from kernels.prompt_gemm import MANY_ROWS
+from runners import LeanRunner
+from test_c_step_bf16 import bfloat16, drafting_rows_are_target_ar
+from test_lean_runner import ids_for
+
+pytestmark = [pytest.mark.needs_cc,
+              pytest.mark.skipif(not skinny.available()[0], reason="the skinny kernel is not built here")]
+
+
+def given(seconds: dict, per_tile: dict):
+    """A timer as ``choice.linear_timer`` makes one, giving ``seconds[path]`` for one row and
+    ``per_tile[tile]`` for a many-row variant; each call counted in ``calls``."""
+    calls = []
+
+    def make(library, shape, threads):
+        def run(path: int, tile: int, rows: int) -> float:
+            calls.append((shape, path, tile, rows))
+            return seconds[path] if rows == 1 else per_tile[tile]
+        return run
+
+    return make, calls
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """No choice made yet in this test (the process's own put back after), nothing forced; the paths built."""
+    monkeypatch.setattr(bf16, "_DECIDED", weakref.WeakKeyDictionary())
+    monkeypatch.setattr(bf16, "FORCED", None)
+    monkeypatch.setattr(bf16, "FORCED_TILE", None)
+    built = bf16.paths(skinny.library())
+    if len(built) < 2:
+        pytest.skip("one bfloat16 path built here: nothing to choose")
+    return built
+
+
+def test_the_fastest_path_and_variant_of_the_given_seconds_are_chosen():
+    """The least median wins; a key within ``MARGIN`` of the default leaves the default; one key built
+    is taken untimed; the budget (the timer's own seconds) stops rounds after ``MIN_REPEATS``."""
+    slow = lambda seconds: lambda path, tile, rows: seconds[path if rows == 1 else tile]  # noqa: E731
+    assert choice.choose_path([4, 3, 2], slow({4: 2.0e-3, 3: 1.0e-3, 2: 1.5e-3})) == \
+        choice.Measured(3, choice.MEASURED, ((4, 2.0e-3), (3, 1.0e-3), (2, 1.5e-3)))
+    assert choice.choose_path([4, 3], slow({4: 1.0e-3, 3: 0.99e-3})).pick == 4  # within the margin: the default
+    assert choice.choose_path([1], slow({})) == choice.Measured(1, choice.ONLY)
+    assert choice.choose_tile(3, [1, 2], 2, slow({1: 0.9e-3, 2: 1.0e-3})).pick == 1
+    calls = []
+    timed = choice.medians([1, 2], lambda key: calls.append(key) or 1.0)  # a second a call: past the budget at once
+    assert timed == {1: 1.0, 2: 1.0} and len(calls) == 2 * (choice.WARMUP + choice.MIN_REPEATS)
+
+
+def test_a_process_measures_once_and_the_header_names_the_measurement(fresh, monkeypatch):
+    """The first bfloat16 model's step measures its gate/up shape; the path and many-row variant the given
+    seconds make fastest run its passes and are named with their figures; a second model, and the
+    header, measure nothing again; ``forget`` asks again."""
+    built = fresh
+    seconds = {p: 0.9e-3 for p in built} | {built[0]: 0.63e-3, built[1]: 0.41e-3}
+    many = list(range(1, len(bf16.tiles(skinny.library(), built[1]))))
+    per_tile = {t: (10 - t) * 1e-3 for t in many}  # the last variant fastest
+    make, calls = given(seconds, per_tile)
+    monkeypatch.setattr(choice, "linear_timer", make)
+    model, ids = bfloat16(), ids_for(40)
+    runner = LeanRunner(model)
+    runner(ids[:, :30], 1)
+    measured = len(calls)
+    assert measured and {shape for shape, *_ in calls} == {gate_up_shape(model)}
+    assert runner.step.dims.weights == built[1] and bf16.prompt_tile(skinny.library(), built[1], MANY_ROWS + 1) == many[-1]
+    n, k = gate_up_shape(model)
+    rows, blocks, _ = bf16.tiles(skinny.library(), built[1])[many[-1]]
+    words = label(model)
+    assert f"read by the {bf16.NAMES[built[1]]}, " in words, words
+    assert f"by measurement (a one-position {n}x{k} linear 0.41 ms against 0.63 ms {bf16.NAMES[built[0]]}" in words, words
+    if len(many) > 1:
+        assert f"prompt tile {rows}x{blocks} by measurement ({choice.ROWS} rows {10 - many[-1]} ms against" in words, words
+    assert short_label(model) == f"C step, {bf16.NAMES[built[1]]} by measurement"
+    other = bfloat16()
+    LeanRunner(other)(ids[:, :30], 1)
+    assert len(calls) == measured  # the same shape, the same process: no new measurement
+    bf16.forget()
+    bf16.chosen(skinny.library(), gate_up_shape(other))
+    assert len(calls) > measured
+
+
+def test_greedy_rows_under_the_measured_path_emit_target_ar_tokens(fresh, monkeypatch):
+    """With nothing forced, the path the given seconds make fastest (not the build's first) runs every
+    pass of target AR and of each drafting row, and the rows emit target AR's tokens."""
+    built = fresh
+    make, _ = given({p: 1e-3 for p in built} | {built[1]: 0.5e-3}, {t: 1e-3 for t in range(8)})
+    monkeypatch.setattr(choice, "linear_timer", make)
+    drafting_rows_are_target_ar("llama", built[1])
+
+
+def test_a_forced_path_is_taken_unmeasured_and_named_forced(fresh, monkeypatch):
+    """Forcing a path (scripts' ``--path``) times no path, only the forced one's many-row variants; the
+    step runs it and the header says it was forced."""
+    built = fresh
+    make, calls = given({p: 1e-3 for p in built}, {t: 1e-3 for t in range(8)})
+    monkeypatch.setattr(choice, "linear_timer", make)
+    monkeypatch.setattr(bf16, "FORCED", built[-1])
+    model = bfloat16()
+    assert CStep(model).dims.weights == built[-1] and all(rows == choice.ROWS for *_, rows in calls)
+    assert short_label(model) == f"C step, {bf16.NAMES[built[-1]]}, forced"
