@@ -253,6 +253,9 @@ class CompiledRunner(TreePasses):
             self._release.detach()
         self._release = weakref.finalize(self, self.state.give_back, self.cache)
 
+    # no gradients whoever calls: dynamo guards the grad mode, so a caller with it on would rebuild
+    # every graph ``prepare`` (under no_grad) built, unseen by ``compile_events``
+    @torch.no_grad()
     def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
         length, start = ids.shape[1], self.cached
         new = fed(self, ids, n_last)

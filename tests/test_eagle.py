@@ -281,12 +281,13 @@ def test_compiled_passes_give_the_eager_hidden_states_and_the_same_greedy_output
     """The compiled runner's graphs that return hidden states are built by ``prepare`` (none after it),
     and a head drafting over them gives target AR's tokens."""
     import runners.compiled as compiled
+    from torch._dynamo.utils import counters
 
     monkeypatch.setattr(compiled, "BUCKETS", (4,))  # one pass width (1-position passes padded into it): 2 graphs, not 4
     target, head, _ = trained
     layers = head.config.aux_layers
     compiled.prepare(target, 200, hidden_layers=layers)
-    built = len(compiled.compile_events)
+    built, graphs = len(compiled.compile_events), counters["stats"]["unique_graphs"]  # ours, and dynamo's own count
     runner = compiled.CompiledRunner(target)
     runner.hidden_layers = layers
     ids = torch.tensor([PROMPT + [5, 6, 7]])
@@ -300,3 +301,4 @@ def test_compiled_passes_give_the_eager_hidden_states_and_the_same_greedy_output
     stats = GenerationStats()
     assert run(target, head, 3, stats=stats, compile=True) == expected and stats.accepted > 0
     assert len(compiled.compile_events) == built
+    assert counters["stats"]["unique_graphs"] == graphs, "a graph was rebuilt after prepare (a guard failed, e.g. the grad mode)"
