@@ -102,6 +102,7 @@ class DraftPolicy:
     remember: bool = False
     by_depth: bool = True
     live: bool = False
+    gate: bool = True  # False: a cheap drafter with evidence is cut to >= 1 draft and paused as any other (for comparison)
     calibration: str = ""  # how row_costs were obtained, for the record (``calibrated``: the costs' line)
 
     def __post_init__(self):
@@ -136,7 +137,7 @@ class DraftPolicy:
         self.limit = min(self.max_gamma, max(gamma, self.bound() or 0))  # the most drafts a step may ask for
         self.per_draft = 0.0 if cheap else float(self.draft_cost if step_cost is None else step_cost)
         self._step_costs = {}
-        self.gated = cheap and evidence and self.by_depth and self.row_costs is not None
+        self.gated = self.gate and cheap and evidence and self.by_depth and self.row_costs is not None
         self.live_costs = LiveCosts(self.row_costs) if self.live and self.row_costs is not None else None
         self.steps = self.drafted_steps = self.drafted_total = 0  # what it chose, for ``chosen``
         self.gate_zeros = 0  # steps in a row the gate cut to no draft

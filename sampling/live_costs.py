@@ -50,7 +50,11 @@ class LiveCosts:
         return True
 
     def unit(self) -> Optional[float]:
-        """Seconds of a one-position step, pooled over the widths seen (each through its start-up cost)."""
+        """Seconds of a one-position step: their own mean where one-position steps were seen, else
+        pooled over the widths seen (each through its start-up cost)."""
+        one = self._widths.get(1)
+        if one is not None and one[1] >= 1.0:
+            return one[0] / one[1]
         weight = sum(count for _, count in self._widths.values())
         if weight <= 0:
             return None
@@ -58,17 +62,23 @@ class LiveCosts:
 
     def estimate(self) -> Tuple[Tuple[float, ...], float, Optional[float]]:
         """(relative cost by positions 1..N, a drafting step's host cost, a one-position step's
-        seconds), from what was observed."""
+        seconds), from what was observed. Each width seen gives the ratio of what the run paid to its
+        start-up cost (shrunk toward 1 by ``PRIOR``); a width between two seen ones takes the ratio
+        interpolated linearly, one past them the nearest one's: a run that pays 3x for nine positions
+        pays more than the start-up said for eight too."""
         unit = self.unit()
         if not unit:
             return self.prior, 0.0, None
-        costs = []
-        for rows, prior in enumerate(self.prior, start=1):
-            total, count = self._widths.get(rows, (0.0, 0.0))
-            costs.append((total / unit + PRIOR * prior) / (count + PRIOR))
-        first = costs[0]
-        draft = self._draft[0] / self._draft[1] / unit / first if self._draft[1] > 0 else 0.0
-        return tuple(c / first for c in costs), draft, unit * first
+        scales = {1: 1.0}
+        for rows, (total, count) in self._widths.items():
+            if rows > 1 and rows <= len(self.prior) and count > 0:
+                paid = total / count / unit / self._prior(rows)
+                scales[rows] = (count * paid + PRIOR) / (count + PRIOR)
+        seen = sorted(scales)
+        costs = tuple(prior * _interpolated(seen, scales, rows) for rows, prior in enumerate(self.prior, start=1))
+        costs = tuple(c / costs[0] for c in costs)
+        draft = self._draft[0] / self._draft[1] / unit if self._draft[1] > 0 else 0.0
+        return costs, draft, unit
 
     def line(self) -> str:
         """What the loop measured, for the record: the unit, the widths seen most, the drafter's cost."""
@@ -84,3 +94,13 @@ class LiveCosts:
             return self.prior[rows - 1]
         slope = (self.prior[-1] - self.prior[0]) / max(1, len(self.prior) - 1)  # linear past the measured range
         return self.prior[-1] + slope * (rows - len(self.prior))
+
+
+def _interpolated(seen: List[int], scales: Dict[int, float], rows: int) -> float:
+    """``scales`` at ``rows``: linear between the nearest widths ``seen`` (sorted) around it, the nearest one's past them."""
+    if rows <= seen[0]:
+        return scales[seen[0]]
+    for low, high in zip(seen, seen[1:]):
+        if rows <= high:
+            return scales[low] + (scales[high] - scales[low]) * (rows - low) / (high - low)
+    return scales[seen[-1]]

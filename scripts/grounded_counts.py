@@ -59,13 +59,13 @@ def copy_oracle(prompt: List[int], out: List[int], min_n: int = 1, cap: int = 64
     return passes
 
 
-def row_runs(prompt: List[int], model, tokenizer, eos, new: int, costs) -> Dict[str, tuple]:
+def row_runs(prompt: List[int], model, tokenizer, eos, new: int, costs, gate: bool) -> Dict[str, tuple]:
     """Each row's (tokens, steps) on ``prompt``."""
     common = dict(max_gen_len=new, eos_tokens_id=eos, use_cache=True, tokenizer=tokenizer)
     runs = {}
     for name in ("pld", "ngram", "suffix"):
         seen, stats = Steps(), GenerationStats()
-        policy = DraftPolicy(row_costs=costs, min_gain=1.0)
+        policy = DraftPolicy(row_costs=costs, min_gain=1.0, gate=gate)
         args = dict(common, stats=stats, policy=policy, streamer=seen)
         if name == "pld":
             out = generate(prompt, model, PromptLookupSpec(10, 3, 1), args)[0]
@@ -85,6 +85,7 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--row-costs", default=",".join(f"{c:g}" for c in ROW_COSTS))
+    p.add_argument("--no-gate", action="store_true", help="the policy without the evidence gate (as before it)")
     args = p.parse_args()
     costs = tuple(float(c) for c in args.row_costs.split(","))
     model, tokenizer = load_embedded()
@@ -100,7 +101,7 @@ def main() -> None:
         t["all"]["new_tokens"] += len(ref)
         t["oracle"]["passes"] += copy_oracle(prompt, ref)
         t["oracle2"]["passes"] += copy_oracle(prompt, ref, min_n=2)
-        for name, (out, steps) in row_runs(prompt, model, tokenizer, eos, args.max_new_tokens, costs).items():
+        for name, (out, steps) in row_runs(prompt, model, tokenizer, eos, args.max_new_tokens, costs, not args.no_gate).items():
             c = t[name]
             c["mismatch"] += out != ref
             c["passes"] += len(steps)
@@ -110,6 +111,7 @@ def main() -> None:
                 c["drafted"] += k
                 c["accepted"] += n
                 c["rows"] += rows
+                c["cost"] += costs[min(rows, len(costs)) - 1]  # the step's cost in one-position passes, by the given costs
                 c[f"k{min(k, 10)}"] += 1
                 c[f"k{min(k, 10)}acc"] += n
                 c["zero_acc"] += k > 0 and n == 0
@@ -122,6 +124,7 @@ def main() -> None:
             ks = " ".join(f"k{k}:{c[f'k{k}']}/{c[f'k{k}acc']}" for k in range(11) if c[f"k{k}"])
             print(f"   {name:6s} passes {c['passes']} tok/pass {c['tokens'] / c['passes']:.2f} drafting {c['drafting']} "
                   f"drafted {c['drafted']} accepted {c['accepted']} zero-accept {c['zero_acc']} rows {c['rows']} "
+                  f"tokens per unit of cost {c['tokens'] / c['cost']:.3f} "
                   f"mismatch {c['mismatch']}\n          steps by k (count/accepted): {ks}")
 
 
