@@ -41,12 +41,13 @@ def _on_host(tree: Any, values: Iterator[int]) -> Any:
 def _loop_start(prompt: List[int], target: Runner, drafter, config: GenerationConfig) -> Tuple[Drafter, int, Tensor, List[int]]:
     """What both loops start from: the drafter as a ``Drafter``, attached to ``target``; ``end``, the
     last position the generation may reach; ``ids`` (1, end), the prompt written in; the tokens so far.
-    The policy is started for the drafter."""
+    The policy is started for the drafter (a chain drafter's evidence may gate its drafts)."""
     drafter = as_drafter(drafter)
     end = generation_end(len(prompt), config.max_gen_len, context_window(target.model))
     ids = torch.zeros((1, end), dtype=torch.long, device=target.device)
     ids[0, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=target.device)
-    config.policy.start(config.gamma, drafter.cheap, drafter.memory_key, drafter.step_cost)
+    config.policy.start(config.gamma, drafter.cheap, drafter.memory_key, drafter.step_cost,
+                        evidence=drafter.reports_evidence and not config.trees)
     drafter.attach(target)
     return drafter, end, ids, list(prompt)
 
@@ -79,7 +80,7 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
         cur = len(tokens)
         k = max(0, min(policy.length(policy.bound()), end - cur - 1, drafter.max_drafts(cur))) if drafting else 0
         drafting = True
-        q = None
+        q, asked = None, False
         clock = time.perf_counter()
         if k > 0 and drafter.cheap and policy.auto:  # drafting is free next to verifying: fill the padded pass
             k = min(policy.rows(k, end - cur) - 1, drafter.max_drafts(cur))
@@ -89,6 +90,7 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
             # a cheap drafter that reports its evidence drafts to the bound, cut below by that evidence
             asked = min(policy.ask(k), end - cur - 1, drafter.max_drafts(cur)) if drafter.cheap and drafter.reports_evidence else k
             proposed, q = drafter.propose(ids, tokens, asked)
+            asked = True
             if q is not None and proposed < min(k, policy.min_draft):
                 raise RuntimeError("a drafter with probabilities stopped before min_draft drafts: dropping them would bias sampling")
             if q is None and drafter.reports_evidence:  # deterministic drafts: cutting them changes nothing accepted
@@ -127,13 +129,16 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
         target.rollback(cur + n)
         policy.update(k, n, rows)
         stats.record_step(k, min(n, len(emitted)), len(emitted))
+        verified_at = time.perf_counter()
         stats.draft_seconds += drafted_at - clock
-        stats.verify_seconds += time.perf_counter() - drafted_at
+        stats.verify_seconds += verified_at - drafted_at
+        policy.measured(rows, verified_at - drafted_at, drafted_at - clock, asked)  # what this step paid, for the next ones
         config.observe(Step(tokens, cur, len(prompt), draft_list, n, own_list[n], stop_at is not None, rows=rows))
         if stop_at is not None:
             break
         drafter.accept(tokens, cur, n, _on_host(wanted, iter(fetched[3 * k + 1 :])))
     stats.paused_steps += policy.paused_steps
+    stats.policy = policy.chosen()
     policy.finish()
     return tokens[len(prompt) :]
 

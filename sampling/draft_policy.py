@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 
 from sampling.depth_acceptance import DepthAcceptance
+from sampling.live_costs import LiveCosts
 
 if TYPE_CHECKING:
     from torch.nn import Module
@@ -20,6 +21,9 @@ if TYPE_CHECKING:
 DEFAULT_MIN_GAIN = 1.0
 # by depth, the estimate must clear min_gain by this factor to overrule the running mean's dip
 CONFIDENT = 1.25
+# a gated drafter (cheap, with evidence) is asked every step and cut to 0 drafts where they do not
+# pay; below this host cost a step (in one-position steps) asking it costs less than a pause's missed copies
+GATE_COST = 0.05
 
 
 @dataclass
@@ -66,6 +70,15 @@ class DraftPolicy:
     * ``auto`` (the REPL's ``/gamma auto``): the length may go past ``gamma``, up to the longest
       measured pass, and cheap drafters fill padded passes with drafts. Off, ``gamma`` is a
       hard bound: no step drafts more than ``gamma`` tokens. Needs ``row_costs``.
+    * ``live`` (the programs' policy): the costs are measured in the loop too (``LiveCosts``): each
+      step's seconds by pass width, and a drafting step's host seconds, from the clock readings the
+      loop takes anyway; the relative costs the policy weighs move from the start-up ``row_costs``
+      toward what the run pays (``measured``), and the drafter's host cost counts in every step
+      that asks it. ``chosen()`` names what it measured and chose.
+    * a cheap drafter that reports its evidence is *gated*: asked every step, its drafts are cut to
+      the cost-optimal count by their evidence, 0 included (no step is paused for it while its host
+      cost is under ``GATE_COST`` of a step): a weak match drafts nothing, a verbatim copy drafts
+      long, and a copy met after a fruitless stretch is not missed in a pause.
     * ``remember``: a policy reused across generations keeps each drafter model's record (with
       ``min_gain``): a drafter whose drafts did not pay starts its next generation paused. Off
       by default, so that a result depends only on its own prompt and settings; ``forget()``
@@ -88,6 +101,8 @@ class DraftPolicy:
     auto: bool = False
     remember: bool = False
     by_depth: bool = True
+    live: bool = False
+    gate: bool = True  # False: a cheap drafter with evidence is cut to >= 1 draft and paused as any other (for comparison)
     calibration: str = ""  # how row_costs were obtained, for the record (``calibrated``: the costs' line)
 
     def __post_init__(self):
@@ -103,13 +118,16 @@ class DraftPolicy:
         pausing at ``min_gain``. Costs not usable: a constant length, and ``calibration`` says why."""
         rows = costs.row_costs.value or None
         draft = 0.0 if costs.draft_cost is None else costs.draft_cost.value
+        policy.setdefault("live", rows is not None)
         return cls(min_gain=min_gain, row_costs=rows, draft_cost=draft, calibration=costs.row_costs.line,
                    auto=auto and rows is not None, **policy)
 
-    def start(self, gamma: int, cheap: bool = True, drafter_key=None, step_cost: Optional[float] = None) -> None:
+    def start(self, gamma: int, cheap: bool = True, drafter_key=None, step_cost: Optional[float] = None,
+              evidence: bool = False) -> None:
         """Reset the state for a new generation that drafts ``gamma`` tokens per step; ``cheap``:
         the drafter costs nothing next to a verification pass (n-gram storage, prompt lookup);
-        ``step_cost``: a draft's own measured cost (a learned head's), instead of ``draft_cost``.
+        ``step_cost``: a draft's own measured cost (a learned head's), instead of ``draft_cost``;
+        ``evidence``: a chain drafter that reports its drafts' evidence (gated when ``cheap``).
 
         With ``min_gain``, a drafter that is not cheap and has a ``drafter_key`` starts from what
         this policy saw of it in its previous generation (acceptance, pause length, and paused if
@@ -119,6 +137,10 @@ class DraftPolicy:
         self.limit = min(self.max_gamma, max(gamma, self.bound() or 0))  # the most drafts a step may ask for
         self.per_draft = 0.0 if cheap else float(self.draft_cost if step_cost is None else step_cost)
         self._step_costs = {}
+        self.gated = self.gate and cheap and evidence and self.by_depth and self.row_costs is not None
+        self.live_costs = LiveCosts(self.row_costs) if self.live and self.row_costs is not None else None
+        self.steps = self.drafted_steps = self.drafted_total = 0  # what it chose, for ``chosen``
+        self.gate_zeros = 0  # steps in a row the gate cut to no draft
         self.zero_streak = 0
         self.paused = 0
         self.next_pause = self.pause_steps
@@ -166,6 +188,8 @@ class DraftPolicy:
             parts.append(f"pause after {self.pause_after} for {self.pause_steps}")
         if self.min_gain:
             parts.append(f"pausing below {self.min_gain:g} tokens per unit of cost")
+        if self.live and self.row_costs is not None:
+            parts.append("costs measured in the loop")
         if self.remember:
             parts.append(f"memory on ({self.remembered} remembered)")
         return ", ".join(parts) or "constant length"
@@ -196,6 +220,10 @@ class DraftPolicy:
             expected = [self.expected_tokens(k, rate) for k in range(most + 1)]
         return max(range(least, most + 1), key=lambda k: (expected[k] / self._cost_of(k), -k))
 
+    def _costs(self) -> Tuple[float, ...] | None:
+        """The relative costs by positions the policy weighs: the loop's (``live``), else ``row_costs``."""
+        return self.live_costs.costs if self.live_costs is not None else self.row_costs
+
     def _deep(self) -> bool:
         """Whether lengths are cost-optimal by depth now (measured costs, some outcomes seen)."""
         return self.by_depth and self.row_costs is not None and self.trials > 0
@@ -209,6 +237,10 @@ class DraftPolicy:
         most = max(self.gamma, self.bound() or 0)
         expected = self.depths.expected(most, self.hits / self.trials)
         return max(expected[k] / self._cost_of(k) for k in range(1, most + 1)) >= CONFIDENT * self.min_gain
+
+    def _gate_pays(self) -> bool:
+        """Whether a gated drafter keeps being asked instead of pausing: its host cost is small."""
+        return self.gated and (self.live_costs is None or self.live_costs.draft < GATE_COST)
 
     def ask(self, planned: int) -> int:
         """Drafts to ask of a cheap drafter that reports its evidence when ``planned`` are planned:
@@ -224,7 +256,12 @@ class DraftPolicy:
         self._evidence = None
         if evidence is None or not self._deep() or proposed == 0 or len(evidence) < proposed:
             return min(proposed, planned)
-        best = self._best(proposed, evidence, least=min(proposed, max(1, self.min_draft)))
+        # a gated drafter may draft nothing; after ``next_pause`` such steps in a row it probes (at
+        # least one draft), as a pause ends in a probe: an estimate that is never tried cannot recover
+        probe = self.gated and self.gate_zeros >= self.next_pause
+        least = 0 if self.gated and not probe else min(proposed, max(1, self.min_draft))
+        best = self._best(proposed, evidence, least=least)
+        self.gate_zeros = 0 if best else self.gate_zeros + 1
         if self.auto and not self.per_draft:
             best = min(proposed, self.rows(best, limit) - 1)
         self._evidence = list(evidence[:best])
@@ -249,17 +286,17 @@ class DraftPolicy:
     def rows(self, drafted: int, limit: int) -> int:
         """Positions of the pass verifying ``drafted`` drafts: ``drafted + 1``, or up to ``limit``
         when ``row_costs`` says a longer pass is at least 5% cheaper."""
-        best = drafted + 1
-        if drafted == 0 or self.row_costs is None:
+        best, costs = drafted + 1, self._costs()
+        if drafted == 0 or costs is None:
             return best
-        for rows in range(best + 1, min(limit, len(self.row_costs)) + 1):
-            if self.row_costs[rows - 1] < 0.95 * self.row_costs[best - 1]:
+        for rows in range(best + 1, min(limit, len(costs)) + 1):
+            if costs[rows - 1] < 0.95 * costs[best - 1]:
                 best = rows
         return best
 
     def cost(self, rows: int) -> float:
         """Relative cost of a pass over ``rows`` positions (1.0 without ``row_costs``: costs unknown)."""
-        costs = self.row_costs
+        costs = self._costs()
         if costs is None:
             return 1.0
         if rows <= len(costs):
@@ -271,13 +308,37 @@ class DraftPolicy:
         """Relative cost of a step that drafts ``drafted`` tokens and verifies them over ``rows``
         positions (default: the padded pass ``rows(drafted)``), in one-position target passes."""
         rows = rows if rows is not None else self.rows(drafted, 1 << 30)
-        return self.cost(rows) + drafted * self.per_draft
+        asked = drafted > 0 or self.gated  # a gated drafter is asked, and paid, every step
+        return self.cost(rows) + drafted * self.per_draft + (self.live_costs.draft if asked and self.live_costs is not None else 0.0)
+
+    def measured(self, rows: int, verify_seconds: float, draft_seconds: float, asked: bool) -> None:
+        """The loop's clock readings of a step (``LiveCosts.observe``); with ``live`` only."""
+        if self.live_costs is not None and self.live_costs.observe(rows, verify_seconds, draft_seconds, asked):
+            self._step_costs.clear()  # the relative costs moved: lengths are weighed on the new ones
+
+    def chosen(self) -> str:
+        """What the policy chose in its last generation and from what: drafts per drafting step, the
+        gate, and the costs it weighed (measured in the loop, or the start-up ones)."""
+        if not self.steps:
+            return ""
+        mean = self.drafted_total / self.drafted_steps if self.drafted_steps else 0.0
+        parts = [f"drafted in {self.drafted_steps} of {self.steps} steps, {mean:.1f} drafts each"]
+        if self.gated:
+            parts.append("gated by evidence")
+        if self.live_costs is not None:
+            parts.append(self.live_costs.line())
+        elif self.row_costs is not None:
+            parts.append("start-up costs")
+        return "policy chose: " + "; ".join(parts)
 
     def update(self, drafted: int, accepted: int, rows: int | None = None) -> None:
         """Learn from a step that verified ``drafted`` drafts in a pass over ``rows`` positions."""
         evidence, self._evidence = self._evidence, None
+        self.steps += 1
         if drafted == 0:
             return
+        self.drafted_steps += 1
+        self.drafted_total += drafted
         if self.by_depth:
             self.depths.observe(drafted, accepted, evidence if evidence is not None and len(evidence) >= drafted else None)
         self.hits = 0.7 * self.hits + accepted
@@ -289,7 +350,7 @@ class DraftPolicy:
             self.gain = tokens if self.gain is None else (self.gain + tokens) / 2
             if self.gain >= self.min_gain:  # an expensive drafter backs off from long pauses slowly
                 self.next_pause = self.pause_steps if not self.per_draft else max(self.pause_steps, self.next_pause // 2)
-            elif not self._expected_to_pay():
+            elif not self._expected_to_pay() and not self._gate_pays():
                 self.paused, self.gain = self.next_pause, self.min_gain  # probe again after the pause
                 self.next_pause = min(2 * self.next_pause, 64)
             return

@@ -25,6 +25,7 @@ class GenerationStats:
     drafted_by_step: list[int] = field(default_factory=list)  # drafts each step verified
     peer_settings: dict = field(default_factory=dict)  # a transformers peer: its candidate generator's settings in force
     accepted_by: dict = field(default_factory=dict)  # a merged drafter: accepted drafts by the source that proposed them
+    policy: str = ""  # what the draft policy chose and from what measurement (``DraftPolicy.chosen``)
 
     def credit(self, sources: list) -> None:
         """Count accepted drafts by source (one name per accepted draft; ``accepted_by`` sums to ``accepted``)."""
@@ -75,4 +76,5 @@ class GenerationStats:
             "verify_seconds": self.verify_seconds,
             "paused_steps": self.paused_steps,
             "accepted_by": dict(self.accepted_by),
+            "policy": self.policy,
         }

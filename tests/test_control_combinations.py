@@ -53,6 +53,8 @@ CONTROLS = {
     "draft_cost": dict(row_costs=COSTS, draft_cost=0.5, min_gain=1.0, pause_steps=2),
     "auto": dict(row_costs=COSTS, auto=True),
     "remember": dict(remember=True, min_gain=1.2, pause_steps=2),
+    "live": dict(row_costs=COSTS, live=True, min_gain=1.0, pause_steps=2),  # costs measured in the loop (clock-driven lengths)
+    "gate": dict(row_costs=COSTS, min_gain=1.0),  # with a cheap drafter that reports evidence: the gate cuts its drafts
 }
 README_POLICY = dict(adaptive=True, min_draft=2, pause_after=3, pause_steps=8, p_min=0.3)  # the example of docs/python.md's first steps
 DRAFTERS = ("model", "ngram_basic", "ngram_onelevel", "pld", "chained")
@@ -230,7 +232,8 @@ def _plain(tiny_pair, processor: str, drafter: str, gamma: int, length: int) -> 
 @pytest.mark.parametrize("control", sorted(FACTORIES))
 def test_each_control_keeps_sampled_output_distributed_as_the_target(tiny_pair, control, processor):  
     gamma = 1 if control in ("pause", "auto") else 3  # where the control has room to act (adaptive never drafts past gamma)
-    drafter = "ngram_basic" if control == "auto" else "model"  # auto fills padded passes for cheap drafters
+    # auto fills padded passes for cheap drafters; the gate cuts a cheap drafter's drafts by their evidence
+    drafter = "ngram_basic" if control == "auto" else "pld" if control == "gate" else "model"
     # adaptive acts from a step's outcome: at LENGTH + 2 tokens the cap of the last step hides it (the
     # runs equal the plain ones); from LENGTH + 3 it shortens the step that writes token 3 after a
     # fruitless first step, so the chi-square sees it; more tokens only cost time

@@ -391,6 +391,7 @@ def test_stats_and_stream_show_the_last_prompt(repl):
     out = command(repl, "/stats", "Statistics of the last prompt")
     repl.sendline("/stats")
     repl.expect("acceptance by draft position")
+    repl.expect("policy chose: drafted in")  # the automatic choice is named, with what it chose from
     repl.expect(PROMPT)
     assert "target passes" in out and "drafted" in out
     command(repl, "/stream", "stream: off")

@@ -305,7 +305,7 @@ def run_record(bench: Bench, item: dict, repeat: int, config: Config, result, re
         "target_passes": st.target_forward_passes, "drafted_at": st.drafted_at, "accepted_at": st.accepted_at,
         "paused_steps": st.paused_steps, "tokens": result.tokens, "steps": st.emitted_by_step,
         "kernels": result.kernels, "drafts": st.drafted_by_step, "peer_settings": st.peer_settings or None,
-        "accepted_by": st.accepted_by or None, "head": bench.head_line if bench.context.head is not None and drafts_with(config) else None,
+        "accepted_by": st.accepted_by or None, "policy": st.policy or None, "head": bench.head_line if bench.context.head is not None and drafts_with(config) else None,
         "text": bench.tokenizer.decode(result.tokens, skip_special_tokens=True),
         "diverged_at": (first_divergence(result.tokens, reference)
                         if bench.greedy and not config.strategy.drafter_ar and reference is not None else None),

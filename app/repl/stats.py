@@ -43,6 +43,8 @@ def _stats(repl):
         if r.stats.accepted_by:
             shares = ", ".join(f"{k} {v}" for k, v in sorted(r.stats.accepted_by.items(), key=lambda i: -i[1]))
             console.print(Text(f"{strategy.title}: accepted drafts by source: {shares}", style=strategy.color))
+        if r.stats.policy:  # the policy's automatic choice, and the measurement it chose from
+            console.print(Text(f"{strategy.title}: {r.stats.policy}", style=strategy.color))
     policy = repl.context.policy(repl.config)
     console.print(f"policy: {policy.describe(repl.config.gamma)}"
                   + ("" if policy.remember else " · memory off: each prompt starts fresh"))

@@ -1,0 +1,114 @@
+"""The draft policy's costs measured in the loop (``sampling.live_costs``) and the evidence gate of cheap
+drafters: each decision is a pure function of the given seconds and acceptance outcomes (no clock is
+read here), and a live, gated policy keeps greedy output target AR's."""
+import pytest
+
+from sampling import DraftPolicy, GenerationStats, generate
+from sampling.live_costs import PRIOR, REFRESH, LiveCosts
+
+COSTS = tuple(1.0 + 0.05 * r for r in range(12))  # start-up: a pass over r positions costs 1 + 0.05 (r - 1)
+
+
+def test_one_width_seen_alone_keeps_the_startup_costs():
+    live = LiveCosts(COSTS)
+    for _ in range(3 * REFRESH):
+        live.observe(5, 0.030, 0.0, False)  # whatever its seconds, nothing relative is learned from one width
+    assert live.costs == pytest.approx(COSTS) and live.draft == 0.0
+    assert live.seconds == pytest.approx(0.030 / COSTS[4])
+
+
+def test_wide_passes_dearer_in_the_loop_move_the_costs_toward_what_the_run_pays():
+    live = LiveCosts(COSTS)
+    for _ in range(4 * REFRESH):  # the run pays 2x for five positions (the start-up measured 1.2x), 1 ms drafting
+        live.observe(1, 0.010, 0.0, False)
+        live.observe(5, 0.020, 0.001, True)
+    assert 1.6 < live.costs[4] < 2.0  # shrunk toward 1.2 by PRIOR pseudo-observations, but mostly the run's
+    assert live.costs[0] == 1.0 and live.costs[2] == pytest.approx((1 + (live.costs[4] / COSTS[4] - 1) / 2) * COSTS[2])
+    assert live.costs[7] == pytest.approx(COSTS[7] * live.costs[4] / COSTS[4])  # past the widths seen: the nearest one's ratio
+    assert live.draft == pytest.approx(0.1) and live.seconds == pytest.approx(0.010)
+    assert "costs in the loop over 64 steps: a one-position step 10.0 ms" in live.line() and "drafting 0.100" in live.line()
+
+
+def test_the_refresh_happens_every_refresh_steps_only():
+    live = LiveCosts(COSTS)
+    refreshed = [live.observe(1 + i % 2, 0.01 * (1 + i % 2), 0.0, False) for i in range(2 * REFRESH)]
+    assert refreshed == [(i + 1) % REFRESH == 0 for i in range(2 * REFRESH)]
+    assert PRIOR > 0
+
+
+def _policy(live_seconds, **options) -> DraftPolicy:
+    """A live policy that saw 12 steps of 3 accepted out of 4 drafts, and the given (rows, seconds) steps."""
+    policy = DraftPolicy(row_costs=COSTS, min_gain=1.0, live=True, by_depth=False, **options)
+    policy.start(8)
+    for _ in range(12):
+        policy.update(4, 3, 5)
+    for rows, seconds in live_seconds:
+        policy.measured(rows, seconds, 0.0, True)
+    return policy
+
+
+def test_the_policy_drafts_shorter_when_the_loop_measures_wide_passes_dear():
+    startup = _policy([])
+    cheap = _policy([(1, 0.010), (9, 0.0101)] * (2 * REFRESH))  # nine positions cost what one does
+    dear = _policy([(1, 0.010), (9, 0.030)] * (2 * REFRESH))  # nine positions cost 3x one
+    assert dear.length() < startup.length() <= cheap.length()
+    assert dear.cost(9) > 2.0 and cheap.cost(9) < 1.2
+    assert "costs measured in the loop" in dear.describe(8)
+
+
+def test_without_live_the_loop_seconds_change_nothing():
+    fixed = DraftPolicy(row_costs=COSTS, min_gain=1.0, by_depth=False)
+    fixed.start(8)
+    for _ in range(4 * REFRESH):
+        fixed.measured(9, 1.0, 0.5, True)
+    assert fixed.live_costs is None and fixed.cost(9) == COSTS[8]
+
+
+STEEP = tuple(1.0 + 0.12 * r for r in range(12))  # a pass over r positions costs 1 + 0.12 (r - 1): drafts are dear
+
+
+def _trimmed(policy: DraftPolicy, evidence: int, copies: bool, steps: int) -> list:
+    """The drafts ``policy`` keeps in ``steps`` steps of a match of ``evidence`` tokens that is copied whole, or whose first draft fails."""
+    kept = []
+    for _ in range(steps):
+        k = policy.trim(10, [evidence] * 10, planned=4, limit=1 << 30)
+        policy.update(k, k if copies else 0, k + 1)
+        kept.append(k)
+    return kept
+
+
+def test_the_gate_cuts_failing_weak_matches_to_nothing_and_probes_without_pausing():
+    policy = DraftPolicy(row_costs=STEEP, min_gain=1.0)
+    policy.start(10, cheap=True, evidence=True)
+    assert policy.gated and _trimmed(policy, 32, True, 8)[-1] == 10  # a verbatim copy drafts to the bound
+    weak = _trimmed(policy, 1, False, 40)  # then one-token matches whose first draft fails, step after step
+    assert weak[-30:].count(0) >= 26 and max(weak[-30:]) == 1  # cut to nothing, one draft a probe (never an estimate left untried)
+    assert policy.paused == 0 and policy.paused_steps == 0  # the drafter is asked every step: no copy is missed in a pause
+    assert _trimmed(policy, 32, True, 1) == [10]  # the next verbatim copy drafts long at once
+
+
+def test_an_ungated_drafter_still_pauses_on_flat_failure():
+    policy = DraftPolicy(row_costs=COSTS, min_gain=1.0)
+    policy.start(4, cheap=True, evidence=False)
+    for _ in range(6):
+        policy.update(policy.length(), 0, 5)
+    assert not policy.gated and policy.paused > 0
+
+
+@pytest.mark.parametrize("name", ["pld", "nasd", "suffix"])
+def test_greedy_output_with_a_live_gated_policy_is_target_ar(name):
+    from conftest import EOS_NEVER, PROMPT
+    from drafting import MODELS, _expected, _model, _runner
+    from test_depth_policy import SPECS
+
+    chose = []
+    for model in MODELS:
+        prompt = list(PROMPT) + list(_expected(model, "dynamic", tuple(PROMPT), 40)) + list(PROMPT)
+        spec, context = SPECS[name]()
+        stats = GenerationStats()
+        policy = DraftPolicy(row_costs=COSTS, min_gain=1.0, live=True)
+        arguments = dict(max_gen_len=32, eos_tokens_id=EOS_NEVER, stats=stats, gamma=4, policy=policy, **_runner("dynamic"))
+        out, _ = generate(prompt, _model(model), spec, arguments, context)
+        assert out == list(_expected(model, "dynamic", tuple(prompt), 32)), model
+        chose.append(stats.policy)
+    assert all(line.startswith("policy chose: drafted in ") and "costs in the loop" in line for line in chose)
