@@ -69,6 +69,7 @@ class PrepackedLinear(Module):
 
     blocks: Optional[Tensor] = None  # released: the weight's one copy, ``[ceil(N/16), K, 16]`` (a view into a fused group)
     owner: Optional["weakref.ref[Module]"] = None  # released: the model released with it (``release``)
+    tied: Optional[List[Module]] = None  # a released output layer's embedding, reading its blocks (``kernels.one_head``)
 
     @property
     def weight(self) -> Tensor:
@@ -93,9 +94,15 @@ class PrepackedLinear(Module):
         """The layer's own weight again, unblocked from ``blocks`` (a plan that no longer runs the skinny kernel)."""
         if self.blocks is None:
             return
-        own = torch.nn.Parameter(self.weight, requires_grad=False)
+        own = torch.nn.Parameter(self.weight, requires_grad=False)  # the one unblocking
         self.linear[0].weight = own
-        self.weight, self.blocks, self.owner = own, None, None
+        # a plain dict write: ``self.weight = own`` asks ``hasattr(self, "weight")`` first, which unblocks a second time
+        self._parameters["weight"], self.blocks, self.owner = own, None, None
+        if self.tied is not None:  # the embedding table is this weight again, a plain embedding (``kernels.one_head``)
+            embedding, self.tied = self.tied[0], None
+            embedding.__class__ = torch.nn.Embedding
+            del embedding.blocks, embedding.head
+            embedding._parameters["weight"] = own
         _changed()
         self.source = _source(self.linear[0])
 
@@ -167,8 +174,10 @@ class PrepackedLinear(Module):
         """A copy packed from a copy of its layer (oneDNN's packed tensor has no storage to copy):
         ``copy.deepcopy`` of a prepacked model, as ``utils.models.truncated_drafter`` makes, works."""
         own = copy.deepcopy(self.linear[0], memo)
-        if self.blocks is not None:  # released: the copy gets its own weight (it blocks it when its C step runs)
-            own.weight = torch.nn.Parameter(self.weight, requires_grad=False)
+        if self.blocks is not None:  # released: the copy gets its own weight (it blocks it when its C step runs), a tied one its table's
+            from kernels.one_head import unblocked
+
+            own.weight = unblocked(self.blocks, self.out_features, memo)
         made = PrepackedLinear(own)
         made.route = self.route
         if self.packed is not None:

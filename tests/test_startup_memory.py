@@ -127,8 +127,6 @@ def test_a_first_start_holds_at_most_1_2x_the_float32_weights_plus_the_caches_on
     assert peaks["start"] <= LIMIT * weights + caches(tied_llama()), f"{peaks['start'] / weights:.2f}x the float32 weights"
 
 
-@pytest.mark.xfail(strict=True, reason="the output layer is blocked beside its own (tied) weight: 1.20x its bfloat16 "
-                   "weights here, as the float32 start's head copy")
 def test_a_bfloat16_start_measures_no_kernels_and_holds_its_weights_once(monkeypatch):
     """bfloat16 linears have no kernel options (float32 only): the start measures none (the C step
     routes them to its own bfloat16 kernel, ``SKINNY``, when it releases them), and holds its
