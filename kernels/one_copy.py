@@ -187,9 +187,10 @@ def keep(model: Module) -> None:
 
 
 def parameter_count(model: Module) -> int:
-    """``model``'s parameters, a released layer's weight counted (it is no parameter any more)."""
+    """``model``'s parameters, a released layer's weight counted (it is no parameter any more), a parked
+    one's too (its Parameter is empty: ``kernels.holding``)."""
     return sum(p.numel() for p in model.parameters()) + \
-        sum(m.in_features * m.out_features for m in model.modules() if released(m))
+        sum(m.in_features * m.out_features for m in model.modules() if released(m) or getattr(m, "parked", False))
 
 
 def weight_bytes(model: Module, *more: Tensor) -> int:
