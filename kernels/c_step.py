@@ -184,6 +184,8 @@ def read(model: Module) -> tuple:
                 own = x.linear[0] if type(x).__name__ == "PrepackedLinear" else x
                 found += [x.blocks.data_ptr() if released(x) else _of(own.weight), _of(own.bias)]
     head = model.get_output_embeddings()
+    if released(head):
+        return tuple(found + [_of(body.norm.weight), head.blocks.data_ptr()])
     head = head.linear[0] if type(head).__name__ == "PrepackedLinear" else head
     return tuple(found + [_of(body.norm.weight), _of(head.weight)])
 
@@ -198,7 +200,7 @@ def gate_up_shape(model: Module) -> Tuple[int, int]:
 def weights_format(model: Module, library: ctypes.CDLL) -> int:
     """``c_step.c``'s ``Dims.weights`` for ``model``: float32 (``kernels.bf16.F32``), or the bfloat16 path
     this process takes (``kernels.bf16.chosen``: measured on the model's gate/up the first time one is asked)."""
-    dtype = model.get_output_embeddings().weight.dtype
+    dtype = _own(model.get_output_embeddings()).weight.dtype  # a released one's blocks': no weight unblocked
     return bf16.chosen(library, gate_up_shape(model)) if dtype == torch.bfloat16 else bf16.F32
 
 
@@ -285,8 +287,10 @@ class CStep:
         self.final_norm = _norm_weight(body.norm, spec).contiguous()
         if spec.family.norm == "1+w":
             self.copied.append(body.norm.weight)
-        self.output = _own(model.get_output_embeddings())
-        self.head = blocked(self.output.weight, verify=skinny.holds)
+        head = model.get_output_embeddings()
+        self.output = _own(head)
+        # released with the layers (``kernels.one_head``): its blocks are its one copy; else one made beside it
+        self.head = head.blocks if released(head) else blocked(self.output.weight, verify=skinny.holds)
         self.vocab = model.get_output_embeddings().out_features
         self.cache_keys: Tuple[int, ...] = ()
         self.scratch = torch.empty(0)  # grown to the largest pass yet: no allocation per pass

@@ -11,23 +11,20 @@ What each option holds (W: the float32 weights):
   (the C step's). Where it does not, the blocked copies are made beside the own weights.
 - ``PREPACKED``: oneDNN's copies, each layer's own weight parked (its storage freed) once its copy is
   made, where no other module reads it (a tied output layer's weight is the embedding table: it stays).
-  A measurement's state only: ``hold`` with another option, or ``unpark``, gives the weights back
-  (unpacked from oneDNN's copy: the same values, bit for bit) before anything else reads them.
+  ``hold`` with another option, or ``unpark``, gives the weights back (unpacked from oneDNN's copy: the
+  same values, bit for bit). Also the state a prepacked plan runs in (``measure.kernels.apply_kernels``):
+  a parked layer's ``weight`` unpacks a temporary, and a save, copy, cast or load reads the weight back.
 
 A switch goes layer by layer: at most one layer's weight (one fused group of the C step's) is held twice
 at any moment. The C step's own copy of the output layer lives in the step its runners share (``kernels.step_pool``): the
 caller drops that step (``drop_step``) before switching away from ``SKINNY``."""
-import weakref
 from typing import Dict
 
-import torch
 from torch.nn import Module
 
 from kernels.plans import drop_blocked_copies
-from kernels.prepacking import OWN, PREPACKED, SKINNY, PrepackedLinear, _source, set_prepack
+from kernels.prepacking import OWN, PREPACKED, SKINNY, PrepackedLinear, set_prepack
 from kernels.step_pool import forget_step
-
-_PARKED: "weakref.WeakSet[PrepackedLinear]" = weakref.WeakSet()  # layers whose own weight is parked
 
 
 def hold(model: Module, option: str) -> bool:
@@ -39,7 +36,7 @@ def hold(model: Module, option: str) -> bool:
     from kernels.one_copy import release
 
     for layer in model.modules():  # oneDNN's copies beside an own weight (not parked): nothing to give back
-        if type(layer) is PrepackedLinear and layer not in _PARKED:
+        if type(layer) is PrepackedLinear and not layer.parked:
             layer.packed = layer.packed_bias = None
     if option != SKINNY:
         drop_blocked_copies(model)  # the output layer's blocked copy first, then the own weights back, group by group
@@ -66,9 +63,7 @@ def _pack_and_park(model: Module) -> None:
         weight = layer.linear[0].weight
         if readers.get(id(weight), 0) == 1 and weight.numel():
             span = (weight.data_ptr(), weight.data_ptr() + weight.numel() * weight.element_size(), weight.untyped_storage())
-            weight.data = torch.empty(0, dtype=weight.dtype)  # the same Parameter (and version): its storage freed
-            layer.source = _source(layer.linear[0])  # its copy still holds the weight (``prepackable`` keeps it)
-            _PARKED.add(layer)
+            layer.park()  # the same Parameter (and version), its storage freed; its copy holds the weight
             _drop_pages([span], files)
             del span
 
@@ -86,18 +81,15 @@ def _readers(model: Module) -> Dict[int, int]:
 
 def parked(model: Module) -> bool:
     """Whether some linear of ``model`` has its own weight parked (``hold(model, PREPACKED)``)."""
-    return any(layer in _PARKED for layer in model.modules() if type(layer) is PrepackedLinear)
+    return any(layer.parked for layer in model.modules() if type(layer) is PrepackedLinear)
 
 
 def unpark(model: Module) -> None:
     """Give every parked layer of ``model`` its own weight back, unpacked from oneDNN's copy (then freed),
     layer by layer; the layers keep their identity (``source``), so nothing is packed again."""
-    for layer in [m for m in model.modules() if type(m) is PrepackedLinear and m in _PARKED]:
-        weight = layer.linear[0].weight
-        weight.data = layer.packed.to_dense()
+    for layer in [m for m in model.modules() if type(m) is PrepackedLinear and m.parked]:
+        layer.unpark()
         layer.packed = layer.packed_bias = None
-        layer.source = _source(layer.linear[0])
-        _PARKED.discard(layer)
 
 
 def drop_step(runner: object) -> None:

@@ -16,8 +16,8 @@ A bfloat16 model alike: its layers' copies are blocked in bfloat16 (``[N/16, K/2
 so it holds about half a float32 model's bytes; its layers' forward reads them by the step's
 bfloat16 path (``kernels.bf16.layer_rows``: float32 sums, each output rounded to bfloat16 once).
 
-What stays twice: the output layer (its weight is the embedding table where they are tied, and the
-EAGLE head, the runners' limits and the head formats read its rows). The start-up kernel measurement
+The output layer alike (``kernels.one_head``): its blocked copy is its one copy, and a tied embedding
+table reads its rows from it. The start-up kernel measurement
 holds one option's copy at a time (``kernels.holding``: the own weights given back for "own", released
 again for "skinny"). What a user loses is in docs/limitations.md.
 """
@@ -75,6 +75,8 @@ def release(model: Module) -> bool:
     here, on the step's route, blocked in bfloat16); whether they are released. Not where ``held``, nor where its layers cannot
     be ``PrepackedLinear`` (no oneDNN: ``set_prepack`` finds nothing), nor twice. The caller has
     checked that the C step takes the model (``kernels.c_step.step_unsupported``)."""
+    from kernels.one_head import release_head
+
     if model in _HELD or model in _KEPT:
         return False
     if plan(model) is None and not set_prepack(model, True, STEP_ROUTE, DTYPES):
@@ -95,6 +97,7 @@ def release(model: Module) -> bool:
             spans = [(w.data_ptr(), w.data_ptr() + w.numel() * w.element_size(), w.untyped_storage()) for w in weights]
             del weights, weight
             _drop_pages(spans, files)  # group by group: at most one group's weights held twice
+    release_head(model)  # the output layer (and a tied embedding) on its blocked copy alone (``kernels.one_head``)
     return True
 
 
@@ -184,9 +187,10 @@ def keep(model: Module) -> None:
 
 
 def parameter_count(model: Module) -> int:
-    """``model``'s parameters, a released layer's weight counted (it is no parameter any more)."""
+    """``model``'s parameters, a released layer's weight counted (it is no parameter any more), a parked
+    one's too (its Parameter is empty: ``kernels.holding``)."""
     return sum(p.numel() for p in model.parameters()) + \
-        sum(m.in_features * m.out_features for m in model.modules() if released(m))
+        sum(m.in_features * m.out_features for m in model.modules() if released(m) or getattr(m, "parked", False))
 
 
 def weight_bytes(model: Module, *more: Tensor) -> int:

@@ -41,7 +41,8 @@ def drop_blocked_copies(model: Module) -> None:
 
     forget_step(model)  # its kept C step holds the output layer's blocked copy
     linears = [m for m in model.modules() if type(m) in (torch.nn.Linear, PrepackedLinear)]
-    forget([m.weight for m in linears if getattr(m, "blocks", None) is None])
+    # the own Parameters, never ``weight``: a parked layer's would unpack a temporary of every layer at once
+    forget([m._parameters["weight"] for m in linears if getattr(m, "blocks", None) is None and m._parameters.get("weight") is not None])
     for layer in linears:
         if type(layer) is PrepackedLinear:
             layer.restore()
@@ -52,6 +53,7 @@ def drop_packed_copies(model: Module) -> None:
     longer uses them); a route that asks again makes them again."""
     for layer in model.modules():
         if type(layer) is PrepackedLinear:
+            layer.unpark()  # a parked weight's one copy is oneDNN's: unpacked first
             layer.packed = layer.packed_bias = None
 
 

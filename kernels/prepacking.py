@@ -70,13 +70,17 @@ class PrepackedLinear(Module):
 
     blocks: Optional[Tensor] = None  # released: the weight's one copy, ``[ceil(N/16), K, 16]`` (a view into a fused group)
     owner: Optional["weakref.ref[Module]"] = None  # released: the model released with it (``release``)
+    tied: Optional[List[Module]] = None  # a released output layer's embedding, reading its blocks (``kernels.one_head``)
+    parked: bool = False  # its own weight's storage freed, oneDNN's copy its one copy (``park``)
 
     @property
     def weight(self) -> Tensor:
         """The layer's own weight ``[N, K]``; released, a temporary unblocked from ``blocks`` at each read."""
         own = self._parameters.get("weight")
-        if own is not None:
+        if own is not None and not self.parked:
             return own
+        if self.parked:  # oneDNN's copy unpacked: the same values, bit for bit
+            return self.packed.to_dense()
         if self.blocks is None:
             raise AttributeError("weight")  # not set yet (``__init__``'s registration asks)
         from kernels.blocked import unpack
@@ -90,15 +94,40 @@ class PrepackedLinear(Module):
         self._parameters["weight"] = None
         self.linear[0]._parameters["weight"] = None
 
+    def park(self) -> None:
+        """Keep the weight only as oneDNN's copy (made now where it is not): the own weight's storage is
+        freed, the same Parameter (and version) kept empty, so that what holds it still names it. Where no
+        other module reads it (the caller checks: a tied output layer's weight is the embedding table)."""
+        if self.parked or self.blocks is not None:
+            return
+        if self.packed is None:
+            self._pack()
+        self.linear[0].weight.data = torch.empty(0, dtype=self.linear[0].weight.dtype)
+        self.source, self.parked = _source(self.linear[0]), True
+
+    def unpark(self) -> None:
+        """The own weight back, unpacked from oneDNN's copy (which stays, for a route that runs it)."""
+        if not self.parked:
+            return
+        weight = self.linear[0].weight
+        weight.data = self.packed.to_dense()
+        self.source, self.parked = _source(self.linear[0]), False
+
     def restore(self) -> None:
         """The layer's own weight again, unblocked from ``blocks`` (a plan that no longer runs the skinny kernel)."""
         if self.blocks is None:
             return
         if self.owner is not None:
             forget_step(self.owner())  # the model's kept C step reads these blocks: it goes with them
-        own = torch.nn.Parameter(self.weight, requires_grad=False)
+        own = torch.nn.Parameter(self.weight, requires_grad=False)  # the one unblocking
         self.linear[0].weight = own
-        self.weight, self.blocks, self.owner = own, None, None
+        # a plain dict write: ``self.weight = own`` asks ``hasattr(self, "weight")`` first, which unblocks a second time
+        self._parameters["weight"], self.blocks, self.owner = own, None, None
+        if self.tied is not None:  # the embedding table is this weight again, a plain embedding (``kernels.one_head``)
+            embedding, self.tied = self.tied[0], None
+            embedding.__class__ = torch.nn.Embedding
+            del embedding.blocks, embedding.head
+            embedding._parameters["weight"] = own
         _changed()
         self.source = _source(self.linear[0])
 
@@ -136,10 +165,13 @@ class PrepackedLinear(Module):
         if self.blocks is not None:  # released: the unblocked weight, where the layer's own would be
             destination[prefix + "weight"] = self.weight
         super()._save_to_state_dict(destination, prefix, keep_vars)
+        if self.parked:  # the unpacked weight, not the parked (empty) Parameter
+            destination[prefix + "weight"] = self.weight
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         if self.blocks is not None:  # released: the model's own weights back, then loaded as any model's
             self._restore_owner()
+        self.unpark()
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self._follow()
         _changed()  # the model's other parameters may have been replaced too (``assign=True``)
@@ -150,6 +182,7 @@ class PrepackedLinear(Module):
             moved = fn(probe)
             if moved.dtype != probe.dtype or moved.device != probe.device:  # a real move or cast, not ``.float()`` of float32
                 self._restore_owner()
+        self.unpark()
         made = super()._apply(fn, recurse)
         self._follow()
         _changed()  # the model's other parameters were moved too
@@ -177,7 +210,11 @@ class PrepackedLinear(Module):
         """A copy packed from a copy of its layer (oneDNN's packed tensor has no storage to copy):
         ``copy.deepcopy`` of a prepacked model, as ``utils.models.truncated_drafter`` makes, works."""
         own = copy.deepcopy(self.linear[0], memo)
-        if self.blocks is not None:  # released: the copy gets its own weight (it blocks it when its C step runs)
+        if self.blocks is not None:  # released: the copy gets its own weight (it blocks it when its C step runs), a tied one its table's
+            from kernels.one_head import unblocked
+
+            own.weight = unblocked(self.blocks, self.out_features, memo)
+        elif self.parked:  # parked: the copy gets its own weight, unpacked
             own.weight = torch.nn.Parameter(self.weight, requires_grad=False)
         made = PrepackedLinear(own)
         made.route = self.route
@@ -214,7 +251,7 @@ class PrepackedLinear(Module):
             if self.blocks is not None:
                 return skinny_blocked(x, self.blocks, self.out_features, self.bias)
             return skinny_linear(x, self.weight, self.bias)
-        if self.packed is None or self.blocks is None and self.weight._version != self.source[0][1]:  # not made yet, or the weights changed in place (a cast or a load: ``_follow``)
+        if self.packed is None or self.blocks is None and self.linear[0].weight._version != self.source[0][1]:  # not made yet, or the weights changed in place (a cast or a load: ``_follow``)
             self._pack()
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.packed_bias, "none", [], "")
 
@@ -373,6 +410,7 @@ def set_prepack(model: Module, on: bool, route: Sequence[str] = (PREPACKED,), dt
     for modules, name, packed, own in swaps:
         if not on:
             packed.restore()  # the model's own layer needs its own weight
+            packed.unpark()
         modules[name] = packed if on else own
         if on:
             packed.route = route

@@ -32,9 +32,9 @@ def budget_seconds(kind: str, model: Optional[Module] = None) -> float:
 
 def parameter_count(model) -> int:
     """``model``'s parameters, the weights ``kernels.one_copy`` released counted (kept only as blocked
-    copies, they are no parameters any more): what the measurements' keys and budgets read. Written
+    copies, they are no parameters any more), and those ``kernels.holding`` parked (oneDNN's copies): what the measurements' keys and budgets read. Written
     here, not called there: the start-up reads the kernels' files only where it runs them."""
-    released = sum(m.in_features * m.out_features for m in model.modules()
-                   if type(m).__name__ == "PrepackedLinear" and getattr(m, "blocks", None) is not None)
+    released = sum(m.in_features * m.out_features for m in model.modules() if type(m).__name__ == "PrepackedLinear" and
+                   (getattr(m, "blocks", None) is not None or getattr(m, "parked", False)))  # parked: an empty Parameter
     return sum(p.numel() for p in model.parameters()) + released
 

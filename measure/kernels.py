@@ -7,6 +7,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 from torch.nn import Module
 
+from kernels.holding import hold
 from kernels.plans import drop_blocked_copies, drop_packed_copies, label_plan, plan_label  # noqa: F401 (label_plan: importable from here)
 from kernels.prepacking import OWN, PREPACKED, SKINNY, plan, prepack_fits, prepackable, set_prepack
 from kernels import skinny
@@ -98,9 +99,13 @@ def model_label(model: Module) -> str:
 
 def apply_kernels(model: Module, choice: Optional[KernelChoice]) -> str:
     """Give ``model`` the plan ``choice`` measured (one family for the measured widths); its label.
-    Its layers are its own again, and oneDNN's copies freed, when every width runs them."""
+    Its layers are its own again, and oneDNN's copies freed, when every width runs them; where some width
+    runs oneDNN's, its copies are the weights' one copy (``kernels.holding``: the own weights parked, a
+    width on the own kernel unpacking a layer's at a time)."""
     if choice is None:
         return ""
+    if choice.uses(PREPACKED):  # oneDNN's copies made layer by layer, each own weight parked once its copy is (issue 71)
+        hold(model, PREPACKED)
     set_prepack(model, True, choice.route())
     if not choice.uses(PREPACKED):
         drop_packed_copies(model)

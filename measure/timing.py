@@ -270,7 +270,7 @@ def measure_kernels(model: Module, max_rows: int = 12, context: int = 64, repeat
     in each round every option in turn runs its passes). None when nothing can be prepacked (other
     dtypes, devices, no oneDNN), or a ``budget`` ran out before every option had a pass timed; cut
     short later, the positions timed under all (``budget.note``). The model is left holding what the
-    family chosen runs on (the blocked copies for skinny, else its own weights), on that option at
+    family chosen runs on (the blocked copies for skinny, oneDNN's for prepacked, else its own weights), on that option at
     every width: ``measure.kernels.decide`` gives it its plan. ``runner``: what the passes run under."""
     if not prepackable(model):
         return None
@@ -282,7 +282,7 @@ def measure_kernels(model: Module, max_rows: int = 12, context: int = 64, repeat
         choice = _measured_kernels(holder, max_rows, repeats, budget)
     finally:  # an interruption too: never left with its weights parked
         drop_step(holder.timer.runner)
-        hold(model, SKINNY if choice is not None and choice.family() == SKINNY else OWN)
+        hold(model, choice.family() if choice is not None else OWN)  # a prepacked family: its copies, the own weights parked
     return choice
 
 

@@ -1,7 +1,6 @@
 """A first start within memory (issue 71): the start-up's kernel measurement holds at most 1.2x the
 model's float32 weights plus its KV caches at any moment, whichever option wins; so do the whole
-start and its first passes on the plan chosen, own or skinny (the prepacked plan keeps the own
-weights beside oneDNN's copies: a strict xfail until it does not). Counted by torch's CPU allocator as
+start and its first passes on the plan chosen, own, prepacked or skinny. Counted by torch's CPU allocator as
 each tensor is made and freed (``utils.allocations``: oneDNN's packed copies included), never by the
 resident set or a clock; the pass times are fixed (each pass still runs) so that each option wins."""
 from typing import Dict, Optional, Tuple
@@ -118,17 +117,15 @@ def test_the_kernel_measurement_holds_one_copy_of_the_weights_at_a_time_whicheve
     assert peaks["measurement"] <= LIMIT * weights + caches(tied_llama()), f"{peaks['measurement'] / weights:.2f}x the float32 weights"
 
 
-@pytest.mark.parametrize("winner", [OWN, pytest.param(PREPACKED, marks=pytest.mark.xfail(
-    strict=True, reason="the prepacked plan keeps the own weights beside oneDNN's copies (2x): none is released")), SKINNY])
+@pytest.mark.parametrize("winner", [OWN, PREPACKED, SKINNY])
 def test_a_first_start_holds_at_most_1_2x_the_float32_weights_plus_the_caches_on_its_route(monkeypatch, winner):
-    """The whole start and the first run on the plan chosen: the own weights (own), or the blocked
-    copies with the decoder layers' own weights released and the output layer's blocked copy (skinny)."""
+    """The whole start and the first run on the plan chosen: the own weights (own), oneDNN's copies with
+    the own weights parked and the tied output layer's copy beside the table (prepacked; before: 2.02x),
+    or the blocked copies with every own weight released, the tied table's included (skinny)."""
     weights, peaks = float32_start(monkeypatch, winner)
     assert peaks["start"] <= LIMIT * weights + caches(tied_llama()), f"{peaks['start'] / weights:.2f}x the float32 weights"
 
 
-@pytest.mark.xfail(strict=True, reason="the output layer is blocked beside its own (tied) weight: 1.20x its bfloat16 "
-                   "weights here, as the float32 start's head copy")
 def test_a_bfloat16_start_measures_no_kernels_and_holds_its_weights_once(monkeypatch):
     """bfloat16 linears have no kernel options (float32 only): the start measures none (the C step
     routes them to its own bfloat16 kernel, ``SKINNY``, when it releases them), and holds its
