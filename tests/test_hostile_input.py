@@ -288,7 +288,7 @@ def test_a_pasted_prompt_longer_than_a_terminal_line_reaches_the_tokenizer_whole
     import pexpect
     from transformers import AutoTokenizer
 
-    from test_repl import PROMPT, command, spawn
+    from repl_driver import PROMPT, command, spawn
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_models["target"])
     child = spawn("--target", tiny_models["target"], "--no-chat", "--no-calibrate", "--length", "1")

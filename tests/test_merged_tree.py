@@ -204,7 +204,7 @@ def test_the_merged_row_is_in_the_table_the_repl_and_the_benchmark(tiny_models, 
 
 
 def test_the_repl_toggles_the_merged_tree_and_shows_which_source_paid(tiny_models):
-    from test_repl import run
+    from repl_driver import run
 
     result = run("--target", tiny_models["target"], "--no-calibrate",
                  stdin="/merged\n/length 12\nHello there, hello there, hello there\n/stats\n")

@@ -300,7 +300,7 @@ def test_the_benchmark_runs_suffix_its_global_memory_and_the_authors_peer(tiny_m
 
 
 def test_the_repl_toggles_suffix_and_its_global_memory_saves_loads_and_refuses_a_bad_file(tiny_models, tmp_path):
-    from test_repl import command, spawn
+    from repl_driver import command, spawn
 
     saved, bad = tmp_path / "memory.json", tmp_path / "bad.json"
     bad.write_text('{"format":"speculative-decoding/suffix-memory","version":1,"max_depth":6,"vocab_size":null,"outputs":[[-1]]}')

@@ -405,7 +405,7 @@ def test_tree_strategies_refuse_a_sliding_window_model_on_transformers_forward_i
 
 
 def test_the_repl_toggles_the_tree_strategies_and_their_size(tiny_models):
-    from test_repl import run
+    from repl_driver import run
 
     result = run("--target", tiny_models["target"], "--no-calibrate",
                  stdin="/tree_ngram\n/recycling\n/tree_size 8\n/tree_size 0\n/length 6\nHello there, hello there\n")

@@ -1,48 +1,13 @@
-"""The REPL driven as a user would: a real subprocess on a pseudo-terminal or a pipe."""
-import re
-import signal
-import subprocess
-import sys
+"""A session driven as a user would: one REPL on a pseudo-terminal shared by the tests of its commands,
+prompts and keys (Ctrl-C, Ctrl-D, /quit), and sessions on a pipe or with --prompt: what each pair of models runs."""
 import time
-from pathlib import Path
 
 import pexpect
 
 import pytest
-import torch
 
-from conftest import MEASUREMENTS_ENV, llama, save_tiny
-
-ROOT = Path(__file__).resolve().parents[1]
-PROMPT = "\n> "  # the REPL prompt at the start of a line (usage lines contain "<n> ")
-
-
-def _sigint_ignored():
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def spawn(*args):
-    """The REPL on a pseudo-terminal, started with SIGINT ignored, as a script's background job (or a
-    test runner started with ``&``) starts it: Ctrl-C at its terminal must interrupt all the same."""
-    child = pexpect.spawn(sys.executable, ["infer.py", "--device", "cpu", *args], cwd=str(ROOT), encoding="utf-8",
-                          timeout=120, dimensions=(60, 200), preexec_fn=_sigint_ignored,
-                          env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(Path.home()), **MEASUREMENTS_ENV,
-                               "TERM": "xterm", "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"})
-    child.expect("Type a prompt")
-    child.expect(PROMPT)
-    return child
-
-
-def command(child, line: str, expected: str):
-    """Send a line, wait for ``expected`` and the next prompt; returns everything printed."""
-    child.sendline(line)
-    child.expect(expected)
-    text = child.before + child.after
-    child.expect(PROMPT)
-    return text + child.before
-
-
-GIVEN_COSTS = "1,1.1,1.15,1.2,1.3,1.4,1.5,1.6,1.7,1.8,1.9,2.0"  # /gamma auto must not depend on a busy machine's measurement
+from conftest import llama, save_tiny
+from repl_driver import GIVEN_COSTS, PROMPT, command, run, spawn
 
 
 @pytest.fixture(scope="module")
@@ -238,11 +203,6 @@ def test_quit_exits_with_status_zero(tiny_models):
     assert child.exitstatus == 0
 
 
-def run(*args, stdin: str = ""):
-    return subprocess.run([sys.executable, "infer.py", "--device", "cpu", *args], cwd=ROOT, input=stdin, capture_output=True,
-                          text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(Path.home()), **MEASUREMENTS_ENV})
-
-
 def test_piped_prompt_runs_and_exits_at_end_of_input(tiny_models):
     result = run("--target", tiny_models["target"], stdin="/length 5\nHello\n")
     assert result.returncode == 0, result.stderr
@@ -255,89 +215,9 @@ def test_prompt_flag_runs_one_comparison(tiny_models):
     assert "Speculative" in result.stdout and "speedup" in result.stdout
 
 
-def test_start_up_measures_verification_costs_unless_told_not_to(tiny_models):
-    measured = run("--target", tiny_models["target"], "--prompt", "Hi", "--length", "4", "--verbose")
-    skipped = run("--target", tiny_models["target"], "--prompt", "Hi", "--length", "4", "--no-calibrate", "--verbose")
-    assert measured.returncode == 0 and skipped.returncode == 0, measured.stderr + skipped.stderr
-    # that a measurement is made and shown, never what the clock said (a busy machine can make it implausible)
-    assert "Verification cost" in measured.stdout
-    assert "Verification cost" not in skipped.stdout and "Target AR" in skipped.stdout
-    given = run("--target", tiny_models["target"], "--prompt", "Hi", "--length", "4", "--row-costs", "1,1.2,1.1", "--verbose")
-    assert given.returncode == 0 and "Verification cost by positions 1..3: 1.00 1.20 1.10 (given, not measured)" in given.stdout
-    refused = run("--target", tiny_models["target"], "--prompt", "Hi", "--row-costs", "1,9")
-    assert refused.returncode == 1 and "--row-costs" in refused.stdout and "not plausible" in refused.stdout
-
-
 def test_speculative_without_drafter_says_how_to_get_one(tiny_models):
     result = run("--target", tiny_models["target"], stdin="/speculative\n/drafter\n")
     assert result.stdout.count("restart with --drafter MODEL") == 2 and result.returncode == 0
-
-
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--target", "/nonexistent/model"], "could not load the target"),
-        (["--drafter", "/nonexistent/model.gguf"], "could not load the drafter"),
-        (["--gamma", "0"], "--gamma must be >= 1"),
-        (["--processor", "nucleus 1 7"], "top_p must be in"),
-    ],
-)
-def test_bad_start_up_is_one_clear_line_and_non_zero_exit(tiny_models, args, message):
-    result = run("--target", tiny_models["target"], *args)
-    assert result.returncode == 1
-    assert message in result.stdout and "Traceback" not in result.stdout + result.stderr
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="refuses only where this torch has no CUDA device")
-def test_device_cuda_without_cuda_is_one_line_naming_what_to_install(tiny_models):
-    """Not transformers' "AssertionError: Torch not compiled with CUDA enabled" inside a load error."""
-    result = run("--target", tiny_models["target"], "--device", "cuda", "--prompt", "Hi")
-    assert result.returncode == 1 and "Traceback" not in result.stdout + result.stderr
-    line = next(line for line in result.stdout.splitlines() if line.startswith("error:"))
-    assert "--device cuda" in line and ("has no CUDA" in line or "sees no CUDA device" in line) and "AssertionError" not in line
-
-
-def test_drafter_with_another_vocabulary_is_refused(tiny_models):
-    result = run("--target", tiny_models["target"], "--drafter", tiny_models["other"])
-    assert result.returncode == 1 and "cannot draft for this target" in result.stdout
-    assert "Traceback" not in result.stdout + result.stderr
-
-
-def test_embedded_model_smoke():
-    result = run("--prompt", "What is 2+2?", "--length", "8")
-    assert result.returncode == 0, result.stderr
-    assert "Target AR" in result.stdout and "SmolLM2-135M-Instruct" in result.stdout
-    # a newcomer's first screen: the model, device and dtype, what runs its passes; the measurement under --verbose
-    assert target_line(result).startswith("Target: SmolLM2-135M-Instruct") and " · cpu float32 · " in target_line(result)
-    assert len(target_line(result)) < 120 and "kernels by measurement" not in result.stdout
-
-
-def target_line(result) -> str:
-    return next(line for line in result.stdout.splitlines() if line.startswith("Target:"))
-
-
-def test_prepacking_is_measured_by_default_or_the_flags_choice_and_named_on_the_target_line(tiny_models):
-    """On the tiny float32 Llama, one token a run: the choice and its line do not depend on the model's size."""
-    common = ("--target", tiny_models["target"], "--prompt", "Hi", "--length", "1", "--no-calibrate", "--verbose")
-    auto, on, off = run(*common), run(*common, "--prepack", "on"), run(*common, "--prepack", "off")
-    assert auto.returncode == 0 and on.returncode == 0 and off.returncode == 0, auto.stderr + on.stderr + off.stderr
-    # measured, or (a busy machine) fallen back past its budget: either way named, saved or not
-    # a Llama's eager passes run the lean forward (runners.lean), and the line says so
-    assert re.search(r"· eager · lean Llama forward \(attention: (SDPA\)|the step's own, row by row\) on the C step \(.*\)) · (kernels by measurement: a one-position pass [0-9.]+ ms own, [0-9.]+ ms prepacked(, [0-9.]+ ms skinny)?; "
-                     r"every pass on (prepacked|own|skinny|.* at [0-9]+\+ positions) \(costs"
-                     r"|the model's own linears \(fallback: measurement over its [0-9.]+ s budget)", target_line(auto))
-    assert target_line(on).endswith("· eager · lean Llama forward (attention: SDPA) · prepacked linears")
-    assert target_line(off).endswith("· eager · lean Llama forward (attention: SDPA)")
-
-
-@pytest.mark.needs_cxx
-def test_compile_compiles_once_at_start_up_says_how_long_and_names_the_runner(tiny_models):
-    result = run("--target", tiny_models["target"], "--compile", "--no-calibrate", "--prompt", "Hi", "--length", "6", "--verbose")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.count("Compiled the target in") == 1
-    assert re.search(r"compiled \(inductor, frozen weights, (GEMM templates autotuned against MKL|MKL), passes of 1/2/4/8/16/32 positions, cache of 2048 positions, "
-                     r"compiled in \d+ s \((fresh|cached|partly cached)\)\)", target_line(result))
-    assert "Target AR" in result.stdout and "N-gram assisted" in result.stdout
 
 
 def test_a_drafter_made_of_the_targets_first_layers_drafts_in_the_repl(tiny_models, tmp_path):
@@ -349,12 +229,6 @@ def test_a_drafter_made_of_the_targets_first_layers_drafts_in_the_repl(tiny_mode
     assert refused.returncode == 1 and "a drafter needs fewer layers than the target" in refused.stdout
 
 
-def test_quantized_target_loads_and_runs(tiny_models):
-    result = run("--target", tiny_models["target"], "--quantize", "int8", "--prompt", "Hi", "--length", "4")
-    assert result.returncode == 0, result.stderr
-    assert "int8 weights" in target_line(result) and "Target AR" in result.stdout
-
-
 def test_encoder_decoder_models_are_detected_and_use_the_encoder_decoder_functions(tiny_models):
     result = run("--target", tiny_models["t5"], "--drafter", tiny_models["t5_drafter"], "--no-chat", "--length", "6",
                  stdin="/ngram\nTranslate this\n")
@@ -362,24 +236,6 @@ def test_encoder_decoder_models_are_detected_and_use_the_encoder_decoder_functio
     assert "decoder-only models only" in result.stdout
     assert "Speculative" in result.stdout and "Target AR" in result.stdout
     assert "N-gram assisted ─" not in result.stdout  # no section for it
-
-
-MODEL_LINES = ("Target:", "Drafter:", "Head:")
-
-
-def test_the_first_screen_is_one_short_line_per_model_and_stats_shows_the_start_up_in_full(tiny_models):
-    """By default each model is one line under 120 characters, and no measurement is printed before the
-    prompt; /stats prints the start-up in full: each model's whole line and the verification costs."""
-    result = run("--target", tiny_models["target"], "--drafter", tiny_models["drafter"], "--row-costs", GIVEN_COSTS, stdin="/stats\n")
-    assert result.returncode == 0, result.stderr
-    screen, stats = result.stdout.split("Type a prompt", 1)
-    lines = [line for line in screen.splitlines() if line.startswith(MODEL_LINES)]
-    assert [line.split(":")[0] for line in lines] == ["Target", "Drafter", "Head"], screen
-    assert all(len(line) < 120 for line in lines), lines
-    assert "Verification cost" not in screen and "KV cache" not in screen
-    full = stats.split("Start-up, in full:", 1)[1]
-    assert "Verification cost by positions 1..12: 1.00 1.10" in full and "Policy: " in full
-    assert next(line for line in full.splitlines() if line.startswith("Target:")).count(" · ") > lines[0].count(" · ")
 
 
 def test_stats_and_stream_show_the_last_prompt(repl):

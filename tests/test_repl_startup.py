@@ -1,0 +1,76 @@
+"""The start-up, through ``infer.py`` on a pipe: the first screen, the verification costs it measures or
+is given, the embedded model, and a bad start-up refused in one clear line."""
+import pytest
+import torch
+
+from repl_driver import GIVEN_COSTS, run, target_line
+
+
+def test_start_up_measures_verification_costs_unless_told_not_to(tiny_models):
+    measured = run("--target", tiny_models["target"], "--prompt", "Hi", "--length", "4", "--verbose")
+    skipped = run("--target", tiny_models["target"], "--prompt", "Hi", "--length", "4", "--no-calibrate", "--verbose")
+    assert measured.returncode == 0 and skipped.returncode == 0, measured.stderr + skipped.stderr
+    # that a measurement is made and shown, never what the clock said (a busy machine can make it implausible)
+    assert "Verification cost" in measured.stdout
+    assert "Verification cost" not in skipped.stdout and "Target AR" in skipped.stdout
+    given = run("--target", tiny_models["target"], "--prompt", "Hi", "--length", "4", "--row-costs", "1,1.2,1.1", "--verbose")
+    assert given.returncode == 0 and "Verification cost by positions 1..3: 1.00 1.20 1.10 (given, not measured)" in given.stdout
+    refused = run("--target", tiny_models["target"], "--prompt", "Hi", "--row-costs", "1,9")
+    assert refused.returncode == 1 and "--row-costs" in refused.stdout and "not plausible" in refused.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--target", "/nonexistent/model"], "could not load the target"),
+        (["--drafter", "/nonexistent/model.gguf"], "could not load the drafter"),
+        (["--gamma", "0"], "--gamma must be >= 1"),
+        (["--processor", "nucleus 1 7"], "top_p must be in"),
+    ],
+)
+def test_bad_start_up_is_one_clear_line_and_non_zero_exit(tiny_models, args, message):
+    result = run("--target", tiny_models["target"], *args)
+    assert result.returncode == 1
+    assert message in result.stdout and "Traceback" not in result.stdout + result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="refuses only where this torch has no CUDA device")
+def test_device_cuda_without_cuda_is_one_line_naming_what_to_install(tiny_models):
+    """Not transformers' "AssertionError: Torch not compiled with CUDA enabled" inside a load error."""
+    result = run("--target", tiny_models["target"], "--device", "cuda", "--prompt", "Hi")
+    assert result.returncode == 1 and "Traceback" not in result.stdout + result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("error:"))
+    assert "--device cuda" in line and ("has no CUDA" in line or "sees no CUDA device" in line) and "AssertionError" not in line
+
+
+def test_drafter_with_another_vocabulary_is_refused(tiny_models):
+    result = run("--target", tiny_models["target"], "--drafter", tiny_models["other"])
+    assert result.returncode == 1 and "cannot draft for this target" in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_embedded_model_smoke():
+    result = run("--prompt", "What is 2+2?", "--length", "8")
+    assert result.returncode == 0, result.stderr
+    assert "Target AR" in result.stdout and "SmolLM2-135M-Instruct" in result.stdout
+    # a newcomer's first screen: the model, device and dtype, what runs its passes; the measurement under --verbose
+    assert target_line(result).startswith("Target: SmolLM2-135M-Instruct") and " · cpu float32 · " in target_line(result)
+    assert len(target_line(result)) < 120 and "kernels by measurement" not in result.stdout
+
+
+MODEL_LINES = ("Target:", "Drafter:", "Head:")
+
+
+def test_the_first_screen_is_one_short_line_per_model_and_stats_shows_the_start_up_in_full(tiny_models):
+    """By default each model is one line under 120 characters, and no measurement is printed before the
+    prompt; /stats prints the start-up in full: each model's whole line and the verification costs."""
+    result = run("--target", tiny_models["target"], "--drafter", tiny_models["drafter"], "--row-costs", GIVEN_COSTS, stdin="/stats\n")
+    assert result.returncode == 0, result.stderr
+    screen, stats = result.stdout.split("Type a prompt", 1)
+    lines = [line for line in screen.splitlines() if line.startswith(MODEL_LINES)]
+    assert [line.split(":")[0] for line in lines] == ["Target", "Drafter", "Head"], screen
+    assert all(len(line) < 120 for line in lines), lines
+    assert "Verification cost" not in screen and "KV cache" not in screen
+    full = stats.split("Start-up, in full:", 1)[1]
+    assert "Verification cost by positions 1..12: 1.00 1.10" in full and "Policy: " in full
+    assert next(line for line in full.splitlines() if line.startswith("Target:")).count(" · ") > lines[0].count(" · ")

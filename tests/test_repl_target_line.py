@@ -1,0 +1,37 @@
+"""How the target's passes run, chosen at start-up (--prepack, --compile, --quantize) and named on the
+Target line, through ``infer.py`` on a pipe."""
+import re
+
+import pytest
+
+from repl_driver import run, target_line
+
+
+def test_prepacking_is_measured_by_default_or_the_flags_choice_and_named_on_the_target_line(tiny_models):
+    """On the tiny float32 Llama, one token a run: the choice and its line do not depend on the model's size."""
+    common = ("--target", tiny_models["target"], "--prompt", "Hi", "--length", "1", "--no-calibrate", "--verbose")
+    auto, on, off = run(*common), run(*common, "--prepack", "on"), run(*common, "--prepack", "off")
+    assert auto.returncode == 0 and on.returncode == 0 and off.returncode == 0, auto.stderr + on.stderr + off.stderr
+    # measured, or (a busy machine) fallen back past its budget: either way named, saved or not
+    # a Llama's eager passes run the lean forward (runners.lean), and the line says so
+    assert re.search(r"· eager · lean Llama forward \(attention: (SDPA\)|the step's own, row by row\) on the C step \(.*\)) · (kernels by measurement: a one-position pass [0-9.]+ ms own, [0-9.]+ ms prepacked(, [0-9.]+ ms skinny)?; "
+                     r"every pass on (prepacked|own|skinny|.* at [0-9]+\+ positions) \(costs"
+                     r"|the model's own linears \(fallback: measurement over its [0-9.]+ s budget)", target_line(auto))
+    assert target_line(on).endswith("· eager · lean Llama forward (attention: SDPA) · prepacked linears")
+    assert target_line(off).endswith("· eager · lean Llama forward (attention: SDPA)")
+
+
+@pytest.mark.needs_cxx
+def test_compile_compiles_once_at_start_up_says_how_long_and_names_the_runner(tiny_models):
+    result = run("--target", tiny_models["target"], "--compile", "--no-calibrate", "--prompt", "Hi", "--length", "6", "--verbose")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("Compiled the target in") == 1
+    assert re.search(r"compiled \(inductor, frozen weights, (GEMM templates autotuned against MKL|MKL), passes of 1/2/4/8/16/32 positions, cache of 2048 positions, "
+                     r"compiled in \d+ s \((fresh|cached|partly cached)\)\)", target_line(result))
+    assert "Target AR" in result.stdout and "N-gram assisted" in result.stdout
+
+
+def test_quantized_target_loads_and_runs(tiny_models):
+    result = run("--target", tiny_models["target"], "--quantize", "int8", "--prompt", "Hi", "--length", "4")
+    assert result.returncode == 0, result.stderr
+    assert "int8 weights" in target_line(result) and "Target AR" in result.stdout
