@@ -14,7 +14,7 @@ bit, and with the float32 step on the weights widened to float32; the dot path r
 import ctypes
 import weakref
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -58,14 +58,17 @@ def _decided(library: ctypes.CDLL, shape: Optional[Tuple[int, int]]) -> _Decided
     return found
 
 
-def _timer(library: ctypes.CDLL, decided: _Decided) -> choice.Timer:
-    return choice.linear_timer(library, decided.shape, torch.get_num_threads())
+def _timer(library: ctypes.CDLL, decided: _Decided, weights: Optional[Sequence[Tensor]]) -> choice.Timer:
+    mine = weights if weights and all(tuple(w.shape) == ((decided.shape[0] + 15) // 16, decided.shape[1], 16) and
+                                      w.dtype == torch.bfloat16 and w.is_contiguous() for w in weights) else None
+    return choice.linear_timer(library, decided.shape, torch.get_num_threads(), mine)
 
 
-def chosen(library: ctypes.CDLL, shape: Optional[Tuple[int, int]] = None) -> int:
+def chosen(library: ctypes.CDLL, shape: Optional[Tuple[int, int]] = None, weights: Optional[Sequence[Tensor]] = None) -> int:
     """The path the C step takes here: ``FORCED`` where set (it must be built), else the one measured
     fastest (``bf16_choice.choose_path``) the first time this process asked ``library``, on a linear of
-    ``shape`` (N, K; None: ``DEFAULT_SHAPE``), the dot path only where clearly faster than the best
+    ``shape`` (N, K; None: ``DEFAULT_SHAPE``), read from ``weights`` (the model's blocks of that shape,
+    taken in turn; None: copies made for it), the dot path only where clearly faster than the best
     widening one; later shapes take the same path (``forget`` asks again).
     The path's many-row variant is chosen with it (``prompt_tile``), so no pass measures."""
     if FORCED is not None:
@@ -80,19 +83,20 @@ def chosen(library: ctypes.CDLL, shape: Optional[Tuple[int, int]] = None) -> int
             # the default a path must beat clearly: a widening one (they all give the same bits, so a close
             # race between them changes no output from run to run; the dot path rounds apart)
             default = next((p for p in built if p != DOT), built[0])
-            decided.path = choice.choose_path(built, _timer(library, decided), default)
+            decided.path = choice.choose_path(built, _timer(library, decided, weights), default)
         path = decided.path.pick
-    _tile(library, path, shape)
+    _tile(library, path, shape, weights)
     return path
 
 
-def _tile(library: ctypes.CDLL, path: int, shape: Optional[Tuple[int, int]] = None) -> choice.Measured:
+def _tile(library: ctypes.CDLL, path: int, shape: Optional[Tuple[int, int]] = None,
+          weights: Optional[Sequence[Tensor]] = None) -> choice.Measured:
     """``path``'s many-row variant, measured the first time it is asked (``FORCED_TILE`` aside)."""
     decided = _decided(library, shape)
     found = decided.tiles.get(path)
     if found is None:
         many = list(range(1, library.skinny_bf16_tiles(path)))
-        found = decided.tiles[path] = choice.choose_tile(path, many, PROMPT_TILE.get(path, 1), _timer(library, decided))
+        found = decided.tiles[path] = choice.choose_tile(path, many, PROMPT_TILE.get(path, 1), _timer(library, decided, weights))
     return found
 
 

@@ -81,14 +81,19 @@ def choose_tile(path: int, variants: Sequence[int], default: int, timer: Timer) 
     return Measured(fastest(seconds, default), MEASURED, tuple(seconds.items()))
 
 
-def linear_timer(library, shape: Tuple[int, int], threads: int) -> Timer:
+def linear_timer(library, shape: Tuple[int, int], threads: int, weights: Optional[Sequence[torch.Tensor]] = None) -> Timer:
     """A ``Timer`` of ``library``'s ``skinny_linear_bf16`` on a bfloat16 weight of ``shape`` (N outputs, K
-    inputs, blocked) over up to ``ROWS`` rows on ``threads`` threads, the next of a few copies at each call
-    (``WORKING_SET``). The weights are one small constant: speed does not depend on the values."""
+    inputs, blocked) over up to ``ROWS`` rows on ``threads`` threads, the next of ``weights`` at each call:
+    the model's own blocks of that shape (its layers' gate/up: nothing allocated, a start holds its
+    weights once), else a few constant copies made here (``WORKING_SET``; speed does not depend on the
+    values), so that each sample reads its weights from memory, as a pass does."""
     n, k = shape
     blocks = (n + 15) // 16
-    copies = max(1, min(MOST_COPIES, -(-WORKING_SET // (blocks * k * 16 * 2))))
-    weights = [torch.full((blocks, k, 16), 1 / 64, dtype=torch.bfloat16) for _ in range(copies)]
+    if weights:
+        copies = len(weights)
+    else:
+        copies = max(1, min(MOST_COPIES, -(-WORKING_SET // (blocks * k * 16 * 2))))
+        weights = [torch.full((blocks, k, 16), 1 / 64, dtype=torch.bfloat16) for _ in range(copies)]
     x, y = torch.randn(ROWS, k, generator=torch.Generator().manual_seed(0)), torch.empty(ROWS, n)
     turn = [0]
 

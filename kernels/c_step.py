@@ -201,7 +201,11 @@ def weights_format(model: Module, library: ctypes.CDLL) -> int:
     """``c_step.c``'s ``Dims.weights`` for ``model``: float32 (``kernels.bf16.F32``), or the bfloat16 path
     this process takes (``kernels.bf16.chosen``: measured on the model's gate/up the first time one is asked)."""
     dtype = _own(model.get_output_embeddings()).weight.dtype  # a released one's blocks': no weight unblocked
-    return bf16.chosen(library, gate_up_shape(model)) if dtype == torch.bfloat16 else bf16.F32
+    if dtype != torch.bfloat16:
+        return bf16.F32
+    layers = model.model.layers[: model.config.num_hidden_layers]
+    mine = [group_blocks(groups(layer)[2]) for layer in layers]  # released: timed on them, no copy made
+    return bf16.chosen(library, gate_up_shape(model), mine if all(b is not None for b in mine) else None)
 
 
 def short_label(model: Module) -> str:

@@ -7,7 +7,8 @@ so an entry never holds its own key): the step goes with the model. Never replay
 runner's first take compares what the step reads by identity (``kernels.c_step.read``: every tensor's
 address and version, a released layer's blocks; a cast, a load, a restore, an in-place edit, a
 replaced parameter), the library build it calls, and, as a newly made step would (``kernels.blocked``'s ``verify``), the copies it
-made beside a live weight by value: the output layer's blocked copy (``kernels.skinny.holds``) and
+made beside a live weight by value: the output layer's blocked copy where that layer is not released
+(``kernels.one_head``; ``kernels.skinny.holds``) and
 its small float32 copies (Gemma's ``1 + w`` norms, q/k/v biases), for edits through ``w.data``,
 which change no version. Any difference: a new step. Only a step whose decoder layers are all
 released is kept (their blocks are the model's one copy, so keeping the step holds no second one);
@@ -34,15 +35,15 @@ class _Kept:
         """Whether the step still computes ``model``'s pass on its weights as they are now (about 2 us a
         layer, plus one read of the output layer and its blocked copy: per runner, never per pass)."""
         from kernels import skinny
-        from kernels.c_step import read
+        from kernels.c_step import _Released, read
 
         step = self.step
         if step.model() is not model or step.read is not self.read or step.library is not skinny.library():
             return False  # remade since this entry (its copies' bits unknown here), or another build of the library
         if read(model) != self.read:
             return False  # changed by identity: cast, loaded, restored, replaced, edited in place
-        if not skinny.holds(step.head, step.output.weight):
-            return False
+        if not isinstance(step.output, _Released) and not skinny.holds(step.head, step.output.weight):
+            return False  # a copy beside a live output layer (a released one's blocks are its one copy: no edit reaches them)
         return all(torch.equal(_bits(t), bits) for t, bits in zip(step.copied, self.copied))
 
 

@@ -24,7 +24,7 @@ def given(seconds: dict, per_tile: dict):
     ``per_tile[tile]`` for a many-row variant; each call counted in ``calls``."""
     calls = []
 
-    def make(library, shape, threads):
+    def make(library, shape, threads, weights=None):
         def run(path: int, tile: int, rows: int) -> float:
             calls.append((shape, path, tile, rows))
             return seconds[path] if rows == 1 else per_tile[tile]
