@@ -23,7 +23,7 @@ import kernels.bf16 as bf16
 import kernels.skinny as skinny
 from kernels.blocked import DTYPES, blocked, fusable, fused
 from kernels.one_copy import group_blocks, groups, release, released
-from kernels.prepacking import SKINNY, changes, copy_fits, plan
+from kernels.prepacking import SKINNY, _can_prepack, changes, copy_fits, plan
 from kernels.prompt_gemm import DEFAULT_CHUNK, MANY_ROWS, plan_of
 from models.layer_spec import ModelSpec, family_of, model_spec, norm_eps, norm_modules, spec_unsupported
 
@@ -129,10 +129,14 @@ def step_unsupported(model: Module) -> Optional[str]:
     if _own(head) is None or _own(head).weight.dtype != dtype:
         return f"its output layer is not a {str(dtype).removeprefix('torch.')} nn.Linear"
     each = dtype.itemsize
-    size = sum(x.in_features * x.out_features * each for layer in layers for group in groups(layer) for x in group) + \
-        head.in_features * head.out_features * each
-    if not copy_fits(size):
-        return f"its blocked weights ({size / 2**30:.1f} GiB) would take over a quarter of this machine's memory"
+    groups_bytes = [sum(x.in_features * x.out_features * each for x in group) for layer in layers for group in groups(layer)]
+    head_bytes = head.in_features * head.out_features * each
+    # the bytes held twice at once: where the layers are released (``kernels.one_copy``, wherever oneDNN's
+    # PrepackedLinear can hold them) a group at a time and the output layer (copied where not in place);
+    # else every blocked copy beside the weights
+    twice = max(groups_bytes) + head_bytes if _can_prepack() else sum(groups_bytes) + head_bytes
+    if not copy_fits(twice):
+        return f"its blocked weights would hold {twice / 2**30:.1f} GiB twice at once, over a quarter of this machine's memory"
     return None
 
 

@@ -206,3 +206,21 @@ def test_a_released_model_counts_and_keys_as_before():
     model, _ = model_and_step()
     assert parameter_count(model) == sum(p.numel() for p in fresh.parameters())
     assert model_identity(model) == model_identity(fresh)
+
+
+def test_the_step_takes_a_model_whose_layers_it_releases_while_one_group_and_the_head_fit_twice(monkeypatch):
+    """The memory rule counts what a start holds twice at once: with the layers released (oneDNN can
+    hold them) a group at a time and the output layer, not the whole model; without, every copy."""
+    import kernels.c_step as c_step
+    import kernels.prepacking as prepacking
+
+    model = llama(layers=4).to(torch.float32)
+    layers = model.model.layers
+    group = max(sum(x.weight.numel() * 4 for x in g) for layer in layers for g in groups(layer))
+    whole = sum(x.weight.numel() * 4 for layer in layers for g in groups(layer) for x in g)
+    head = model.lm_head.weight.numel() * 4
+    monkeypatch.setattr(prepacking, "_physical_memory", lambda: 4 * (group + head))  # a quarter: exactly one group and the head
+    assert group + head < whole + head
+    assert c_step.step_unsupported(model) is None
+    monkeypatch.setattr(c_step, "_can_prepack", lambda: False)
+    assert "twice at once, over a quarter of this machine's memory" in c_step.step_unsupported(model)
