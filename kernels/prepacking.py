@@ -358,10 +358,10 @@ def remembered(own: torch.nn.Linear) -> Optional[PrepackedLinear]:
 Swap = Tuple[Dict[str, Module], str, PrepackedLinear, torch.nn.Linear]
 
 
-def prepackable(model: Module, dtypes: Sequence[torch.dtype] = (torch.float32,)) -> List[Swap]:
+def prepackable(model: Module, dtypes: Sequence[torch.dtype] = (torch.float32,), copies: bool = True) -> List[Swap]:
     """The model's float32 CPU linear layers (its own or already prepacked) with their prepacked
-    copies; [] when none could be prepacked: without oneDNN, or when the copies would take more
-    than a quarter of the machine's memory. Quantized, hooked (accelerate) or non-CPU layers, and
+    copies; [] when none could be prepacked: without oneDNN, or when oneDNN's copies (``copies``: a
+    route that makes them) would take more than a quarter of the machine's memory. Quantized, hooked (accelerate) or non-CPU layers, and
     other dtypes, never are. A copy is remade when its layer's parameters change. ``dtypes``: those
     taken (the C step's bfloat16 too: ``kernels.one_copy.release``; a measurement's: float32 only)."""
     if not _can_prepack():
@@ -378,7 +378,7 @@ def prepackable(model: Module, dtypes: Sequence[torch.dtype] = (torch.float32,))
                 continue
             found.append((parent._modules, name, own, weight.dtype))
     size = sum(own.in_features * own.out_features * dtype.itemsize for _, _, own, dtype in found)
-    if not found or size > _physical_memory() // 4:
+    if not found or copies and size > _physical_memory() // 4:
         return []
     swaps = []
     for modules, name, own, _ in found:
@@ -405,7 +405,8 @@ def set_prepack(model: Module, on: bool, route: Sequence[str] = (PREPACKED,), dt
     if on and (not route or any(k not in (OWN, PREPACKED, SKINNY) for k in route)):
         raise ValueError(f"a route names kernels among {OWN}, {PREPACKED}, {SKINNY}; got {route!r}")
     present = {_dtype(m) for m in model.modules() if type(m) is PrepackedLinear} & set(DTYPES)
-    swaps = prepackable(model, (*dtypes, *present)) if on or prepacked(model) else []
+    # the wrappers alone (a route without oneDNN's copies, the C step's) hold no second copy: no size limit
+    swaps = prepackable(model, (*dtypes, *present), copies=not on or PREPACKED in route) if on or prepacked(model) else []
     SWAPS[0] += 1
     for modules, name, packed, own in swaps:
         if not on:

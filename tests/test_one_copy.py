@@ -224,3 +224,18 @@ def test_the_step_takes_a_model_whose_layers_it_releases_while_one_group_and_the
     assert c_step.step_unsupported(model) is None
     monkeypatch.setattr(c_step, "_can_prepack", lambda: False)
     assert "twice at once, over a quarter of this machine's memory" in c_step.step_unsupported(model)
+
+
+def test_a_model_over_a_quarter_of_memory_is_still_released_onto_the_step_but_gets_no_onednn_copies(monkeypatch):
+    """The wrappers the C step's route takes hold no second copy, so no size limit keeps a large model
+    from being held once; a route that makes oneDNN's copies keeps the quarter-of-memory limit."""
+    import kernels.prepacking as prepacking
+
+    model = llama(layers=2).to(torch.float32)
+    group = max(sum(x.weight.numel() * 4 for x in g) for layer in model.model.layers for g in groups(layer))
+    # a quarter of memory: one group and the output layer (what the step holds twice at once), not the model
+    monkeypatch.setattr(prepacking, "_physical_memory", lambda: 4 * (group + model.lm_head.weight.numel() * 4))
+    assert not set_prepack(model, True)  # oneDNN's copies (the default route): refused
+    runner = LeanRunner(model)
+    runner(torch.tensor([PROMPT]), 1)
+    assert runner.step and all(released(x) for layer in model.model.layers for g in groups(layer) for x in g)
