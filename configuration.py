@@ -18,7 +18,8 @@ from drafters.suffix import SETTINGS as SUFFIX_SETTINGS, SuffixSettings
 from ngram_assisted import INgramStorage, TieredStorage
 from runners.config import EAGER, RunnerConfig
 from measure.kernels import KernelChoice
-from sampling.draft_policy import DraftPolicy, PolicySettings
+from sampling.draft_policy import DraftPolicy
+from sampling.policy_settings import PolicySettings
 from utils.parsing import LIMITS, parse_processor
 
 

@@ -90,6 +90,15 @@ def unpack(blocks: Tensor, n: int) -> Tensor:
     return blocks.transpose(1, 2).reshape(-1, blocks.shape[1])[:n].contiguous()  # one block: reshape gives a view
 
 
+def unblocked(blocks: Tensor, n: int, memo: dict) -> torch.nn.Parameter:
+    """A copy's own weight ``[n, K]`` from released ``blocks``: one per blocks in a ``copy.deepcopy``
+    (``memo``), so that a copied tied pair is tied again."""
+    key = ("specdec-unblocked", id(blocks))  # no id of an object: never what deepcopy keys an object by
+    if key not in memo:
+        memo[key] = torch.nn.Parameter(unpack(blocks, n), requires_grad=False)
+    return memo[key]
+
+
 def holds(blocks: Tensor, weight: Tensor) -> bool:
     """Whether ``blocks`` (``pack``'s layout) holds ``weight``'s ``[N, K]`` values now, bit for bit. Read
     in place, both once (no temporary), in torch (strided, one thread; ``kernels.skinny.holds``: in C)."""

@@ -23,7 +23,8 @@ import kernels.bf16 as bf16
 import kernels.skinny as skinny
 from kernels.blocked import DTYPES, blocked, fusable, fused
 from kernels.one_copy import group_blocks, groups, release, released
-from kernels.prepacking import SKINNY, _can_prepack, changes, copy_fits, plan
+from kernels.memory_fits import can_prepack, copy_fits
+from kernels.prepacking import SKINNY, changes, plan
 from kernels.prompt_gemm import DEFAULT_CHUNK, MANY_ROWS, plan_of
 from models.layer_spec import ModelSpec, family_of, model_spec, norm_eps, norm_modules, spec_unsupported
 
@@ -134,7 +135,7 @@ def step_unsupported(model: Module) -> Optional[str]:
     # the bytes held twice at once: where the layers are released (``kernels.one_copy``, wherever oneDNN's
     # PrepackedLinear can hold them) a group at a time and the output layer (copied where not in place);
     # else every blocked copy beside the weights
-    twice = max(groups_bytes) + head_bytes if _can_prepack() else sum(groups_bytes) + head_bytes
+    twice = max(groups_bytes) + head_bytes if can_prepack() else sum(groups_bytes) + head_bytes
     if not copy_fits(twice):
         return f"its blocked weights would hold {twice / 2**30:.1f} GiB twice at once, over a quarter of this machine's memory"
     return None

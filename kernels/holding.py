@@ -24,7 +24,7 @@ from torch.nn import Module
 
 from kernels.plans import drop_blocked_copies
 from kernels.prepacking import OWN, PREPACKED, SKINNY, PrepackedLinear, set_prepack
-from kernels.step_pool import forget_step
+from kernels.kept_steps import forget_step
 
 
 def hold(model: Module, option: str) -> bool:
@@ -54,7 +54,7 @@ def hold(model: Module, option: str) -> bool:
 def _pack_and_park(model: Module) -> None:
     """oneDNN's copy of each layer's weight, the weight parked right after where no other module reads it
     (the pages of a weight read from its safetensors file given back, as ``kernels.one_copy.release`` does)."""
-    from kernels.one_copy import _drop_pages, _file_mappings
+    from kernels.file_pages import _drop_pages, _file_mappings
 
     readers, files = _readers(model), _file_mappings()
     for layer in [m for m in model.modules() if type(m) is PrepackedLinear]:

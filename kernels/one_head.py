@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import Module
 
-from kernels.blocked import BLOCK, DTYPES, _memory, pack, unpack
+from kernels.blocked import BLOCK, DTYPES, _memory, pack, unblocked, unpack  # noqa: F401 (unblocked: importable here too)
 from kernels.prepacking import PrepackedLinear
 
 _CHUNK_ROWS = 1024  # rows blocked at a time in place: the one temporary (6 MB at 1,536 features)
@@ -68,15 +68,6 @@ class ReleasedEmbedding(nn.Embedding):
         return made
 
 
-def unblocked(blocks: Tensor, n: int, memo: dict) -> nn.Parameter:
-    """A copy's own weight ``[n, K]`` from released ``blocks``: one per blocks in a ``copy.deepcopy``
-    (``memo``), so that a copied tied pair is tied again."""
-    key = ("specdec-unblocked", id(blocks))  # no id of an object: never what deepcopy keys an object by
-    if key not in memo:
-        memo[key] = nn.Parameter(unpack(blocks, n), requires_grad=False)
-    return memo[key]
-
-
 def release_head(model: Module) -> bool:
     """Release ``model``'s output layer (a ``PrepackedLinear``, float32 or bfloat16, on CPU): its blocked
     copy its one copy, and a tied embedding's (a plain ``nn.Embedding``) too; whether it is released now.
@@ -92,13 +83,13 @@ def release_head(model: Module) -> bool:
         return False
     embedding = model.get_input_embeddings()
     tied = type(embedding) is nn.Embedding and embedding.weight is weight and embedding.max_norm is None
-    from kernels.one_copy import _drop_pages, _file_mappings
+    from kernels.file_pages import _drop_pages, _file_mappings
 
     holders = _holders(model, weight)
     if holders != 2 + tied:  # another module (or a tied table we do not take) reads it
         return False
     blocks, spans = _in_place(weight, holders), []
-    if blocks is None:  # a copy: the weight's pages given back where it was read from a file (``one_copy._drop_pages``)
+    if blocks is None:  # a copy: the weight's pages given back where it was read from a file (``kernels.file_pages._drop_pages``)
         blocks = pack(weight)
         spans = [(weight.data_ptr(), weight.data_ptr() + weight.numel() * weight.element_size(), weight.untyped_storage())]
     del weight

@@ -37,7 +37,7 @@ def drop_blocked_copies(model: Module) -> None:
     first those made beside an own weight (the output layer's, the C step's), then the released
     layers' own weights given back (unblocked), each fused group freed once its last layer has its own."""
     from kernels.blocked import forget
-    from kernels.step_pool import forget_step
+    from kernels.kept_steps import forget_step
 
     forget_step(model)  # its kept C step holds the output layer's blocked copy
     linears = [m for m in model.modules() if type(m) in (torch.nn.Linear, PrepackedLinear)]

@@ -4,7 +4,6 @@ runs the same kernels, computed by the layer's own ``F.linear`` (MKL), by oneDNN
 reordered once, or by the skinny kernel (``kernels.skinny``), as its route says. A bfloat16 layer is
 made one only by the C step (``kernels.one_copy.release``: the skinny kernel's route, its bfloat16 path)."""
 import copy
-import os
 import weakref
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -13,7 +12,9 @@ from torch import Tensor
 from torch.nn import Module
 
 from kernels.blocked import DTYPES
-from kernels.step_pool import forget_step
+from kernels.memory_fits import can_prepack as _can_prepack, copy_fits, prepack_fits  # noqa: F401 (kept importable here)
+from kernels.remembered_packs import _REMEMBERED, _Remembered, remembered  # noqa: F401
+from kernels.kept_steps import forget_step
 
 OWN, PREPACKED, SKINNY = "own", "prepacked", "skinny"  # the kernels a float32 CPU linear layer can run on
 # oneDNN's blocked weight layout is chosen for passes of this many rows (verification passes);
@@ -211,7 +212,7 @@ class PrepackedLinear(Module):
         ``copy.deepcopy`` of a prepacked model, as ``utils.models.truncated_drafter`` makes, works."""
         own = copy.deepcopy(self.linear[0], memo)
         if self.blocks is not None:  # released: the copy gets its own weight (it blocks it when its C step runs), a tied one its table's
-            from kernels.one_head import unblocked
+            from kernels.blocked import unblocked
 
             own.weight = unblocked(self.blocks, self.out_features, memo)
         elif self.parked:  # parked: the copy gets its own weight, unpacked
@@ -299,61 +300,6 @@ def _source(linear: torch.nn.Linear) -> tuple:
     return tuple((p.data_ptr(), p._version) for p in (linear.weight, linear.bias) if p is not None)
 
 
-def _can_prepack() -> bool:
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        return bool(torch.ops.mkldnn._reorder_linear_weight and torch.ops.mkldnn._linear_pointwise)
-    except (AttributeError, RuntimeError):
-        return False
-
-
-def _physical_memory() -> int:
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 0
-
-
-def copy_fits(size: int) -> bool:
-    """Whether a second copy of ``size`` bytes of weights is allowed: at most a quarter of the machine's memory."""
-    return 0 < size <= _physical_memory() // 4
-
-
-def prepack_fits(size: int) -> bool:
-    """Whether float32 linear layers of ``size`` bytes would be prepacked (``prepackable``'s limits)."""
-    return _can_prepack() and copy_fits(size)
-
-
-class _Remembered:
-    """A linear layer's prepacked copy, kept on the layer itself while the model runs its own layer
-    (``set_prepack(False)``), for a later ``set_prepack(True)``. On the layer, not in a registry keyed
-    weakly by it: the copy holds the layer (``linear``), so such a registry's value would hold its own
-    key and keep every model a process ever prepacked; here the pair is a cycle that dies with the
-    model. Neither copied nor pickled (oneDNN's copy has no storage): a copy prepacks its own."""
-
-    __slots__ = ("layer",)
-
-    def __init__(self, layer: Optional["PrepackedLinear"] = None):
-        self.layer = layer
-
-    def __deepcopy__(self, memo: dict) -> "_Remembered":
-        return _Remembered()
-
-    def __reduce__(self):
-        return (_Remembered, ())
-
-
-_REMEMBERED = "_specdec_prepacked"  # the own layer's ``__dict__`` entry (not ``Module.__setattr__``: no submodule)
-
-
-def remembered(own: torch.nn.Linear) -> Optional[PrepackedLinear]:
-    """The prepacked copy kept for the model's own layer ``own`` (made by ``prepackable``), or None."""
-    found = own.__dict__.get(_REMEMBERED)
-    layer = None if found is None else found.layer
-    return layer if layer is not None and layer.linear[0] is own else None  # a shallow copy's entry names another layer
-
-
 # (the parent's submodule dict, the child's name, the prepacked layer, the model's own layer)
 Swap = Tuple[Dict[str, Module], str, PrepackedLinear, torch.nn.Linear]
 
@@ -378,7 +324,7 @@ def prepackable(model: Module, dtypes: Sequence[torch.dtype] = (torch.float32,),
                 continue
             found.append((parent._modules, name, own, weight.dtype))
     size = sum(own.in_features * own.out_features * dtype.itemsize for _, _, own, dtype in found)
-    if not found or copies and size > _physical_memory() // 4:
+    if not found or copies and not copy_fits(size):
         return []
     swaps = []
     for modules, name, own, _ in found:

@@ -15,12 +15,13 @@ released is kept (their blocks are the model's one copy, so keeping the step hol
 a restore of the model's layers (``kernels.prepacking.PrepackedLinear.restore``: a cast, a load, a
 held measurement) forgets it at once, so that it never keeps the freed blocks alive.
 """
-import weakref
-from typing import List, Optional
+from typing import List
 
 import torch
 from torch import Tensor
 from torch.nn import Module
+
+from kernels.kept_steps import _STEPS, forget_step, kept_step
 
 
 class _Kept:
@@ -34,15 +35,15 @@ class _Kept:
     def fresh(self, model: Module) -> bool:
         """Whether the step still computes ``model``'s pass on its weights as they are now (about 2 us a
         layer, plus one read of the output layer and its blocked copy: per runner, never per pass)."""
-        from kernels import skinny
         from kernels.c_step import _Released, read
+        from kernels.skinny import holds, library
 
         step = self.step
-        if step.model() is not model or step.read is not self.read or step.library is not skinny.library():
+        if step.model() is not model or step.read is not self.read or step.library is not library():
             return False  # remade since this entry (its copies' bits unknown here), or another build of the library
         if read(model) != self.read:
             return False  # changed by identity: cast, loaded, restored, replaced, edited in place
-        if not isinstance(step.output, _Released) and not skinny.holds(step.head, step.output.weight):
+        if not isinstance(step.output, _Released) and not holds(step.head, step.output.weight):
             return False  # a copy beside a live output layer (a released one's blocks are its one copy: no edit reaches them)
         return all(torch.equal(_bits(t), bits) for t, bits in zip(step.copied, self.copied))
 
@@ -50,9 +51,6 @@ class _Kept:
 def _bits(t: Tensor) -> Tensor:
     """``t``'s bits as integers (-0.0 and NaN compare as written)."""
     return t.detach().contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
-
-
-_STEPS: "weakref.WeakKeyDictionary[Module, _Kept]" = weakref.WeakKeyDictionary()
 
 
 def shared_step(model: Module):
@@ -68,18 +66,6 @@ def shared_step(model: Module):
     if step.released:
         _STEPS[model] = _Kept(step)
     return step
-
-
-def kept_step(model: Module) -> Optional[object]:
-    """The step kept for ``model`` (None: none), as it is: for the tests and ``drop`` callers."""
-    kept = _STEPS.get(model)
-    return None if kept is None else kept.step
-
-
-def forget_step(model: Optional[Module]) -> None:
-    """Let go of ``model``'s kept step (a switch of its kernels, a restore of its layers)."""
-    if model is not None:
-        _STEPS.pop(model, None)
 
 
 __all__ = ["forget_step", "kept_step", "shared_step"]

@@ -8,7 +8,7 @@ _NAMES = {
     "autoregressive_generate": "sampling.base_decoding",
     "autoregressive_generate_encoder_decoder": "sampling.base_decoding",
     "beam_search_generate": "sampling.base_decoding",
-    "calibrated_policy": "sampling.draft_policy",
+    "calibrated_policy": "sampling.policy_settings",
     "measure_draft_cost": "measure.timing",  # the measurements live in measure/, re-exported here
     "measure_row_costs": "measure.timing",
     "plausible_row_costs": "measure.costs",
@@ -17,7 +17,7 @@ _NAMES = {
     "Observer": "sampling.config",
     "Step": "sampling.config",
     "DraftPolicy": "sampling.draft_policy",
-    "PolicySettings": "sampling.draft_policy",
+    "PolicySettings": "sampling.policy_settings",
     "generate": "sampling.entry",
     "speculative_generate": "sampling.speculative_decoding",
     "speculative_generate_encoder_decoder": "sampling.speculative_decoding",

@@ -4,17 +4,14 @@ the calibrated policy built from the measured costs (``measure``).
 ``DraftPolicy`` decides and learns within a generation (and, with ``remember``, across them);
 ``PolicySettings`` holds its values alone, frozen (a run's configuration keeps those, and each
 generation gets a ``DraftPolicy`` made from them, with the memory its run keeps: ``policy``)."""
-from dataclasses import asdict, dataclass, field, fields, make_dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 
 from sampling.depth_acceptance import DepthAcceptance
 from sampling.live_costs import LiveCosts
 
 if TYPE_CHECKING:
-    from torch.nn import Module
-
     from measure.record import Costs
-    from runners.config import RunnerConfig
 
 # Cost-aware pausing threshold of the calibrated policy: drafting pauses while a drafting step
 # emits fewer tokens than its verification pass costs in single-token passes (1.0 = break-even).
@@ -363,19 +360,6 @@ class DraftPolicy:
             self.next_pause *= 2
 
 
-def calibrated_policy(target: "Module", min_gain: float = DEFAULT_MIN_GAIN, drafter: Optional["Module"] = None,
-                      row_costs: Optional[Sequence[float]] = None, runner: Optional["RunnerConfig"] = None,
-                      drafter_runner: Optional["RunnerConfig"] = None, **policy) -> DraftPolicy:
-    """A notebook's calibrated policy: ``DraftPolicy.calibrated`` over costs measured now on ``target``
-    where it runs (``measure.measure_costs``: verification costs, a few seconds, taken again once when
-    not plausible; a ``drafter`` model's pass cost). ``row_costs`` given (measured before, ``--row-costs``)
-    are checked, not measured (ValueError when they cannot be real). ``runner`` and ``drafter_runner``:
-    the configurations the rows run the models under (default eager), measured as they run."""
-    from measure import measure_costs
-    from runners.config import EAGER
-
-    costs = measure_costs(target, runner or EAGER, drafter, drafter_runner, row_costs)
-    return DraftPolicy.calibrated(costs, min_gain=min_gain, **policy)
 def _checked(values: Any) -> Tuple[float, ...] | None:
     """Refuse, in one line, a value out of range among ``values``' policy fields; returns its
     ``row_costs`` as a tuple of floats (None stays None)."""
@@ -398,34 +382,3 @@ def _checked(values: Any) -> Tuple[float, ...] | None:
     if values.auto and costs is None:
         raise ValueError("auto draft lengths need measured row_costs (measure_row_costs)")
     return costs
-
-
-class _Values:
-    """What ``PolicySettings`` adds to ``DraftPolicy``'s value fields."""
-
-    def __post_init__(self):
-        object.__setattr__(self, "row_costs", _checked(self))
-
-    @classmethod
-    def of(cls, policy: DraftPolicy) -> "PolicySettings":
-        """The values of ``policy`` (what it learned is not a value: it is left out)."""
-        return cls(**{f.name: getattr(policy, f.name) for f in fields(cls)})
-
-    def policy(self, memory: dict | None = None) -> DraftPolicy:
-        """A ``DraftPolicy`` with these values; ``memory``: the records it keeps of drafter models with
-        ``remember`` (a dict shared by every generation of a run; None: its own)."""
-        made = DraftPolicy(**asdict(self))
-        if memory is not None:
-            made._memory = memory
-        return made
-
-    def bound(self) -> int | None:
-        """``DraftPolicy.bound``: the most drafts a step may ask for beyond ``gamma``; None: ``gamma`` is the bound."""
-        return len(self.row_costs) - 1 if self.auto else None
-
-
-# made from ``DraftPolicy``'s fields, so that the two never differ
-PolicySettings = make_dataclass("PolicySettings", [(f.name, f.type, field(default=f.default)) for f in fields(DraftPolicy)],
-                                bases=(_Values,), frozen=True, namespace={"__module__": __name__, "__doc__": (
-                                    "A ``DraftPolicy``'s values, frozen: they print, compare, hash and are written as a "
-                                    "dict (``asdict``). ``policy(memory)`` makes the policy of one generation.")})

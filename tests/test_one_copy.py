@@ -212,29 +212,29 @@ def test_the_step_takes_a_model_whose_layers_it_releases_while_one_group_and_the
     """The memory rule counts what a start holds twice at once: with the layers released (oneDNN can
     hold them) a group at a time and the output layer, not the whole model; without, every copy."""
     import kernels.c_step as c_step
-    import kernels.prepacking as prepacking
+    import kernels.memory_fits as memory_fits
 
     model = llama(layers=4).to(torch.float32)
     layers = model.model.layers
     group = max(sum(x.weight.numel() * 4 for x in g) for layer in layers for g in groups(layer))
     whole = sum(x.weight.numel() * 4 for layer in layers for g in groups(layer) for x in g)
     head = model.lm_head.weight.numel() * 4
-    monkeypatch.setattr(prepacking, "_physical_memory", lambda: 4 * (group + head))  # a quarter: exactly one group and the head
+    monkeypatch.setattr(memory_fits, "physical_memory", lambda: 4 * (group + head))  # a quarter: exactly one group and the head
     assert group + head < whole + head
     assert c_step.step_unsupported(model) is None
-    monkeypatch.setattr(c_step, "_can_prepack", lambda: False)
+    monkeypatch.setattr(c_step, "can_prepack", lambda: False)
     assert "twice at once, over a quarter of this machine's memory" in c_step.step_unsupported(model)
 
 
 def test_a_model_over_a_quarter_of_memory_is_still_released_onto_the_step_but_gets_no_onednn_copies(monkeypatch):
     """The wrappers the C step's route takes hold no second copy, so no size limit keeps a large model
     from being held once; a route that makes oneDNN's copies keeps the quarter-of-memory limit."""
-    import kernels.prepacking as prepacking
+    import kernels.memory_fits as memory_fits
 
     model = llama(layers=2).to(torch.float32)
     group = max(sum(x.weight.numel() * 4 for x in g) for layer in model.model.layers for g in groups(layer))
     # a quarter of memory: one group and the output layer (what the step holds twice at once), not the model
-    monkeypatch.setattr(prepacking, "_physical_memory", lambda: 4 * (group + model.lm_head.weight.numel() * 4))
+    monkeypatch.setattr(memory_fits, "physical_memory", lambda: 4 * (group + model.lm_head.weight.numel() * 4))
     assert not set_prepack(model, True)  # oneDNN's copies (the default route): refused
     runner = LeanRunner(model)
     runner(torch.tensor([PROMPT]), 1)

@@ -14,7 +14,8 @@ from drafters import ChainedSpec, MergedSpec, NGramSpec, NGramTreeSpec, PromptLo
 from drafters.eagle import EagleSpec
 from runners import RunnerConfig
 from measure.kernels import KernelChoice
-from sampling.draft_policy import DraftPolicy, PolicySettings
+from sampling.draft_policy import DraftPolicy
+from sampling.policy_settings import PolicySettings
 from utils.parsing import LIMITS
 
 
