@@ -225,7 +225,7 @@ def test_the_pages_of_weights_no_tensor_views_are_given_back(tmp_path, monkeypat
     released weight that spans a whole page (the memory the one copy saves)."""
     from transformers import LlamaForCausalLM
 
-    import kernels.one_copy as one_copy
+    import kernels.file_pages as file_pages
 
     given = []
 
@@ -235,7 +235,7 @@ def test_the_pages_of_weights_no_tensor_views_are_given_back(tmp_path, monkeypat
 
     llama(layers=2).to(torch.float32).save_pretrained(tmp_path)
     a = LlamaForCausalLM.from_pretrained(tmp_path, torch_dtype=torch.float32).eval()
-    monkeypatch.setattr(one_copy, "_libc", lambda: Libc())
+    monkeypatch.setattr(file_pages, "_libc", lambda: Libc())
     LeanRunner(a)(IDS, 1)
     assert len(given) >= 2 * 3 and sum(given) >= 2 * 3 * 4096  # gate, up, down of each layer span 8 KiB: a page at least
 
