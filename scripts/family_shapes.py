@@ -54,6 +54,15 @@ def build(name: str, tiny: bool, dtype: torch.dtype, device: str, seed: int = 0)
     return model.to(dtype).eval()
 
 
+def asked_shapes(text: str) -> List[str]:
+    """The shapes a comma-separated ``--shapes`` names; an unknown one exits with one line."""
+    names = text.split(",")
+    unknown = [s for s in names if s not in SHAPES]
+    if unknown:
+        raise SystemExit(f"error: unknown shape(s) {', '.join(unknown)}; known: {', '.join(SHAPES)}")
+    return names
+
+
 def prompt_ids(vocab: int, length: int, seed: int = 1) -> List[int]:
     """A prompt of random ids whose second half repeats its first (so that prompt lookup drafts)."""
     half = torch.randint(3, vocab, (length // 2,), generator=torch.Generator().manual_seed(seed)).tolist()

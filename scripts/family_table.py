@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from family_shapes import SHAPES, build, first_difference, prompt_ids  # noqa: E402
+from family_shapes import SHAPES, asked_shapes, build, first_difference, prompt_ids  # noqa: E402
 from step_bound import median_seconds  # noqa: E402  (its warm call, then the median of ``rounds``)
 
 READS = 5  # plain sums a repeat; their median is that repeat's read
@@ -190,9 +190,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     from kernels import skinny
     from measure.machine import busy_note, cpu_model
 
-    unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
-    if unknown:
-        raise SystemExit(f"error: unknown shape(s) {', '.join(unknown)}; known: {', '.join(SHAPES)}")
+    asked_shapes(args.shapes)
     if args.tokens < 2 or args.repeats < 1 or args.prompts < 1:
         raise SystemExit("error: --tokens must be at least 2, --repeats and --prompts at least 1")
     if not skinny.available()[0]:

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from family_shapes import SHAPES, build, first_difference, prompt_ids  # noqa: E402,F401  (scripts/family_shapes.py)
+from family_shapes import SHAPES, asked_shapes, build, first_difference, prompt_ids  # noqa: E402,F401  (scripts/family_shapes.py)
 from step_bench import graphs, timed  # noqa: E402
 
 PLD_DRAFTS = 3  # the drafting row's drafts a step: the step's widths are 1 and 4
@@ -121,9 +121,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> None:
     args = parser().parse_args(argv)
-    unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
-    if unknown:
-        raise SystemExit(f"error: unknown shape(s) {', '.join(unknown)}; known: {', '.join(SHAPES)}")
+    asked_shapes(args.shapes)
     torch.set_grad_enabled(False)
     for name in args.shapes.split(","):
         for dtype in args.dtypes.split(","):
