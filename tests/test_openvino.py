@@ -208,3 +208,19 @@ def test_a_failed_export_leaves_the_working_one_and_a_new_one_records_its_venv(t
     export.main()
     stamp = json.loads((folder / peers_openvino.STAMP).read_text())
     assert (folder / "config.json").read_text() == "new" and stamp["openvino_genai"] == "2026.4.1" and stamp["venv"] == str(venv)
+
+
+def test_a_worker_asked_for_bf16_starts_openvino_with_bf16(monkeypatch):
+    """The row's precision reaches the worker's command line (spied, not trusted from the keyword)."""
+    started = []
+
+    class Spy:
+        stdout = iter(())
+
+        def __init__(self, argv, **_):
+            started.append(argv)
+
+    monkeypatch.setattr(peers_openvino.subprocess, "Popen", Spy)
+    peers_openvino.Worker("ir", 2, python="py", precision="bf16")
+    peers_openvino.Worker("ir", 2, python="py")
+    assert started[0][-2:] == ["--precision", "bf16"] and started[1][-2:] == ["--precision", "f32"]
