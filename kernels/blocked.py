@@ -90,6 +90,25 @@ def unpack(blocks: Tensor, n: int) -> Tensor:
     return blocks.transpose(1, 2).reshape(-1, blocks.shape[1])[:n].contiguous()  # one block: reshape gives a view
 
 
+def unpack_in_place(blocks: Tensor, n: int, chunk_rows: int = 1024) -> Tensor:
+    """``unpack`` written over ``blocks``' own memory: ``[ceil(n/16), K, 16]`` (contiguous) -> a ``[n, K]``
+    view of the same storage, the same values bit for bit. Block b holds rows 16b..16b+15, which lie in
+    the same bytes of ``[N, K]`` as the block does, so a chunk of blocks is copied to a scratch of at
+    most ``chunk_rows`` rows and written back transposed: no second copy of the weight, ever. The caller
+    makes sure nothing reads ``blocks`` afterwards (they hold rows now)."""
+    b, k = blocks.shape[0], blocks.shape[1]
+    flat, pairs, per = blocks.view(-1), blocks.dtype == torch.bfloat16, max(chunk_rows // BLOCK, 1)
+    for start in range(0, b, per):
+        part = blocks[start : start + per].clone()  # the one scratch, freed before the next chunk's is made
+        rows = flat[start * BLOCK * k : (start + part.shape[0]) * BLOCK * k].view(part.shape[0], BLOCK, k)
+        if pairs:  # ``[b, K/2, 16, 2]`` in memory -> ``[b, 16, K/2, 2]``: row j's pairs of features in order
+            rows.view(part.shape[0], BLOCK, k // 2, 2).copy_(_memory(part, True).permute(0, 2, 1, 3))
+        else:
+            rows.copy_(part.transpose(1, 2))
+        del part
+    return flat[: n * k].view(n, k)
+
+
 def unblocked(blocks: Tensor, n: int, memo: dict) -> torch.nn.Parameter:
     """A copy's own weight ``[n, K]`` from released ``blocks``: one per blocks in a ``copy.deepcopy``
     (``memo``), so that a copied tied pair is tied again."""

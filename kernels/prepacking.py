@@ -120,7 +120,9 @@ class PrepackedLinear(Module):
             return
         if self.owner is not None:
             forget_step(self.owner())  # the model's kept C step reads these blocks: it goes with them
-        own = torch.nn.Parameter(self.weight, requires_grad=False)  # the one unblocking
+        from kernels.one_head import unreleased
+
+        own = torch.nn.Parameter(unreleased(self), requires_grad=False)  # the one unblocking, in place where it can be
         self.linear[0].weight = own
         # a plain dict write: ``self.weight = own`` asks ``hasattr(self, "weight")`` first, which unblocks a second time
         self._parameters["weight"], self.blocks, self.owner = own, None, None

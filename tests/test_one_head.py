@@ -118,3 +118,53 @@ def test_a_table_a_caller_holds_is_copied_never_overwritten():
     values = kept.detach().clone()
     stepped(model)
     assert released(model.lm_head) and model.lm_head.blocks.data_ptr() != kept.data_ptr() and torch.equal(kept, values)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_restore_unblocks_the_output_layer_over_its_own_blocks_to_the_exact_weights(dtype, monkeypatch):
+    """A switch away from the skinny kernel (``restore``, issue 71): the table comes back over its blocks'
+    own memory, a chunk at a time (never a second table), bit for bit the original, tied to a plain
+    embedding again; and the next release blocks it in place again."""
+    model = tied(dtype)
+    bits = torch.int16 if dtype == torch.bfloat16 else torch.int32  # -0.0 and NaN compare as written
+    original, table = model.lm_head.weight.detach().clone(), tensor_bytes(model.lm_head.weight)
+    set_prepack(model, True, STEP_ROUTE, DTYPES)
+    release_head(model)
+    address = model.lm_head.blocks.data_ptr()
+    monkeypatch.setattr(one_head, "_CHUNK_ROWS", 32)  # a third of the table at a time
+    with counted() as seen:
+        model.lm_head.restore()
+    weight, embedding = model.lm_head.weight, model.model.embed_tokens
+    assert not released(model.lm_head) and weight.data_ptr() == address and torch.equal(weight.view(bits), original.view(bits))
+    assert type(embedding) is torch.nn.Embedding and embedding.weight is weight
+    assert seen.peak < table / 2
+    del weight, embedding  # a name held would make the next release copy (``_in_place``)
+    release_head(model)
+    assert released(model.lm_head) and model.lm_head.blocks.data_ptr() == address
+
+
+@pytest.mark.parametrize("rows", [96, 100])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_unblocking_in_place_gives_unpacks_values_in_the_blocks_memory(dtype, rows):
+    """``unpack_in_place`` equals ``unpack`` bit for bit, a padded last block (100 rows) too, in chunks smaller than the weight."""
+    from kernels.blocked import pack, unpack, unpack_in_place
+
+    weight = torch.randn(rows, 32, generator=torch.Generator().manual_seed(3)).to(dtype)
+    blocks = pack(weight)
+    address = blocks.data_ptr()
+    back = unpack_in_place(blocks, rows, chunk_rows=32)
+    assert back.data_ptr() == address and back.shape == weight.shape and torch.equal(back, weight)
+
+
+def test_blocks_another_holds_are_never_unblocked_over():
+    """A restore while someone else holds the blocks (a step not yet dropped, a name in a notebook): the
+    weight is unblocked into new memory and the blocks keep their values."""
+    model = tied()
+    original = model.lm_head.weight.detach().clone()
+    set_prepack(model, True, STEP_ROUTE, DTYPES)
+    release_head(model)
+    kept = model.lm_head.blocks
+    values = kept.clone()
+    model.lm_head.restore()
+    assert model.lm_head.weight.data_ptr() != kept.data_ptr() and torch.equal(kept, values)
+    assert torch.equal(model.lm_head.weight, original)
