@@ -10,20 +10,19 @@ What each option holds (W: the float32 weights):
   where the C step takes the model, as it runs after the start; plus the output layer's blocked copy
   (the C step's). Where it does not, the blocked copies are made beside the own weights.
 - ``PREPACKED``: oneDNN's copies, each layer's own weight parked (its storage freed) once its copy is
-  made, where no other module reads it (a tied output layer's weight is the embedding table: it stays).
+  made; a layer whose weight another module reads (a tied output layer's is the embedding table) gets
+  no copy and runs its own kernel on it (``PrepackedLinear.shared``): never a second copy beside the table.
   ``hold`` with another option, or ``unpark``, gives the weights back (unpacked from oneDNN's copy: the
   same values, bit for bit). Also the state a prepacked plan runs in (``measure.kernels.apply_kernels``):
   a parked layer's ``weight`` unpacks a temporary, and a save, copy, cast or load reads the weight back.
 
 A switch goes layer by layer: at most one layer's weight (one fused group of the C step's) is held twice
-at any moment. The C step's own copy of the output layer lives in the step its runners share (``kernels.step_pool``): the
+at any moment; the released output layer is unblocked over its own blocks (``kernels.one_head.unreleased``). The C step's own copy of the output layer lives in the step its runners share (``kernels.step_pool``): the
 caller drops that step (``drop_step``) before switching away from ``SKINNY``."""
-from typing import Dict
-
 from torch.nn import Module
 
 from kernels.plans import drop_blocked_copies
-from kernels.prepacking import OWN, PREPACKED, SKINNY, PrepackedLinear, set_prepack
+from kernels.prepacking import OWN, PREPACKED, SKINNY, PrepackedLinear, readers_of, set_prepack
 from kernels.kept_steps import forget_step
 
 
@@ -56,8 +55,8 @@ def _pack_and_park(model: Module) -> None:
     (the pages of a weight read from its safetensors file given back, as ``kernels.one_copy.release`` does)."""
     from kernels.file_pages import _drop_pages, _file_mappings
 
-    readers, files = _readers(model), _file_mappings()
-    for layer in [m for m in model.modules() if type(m) is PrepackedLinear]:
+    readers, files = readers_of(model), _file_mappings()
+    for layer in [m for m in model.modules() if type(m) is PrepackedLinear and not m.shared]:
         if layer.packed is None:
             layer._pack()
         weight = layer.linear[0].weight
@@ -66,17 +65,6 @@ def _pack_and_park(model: Module) -> None:
             layer.park()  # the same Parameter (and version), its storage freed; its copy holds the weight
             _drop_pages([span], files)
             del span
-
-
-def _readers(model: Module) -> Dict[int, int]:
-    """How many of ``model``'s modules hold each parameter (by id): a ``PrepackedLinear`` and the own
-    layer it wraps count once (the own layer is no submodule), a tied embedding once more."""
-    count: Dict[int, int] = {}
-    for module in model.modules():
-        for parameter in module._parameters.values():
-            if parameter is not None:
-                count[id(parameter)] = count.get(id(parameter), 0) + 1
-    return count
 
 
 def parked(model: Module) -> bool:

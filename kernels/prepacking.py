@@ -73,6 +73,10 @@ class PrepackedLinear(Module):
     owner: Optional["weakref.ref[Module]"] = None  # released: the model released with it (``release``)
     tied: Optional[List[Module]] = None  # a released output layer's embedding, reading its blocks (``kernels.one_head``)
     parked: bool = False  # its own weight's storage freed, oneDNN's copy its one copy (``park``)
+    # its weight is another module's too (a tied output layer's is the embedding table, which stays): oneDNN's
+    # copy would be a second copy beside it (issue 71), so it makes none and runs its own kernel where its
+    # route says prepacked (``kernel_for``; set by ``set_prepack``)
+    shared: bool = False
 
     @property
     def weight(self) -> Tensor:
@@ -220,7 +224,7 @@ class PrepackedLinear(Module):
         elif self.parked:  # parked: the copy gets its own weight, unpacked
             own.weight = torch.nn.Parameter(self.weight, requires_grad=False)
         made = PrepackedLinear(own)
-        made.route = self.route
+        made.route, made.shared = self.route, self.shared
         if self.packed is not None:
             made._pack()
         return made
@@ -228,7 +232,8 @@ class PrepackedLinear(Module):
     def kernel_for(self, x: Tensor) -> str:
         """The kernel of a pass over ``x``'s rows (positions): its route's entry for that width."""
         route = self.route
-        return route[min(x.numel() // self.in_features, len(route)) - 1]
+        kernel = route[min(x.numel() // self.in_features, len(route)) - 1]
+        return OWN if kernel == PREPACKED and self.shared else kernel
 
     def forward(self, x: Tensor) -> Tensor:
         if torch.compiler.is_compiling():  # one opaque call in the graph, the same kernels (``packed_linear``)
@@ -356,6 +361,7 @@ def set_prepack(model: Module, on: bool, route: Sequence[str] = (PREPACKED,), dt
     # the wrappers alone (a route without oneDNN's copies, the C step's) hold no second copy: no size limit
     swaps = prepackable(model, (*dtypes, *present), copies=not on or PREPACKED in route) if on or prepacked(model) else []
     SWAPS[0] += 1
+    readers = readers_of(model) if swaps and on else {}
     for modules, name, packed, own in swaps:
         if not on:
             packed.restore()  # the model's own layer needs its own weight
@@ -363,9 +369,21 @@ def set_prepack(model: Module, on: bool, route: Sequence[str] = (PREPACKED,), dt
         modules[name] = packed if on else own
         if on:
             packed.route = route
-            if PREPACKED in route and packed.packed is None:
+            packed.shared = packed.tied is not None or readers.get(id(own.weight), 0) > 1
+            if PREPACKED in route and packed.packed is None and not packed.shared:
                 packed._pack()
     return bool(on and swaps)
+
+
+def readers_of(model: Module) -> Dict[int, int]:
+    """How many of ``model``'s modules hold each parameter (by id): a ``PrepackedLinear`` and the own
+    layer it wraps count once (the own layer is no submodule once swapped), a tied embedding once more."""
+    count: Dict[int, int] = {}
+    for module in model.modules():
+        for parameter in module._parameters.values():
+            if parameter is not None:
+                count[id(parameter)] = count.get(id(parameter), 0) + 1
+    return count
 
 
 def _dtype(layer: PrepackedLinear) -> torch.dtype:

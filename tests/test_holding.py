@@ -44,6 +44,22 @@ def test_a_tied_output_layer_keeps_its_weight_for_the_embedding_table_that_reads
     assert torch.equal(model.lm_head.weight, table) and model.lm_head.weight is model.model.embed_tokens.weight
 
 
+def test_a_tied_output_layer_gets_no_onednn_copy_beside_its_table_and_runs_its_own_kernel():
+    """oneDNN's copy of the embedding table would be a second table (issue 71): the tied output layer makes
+    none, where its route says prepacked it runs its own kernel on the table, bit for bit ``F.linear``'s."""
+    model = llama(layers=2).to(torch.float32)
+    if not prepackable(model):
+        pytest.skip("needs oneDNN (mkldnn)")
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied
+    table = model.model.embed_tokens.weight.detach().clone()
+    hidden = torch.randn(3, table.shape[1], generator=torch.Generator().manual_seed(4))
+    for switch in (lambda: hold(model, PREPACKED), lambda: set_prepack(model, True, (PREPACKED, OWN))):
+        switch()
+        head = model.lm_head
+        assert head.shared and head.packed is None and not model.model.layers[0].mlp.down_proj.shared
+        assert torch.equal(head(hidden), torch.nn.functional.linear(hidden, table)) and head.packed is None
+
+
 def test_a_prepacked_plan_runs_on_onednns_copies_alone_and_every_path_reads_the_weights_back():
     """A plan with oneDNN's kernels at 1-2 positions and the own at 3+ (``apply_kernels``) parks the own
     weights: its tokens and a long pass's logits are those of the same plan with the own weights kept,
