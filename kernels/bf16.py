@@ -23,12 +23,13 @@ import kernels.bf16_choice as choice
 from kernels.prompt_gemm import MANY_ROWS  # a linear over more rows than this takes its path's many-row variant
 
 F32 = 0  # skinny_bf16.c's format of float32 weights
-SCALAR, AVX2, AVX512, DOT = 1, 2, 3, 4  # its bfloat16 paths
-NAMES = {DOT: "avx512_bf16 dot", AVX512: "AVX-512 widening load", AVX2: "AVX2 widening load", SCALAR: "widening load in plain C"}
+SCALAR, AVX2, AVX512, DOT, AMX = 1, 2, 3, 4, 5  # its bfloat16 paths
+ROUNDING = (DOT, AMX)  # the paths that round the activations to bfloat16 (the others widen the weights)
+NAMES = {AMX: "AMX tiles", DOT: "avx512_bf16 dot", AVX512: "AVX-512 widening load", AVX2: "AVX2 widening load", SCALAR: "widening load in plain C"}
 FORCED: Optional[int] = None  # a path to take instead of the measured one (scripts' --path; tests: each path built)
 FORCED_TILE: Optional[int] = None  # a many-row variant to take instead of the measured one (scripts/prompt_pass.py)
 # each path's many-row variant (``skinny_bf16_rows.c``'s SHAPES) where no other measures clearly faster: speed only
-PROMPT_TILE = {DOT: 2, AVX512: 2, AVX2: 1, SCALAR: 1}
+PROMPT_TILE = {AMX: 1, DOT: 2, AVX512: 2, AVX2: 1, SCALAR: 1}
 DEFAULT_SHAPE = (3072, 576)  # the linear measured where a caller names none: the embedded model's gate/up (N, K)
 
 
@@ -48,7 +49,7 @@ _DECIDED: "weakref.WeakKeyDictionary[ctypes.CDLL, _Decided]" = weakref.WeakKeyDi
 def paths(library: ctypes.CDLL) -> List[int]:
     """The bfloat16 paths ``library`` was built with, best first."""
     have = library.skinny_bf16_paths()
-    return [p for p in (DOT, AVX512, AVX2, SCALAR) if have & (1 << p)]
+    return [p for p in (AMX, DOT, AVX512, AVX2, SCALAR) if have & (1 << p)]
 
 
 def _decided(library: ctypes.CDLL, shape: Optional[Tuple[int, int]]) -> _Decided:
