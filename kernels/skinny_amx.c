@@ -30,32 +30,36 @@
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__linux__)
 #define HAVE_AMX 1
-#include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 enum { AMX_OFFERED = 0, AMX_NOT_BUILT = 1, AMX_NOT_CPU = 2, AMX_REFUSED = 3 };
 
-/* Whether the AMX path runs here: AMX_OFFERED, else why not (not built, not on this CPU, refused by
- * the OS). The first call asks Linux for the tile data state, for the whole process. */
+/* Whether the AMX path runs here: AMX_OFFERED, else why not (no AMX on this CPU; built without it;
+ * refused by the OS). The first call asks Linux for the tile data state, for the whole process. */
 int amx_state(void) {
-#ifdef HAVE_AMX
     static int state = -1; /* threads may race to ask: each gets the same answer */
     int known = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
     if (known >= 0) return known;
+    known = AMX_NOT_CPU;
+#if defined(__x86_64__) || defined(__i386__)
     unsigned a, b, c, d;
     /* CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE */
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24)))
-        known = AMX_NOT_CPU;
-    else
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 22)) && (d & (1u << 24))) {
+#ifdef HAVE_AMX
         known = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0 ? AMX_OFFERED : AMX_REFUSED;
+#else
+        known = AMX_NOT_BUILT;
+#endif
+    }
+#endif
     __atomic_store_n(&state, known, __ATOMIC_RELEASE);
     return known;
-#else
-    return AMX_NOT_BUILT;
-#endif
 }
 
 #ifdef HAVE_AMX
