@@ -96,7 +96,7 @@ def chosen(library: ctypes.CDLL, shape: Optional[Tuple[int, int]] = None, weight
             # the default a path must beat clearly: a widening one (they all give the same bits, so a close
             # race between them changes no output from run to run; the dot and AMX paths round apart)
             default = next((p for p in built if p not in ROUNDING), built[0])
-            decided.path = choice.choose_path(built, _timer(library, decided, weights), default, PROMPT_TILE)
+            decided.path = choice.choose_path(built, _timer(library, decided, weights), default, PROMPT_TILE, ROUNDING)
         path = decided.path.pick
     _tile(library, path, shape, weights)
     return path
@@ -145,8 +145,9 @@ def _ms(seconds: float) -> str:
 
 def _why(library: ctypes.CDLL, path: int) -> str:
     """Why ``path`` runs here, and which many-row variant: "by measurement (3072x576 linears, 1 and 64 rows
-    weighed 64:4, 0.41 + 2.1 ms against 0.63 + 3.0 ms avx512_bf16 dot, ...); prompt tile 8x3 by
-    measurement (64 rows 1.0 ms against ...)"."""
+    weighed 64:4, 0.41 + 0.6 ms against 0.33 + 1.7 ms AVX-512 widening load, 0.38 ms at one position AVX2
+    widening load, ...); prompt tile 32x2, the only one built", or, where no path rounds apart, "by
+    measurement (a one-position 3072x576 linear 0.41 ms against ...)"."""
     decided = _decided(library, None)
     if path == FORCED:
         why = "forced"
@@ -154,10 +155,15 @@ def _why(library: ctypes.CDLL, path: int) -> str:
         why = "as asked"  # a caller's own path (``linear``'s argument)
     elif decided.path.how != choice.MEASURED:
         why = f"{decided.path.how} here"
+    elif not decided.path.parts:  # the widening paths alone: their one-position race
+        n, k = decided.shape
+        others = ", ".join(f"{_ms(s)} {NAMES[p]}" for p, s in decided.path.others())
+        why = f"by measurement (a one-position {n}x{k} linear {_ms(decided.path.picked_seconds())} against {others})"
     else:
         n, k = decided.shape
-        parts = {p: f"{one * 1e3:.3g} + {many * 1e3:.3g} ms" for p, one, many in decided.path.parts}
-        others = ", ".join(f"{parts[p]} {NAMES[p]}" for p, _ in decided.path.others())
+        parts = {p: f"{one * 1e3:.3g} + {many * 1e3:.3g} ms" if many == many else f"{one * 1e3:.3g} ms at one position"
+                 for p, one, many in decided.path.parts}
+        others = ", ".join(f"{parts[p]} {NAMES[p]}" for p, *_ in decided.path.parts if p != path)
         weights = f"{choice.DECODED}:{choice.PROMPT // choice.ROWS}"
         why = f"by measurement ({n}x{k} linears, 1 and {choice.ROWS} rows weighed {weights}, {parts[path]} against {others})"
     shapes = tiles(library, path)

@@ -2,16 +2,18 @@
 ``chosen`` and ``prompt_tile`` keep the results, once per process and library).
 
 A linear of the model's shape (its gate/up, blocked in bfloat16) is timed on each path built over one
-position and over ``ROWS`` rows (the path's default many-row variant), then over ``ROWS`` rows on each
+position (and, racing on the weighed run, over ``ROWS`` rows on its default many-row variant), then over ``ROWS`` rows on each
 many-row variant of the path kept: interleaved rounds after ``WARMUP`` untimed ones, medians. Speed is
 all that depends on it: a process takes one path for every pass of every row (so a position's logits
 never depend on the pass's width), and every variant of a path gives a row the same bits.
 
-The rule for the path (``weighed``): the least seconds of a run of ``DECODED`` one-position linears
-after a prompt of ``PROMPT`` positions (``PROMPT / ROWS`` linears of ``ROWS`` rows). Decoding is most
-of a run's passes, but the prompt pass is where the paths differ most: the AMX tiles run a many-row
-linear several times faster than the widening load and decode at about its speed, so a run weighs
-both, as a user's first token and tokens/s do.
+The rule for the path (``choose_path``): the widening paths race at one position (they give the same
+bits and rank alike at any width); where paths that round the activations are built (the avx512_bf16
+dot, the AMX tiles), they and the fastest widening one race on a weighed run (``weighed``): the least
+seconds of ``DECODED`` one-position linears after a prompt of ``PROMPT`` positions (``PROMPT / ROWS``
+linears of ``ROWS`` rows). Decoding is most of a run's passes, but the prompt pass is where the paths
+differ most: the AMX tiles run a many-row linear several times faster than the widening load and
+decode at about its speed, so a run weighs both, as a user's first token and tokens/s do.
 
 The timer is given (``Timer``): the decisions are pure functions of the seconds it returns, and the
 budget counts those seconds, so a test's fixed seconds decide as a clock's would.
@@ -42,7 +44,7 @@ class Measured:
     pick: int
     how: str
     seconds: Tuple[Tuple[int, float], ...] = ()
-    parts: Tuple[Tuple[int, float, float], ...] = ()  # a path's: (path, one-position seconds, ``ROWS``-row seconds)
+    parts: Tuple[Tuple[int, float, float], ...] = ()  # each path's (path, one-position, ``ROWS``-row seconds: NaN untimed)
 
     def others(self) -> Tuple[Tuple[int, float], ...]:
         return tuple((key, s) for key, s in self.seconds if key != self.pick)
@@ -81,17 +83,25 @@ def weighed(one: float, many: float) -> float:
 
 
 def choose_path(built: Sequence[int], timer: Timer, default: Optional[int] = None,
-                tiles: Optional[Dict[int, int]] = None) -> Measured:
-    """The path of ``built`` with the least ``weighed`` seconds (``default``, None: ``built[0]``, unless
-    another is clearly faster), each timed over ``ROWS`` rows on its variant ``tiles[path]`` (default 1)."""
+                tiles: Optional[Dict[int, int]] = None, rounding: Sequence[int] = ()) -> Measured:
+    """The path ``built`` runs: each timed at one position; the fastest of the widening ones (not in
+    ``rounding``: they give the same bits, and rank alike at any width), ``default`` (None: the first)
+    unless another is clearly faster; then, where ``rounding`` paths are built, those and that one timed
+    over ``ROWS`` rows (each on its variant ``tiles[path]``, default 1) and the least ``weighed`` run
+    taken, the widening one unless another is clearly faster."""
     if len(built) == 1:
         return Measured(built[0], ONLY)
+    one = medians(built, lambda path: timer(path, 0, 1))
+    widening = [p for p in built if p not in rounding]
+    best = fastest({p: one[p] for p in widening}, default if default in widening else widening[0]) if widening else None
+    racing = [p for p in built if p in rounding or p == best]
+    if len(racing) == 1:  # nothing rounds apart: the one-position race decides, as it did
+        return Measured(best, MEASURED, tuple(one.items()))
     tiles = tiles or {}
-    keys = [k for path in built for k in ((path, 1), (path, ROWS))]
-    timed = medians(keys, lambda key: timer(key[0], 0 if key[1] == 1 else tiles.get(key[0], 1), key[1]))
-    parts = tuple((path, timed[path, 1], timed[path, ROWS]) for path in built)
-    seconds = {path: weighed(one, many) for path, one, many in parts}
-    return Measured(fastest(seconds, built[0] if default is None else default), MEASURED, tuple(seconds.items()), parts)
+    many = medians(racing, lambda path: timer(path, tiles.get(path, 1), ROWS))
+    seconds = {p: weighed(one[p], many[p]) for p in racing}
+    parts = tuple((p, one[p], many.get(p, float("nan"))) for p in built)
+    return Measured(fastest(seconds, racing[0] if best is None else best), MEASURED, tuple(seconds.items()), parts)
 
 
 def choose_tile(path: int, variants: Sequence[int], default: int, timer: Timer) -> Measured:

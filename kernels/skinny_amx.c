@@ -73,12 +73,12 @@ typedef struct {
     uint8_t rows[16];
 } __attribute__((packed, aligned(64))) TileConfig;
 
-/* tiles 0-3 the sums (rows x 16 features: C[half][block]), 4-5 rows of x (A), 6-7 the weights (B) */
-static void configure(int rows) {
+/* tiles 0..a-1 of `rows` rows (the sums C, then rows of x A), the rest of 16 (the weights B), all 64 bytes wide */
+static void configure(int rows, int a) {
     TileConfig c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    for (int t = 0; t < 8; t++) c.colsb[t] = 64, c.rows[t] = t < 6 ? (uint8_t)rows : 16;
+    for (int t = 0; t < 8; t++) c.colsb[t] = 64, c.rows[t] = t < a ? (uint8_t)rows : 16;
     _tile_loadconfig(&c);
 }
 
@@ -116,28 +116,77 @@ static inline const uint16_t *weights_at(const uint16_t *p, int64_t blk, int64_t
     return tail;
 }
 
-/* This thread's share: groups of two blocks dealt contiguously; per group, row blocks of `halves` x
- * `rows` rows, each over every chunk of k (the group's weights stay in L2 while the row blocks pass). */
-static void amx_rows(int halves, const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N, int64_t K) {
+/* Variant 0 (decoding's): groups of three blocks dealt contiguously (three weight streams at once), row
+ * blocks of up to 16 rows; tiles C 0-2, A 3, B 4-6. */
+static void amx_decode(const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N, int64_t K) {
+    int t = omp_get_thread_num(), threads = omp_get_num_threads();
+    int64_t blocks = (N + BW - 1) / BW, groups = (blocks + 2) / 3;
+    int64_t first = groups * t / threads, last = groups * (t + 1) / threads;
+    if (first >= last) return;
+    int rows = M < MT ? (int)M : MT;
+    int64_t Mp = (M + rows - 1) / rows * rows, Kp = (K + KT - 1) / KT * KT;
+    size_t bytes = (size_t)(Mp * Kp) * sizeof(uint16_t);
+    uint16_t stack[STACK_X / sizeof(uint16_t)] __attribute__((aligned(64)));
+    uint16_t *xb = bytes <= sizeof stack ? stack : aligned_alloc(64, (bytes + 63) / 64 * 64);
+    uint16_t tails[3][KT * BW] __attribute__((aligned(64)));
+    float spill[MT * BW] __attribute__((aligned(64)));
+    if (!xb) abort();
+    round_rows(x, M, K, Mp, Kp, xb);
+    configure(rows, 4);
+    for (int64_t grp = first; grp < last; grp++) {
+        int64_t b0 = 3 * grp, gb = blocks - b0 < 3 ? blocks - b0 : 3;
+        for (int64_t m0 = 0; m0 < M; m0 += rows) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            for (int64_t k = 0; k < Kp; k += KT) {
+                _tile_loadd(3, xb + m0 * Kp + k, Kp * sizeof(uint16_t));
+                _tile_loadd(4, weights_at(p, b0, K, k, tails[0]), 64);
+                _tile_dpbf16ps(0, 3, 4);
+                if (gb > 1) {
+                    _tile_loadd(5, weights_at(p, b0 + 1, K, k, tails[1]), 64);
+                    _tile_dpbf16ps(1, 3, 5);
+                }
+                if (gb > 2) {
+                    _tile_loadd(6, weights_at(p, b0 + 2, K, k, tails[2]), 64);
+                    _tile_dpbf16ps(2, 3, 6);
+                }
+            }
+            STORE(0, 0, 0);
+            if (gb > 1) STORE(1, 0, 1);
+            if (gb > 2) STORE(2, 0, 2);
+        }
+        if (b)
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = b0 * BW; j < (b0 + gb) * BW && j < N; j++) y[i * N + j] += b[j];
+    }
+    _tile_release();
+    if (xb != stack) free(xb);
+}
+
+/* Variant 1 (a prompt's): groups of two blocks dealt contiguously; per group, row blocks of two tiles of
+ * `rows` rows, each over every chunk of k (the group's weights stay in L2 while the row blocks pass):
+ * per chunk two A and two B tiles loaded for four TDPBF16PS. */
+static void amx_rows(const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N, int64_t K) {
     int t = omp_get_thread_num(), threads = omp_get_num_threads();
     int64_t blocks = (N + BW - 1) / BW, groups = (blocks + 1) / 2;
     int64_t first = groups * t / threads, last = groups * (t + 1) / threads;
     if (first >= last) return;
     int rows = M < MT ? (int)M : MT;
-    int64_t step = (int64_t)halves * rows, Mp = (M + step - 1) / step * step, Kp = (K + KT - 1) / KT * KT;
+    int64_t step = 2 * (int64_t)rows, Mp = (M + step - 1) / step * step, Kp = (K + KT - 1) / KT * KT;
     size_t bytes = (size_t)(Mp * Kp) * sizeof(uint16_t);
     uint16_t stack[STACK_X / sizeof(uint16_t)] __attribute__((aligned(64)));
     uint16_t *xb = bytes <= sizeof stack ? stack : aligned_alloc(64, (bytes + 63) / 64 * 64);
     uint16_t tail0[KT * BW] __attribute__((aligned(64))), tail1[KT * BW] __attribute__((aligned(64)));
     float spill[MT * BW] __attribute__((aligned(64)));
-    if (!xb) return; /* no memory: y left as it was (never on the stack's sizes) */
+    if (!xb) abort(); /* no memory for the rounded rows: never a wrong sum */
     round_rows(x, M, K, Mp, Kp, xb);
-    configure(rows);
+    configure(rows, 6); /* C[half][block] 0-3, A 4-5, B 6-7 */
     for (int64_t grp = first; grp < last; grp++) {
         int64_t b0 = 2 * grp;
         int two = b0 + 1 < blocks;
         for (int64_t m0 = 0; m0 < M; m0 += step) {
-            int lower = halves == 2 && m0 + rows < M; /* a second half with rows of x in it */
+            int lower = m0 + rows < M; /* a second half with rows of x in it */
             _tile_zero(0);
             _tile_zero(1);
             _tile_zero(2);
@@ -170,6 +219,7 @@ static void amx_rows(int halves, const float *x, const uint16_t *p, const float 
     _tile_release();
     if (xb != stack) free(xb);
 }
+
 #endif
 
 /* Inside a parallel region (every thread calls it): the AMX path's variant `tile` (0: row blocks of
@@ -178,7 +228,10 @@ static void amx_rows(int halves, const float *x, const uint16_t *p, const float 
 void skinny_rows_amx(int64_t tile, const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N, int64_t K) {
 #ifdef HAVE_AMX
     if (amx_state() == AMX_OFFERED) {
-        if (M > 0) amx_rows(tile == 1 ? 2 : 1, x, p, b, y, M, N, K);
+        if (M > 0 && tile == 1)
+            amx_rows(x, p, b, y, M, N, K);
+        else if (M > 0)
+            amx_decode(x, p, b, y, M, N, K);
         return;
     }
 #endif

@@ -27,7 +27,7 @@ static const Shape SHAPES[6][5] = {
     [BF16_AVX2] = {{6, 1, 0}, {6, 1, 256}},
     [BF16_AVX512] = {{12, 2, 0}, {12, 2, 256}, {8, 3, 256}},
     [BF16_DOT] = {{12, 2, 0}, {12, 2, 256}, {8, 3, 256}, {6, 4, 256}},
-    [BF16_AMX] = {{16, 2, 0}, {32, 2, 0}}, /* skinny_amx.c's own loop: row tiles of 16, one or two per weight tile */
+    [BF16_AMX] = {{16, 3, 0}, {32, 2, 0}}, /* skinny_amx.c's own loops: a row tile of 16 on three blocks; two on two */
 };
 
 /* how many variants `path` has (0 for no such path) */
