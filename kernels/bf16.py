@@ -3,13 +3,15 @@
 The C step on a bfloat16 model reads the weights blocked in bfloat16 (``kernels.blocked``) and computes
 everything else in float32. Its paths: the ``avx512_bf16`` dot (vdpbf16ps, the activations rounded to
 bfloat16 for it) where the compiler targets it, and a widening load (bfloat16 to float32 by a shift) on
-AVX-512, on AVX2, or in plain C. One path per process and library (``chosen``): ``FORCED`` where set,
-else the fastest on a one-position linear of the first model's shape, measured here once
-(``kernels.bf16_choice``); then that path's many-row variant for long passes the same way
-(``prompt_tile``). Each path is row-invariant, and every pass of a run takes the same one, so
+AVX-512, on AVX2, or in plain C; and Intel's AMX tiles (``skinny_amx.c``: TDPBF16PS, the activations
+rounded to bfloat16) where the compiler targets them, the CPU has them and Linux grants them
+(``amx_absent`` says which is missing). One path per process and library (``chosen``): ``FORCED``
+where set, else the fastest on a run of one-position and many-row linears of the first model's shape,
+measured here once (``kernels.bf16_choice``); then that path's many-row variant for long passes the
+same way (``prompt_tile``). Each path is row-invariant, and every pass of a run takes the same one, so
 verification gives decoding's logits bit for bit. The widening paths agree with one another bit for
-bit, and with the float32 step on the weights widened to float32; the dot path rounds apart from them
-(``skinny_bf16.c`` says how). ``describe`` and ``short_words`` name the choice and its measurement.
+bit, and with the float32 step on the weights widened to float32; the dot and AMX paths round apart
+from them and from each other (``skinny_bf16.c``, ``skinny_amx.c`` say how). ``describe`` and ``short_words`` name the choice and its measurement.
 """
 import ctypes
 import weakref
@@ -23,12 +25,13 @@ import kernels.bf16_choice as choice
 from kernels.prompt_gemm import MANY_ROWS  # a linear over more rows than this takes its path's many-row variant
 
 F32 = 0  # skinny_bf16.c's format of float32 weights
-SCALAR, AVX2, AVX512, DOT = 1, 2, 3, 4  # its bfloat16 paths
-NAMES = {DOT: "avx512_bf16 dot", AVX512: "AVX-512 widening load", AVX2: "AVX2 widening load", SCALAR: "widening load in plain C"}
+SCALAR, AVX2, AVX512, DOT, AMX = 1, 2, 3, 4, 5  # its bfloat16 paths
+ROUNDING = (DOT, AMX)  # the paths that round the activations to bfloat16 (the others widen the weights)
+NAMES = {AMX: "AMX tiles", DOT: "avx512_bf16 dot", AVX512: "AVX-512 widening load", AVX2: "AVX2 widening load", SCALAR: "widening load in plain C"}
 FORCED: Optional[int] = None  # a path to take instead of the measured one (scripts' --path; tests: each path built)
 FORCED_TILE: Optional[int] = None  # a many-row variant to take instead of the measured one (scripts/prompt_pass.py)
 # each path's many-row variant (``skinny_bf16_rows.c``'s SHAPES) where no other measures clearly faster: speed only
-PROMPT_TILE = {DOT: 2, AVX512: 2, AVX2: 1, SCALAR: 1}
+PROMPT_TILE = {AMX: 1, DOT: 2, AVX512: 2, AVX2: 1, SCALAR: 1}
 DEFAULT_SHAPE = (3072, 576)  # the linear measured where a caller names none: the embedded model's gate/up (N, K)
 
 
@@ -48,7 +51,16 @@ _DECIDED: "weakref.WeakKeyDictionary[ctypes.CDLL, _Decided]" = weakref.WeakKeyDi
 def paths(library: ctypes.CDLL) -> List[int]:
     """The bfloat16 paths ``library`` was built with, best first."""
     have = library.skinny_bf16_paths()
-    return [p for p in (DOT, AVX512, AVX2, SCALAR) if have & (1 << p)]
+    return [p for p in (AMX, DOT, AVX512, AVX2, SCALAR) if have & (1 << p)]
+
+
+AMX_ABSENT = {1: "not built (the compiler does not target AMX-BF16 here)", 2: "this CPU has no AMX-BF16",
+              3: "Linux refused the tile data state (arch_prctl)"}
+
+
+def amx_absent(library: ctypes.CDLL) -> str:
+    """"" where the AMX path runs here, else why not in a few words (``skinny_amx.c``'s ``amx_state``)."""
+    return AMX_ABSENT.get(library.amx_state(), "")
 
 
 def _decided(library: ctypes.CDLL, shape: Optional[Tuple[int, int]]) -> _Decided:
@@ -66,10 +78,11 @@ def _timer(library: ctypes.CDLL, decided: _Decided, weights: Optional[Sequence[T
 
 def chosen(library: ctypes.CDLL, shape: Optional[Tuple[int, int]] = None, weights: Optional[Sequence[Tensor]] = None) -> int:
     """The path the C step takes here: ``FORCED`` where set (it must be built), else the one measured
-    fastest (``bf16_choice.choose_path``) the first time this process asked ``library``, on a linear of
-    ``shape`` (N, K; None: ``DEFAULT_SHAPE``), read from ``weights`` (the model's blocks of that shape,
-    taken in turn; None: copies made for it), the dot path only where clearly faster than the best
-    widening one; later shapes take the same path (``forget`` asks again).
+    fastest (``bf16_choice.choose_path``: a run of one-position and many-row linears, weighed) the first
+    time this process asked ``library``, on a linear of ``shape`` (N, K; None: ``DEFAULT_SHAPE``), read
+    from ``weights`` (the model's blocks of that shape, taken in turn; None: copies made for it), the dot
+    or AMX path only where clearly faster than the best widening one; later shapes take the same path
+    (``forget`` asks again).
     The path's many-row variant is chosen with it (``prompt_tile``), so no pass measures."""
     if FORCED is not None:
         built = paths(library)
@@ -81,9 +94,9 @@ def chosen(library: ctypes.CDLL, shape: Optional[Tuple[int, int]] = None, weight
         if decided.path is None:
             built = paths(library)
             # the default a path must beat clearly: a widening one (they all give the same bits, so a close
-            # race between them changes no output from run to run; the dot path rounds apart)
-            default = next((p for p in built if p != DOT), built[0])
-            decided.path = choice.choose_path(built, _timer(library, decided, weights), default)
+            # race between them changes no output from run to run; the dot and AMX paths round apart)
+            default = next((p for p in built if p not in ROUNDING), built[0])
+            decided.path = choice.choose_path(built, _timer(library, decided, weights), default, PROMPT_TILE, ROUNDING)
         path = decided.path.pick
     _tile(library, path, shape, weights)
     return path
@@ -131,8 +144,10 @@ def _ms(seconds: float) -> str:
 
 
 def _why(library: ctypes.CDLL, path: int) -> str:
-    """Why ``path`` runs here, and which many-row variant: "by measurement (a one-position 3072x576 linear
-    0.41 ms against 0.63 ms avx512_bf16 dot, ...); prompt tile 8x3 by measurement (64 rows 1.0 ms against ...)"."""
+    """Why ``path`` runs here, and which many-row variant: "by measurement (3072x576 linears, 1 and 64 rows
+    weighed 64:4, 0.41 + 0.6 ms against 0.33 + 1.7 ms AVX-512 widening load, 0.38 ms at one position AVX2
+    widening load, ...); prompt tile 32x2, the only one built", or, where no path rounds apart, "by
+    measurement (a one-position 3072x576 linear 0.41 ms against ...)"."""
     decided = _decided(library, None)
     if path == FORCED:
         why = "forced"
@@ -140,10 +155,17 @@ def _why(library: ctypes.CDLL, path: int) -> str:
         why = "as asked"  # a caller's own path (``linear``'s argument)
     elif decided.path.how != choice.MEASURED:
         why = f"{decided.path.how} here"
-    else:
+    elif not decided.path.parts:  # the widening paths alone: their one-position race
         n, k = decided.shape
         others = ", ".join(f"{_ms(s)} {NAMES[p]}" for p, s in decided.path.others())
         why = f"by measurement (a one-position {n}x{k} linear {_ms(decided.path.picked_seconds())} against {others})"
+    else:
+        n, k = decided.shape
+        parts = {p: f"{one * 1e3:.3g} + {many * 1e3:.3g} ms" if many == many else f"{one * 1e3:.3g} ms at one position"
+                 for p, one, many in decided.path.parts}
+        others = ", ".join(f"{parts[p]} {NAMES[p]}" for p, *_ in decided.path.parts if p != path)
+        weights = f"{choice.DECODED}:{choice.PROMPT // choice.ROWS}"
+        why = f"by measurement ({n}x{k} linears, 1 and {choice.ROWS} rows weighed {weights}, {parts[path]} against {others})"
     shapes = tiles(library, path)
     name = lambda t: f"{shapes[t][0]}x{shapes[t][1]}"  # noqa: E731 (register tile: rows x blocks of 16 features)
     if FORCED_TILE is not None:
@@ -164,9 +186,12 @@ def short_words(library: ctypes.CDLL, path: int) -> str:
 def describe(library: ctypes.CDLL, path: int) -> str:
     """The header's words for ``path``: "bfloat16 weights read by the avx512_bf16 dot, activations rounded
     to bfloat16 for it, float32 sums, ..." or "... by the AVX2 widening load, float32 activations and sums,
-    ...", then why it runs and its many-row variant (``_why``)."""
-    done = "activations rounded to bfloat16 for it, float32 sums" if path == DOT else "float32 activations and sums"
-    return f"bfloat16 weights read by the {NAMES[path]}, {done}, {_why(library, path)}"
+    ...", then why it runs and its many-row variant (``_why``), and why there is no AMX path where the
+    CPU has AMX but it is missing (``amx_absent``)."""
+    done = "activations rounded to bfloat16 for it, float32 sums" if path in ROUNDING else "float32 activations and sums"
+    absent = amx_absent(library)
+    missing = f"; no AMX path: {absent}" if absent and absent != AMX_ABSENT[2] else ""
+    return f"bfloat16 weights read by the {NAMES[path]}, {done}, {_why(library, path)}{missing}"
 
 
 def linear(x: Tensor, packed: Tensor, n: int, bias: Optional[Tensor], path: Optional[int] = None,

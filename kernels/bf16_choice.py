@@ -1,17 +1,27 @@
 """The bfloat16 path, and that path's many-row variant, chosen by a short measurement (``kernels.bf16``'s
 ``chosen`` and ``prompt_tile`` keep the results, once per process and library).
 
-A linear of the model's shape (its gate/up, blocked in bfloat16) is timed over one position on each
-path built, then over ``ROWS`` rows on each many-row variant of the path kept: interleaved rounds after
-``WARMUP`` untimed ones, medians. Speed is all that depends on it: a process takes one path for every
-pass of every row, and every variant of a path gives a row the same bits (``skinny_bf16_rows.c``).
+A linear of the model's shape (its gate/up, blocked in bfloat16) is timed on each path built over one
+position (and, racing on the weighed run, over ``ROWS`` rows on its default many-row variant), then over ``ROWS`` rows on each
+many-row variant of the path kept: interleaved rounds after ``WARMUP`` untimed ones, medians. Speed is
+all that depends on it: a process takes one path for every pass of every row (so a position's logits
+never depend on the pass's width), and every variant of a path gives a row the same bits.
+
+The rule for the path (``choose_path``): the widening paths race at one position (they give the same
+bits and rank alike at any width); where paths that round the activations are built (the avx512_bf16
+dot, the AMX tiles), they and the fastest widening one race on a weighed run (``weighed``): the least
+seconds of ``DECODED`` one-position linears after a prompt of ``PROMPT`` positions (``PROMPT / ROWS``
+linears of ``ROWS`` rows). Decoding is most of a run's passes, but the prompt pass is where the paths
+differ most: the AMX tiles run a many-row linear several times faster than the widening load and
+decode at about its speed, so a run weighs both, as a user's first token and tokens/s do.
+
 The timer is given (``Timer``): the decisions are pure functions of the seconds it returns, and the
 budget counts those seconds, so a test's fixed seconds decide as a clock's would.
 """
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -19,6 +29,7 @@ Timer = Callable[[int, int, int], float]  # (path, variant, rows) -> seconds of 
 WARMUP, REPEATS, MIN_REPEATS = 2, 7, 3  # untimed rounds, timed rounds, timed rounds before the budget may cut
 BUDGET = 0.15  # seconds of timed linears (their own sum, warm-up included) past which no further round starts
 ROWS = 64  # rows the many-row variants are timed over: half a prompt chunk, past MANY_ROWS
+DECODED, PROMPT = 64, 256  # the run a path is weighed on: 64 tokens decoded after a 256-position prompt (one chunk)
 MARGIN = 0.97  # another path or variant replaces the default only where it takes at most this share of its time
 WORKING_SET = 32 << 20  # bytes of weight copies taken in turn: a sample reads its weights from memory, as a pass does
 MOST_COPIES = 8
@@ -33,6 +44,7 @@ class Measured:
     pick: int
     how: str
     seconds: Tuple[Tuple[int, float], ...] = ()
+    parts: Tuple[Tuple[int, float, float], ...] = ()  # each path's (path, one-position, ``ROWS``-row seconds: NaN untimed)
 
     def others(self) -> Tuple[Tuple[int, float], ...]:
         return tuple((key, s) for key, s in self.seconds if key != self.pick)
@@ -41,10 +53,10 @@ class Measured:
         return dict(self.seconds)[self.pick]
 
 
-def medians(keys: Sequence[int], run: Callable[[int], float], repeats: int = REPEATS, budget: float = BUDGET) -> Dict[int, float]:
+def medians(keys: Sequence, run: Callable[[Any], float], repeats: int = REPEATS, budget: float = BUDGET) -> Dict[Any, float]:
     """Median seconds of ``run(key)`` for each key: interleaved rounds, ``WARMUP`` untimed then up to
     ``repeats`` timed; past ``MIN_REPEATS`` timed rounds, none starts once ``budget`` seconds were spent."""
-    timed: Dict[int, list] = {key: [] for key in keys}
+    timed: Dict[Any, list] = {key: [] for key in keys}
     spent = 0.0
     for round_ in range(WARMUP + repeats):
         if round_ >= WARMUP + MIN_REPEATS and spent > budget:
@@ -64,13 +76,32 @@ def fastest(seconds: Dict[int, float], default: int) -> int:
     return default if default in seconds and not seconds[best] < MARGIN * seconds[default] else best
 
 
-def choose_path(built: Sequence[int], timer: Timer, default: Optional[int] = None) -> Measured:
-    """The path of ``built`` whose one-position linear runs fastest (``default``, None: ``built[0]``,
-    unless another is clearly faster)."""
+def weighed(one: float, many: float) -> float:
+    """Seconds of the run a path is chosen on: ``DECODED`` linears of one position, and ``PROMPT / ROWS``
+    of ``ROWS`` rows (``one``, ``many``: the medians of each)."""
+    return DECODED * one + PROMPT / ROWS * many
+
+
+def choose_path(built: Sequence[int], timer: Timer, default: Optional[int] = None,
+                tiles: Optional[Dict[int, int]] = None, rounding: Sequence[int] = ()) -> Measured:
+    """The path ``built`` runs: each timed at one position; the fastest of the widening ones (not in
+    ``rounding``: they give the same bits, and rank alike at any width), ``default`` (None: the first)
+    unless another is clearly faster; then, where ``rounding`` paths are built, those and that one timed
+    over ``ROWS`` rows (each on its variant ``tiles[path]``, default 1) and the least ``weighed`` run
+    taken, the widening one unless another is clearly faster."""
     if len(built) == 1:
         return Measured(built[0], ONLY)
-    seconds = medians(built, lambda path: timer(path, 0, 1))
-    return Measured(fastest(seconds, built[0] if default is None else default), MEASURED, tuple(seconds.items()))
+    one = medians(built, lambda path: timer(path, 0, 1))
+    widening = [p for p in built if p not in rounding]
+    best = fastest({p: one[p] for p in widening}, default if default in widening else widening[0]) if widening else None
+    racing = [p for p in built if p in rounding or p == best]
+    if len(racing) == 1:  # nothing rounds apart: the one-position race decides, as it did
+        return Measured(best, MEASURED, tuple(one.items()))
+    tiles = tiles or {}
+    many = medians(racing, lambda path: timer(path, tiles.get(path, 1), ROWS))
+    seconds = {p: weighed(one[p], many[p]) for p in racing}
+    parts = tuple((p, one[p], many.get(p, float("nan"))) for p in built)
+    return Measured(fastest(seconds, racing[0] if best is None else best), MEASURED, tuple(seconds.items()), parts)
 
 
 def choose_tile(path: int, variants: Sequence[int], default: int, timer: Timer) -> Measured:

@@ -4,7 +4,7 @@
 #define BF16_TILES_H
 #include <stdint.h>
 
-enum { F32 = 0, BF16_SCALAR = 1, BF16_AVX2 = 2, BF16_AVX512 = 3, BF16_DOT = 4 };
+enum { F32 = 0, BF16_SCALAR = 1, BF16_AVX2 = 2, BF16_AVX512 = 3, BF16_DOT = 4, BF16_AMX = 5 };
 
 #define BW 16  /* output features per block */
 #define MBX 12 /* the most rows of a decoding tile (bf16_tile) */
@@ -19,4 +19,8 @@ void bf16_tile(int64_t path, const float *x, int64_t K, int64_t k0, int64_t k1, 
 /* bf16_tile for exactly `rows` x `blocks` (a many-row shape: bf16_shapes); 0 where `path` has no such tile */
 int bf16_full(int64_t path, int64_t rows, int64_t blocks, const float *x, int64_t K, int64_t k0, int64_t k1, const uint16_t *p,
               float *out, int64_t ys, int load);
+
+/* skinny_amx.c: the AMX path's row loop (its own tiles; variant `tile` 0 or 1), and whether it runs here (0) or why not */
+void skinny_rows_amx(int64_t tile, const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N, int64_t K);
+int amx_state(void);
 #endif

@@ -25,7 +25,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("skinny_gemm.c", "skinny_tiles.c", "skinny_bf16.c", "skinny_bf16_rows.c", "c_step.c", "head_step.c", "blocked_check.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("skinny_gemm.c", "skinny_tiles.c", "skinny_bf16.c", "skinny_bf16_rows.c", "skinny_amx.c", "c_step.c", "head_step.c", "blocked_check.c"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("step_rows.h", "linears.h", "bf16_tiles.h"))  # included by the sources: hashed with them, never compiled alone
 SOURCE = SOURCES[0]
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")  # no fused a*b+c unless written: one rounding on every CPU
@@ -125,7 +125,7 @@ def _build(compiler: str, folder: Path, sources: Sequence[Path] = SOURCES, stem:
 
 
 SYMBOLS = ("skinny_linear", "skinny_simd", "skinny_tiles", "skinny_tile_shape", "skinny_linear_tile", "skinny_bf16_paths",
-           "skinny_linear_bf16", "skinny_bf16_tiles", "skinny_bf16_tile_shape", "c_step", "c_step_scratch", "head_step", "head_step_scratch", "blocked_holds")  # what a library of ours exports
+           "skinny_linear_bf16", "skinny_bf16_tiles", "skinny_bf16_tile_shape", "amx_state", "c_step", "c_step_scratch", "head_step", "head_step_scratch", "blocked_holds")  # what a library of ours exports
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -192,6 +192,7 @@ def _library() -> Tuple[Optional[ctypes.CDLL], str]:
     library.skinny_bf16_tiles.restype = ctypes.c_int
     library.skinny_bf16_tile_shape.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     library.skinny_bf16_tile_shape.restype = ctypes.c_int
+    library.amx_state.restype = ctypes.c_int
     library.c_step.restype = ctypes.c_int
     library.c_step_scratch.restype = ctypes.c_int64
     library.head_step.restype = ctypes.c_int

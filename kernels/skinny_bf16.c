@@ -44,6 +44,7 @@ int skinny_bf16_paths(void) {
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
     paths |= 1 << BF16_DOT;
 #endif
+    if (amx_state() == 0) paths |= 1 << BF16_AMX; /* compiled, on this CPU, and granted by the OS (skinny_amx.c) */
     return paths;
 }
 

@@ -22,17 +22,18 @@ typedef struct {
 } Shape;
 
 /* each path's variants: 0 decoding's (its register block), then the many-row ones; rows 0 ends a list */
-static const Shape SHAPES[5][5] = {
+static const Shape SHAPES[6][5] = {
     [BF16_SCALAR] = {{4, 1, 0}, {4, 1, 256}},
     [BF16_AVX2] = {{6, 1, 0}, {6, 1, 256}},
     [BF16_AVX512] = {{12, 2, 0}, {12, 2, 256}, {8, 3, 256}},
     [BF16_DOT] = {{12, 2, 0}, {12, 2, 256}, {8, 3, 256}, {6, 4, 256}},
+    [BF16_AMX] = {{16, 3, 0}, {32, 2, 0}}, /* skinny_amx.c's own loops: a row tile of 16 on three blocks; two on two */
 };
 
 /* how many variants `path` has (0 for no such path) */
 int skinny_bf16_tiles(int64_t path) {
     int n = 0;
-    while (path >= BF16_SCALAR && path <= BF16_DOT && n < 5 && SHAPES[path][n].rows) n++;
+    while (path >= BF16_SCALAR && path <= BF16_AMX && n < 5 && SHAPES[path][n].rows) n++;
     return n;
 }
 
@@ -108,7 +109,9 @@ static void many(int64_t path, const Shape *s, const float *x, const uint16_t *p
  * `tile` (0 or one it lacks: decoding's loop). */
 void skinny_rows_bf16(int64_t path, int64_t tile, const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N,
                       int64_t K) {
-    if (tile <= 0 || tile >= skinny_bf16_tiles(path))
+    if (path == BF16_AMX)
+        skinny_rows_amx(tile, x, p, b, y, M, N, K);
+    else if (tile <= 0 || tile >= skinny_bf16_tiles(path))
         decoding(path, x, p, b, y, M, N, K);
     else
         many(path, &SHAPES[path][tile], x, p, b, y, M, N, K);

@@ -49,7 +49,7 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds over the prompts")
     parser.add_argument("--tokens", type=int, default=64, help="greedy tokens a generation")
     parser.add_argument("--prompts", type=int, default=6, help="prompts of bench_prompts.jsonl")
-    parser.add_argument("--path", choices=["dot", "avx512", "avx2", "scalar"], default=None,
+    parser.add_argument("--path", choices=["amx", "dot", "avx512", "avx2", "scalar"], default=None,
                         help="the bfloat16 path forced (default: the one the C step takes here)")
     args = parser.parse_args(argv)
     import json
@@ -64,7 +64,7 @@ def main(argv: List[str] | None = None) -> None:
         sys.exit(f"the skinny kernel is not built here: {skinny.available()[1]}")
     import kernels.bf16 as bf16
 
-    bf16.FORCED = {"dot": bf16.DOT, "avx512": bf16.AVX512, "avx2": bf16.AVX2, "scalar": bf16.SCALAR}.get(args.path)
+    bf16.FORCED = {"amx": bf16.AMX, "dot": bf16.DOT, "avx512": bf16.AVX512, "avx2": bf16.AVX2, "scalar": bf16.SCALAR}.get(args.path)
     torch.set_grad_enabled(False)
     model32, tokenizer = load_embedded()
     size32 = weight_bytes(model32)

@@ -39,7 +39,7 @@ def parse(argv: List[str] | None) -> argparse.Namespace:
     parser.add_argument("--chunks", type=int, nargs="+", default=[256], help="chunk lengths (positions per C call)")
     parser.add_argument("--no-torch", action="store_true", help="leave out the torch forward on MKL")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the weights' dtype")
-    parser.add_argument("--path", choices=["dot", "avx512", "avx2", "scalar"], default=None,
+    parser.add_argument("--path", choices=["amx", "dot", "avx512", "avx2", "scalar"], default=None,
                         help="bfloat16: the path forced (default: the one the C step takes here)")
     return parser.parse_args(argv)
 
@@ -121,7 +121,7 @@ def main(argv: List[str] | None = None) -> None:
     variants: Dict[str, int] = {}
     if args.dtype == "bfloat16":
         model = model.to(torch.bfloat16)
-        bf16.FORCED = {"dot": bf16.DOT, "avx512": bf16.AVX512, "avx2": bf16.AVX2, "scalar": bf16.SCALAR}.get(args.path)
+        bf16.FORCED = {"amx": bf16.AMX, "dot": bf16.DOT, "avx512": bf16.AVX512, "avx2": bf16.AVX2, "scalar": bf16.SCALAR}.get(args.path)
         from kernels.c_step import gate_up_shape
         from kernels.prompt_gemm import MANY_ROWS
 

@@ -2,6 +2,7 @@
 kernels/bf16.py): the choice is a pure function of the seconds the timer gives (fixed here, no clock),
 made once per process and library, named in the header with its figures, and the greedy rows of a run
 under it emit target AR's tokens, every pass on the one path chosen."""
+import math
 import weakref
 
 import pytest
@@ -46,17 +47,45 @@ def fresh(monkeypatch):
 
 
 def test_the_fastest_path_and_variant_of_the_given_seconds_are_chosen():
-    """The least median wins; a key within ``MARGIN`` of the default leaves the default; one key built
-    is taken untimed; the budget (the timer's own seconds) stops rounds after ``MIN_REPEATS``."""
+    """The least weighed run wins (one-position and many-row medians); a key within ``MARGIN`` of the
+    default leaves the default; one key built is taken untimed; the budget (the timer's own seconds)
+    stops rounds after ``MIN_REPEATS``."""
     slow = lambda seconds: lambda path, tile, rows: seconds[path if rows == 1 else tile]  # noqa: E731
+    runs = lambda one, many: lambda path, tile, rows: (one if rows == 1 else many)[path]  # noqa: E731
     assert choice.choose_path([4, 3, 2], slow({4: 2.0e-3, 3: 1.0e-3, 2: 1.5e-3})) == \
-        choice.Measured(3, choice.MEASURED, ((4, 2.0e-3), (3, 1.0e-3), (2, 1.5e-3)))
+        choice.Measured(3, choice.MEASURED, ((4, 2.0e-3), (3, 1.0e-3), (2, 1.5e-3)))  # no path rounds apart: one position decides
     assert choice.choose_path([4, 3], slow({4: 1.0e-3, 3: 0.99e-3})).pick == 4  # within the margin: the default
+    one, many = {5: 1.2e-3, 3: 1.0e-3, 2: 1.5e-3}, {5: 2e-3, 3: 8e-3}
+    measured = choice.choose_path([5, 3, 2], runs(one, many), 3, rounding=(5,))  # 5 rounds apart: it and 3 race on the weighed run
+    assert (measured.pick, measured.seconds) == (5, tuple((p, choice.weighed(one[p], many[p])) for p in (5, 3)))
+    assert measured.parts[:2] == ((5, one[5], many[5]), (3, one[3], many[3])) and measured.parts[2][:2] == (2, one[2])
+    assert math.isnan(measured.parts[2][2])  # 2 widens as 3 does, slower: never timed over many rows
     assert choice.choose_path([1], slow({})) == choice.Measured(1, choice.ONLY)
     assert choice.choose_tile(3, [1, 2], 2, slow({1: 0.9e-3, 2: 1.0e-3})).pick == 1
     calls = []
     timed = choice.medians([1, 2], lambda key: calls.append(key) or 1.0)  # a second a call: past the budget at once
     assert timed == {1: 1.0, 2: 1.0} and len(calls) == 2 * (choice.WARMUP + choice.MIN_REPEATS)
+
+
+def test_a_path_slower_at_one_row_wins_where_its_prompt_pass_pays_for_it():
+    """The rule weighs ``DECODED`` one-position linears against a ``PROMPT``-position prompt: a path 1.1x
+    slower at one row but 8x faster over ``ROWS`` rows (the AMX tiles against the widening load) is
+    chosen; one 2x slower at one row and only 1.2x faster over many rows is not; the variant each path's
+    many rows were timed on is the one given for it."""
+    asked = []
+
+    def timer(one, many):
+        def run(path, tile, rows):
+            asked.append((path, tile, rows))
+            return (one if rows == 1 else many)[path]
+        return run
+
+    widening, amx = bf16.AVX512, bf16.AMX
+    assert choice.choose_path([amx, widening], timer({amx: 1.1e-3, widening: 1e-3}, {amx: 2.5e-3, widening: 20e-3}),
+                              widening, {amx: 1, widening: 2}, bf16.ROUNDING).pick == amx
+    assert {(path, tile) for path, tile, rows in asked if rows == choice.ROWS} == {(amx, 1), (widening, 2)}
+    assert choice.choose_path([amx, widening], timer({amx: 2e-3, widening: 1e-3}, {amx: 16.7e-3, widening: 20e-3}),
+                              widening, rounding=bf16.ROUNDING).pick == widening
 
 
 def test_a_process_measures_once_and_the_header_names_the_measurement(fresh, monkeypatch):
@@ -79,7 +108,13 @@ def test_a_process_measures_once_and_the_header_names_the_measurement(fresh, mon
     rows, blocks, _ = bf16.tiles(skinny.library(), built[1])[many[-1]]
     words = label(model)
     assert f"read by the {bf16.NAMES[built[1]]}, " in words, words
-    assert f"by measurement (a one-position {n}x{k} linear 0.41 ms against 0.63 ms {bf16.NAMES[built[0]]}" in words, words
+    if set(built[:2]) & set(bf16.ROUNDING):  # a path that rounds apart races: the weighed run, each many-row time named
+        many_ms = lambda path: f"{per_tile[bf16.PROMPT_TILE[path]] * 1e3:.3g}"  # noqa: E731 (its default variant's seconds)
+        weights = f"{choice.DECODED}:{choice.PROMPT // choice.ROWS}"
+        assert (f"by measurement ({n}x{k} linears, 1 and {choice.ROWS} rows weighed {weights}, 0.41 + {many_ms(built[1])} ms "
+                f"against 0.63 + {many_ms(built[0])} ms {bf16.NAMES[built[0]]}") in words, words
+    else:
+        assert f"by measurement (a one-position {n}x{k} linear 0.41 ms against 0.63 ms {bf16.NAMES[built[0]]}" in words, words
     if len(many) > 1:
         assert f"prompt tile {rows}x{blocks} by measurement ({choice.ROWS} rows {10 - many[-1]} ms against" in words, words
     assert short_label(model) == f"C step, {bf16.NAMES[built[1]]} by measurement"

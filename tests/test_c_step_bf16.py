@@ -1,9 +1,10 @@
-"""The C step on bfloat16 weights (kernels/skinny_bf16.c, kernels/bf16.py): each path this build has
-(the avx512_bf16 dot, the AVX-512, AVX2 and plain-C widening loads, forced one at a time on this CPU)
+"""The C step on bfloat16 weights (kernels/skinny_bf16.c, kernels/skinny_amx.c, kernels/bf16.py): each path
+this build has (the AMX tiles, the avx512_bf16 dot, the AVX-512, AVX2 and plain-C widening loads, forced
+one at a time on this CPU)
 gives a position's logits whatever the pass width or tree, so greedy drafting rows emit bfloat16
 target AR's tokens (Llama, and the kin with the most features: Gemma 3 and OLMo 2, ``families.py``);
 the widening paths are the float32 step on the widened weights bit for bit; the dot path computes the
-sums it documents; all stay close to transformers' forward."""
+sums it documents; all stay close to transformers' forward (tests/test_amx.py: the AMX path's own)."""
 import copy
 import ctypes
 
@@ -28,15 +29,16 @@ from utils.models import truncated_drafter
 pytestmark = [pytest.mark.needs_cc,
               pytest.mark.skipif(not skinny.available()[0], reason="the skinny kernel is not built here")]
 
-PATHS = (bf16.DOT, bf16.AVX512, bf16.AVX2, bf16.SCALAR)
-WIDENING = PATHS[1:]
+PATHS = (bf16.AMX, bf16.DOT, bf16.AVX512, bf16.AVX2, bf16.SCALAR)
+WIDENING = PATHS[2:]
 
 
 @pytest.fixture(params=PATHS, ids=lambda p: bf16.NAMES[p])
 def path(request, monkeypatch):
-    """Each bfloat16 path, forced (skipped where this build lacks it: no avx512_bf16, no AVX-512)."""
+    """Each bfloat16 path, forced (skipped where this build lacks it: no AMX, no avx512_bf16, no AVX-512)."""
     if request.param not in bf16.paths(skinny.library()):
-        pytest.skip(f"this build has no {bf16.NAMES[request.param]}")
+        why = bf16.amx_absent(skinny.library()) if request.param == bf16.AMX else ""
+        pytest.skip(f"this build has no {bf16.NAMES[request.param]}" + (f": {why}" if why else ""))
     monkeypatch.setattr(bf16, "FORCED", request.param)
     return request.param
 
@@ -144,16 +146,16 @@ def test_every_variant_gives_a_row_the_bits_it_gets_alone(path, threads):
     whole blocks, shared 13 ways over the threads into full and partial tiles, and a padded one), a bias:
     every variant of the path (decoding's and the many-row tiles) over 1..12 rows and over 100 (row
     blocks and a remainder) gives each row the bits it gets alone on decoding's loop; the widening paths
-    give the plain-C path's bits."""
+    give the plain-C path's bits. (The AMX path's variants take the whole of k: chunks of 32, a partial last.)"""
     g = torch.Generator().manual_seed(7)
     w, x, b = torch.randn(216, 600, generator=g).bfloat16(), torch.randn(100, 600, generator=g), torch.randn(216, generator=g)
     packed, variants = pack(w), bf16.tiles(skinny.library(), path)
-    assert len(variants) >= 2 and variants[0][2] == 0 and all(kc == 256 for _, _, kc in variants[1:])
+    assert len(variants) >= 2 and variants[0][2] == 0 and all(kc == (0 if path == bf16.AMX else 256) for _, _, kc in variants[1:])
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
         alone = torch.cat([bf16.linear(x[i: i + 1], packed, 216, b, path, 0) for i in range(100)])
-        if path != bf16.DOT:
+        if path not in bf16.ROUNDING:
             assert torch.equal(alone, torch.cat([bf16.linear(x[i: i + 1], packed, 216, b, bf16.SCALAR, 0) for i in range(100)]))
         for tile in range(len(variants)):
             for m in (*range(1, 13), 100):
@@ -221,15 +223,15 @@ def test_builds_without_avx512_have_only_the_widening_paths_and_round_alike(tmp_
 @pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", *FAMILIES])
 def test_logits_are_close_to_transformers_forward(name, path):
     """Against transformers' float32 forward on the widened weights: the widening paths to float32
-    rounding; the dot path within 1% of the logits' scale, no further than transformers' own bfloat16
-    forward is; both within 2% of that bfloat16 forward."""
+    rounding; the dot and AMX paths (activations rounded to bfloat16) within 1% of the logits' scale, no
+    further than transformers' own bfloat16 forward is; all within 2% of that bfloat16 forward."""
     model, ids = bfloat16(name), ids_for()
     with torch.no_grad():  # before the step: its first pass makes the layers its own route's (``kernels.one_copy``)
         float32 = copy.deepcopy(model).float()(ids[:, :30]).logits[0]
         own = model(ids[:, :30]).logits[0].float()
     got = LeanRunner(model)(ids[:, :30], 30)
     scale = float32.abs().max()
-    if path == bf16.DOT:
+    if path in bf16.ROUNDING:
         assert (got - float32).abs().max() <= min(0.01 * scale, (own - float32).abs().max())
     else:
         torch.testing.assert_close(got, float32, rtol=1e-4, atol=2e-5)
@@ -279,7 +281,7 @@ def test_the_header_names_the_path_that_ran(path):
     assert "sums, forced; prompt tile " in label(model)
     described = EAGER.describe(model)
     assert f"on the C step (bfloat16 weights read by the {bf16.NAMES[path]}" in described, described
-    assert ("activations rounded to bfloat16" in described) == (path == bf16.DOT)
+    assert ("activations rounded to bfloat16" in described) == (path in bf16.ROUNDING)
     assert short_label(model.float()) == "C step" and "bfloat16" not in label(model)
 
 
