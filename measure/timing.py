@@ -344,10 +344,15 @@ def choose_kernels(model: Module, budget: Optional[Budget] = None) -> Tuple[Opti
     decoding, and return the measurement with one line saying what was measured and chosen (None
     and the model's own linears when nothing could be measured). A notebook calls this once per
     model to run what the REPL and the benchmark run: every pass on the kernels measured faster for
-    its width."""
+    its width, a long prompt's on the many-row GEMM measured fastest (``measure.prompt.choose_prompt``,
+    its line after "; " where the model's long passes run the float32 C step)."""
+    from measure.prompt import choose_prompt
+
     if not prepackable(model):
         return None, "no float32 CPU linear layers to prepack"
-    return decide(model, measure_kernels(model, budget=budget), budget)
+    choice, line = decide(model, measure_kernels(model, budget=budget), budget)
+    prompt = choose_prompt(model, budget)
+    return choice, line if prompt is None else f"{line}; {prompt}"
 
 
 @torch.no_grad()
