@@ -83,8 +83,7 @@ static double cpu_now(void) {
         since_ = now_;                                  \
     } while (0)
 
-int c_step_group = GROUP;  /* attention's most query heads at once (1: one at a time): an A/B of the same bits */
-int c_step_transpose = 1; /* 0: a long pass's scores on the cache's keys (dot16), not transposed (dot16t) */
+int c_step_group = GROUP; /* attention's most query heads at once (1: one at a time): an A/B of the same bits */
 
 /* out[0..3): linears, attention, the rest (CPU seconds since the last call); then zeroed */
 int c_step_profile(double *out) {
@@ -92,11 +91,9 @@ int c_step_profile(double *out) {
     return PARTS;
 }
 #define GROUP_LIMIT c_step_group
-#define TRANSPOSING c_step_transpose
 #else
 #define MARK(part) ((void)0)
 #define GROUP_LIMIT GROUP
-#define TRANSPOSING 1
 #endif
 
 /* x normed into y (n floats), or copied where the layer has no norm there (OLMo 2's input) */
@@ -134,25 +131,13 @@ static void finish_logits(float *logits, int64_t V, const Dims *d) {
     }
 }
 
-#define TRANSPOSED_ROWS 13 /* a pass over at least this many positions reads its keys transposed (a prompt's chunks) */
-
-/* keys [L, D] of one key-value head (row stride D) transposed into kt [D, ldk], in tiles of 16 x 16 */
-static void transpose_keys(const float *keys, int64_t L, int64_t D, float *kt, int64_t ldk) {
-    for (int64_t j0 = 0; j0 < L; j0 += 16)
-        for (int64_t d0 = 0; d0 < D; d0 += 16)
-            for (int64_t d = d0; d < d0 + 16 && d < D; d++)
-                for (int64_t j = j0; j < j0 + 16 && j < L; j++) kt[d * ldk + j] = keys[j * D + d];
-}
-
 /* attend_group, for the tests (tests/test_c_step.py): the g <= GROUP query heads q [g, D] of one key-value
- * head over keys, values [L, D] and seen [L] into out [g, D]: by attend one at a time (how 0), grouped
- * (1), or grouped on the keys transposed (2); s: scratch, GROUP * L + D * L floats. */
+ * head over keys, values [L, D] and seen [L] into out [g, D], grouped (1) or by attend one at a time (0);
+ * s: scratch, GROUP * L floats. */
 void c_attend(const float *q, int64_t g, const float *keys, const float *values, const uint8_t *seen, int64_t L, int64_t D,
-              float scale, float *s, float *out, int64_t how) {
-    float *kt = how == 2 ? s + GROUP * L : NULL;
-    if (kt) transpose_keys(keys, L, D, kt, L);
-    if (how) {
-        attend_group(q, D, (int)g, keys, kt, L, values, seen, L, D, scale, s, out, D);
+              float scale, float *s, float *out, int64_t grouped) {
+    if (grouped) {
+        attend_group(q, D, (int)g, keys, values, seen, L, D, scale, s, out, D);
         return;
     }
     for (int64_t c = 0; c < g; c++) attend(q + c * D, keys, values, seen, L, D, scale, s, out + c * D);
@@ -161,8 +146,7 @@ void c_attend(const float *q, int64_t g, const float *keys, const float *values,
 /* The scratch floats c_step needs for r positions and a cache of cap slots on `threads` threads. */
 int64_t c_step_scratch(const Dims *d, int64_t r, int64_t threads) {
     int64_t nqkv = (d->Hq + 2 * d->Hkv) * d->D;
-    return r * (d->H + nqkv + d->Hq * d->D + d->H + 2 * d->I + d->I) + threads * (GROUP * d->cap + d->cap / 4 + 64) +
-           (r >= TRANSPOSED_ROWS ? d->Hkv * d->D * d->cap : 0); /* the keys transposed */
+    return r * (d->H + nqkv + d->Hq * d->D + d->H + 2 * d->I + d->I) + threads * (GROUP * d->cap + d->cap / 4 + 64);
 }
 
 /* One pass. h: [r, H], the embeddings of the fed ids in, the last layer's output (before the final
@@ -179,8 +163,7 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
               int64_t threads) {
     const int64_t H = d->H, D = d->D, Hq = d->Hq, Hkv = d->Hkv, I = d->I, nqkv = (Hq + 2 * Hkv) * D, L = start + r;
     float *x = scratch, *qkv = x + r * H, *att = qkv + r * nqkv, *delta = att + r * Hq * D, *gu = delta + r * H,
-          *act = gu + r * 2 * I, *per_thread = act + r * I,
-          *kt = r >= TRANSPOSED_ROWS && TRANSPOSING ? per_thread + threads * (GROUP * d->cap + d->cap / 4 + 64) : NULL; /* [Hkv, D, L] */
+          *act = gu + r * 2 * I, *per_thread = act + r * I;
     int ran = 1;
     if (threads < 1) threads = 1;
     /* attention's units: a position's query heads of one key-value head (per), in groups of qg */
@@ -233,10 +216,6 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
              * groups would leave a thread idle (a short pass). Key-value head by head, so a thread's next
              * units read the same head's slots (in L2 on a long pass), and dealt round robin, as a later
              * position sees more slots (in blocks, the last rows' would all go to one thread). */
-            if (kt) { /* the cache's keys transposed for attention's scores (dot16t: the same bits as dot16) */
-#pragma omp for schedule(static)
-                for (int64_t kv = 0; kv < Hkv; kv++) transpose_keys(w->keys + kv * d->cap * D, L, D, kt + kv * D * L, L);
-            }
             MARK(REST);
 #pragma omp for schedule(static, 1) collapse(3)
             for (int64_t kv = 0; kv < Hkv; kv++)
@@ -253,8 +232,8 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                             n = upto - lo;
                             memset(seen, 1, n);
                         }
-                        attend_group(qkv + i * nqkv + head * D, D, g, w->keys + (kv * d->cap + lo) * D, kt ? kt + kv * D * L + lo : NULL,
-                                     L, w->values + (kv * d->cap + lo) * D, seen, n, D, d->scale, s, att + (i * Hq + head) * D, D);
+                        attend_group(qkv + i * nqkv + head * D, D, g, w->keys + (kv * d->cap + lo) * D,
+                                     w->values + (kv * d->cap + lo) * D, seen, n, D, d->scale, s, att + (i * Hq + head) * D, D);
                     }
             MARK(ATTENTION);
             skinny_rows_as(d->weights, d->tile, att, w->o, w->o_bias, delta, r, H, Hq * D);

@@ -90,23 +90,6 @@ static inline __attribute__((always_inline)) void dot16(const float *q, const fl
     _mm512_storeu_ps(out, _mm512_add_ps(_mm512_shuffle_ps(s3[0], s3[1], 0x88), _mm512_shuffle_ps(s3[0], s3[1], 0xDD)));
 }
 
-/* dot16 on keys transposed: kt[d * ld + j] is key j's dimension d (j < 16). Lane j of acc[l] is key j's
- * lane l, summed over d = l mod 16 in order from +0 as in key_lanes, then dot's tree (acc[l] += acc[l + w],
- * w = 8, 4, 2, 1) on whole vectors: the same additions on the same values as dot16, without its
- * shuffles (a key's lanes lie across the vectors, not within one). */
-static inline __attribute__((always_inline)) void dot16t(const float *q, const float *kt, int64_t ld, int64_t D, float *out) {
-    __m512 acc[16];
-    for (int l = 0; l < 16; l++) acc[l] = _mm512_setzero_ps();
-    int64_t k = 0;
-    for (; k + LANES <= D; k += LANES)
-        for (int l = 0; l < 16; l++)
-            acc[l] = _mm512_add_ps(acc[l], _mm512_mul_ps(_mm512_set1_ps(q[k + l]), _mm512_loadu_ps(kt + (k + l) * ld)));
-    for (int l = 0; k < D; k++, l++) acc[l] = _mm512_add_ps(acc[l], _mm512_mul_ps(_mm512_set1_ps(q[k]), _mm512_loadu_ps(kt + k * ld)));
-    for (int w = 8; w > 0; w /= 2)
-        for (int l = 0; l < w; l++) acc[l] = _mm512_add_ps(acc[l], acc[l + w]);
-    _mm512_storeu_ps(out, acc[0]);
-}
-
 /* fexp on 16 lanes: the same operations in the same order as fexp, so the same value in each lane */
 static inline __m512 fexp16(__m512 x) {
     x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
@@ -149,21 +132,16 @@ static inline __attribute__((always_inline)) void weigh(const float *s, const fl
 
 /* A query's weights over the slots it may see (seen[j] != 0, j < L) of keys [L, D] (one key-value head)
  * into s[0..L): fexp(score_j - top) with score_j = dot(q, key j) * scale and top their maximum; 0
- * where unseen. Every number by the same operations in the same order on AVX-512 (16 keys at a time,
- * from kt where given: the same keys transposed, kt[d * ldk + j]) as in the plain loops. */
-static void weights(const float *q, const float *keys, const float *kt, int64_t ldk, const uint8_t *seen, int64_t L, int64_t D,
-                    float scale, float *s) {
+ * where unseen. Every number by the same operations in the same order on AVX-512 (16 keys at a time)
+ * as in the plain loops. */
+static void weights(const float *q, const float *keys, const uint8_t *seen, int64_t L, int64_t D, float scale, float *s) {
     int64_t j = 0, vector = 0;
     float top = -INFINITY;
 #if defined(__AVX512F__)
     vector = L / 16 * 16;
     __m512 tops = _mm512_set1_ps(-INFINITY);
     for (; j < vector; j += 16) {
-        if (kt && D == 64)
-            dot16t(q, kt + j, ldk, 64, s + j);
-        else if (kt)
-            dot16t(q, kt + j, ldk, D, s + j);
-        else if (D == 64) /* the common head sizes as constants: their lane loops unrolled */
+        if (D == 64) /* the common head sizes as constants: their lane loops unrolled */
             dot16(q, keys + j * D, 64, s + j);
         else if (D == 128)
             dot16(q, keys + j * D, 128, s + j);
@@ -195,7 +173,7 @@ static void weights(const float *q, const float *keys, const float *kt, int64_t 
  * weight * value, times 1 / total. */
 static void attend(const float *q, const float *keys, const float *values, const uint8_t *seen, int64_t L,
                    int64_t D, float scale, float *s, float *out) {
-    weights(q, keys, NULL, 0, seen, L, D, scale, s);
+    weights(q, keys, seen, L, D, scale, s);
     float total = 0.0f;
     for (int64_t j = 0; j < L; j++) total += s[j];
     float inv = 1.0f / total;
@@ -268,21 +246,18 @@ static inline __attribute__((always_inline)) void weigh_groups(const float *s, c
 #endif
 
 /* attend for the g <= GROUP query heads q + c * qs (c < g) of one key-value head over the same slots,
- * into out + c * os; s: scratch [g L]; kt: the keys transposed (kt[d * ldk + j]) or NULL. Each query's
- * numbers are attend's, bit for bit: its weights by weights(), its total and its weighted sums by
- * attend's operations in attend's order; only the g queries' independent chains are interleaved
- * (totals, weigh_group), to fill the pipeline. */
-static inline void attend_group(const float *q, int64_t qs, int g, const float *keys, const float *kt, int64_t ldk,
-                                const float *values, const uint8_t *seen, int64_t L, int64_t D, float scale, float *s, float *out,
-                                int64_t os) {
-    if (g <= 1 && !kt) {
+ * into out + c * os; s: scratch [g L]. Each query's numbers are attend's, bit for bit: its weights by
+ * weights(), its total and its weighted sums by attend's operations in attend's order; only the g
+ * queries' independent chains are interleaved (totals, weigh_group), to fill the pipeline. */
+static inline void attend_group(const float *q, int64_t qs, int g, const float *keys, const float *values, const uint8_t *seen,
+                         int64_t L, int64_t D, float scale, float *s, float *out, int64_t os) {
+    if (g <= 1) {
         attend(q, keys, values, seen, L, D, scale, s, out);
         return;
     }
     float total[GROUP], inv[GROUP];
-    for (int c = 0; c < g; c++) weights(q + c * qs, keys, kt, ldk, seen, L, D, scale, s + c * L);
+    for (int c = 0; c < g; c++) weights(q + c * qs, keys, seen, L, D, scale, s + c * L);
     switch (g) {
-    case 1: totals(s, L, 1, total); break;
     case 2: totals(s, L, 2, total); break;
     case 3: totals(s, L, 3, total); break;
     default: totals(s, L, 4, total); break;
@@ -291,7 +266,6 @@ static inline void attend_group(const float *q, int64_t qs, int g, const float *
 #if defined(__AVX512F__)
     if (D % 16 == 0) {
         switch (g) {
-        case 1: weigh_groups(s, values, seen, L, D, 1, inv, out, os); break;
         case 2: weigh_groups(s, values, seen, L, D, 2, inv, out, os); break;
         case 3: weigh_groups(s, values, seen, L, D, 3, inv, out, os); break;
         default: weigh_groups(s, values, seen, L, D, 4, inv, out, os); break;

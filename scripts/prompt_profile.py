@@ -2,9 +2,8 @@
 (a fresh cache, the last position's logits) over each of ``--lengths`` positions under the prompt plan
 asked (``--tile``, ``--chunk``), split into the linears, attention and the rest by a profiling build of
 the library (``-DSTEP_PROFILE``: each thread's CPU seconds by part, summed over the threads), beside
-the pass's wall time and its process CPU time, under each way of attention asked (``--attention``: one
-query head at a time, ``grouped`` (a position's query heads of one key-value head at once), or grouped
-on the keys transposed, the default; the same bits whichever), interleaved;
+the pass's wall time and its process CPU time, under each attention grouping asked (``--groups``: the
+most query heads of one key-value head attended at once, 1 one at a time; the same bits), interleaved;
 then the same prompt through ``autoregressive_generate`` for one token (what ``scripts/versus_openvino.py``
 times as the first token), its wall and CPU time.
 
@@ -12,7 +11,7 @@ CPU seconds, not wall time, split the pass: run it with ``OMP_WAIT_POLICY=passiv
 unset), so that a thread waiting at a barrier sleeps instead of counting its spin as work. On a busy
 machine the CPU split still holds roughly; the wall times do not.
 
-    OMP_WAIT_POLICY=passive .venv/bin/python scripts/prompt_profile.py --lengths 769 --tile 5 --chunk 128 --attention one grouped transposed
+    OMP_WAIT_POLICY=passive .venv/bin/python scripts/prompt_profile.py --lengths 769 --tile 5 --chunk 128 --groups 1 4
 """
 import argparse
 import ctypes
@@ -29,7 +28,6 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PARTS = ("linears", "attention", "the rest")
-WAYS = {"one": (1, 0), "grouped": (4, 0), "transposed": (4, 1)}  # (most query heads at once, keys transposed)
 
 
 def main(argv: List[str] | None = None) -> None:
@@ -39,7 +37,7 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--chunk", type=int, default=256, help="positions per C call")
     parser.add_argument("--rounds", type=int, default=3, help="timed repeats (medians)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--attention", nargs="+", choices=list(WAYS), default=["transposed"], help="how attention runs (the same bits)")
+    parser.add_argument("--groups", type=int, nargs="+", default=[4], help="attention's most query heads at once (1: one at a time)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
@@ -61,13 +59,13 @@ def main(argv: List[str] | None = None) -> None:
           f"median of {args.rounds} · OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
     runner = LeanRunner(model)
     autoregressive_generate(ids[0, :16].tolist(), model, 2, eos_tokens_id=-1, use_cache=True)  # warm
-    group, transpose = (ctypes.c_int.in_dll(library, f"c_step_{name}") for name in ("group", "transpose"))
+    group = ctypes.c_int.in_dll(library, "c_step_group")
     for n in args.lengths:
-        walls, cpus, split = ({way: [] for way in args.attention} for _ in range(3))
+        walls, cpus, split = ({g: [] for g in args.groups} for _ in range(3))
         firsts, first_cpus = [], []
         for round_ in range(args.rounds + 1):  # round 0 warms up
-            for g in args.attention:
-                group.value, transpose.value = WAYS[g]
+            for g in args.groups:
+                group.value = g
                 runner.rollback(0)
                 library.c_step_profile(parts)
                 wall, cpu = time.perf_counter(), time.process_time()
@@ -80,12 +78,12 @@ def main(argv: List[str] | None = None) -> None:
             autoregressive_generate(ids[0, :n].tolist(), model, 1, eos_tokens_id=-1, use_cache=True)
             if round_:
                 firsts.append(time.perf_counter() - start), first_cpus.append(time.process_time() - cpu_start)
-        for g in args.attention:
+        for g in args.groups:
             median = [statistics.median(s[p] for s in split[g]) for p in range(len(PARTS))]
             shares = ", ".join(f"{name} {1e3 * s:,.0f} ms ({100 * s / sum(median):.0f}%)" for name, s in zip(PARTS, median))
-            print(f"{n} positions, attention {g}: prompt pass {1e3 * statistics.median(walls[g]):,.0f} ms wall, "
+            print(f"{n} positions, attention {g} query heads at most at once: prompt pass {1e3 * statistics.median(walls[g]):,.0f} ms wall, "
                   f"{1e3 * statistics.median(cpus[g]):,.0f} ms CPU; the step's CPU time: {shares}")
-        print(f"{n} positions: autoregressive_generate, one token (attention {args.attention[-1]}): "
+        print(f"{n} positions: autoregressive_generate, one token (attention {args.groups[-1]} at most at once): "
               f"{1e3 * statistics.median(firsts):,.0f} ms wall, {1e3 * statistics.median(first_cpus):,.0f} ms CPU")
 
 if __name__ == "__main__":
