@@ -61,6 +61,41 @@ typedef struct {
 
 #include "step_rows.h"
 
+#ifdef STEP_PROFILE
+/* A profiling build (-DSTEP_PROFILE, scripts/prompt_profile.py): each thread's CPU seconds by part of the
+ * pass, summed over the threads since the last c_step_profile. CPU time, not wall time: with
+ * OMP_WAIT_POLICY=passive a thread waiting at a barrier sleeps, so a part's figure is the work it did. */
+#include <time.h>
+enum { LINEARS, ATTENTION, REST, PARTS };
+static double profiled[PARTS];
+
+static double cpu_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* the CPU seconds since this thread's last mark, to `part` */
+#define MARK(part)                                      \
+    do {                                                \
+        double now_ = cpu_now();                        \
+        _Pragma("omp atomic") profiled[part] += now_ - since_; \
+        since_ = now_;                                  \
+    } while (0)
+
+int c_step_group = GROUP; /* attention's most query heads at once (1: one at a time): an A/B of the same bits */
+
+/* out[0..3): linears, attention, the rest (CPU seconds since the last call); then zeroed */
+int c_step_profile(double *out) {
+    for (int p = 0; p < PARTS; p++) out[p] = profiled[p], profiled[p] = 0.0;
+    return PARTS;
+}
+#define GROUP_LIMIT c_step_group
+#else
+#define MARK(part) ((void)0)
+#define GROUP_LIMIT GROUP
+#endif
+
 /* x normed into y (n floats), or copied where the layer has no norm there (OLMo 2's input) */
 static void norm_or_copy(const float *x, const float *weight, float eps, float *y, int64_t n) {
     if (weight)
@@ -96,10 +131,22 @@ static void finish_logits(float *logits, int64_t V, const Dims *d) {
     }
 }
 
+/* attend_group, for the tests (tests/test_c_step.py): the g <= GROUP query heads q [g, D] of one key-value
+ * head over keys, values [L, D] and seen [L] into out [g, D], grouped (1) or by attend one at a time (0);
+ * s: scratch, GROUP * L floats. */
+void c_attend(const float *q, int64_t g, const float *keys, const float *values, const uint8_t *seen, int64_t L, int64_t D,
+              float scale, float *s, float *out, int64_t grouped) {
+    if (grouped) {
+        attend_group(q, D, (int)g, keys, values, seen, L, D, scale, s, out, D);
+        return;
+    }
+    for (int64_t c = 0; c < g; c++) attend(q + c * D, keys, values, seen, L, D, scale, s, out + c * D);
+}
+
 /* The scratch floats c_step needs for r positions and a cache of cap slots on `threads` threads. */
 int64_t c_step_scratch(const Dims *d, int64_t r, int64_t threads) {
     int64_t nqkv = (d->Hq + 2 * d->Hkv) * d->D;
-    return r * (d->H + nqkv + d->Hq * d->D + d->H + 2 * d->I + d->I) + threads * (d->cap + d->cap / 4 + 64);
+    return r * (d->H + nqkv + d->Hq * d->D + d->H + 2 * d->I + d->I) + threads * (GROUP * d->cap + d->cap / 4 + 64);
 }
 
 /* One pass. h: [r, H], the embeddings of the fed ids in, the last layer's output (before the final
@@ -119,12 +166,17 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
           *act = gu + r * 2 * I, *per_thread = act + r * I;
     int ran = 1;
     if (threads < 1) threads = 1;
+    /* attention's units: a position's query heads of one key-value head (per), in groups of qg */
+    const int64_t per = Hq / Hkv, qg = Hkv * r >= 4 * threads ? (per < GROUP_LIMIT ? per : GROUP_LIMIT) : 1, groups = (per + qg - 1) / qg;
 #pragma omp parallel num_threads((int)threads)
     {
         int t = omp_get_thread_num();
-        float *s = per_thread + t * (d->cap + d->cap / 4 + 64);
-        uint8_t *seen = (uint8_t *)(s + d->cap);
+        float *s = per_thread + t * (GROUP * d->cap + d->cap / 4 + 64); /* attend_group's scores [GROUP, cap] */
+        uint8_t *seen = (uint8_t *)(s + GROUP * d->cap);
         if (t == 0) ran = omp_get_num_threads();
+#ifdef STEP_PROFILE
+        double since_ = cpu_now();
+#endif
         for (int64_t l = 0; l < d->layers; l++) {
             const Layer *w = layers + l;
             /* the residual from the layer before (its MLP's delta), the hidden states, the input norm */
@@ -135,8 +187,10 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                     if (hidden_at[e] == l) memcpy(hidden + (i * n_hidden + e) * H, h + i * H, H * sizeof(float));
                 norm_or_copy(h + i * H, w->in_norm, d->eps, x + i * H, H);
             }
+            MARK(REST);
             skinny_rows_as(d->weights, d->tile, x, w->qkv, w->qkv_bias, qkv, r, nqkv, H);
 #pragma omp barrier
+            MARK(LINEARS);
             if (d->qk_norm == 2) { /* q and k normed over all their heads (OLMo 2) */
 #pragma omp for schedule(static)
                 for (int64_t i = 0; i < r; i++) {
@@ -157,35 +211,43 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                         memcpy(w->values + (kv * d->cap + slot) * D, qkv + i * nqkv + (Hq + Hkv + kv) * D, D * sizeof(float));
                     }
                 }
-            /* each (query head, position): attention over the slots that position sees; head by head,
-             * so a thread's next pairs read the same key-value head's slots (in L2 on a long pass), and
-             * dealt round robin, as a later position sees more slots (in blocks, the last rows' would
-             * all go to one thread) */
-#pragma omp for schedule(static, 1) collapse(2)
-            for (int64_t head = 0; head < Hq; head++)
-                for (int64_t i = 0; i < r; i++) {
-                    int64_t kv = head / (Hq / Hkv), upto = start + i + 1, lo = 0, n = L;
-                    const uint8_t *mask = w->window && window_mask ? window_mask : seen_mask;
-                    if (mask) {
-                        for (int64_t j = 0; j < L; j++) seen[j] = mask[i * L + j];
-                    } else { /* a chain: the slots from the window's first (a masked slot adds an exact 0, so a
-                              * tree's row over all the slots gives the same numbers) */
-                        lo = w->window && upto > w->window ? upto - w->window : 0;
-                        n = upto - lo;
-                        memset(seen, 1, n);
+            /* attention, each position's query heads that share a key-value head in groups of up to qg
+             * (attend_group: the same bits as one at a time, their chains interleaved); one at a time where
+             * groups would leave a thread idle (a short pass). Key-value head by head, so a thread's next
+             * units read the same head's slots (in L2 on a long pass), and dealt round robin, as a later
+             * position sees more slots (in blocks, the last rows' would all go to one thread). */
+            MARK(REST);
+#pragma omp for schedule(static, 1) collapse(3)
+            for (int64_t kv = 0; kv < Hkv; kv++)
+                for (int64_t i = 0; i < r; i++)
+                    for (int64_t u = 0; u < groups; u++) {
+                        int64_t head = kv * per + u * qg, upto = start + i + 1, lo = 0, n = L;
+                        int g = (int)(per - u * qg < qg ? per - u * qg : qg);
+                        const uint8_t *mask = w->window && window_mask ? window_mask : seen_mask;
+                        if (mask) {
+                            for (int64_t j = 0; j < L; j++) seen[j] = mask[i * L + j];
+                        } else { /* a chain: the slots from the window's first (a masked slot adds an exact 0, so a
+                                  * tree's row over all the slots gives the same numbers) */
+                            lo = w->window && upto > w->window ? upto - w->window : 0;
+                            n = upto - lo;
+                            memset(seen, 1, n);
+                        }
+                        attend_group(qkv + i * nqkv + head * D, D, g, w->keys + (kv * d->cap + lo) * D,
+                                     w->values + (kv * d->cap + lo) * D, seen, n, D, d->scale, s, att + (i * Hq + head) * D, D);
                     }
-                    attend(qkv + i * nqkv + head * D, w->keys + (kv * d->cap + lo) * D, w->values + (kv * d->cap + lo) * D, seen,
-                           n, D, d->scale, s, att + (i * Hq + head) * D);
-                }
+            MARK(ATTENTION);
             skinny_rows_as(d->weights, d->tile, att, w->o, w->o_bias, delta, r, H, Hq * D);
 #pragma omp barrier
+            MARK(LINEARS);
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < r; i++) {
                 add_residual(h + i * H, delta + i * H, w->attn_out_norm, d);
                 norm_or_copy(h + i * H, w->post_norm, d->eps, x + i * H, H);
             }
+            MARK(REST);
             skinny_rows_as(d->weights, d->tile, x, w->gate_up, NULL, gu, r, 2 * I, H);
 #pragma omp barrier
+            MARK(LINEARS);
             /* over rows and spans of columns: both threads busy at one position too (each element alone) */
 #pragma omp for schedule(static) collapse(2)
             for (int64_t i = 0; i < r; i++)
@@ -208,8 +270,10 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                         act[i * I + k] = g / (1.0f + fexp(-g)) * gu[i * 2 * I + I + k];
                     }
                 }
+            MARK(REST);
             skinny_rows_as(d->weights, d->tile, act, w->down, NULL, delta, r, H, I);
 #pragma omp barrier
+            MARK(LINEARS);
         }
         /* the last layer's residual, the final norm of the last n_last positions, the output layer */
 #pragma omp for schedule(static)
@@ -217,12 +281,15 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
             add_residual(h + i * H, delta + i * H, layers[d->layers - 1].mlp_out_norm, d);
             if (i >= r - n_last) rms_norm(h + i * H, final_norm, d->eps, x + (i - (r - n_last)) * H, H);
         }
+        MARK(REST);
         skinny_rows_as(d->weights, d->tile, x, head, NULL, logits, n_last, V, H);
+        MARK(LINEARS);
         if (d->logit_divisor != 1.0f || d->softcap != 0.0f) {
 #pragma omp barrier
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < n_last; i++) finish_logits(logits + i * V, V, d);
         }
+        MARK(REST);
     }
     return ran;
 }

@@ -130,14 +130,11 @@ static inline __attribute__((always_inline)) void weigh(const float *s, const fl
 }
 #endif
 
-/* One query head q[D] over the cache slots it may see (seen[j] != 0, j < L) of keys/values
- * [L, D] (one key-value head): softmax(q . k * scale) . v into out[D]; s: scratch [L].
- * Every number is computed by the same operations in the same order on AVX-512 (16 keys or 16
- * lanes of D at a time) as in the plain loops: each score dot(q, key) * scale, top their maximum,
- * each weight fexp(score - top), total their sum in slot order, out[d] the sum in slot order of
- * weight * value, times 1 / total. */
-static void attend(const float *q, const float *keys, const float *values, const uint8_t *seen, int64_t L,
-                   int64_t D, float scale, float *s, float *out) {
+/* A query's weights over the slots it may see (seen[j] != 0, j < L) of keys [L, D] (one key-value head)
+ * into s[0..L): fexp(score_j - top) with score_j = dot(q, key j) * scale and top their maximum; 0
+ * where unseen. Every number by the same operations in the same order on AVX-512 (16 keys at a time)
+ * as in the plain loops. */
+static void weights(const float *q, const float *keys, const uint8_t *seen, int64_t L, int64_t D, float scale, float *s) {
     int64_t j = 0, vector = 0;
     float top = -INFINITY;
 #if defined(__AVX512F__)
@@ -166,8 +163,19 @@ static void attend(const float *q, const float *keys, const float *values, const
         _mm512_storeu_ps(s + j, _mm512_maskz_mov_ps(seen16(seen + j), fexp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(top)))));
 #endif
     for (; j < L; j++) s[j] = seen[j] ? fexp(s[j] - top) : 0.0f;
+}
+
+/* One query head q[D] over the cache slots it may see (seen[j] != 0, j < L) of keys/values
+ * [L, D] (one key-value head): softmax(q . k * scale) . v into out[D]; s: scratch [L].
+ * Every number is computed by the same operations in the same order on AVX-512 (16 keys or 16
+ * lanes of D at a time) as in the plain loops: each score dot(q, key) * scale, top their maximum,
+ * each weight fexp(score - top), total their sum in slot order, out[d] the sum in slot order of
+ * weight * value, times 1 / total. */
+static void attend(const float *q, const float *keys, const float *values, const uint8_t *seen, int64_t L,
+                   int64_t D, float scale, float *s, float *out) {
+    weights(q, keys, seen, L, D, scale, s);
     float total = 0.0f;
-    for (j = 0; j < L; j++) total += s[j];
+    for (int64_t j = 0; j < L; j++) total += s[j];
     float inv = 1.0f / total;
 #if defined(__AVX512F__)
     if (D % 16 == 0) {
@@ -183,10 +191,97 @@ static void attend(const float *q, const float *keys, const float *values, const
     }
 #endif
     for (int64_t d = 0; d < D; d++) out[d] = 0.0f;
-    for (j = 0; j < L; j++)
+    for (int64_t j = 0; j < L; j++)
         if (seen[j])
             for (int64_t d = 0; d < D; d++) out[d] += s[j] * values[j * D + d];
     for (int64_t d = 0; d < D; d++) out[d] *= inv;
+}
+
+#define GROUP 4 /* the most query heads attend_group takes at once */
+
+/* each query c < G's total: s[c L + j] summed in slot order from +0 (attend's), the G chains interleaved
+ * so that their additions overlap (one chain is an add's latency per slot) */
+static inline __attribute__((always_inline)) void totals(const float *s, int64_t L, const int G, float *total) {
+    float t[GROUP] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t j = 0; j < L; j++)
+        for (int c = 0; c < G; c++) t[c] += s[c * L + j];
+    for (int c = 0; c < G; c++) total[c] = t[c];
+}
+
+#if defined(__AVX512F__)
+/* weigh for G queries at once (weights s[c L + j], outputs out + c * os): each query's sums by weigh's
+ * operations in its order, the value vectors loaded once for all G; 4 G independent chains */
+static inline __attribute__((always_inline)) void weigh_group(const float *s, const float *values, const uint8_t *seen, int64_t L,
+                                                              int64_t D, int64_t d0, const int nb, const int G, const float *inv,
+                                                              float *out, int64_t os) {
+    __m512 acc[GROUP][4], v[4];
+    for (int c = 0; c < G; c++)
+        for (int b = 0; b < 4; b++) acc[c][b] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < L; j++)
+        if (seen[j]) {
+            for (int b = 0; b < 4; b++)
+                if (b < nb) v[b] = _mm512_loadu_ps(values + j * D + d0 + 16 * b);
+            for (int c = 0; c < G; c++) {
+                __m512 w = _mm512_set1_ps(s[c * L + j]);
+                for (int b = 0; b < 4; b++)
+                    if (b < nb) acc[c][b] = _mm512_add_ps(acc[c][b], _mm512_mul_ps(w, v[b]));
+            }
+        }
+    for (int c = 0; c < G; c++)
+        for (int b = 0; b < nb; b++) _mm512_storeu_ps(out + c * os + d0 + 16 * b, _mm512_mul_ps(acc[c][b], _mm512_set1_ps(inv[c])));
+}
+
+/* weigh_group with G a constant in each copy */
+static inline __attribute__((always_inline)) void weigh_groups(const float *s, const float *values, const uint8_t *seen, int64_t L,
+                                                               int64_t D, const int G, const float *inv, float *out, int64_t os) {
+    for (int64_t d0 = 0; d0 < D; d0 += 64) {
+        switch ((D - d0) / 16) {
+        case 1: weigh_group(s, values, seen, L, D, d0, 1, G, inv, out, os); break;
+        case 2: weigh_group(s, values, seen, L, D, d0, 2, G, inv, out, os); break;
+        case 3: weigh_group(s, values, seen, L, D, d0, 3, G, inv, out, os); break;
+        default: weigh_group(s, values, seen, L, D, d0, 4, G, inv, out, os); break;
+        }
+    }
+}
+#endif
+
+/* attend for the g <= GROUP query heads q + c * qs (c < g) of one key-value head over the same slots,
+ * into out + c * os; s: scratch [g L]. Each query's numbers are attend's, bit for bit: its weights by
+ * weights(), its total and its weighted sums by attend's operations in attend's order; only the g
+ * queries' independent chains are interleaved (totals, weigh_group), to fill the pipeline. */
+static inline void attend_group(const float *q, int64_t qs, int g, const float *keys, const float *values, const uint8_t *seen,
+                         int64_t L, int64_t D, float scale, float *s, float *out, int64_t os) {
+    if (g <= 1) {
+        attend(q, keys, values, seen, L, D, scale, s, out);
+        return;
+    }
+    float total[GROUP], inv[GROUP];
+    for (int c = 0; c < g; c++) weights(q + c * qs, keys, seen, L, D, scale, s + c * L);
+    switch (g) {
+    case 2: totals(s, L, 2, total); break;
+    case 3: totals(s, L, 3, total); break;
+    default: totals(s, L, 4, total); break;
+    }
+    for (int c = 0; c < g; c++) inv[c] = 1.0f / total[c];
+#if defined(__AVX512F__)
+    if (D % 16 == 0) {
+        switch (g) {
+        case 2: weigh_groups(s, values, seen, L, D, 2, inv, out, os); break;
+        case 3: weigh_groups(s, values, seen, L, D, 3, inv, out, os); break;
+        default: weigh_groups(s, values, seen, L, D, 4, inv, out, os); break;
+        }
+        return;
+    }
+#endif
+    for (int c = 0; c < g; c++) {
+        float *o = out + c * os;
+        const float *w = s + c * L;
+        for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+        for (int64_t j = 0; j < L; j++)
+            if (seen[j])
+                for (int64_t d = 0; d < D; d++) o[d] += w[j] * values[j * D + d];
+        for (int64_t d = 0; d < D; d++) o[d] *= inv[c];
+    }
 }
 
 #endif

@@ -6,6 +6,7 @@ project), below everything that decides or runs with it (``sampling``, ``eagle``
     entry.py    ``startup(target, runner, options, drafter)`` -> ``Measured``; ``startup_dtype`` (before loading)
     steps.py    each measurement within its budget, or its saved result (the only caller of the files below)
     record.py   ``Measured``, ``Finding``, ``Costs``, ``Options``: what was measured and chosen, and how
+    choose.py   ``choose_kernels``, ``choose_prepack``: a notebook's one call (decoding's kernels, then the prompt GEMM)
     timing.py   ``Budget``, ``PassTimer``, interleaved rounds; the kernels', cache's, verification and drafter timings
     kernels.py  ``KernelChoice`` (each row's kernels), giving a model its kernels, their part of a key
     costs.py    which verification costs can be real; ``measure_costs`` (now, no budget, not saved)
@@ -15,13 +16,13 @@ project), below everything that decides or runs with it (``sampling``, ``eagle``
     budgets.py  how long each measurement may take
     machine.py  the machine's load, its key, a result's environment
 """
+from measure.choose import choose_kernels, choose_prepack
 from measure.costs import ImplausibleCosts, measure_costs, plausible_row_costs
 from measure.entry import startup, startup_dtype
 from measure.kernels import OWN, PREPACKED, KernelChoice, apply_kernels
 from measure.machine import busy_note, machine_key, run_environment, versions_line
 from measure.record import FIXED, GIVEN, MEASURED, REMEMBERED, Costs, Finding, Measured, ModelMeasured, Options
-from measure.timing import (Budget, PassTimer, choose_cache, choose_kernels, choose_prepack, compared, measure_draft_cost,
-                            measure_kernels, measure_row_costs)
+from measure.timing import Budget, PassTimer, choose_cache, compared, measure_draft_cost, measure_kernels, measure_row_costs
 
 __all__ = [
     "Budget", "Costs", "FIXED", "Finding", "GIVEN", "ImplausibleCosts", "KernelChoice", "MEASURED", "Measured", "ModelMeasured",

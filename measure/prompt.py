@@ -137,3 +137,23 @@ def measure_model(model: Module, budget: Optional[Budget] = None) -> Tuple[Optio
     variants: Sequence[Tile] = tiles(library)
     run, flops = layer_seconds(CStep(model), library, torch.get_num_threads())
     return measure_prompt(run, [t.index for t in variants], flops, budget), {t.index: t.short() for t in variants}
+
+
+@torch.no_grad()
+def choose_prompt(model: Module, budget: Optional[Budget] = None) -> Optional[str]:
+    """``measure_model`` on ``model`` and its plan given to it (``set_plan``), as the start-up does for the
+    REPL and the benchmark (``measure.steps.prompt_step``, unsaved here): the line saying what was measured
+    and chosen, or None where its long passes do not run the float32 C step under the default runner."""
+    from kernels import skinny
+    from kernels.prompt_gemm import DEFAULT, set_plan
+    from runners.config import RunnerConfig
+
+    runner = RunnerConfig()
+    if not measurable(model, runner.lean_for(model) and not runner.compiled_for(model)):
+        return None
+    choice, names = measure_model(model, budget)
+    if choice is None:
+        set_plan(model, DEFAULT)
+        return f"{describe(DEFAULT, skinny.library())} (fallback: {budget.reason if budget is not None else 'not timed'})"
+    set_plan(model, choice.plan())
+    return choice.line(names, skinny.library())

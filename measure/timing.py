@@ -18,7 +18,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch.nn import Module
 
-from measure.kernels import OWN, PREPACKED, SKINNY, KernelChoice, decide
+from measure.kernels import OWN, PREPACKED, SKINNY, KernelChoice
 from measure.record import Clock, Progress
 from runners import DEFAULT_CPU_CACHE, KVCacheModel, make_runner, prepackable, runner_cache, synchronize
 from kernels import skinny
@@ -336,24 +336,6 @@ def _timed_rounds(holder: _Holder, options: Tuple[str, ...], max_rows: int, repe
                 if budget is not None:
                     budget.tick(done, total)
     return timed
-
-
-@torch.no_grad()
-def choose_kernels(model: Module, budget: Optional[Budget] = None) -> Tuple[Optional[KernelChoice], str]:
-    """Measure the kernel options of ``model`` (``measure_kernels``), give it the faster for plain
-    decoding, and return the measurement with one line saying what was measured and chosen (None
-    and the model's own linears when nothing could be measured). A notebook calls this once per
-    model to run what the REPL and the benchmark run: every pass on the kernels measured faster for
-    its width."""
-    if not prepackable(model):
-        return None, "no float32 CPU linear layers to prepack"
-    return decide(model, measure_kernels(model, budget=budget), budget)
-
-
-@torch.no_grad()
-def choose_prepack(model: Module, budget: Optional[Budget] = None) -> str:
-    """``choose_kernels``' line only: the model gets the kernels that decode fastest."""
-    return choose_kernels(model, budget)[1]
 
 
 @torch.no_grad()

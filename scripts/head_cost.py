@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from app.heads import SHIPPED  # noqa: E402
 from eagle.cost import HeadTimer  # noqa: E402
 from eagle.format import load_head  # noqa: E402
-from measure.timing import PassTimer, choose_kernels, compared  # noqa: E402
+from measure import PassTimer, choose_kernels, compared  # noqa: E402
 from utils.models import load_embedded  # noqa: E402
 
 

@@ -124,6 +124,20 @@ def test_the_plan_is_saved_reused_given_to_the_model_and_named_in_the_header(mon
     assert json.loads(json.dumps(measured.as_dict()))["target"]["prompt"]["value"] == {"tile": variants - 1, "chunk": 512}
 
 
+def test_choose_kernels_gives_the_model_the_prompt_plan_the_start_up_would(monkeypatch):
+    """A notebook's or a script's ``choose_kernels`` (scripts/versus_openvino.py's first token) runs a long
+    prompt on the plan the REPL's start-up measures, not on the default, and its line names it."""
+    from measure import choose_kernels
+
+    model, calls = float32_on_the_step(), []
+    variants = skinny.library().skinny_tiles()
+    fake_layers(monkeypatch, {v: 1e-6 * (0.8 if v == variants - 1 else 1.0) for v in range(variants)}, calls)
+    skinny_wins(monkeypatch)
+    _, line = choose_kernels(model)
+    assert plan_of(model) == PromptPlan(variants - 1, 512) and calls
+    assert re.search(r"; prompt GEMM by measurement: tile \S+.*, chunks of 512 positions \(", line), line
+
+
 def test_a_budget_spent_at_once_gives_the_default_plan_and_says_so(monkeypatch):
     model, now = float32_on_the_step(), [0.0]
 

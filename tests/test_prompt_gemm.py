@@ -124,6 +124,22 @@ def test_a_prompts_logits_are_the_same_on_every_plan():
             assert runner.step_passes == 1
 
 
+def test_a_long_pass_is_cut_into_as_few_chunks_of_near_equal_length_never_a_short_tail():
+    """``c_step.chunk_bounds``: ceil(r / chunk) contiguous calls covering every position once, each at most
+    ``chunk`` long and, but the last, a multiple of every tile's rows where that fits; no tail of a few
+    rows reading every weight again (769 positions: 216 x 3 + 121, not 256 x 3 + 1)."""
+    from kernels.c_step import ROWS_MULTIPLE, chunk_bounds
+
+    assert chunk_bounds(769, 256) == [(0, 216), (216, 432), (432, 648), (648, 769)]
+    assert chunk_bounds(210, 256) == [(0, 210)] and chunk_bounds(5, 128) == [(0, 5)]
+    for chunk in (16, 24, 48, 128, 256, 512):
+        for r in range(1, 1100, 7):
+            bounds = chunk_bounds(r, chunk)
+            assert bounds[0][0] == 0 and bounds[-1][1] == r and all(b[1] == c[0] for b, c in zip(bounds, bounds[1:]))
+            assert len(bounds) == -(-r // chunk) and all(0 < b - a <= chunk for a, b in bounds)
+            assert all((b - a) % ROWS_MULTIPLE == 0 or b - a == chunk for a, b in bounds[:-1]), (r, chunk)
+
+
 def test_a_plan_is_the_models_until_changed_and_refuses_what_it_cannot_run():
     model = wide_model()
     assert plan_of(model) == prompt_gemm.DEFAULT and plan_of(None) == prompt_gemm.DEFAULT

@@ -1,0 +1,90 @@
+"""Where a prompt pass's time goes on the C step: the embedded SmolLM2-135M (float32), one prompt pass
+(a fresh cache, the last position's logits) over each of ``--lengths`` positions under the prompt plan
+asked (``--tile``, ``--chunk``), split into the linears, attention and the rest by a profiling build of
+the library (``-DSTEP_PROFILE``: each thread's CPU seconds by part, summed over the threads), beside
+the pass's wall time and its process CPU time, under each attention grouping asked (``--groups``: the
+most query heads of one key-value head attended at once, 1 one at a time; the same bits), interleaved;
+then the same prompt through ``autoregressive_generate`` for one token (what ``scripts/versus_openvino.py``
+times as the first token), its wall and CPU time.
+
+CPU seconds, not wall time, split the pass: run it with ``OMP_WAIT_POLICY=passive`` (set here when
+unset), so that a thread waiting at a barrier sleeps instead of counting its spin as work. On a busy
+machine the CPU split still holds roughly; the wall times do not.
+
+    OMP_WAIT_POLICY=passive .venv/bin/python scripts/prompt_profile.py --lengths 769 --tile 5 --chunk 128 --groups 1 4
+"""
+import argparse
+import ctypes
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import List
+
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch loads its OpenMP runtime
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+PARTS = ("linears", "attention", "the rest")
+
+
+def main(argv: List[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[210, 769])
+    parser.add_argument("--tile", type=int, default=0, help="the many-row variant (kernels/skinny_tiles.c)")
+    parser.add_argument("--chunk", type=int, default=256, help="positions per C call")
+    parser.add_argument("--rounds", type=int, default=3, help="timed repeats (medians)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--groups", type=int, nargs="+", default=[4], help="attention's most query heads at once (1: one at a time)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.set_grad_enabled(False)
+    from kernels import skinny
+
+    skinny.FLAGS = (*skinny.FLAGS, "-DSTEP_PROFILE")  # its own library file (the flags are in its name)
+    library = skinny.library()
+    library.c_step_profile.restype = ctypes.c_int
+    from kernels.prompt_gemm import PromptPlan, describe, set_plan
+    from runners import LeanRunner
+    from sampling import autoregressive_generate
+    from utils.models import load_embedded
+
+    model, tokenizer = load_embedded(torch.float32)
+    set_plan(model, PromptPlan(args.tile, args.chunk))
+    ids = torch.randint(len(tokenizer), (1, max(args.lengths)), generator=torch.Generator().manual_seed(0))
+    parts = (ctypes.c_double * len(PARTS))()
+    print(f"embedded SmolLM2-135M · float32 · {args.threads} threads · {describe(PromptPlan(args.tile, args.chunk), library)} · "
+          f"median of {args.rounds} · OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
+    runner = LeanRunner(model)
+    autoregressive_generate(ids[0, :16].tolist(), model, 2, eos_tokens_id=-1, use_cache=True)  # warm
+    group = ctypes.c_int.in_dll(library, "c_step_group")
+    for n in args.lengths:
+        walls, cpus, split = ({g: [] for g in args.groups} for _ in range(3))
+        firsts, first_cpus = [], []
+        for round_ in range(args.rounds + 1):  # round 0 warms up
+            for g in args.groups:
+                group.value = g
+                runner.rollback(0)
+                library.c_step_profile(parts)
+                wall, cpu = time.perf_counter(), time.process_time()
+                runner(ids[:, :n], 1)
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                library.c_step_profile(parts)
+                if round_:
+                    walls[g].append(wall), cpus[g].append(cpu), split[g].append(list(parts))
+            start, cpu_start = time.perf_counter(), time.process_time()
+            autoregressive_generate(ids[0, :n].tolist(), model, 1, eos_tokens_id=-1, use_cache=True)
+            if round_:
+                firsts.append(time.perf_counter() - start), first_cpus.append(time.process_time() - cpu_start)
+        for g in args.groups:
+            median = [statistics.median(s[p] for s in split[g]) for p in range(len(PARTS))]
+            shares = ", ".join(f"{name} {1e3 * s:,.0f} ms ({100 * s / sum(median):.0f}%)" for name, s in zip(PARTS, median))
+            print(f"{n} positions, attention {g} query heads at most at once: prompt pass {1e3 * statistics.median(walls[g]):,.0f} ms wall, "
+                  f"{1e3 * statistics.median(cpus[g]):,.0f} ms CPU; the step's CPU time: {shares}")
+        print(f"{n} positions: autoregressive_generate, one token (attention {args.groups[-1]} at most at once): "
+              f"{1e3 * statistics.median(firsts):,.0f} ms wall, {1e3 * statistics.median(first_cpus):,.0f} ms CPU")
+
+if __name__ == "__main__":
+    main()
