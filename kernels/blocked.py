@@ -11,6 +11,7 @@ a C head step is made, at a runner's first pass on it), not per call.
 
 The copies are keyed weakly by their weight, and a copy holds nothing of it: they go with the weight.
 """
+import sys
 import weakref
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
@@ -88,6 +89,9 @@ def unpack(blocks: Tensor, n: int) -> Tensor:
     if blocks.dtype == torch.bfloat16:
         blocks = _memory(blocks, True).transpose(2, 3).reshape(blocks.shape)
     return blocks.transpose(1, 2).reshape(-1, blocks.shape[1])[:n].contiguous()  # one block: reshape gives a view
+
+
+IN_PLACE_ROWS = 1024  # rows a release or restore moves in place at a time: the one temporary (6 MB at 1,536 features)
 
 
 def unpack_in_place(blocks: Tensor, n: int, chunk_rows: int = 1024) -> Tensor:
@@ -184,3 +188,23 @@ def forget(weights: Sequence[Tensor]) -> None:
     for w in weights:
         _COPIES.pop(w, None)
         _FUSED.pop(w, None)
+
+
+def unreleased(layer: "PrepackedLinear") -> Tensor:  # noqa: F821 (kernels.prepacking, not imported: it imports this)
+    """A released ``layer``'s own weight ``[N, K]`` again (``PrepackedLinear.restore``): unblocked over its
+    blocks' own memory (``unpack_in_place``: a switch away from the skinny kernel holds no second copy of
+    the output layer, issue 71) where nothing else reads them: no Python reference to them but the layer's
+    and its tied embedding's, no other tensor on their storage (a fused group's members share one: those
+    are unblocked into new memory, ``unpack``, one group twice at most: a member's weight would keep the
+    whole group's storage). The values are the blocks', bit for bit."""
+    blocks = layer.blocks
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    storage = blocks.untyped_storage()
+    whole = blocks.storage_offset() == 0 and storage.nbytes() == blocks.numel() * blocks.element_size()
+    # the storage's tensors: the blocks and the tensor they view (an in-place release's weight), and this handle
+    others = not whole or count is None or count(storage._cdata) != 2 + (blocks._base is not None)
+    del storage
+    # the layer's and a tied embedding's attributes, this name and getrefcount's own
+    if others or not blocks.is_contiguous() or sys.getrefcount(blocks) != 3 + (layer.tied is not None):
+        return unpack(blocks, layer.out_features)
+    return unpack_in_place(blocks, layer.out_features, IN_PLACE_ROWS)

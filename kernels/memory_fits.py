@@ -1,8 +1,10 @@
 """What the machine allows a copy of weights: oneDNN's prepacking available here, and a second copy at most
 a quarter of physical memory (``copy_fits``: the one limit every copy of weights is held to)."""
 import os
+from typing import Dict
 
 import torch
+from torch.nn import Module
 
 
 def can_prepack() -> bool:
@@ -31,3 +33,14 @@ def copy_fits(size: int) -> bool:
 def prepack_fits(size: int) -> bool:
     """Whether float32 linear layers of ``size`` bytes would be prepacked (``prepackable``'s limits)."""
     return can_prepack() and copy_fits(size)
+
+
+def readers_of(model: Module) -> Dict[int, int]:
+    """How many of ``model``'s modules hold each parameter (by id): a ``PrepackedLinear`` and the own
+    layer it wraps count once (the own layer is no submodule once swapped), a tied embedding once more."""
+    count: Dict[int, int] = {}
+    for module in model.modules():
+        for parameter in module._parameters.values():
+            if parameter is not None:
+                count[id(parameter)] = count.get(id(parameter), 0) + 1
+    return count

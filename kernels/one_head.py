@@ -16,10 +16,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn import Module
 
-from kernels.blocked import BLOCK, DTYPES, _memory, pack, unblocked, unpack, unpack_in_place  # noqa: F401 (unblocked: importable here too)
+import kernels.blocked as blocked
+from kernels.blocked import BLOCK, DTYPES, _memory, pack, unblocked, unpack, unpack_in_place, unreleased  # noqa: F401 (unblocked, unreleased: importable here too)
 from kernels.prepacking import PrepackedLinear
 
-_CHUNK_ROWS = 1024  # rows blocked at a time in place: the one temporary (6 MB at 1,536 features)
 
 
 class ReleasedEmbedding(nn.Embedding):
@@ -103,26 +103,6 @@ def release_head(model: Module) -> bool:
     return True
 
 
-def unreleased(layer: PrepackedLinear) -> Tensor:
-    """A released ``layer``'s own weight ``[N, K]`` again (``PrepackedLinear.restore``): unblocked over its
-    blocks' own memory (``unpack_in_place``: a switch away from the skinny kernel holds no second copy of
-    the output layer, issue 71) where nothing else reads them: no Python reference to them but the layer's
-    and its tied embedding's, no other tensor on their storage (a fused group's members share one: those
-    are unblocked into new memory, ``unpack``, one group twice at most: a member's weight would keep the
-    whole group's storage). The values are the blocks', bit for bit."""
-    blocks = layer.blocks
-    count = getattr(torch._C, "_storage_Use_Count", None)
-    storage = blocks.untyped_storage()
-    whole = blocks.storage_offset() == 0 and storage.nbytes() == blocks.numel() * blocks.element_size()
-    # the storage's tensors: the blocks and the tensor they view (an in-place release's weight), and this handle
-    others = not whole or count is None or count(storage._cdata) != 2 + (blocks._base is not None)
-    del storage
-    # the layer's and a tied embedding's attributes, this name and getrefcount's own
-    if others or not blocks.is_contiguous() or sys.getrefcount(blocks) != 3 + (layer.tied is not None):
-        return unpack(blocks, layer.out_features)
-    return unpack_in_place(blocks, layer.out_features, _CHUNK_ROWS)
-
-
 def _holders(model: Module, weight: Tensor) -> int:
     """How many parameter slots of ``model``'s modules (a ``PrepackedLinear``'s own layer included) hold ``weight``."""
     found = 0
@@ -147,8 +127,8 @@ def _in_place(weight: Tensor, holders: int) -> Optional[Tensor]:
         return None
     del storage
     flat = weight.detach().view(-1)
-    for start in range(0, n, _CHUNK_ROWS):  # each chunk's blocks lie where its rows did: read them first
-        rows = weight.detach()[start: start + _CHUNK_ROWS].clone()
+    for start in range(0, n, blocked.IN_PLACE_ROWS):  # each chunk's blocks lie where its rows did: read them first
+        rows = weight.detach()[start: start + blocked.IN_PLACE_ROWS].clone()
         pack(rows, flat[start * k: (start + rows.shape[0]) * k].view(rows.shape[0] // BLOCK, k, BLOCK))
         del rows  # freed before the next chunk's is made: one chunk held at a time
     return flat.view(n // BLOCK, k, BLOCK)

@@ -11,8 +11,8 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
-from kernels.blocked import DTYPES
-from kernels.memory_fits import can_prepack as _can_prepack, copy_fits, prepack_fits  # noqa: F401 (kept importable here)
+from kernels.blocked import DTYPES, unreleased
+from kernels.memory_fits import can_prepack as _can_prepack, copy_fits, prepack_fits, readers_of  # noqa: F401 (kept importable here)
 from kernels.remembered_packs import _REMEMBERED, _Remembered, remembered  # noqa: F401
 from kernels.kept_steps import forget_step
 
@@ -124,8 +124,6 @@ class PrepackedLinear(Module):
             return
         if self.owner is not None:
             forget_step(self.owner())  # the model's kept C step reads these blocks: it goes with them
-        from kernels.one_head import unreleased
-
         own = torch.nn.Parameter(unreleased(self), requires_grad=False)  # the one unblocking, in place where it can be
         self.linear[0].weight = own
         # a plain dict write: ``self.weight = own`` asks ``hasattr(self, "weight")`` first, which unblocks a second time
@@ -373,17 +371,6 @@ def set_prepack(model: Module, on: bool, route: Sequence[str] = (PREPACKED,), dt
             if PREPACKED in route and packed.packed is None and not packed.shared:
                 packed._pack()
     return bool(on and swaps)
-
-
-def readers_of(model: Module) -> Dict[int, int]:
-    """How many of ``model``'s modules hold each parameter (by id): a ``PrepackedLinear`` and the own
-    layer it wraps count once (the own layer is no submodule once swapped), a tied embedding once more."""
-    count: Dict[int, int] = {}
-    for module in model.modules():
-        for parameter in module._parameters.values():
-            if parameter is not None:
-                count[id(parameter)] = count.get(id(parameter), 0) + 1
-    return count
 
 
 def _dtype(layer: PrepackedLinear) -> torch.dtype:

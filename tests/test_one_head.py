@@ -11,6 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from conftest import EOS_NEVER, PROMPT
 from drafters import PromptLookupSpec
+import kernels.blocked as blocked
 from kernels import skinny
 from kernels.one_copy import held, parameter_count, released, weight_bytes
 from kernels.blocked import DTYPES
@@ -57,7 +58,7 @@ def test_a_tied_output_layer_is_held_once_blocked_in_its_own_memory(dtype, monke
     weights, address = tensor_bytes(*model.parameters(), *model.buffers()), model.lm_head.weight.data_ptr()
     table = tensor_bytes(model.lm_head.weight)
     set_prepack(model, True, STEP_ROUTE, DTYPES)  # the step's route, as ``release`` gives it
-    monkeypatch.setattr(one_head, "_CHUNK_ROWS", 32)  # a third of the table at a time
+    monkeypatch.setattr(blocked, "IN_PLACE_ROWS", 32)  # a third of the table at a time
     with counted() as seen:
         release_head(model)
     runner = stepped(model)
@@ -131,7 +132,7 @@ def test_a_restore_unblocks_the_output_layer_over_its_own_blocks_to_the_exact_we
     set_prepack(model, True, STEP_ROUTE, DTYPES)
     release_head(model)
     address = model.lm_head.blocks.data_ptr()
-    monkeypatch.setattr(one_head, "_CHUNK_ROWS", 32)  # a third of the table at a time
+    monkeypatch.setattr(blocked, "IN_PLACE_ROWS", 32)  # a third of the table at a time
     with counted() as seen:
         model.lm_head.restore()
     weight, embedding = model.lm_head.weight, model.model.embed_tokens
