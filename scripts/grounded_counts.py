@@ -59,18 +59,32 @@ def copy_oracle(prompt: List[int], out: List[int], min_n: int = 1, cap: int = 64
     return passes
 
 
-def row_runs(prompt: List[int], model, tokenizer, eos, new: int, costs, gate: bool) -> Dict[str, tuple]:
-    """Each row's (tokens, steps) on ``prompt``."""
+ROWS = ("pld", "ngram", "suffix", "tree_suffix")
+
+
+class GatedTrees(DraftPolicy):
+    """An experiment, not the library's rule: a tree drafter that reports evidence is gated as a chain
+    one is (never paused while cheap; ``choose_nodes`` still cuts each tree by the costs)."""
+
+    def start(self, gamma: int, cheap: bool = True, drafter_key=None, step_cost=None, evidence: bool = False) -> None:
+        super().start(gamma, cheap, drafter_key, step_cost, evidence=True)
+
+
+def row_runs(prompt: List[int], model, tokenizer, eos, new: int, costs, gate: bool, rows=ROWS[:3],
+             tree_gate: bool = False) -> Dict[str, tuple]:
+    """Each row's (tokens, steps) on ``prompt`` (a tree step's drafts: its nodes)."""
     common = dict(max_gen_len=new, eos_tokens_id=eos, use_cache=True, tokenizer=tokenizer)
     runs = {}
-    for name in ("pld", "ngram", "suffix"):
+    for name in rows:
         seen, stats = Steps(), GenerationStats()
-        policy = DraftPolicy(row_costs=costs, min_gain=1.0, gate=gate)
+        policy = (GatedTrees if tree_gate and name == "tree_suffix" else DraftPolicy)(row_costs=costs, min_gain=1.0, gate=gate)
         args = dict(common, stats=stats, policy=policy, streamer=seen)
         if name == "pld":
             out = generate(prompt, model, PromptLookupSpec(10, 3, 1), args)[0]
         elif name == "suffix":
             out = generate(prompt, model, SuffixSpec(), args)[0]
+        elif name == "tree_suffix":  # the REPL's and the benchmark's tree row: up to tree_size 16 nodes a pass
+            out = generate(prompt, model, SuffixSpec(trees=True), dict(args, gamma=16))[0]
         else:
             out = ngram_assisted_speculative_generate(prompt, NGramStorage(3, model.config.vocab_size), model, gamma=4,
                                                       filler_top_k=3, first_target=True, **args)[0]
@@ -85,6 +99,8 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--row-costs", default=",".join(f"{c:g}" for c in ROW_COSTS))
+    p.add_argument("--rows", default=",".join(ROWS[:3]), help=f"of {', '.join(ROWS)}")
+    p.add_argument("--tree-gate", action="store_true", help="tree_suffix gated as chains are (GatedTrees: an experiment)")
     p.add_argument("--no-gate", action="store_true", help="the policy without the evidence gate (as before it)")
     args = p.parse_args()
     costs = tuple(float(c) for c in args.row_costs.split(","))
@@ -101,7 +117,8 @@ def main() -> None:
         t["all"]["new_tokens"] += len(ref)
         t["oracle"]["passes"] += copy_oracle(prompt, ref)
         t["oracle2"]["passes"] += copy_oracle(prompt, ref, min_n=2)
-        for name, (out, steps) in row_runs(prompt, model, tokenizer, eos, args.max_new_tokens, costs, not args.no_gate).items():
+        for name, (out, steps) in row_runs(prompt, model, tokenizer, eos, args.max_new_tokens, costs, not args.no_gate,
+                                               args.rows.split(","), args.tree_gate).items():
             c = t[name]
             c["mismatch"] += out != ref
             c["passes"] += len(steps)
@@ -119,7 +136,7 @@ def main() -> None:
         a = t["all"]
         print(f"== {cat}: {a['prompts']} prompts, prompt tokens {a['prompt_tokens'] / a['prompts']:.0f} avg, new {a['new_tokens']}")
         print(f"   copy oracle passes (min n 1): {t['oracle']['passes']}, (min n 2): {t['oracle2']['passes']}")
-        for name in ("pld", "ngram", "suffix"):
+        for name in args.rows.split(","):
             c = t[name]
             ks = " ".join(f"k{k}:{c[f'k{k}']}/{c[f'k{k}acc']}" for k in range(11) if c[f"k{k}"])
             print(f"   {name:6s} passes {c['passes']} tok/pass {c['tokens'] / c['passes']:.2f} drafting {c['drafting']} "

@@ -112,3 +112,33 @@ def test_greedy_output_with_a_live_gated_policy_is_target_ar(name):
         assert out == list(_expected(model, "dynamic", tuple(prompt), 32)), model
         chose.append(stats.policy)
     assert all(line.startswith("policy chose: drafted in ") and "costs in the loop" in line for line in chose)
+
+
+class _Spy(DraftPolicy):
+    """A live policy that records the widths the loop reports to it (``measured``)."""
+
+    def measured(self, rows, verify_seconds, draft_seconds, asked):
+        self.seen.append(rows)
+        super().measured(rows, verify_seconds, draft_seconds, asked)
+
+
+@pytest.mark.parametrize("trees", [False, True])
+def test_the_prompt_pass_is_never_measured_as_a_step(trees):
+    """The first pass also runs the prompt (its seconds are the prompt's, not a step's): counted, it
+    inflated the mean of its width (one position after a first target step) against every other."""
+    from conftest import EOS_NEVER, PROMPT
+    from drafting import MODELS, _model, _runner
+    from test_depth_policy import SPECS
+
+    spec, context = SPECS["nasd"]()
+    policy = _Spy(row_costs=COSTS, min_gain=1.0, live=True)
+    policy.seen = []
+    stats = GenerationStats()
+    arguments = dict(max_gen_len=16, eos_tokens_id=EOS_NEVER, stats=stats, gamma=4, policy=policy, trees=trees,
+                     first_target=True, **_runner("dynamic"))
+    if trees:
+        from drafters import NGramTreeSpec
+
+        spec = NGramTreeSpec(tree_size=4)
+    generate(list(PROMPT), _model(next(iter(MODELS))), spec, arguments, context)
+    assert len(policy.seen) == stats.target_forward_passes - 1  # every step but the first, whose pass held the prompt
