@@ -51,10 +51,11 @@ def target_line(result) -> str:
     return next(line for line in result.stdout.splitlines() if line.startswith("Target:"))
 
 
-# One Python for many start-ups that end at once: it imports what a start-up imports (torch,
-# transformers, the app) a single time, then runs each case's ``infer.py`` in a fork of itself, a
-# process of its own with its own stdin, stdout, stderr and exit status. A fresh ``python infer.py``
-# costs seconds of imports; the refusals it exists to see take a fraction of one.
+# One Python for a test's (or a module's) several start-ups: it imports what a start-up imports (torch,
+# transformers, the app) a single time, then runs each case's ``infer.py`` in a fork of itself, one
+# after the other, each a process of its own with its own stdin (empty), stdout, stderr and exit status.
+# A fresh ``python infer.py`` costs seconds of imports; a refusal takes a fraction of one, a tiny
+# model's run of a token or two not much more. A test of one start keeps ``run``'s fresh process.
 _FORKED = r"""
 import json, os, runpy, sys, tempfile, traceback
 sys.path.insert(0, os.getcwd())

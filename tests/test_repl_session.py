@@ -7,7 +7,7 @@ import pexpect
 import pytest
 
 from conftest import llama, save_tiny
-from repl_driver import GIVEN_COSTS, PROMPT, command, run, spawn
+from repl_driver import GIVEN_COSTS, PROMPT, command, run, run_forked, spawn
 
 
 @pytest.fixture(scope="module")
@@ -222,10 +222,10 @@ def test_speculative_without_drafter_says_how_to_get_one(tiny_models):
 
 def test_a_drafter_made_of_the_targets_first_layers_drafts_in_the_repl(tiny_models, tmp_path):
     deep = save_tiny(tmp_path / "deep", llama(vocab=49152, window=4096, layers=3))  # tiny_models' target, three layers
-    result = run("--target", deep, "--drafter", "layers:2", "--no-calibrate", "--prompt", "Hi", "--length", "6")
+    result, refused = run_forked([["--target", deep, "--drafter", "layers:2", "--no-calibrate", "--prompt", "Hi", "--length", "6"],
+                                  ["--target", tiny_models["target"], "--drafter", "layers:1", "--no-calibrate", "--prompt", "Hi"]])
     assert result.returncode == 0, result.stderr
     assert "first 2 layers of the target" in result.stdout and "Speculative" in result.stdout
-    refused = run("--target", tiny_models["target"], "--drafter", "layers:1", "--no-calibrate", "--prompt", "Hi")
     assert refused.returncode == 1 and "a drafter needs fewer layers than the target" in refused.stdout
 
 

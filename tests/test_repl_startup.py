@@ -8,15 +8,15 @@ from repl_driver import GIVEN_COSTS, run, run_forked, target_line
 
 
 def test_start_up_measures_verification_costs_unless_told_not_to(tiny_models):
-    measured = run("--target", tiny_models["target"], "--prompt", "Hi", "--length", "4", "--verbose")
-    skipped = run("--target", tiny_models["target"], "--prompt", "Hi", "--length", "4", "--no-calibrate", "--verbose")
+    common = ["--target", tiny_models["target"], "--prompt", "Hi", "--length", "4"]
+    measured, skipped, given, refused = run_forked([[*common, "--verbose"], [*common, "--no-calibrate", "--verbose"],
+                                                    [*common, "--row-costs", "1,1.2,1.1", "--verbose"],
+                                                    ["--target", tiny_models["target"], "--prompt", "Hi", "--row-costs", "1,9"]])
     assert measured.returncode == 0 and skipped.returncode == 0, measured.stderr + skipped.stderr
     # that a measurement is made and shown, never what the clock said (a busy machine can make it implausible)
     assert "Verification cost" in measured.stdout
     assert "Verification cost" not in skipped.stdout and "Target AR" in skipped.stdout
-    given = run("--target", tiny_models["target"], "--prompt", "Hi", "--length", "4", "--row-costs", "1,1.2,1.1", "--verbose")
     assert given.returncode == 0 and "Verification cost by positions 1..3: 1.00 1.20 1.10 (given, not measured)" in given.stdout
-    refused = run("--target", tiny_models["target"], "--prompt", "Hi", "--row-costs", "1,9")
     assert refused.returncode == 1 and "--row-costs" in refused.stdout and "not plausible" in refused.stdout
 
 
