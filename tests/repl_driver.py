@@ -1,6 +1,7 @@
 """What the REPL's tests share (tests/test_repl_session.py, tests/test_repl_startup.py,
 tests/test_repl_target_line.py and the REPL tests of other files): ``infer.py`` as a real subprocess, on a
-pseudo-terminal (``spawn``, ``command``) or a pipe (``run``), and the Target line it prints."""
+pseudo-terminal (``spawn``, ``command``) or a pipe (``run``; several starts forked from one Python that
+imported the libraries once: ``run_forked``), and the Target line it prints."""
 import signal
 import subprocess
 import sys
