@@ -28,10 +28,11 @@ run: setup
 	$(BIN)/python infer.py $(ARGS)
 
 # the suite on every core (pytest-xdist), one test file to a worker so that a module's fixtures are
-# built once; JOBS=0 runs it in this one process
+# built once, the longest files first (tests/conftest.py's HEAVY_FIRST; xdist's own order by number of
+# tests is turned off); JOBS=0 runs it in this one process
 JOBS ?= $(shell nproc)
 test: setup
-	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 fetch-pair: setup
 	$(BIN)/python scripts/fetch_pair.py

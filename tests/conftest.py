@@ -4,6 +4,11 @@ import tempfile
 import shutil
 from pathlib import Path
 
+# inductor compiles a graph's C++ in this process, not in a pool of workers it starts (each one a
+# Python importing torch, per process that compiles): the suite keeps every core busy with one test
+# file each, so a pool only adds processes. Read when torch is imported; subprocesses inherit it.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
 import pytest
 import torch
 from hypothesis import settings
@@ -52,9 +57,19 @@ def examples(n: int) -> int:
     return n * DEV_SCALE if settings.get_current_profile_name() == "dev" else n
 
 
+# The files that take longest (docs/robustness.md, "where the suite's time goes"), longest first. `make
+# test` sends whole files to its workers in collection order (--no-loadscope-reorder: pytest-xdist's own
+# order, by number of tests, put these few-test files last, and the run waited on one worker for them).
+HEAVY_FIRST = ("test_families.py", "test_eagle.py", "test_control_combinations.py", "test_compiled.py",
+               "test_lossless_sampling.py", "test_readme.py", "test_soak.py", "test_repl_target_line.py",
+               "test_repl_startup.py", "test_repl_session.py", "test_compile_cache.py", "test_cross_tokenizer.py",
+               "test_hostile_input.py", "test_bench.py")
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``needs_cxx`` (they compile graphs with inductor on CPU) or ``needs_cc`` (they build
-    the skinny kernel) skip, with the reason, on a machine without that compiler (a slim image)."""
+    the skinny kernel) skip, with the reason, on a machine without that compiler (a slim image). The
+    files of ``HEAVY_FIRST`` run first, in its order; the rest keep theirs (a stable sort)."""
     from utils.toolchain import WITHOUT_CC, c_compiler, cxx_compiler
 
     missing = {"needs_cxx": None if cxx_compiler() else "no C++ compiler for inductor (g++ or $CXX): --compile cannot run on CPU",
@@ -63,6 +78,8 @@ def pytest_collection_modifyitems(config, items):
         for mark, reason in missing.items():
             if reason and item.get_closest_marker(mark):
                 item.add_marker(pytest.mark.skip(reason=reason))
+    rank = {name: index for index, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 def pytest_unconfigure(config):

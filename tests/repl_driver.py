@@ -1,6 +1,7 @@
 """What the REPL's tests share (tests/test_repl_session.py, tests/test_repl_startup.py,
 tests/test_repl_target_line.py and the REPL tests of other files): ``infer.py`` as a real subprocess, on a
-pseudo-terminal (``spawn``, ``command``) or a pipe (``run``), and the Target line it prints."""
+pseudo-terminal (``spawn``, ``command``) or a pipe (``run``; several starts forked from one Python that
+imported the libraries once: ``run_forked``), and the Target line it prints."""
 import signal
 import subprocess
 import sys
@@ -49,3 +50,58 @@ def run(*args, stdin: str = ""):
 
 def target_line(result) -> str:
     return next(line for line in result.stdout.splitlines() if line.startswith("Target:"))
+
+
+# One Python for a test's (or a module's) several start-ups: it imports what a start-up imports (torch,
+# transformers, the app) a single time, then runs each case's ``infer.py`` in a fork of itself, one
+# after the other, each a process of its own with its own stdin (a pipe), stdout, stderr and exit status.
+# A fresh ``python infer.py`` costs seconds of imports; a refusal takes a fraction of one, a tiny
+# model's run of a token or two not much more. A test of one start keeps ``run``'s fresh process.
+_FORKED = r"""
+import json, os, runpy, sys, tempfile, traceback
+sys.path.insert(0, os.getcwd())
+import torch, transformers, app.repl.cli  # noqa: F401 (imported once, before the forks)
+found = []
+for argv, given in json.load(sys.stdin):
+    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    read, write = os.pipe()  # its stdin: the case's input, then the end of it, as subprocess.run(input=...) gives it
+    os.write(write, given.encode()); os.close(write)
+    sys.stdout.flush(); sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the case: infer.py as `python infer.py ARGS` runs it
+        os.dup2(read, 0); os.dup2(out.fileno(), 1); os.dup2(err.fileno(), 2)
+        sys.argv, code = ["infer.py", *argv], 0
+        try:
+            runpy.run_path("infer.py", run_name="__main__")
+        except SystemExit as exit:
+            code = exit.code if isinstance(exit.code, int) else 0 if exit.code is None else 1
+            if isinstance(exit.code, str):
+                print(exit.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush(); sys.stderr.flush()
+        os._exit(code)
+    os.close(read)
+    status = os.waitpid(pid, 0)[1]
+    out.seek(0); err.seek(0)
+    found.append({"returncode": os.waitstatus_to_exitcode(status), "stdout": out.read().decode(errors="replace"),
+                  "stderr": err.read().decode(errors="replace")})
+print(json.dumps(found))
+"""
+
+
+def run_forked(cases, stdins=None) -> list:
+    """``subprocess.CompletedProcess``-like results (``returncode``, ``stdout``, ``stderr``: text) of
+    ``infer.py --device cpu ARGS`` for each ``ARGS`` in ``cases``, each in a process of its own forked
+    from one Python that imported the start-up's libraries once, its stdin a pipe holding the matching
+    text of ``stdins`` (default: nothing), in ``run``'s environment."""
+    import json
+    from types import SimpleNamespace
+
+    cases = [[["--device", "cpu", *args], given] for args, given in zip(cases, stdins or [""] * len(cases))]
+    done = subprocess.run([sys.executable, "-c", _FORKED], cwd=ROOT, input=json.dumps(cases), capture_output=True, text=True,
+                          timeout=600, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(Path.home()),
+                                            **MEASUREMENTS_ENV})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [SimpleNamespace(**result) for result in json.loads(done.stdout.strip().splitlines()[-1])]

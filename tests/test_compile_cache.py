@@ -1,7 +1,7 @@
 """Compile once per machine, not per start (kernels.compile_cache): a second process that prepares
 the same model with the same cache folder takes every graph from the disk (inductor's own hit
 counters, no clock), says "cached", and computes what the first one did; the folder is the one the
-environment names (a temporary one per test here, never the user's)."""
+environment names (a temporary one for this module here, never the user's)."""
 import json
 import os
 import subprocess
@@ -15,7 +15,10 @@ from runners import prepack_fits
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.needs_cxx  # inductor compiles C++ on CPU
 
-# one start: a tiny Llama compiled with one bucket, its cache counts, its header and a pass's logits
+# one start: tiny Llamas compiled with one bucket (own layers in float64, and, where oneDNN prepacks,
+# float32 with prepacked layers), each one's cache counts, header and a pass's logits. Both variants
+# run in one process, one after the other (a process's imports and inductor's workers cost more than
+# a tiny model's graphs); each model's counts are its own prepare's (kernels.compile_cache.CacheCount)
 START = """
 import json, os, sys, torch
 sys.path[:0] = [{root!r}, {tests!r}]
@@ -25,38 +28,51 @@ torch.set_num_threads(1)
 torch.set_grad_enabled(False)
 import runners.compiled as compiled
 compiled.BUCKETS = (1,)
-model = llama(layers=2, window=256)
-if {prepacked!r}:  # float32, oneDNN's prepacked layers called from the graph (no freezing)
-    from runners import set_prepack
-    model = model.to(torch.float32)
-    assert set_prepack(model, True)
-seconds = compiled.prepare(model, 100)
-count = compiled.compiled(model).cache_count
-runner = compiled.CompiledRunner(model)
-logits = [runner(torch.tensor([PROMPT[: n + 1]]), 1)[0, :8].tolist() for n in range(3)]
-print(json.dumps({{"hits": count.hits, "misses": count.misses, "source": compiled.compile_source(model),
-                   "label": compiled.compiled_label(model), "logits": logits}}))
+found = {{}}
+for prepacked in {variants!r}:
+    model = llama(layers=2, window=256)
+    if prepacked:  # float32, oneDNN's prepacked layers called from the graph (no freezing)
+        from runners import set_prepack
+        model = model.to(torch.float32)
+        assert set_prepack(model, True)
+    seconds = compiled.prepare(model, 100)
+    count = compiled.compiled(model).cache_count
+    runner = compiled.CompiledRunner(model)
+    logits = [runner(torch.tensor([PROMPT[: n + 1]]), 1)[0, :8].tolist() for n in range(3)]
+    found[str(prepacked)] = {{"hits": count.hits, "misses": count.misses, "source": compiled.compile_source(model),
+                             "label": compiled.compiled_label(model), "logits": logits}}
+print(json.dumps(found))
 """
+VARIANTS = {"own-layers": False, "prepacked": True}
 
 
-def start(folder: Path, prepacked: bool = False) -> dict:
+def start(folder: Path, variants) -> dict:
+    """One process's start of every variant in ``variants`` (False: own layers, True: prepacked):
+    ``{"False": counts, ...}``."""
     env = {name: value for name, value in os.environ.items() if name != "TORCHINDUCTOR_CACHE_DIR"}
-    code = START.format(root=str(ROOT), tests=str(ROOT / "tests"), folder=str(folder), prepacked=prepacked)
+    code = START.format(root=str(ROOT), tests=str(ROOT / "tests"), folder=str(folder), variants=tuple(variants))
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("prepacked", [False, True], ids=["own-layers", "prepacked"])
-def test_a_second_start_takes_every_graph_from_the_cache_folder_and_says_cached(tmp_path, prepacked):
+@pytest.fixture(scope="module")
+def starts(tmp_path_factory):
+    """Two processes, one after the other, on one cache folder: ``(folder, first's, second's)``."""
+    folder = tmp_path_factory.mktemp("compile-cache") / "compiled"
+    variants = [False] + ([True] if prepack_fits(1) else [])
+    return folder, start(folder, variants), start(folder, variants)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_a_second_start_takes_every_graph_from_the_cache_folder_and_says_cached(starts, variant):
+    prepacked = VARIANTS[variant]
     if prepacked and not prepack_fits(1):
         pytest.skip("no oneDNN prepacking in this torch build")
-    folder = tmp_path / "compiled"
-    first = start(folder, prepacked)
+    folder, first, second = starts[0], starts[1][str(prepacked)], starts[2][str(prepacked)]
     assert first["misses"] > 0 and first["hits"] == 0 and first["source"] == "fresh"
     assert "(fresh)" in first["label"]
     assert any((folder / "inductor").rglob("*")), "the graphs were kept in the cache folder the environment names"
-    second = start(folder, prepacked)
     assert second["hits"] >= first["misses"] and second["misses"] == 0 and second["source"] == "cached"
     assert "(cached)" in second["label"]
     assert second["logits"] == first["logits"]

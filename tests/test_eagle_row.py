@@ -126,10 +126,13 @@ def test_the_repl_loads_the_head_says_it_and_runs_the_eagle_row(folders):
 
 
 def test_no_head_or_a_head_for_another_target_is_one_line(folders):
-    off = infer("--target", folders["target"], "--head", "none", stdin="/eagle\n")
+    from repl_driver import run_forked
+
+    common = ["--no-calibrate", "--target", folders["target"], "--head"]
+    off, *refusals = run_forked([[*common, "none"], [*common, folders["other"]], [*common, "/nonexistent/head"]],
+                                stdins=["/eagle\n", "", ""])  # three starts forked from one Python
     assert off.returncode == 0 and "Head: none (--head none)" in off.stdout and "restart with --head PATH" in off.stdout
-    for path, words in ((folders["other"], "could not load the head"), ("/nonexistent/head", "could not load the head")):
-        refused = infer("--target", folders["target"], "--head", path)
+    for refused, words in zip(refusals, ("could not load the head", "could not load the head")):
         assert refused.returncode == 1 and words in refused.stdout, refused.stdout
         assert "Traceback" not in refused.stdout + refused.stderr
         assert len([line for line in refused.stdout.splitlines() if line.startswith("error:")]) == 1

@@ -2,7 +2,8 @@
 setting, and nothing typed can make a setting unbounded or non-finite.
 
 The command handler is driven in-process (``Repl.handle``) with generated commands and values;
-the flags and the start-up through a subprocess; the terminal through a pseudo-terminal.
+the flags and the start-up through a subprocess (the refused start-ups forked from one); the terminal
+through a pseudo-terminal.
 """
 import dataclasses
 import math
@@ -231,15 +232,13 @@ def run(*args, stdin: bytes = b"", env=None):
 
 
 def one_error_line(result):
-    out, err = result.stdout.decode(), result.stderr.decode()
+    out, err = (text.decode() if isinstance(text, bytes) else text for text in (result.stdout, result.stderr))
     errors = [line for line in out.splitlines() if line.startswith("error:")]
     assert result.returncode == 1 and len(errors) == 1 and not err.strip() and "Traceback" not in out, out + err
     return errors[0]
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
+REFUSED_START_UPS = [
         (["--gamma", "1e999"], "--gamma must be an integer from 1 to 128"),
         (["--gamma", "100000000000000000000"], "--gamma must be >= 1 and <= 128"),
         (["--length", "nan"], "--length must be an integer"),
@@ -253,11 +252,21 @@ def one_error_line(result):
         (["--target", "/nonexistent/model"], "no such model folder: /nonexistent/model"),
         (["--target", "infer.py"], "is a file, not a model"),
         (["--target", "someone/not-downloaded-model"], "not in the Hugging Face cache, and HF_HUB_OFFLINE is set"),
-    ],
-)
-def test_start_up_that_cannot_proceed_says_so_in_one_line_and_exits_non_zero(args, message):
-    result, _ = run(*args)
-    assert message in one_error_line(result)
+]
+
+
+@pytest.fixture(scope="module")
+def refused_start_ups():
+    """Each start-up of ``REFUSED_START_UPS`` in a process of its own, forked from one Python that
+    imported the libraries once (``repl_driver.run_forked``: 13 imports of torch cost more than the refusals)."""
+    from repl_driver import run_forked
+
+    return run_forked([args for args, _ in REFUSED_START_UPS])
+
+
+@pytest.mark.parametrize("case", range(len(REFUSED_START_UPS)), ids=lambda i: f"args{i}-{REFUSED_START_UPS[i][1]}")
+def test_start_up_that_cannot_proceed_says_so_in_one_line_and_exits_non_zero(refused_start_ups, case):
+    assert REFUSED_START_UPS[case][1] in one_error_line(refused_start_ups[case])
 
 
 def test_an_unreachable_hub_fails_fast_in_one_line():

@@ -1,5 +1,6 @@
 """A session driven as a user would: one REPL on a pseudo-terminal shared by the tests of its commands,
-prompts and keys (Ctrl-C, Ctrl-D, /quit), and sessions on a pipe or with --prompt: what each pair of models runs."""
+prompts and keys (Ctrl-C, Ctrl-D, /quit), and sessions on a pipe or with --prompt: what each pair of models runs
+(the piped sessions forked from one Python, ``repl_driver.run_forked``)."""
 import time
 
 import pexpect
@@ -7,7 +8,7 @@ import pexpect
 import pytest
 
 from conftest import llama, save_tiny
-from repl_driver import GIVEN_COSTS, PROMPT, command, run, spawn
+from repl_driver import GIVEN_COSTS, PROMPT, command, run_forked, spawn
 
 
 @pytest.fixture(scope="module")
@@ -203,35 +204,47 @@ def test_quit_exits_with_status_zero(tiny_models):
     assert child.exitstatus == 0
 
 
-def test_piped_prompt_runs_and_exits_at_end_of_input(tiny_models):
-    result = run("--target", tiny_models["target"], stdin="/length 5\nHello\n")
+@pytest.fixture(scope="module")
+def piped(tiny_models):
+    """Sessions on a pipe or with --prompt, each a process of its own forked from one Python that
+    imported the libraries once (``repl_driver.run_forked``): "piped", "prompt", "no_drafter", "t5"."""
+    target, drafter = tiny_models["target"], tiny_models["drafter"]
+    cases = {"piped": (["--target", target], "/length 5\nHello\n"),
+             "prompt": (["--target", target, "--drafter", drafter, "--prompt", "Hi", "--length", "4"], ""),
+             "no_drafter": (["--target", target], "/speculative\n/drafter\n"),
+             "t5": (["--target", tiny_models["t5"], "--drafter", tiny_models["t5_drafter"], "--no-chat", "--length", "6"],
+                    "/ngram\nTranslate this\n")}
+    return dict(zip(cases, run_forked([args for args, _ in cases.values()], [text for _, text in cases.values()])))
+
+
+def test_piped_prompt_runs_and_exits_at_end_of_input(piped):
+    result = piped["piped"]
     assert result.returncode == 0, result.stderr
     assert "Target AR" in result.stdout and "N-gram assisted" in result.stdout and "Goodbye" in result.stdout
 
 
-def test_prompt_flag_runs_one_comparison(tiny_models):
-    result = run("--target", tiny_models["target"], "--drafter", tiny_models["drafter"], "--prompt", "Hi", "--length", "4")
+def test_prompt_flag_runs_one_comparison(piped):
+    result = piped["prompt"]
     assert result.returncode == 0, result.stderr
     assert "Speculative" in result.stdout and "speedup" in result.stdout
 
 
-def test_speculative_without_drafter_says_how_to_get_one(tiny_models):
-    result = run("--target", tiny_models["target"], stdin="/speculative\n/drafter\n")
+def test_speculative_without_drafter_says_how_to_get_one(piped):
+    result = piped["no_drafter"]
     assert result.stdout.count("restart with --drafter MODEL") == 2 and result.returncode == 0
 
 
 def test_a_drafter_made_of_the_targets_first_layers_drafts_in_the_repl(tiny_models, tmp_path):
     deep = save_tiny(tmp_path / "deep", llama(vocab=49152, window=4096, layers=3))  # tiny_models' target, three layers
-    result = run("--target", deep, "--drafter", "layers:2", "--no-calibrate", "--prompt", "Hi", "--length", "6")
+    result, refused = run_forked([["--target", deep, "--drafter", "layers:2", "--no-calibrate", "--prompt", "Hi", "--length", "6"],
+                                  ["--target", tiny_models["target"], "--drafter", "layers:1", "--no-calibrate", "--prompt", "Hi"]])
     assert result.returncode == 0, result.stderr
     assert "first 2 layers of the target" in result.stdout and "Speculative" in result.stdout
-    refused = run("--target", tiny_models["target"], "--drafter", "layers:1", "--no-calibrate", "--prompt", "Hi")
     assert refused.returncode == 1 and "a drafter needs fewer layers than the target" in refused.stdout
 
 
-def test_encoder_decoder_models_are_detected_and_use_the_encoder_decoder_functions(tiny_models):
-    result = run("--target", tiny_models["t5"], "--drafter", tiny_models["t5_drafter"], "--no-chat", "--length", "6",
-                 stdin="/ngram\nTranslate this\n")
+def test_encoder_decoder_models_are_detected_and_use_the_encoder_decoder_functions(piped):
+    result = piped["t5"]
     assert result.returncode == 0, result.stderr
     assert "decoder-only models only" in result.stdout
     assert "Speculative" in result.stdout and "Target AR" in result.stdout

@@ -1,50 +1,65 @@
 """The start-up, through ``infer.py`` on a pipe: the first screen, the verification costs it measures or
-is given, the embedded model, and a bad start-up refused in one clear line."""
+is given, the embedded model, and a bad start-up refused in one clear line (the refusals forked from one
+Python: ``repl_driver.run_forked``)."""
 import pytest
 import torch
 
-from repl_driver import GIVEN_COSTS, run, target_line
+from repl_driver import GIVEN_COSTS, run, run_forked, target_line
 
 
 def test_start_up_measures_verification_costs_unless_told_not_to(tiny_models):
-    measured = run("--target", tiny_models["target"], "--prompt", "Hi", "--length", "4", "--verbose")
-    skipped = run("--target", tiny_models["target"], "--prompt", "Hi", "--length", "4", "--no-calibrate", "--verbose")
+    common = ["--target", tiny_models["target"], "--prompt", "Hi", "--length", "4"]
+    measured, skipped, given, refused = run_forked([[*common, "--verbose"], [*common, "--no-calibrate", "--verbose"],
+                                                    [*common, "--row-costs", "1,1.2,1.1", "--verbose"],
+                                                    ["--target", tiny_models["target"], "--prompt", "Hi", "--row-costs", "1,9"]])
     assert measured.returncode == 0 and skipped.returncode == 0, measured.stderr + skipped.stderr
     # that a measurement is made and shown, never what the clock said (a busy machine can make it implausible)
     assert "Verification cost" in measured.stdout
     assert "Verification cost" not in skipped.stdout and "Target AR" in skipped.stdout
-    given = run("--target", tiny_models["target"], "--prompt", "Hi", "--length", "4", "--row-costs", "1,1.2,1.1", "--verbose")
     assert given.returncode == 0 and "Verification cost by positions 1..3: 1.00 1.20 1.10 (given, not measured)" in given.stdout
-    refused = run("--target", tiny_models["target"], "--prompt", "Hi", "--row-costs", "1,9")
     assert refused.returncode == 1 and "--row-costs" in refused.stdout and "not plausible" in refused.stdout
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--target", "/nonexistent/model"], "could not load the target"),
-        (["--drafter", "/nonexistent/model.gguf"], "could not load the drafter"),
-        (["--gamma", "0"], "--gamma must be >= 1"),
-        (["--processor", "nucleus 1 7"], "top_p must be in"),
-    ],
-)
-def test_bad_start_up_is_one_clear_line_and_non_zero_exit(tiny_models, args, message):
-    result = run("--target", tiny_models["target"], *args)
+BAD_START_UPS = [
+    (["--target", "/nonexistent/model"], "could not load the target"),
+    (["--drafter", "/nonexistent/model.gguf"], "could not load the drafter"),
+    (["--gamma", "0"], "--gamma must be >= 1"),
+    (["--processor", "nucleus 1 7"], "top_p must be in"),
+]
+NO_CUDA = not torch.cuda.is_available()
+
+
+@pytest.fixture(scope="module")
+def refused(tiny_models):
+    """The refused start-ups of this file, each in a process of its own forked from one Python that
+    imported the libraries once (``repl_driver.run_forked``): the bad ones in order, then "cuda" (where
+    this torch has no CUDA device) and "vocabulary"."""
+    cases = [["--target", tiny_models["target"], *args] for args, _ in BAD_START_UPS]
+    cases += [["--target", tiny_models["target"], "--drafter", tiny_models["other"]]]
+    cases += [["--target", tiny_models["target"], "--device", "cuda", "--prompt", "Hi"]] if NO_CUDA else []
+    results = run_forked(cases)
+    return {**dict(enumerate(results[: len(BAD_START_UPS)])), "vocabulary": results[len(BAD_START_UPS)],
+            **({"cuda": results[-1]} if NO_CUDA else {})}
+
+
+@pytest.mark.parametrize("case", range(len(BAD_START_UPS)), ids=lambda i: f"args{i}-{BAD_START_UPS[i][1]}")
+def test_bad_start_up_is_one_clear_line_and_non_zero_exit(refused, case):
+    result = refused[case]
     assert result.returncode == 1
-    assert message in result.stdout and "Traceback" not in result.stdout + result.stderr
+    assert BAD_START_UPS[case][1] in result.stdout and "Traceback" not in result.stdout + result.stderr
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="refuses only where this torch has no CUDA device")
-def test_device_cuda_without_cuda_is_one_line_naming_what_to_install(tiny_models):
+@pytest.mark.skipif(not NO_CUDA, reason="refuses only where this torch has no CUDA device")
+def test_device_cuda_without_cuda_is_one_line_naming_what_to_install(refused):
     """Not transformers' "AssertionError: Torch not compiled with CUDA enabled" inside a load error."""
-    result = run("--target", tiny_models["target"], "--device", "cuda", "--prompt", "Hi")
+    result = refused["cuda"]
     assert result.returncode == 1 and "Traceback" not in result.stdout + result.stderr
     line = next(line for line in result.stdout.splitlines() if line.startswith("error:"))
     assert "--device cuda" in line and ("has no CUDA" in line or "sees no CUDA device" in line) and "AssertionError" not in line
 
 
-def test_drafter_with_another_vocabulary_is_refused(tiny_models):
-    result = run("--target", tiny_models["target"], "--drafter", tiny_models["other"])
+def test_drafter_with_another_vocabulary_is_refused(refused):
+    result = refused["vocabulary"]
     assert result.returncode == 1 and "cannot draft for this target" in result.stdout
     assert "Traceback" not in result.stdout + result.stderr
 

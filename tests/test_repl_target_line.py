@@ -4,13 +4,13 @@ import re
 
 import pytest
 
-from repl_driver import run, target_line
+from repl_driver import run, run_forked, target_line
 
 
 def test_prepacking_is_measured_by_default_or_the_flags_choice_and_named_on_the_target_line(tiny_models):
     """On the tiny float32 Llama, one token a run: the choice and its line do not depend on the model's size."""
     common = ("--target", tiny_models["target"], "--prompt", "Hi", "--length", "1", "--no-calibrate", "--verbose")
-    auto, on, off = run(*common), run(*common, "--prepack", "on"), run(*common, "--prepack", "off")
+    auto, on, off = run_forked([common, [*common, "--prepack", "on"], [*common, "--prepack", "off"]])
     assert auto.returncode == 0 and on.returncode == 0 and off.returncode == 0, auto.stderr + on.stderr + off.stderr
     # measured, or (a busy machine) fallen back past its budget: either way named, saved or not
     # a Llama's eager passes run the lean forward (runners.lean), and the line says so
