@@ -145,7 +145,7 @@ def _ms(seconds: float) -> str:
 
 def _why(library: ctypes.CDLL, path: int) -> str:
     """Why ``path`` runs here, and which many-row variant: "by measurement (3072x576 linears, 1 and 64 rows
-    weighed 64:4, 0.41 + 0.6 ms against 0.33 + 1.7 ms AVX-512 widening load, 0.38 ms at one position AVX2
+    weighed 64:8, 0.41 + 0.6 ms against 0.33 + 1.7 ms AVX-512 widening load, 0.38 ms at one position AVX2
     widening load, ...); prompt tile 32x2, the only one built", or, where no path rounds apart, "by
     measurement (a one-position 3072x576 linear 0.41 ms against ...)"."""
     decided = _decided(library, None)

@@ -69,11 +69,13 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--limit", type=int, default=0, help="at most this many prompts a set (0: all)")
+    parser.add_argument("--bf16-path", choices=["amx", "dot", "avx512", "avx2", "scalar"], default=None,
+                        help="our bfloat16 path forced (default: the one the C step measures and takes here)")
     args = parser.parse_args(argv)
     import json
 
     from app.bench.intervals import ratio_cell, ratio_interval
-    from kernels import c_step
+    from kernels import bf16, c_step
     from measure import choose_kernels
     from peers_openvino import Worker
     from sampling import autoregressive_generate
@@ -81,6 +83,8 @@ def main(argv: List[str] | None = None) -> None:
 
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
+    if args.bf16_path:  # named in the header as "forced" (kernels.bf16.describe)
+        bf16.FORCED = {"amx": bf16.AMX, "dot": bf16.DOT, "avx512": bf16.AVX512, "avx2": bf16.AVX2, "scalar": bf16.SCALAR}[args.bf16_path]
     work = Path(args.work)
     ids = {int(k): v for k, v in json.loads((work / "ids_main.json").read_text()).items()}
     sets = {"open": OPEN, "grounded": GROUNDED}
