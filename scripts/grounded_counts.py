@@ -70,14 +70,18 @@ class GatedTrees(DraftPolicy):
         super().start(gamma, cheap, drafter_key, step_cost, evidence=True)
 
 
-def row_runs(prompt: List[int], model, tokenizer, eos, new: int, costs, gate: bool, rows=ROWS[:3],
-             tree_gate: bool = False) -> Dict[str, tuple]:
-    """Each row's (tokens, steps) on ``prompt`` (a tree step's drafts: its nodes)."""
+def policy_maker(costs, gate: bool, tree_gate: bool = False):
+    """A row name -> a fresh policy on the given ``costs`` (gated or not; ``GatedTrees`` for tree_suffix where asked)."""
+    return lambda name: (GatedTrees if tree_gate and name == "tree_suffix" else DraftPolicy)(row_costs=costs, min_gain=1.0, gate=gate)
+
+
+def row_runs(prompt: List[int], model, tokenizer, eos, new: int, policy_for, rows=ROWS[:3]) -> Dict[str, tuple]:
+    """Each row's (tokens, steps) on ``prompt`` (a tree step's drafts: its nodes), each row's policy ``policy_for(name)``."""
     common = dict(max_gen_len=new, eos_tokens_id=eos, use_cache=True, tokenizer=tokenizer)
     runs = {}
     for name in rows:
         seen, stats = Steps(), GenerationStats()
-        policy = (GatedTrees if tree_gate and name == "tree_suffix" else DraftPolicy)(row_costs=costs, min_gain=1.0, gate=gate)
+        policy = policy_for(name)
         args = dict(common, stats=stats, policy=policy, streamer=seen)
         if name == "pld":
             out = generate(prompt, model, PromptLookupSpec(10, 3, 1), args)[0]
@@ -117,8 +121,8 @@ def main() -> None:
         t["all"]["new_tokens"] += len(ref)
         t["oracle"]["passes"] += copy_oracle(prompt, ref)
         t["oracle2"]["passes"] += copy_oracle(prompt, ref, min_n=2)
-        for name, (out, steps) in row_runs(prompt, model, tokenizer, eos, args.max_new_tokens, costs, not args.no_gate,
-                                               args.rows.split(","), args.tree_gate).items():
+        for name, (out, steps) in row_runs(prompt, model, tokenizer, eos, args.max_new_tokens,
+                                               policy_maker(costs, not args.no_gate, args.tree_gate), args.rows.split(",")).items():
             c = t[name]
             c["mismatch"] += out != ref
             c["passes"] += len(steps)

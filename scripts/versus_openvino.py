@@ -61,7 +61,16 @@ def tokens_per_second(cells) -> float:
     return sum(t for t, _ in cells) / sum(s for _, s in cells)
 
 
-def main(argv: List[str] | None = None) -> None:
+def force_bf16_path(name: str | None) -> None:
+    """Our bfloat16 path forced by its ``--bf16-path`` name (None: the measured one); the header says "forced"."""
+    from kernels import bf16
+
+    if name:
+        bf16.FORCED = {"amx": bf16.AMX, "dot": bf16.DOT, "avx512": bf16.AVX512, "avx2": bf16.AVX2, "scalar": bf16.SCALAR}[name]
+
+
+def parse(argv: List[str] | None) -> argparse.Namespace:
+    """The command line (``--help``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", default=os.environ.get("OV_WORK", str(Path.home() / ".cache/specdec-ov-probe")))
     parser.add_argument("--tokens", type=int, default=64)
@@ -71,11 +80,15 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=0, help="at most this many prompts a set (0: all)")
     parser.add_argument("--bf16-path", choices=["amx", "dot", "avx512", "avx2", "scalar"], default=None,
                         help="our bfloat16 path forced (default: the one the C step measures and takes here)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: List[str] | None = None) -> None:
+    args = parse(argv)
     import json
 
     from app.bench.intervals import ratio_cell, ratio_interval
-    from kernels import bf16, c_step
+    from kernels import c_step
     from measure import choose_kernels
     from peers_openvino import Worker
     from sampling import autoregressive_generate
@@ -83,8 +96,7 @@ def main(argv: List[str] | None = None) -> None:
 
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
-    if args.bf16_path:  # named in the header as "forced" (kernels.bf16.describe)
-        bf16.FORCED = {"amx": bf16.AMX, "dot": bf16.DOT, "avx512": bf16.AVX512, "avx2": bf16.AVX2, "scalar": bf16.SCALAR}[args.bf16_path]
+    force_bf16_path(args.bf16_path)
     work = Path(args.work)
     ids = {int(k): v for k, v in json.loads((work / "ids_main.json").read_text()).items()}
     sets = {"open": OPEN, "grounded": GROUNDED}
