@@ -112,10 +112,13 @@ class DraftPolicy:
         """The REPL's and the benchmark's policy, from measured ``costs`` (``measure.Costs``: the
         start-up record's, or ``measure.measure_costs``'): the verification costs (padded passes,
         cost-optimal lengths, ``auto`` when asked and they are usable), the drafter's cost, cost-aware
-        pausing at ``min_gain``. Costs not usable: a constant length, and ``calibration`` says why."""
+        pausing at ``min_gain``, and the costs measured again in the loop (``live``) unless they were
+        given (``Finding.source`` "given": ``--row-costs``). Costs not usable: a constant length, and
+        ``calibration`` says why."""
         rows = costs.row_costs.value or None
         draft = 0.0 if costs.draft_cost is None else costs.draft_cost.value
-        policy.setdefault("live", rows is not None)
+        # costs the user gave (--row-costs) are what the policy weighs, as said: the loop re-measures only measured ones
+        policy.setdefault("live", rows is not None and getattr(costs.row_costs, "source", None) != "given")
         return cls(min_gain=min_gain, row_costs=rows, draft_cost=draft, calibration=costs.row_costs.line,
                    auto=auto and rows is not None, **policy)
 

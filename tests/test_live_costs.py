@@ -142,3 +142,15 @@ def test_the_prompt_pass_is_never_measured_as_a_step(trees):
         spec = NGramTreeSpec(tree_size=4)
     generate(list(PROMPT), _model(next(iter(MODELS))), spec, arguments, context)
     assert len(policy.seen) == stats.target_forward_passes - 1  # every step but the first, whose pass held the prompt
+
+
+def test_costs_the_user_gave_are_weighed_as_given_and_measured_ones_again_in_the_loop():
+    """``--row-costs`` means what it says: a policy on given costs never reads the loop's clock (so a REPL
+    session on given costs decides alike on every run); one on measured costs measures them again."""
+    from measure.record import GIVEN, MEASURED, Costs, Finding
+
+    rows = (1.0, 1.05, 1.1, 1.2)
+    given = DraftPolicy.calibrated(Costs(Finding(rows, "given, not measured", GIVEN)))
+    measured = DraftPolicy.calibrated(Costs(Finding(rows, "measured", MEASURED)))
+    assert not given.live and given.live_costs is None and given.row_costs == rows
+    assert measured.live and measured.live_costs is not None
