@@ -22,7 +22,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from grounded_counts import ROW_COSTS  # noqa: E402
+from grounded_counts import ROW_COSTS, prompt_arguments  # noqa: E402
 
 CAP = 64  # how far back a match is measured
 
@@ -103,12 +103,7 @@ def main() -> None:
     from sampling import autoregressive_generate
     from utils.models import load_embedded
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--prompts", default="../shared/specbench/question.jsonl")
-    p.add_argument("--categories", default="summarization,rag")
-    p.add_argument("--limit", type=int, default=4)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    args = p.parse_args()
+    args = prompt_arguments(argparse.ArgumentParser(description=__doc__.split("\n")[0])).parse_args()
     model, tokenizer = load_embedded()
     table: Dict[str, Dict[str, List[float]]] = defaultdict(lambda: defaultdict(lambda: [0, 0.0, 0]))
     for row in load_prompts(args.prompts, args.categories, args.limit):

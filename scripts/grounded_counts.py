@@ -96,12 +96,17 @@ def row_runs(prompt: List[int], model, tokenizer, eos, new: int, policy_for, row
     return runs
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def prompt_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The prompts counted (Spec-Bench's file read in place, its categories, how many, tokens each)."""
     p.add_argument("--prompts", default="../shared/specbench/question.jsonl")
     p.add_argument("--categories", default="summarization,rag")
     p.add_argument("--limit", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=64)
+    return p
+
+
+def main() -> None:
+    p = prompt_arguments(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
     p.add_argument("--row-costs", default=",".join(f"{c:g}" for c in ROW_COSTS))
     p.add_argument("--rows", default=",".join(ROWS[:3]), help=f"of {', '.join(ROWS)}")
     p.add_argument("--tree-gate", action="store_true", help="tree_suffix gated as chains are (GatedTrees: an experiment)")
