@@ -117,8 +117,10 @@ class DraftPolicy:
         ``calibration`` says why."""
         rows = costs.row_costs.value or None
         draft = 0.0 if costs.draft_cost is None else costs.draft_cost.value
+        from measure.record import GIVEN
+
         # costs the user gave (--row-costs) are what the policy weighs, as said: the loop re-measures only measured ones
-        policy.setdefault("live", rows is not None and getattr(costs.row_costs, "source", None) != "given")
+        policy.setdefault("live", rows is not None and costs.row_costs.source != GIVEN)
         return cls(min_gain=min_gain, row_costs=rows, draft_cost=draft, calibration=costs.row_costs.line,
                    auto=auto and rows is not None, **policy)
 
