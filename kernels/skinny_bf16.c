@@ -82,7 +82,7 @@ static inline __attribute__((always_inline)) void tile_avx2(const float *x, int6
     }
     for (int64_t k = k0; k < k1; k += 2) {
         const uint16_t *w = p + k * BW;
-        _mm_prefetch((const char *)(w + 64 * BW), _MM_HINT_T0);
+        PREFETCH(w);
         __m256i a = _mm256_loadu_si256((const __m256i *)w), b = _mm256_loadu_si256((const __m256i *)(w + 16));
         __m256 a0 = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), b0 = _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
         for (int i = 0; i < MBC; i++) {
@@ -113,7 +113,7 @@ static inline __attribute__((always_inline)) void tile_avx512(const float *x, in
     for (int64_t k = k0; k < k1; k += 2) {
         for (int g = 0; g < GBC; g++) {
             const uint16_t *w = p + (int64_t)g * K * BW + k * BW;
-            _mm_prefetch((const char *)(w + 64 * BW), _MM_HINT_T0);
+            PREFETCH(w);
             __m512i v = _mm512_loadu_si512(w);
             even[g] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), odd[g] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
         }
@@ -140,7 +140,7 @@ static inline __attribute__((always_inline)) void tile_dot(const uint32_t *xb, i
     for (int64_t q = 0; q < nq; q++) {
         for (int g = 0; g < GBC; g++) {
             const uint16_t *w = p + (int64_t)g * K * BW + 2 * q * BW;
-            _mm_prefetch((const char *)(w + 64 * BW), _MM_HINT_T0);
+            PREFETCH(w);
             v[g] = (__m512bh)_mm512_loadu_si512(w);
         }
         for (int i = 0; i < MBC; i++) {
