@@ -236,20 +236,22 @@ void bf16_tile(int64_t path, const float *x, int64_t K, int64_t k0, int64_t k1, 
 int bf16_full(int64_t path, int64_t rows, int64_t blocks, const float *x, int64_t K, int64_t k0, int64_t k1, const uint16_t *p,
               float *out, int64_t ys, int load) {
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
-    if (path == BF16_DOT && ((rows == 8 && blocks == 3) || (rows == 6 && blocks == 4))) {
+    if (path == BF16_DOT && ((rows == 8 && blocks == 3) || (rows == 6 && blocks == 4) || (rows == 1 && blocks == 4))) {
         uint32_t xb[MBX * KC / 2];
         for (int64_t kk = k0; kk < k1; kk += KC) {
             int64_t kc = k1 - kk < KC ? k1 - kk : KC;
             round_rows(x + kk, K, 0, kc, rows, xb);
             if (blocks == 3) DOT(8, 3);
-            else DOT(6, 4);
+            else if (rows == 6) DOT(6, 4);
+            else DOT(1, 4);
         }
         return 1;
     }
 #endif
 #if defined(__AVX512F__)
-    if (path == BF16_AVX512 && rows == 8 && blocks == 3) {
-        AVX512(8, 3);
+    if (path == BF16_AVX512 && ((rows == 8 && blocks == 3) || (rows == 1 && blocks == 4))) {
+        if (blocks == 3) AVX512(8, 3);
+        else AVX512(1, 4); /* one position's (skinny_bf16_rows.c: ONE_ROW_BLOCKS) */
         return 1;
     }
 #endif

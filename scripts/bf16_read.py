@@ -7,10 +7,13 @@ all in one run (interleaved rounds, medians):
 - each path's whole cached one-position pass on the C step (the linears, attention and the rest);
 - each path's decoding token through ``autoregressive_generate`` (the pass, sampling and the runner's
   Python), prefill excluded, and what of it is not the pass;
-- with ``--ahead``: the linears alone and the pass once more on a library built with each prefetch
-  distance given (``-DBF16_AHEAD_BYTES``, kernels/bf16_tiles.h), to compare distances within one run.
+- with ``--variants``: the linears alone and the pass once more on a library built with each define
+  given (NAME=VALUE: ``BF16_AHEAD_BYTES``, the prefetch distance, kernels/bf16_tiles.h; 0 none, the AMX
+  path's before; 2048 the other paths' before; ``BF16_ONE_ROW_BLOCKS=2``, one position's groups as
+  before, kernels/skinny_bf16_rows.c), to compare them with the built library within one run.
 
-    ../shared/tools/quiet -- .venv/bin/python scripts/bf16_read.py --paths amx avx512 --ahead 2048 4096   # run alone
+    ../shared/tools/quiet -- .venv/bin/python scripts/bf16_read.py --paths amx dot avx512 \
+        --variants BF16_AHEAD_BYTES=0 BF16_AHEAD_BYTES=2048 BF16_ONE_ROW_BLOCKS=2   # run alone
     .venv/bin/python scripts/bf16_read.py --rounds 2 --tokens 4    # a smoke run
 """
 import argparse
@@ -27,14 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 PATHS = {"amx": 5, "dot": 4, "avx512": 3, "avx2": 2, "scalar": 1}  # kernels.bf16's path ids
 
 
-def variant(ahead: int) -> ctypes.CDLL:
-    """The skinny library built with a prefetch distance of ``ahead`` bytes (its own file: the flags name it)."""
+def variant(define: str) -> ctypes.CDLL:
+    """The skinny library built with ``-D{define}`` (its own file: the flags name it)."""
     from kernels import skinny
     from utils.models import cache_dir
     from utils.toolchain import c_compiler
 
     flags = skinny.FLAGS
-    skinny.FLAGS = (*flags, f"-DBF16_AHEAD_BYTES={ahead}")
+    skinny.FLAGS = (*flags, f"-D{define}")
     try:
         library = skinny._load(skinny._build(c_compiler(), cache_dir() / "kernels"))
         # typed as kernels.skinny types its own (the step asks it for its many-row variant: bf16.prompt_tile)
@@ -71,7 +74,7 @@ def timed(run: Callable[[], object]) -> float:
 def main(argv: List[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--paths", nargs="+", choices=sorted(PATHS), default=["amx", "avx512"])
-    parser.add_argument("--ahead", type=int, nargs="*", default=[], help="prefetch distances (bytes) to compare")
+    parser.add_argument("--variants", nargs="*", default=[], help="NAME=VALUE defines, each a library to compare")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--tokens", type=int, default=32, help="greedy tokens a decoding sample")
     parser.add_argument("--context", type=int, default=64)
@@ -91,7 +94,7 @@ def main(argv: List[str] | None = None) -> None:
     ids = torch.randint(len(tokenizer), (1, args.context + 1), generator=torch.Generator().manual_seed(0))
     runner(ids[:, : args.context], 1)
     step = runner.step
-    libraries: Dict[str, ctypes.CDLL] = {"built": step.library, **{f"ahead {a} B": variant(a) for a in args.ahead}}
+    libraries: Dict[str, ctypes.CDLL] = {"built": step.library, **{name: variant(name) for name in args.variants}}
     size = sum(n * k * 2 for layer in range(len(step.structs)) for _, n, k in step.linears(layer)) + step.vocab * step.dims.H * 2
     plain = torch.ones(size // 4)
     sweeps = {(name, p): sweep(step, lib, p) for name, lib in libraries.items() for p in paths}
@@ -127,7 +130,7 @@ def main(argv: List[str] | None = None) -> None:
     for p in paths:
         for name in libraries:
             lin, whole = (statistics.median(times[(kind, name, p)]) for kind in ("linears", "pass"))
-            print(f"{bf16.NAMES[p]:<24} {name:<12} linears alone {lin * 1e3:6.2f} ms ({lin / read:.2f}x the read) · "
+            print(f"{bf16.NAMES[p]:<24} {name:<24} linears alone {lin * 1e3:6.2f} ms ({lin / read:.2f}x the read) · "
                   f"pass {whole * 1e3:6.2f} ms ({whole / read:.2f}x)")
         tok, whole = statistics.median(token[p]), statistics.median(times[("pass", "built", p)])
         print(f"{bf16.NAMES[p]:<24} a decoding token {tok * 1e3:.2f} ms ({tok / read:.2f}x the read), of which not the pass "
