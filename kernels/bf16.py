@@ -5,11 +5,13 @@ everything else in float32. Its paths: the ``avx512_bf16`` dot (vdpbf16ps, the a
 bfloat16 for it) where the compiler targets it, and a widening load (bfloat16 to float32 by a shift) on
 AVX-512, on AVX2, or in plain C; and Intel's AMX tiles (``skinny_amx.c``: TDPBF16PS, the activations
 rounded to bfloat16) where the compiler targets them, the CPU has them and Linux grants them
-(``amx_absent`` says which is missing). One path per process and library (``chosen``): ``FORCED``
-where set, else the fastest on a run of one-position and many-row linears of the first model's shape,
-measured here once (``kernels.bf16_choice``); then that path's many-row variant for long passes the
-same way (``prompt_tile``). Each path is row-invariant, and every pass of a run takes the same one, so
-verification gives decoding's logits bit for bit. The widening paths agree with one another bit for
+(``amx_absent`` says which is missing). One path per model in a process, keyed by the shape of its
+gate/up (``chosen``): ``FORCED_FOR`` or ``FORCED`` where set, else the fastest on a run of one-position
+and many-row linears of that shape, read from the model's own blocks, measured here once
+(``kernels.bf16_choice``); then that path's many-row variant for long passes the same way
+(``prompt_tile``). So a pair's target and drafter each take the path fastest on their own shapes. Each
+path is row-invariant, and every pass of a model takes the same one (a model's logits never mix with
+another's), so verification gives decoding's logits bit for bit. The widening paths agree with one another bit for
 bit, and with the float32 step on the weights widened to float32; the dot and AMX paths round apart
 from them and from each other (``skinny_bf16.c``, ``skinny_amx.c`` say how). ``describe`` and ``short_words`` name the choice and its measurement.
 """
@@ -29,6 +31,7 @@ SCALAR, AVX2, AVX512, DOT, AMX = 1, 2, 3, 4, 5  # its bfloat16 paths
 ROUNDING = (DOT, AMX)  # the paths that round the activations to bfloat16 (the others widen the weights)
 NAMES = {AMX: "AMX tiles", DOT: "avx512_bf16 dot", AVX512: "AVX-512 widening load", AVX2: "AVX2 widening load", SCALAR: "widening load in plain C"}
 FORCED: Optional[int] = None  # a path to take instead of the measured one (scripts' --path; tests: each path built)
+FORCED_FOR: Dict[Tuple[int, int], int] = {}  # a path forced for the models whose gate/up has that shape (N, K): before FORCED
 FORCED_TILE: Optional[int] = None  # a many-row variant to take instead of the measured one (scripts/prompt_pass.py)
 # each path's many-row variant (``skinny_bf16_rows.c``'s SHAPES) where no other measures clearly faster: speed only
 PROMPT_TILE = {AMX: 1, DOT: 2, AVX512: 2, AVX2: 1, SCALAR: 1}
@@ -45,7 +48,8 @@ class _Decided:
     tiles: Dict[int, choice.Measured] = field(default_factory=dict)
 
 
-_DECIDED: "weakref.WeakKeyDictionary[ctypes.CDLL, _Decided]" = weakref.WeakKeyDictionary()
+# per library, the choices made for each gate/up shape (N, K), in the order first asked
+_DECIDED: "weakref.WeakKeyDictionary[ctypes.CDLL, Dict[Tuple[int, int], _Decided]]" = weakref.WeakKeyDictionary()
 
 
 def paths(library: ctypes.CDLL) -> List[int]:
@@ -63,11 +67,28 @@ def amx_absent(library: ctypes.CDLL) -> str:
     return AMX_ABSENT.get(library.amx_state(), "")
 
 
+def _shape(library: ctypes.CDLL, shape: Optional[Tuple[int, int]]) -> Tuple[int, int]:
+    """``shape``, or where a caller names none (a layer's own skinny route, ``linear``), the first shape
+    ``library`` decided for in this process (its first model's), else ``DEFAULT_SHAPE``."""
+    if shape is not None:
+        return (int(shape[0]), int(shape[1]))
+    return next(iter(_DECIDED.get(library, {})), DEFAULT_SHAPE)
+
+
 def _decided(library: ctypes.CDLL, shape: Optional[Tuple[int, int]]) -> _Decided:
-    found = _DECIDED.get(library)
+    table = _DECIDED.get(library)
+    if table is None:
+        table = _DECIDED[library] = {}
+    shape = _shape(library, shape)
+    found = table.get(shape)
     if found is None:
-        found = _DECIDED[library] = _Decided(tuple(shape or DEFAULT_SHAPE))
+        found = table[shape] = _Decided(shape)
     return found
+
+
+def forced(shape: Tuple[int, int]) -> Optional[int]:
+    """The path forced for models of gate/up ``shape``: ``FORCED_FOR``'s, else ``FORCED`` (None: measured)."""
+    return FORCED_FOR.get(tuple(shape), FORCED)
 
 
 def _timer(library: ctypes.CDLL, decided: _Decided, weights: Optional[Sequence[Tensor]]) -> choice.Timer:
@@ -77,18 +98,19 @@ def _timer(library: ctypes.CDLL, decided: _Decided, weights: Optional[Sequence[T
 
 
 def chosen(library: ctypes.CDLL, shape: Optional[Tuple[int, int]] = None, weights: Optional[Sequence[Tensor]] = None) -> int:
-    """The path the C step takes here: ``FORCED`` where set (it must be built), else the one measured
-    fastest (``bf16_choice.choose_path``: a run of one-position and many-row linears, weighed) the first
-    time this process asked ``library``, on a linear of ``shape`` (N, K; None: ``DEFAULT_SHAPE``), read
-    from ``weights`` (the model's blocks of that shape, taken in turn; None: copies made for it), the dot
-    or AMX path only where clearly faster than the best widening one; later shapes take the same path
-    (``forget`` asks again).
+    """The path the C step takes here for a model whose gate/up is ``shape`` (N, K; None: the first
+    shape asked, ``_shape``): ``forced`` where set (it must be built), else the one measured fastest
+    (``bf16_choice.choose_path``: a run of one-position and many-row linears, weighed) the first time
+    this process asked ``library`` for that shape, read from ``weights`` (the model's blocks of that
+    shape, taken in turn; None: copies made for it), the dot or AMX path only where clearly faster than
+    the best widening one; a model of the same shape takes the same path (``forget`` asks again).
     The path's many-row variant is chosen with it (``prompt_tile``), so no pass measures."""
-    if FORCED is not None:
+    shape = _shape(library, shape)
+    path = forced(shape)
+    if path is not None:
         built = paths(library)
-        if FORCED not in built:
-            raise ValueError(f"the bfloat16 path {NAMES.get(FORCED, FORCED)} is not built here (built: {[NAMES[p] for p in built]})")
-        path = FORCED
+        if path not in built:
+            raise ValueError(f"the bfloat16 path {NAMES.get(path, path)} is not built here (built: {[NAMES[p] for p in built]})")
     else:
         decided = _decided(library, shape)
         if decided.path is None:
@@ -131,25 +153,26 @@ def tiles(library: ctypes.CDLL, path: int) -> List[Tuple[int, int, int]]:
     return found
 
 
-def prompt_tile(library: ctypes.CDLL, path: int, rows: int) -> int:
-    """The variant a linear of ``path`` over ``rows`` rows takes: decoding's (0) up to ``MANY_ROWS``, else
-    ``FORCED_TILE`` where set, else the path's many-row one measured fastest (``chosen``)."""
+def prompt_tile(library: ctypes.CDLL, path: int, rows: int, shape: Optional[Tuple[int, int]] = None) -> int:
+    """The variant a linear of ``path`` over ``rows`` rows takes in a model of gate/up ``shape`` (``_shape``):
+    decoding's (0) up to ``MANY_ROWS``, else ``FORCED_TILE`` where set, else the path's many-row one
+    measured fastest (``chosen``)."""
     if rows <= MANY_ROWS:
         return 0
-    return FORCED_TILE if FORCED_TILE is not None else _tile(library, path).pick
+    return FORCED_TILE if FORCED_TILE is not None else _tile(library, path, shape).pick
 
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
 
 
-def _why(library: ctypes.CDLL, path: int) -> str:
+def _why(library: ctypes.CDLL, path: int, shape: Optional[Tuple[int, int]] = None) -> str:
     """Why ``path`` runs here, and which many-row variant: "by measurement (3072x576 linears, 1 and 64 rows
     weighed 64:8, 0.41 + 0.6 ms against 0.33 + 1.7 ms AVX-512 widening load, 0.38 ms at one position AVX2
     widening load, ...); prompt tile 32x2, the only one built", or, where no path rounds apart, "by
     measurement (a one-position 3072x576 linear 0.41 ms against ...)"."""
-    decided = _decided(library, None)
-    if path == FORCED:
+    decided = _decided(library, shape)
+    if path == forced(decided.shape):
         why = "forced"
     elif decided.path is None or decided.path.pick != path:
         why = "as asked"  # a caller's own path (``linear``'s argument)
@@ -170,40 +193,41 @@ def _why(library: ctypes.CDLL, path: int) -> str:
     name = lambda t: f"{shapes[t][0]}x{shapes[t][1]}"  # noqa: E731 (register tile: rows x blocks of 16 features)
     if FORCED_TILE is not None:
         return f"{why}; prompt tile {name(FORCED_TILE)} forced"
-    tile = _tile(library, path)
+    tile = _tile(library, path, decided.shape)
     if tile.how != choice.MEASURED:
         return f"{why}; prompt tile {name(tile.pick)}, {tile.how}"
     others = ", ".join(f"{_ms(s)} {name(t)}" for t, s in tile.others())
     return f"{why}; prompt tile {name(tile.pick)} by measurement ({choice.ROWS} rows {_ms(tile.picked_seconds())} against {others})"
 
 
-def short_words(library: ctypes.CDLL, path: int) -> str:
-    """The path in a few words: "AVX-512 widening load by measurement", "AVX2 widening load, forced"."""
-    why = _why(library, path).split(" (", 1)[0].split(";", 1)[0]
+def short_words(library: ctypes.CDLL, path: int, shape: Optional[Tuple[int, int]] = None) -> str:
+    """The path in a few words: "AVX-512 widening load by measurement", "AVX2 widening load, forced" (for
+    a model of gate/up ``shape``, ``_shape``)."""
+    why = _why(library, path, shape).split(" (", 1)[0].split(";", 1)[0]
     return f"{NAMES[path]} {why}" if why.startswith("by ") else f"{NAMES[path]}, {why}"
 
 
-def describe(library: ctypes.CDLL, path: int) -> str:
+def describe(library: ctypes.CDLL, path: int, shape: Optional[Tuple[int, int]] = None) -> str:
     """The header's words for ``path``: "bfloat16 weights read by the avx512_bf16 dot, activations rounded
     to bfloat16 for it, float32 sums, ..." or "... by the AVX2 widening load, float32 activations and sums,
     ...", then why it runs and its many-row variant (``_why``), and why there is no AMX path where the
-    CPU has AMX but it is missing (``amx_absent``)."""
+    CPU has AMX but it is missing (``amx_absent``); ``shape``: the model's gate/up, as ``chosen``'s."""
     done = "activations rounded to bfloat16 for it, float32 sums" if path in ROUNDING else "float32 activations and sums"
     absent = amx_absent(library)
     missing = f"; no AMX path: {absent}" if absent and absent != AMX_ABSENT[2] else ""
-    return f"bfloat16 weights read by the {NAMES[path]}, {done}, {_why(library, path)}{missing}"
+    return f"bfloat16 weights read by the {NAMES[path]}, {done}, {_why(library, path, shape)}{missing}"
 
 
 def linear(x: Tensor, packed: Tensor, n: int, bias: Optional[Tensor], path: Optional[int] = None,
            tile: Optional[int] = None) -> Tensor:
     """``x`` ``[M, K]`` float32 times a bfloat16 weight blocked (``kernels.blocked.blocked``: ``packed``
     ``[ceil(n/16), K, 16]``) -> ``[M, n]`` float32 (+ ``bias`` ``[n]`` float32), by ``path`` (None:
-    ``chosen``, measured on this shape where nothing was yet) and its variant ``tile`` (None:
-    ``prompt_tile``), on torch's thread count."""
+    ``chosen`` for no shape: the first model's, so every linear of a layer route takes one path) and its
+    variant ``tile`` (None: ``prompt_tile``), on torch's thread count."""
     from kernels.skinny import library
 
     loaded = library()
-    path = chosen(loaded, (n, packed.shape[1])) if path is None else path
+    path = chosen(loaded) if path is None else path
     if path not in paths(loaded) or packed.dtype != torch.bfloat16 or x.dtype != torch.float32 or x.shape[-1] != packed.shape[1]:
         raise ValueError(f"bfloat16 linear: path {path}, weight {packed.dtype}, rows {x.dtype} {tuple(x.shape)}")
     x, packed = x.contiguous(), packed.contiguous()

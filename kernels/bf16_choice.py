@@ -1,5 +1,5 @@
 """The bfloat16 path, and that path's many-row variant, chosen by a short measurement (``kernels.bf16``'s
-``chosen`` and ``prompt_tile`` keep the results, once per process and library).
+``chosen`` and ``prompt_tile`` keep the results, once per process, library and model shape).
 
 A linear of the model's shape (its gate/up, blocked in bfloat16) is timed on each path built over one
 position (and, racing on the weighed run, over ``ROWS`` rows on its default many-row variant), then over ``ROWS`` rows on each

@@ -10,6 +10,20 @@ enum { F32 = 0, BF16_SCALAR = 1, BF16_AVX2 = 2, BF16_AVX512 = 3, BF16_DOT = 4, B
 #define MBX 12 /* the most rows of a decoding tile (bf16_tile) */
 #define GBX 2  /* the most blocks of a decoding tile */
 
+/* How far ahead a weight stream prefetches, in bytes: 4 KB, the float32 kernel's distance (64 lines of
+ * 16 floats, skinny_gemm.c). A bfloat16 line holds half the bytes per output, so a distance in lines
+ * of the float32 kernel (w + 64 BW elements: 2 KB here) would cover half its time of the memory's
+ * latency. Speed only: a prefetch changes no bit. -DBF16_AHEAD_BYTES=... to try another (0: none). */
+#ifndef BF16_AHEAD_BYTES
+#define BF16_AHEAD_BYTES 4096
+#endif
+#define AHEAD (BF16_AHEAD_BYTES / 2) /* the same, in bfloat16 elements */
+#if BF16_AHEAD_BYTES > 0
+#define PREFETCH(w) _mm_prefetch((const char *)((w) + AHEAD), _MM_HINT_T0)
+#else
+#define PREFETCH(w) ((void)(w))
+#endif
+
 /* rows x[0..mb) (row stride K) against blocks p[0..gb) (each [K / 2][16][2]) over the input features
  * k0..k1-1 (both even), by `path`: out[i * ys + 16 g + j] holds the sums, which start at +0 (load 0)
  * or at out's values (load 1: the k before k0). Any mb, gb: decoding's tiles (up to MBX x GBX) cover them. */

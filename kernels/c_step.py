@@ -2,8 +2,9 @@
 over the model's weights blocked once for the skinny kernel (``kernels.blocked``: q/k/v fused into
 one matrix, gate/up into another; the layers' own skinny route reads views of the same copies).
 A bfloat16 model's weights are blocked in bfloat16 and read by ``skinny_bf16.c`` on the path this
-process takes (measured here once, ``kernels.bf16.chosen``; named by ``label``); the rest of its pass, its KV cache and its
-logits are float32; its decoder layers are released as a float32 model's are (``kernels.one_copy``).
+model takes (measured here once per gate/up shape, ``kernels.bf16.chosen``: a pair's two models each
+their own; named by ``label``); the rest of its pass, its KV cache and its logits are float32; its
+decoder layers are released as a float32 model's are (``kernels.one_copy``).
 
 ``CStep(model)`` holds the weights' addresses; ``step(h, cos, sin, cache, start, seen, n_last,
 hidden_layers)`` runs one pass, on the model's weights as they are then: a step whose model changed
@@ -215,7 +216,7 @@ def gate_up_shape(model: Module) -> Tuple[int, int]:
 
 def weights_format(model: Module, library: ctypes.CDLL) -> int:
     """``c_step.c``'s ``Dims.weights`` for ``model``: float32 (``kernels.bf16.F32``), or the bfloat16 path
-    this process takes (``kernels.bf16.chosen``: measured on the model's gate/up the first time one is asked)."""
+    this model takes (``kernels.bf16.chosen``: measured on the model's gate/up the first time its shape is asked)."""
     dtype = _own(model.get_output_embeddings()).weight.dtype  # a released one's blocks': no weight unblocked
     if dtype != torch.bfloat16:
         return bf16.F32
@@ -230,7 +231,7 @@ def short_label(model: Module) -> str:
     if next(model.parameters()).dtype != torch.bfloat16 or not skinny.available()[0]:
         return "C step"
     library = skinny.library()
-    return f"C step, {bf16.short_words(library, weights_format(model, library))}"
+    return f"C step, {bf16.short_words(library, weights_format(model, library), gate_up_shape(model))}"
 
 
 def label(model: Module) -> str:
@@ -242,7 +243,7 @@ def label(model: Module) -> str:
     if dtype != torch.bfloat16 or not skinny.available()[0]:
         return LABEL
     library = skinny.library()
-    return f"C step ({bf16.describe(library, weights_format(model, library))}; {LABEL.split(' (', 1)[1]}"
+    return f"C step ({bf16.describe(library, weights_format(model, library), gate_up_shape(model))}; {LABEL.split(' (', 1)[1]}"
 
 
 class CStep:
@@ -283,6 +284,7 @@ class CStep:
         self.layers = list(body.layers[: config.num_hidden_layers])
         self.dims = _dims(model, spec)
         self.dims.weights = weights_format(model, self.library)
+        self.shape = gate_up_shape(model)  # the key of its bfloat16 path's choices (``kernels.bf16.chosen``)
         self.keep: List[Tensor] = []  # every tensor whose address the structs hold
         self.copied: List[Tensor] = []  # the model's tensors the step holds copies of (``glance``)
         self.structs = (_Layer * len(self.layers))()
@@ -360,7 +362,8 @@ class CStep:
         prompt = plan_of(self.model())  # a long pass's variant and chunks: speed only, the same bits
         chunk = prompt.chunk or CHUNK_ROWS
         # a long chunk's variant: the float32 plan's, or the bfloat16 path's many-row one (speed only, the same bits)
-        tile = prompt.tile if self.dims.weights == bf16.F32 else bf16.prompt_tile(self.library, self.dims.weights, MANY_ROWS + 1)
+        tile = prompt.tile if self.dims.weights == bf16.F32 else \
+            bf16.prompt_tile(self.library, self.dims.weights, MANY_ROWS + 1, self.shape)
         rows = min(r, chunk)
         needed = self.library.c_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(rows), ctypes.c_int64(threads))
         if self.scratch.numel() < needed:

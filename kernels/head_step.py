@@ -30,7 +30,7 @@ def label(head: Module) -> str:
     if head.fc.weight.dtype != torch.bfloat16 or not skinny.available()[0]:
         return LABEL
     library = skinny.library()
-    return f"C head step ({bf16.describe(library, bf16.chosen(library, gate_up_shape(head)))}; {LABEL.split(' (', 1)[1]}"
+    return f"C head step ({bf16.describe(library, bf16.chosen(library, gate_up_shape(head)), gate_up_shape(head))}; {LABEL.split(' (', 1)[1]}"
 
 
 def gate_up_shape(head: Module) -> Tuple[int, int]:

@@ -82,7 +82,7 @@ static inline __attribute__((always_inline)) void tile_avx2(const float *x, int6
     }
     for (int64_t k = k0; k < k1; k += 2) {
         const uint16_t *w = p + k * BW;
-        _mm_prefetch((const char *)(w + 64 * BW), _MM_HINT_T0);
+        PREFETCH(w);
         __m256i a = _mm256_loadu_si256((const __m256i *)w), b = _mm256_loadu_si256((const __m256i *)(w + 16));
         __m256 a0 = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), b0 = _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
         for (int i = 0; i < MBC; i++) {
@@ -113,7 +113,7 @@ static inline __attribute__((always_inline)) void tile_avx512(const float *x, in
     for (int64_t k = k0; k < k1; k += 2) {
         for (int g = 0; g < GBC; g++) {
             const uint16_t *w = p + (int64_t)g * K * BW + k * BW;
-            _mm_prefetch((const char *)(w + 64 * BW), _MM_HINT_T0);
+            PREFETCH(w);
             __m512i v = _mm512_loadu_si512(w);
             even[g] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), odd[g] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
         }
@@ -140,7 +140,7 @@ static inline __attribute__((always_inline)) void tile_dot(const uint32_t *xb, i
     for (int64_t q = 0; q < nq; q++) {
         for (int g = 0; g < GBC; g++) {
             const uint16_t *w = p + (int64_t)g * K * BW + 2 * q * BW;
-            _mm_prefetch((const char *)(w + 64 * BW), _MM_HINT_T0);
+            PREFETCH(w);
             v[g] = (__m512bh)_mm512_loadu_si512(w);
         }
         for (int i = 0; i < MBC; i++) {
@@ -236,20 +236,22 @@ void bf16_tile(int64_t path, const float *x, int64_t K, int64_t k0, int64_t k1, 
 int bf16_full(int64_t path, int64_t rows, int64_t blocks, const float *x, int64_t K, int64_t k0, int64_t k1, const uint16_t *p,
               float *out, int64_t ys, int load) {
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
-    if (path == BF16_DOT && ((rows == 8 && blocks == 3) || (rows == 6 && blocks == 4))) {
+    if (path == BF16_DOT && ((rows == 8 && blocks == 3) || (rows == 6 && blocks == 4) || (rows == 1 && blocks == 4))) {
         uint32_t xb[MBX * KC / 2];
         for (int64_t kk = k0; kk < k1; kk += KC) {
             int64_t kc = k1 - kk < KC ? k1 - kk : KC;
             round_rows(x + kk, K, 0, kc, rows, xb);
             if (blocks == 3) DOT(8, 3);
-            else DOT(6, 4);
+            else if (rows == 6) DOT(6, 4);
+            else DOT(1, 4);
         }
         return 1;
     }
 #endif
 #if defined(__AVX512F__)
-    if (path == BF16_AVX512 && rows == 8 && blocks == 3) {
-        AVX512(8, 3);
+    if (path == BF16_AVX512 && ((rows == 8 && blocks == 3) || (rows == 1 && blocks == 4))) {
+        if (blocks == 3) AVX512(8, 3);
+        else AVX512(1, 4); /* one position's (skinny_bf16_rows.c: ONE_ROW_BLOCKS) */
         return 1;
     }
 #endif

@@ -50,12 +50,23 @@ static void add_bias(const float *b, float *y, int64_t M, int64_t N, int64_t n0,
             for (int64_t j = n0; j < n1 && j < N; j++) y[i * N + j] += b[j];
 }
 
-/* variant 0: groups of the register block's blocks, dealt contiguously; the padded last group through `spill` */
+/* One position on the AVX-512 and dot paths: groups of ONE_ROW_BLOCKS blocks (a 1 x 4 tile, bf16_full),
+ * not the register block's two. A widening pair of k is two dependent FMAs per output, a dot one
+ * instruction, so two blocks' chains alone wait on their latency between lines; four chains and four
+ * weight streams keep more of the memory's lines in flight. Each output's chain is the one it has in
+ * any tile: the same bits. -DBF16_ONE_ROW_BLOCKS=2 builds the register block's groups instead. */
+#ifndef BF16_ONE_ROW_BLOCKS
+#define BF16_ONE_ROW_BLOCKS 4
+#endif
+
+/* variant 0: groups of the register block's blocks (ONE_ROW_BLOCKS at one position), dealt contiguously;
+ * the padded last group through `spill` */
 static void decoding(int64_t path, const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N, int64_t K) {
     int t = omp_get_thread_num(), threads = omp_get_num_threads();
-    int64_t GB = SHAPES[path][0].blocks, blocks = (N + BW - 1) / BW, groups = (blocks + GB - 1) / GB;
+    int one = M == 1 && BF16_ONE_ROW_BLOCKS == 4 && (path == BF16_AVX512 || path == BF16_DOT);
+    int64_t GB = one ? 4 : SHAPES[path][0].blocks, blocks = (N + BW - 1) / BW, groups = (blocks + GB - 1) / GB;
     int64_t first = groups * t / threads, last = groups * (t + 1) / threads;
-    float spill[MBX * GBX * BW];
+    float spill[MBX * 4 * BW];
     for (int64_t g = first; g < last; g++) {
         int64_t b0 = g * GB, gb = blocks - b0 < GB ? blocks - b0 : GB, n0 = b0 * BW, width = gb * BW;
         const uint16_t *pg = p + b0 * K * BW;
@@ -63,7 +74,8 @@ static void decoding(int64_t path, const float *x, const uint16_t *p, const floa
         for (int64_t m0 = 0; m0 < M; m0 += MBX) {
             int64_t mb = M - m0 < MBX ? M - m0 : MBX;
             if (n0 + width <= N) {
-                bf16_tile(path, x + m0 * K, K, 0, K, mb, gb, pg, y + m0 * N + n0, N, 0);
+                if (!(one && gb == 4 && bf16_full(path, 1, 4, x, K, 0, K, pg, y + n0, N, 0)))
+                    bf16_tile(path, x + m0 * K, K, 0, K, mb, gb, pg, y + m0 * N + n0, N, 0);
             } else {
                 bf16_tile(path, x + m0 * K, K, 0, K, mb, gb, pg, spill, width, 0);
                 for (int64_t i = 0; i < mb; i++)
