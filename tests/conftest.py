@@ -60,8 +60,9 @@ def examples(n: int) -> int:
 # The files that take longest (docs/robustness.md, "where the suite's time goes"), longest first. `make
 # test` sends whole files to its workers in collection order (--no-loadscope-reorder: pytest-xdist's own
 # order, by number of tests, put these few-test files last, and the run waited on one worker for them).
-HEAVY_FIRST = ("test_families.py", "test_eagle.py", "test_control_combinations.py", "test_compiled.py",
-               "test_lossless_sampling.py", "test_readme.py", "test_soak.py", "test_repl_target_line.py",
+# The pair's file (where it is installed: its REPL start measures a 1.5B model's kernels) goes first.
+HEAVY_FIRST = ("test_pair_model.py", "test_control_combinations.py", "test_families.py", "test_eagle.py", "test_compiled.py",
+               "test_readme.py", "test_soak.py", "test_lossless_sampling.py", "test_repl_target_line.py",
                "test_repl_startup.py", "test_repl_session.py", "test_compile_cache.py", "test_cross_tokenizer.py",
                "test_hostile_input.py", "test_bench.py")
 
