@@ -29,6 +29,8 @@ def model_identity(model) -> dict:
     config = model.config
     name = str(getattr(config, "_name_or_path", "") or type(model).__name__)
     text = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)
+    # the config's own copy of the path would tie the key to the folder: hash it as its last component
+    text = text.replace(json.dumps(name)[1:-1], json.dumps(Path(name).name)[1:-1]) if name else text
     params = next(model.parameters())
     return {"name": Path(name).name or name, "config": hashlib.sha256(text.encode()).hexdigest()[:16],
             "parameters": parameter_count(model), "dtype": str(params.dtype).replace("torch.", ""),

@@ -373,3 +373,12 @@ def test_the_record_is_immutable_and_its_dict_is_json(model, monkeypatch):
     assert line.startswith("Verification cost by positions 1..12: 1.00 1.10") and " · a drafter pass costs " in line
     assert measured.notes("target") == {"cache": measured.target.cache.line} and measured.notes("drafter")["cache"]
     assert startup(model, EAGER, quiet(calibrate=False)).lines() == []
+
+
+def test_a_model_moved_to_another_folder_keeps_its_saved_measurements():
+    """The key names the folder's last component only (the suite links models into folders of its own)."""
+    here, there = llama(window=512), llama(window=512)
+    here.config._name_or_path, there.config._name_or_path = "/home/a/.cache/models/tiny", "/tmp/suite-x/models/tiny"
+    assert saved.model_identity(here) == saved.model_identity(there)
+    there.config._name_or_path = "/tmp/suite-x/models/other"
+    assert saved.model_identity(here)["config"] != saved.model_identity(there)["config"]
