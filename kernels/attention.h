@@ -75,7 +75,7 @@ static void key_blocks(const float *keys, int64_t L, int64_t D, int64_t b0, int6
  * G x KB chains in flight, each block loaded once for the G queries */
 static inline __attribute__((always_inline)) void score_tile(const float *q, int64_t qs, const int G, const int KB, const float *kt,
                                                              int64_t D, float scale, float *s, int64_t ls) {
-    __m512 acc[GROUP][4], k[4];
+    __m512 acc[GROUP][8], k[8];
     for (int c = 0; c < G; c++)
         for (int b = 0; b < KB; b++) acc[c][b] = _mm512_setzero_ps();
     for (int64_t d = 0; d < D; d++) {
@@ -109,20 +109,25 @@ static inline __mmask16 seen_at(const uint8_t *seen, int64_t j, int64_t L) {
 /* a query's raw scores s[0..L) into its weights, in place: fexp(s_j - top) where seen[j], top the seen
  * scores' maximum; 0 where unseen (fexp16 is fexp on 16 lanes) */
 static void soften(const uint8_t *seen, int64_t L, float *s) {
-    int64_t j = 0;
     float top = -INFINITY;
 #if defined(__AVX512F__)
     /* every slot on 16 lanes (the scores' row holds whole blocks, so a tail's lanes are in it) */
+    const int64_t blocks = blocks_of(L);
+    __mmask16 m[blocks > 0 ? blocks : 1];
     __m512 tops = _mm512_set1_ps(-INFINITY);
-    for (; j < L; j += 16) tops = _mm512_max_ps(tops, _mm512_mask_mov_ps(tops, seen_at(seen, j, L), _mm512_loadu_ps(s + j)));
+    for (int64_t b = 0; b < blocks; b++) {
+        m[b] = seen_at(seen, b * 16, L);
+        tops = _mm512_max_ps(tops, _mm512_mask_mov_ps(tops, m[b], _mm512_loadu_ps(s + b * 16)));
+    }
     top = _mm512_reduce_max_ps(tops);
-    for (j = 0; j < L; j += 16) {
-        __m512 e = _mm512_maskz_mov_ps(seen_at(seen, j, L), fexp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(top))));
-        _mm512_mask_storeu_ps(s + j, j + 16 <= L ? (__mmask16)0xFFFF : (__mmask16)((1u << (L - j)) - 1), e);
+    for (int64_t b = 0; b < blocks; b++) {
+        __m512 e = m[b] ? _mm512_maskz_mov_ps(m[b], fexp16(_mm512_sub_ps(_mm512_loadu_ps(s + b * 16), _mm512_set1_ps(top))))
+                        : _mm512_setzero_ps(); /* a block all unseen: its zeros */
+        _mm512_mask_storeu_ps(s + b * 16, b * 16 + 16 <= L ? (__mmask16)0xFFFF : (__mmask16)((1u << (L - b * 16)) - 1), e);
     }
 #else
-    for (; j < L; j++) top = seen[j] && s[j] > top ? s[j] : top;
-    for (j = 0; j < L; j++) s[j] = seen[j] ? fexp(s[j] - top) : 0.0f;
+    for (int64_t j = 0; j < L; j++) top = seen[j] && s[j] > top ? s[j] : top;
+    for (int64_t j = 0; j < L; j++) s[j] = seen[j] ? fexp(s[j] - top) : 0.0f;
 #endif
 }
 
@@ -139,20 +144,26 @@ typedef struct {
 } Position;
 
 #if defined(__AVX512F__)
-/* raw scores of every position's G queries over the blocks of its range, four blocks at a time for all the
- * positions (those blocks stay in L1), then the rest (G a constant in each copy) */
+/* raw scores of every position's G queries over the blocks of its range, KB blocks at a time for all the
+ * positions (those blocks stay in L1): G x KB accumulators, KB as many as the registers hold (G a constant
+ * in each copy) */
 static inline __attribute__((always_inline)) void score_tiles(const Position *pos, int P, const int G, const float *kt, int64_t nb,
                                                               int64_t D, float scale, float *s, int64_t ls) {
-    for (int64_t b = 0; b < nb; b += 4)
+    const int KB = G <= 2 ? 8 : (G == 3 ? 6 : 5);
+    for (int64_t b = 0; b < nb; b += KB)
         for (int p = 0; p < P; p++) {
             int64_t left = blocks_of(pos[p].n) - b;
             const float *k = kt + b * D * BLOCK;
             float *o = s + p * G * ls + b * BLOCK;
-            switch (left < 4 ? left : 4) {
+            switch (left < KB ? left : KB) {
             case 1: score_tile(pos[p].q, D, G, 1, k, D, scale, o, ls); break;
             case 2: score_tile(pos[p].q, D, G, 2, k, D, scale, o, ls); break;
             case 3: score_tile(pos[p].q, D, G, 3, k, D, scale, o, ls); break;
             case 4: score_tile(pos[p].q, D, G, 4, k, D, scale, o, ls); break;
+            case 5: score_tile(pos[p].q, D, G, 5, k, D, scale, o, ls); break;
+            case 6: score_tile(pos[p].q, D, G, 6, k, D, scale, o, ls); break;
+            case 7: score_tile(pos[p].q, D, G, 7, k, D, scale, o, ls); break;
+            case 8: score_tile(pos[p].q, D, G, 8, k, D, scale, o, ls); break;
             default: break;
             }
         }

@@ -13,19 +13,19 @@
 #define SPAN 128 /* columns of an element-wise loop a thread takes at a time */
 
 /* exp(x) for float32, branch-free so that loops over it vectorize: Cephes' expf polynomial on
- * [-ln2/2, ln2/2] (relative error ~1e-7), its Horner steps fused (fmaf), scaled by 2^n through the
- * exponent bits */
+ * [-ln2/2, ln2/2] (relative error ~1e-7), fused where written (fmaf: one rounding on every build),
+ * scaled by 2^n through the exponent bits */
 static inline float fexp(float x) {
     x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float n = fmaf(x, 1.44269504088896341f, 12582912.0f) - 12582912.0f; /* round to nearest */
+    float r = fmaf(n, 2.12194440e-4f, fmaf(-n, 0.693359375f, x));      /* x - n ln2 in two parts (Cody-Waite) */
     float p = 1.9875691500e-4f;
     p = fmaf(p, r, 1.3981999507e-3f);
     p = fmaf(p, r, 8.3334519073e-3f);
     p = fmaf(p, r, 4.1665795894e-2f);
     p = fmaf(p, r, 1.6666665459e-1f);
     p = fmaf(p, r, 5.0000001201e-1f);
-    p = p * r * r + r + 1.0f;
+    p = fmaf(p * r, r, r) + 1.0f;
     union { int32_t i; float f; } scale = {.i = ((int32_t)n + 127) << 23};
     return p * scale.f;
 }
@@ -65,16 +65,15 @@ static void rotate(float *v, const float *cos, const float *sin, int64_t D) {
 static inline __m512 fexp16(__m512 x) {
     x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
     const __m512 shift = _mm512_set1_ps(12582912.0f);
-    __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), shift), shift);
-    __m512 r = _mm512_add_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f))),
-                             _mm512_mul_ps(n, _mm512_set1_ps(2.12194440e-4f)));
+    __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), shift), shift);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
     __m512 p = _mm512_set1_ps(1.9875691500e-4f);
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r), _mm512_set1_ps(1.0f));
+    p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
     __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
