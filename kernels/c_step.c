@@ -12,7 +12,9 @@
  *
  * Every linear is the skinny kernel on weights blocked once (skinny_gemm.c), q/k/v fused into one
  * matrix and gate/up into another, so each weight matrix is read in one sweep. Everything else is
- * computed row by row, each row in a fixed order (lanes of 16, then a fixed tree), so a position's
+ * computed row by row, each row in a fixed order (norms: lanes of 16, then a fixed tree; attention:
+ * each score a serial fused multiply-add chain over d, each output a serial fused chain over the slots,
+ * kernels/attention.h; the same bits on every build and tile), so a position's
  * result depends only on its own row and on the cache: never on how many positions the pass has,
  * nor on the thread count. That makes a verification pass give the logits a decoding pass gives,
  * bit for bit: greedy speculative decoding emits the tokens of greedy decoding by construction
@@ -23,6 +25,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <omp.h>
 
@@ -84,6 +87,7 @@ static double cpu_now(void) {
     } while (0)
 
 int c_step_group = GROUP; /* attention's most query heads at once (1: one at a time): an A/B of the same bits */
+int c_step_positions = POSITIONS; /* attention's most positions at once: the same */
 
 /* out[0..3): linears, attention, the rest (CPU seconds since the last call); then zeroed */
 int c_step_profile(double *out) {
@@ -91,9 +95,11 @@ int c_step_profile(double *out) {
     return PARTS;
 }
 #define GROUP_LIMIT c_step_group
+#define POSITIONS_LIMIT c_step_positions
 #else
 #define MARK(part) ((void)0)
 #define GROUP_LIMIT GROUP
+#define POSITIONS_LIMIT POSITIONS
 #endif
 
 /* x normed into y (n floats), or copied where the layer has no norm there (OLMo 2's input) */
@@ -131,22 +137,40 @@ static void finish_logits(float *logits, int64_t V, const Dims *d) {
     }
 }
 
-/* attend_group, for the tests (tests/test_c_step.py): the g <= GROUP query heads q [g, D] of one key-value
- * head over keys, values [L, D] and seen [L] into out [g, D], grouped (1) or by attend one at a time (0);
- * s: scratch, GROUP * L floats. */
-void c_attend(const float *q, int64_t g, const float *keys, const float *values, const uint8_t *seen, int64_t L, int64_t D,
-              float scale, float *s, float *out, int64_t grouped) {
-    if (grouped) {
-        attend_group(q, D, (int)g, keys, values, seen, L, D, scale, s, out, D);
-        return;
+/* attention for the tests (tests/test_c_step.py): P <= POSITIONS positions' g <= GROUP query heads q [P, g, D]
+ * of one key-value head over keys, values [L, D] into out [P, g, D], position p seeing slot j < n[p] where
+ * seen[p L + j]; all at once (1: attend_positions) or each query alone (0). Returns 0, or -1 where its
+ * scratch could not be allocated. */
+int c_attend(const float *q, int64_t P, int64_t g, const float *keys, const float *values, const uint8_t *seen, const int64_t *n,
+             int64_t L, int64_t D, float scale, float *out, int64_t together) {
+    float *kt = malloc((size_t)(blocks_of(L) * BLOCK * D + P * g * (L + BLOCK + D)) * sizeof(float));
+    if (!kt) return -1;
+    float *s = kt + blocks_of(L) * BLOCK * D, *acc = s + P * g * (L + BLOCK);
+    Position pos[POSITIONS];
+    key_blocks(keys, L, D, 0, blocks_of(L), kt);
+    for (int64_t p = 0; p < P; p++) {
+        pos[p] = (Position){q + p * g * D, seen + p * L, n[p], out + p * g * D};
+        for (int64_t c = 0; c < g && !together; c++) {
+            Position one = {q + (p * g + c) * D, seen + p * L, n[p], out + (p * g + c) * D};
+            attend_positions(&one, 1, 1, kt, values, D, scale, s, acc);
+        }
     }
-    for (int64_t c = 0; c < g; c++) attend(q + c * D, keys, values, seen, L, D, scale, s, out + c * D);
+    if (together) attend_positions(pos, (int)P, (int)g, kt, values, D, scale, s, acc);
+    free(kt);
+    return 0;
+}
+
+/* floats of a thread's attention scratch: the scores [POSITIONS GROUP, cap + 16], the sums [POSITIONS GROUP, D],
+ * then POSITIONS masks' bytes [cap + 16] */
+static int64_t per_thread_floats(const Dims *d) {
+    return POSITIONS * GROUP * (d->cap + BLOCK + d->D) + POSITIONS * (d->cap + BLOCK) / 4 + 64;
 }
 
 /* The scratch floats c_step needs for r positions and a cache of cap slots on `threads` threads. */
 int64_t c_step_scratch(const Dims *d, int64_t r, int64_t threads) {
     int64_t nqkv = (d->Hq + 2 * d->Hkv) * d->D;
-    return r * (d->H + nqkv + d->Hq * d->D + d->H + 2 * d->I + d->I) + threads * (GROUP * d->cap + d->cap / 4 + 64);
+    return r * (d->H + nqkv + d->Hq * d->D + d->H + 2 * d->I + d->I) + d->Hkv * blocks_of(d->cap) * BLOCK * d->D +
+           threads * per_thread_floats(d);
 }
 
 /* One pass. h: [r, H], the embeddings of the fed ids in, the last layer's output (before the final
@@ -163,16 +187,18 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
               int64_t threads) {
     const int64_t H = d->H, D = d->D, Hq = d->Hq, Hkv = d->Hkv, I = d->I, nqkv = (Hq + 2 * Hkv) * D, L = start + r;
     float *x = scratch, *qkv = x + r * H, *att = qkv + r * nqkv, *delta = att + r * Hq * D, *gu = delta + r * H,
-          *act = gu + r * 2 * I, *per_thread = act + r * I;
+          *act = gu + r * 2 * I, *kt = act + r * I, *per_thread = kt + Hkv * blocks_of(d->cap) * BLOCK * D;
     int ran = 1;
     if (threads < 1) threads = 1;
     /* attention's units: a position's query heads of one key-value head (per), in groups of qg */
     const int64_t per = Hq / Hkv, qg = Hkv * r >= 4 * threads ? (per < GROUP_LIMIT ? per : GROUP_LIMIT) : 1, groups = (per + qg - 1) / qg;
+    int64_t pp = POSITIONS_LIMIT < POSITIONS ? POSITIONS_LIMIT : POSITIONS; /* positions a unit takes: as many as keep 4 units a thread */
+    while (pp > 1 && Hkv * groups * ((r + pp - 1) / pp) < 4 * threads) pp /= 2;
 #pragma omp parallel num_threads((int)threads)
     {
         int t = omp_get_thread_num();
-        float *s = per_thread + t * (GROUP * d->cap + d->cap / 4 + 64); /* attend_group's scores [GROUP, cap] */
-        uint8_t *seen = (uint8_t *)(s + GROUP * d->cap);
+        float *s = per_thread + t * per_thread_floats(d), *acc = s + POSITIONS * GROUP * (d->cap + BLOCK);
+        uint8_t *seen = (uint8_t *)(acc + POSITIONS * GROUP * D);
         if (t == 0) ran = omp_get_num_threads();
 #ifdef STEP_PROFILE
         double since_ = cpu_now();
@@ -211,29 +237,50 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                         memcpy(w->values + (kv * d->cap + slot) * D, qkv + i * nqkv + (Hq + Hkv + kv) * D, D * sizeof(float));
                     }
                 }
-            /* attention, each position's query heads that share a key-value head in groups of up to qg
-             * (attend_group: the same bits as one at a time, their chains interleaved); one at a time where
-             * groups would leave a thread idle (a short pass). Key-value head by head, so a thread's next
-             * units read the same head's slots (in L2 on a long pass), and dealt round robin, as a later
-             * position sees more slots (in blocks, the last rows' would all go to one thread). */
+            /* each key-value head's keys in blocks of 16 slots (attention.h), from the first block a chain's
+             * window reaches; shared by all its queries */
+            const uint8_t *mask = w->window && window_mask ? window_mask : seen_mask;
+            const int64_t first = !mask && w->window && start + 1 > w->window ? (start + 1 - w->window) / BLOCK : 0, nb = blocks_of(L);
+#pragma omp for schedule(static) collapse(2)
+            for (int64_t kv = 0; kv < Hkv; kv++)
+                for (int64_t b = first; b < nb; b++)
+                    key_blocks(w->keys + kv * d->cap * D, L, D, b, b + 1, kt + kv * blocks_of(d->cap) * BLOCK * D);
+            /* attention, units of up to pp positions' query heads that share a key-value head, in groups of up
+             * to qg heads each (attend_positions: the same bits as one at a time, their loads shared). Key-value
+             * head by head, so a thread's next units read the same head's slots (in L2 on a long pass), and dealt
+             * round robin, as a later position sees more slots (in blocks, the last rows' would all go to one
+             * thread). A chain's slots from the block of the unit's first window start: the slots before a
+             * position's own unseen (a masked slot adds an exact 0, so a tree's row over all the slots gives the
+             * same numbers). */
             MARK(REST);
 #pragma omp for schedule(static, 1) collapse(3)
             for (int64_t kv = 0; kv < Hkv; kv++)
-                for (int64_t i = 0; i < r; i++)
+                for (int64_t i0 = 0; i0 < r; i0 += pp)
                     for (int64_t u = 0; u < groups; u++) {
-                        int64_t head = kv * per + u * qg, upto = start + i + 1, lo = 0, n = L;
+                        int64_t head = kv * per + u * qg, lo = 0, P = r - i0 < pp ? r - i0 : pp;
                         int g = (int)(per - u * qg < qg ? per - u * qg : qg);
-                        const uint8_t *mask = w->window && window_mask ? window_mask : seen_mask;
-                        if (mask) {
-                            for (int64_t j = 0; j < L; j++) seen[j] = mask[i * L + j];
-                        } else { /* a chain: the slots from the window's first (a masked slot adds an exact 0, so a
-                                  * tree's row over all the slots gives the same numbers) */
-                            lo = w->window && upto > w->window ? upto - w->window : 0;
-                            n = upto - lo;
-                            memset(seen, 1, n);
+                        Position pos[POSITIONS];
+                        if (!mask) {
+                            int64_t from = w->window && start + i0 + 1 > w->window ? start + i0 + 1 - w->window : 0;
+                            lo = from / BLOCK * BLOCK;
                         }
-                        attend_group(qkv + i * nqkv + head * D, D, g, w->keys + (kv * d->cap + lo) * D,
-                                     w->values + (kv * d->cap + lo) * D, seen, n, D, d->scale, s, att + (i * Hq + head) * D, D);
+                        for (int64_t p = 0; p < P; p++) {
+                            int64_t i = i0 + p, upto = start + i + 1;
+                            uint8_t *own = seen + p * (d->cap + BLOCK);
+                            pos[p].q = qkv + i * nqkv + head * D;
+                            pos[p].out = att + (i * Hq + head) * D;
+                            if (mask) {
+                                pos[p].seen = mask + i * L;
+                                pos[p].n = L;
+                            } else {
+                                int64_t from = w->window && upto > w->window ? upto - w->window : 0;
+                                pos[p].n = upto - lo;
+                                for (int64_t j = 0; j < pos[p].n; j++) own[j] = lo + j >= from;
+                                pos[p].seen = own;
+                            }
+                        }
+                        attend_positions(pos, (int)P, g, kt + (kv * blocks_of(d->cap) + lo / BLOCK) * BLOCK * D,
+                                         w->values + (kv * d->cap + lo) * D, D, d->scale, s, acc);
                     }
             MARK(ATTENTION);
             skinny_rows_as(d->weights, d->tile, att, w->o, w->o_bias, delta, r, H, Hq * D);

@@ -41,7 +41,8 @@ typedef struct {
 /* The scratch floats head_step needs for m positions on `threads` threads. */
 int64_t head_step_scratch(const HeadDims *d, int64_t m, int64_t threads) {
     int64_t nqkv = (d->Hq + 2 * d->Hkv) * d->D;
-    return m * (2 * d->H + nqkv + d->Hq * d->D + d->H + 3 * d->I + d->H) + threads * (d->cap + d->cap / 4 + 64);
+    return m * (2 * d->H + nqkv + d->Hq * d->D + d->H + 3 * d->I + d->H) + d->Hkv * blocks_of(d->cap) * BLOCK * d->D +
+           threads * (d->cap + BLOCK + d->D + d->cap / 4 + 64);
 }
 
 /* One step. emb: [m, H] the fed tokens' embeddings; g: [m, H], written by fc from features [m, F]
@@ -53,14 +54,15 @@ int head_step(const HeadWeights *w, const HeadDims *d, const float *emb, const f
               float *logits, int64_t n_last, float *scratch, int64_t threads) {
     const int64_t H = d->H, D = d->D, Hq = d->Hq, Hkv = d->Hkv, I = d->I, nqkv = (Hq + 2 * Hkv) * D, L = start + m;
     float *x = scratch, *qkv = x + m * 2 * H, *att = qkv + m * nqkv, *delta = att + m * Hq * D, *gu = delta + m * H,
-          *act = gu + m * 2 * I, *normed = act + m * I, *per_thread = normed + m * H;
+          *act = gu + m * 2 * I, *normed = act + m * I, *kt = normed + m * H,
+          *per_thread = kt + Hkv * blocks_of(d->cap) * BLOCK * D;
     int ran = 1;
     if (threads < 1) threads = 1;
 #pragma omp parallel num_threads((int)threads)
     {
         int t = omp_get_thread_num();
-        float *s = per_thread + t * (d->cap + d->cap / 4 + 64);
-        uint8_t *seen = (uint8_t *)(s + d->cap);
+        float *s = per_thread + t * (d->cap + BLOCK + D + d->cap / 4 + 64), *acc = s + d->cap + BLOCK; /* attention's */
+        uint8_t *seen = (uint8_t *)(acc + D);
         if (t == 0) ran = omp_get_num_threads();
         if (features) {
             skinny_rows_as(d->weights, 0, features, w->fc, w->fc_bias, g, m, H, d->F);
@@ -85,13 +87,17 @@ int head_step(const HeadWeights *w, const HeadDims *d, const float *emb, const f
                     memcpy(w->values + (kv * d->cap + slot) * D, qkv + i * nqkv + (Hq + Hkv + kv) * D, D * sizeof(float));
                 }
             }
+#pragma omp for schedule(static) collapse(2) /* the keys in blocks (attention.h), shared by the queries */
+        for (int64_t kv = 0; kv < Hkv; kv++)
+            for (int64_t b = 0; b < blocks_of(L); b++)
+                key_blocks(w->keys + kv * d->cap * D, L, D, b, b + 1, kt + kv * blocks_of(d->cap) * BLOCK * D);
 #pragma omp for schedule(static) collapse(2)
         for (int64_t i = 0; i < m; i++)
             for (int64_t head = 0; head < Hq; head++) {
                 int64_t kv = head / (Hq / Hkv), upto = start + i + 1;
                 for (int64_t j = 0; j < L; j++) seen[j] = seen_mask ? seen_mask[i * L + j] : j < upto;
-                attend(qkv + i * nqkv + head * D, w->keys + kv * d->cap * D, w->values + kv * d->cap * D, seen,
-                       seen_mask ? L : upto, D, d->scale, s, att + (i * Hq + head) * D);
+                attend_group(qkv + i * nqkv + head * D, 1, kt + kv * blocks_of(d->cap) * BLOCK * D, w->values + kv * d->cap * D,
+                             seen, seen_mask ? L : upto, D, d->scale, s, acc, att + (i * Hq + head) * D);
             }
         skinny_rows_as(d->weights, 0, att, w->o, NULL, delta, m, H, Hq * D);
 #pragma omp barrier

@@ -38,6 +38,7 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="timed repeats (medians)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--groups", type=int, nargs="+", default=[4], help="attention's most query heads at once (1: one at a time)")
+    parser.add_argument("--positions", type=int, default=8, help="attention's most positions at once (1-8; the same bits)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
@@ -56,10 +57,11 @@ def main(argv: List[str] | None = None) -> None:
     ids = torch.randint(len(tokenizer), (1, max(args.lengths)), generator=torch.Generator().manual_seed(0))
     parts = (ctypes.c_double * len(PARTS))()
     print(f"embedded SmolLM2-135M · float32 · {args.threads} threads · {describe(PromptPlan(args.tile, args.chunk), library)} · "
-          f"median of {args.rounds} · OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
+          f"attention {args.positions} positions at most at once · median of {args.rounds} · OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
     runner = LeanRunner(model)
     autoregressive_generate(ids[0, :16].tolist(), model, 2, eos_tokens_id=-1, use_cache=True)  # warm
     group = ctypes.c_int.in_dll(library, "c_step_group")
+    ctypes.c_int.in_dll(library, "c_step_positions").value = args.positions
     for n in args.lengths:
         walls, cpus, split = ({g: [] for g in args.groups} for _ in range(3))
         firsts, first_cpus = [], []

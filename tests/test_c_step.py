@@ -324,41 +324,58 @@ def test_the_step_rounds_alike_on_avx512_avx2_and_scalar_builds(tmp_path, monkey
     assert torch.equal(results[1], results[0]) and torch.equal(results[2], results[0])
 
 
-def test_grouped_attention_gives_each_query_the_bits_of_attention_one_query_at_a_time(tmp_path):
-    """attend_group (a position's query heads of one key-value head at once, their add chains
-    interleaved: the C step's long passes) against attend one query at a time (decoding's), on the
-    build for this CPU (AVX-512 where it has it), for AVX2 and for plain x86-64: every output bit for
-    bit, at 2-4 queries, head sizes with and without 16-lane blocks, 1-300 slots (16-key tiles and a
-    tail), every slot seen, a tree's scattered mask and a window's leading gap."""
-    import ctypes
-
+def attention_cases():
+    """(queries [5, 4, D], keys, values [L, D], seen [5, L], lengths [5], D, L): head sizes with and without
+    16-lane blocks, 1-300 slots (16-key blocks and a tail), five positions seeing the slots up to their
+    own (a chain's staircase): every slot, a tree's scattered mask, a window's leading gap."""
     g = torch.Generator().manual_seed(5)
     cases = []
     for D in (8, 24, 64, 80, 128):
         for L in (1, 5, 16, 33, 300):
             keys, values = torch.randn(L, D, generator=g), torch.randn(L, D, generator=g)
-            scattered = torch.rand(L, generator=g) < 0.6
-            gap = torch.arange(L) >= L // 3  # a window: the first third out of it
-            for seen in (torch.ones(L, dtype=torch.bool), scattered, gap):
+            lengths = torch.tensor([max(1, L - 7 * (4 - p)) for p in range(5)], dtype=torch.int64)
+            scattered = torch.rand(5, L, generator=g) < 0.6
+            gap = (torch.arange(L) >= L // 3).expand(5, L)  # a window: the first third out of it
+            for seen in (torch.ones(5, L, dtype=torch.bool), scattered, gap):
                 seen = seen.clone()
-                seen[-1] = True  # the position itself: always seen
-                cases.append((torch.randn(4, D, generator=g) * 2, keys, values, seen.to(torch.uint8), D, L))
+                seen[torch.arange(5), lengths - 1] = True  # the position itself: always seen
+                cases.append((torch.randn(5, 4, D, generator=g) * 2, keys, values, seen.to(torch.uint8), lengths, D, L))
+    return cases
+
+
+def test_attention_gives_each_query_the_bits_of_attention_one_query_at_a_time(tmp_path):
+    """attend_positions (several positions' query heads of one key-value head at once, sharing key and
+    value loads: the C step's long passes) against one query at a time (decoding's), on the build for
+    this CPU (AVX-512 where it has it), for AVX2 and for plain x86-64: every output bit for bit, at 1-4
+    heads and 1 or 5 positions, over attention_cases; the seen slots moved together (a tree's branch as
+    its chain) the same bits; and the three builds alike."""
+    import ctypes
+
+    def attention(library, q, keys, values, seen, lengths, D, L, together):
+        out = torch.empty(q.shape)
+        assert 0 == library.c_attend(*(ctypes.c_void_p(x.data_ptr()) for x in (q,)), ctypes.c_int64(q.shape[0]),
+                                     ctypes.c_int64(q.shape[1]), *(ctypes.c_void_p(x.data_ptr()) for x in (keys, values, seen, lengths)),
+                                     ctypes.c_int64(L), ctypes.c_int64(D), ctypes.c_float(D ** -0.5), ctypes.c_void_p(out.data_ptr()),
+                                     ctypes.c_int64(together))
+        return out
+
     results = []
     for arch in ("native", "haswell", "x86-64"):
         library = built(tmp_path, arch)
         outputs = []
-        for q, keys, values, seen, D, L in cases:
-            for queries in (2, 3, 4):
-                scratch = torch.empty(4 * L)
-                alone, grouped = torch.empty(queries, D), torch.empty(queries, D)
-                for out, group in ((alone, 0), (grouped, 1)):
-                    library.c_attend(ctypes.c_void_p(q.data_ptr()), ctypes.c_int64(queries), ctypes.c_void_p(keys.data_ptr()),
-                                     ctypes.c_void_p(values.data_ptr()), ctypes.c_void_p(seen.data_ptr()), ctypes.c_int64(L),
-                                     ctypes.c_int64(D), ctypes.c_float(D ** -0.5), ctypes.c_void_p(scratch.data_ptr()),
-                                     ctypes.c_void_p(out.data_ptr()), ctypes.c_int64(group))
-                assert torch.equal(grouped, alone), (arch, D, L, queries)
-                expected = torch.softmax((q[:queries] @ keys.T * D ** -0.5).masked_fill(seen == 0, -float("inf")), -1) @ values
-                torch.testing.assert_close(alone, expected, rtol=1e-4, atol=1e-5)
+        for q, keys, values, seen, lengths, D, L in attention_cases():
+            for positions, heads in ((1, 1), (1, 3), (5, 2), (5, 3), (5, 4)):
+                queries = q[:positions, :heads].contiguous()
+                alone = attention(library, queries, keys, values, seen, lengths, D, L, 0)
+                together = attention(library, queries, keys, values, seen, lengths, D, L, 1)
+                assert torch.equal(together, alone), (arch, D, L, positions, heads)
+                visible = seen[:positions].bool() & (torch.arange(L) < lengths[:positions, None])
+                weights = torch.softmax((queries @ keys.T * D ** -0.5).masked_fill(~visible[:, None], -float("inf")), -1)
+                torch.testing.assert_close(alone, weights @ values, rtol=1e-4, atol=1e-5)
                 outputs.append(alone)
+            visible = (seen[0].bool() & (torch.arange(L) < lengths[0])).nonzero()[:, 0]  # the first position's slots
+            branch = attention(library, q[:1, :2].contiguous(), keys[visible].contiguous(), values[visible].contiguous(),
+                               torch.ones(1, len(visible), dtype=torch.uint8), torch.tensor([len(visible)]), D, len(visible), 1)
+            assert torch.equal(branch, outputs[-4][:, :2]), (arch, D, L)  # (1, 3)'s first two heads: where the slots sit counts not
         results.append(outputs)
     assert all(torch.equal(a, b) for other in results[1:] for a, b in zip(results[0], other))
