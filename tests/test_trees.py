@@ -386,9 +386,9 @@ def test_the_benchmark_runs_the_tree_strategies_greedy_exact(tiny_models, tmp_pa
 
     out = tmp_path / "trees"
     bench.main(["--target", tiny_models["target"], "--device", "cpu", "--limit", "1", "--categories", "summarization",
-                "--strategies", "target,tree_ngram,recycling", "--tree-size", "8", "--max-new-tokens", "8", "--out", str(out)])
+                "--strategies", "target,tree_ngram,recycling,tree_copy", "--tree-size", "8", "--max-new-tokens", "8", "--out", str(out)])
     records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
-    assert {r["key"] for r in records} == {"target", "tree_ngram", "recycling"}
+    assert {r["key"] for r in records} == {"target", "tree_ngram", "recycling", "tree_copy"}
     assert all(r["diverged_at"] is None for r in records)
 
 
