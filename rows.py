@@ -9,7 +9,7 @@ from typing import Callable, List
 from torch.nn import Module
 
 from configuration import RunConfig, RunContext
-from drafters import ChainedSpec, DrafterSpec, NGramTreeSpec, PromptLookupSpec, RecyclingSpec, SuffixSpec
+from drafters import ChainedSpec, CopyTreeSpec, DrafterSpec, NGramTreeSpec, PromptLookupSpec, RecyclingSpec, SuffixSpec
 from drafters.arctic import ArcticSpec
 from drafters.cross_tokenizer import translation
 from drafters.eagle import EagleSpec
@@ -62,6 +62,10 @@ def _suffix(c: RunConfig) -> SuffixSpec:
 
 def _tree_suffix(c: RunConfig) -> SuffixSpec:
     return SuffixSpec(**c.suffix.arguments(), trees=True)
+
+
+def _tree_copy(c: RunConfig) -> CopyTreeSpec:
+    return CopyTreeSpec(c.param("tree_size"))
 
 
 def _arctic(c: RunConfig) -> ArcticSpec:

@@ -30,7 +30,7 @@ from peers import (  # transformers' paths, the benchmark's peers
 from peers_openvino import _ov_plain, _ov_pld, _ov_pld10, unavailable as unavailable_openvino  # OpenVINO GenAI's rows
 from rows import (  # our strategies' run functions, and the drafter specs of those that run through sampling.generate
     _arctic, _arctic_memory, _autoregressive, _chained, _drafter_ar, _eagle, _eagle_tree, _merged, _ngram, _prompt_lookup,
-    _recycling, _speculative, _suffix, _suffix_memory, _target_eager, _tree_ngram, _tree_suffix, arguments, spec_row,
+    _recycling, _speculative, _suffix, _suffix_memory, _target_eager, _tree_copy, _tree_ngram, _tree_suffix, arguments, spec_row,
 )
 from kernels.one_copy import held
 from measure.kernels import OWN, PREPACKED, model_label
@@ -124,6 +124,8 @@ STRATEGIES = [
              help="token recycling: a static tree from the target's past top-k, verified in one pass"),
     Strategy("tree_suffix", "Suffix tree, draft trees", "magenta", False, True, True, spec=_tree_suffix, suffix=True, trees=True,
              help="suffix tree drafts a tree of its most frequent branches, verified in one pass"),
+    Strategy("tree_copy", "Copy tree (best occurrences, gated)", "bright_red", False, True, True, spec=_tree_copy, trees=True,
+             help="the best earlier occurrences' next tokens as siblings, the best continued, gated by match length, in one pass"),
     Strategy("merged", "Merged tree (suffix, n-gram, recycling, drafter)", "bright_cyan", False, True, True, spec=_merged,
              takes_storage=True, storages=("basic",), suffix=True, trees=True,
              help="one draft tree merged from every drafter (and the head, with one), verified in one pass"),

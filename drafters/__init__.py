@@ -8,6 +8,7 @@ any drafter, or any spec with the live objects of a ``DraftContext``, through th
 from drafters.arctic import ArcticSpec
 from drafters.base import UNLIMITED, Drafter, as_drafter, write_drafts
 from drafters.chained import ChainedDrafter, ChainedSpec
+from drafters.copy_tree import CopyTreeDrafter, CopyTreeSpec
 from drafters.eagle import EagleDrafter, EagleSpec
 from drafters.merged import MergedDrafter, MergedSpec
 from drafters.model import ModelDrafter, ModelSpec
@@ -19,7 +20,7 @@ from drafters.suffix import SuffixDrafter, SuffixSettings, SuffixSpec
 
 __all__ = [
     "UNLIMITED", "Drafter", "as_drafter", "write_drafts", "DraftContext", "DrafterSpec", "ArcticSpec", "ChainedDrafter",
-    "ChainedSpec", "EagleDrafter", "EagleSpec", "MergedDrafter", "MergedSpec", "ModelDrafter", "ModelSpec", "NGramDrafter", "NGramSpec", "NGramTreeSpec", "TensorStorageDrafter", "ngram_drafter",
+    "ChainedSpec", "CopyTreeDrafter", "CopyTreeSpec", "EagleDrafter", "EagleSpec", "MergedDrafter", "MergedSpec", "ModelDrafter", "ModelSpec", "NGramDrafter", "NGramSpec", "NGramTreeSpec", "TensorStorageDrafter", "ngram_drafter",
     "ngram_tree_drafter", "PromptLookupDrafter", "PromptLookupSpec", "lookup_continuation", "RecyclingDrafter", "RecyclingSpec",
     "tree_template", "SuffixDrafter", "SuffixSettings", "SuffixSpec",
 ]

@@ -26,6 +26,8 @@ class Drafter:
     None: the policy's ``draft_cost`` (the drafter model's) for one that is not cheap.
     ``reports_evidence``: ``evidence`` tells what backs each draft of the last ``propose``; a cheap
     one is then asked for up to the step's bound and the policy cuts by that evidence.
+    ``tree_evidence``: ``evidence`` tells, after ``propose_tree``, what backs each node; the tree loop
+    then estimates nodes by it and gates a cheap one as the chain loop does (never paused, probed).
     """
 
     cheap: bool = True
@@ -34,6 +36,7 @@ class Drafter:
     supports_trees: bool = False
     tree_probs: bool = False
     reports_evidence: bool = False
+    tree_evidence: bool = False
 
     def attach(self, target: Any) -> None:
         """Before the first step: the target's runner (``runners.Runner``) this generation verifies
@@ -66,9 +69,10 @@ class Drafter:
         return None
 
     def evidence(self) -> List[int] | None:
-        """For the last ``propose``: what backs each draft, an int that grows with the chance of its
-        acceptance (a matched context's length), which the policy keys its acceptance by depth on;
-        None: nothing to tell (the policy uses depth alone). Deterministic drafts only."""
+        """For the last ``propose`` (or ``propose_tree``, with ``tree_evidence``: one per node): what
+        backs each draft, an int that grows with the chance of its acceptance (a matched context's
+        length), which the policy keys its acceptance by depth on; None: nothing to tell (the policy
+        uses depth alone). Deterministic drafts only."""
         return None
 
     def sources(self, nodes: List[int], path: List[int]) -> List[str]:
@@ -111,6 +115,7 @@ class Structural(Drafter):
         self.tree_probs = hasattr(inner, "propose_tree_with_probs")
         self.supports_trees = self.tree_probs or hasattr(inner, "propose_tree")
         self.reports_evidence = bool(getattr(inner, "reports_evidence", False))
+        self.tree_evidence = bool(getattr(inner, "tree_evidence", False))
 
     def _call(self, name: str, *args):
         method = getattr(self.inner, name, None)

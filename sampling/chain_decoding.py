@@ -41,13 +41,13 @@ def _on_host(tree: Any, values: Iterator[int]) -> Any:
 def _loop_start(prompt: List[int], target: Runner, drafter, config: GenerationConfig) -> Tuple[Drafter, int, Tensor, List[int]]:
     """What both loops start from: the drafter as a ``Drafter``, attached to ``target``; ``end``, the
     last position the generation may reach; ``ids`` (1, end), the prompt written in; the tokens so far.
-    The policy is started for the drafter (a chain drafter's evidence may gate its drafts)."""
+    The policy is started for the drafter (a drafter's evidence, a tree drafter's with ``tree_evidence``, may gate its drafts)."""
     drafter = as_drafter(drafter)
     end = generation_end(len(prompt), config.max_gen_len, context_window(target.model))
     ids = torch.zeros((1, end), dtype=torch.long, device=target.device)
     ids[0, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=target.device)
     config.policy.start(config.gamma, drafter.cheap, drafter.memory_key, drafter.step_cost,
-                        evidence=drafter.reports_evidence and not config.trees)
+                        evidence=drafter.tree_evidence if config.trees else drafter.reports_evidence)
     drafter.attach(target)
     return drafter, end, ids, list(prompt)
 

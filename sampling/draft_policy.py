@@ -258,16 +258,22 @@ class DraftPolicy:
         self._evidence = None
         if evidence is None or not self._deep() or proposed == 0 or len(evidence) < proposed:
             return min(proposed, planned)
-        # a gated drafter may draft nothing; after ``next_pause`` such steps in a row it probes (at
-        # least one draft), as a pause ends in a probe: an estimate that is never tried cannot recover
-        probe = self.gated and self.gate_zeros >= self.next_pause
-        least = 0 if self.gated and not probe else min(proposed, max(1, self.min_draft))
+        least = 0 if self.gated and not self.probes() else min(proposed, max(1, self.min_draft))
         best = self._best(proposed, evidence, least=least)
-        self.gate_zeros = 0 if best else self.gate_zeros + 1
+        self.gate_cut(best)
         if self.auto and not self.per_draft:
             best = min(proposed, self.rows(best, limit) - 1)
         self._evidence = list(evidence[:best])
         return best
+
+    def probes(self) -> bool:
+        """Whether a gated drafter's cut probes this step (at least one draft): after ``next_pause``
+        steps in a row cut to none, as a pause ends in a probe (an estimate never tried cannot recover)."""
+        return self.gated and self.gate_zeros >= self.next_pause
+
+    def gate_cut(self, kept: int) -> None:
+        """Count a gated drafter's cut to ``kept`` drafts (tree nodes): the empty steps in a row."""
+        self.gate_zeros = 0 if kept else self.gate_zeros + 1
 
     def _cost_of(self, drafted: int) -> float:
         """``step_cost(drafted)``, remembered for the generation (it is asked every step)."""

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from sampling.config import GenerationConfig, Step
-from sampling.depth_acceptance import DECAY, PRIOR
+from sampling.depth_acceptance import DECAY, PRIOR, bucket
 from sampling.draft_policy import DraftPolicy
 from sampling.chain_decoding import _loop_start, _on_host, _residual, _tensors
 from sampling.tree_shape import best_prefix, choose_nodes, rank_estimates
@@ -32,24 +32,37 @@ class TreeRecord:
 
     DECAY = 0.7  # as DraftPolicy's record: recent steps weigh most (counts saturate at 1 / (1 - 0.7))
     PRIOR_WEIGHT = 0.5
+    EVIDENCE_PRIOR = 0.5  # pseudo-observations of the depth's rate an evidence cell starts from
 
     def __init__(self):
         self.offered: List[float] = []
         self.taken: List[float] = []
         self.by_depth: Dict[Tuple[int, int], List[float]] = {}  # (depth, rank) -> [taken, offered], all decayed each step
+        # (evidence bucket, depth, rank) -> [taken, offered], decayed as each is observed: a bucket is met a step in
+        # several (a long match is rarer than a short one), and decayed every step it would fade into the depth's prior
+        self.by_evidence: Dict[Tuple[int, int, int], List[float]] = {}
 
-    def rate(self, rank: int, depth: int | None = None) -> float:
+    def rate(self, rank: int, depth: int | None = None, evidence: int | None = None) -> float:
         """Estimated chance that the child of ``rank`` is the one accepted at a level reached (at
-        ``depth``, 1 for the root's children, when given). Half a pseudo-observation of
-        ``0.5^(rank + 1)`` keeps it defined, and brings a rank that is no longer verified back toward
-        that prior as its record decays, so it is tried again."""
+        ``depth``, 1 for the root's children, when given; for a node backed by ``evidence``, its
+        bucket's cell shrunk toward the depth's). Half a pseudo-observation of ``0.5^(rank + 1)``
+        keeps it defined, and brings a rank that is no longer verified back toward that prior as its
+        record decays, so it is tried again."""
         prior = 0.5 ** (rank + 1)
         pooled = prior if rank >= len(self.offered) else (self.taken[rank] + self.PRIOR_WEIGHT * prior) / (self.offered[rank] + self.PRIOR_WEIGHT)
         cell = self.by_depth.get((depth, rank)) if depth is not None else None
-        return pooled if cell is None else (cell[0] + PRIOR * pooled) / (cell[1] + PRIOR)
+        rate = pooled if cell is None else (cell[0] + PRIOR * pooled) / (cell[1] + PRIOR)
+        top = 0 if evidence is None else bucket(evidence)
+        for level in range(1, top + 1):  # a longer match is taken to back a node at least as well as a shorter one
+            cell = self.by_evidence.get((level, depth, rank))
+            if cell is not None:
+                shrunk = (cell[0] + self.EVIDENCE_PRIOR * rate) / (cell[1] + self.EVIDENCE_PRIOR)
+                rate = shrunk if level == top else max(rate, shrunk)
+        return rate
 
-    def update(self, children: List[List[int]], path: List[int]) -> None:
-        """Learn from one step: the rows the walk reached (the root, then each accepted node) and which child it took."""
+    def update(self, children: List[List[int]], path: List[int], evidence: List[int] | None = None) -> None:
+        """Learn from one step: the rows the walk reached (the root, then each accepted node) and which
+        child it took; ``evidence``: each node's, when the drafter tells it."""
         self.offered = [c * self.DECAY for c in self.offered]
         self.taken = [c * self.DECAY for c in self.taken]
         for cell in self.by_depth.values():  # every cell, reached or not: a depth no longer reached fades
@@ -66,6 +79,9 @@ class TreeRecord:
                 hit = level < len(path) and kids[rank] == path[level]
                 cell = self.by_depth.setdefault((level + 1, rank), [0.0, 0.0])
                 cell[0], cell[1] = cell[0] + hit, cell[1] + 1.0
+                if evidence:
+                    cell = self.by_evidence.setdefault((bucket(evidence[kids[rank]]), level + 1, rank), [0.0, 0.0])
+                    cell[0], cell[1] = cell[0] * DECAY + hit, cell[1] * DECAY + 1.0
             if level < len(path):
                 self.taken[kids.index(path[level])] += 1.0
 
@@ -157,33 +173,41 @@ def walk_by_acceptance(children: List[List[int]], accepted: List[int], correctio
 
 
 def _proposal(drafter: TreeDrafter, tokens: List[int], budget: int, room: int, policy: DraftPolicy, record: TreeRecord,
-              with_probs: bool) -> Tuple[List[int], List[int], List[int], Tensor | None]:
-    """The tree to verify this step: nodes, parents, depths and, for a drafter with probabilities,
-    ``q`` ``[1 + N, V]``. Nodes deeper than ``room`` are dropped, then the best prefix or the best
-    chain kept (``tree_shape.choose_nodes``, by the measured pass costs). For drafts with
-    probabilities the estimates come from the shape only, never from a token, so they stay
-    independent samples of their parents' ``q``; a deterministic drafter may give its own (``estimates``)."""
+              with_probs: bool) -> Tuple[List[int], List[int], List[int], Tensor | None, List[int] | None]:
+    """The tree to verify this step: nodes, parents, depths, for a drafter with probabilities ``q``
+    ``[1 + N, V]``, and each node's evidence (``tree_evidence``; else None). Nodes deeper than
+    ``room`` are dropped, then the best prefix or the best chain kept (``tree_shape.choose_nodes``, by
+    the measured pass costs). For drafts with probabilities the estimates come from the shape only,
+    never from a token, so they stay independent samples of their parents' ``q``; a deterministic
+    drafter may give its own (``estimates``), or its nodes' evidence, which keys the record's cells.
+    A gated tree (``DraftPolicy.gated``) cut to no node probes its first node after ``next_pause``
+    such steps in a row (``DraftPolicy.probes``): the record of a tree never verified cannot recover."""
     q = None
     if with_probs:
         nodes, parents, q = drafter.propose_tree_with_probs(tokens, budget)
     else:
         nodes, parents = drafter.propose_tree(tokens, budget)
     own = None if with_probs else drafter.estimates()  # a drafter's own estimates rank tokens: deterministic drafts only
+    evidence = drafter.evidence() if drafter.tree_evidence and not with_probs else None
     depths = tree_depths(parents)
     kept = _within(depths, room)
     nodes, parents = _subtree(nodes, parents, kept)
+    evidence = None if evidence is None else [evidence[i] for i in kept]
     if own is not None:
         estimates = [own[i] for i in kept]
     else:
-        estimates = None if record.empty else rank_estimates(record.rate, parents)
+        estimates = None if record.empty else rank_estimates(record.rate, parents, evidence)
     chosen = choose_nodes(policy, estimates, parents)  # the best tree prefix or its best chain (or nothing)
     if len(chosen) < policy.min_draft:
         chosen = []
+    if policy.gated and nodes:
+        chosen = chosen or ([0] if policy.probes() else [])  # node 0: a child of the root, the drafter's best
+        policy.gate_cut(len(chosen))
     nodes, parents = _subtree(nodes, parents, chosen)
     kept = [kept[i] for i in chosen]
     if q is not None:
         q = q[[0] + [1 + i for i in kept]] if kept else None
-    return nodes, parents, [depths[i] for i in kept], q
+    return nodes, parents, [depths[i] for i in kept], q, None if evidence is None else [evidence[i] for i in chosen]
 
 
 @torch.no_grad()
@@ -228,7 +252,8 @@ def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, confi
         asked = policy.length(policy.bound()) > 0 and room > 0 if drafting else False
         drafting = True
         clock = time.perf_counter()
-        nodes, parents, depths, q = _proposal(drafter, tokens, config.gamma, room, policy, record, with_probs) if asked else ([], [], [], None)
+        nodes, parents, depths, q, evidence = (_proposal(drafter, tokens, config.gamma, room, policy, record, with_probs) if asked
+                                               else ([], [], [], None, None))
         drafted_at = time.perf_counter()
         n_nodes = len(nodes)
         if n_nodes:
@@ -268,7 +293,7 @@ def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, confi
         stopped_below = children[path[-1] + 1 if path else 0] != []  # a rejection at the last row reached
         policy.update(n + int(stopped_below) if n_nodes else 0, n, 1 + n_nodes)  # pauses, min_gain: per pass and its cost
         if n_nodes:
-            record.update(children, path)
+            record.update(children, path, evidence)
         stats.record_step(levels, min(n, len(emitted)), len(emitted))
         stats.credit(drafter.sources(nodes, path[: min(n, len(emitted))]))
         verified_at = time.perf_counter()

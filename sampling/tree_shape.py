@@ -14,17 +14,19 @@ from typing import List, Sequence
 from sampling.draft_policy import DraftPolicy
 
 
-def rank_estimates(rate, parents: Sequence[int]) -> List[float]:
+def rank_estimates(rate, parents: Sequence[int], evidence: Sequence[int] | None = None) -> List[float]:
     """Each node's estimate from the rate of its sibling rank at its depth (``rate(rank, depth)``,
-    e.g. ``TreeRecord.rate``; depth 1: the root's children): the product of those rates along its path."""
+    e.g. ``TreeRecord.rate``; depth 1: the root's children; ``rate(rank, depth, evidence[i])`` with
+    each node's ``evidence``): the product of those rates along its path."""
     siblings: dict = {}
     out: List[float] = []
     depths: List[int] = []
-    for parent in parents:
+    for i, parent in enumerate(parents):
         rank = siblings.get(parent, 0)
         siblings[parent] = rank + 1
         depths.append(1 + (depths[parent] if parent >= 0 else 0))
-        out.append(rate(rank, depths[-1]) * (out[parent] if parent >= 0 else 1.0))
+        own = rate(rank, depths[-1]) if evidence is None else rate(rank, depths[-1], evidence[i])
+        out.append(own * (out[parent] if parent >= 0 else 1.0))
     return out
 
 

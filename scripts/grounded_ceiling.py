@@ -23,23 +23,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grounded_counts import ROW_COSTS, prompt_arguments  # noqa: E402
-
-CAP = 64  # how far back a match is measured
-
-
-def occurrences(seq: Sequence[int], cap: int = CAP) -> List[Tuple[int, int]]:
-    """(match length, start) of every earlier occurrence of ``seq``'s last token, the longest backward
-    match first, the most recent first on a tie."""
-    last, length, found = seq[-1], len(seq), []
-    for start in range(length - 1):
-        if seq[start] != last:
-            continue
-        match = 1
-        while match < cap and start - match >= 0 and seq[start - match] == seq[length - 1 - match]:
-            match += 1
-        found.append((match, start))
-    found.sort(key=lambda item: (-item[0], -item[1]))
-    return found
+from drafters.copy_tree import CAP, copy_tree, occurrences  # noqa: E402 (the library's tree: strategy tree_copy)
 
 
 def chain(min_match: int, count: int = 10) -> Callable[[List[int]], Dict]:
@@ -53,18 +37,15 @@ def chain(min_match: int, count: int = 10) -> Callable[[List[int]], Dict]:
 
 
 def tree(width: int, depth: int) -> Callable[[List[int]], Dict]:
-    """First tokens of the ``width`` best occurrences' distinct continuations; the best one's to ``depth``."""
+    """First tokens of the ``width`` best occurrences' distinct continuations; the best one's to ``depth``
+    (``drafters.copy_tree.copy_tree``, every node verified: no policy)."""
     def draft(seq: List[int]) -> Dict:
-        found = occurrences(seq)
-        if not found:
-            return {}
-        nodes = _path(seq[found[0][1] + 1 : found[0][1] + 1 + depth])
-        for _, start in found[1:]:
-            if sum(1 for _ in nodes) >= width:
-                break
-            if start + 1 < len(seq):
-                nodes.setdefault(seq[start + 1], {})
-        return nodes
+        nodes, parents, _ = copy_tree(seq, occurrences(seq), width, depth)
+        root: Dict = {}
+        made: List[Dict] = []
+        for token, parent in zip(nodes, parents):
+            made.append((root if parent < 0 else made[parent]).setdefault(token, {}))
+        return root
     return draft
 
 
@@ -94,7 +75,7 @@ def replay(prompt: List[int], out: List[int], rule: Callable[[List[int]], Dict],
     return passes, cost
 
 
-RULES = {f"chain {m}": chain(m) for m in (1, 2, 3, 4)} | {f"tree {w} x {d}": tree(w, d) for w, d in ((2, 1), (2, 3), (3, 3), (4, 4))}
+RULES = {f"chain {m}": chain(m) for m in (1, 2, 3, 4)} | {f"tree {w} x {d}": tree(w, d) for w, d in ((2, 1), (2, 3), (3, 3), (4, 4), (3, 14))}
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.bench.prompts import load_prompts  # noqa: E402
 from app.session import encode  # noqa: E402
-from drafters import PromptLookupSpec, SuffixSpec  # noqa: E402
+from drafters import CopyTreeSpec, PromptLookupSpec, SuffixSpec  # noqa: E402
 from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate  # noqa: E402
 from sampling import DraftPolicy, GenerationStats, autoregressive_generate, generate  # noqa: E402
 from sampling.config import Observer, Step  # noqa: E402
@@ -59,7 +59,7 @@ def copy_oracle(prompt: List[int], out: List[int], min_n: int = 1, cap: int = 64
     return passes
 
 
-ROWS = ("pld", "ngram", "suffix", "tree_suffix")
+ROWS = ("pld", "ngram", "suffix", "tree_suffix", "tree_copy")
 
 
 class GatedTrees(DraftPolicy):
@@ -89,6 +89,8 @@ def row_runs(prompt: List[int], model, tokenizer, eos, new: int, policy_for, row
             out = generate(prompt, model, SuffixSpec(), args)[0]
         elif name == "tree_suffix":  # the REPL's and the benchmark's tree row: up to tree_size 16 nodes a pass
             out = generate(prompt, model, SuffixSpec(trees=True), dict(args, gamma=16))[0]
+        elif name == "tree_copy":  # the library's copy tree, gated by its nodes' evidence, tree_size 16
+            out = generate(prompt, model, CopyTreeSpec(), args)[0]
         else:
             out = ngram_assisted_speculative_generate(prompt, NGramStorage(3, model.config.vocab_size), model, gamma=4,
                                                       filler_top_k=3, first_target=True, **args)[0]

@@ -12,7 +12,7 @@ from conftest import examples, gpt2, llama
 from ngram_assisted import NGramStorage
 from sampling import DraftPolicy, GenerationStats, autoregressive_generate, generate, tree_decoding
 from sampling.config import GenerationConfig
-from drafters import DraftContext, NGramDrafter, NGramTreeSpec, RecyclingSpec
+from drafters import CopyTreeSpec, DraftContext, NGramDrafter, NGramTreeSpec, RecyclingSpec
 from sampling.chain_decoding import draft_and_verify
 from sampling.tree_decoding import draft_tree_and_verify
 from test_lossless_sampling import LENGTH, PROMPT as TINY_PROMPT, chi_square_pvalue, exact_distribution
@@ -140,11 +140,13 @@ def run_tree_strategy(strategy, model, use_cache, policy=None, stats=None, proce
     if strategy == "tree_ngram":
         context = DraftContext(storage=NGramStorage(3, model.config.vocab_size))
         return generate(list(prompt), model, NGramTreeSpec(tree_size=size), common, context)[0]
+    if strategy == "tree_copy":  # gated by its nodes' evidence when the policy has costs
+        return generate(list(prompt), model, CopyTreeSpec(tree_size=size), common)[0]
     return generate(list(prompt), model, RecyclingSpec(tree_size=size), common)[0]
 
 
 @pytest.mark.parametrize("cache", ["static", "dynamic", "off"])
-@pytest.mark.parametrize("strategy", ["tree_ngram", "recycling"])
+@pytest.mark.parametrize("strategy", ["tree_ngram", "recycling", "tree_copy"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_tree_strategies_are_greedy_exact(name, strategy, cache):
     model = target_of(name)
@@ -341,7 +343,7 @@ def test_sampled_trees_with_probabilities_follow_the_target(tiny, name):
     assert pvalue(samples, exact(target, name)) > 1e-3
 
 
-@pytest.mark.parametrize("strategy", ["tree_ngram", "recycling"])
+@pytest.mark.parametrize("strategy", ["tree_ngram", "recycling", "tree_copy"])
 def test_sampled_tree_strategies_follow_the_target(tiny, strategy):
     target = tiny[0]
     torch.manual_seed(1234)
@@ -384,9 +386,9 @@ def test_the_benchmark_runs_the_tree_strategies_greedy_exact(tiny_models, tmp_pa
 
     out = tmp_path / "trees"
     bench.main(["--target", tiny_models["target"], "--device", "cpu", "--limit", "1", "--categories", "summarization",
-                "--strategies", "target,tree_ngram,recycling", "--tree-size", "8", "--max-new-tokens", "8", "--out", str(out)])
+                "--strategies", "target,tree_ngram,recycling,tree_copy", "--tree-size", "8", "--max-new-tokens", "8", "--out", str(out)])
     records = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
-    assert {r["key"] for r in records} == {"target", "tree_ngram", "recycling"}
+    assert {r["key"] for r in records} == {"target", "tree_ngram", "recycling", "tree_copy"}
     assert all(r["diverged_at"] is None for r in records)
 
 

@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ngram-n", type=flag_list_type("--ngram-n", "n"), default=[3], help="n-gram sizes for NASD, e.g. 2,3,4 (default 3)")
     p.add_argument("--storages", default="basic,onelevel", help="NASD storages (default basic,onelevel)")
     p.add_argument("--tree-size", type=flag_type("--tree-size", "tree_size"), default=16,
-                   help="most nodes of a draft tree for tree_ngram and recycling (default 16)")
+                   help="most nodes of a draft tree for the tree rows (tree_ngram, recycling, tree_copy, ...; default 16)")
     p.add_argument("--top-k-filler", type=flag_list_type("--top-k-filler", "top_k_filler"), default=[3], help="NASD filler top-k values, e.g. 1,3,5 (default 3)")
     p.add_argument("--param", type=param_values, action="append", metavar="NAME=V1,V2",
                    help="a registered strategy row's own parameter (its REPL command /NAME), one or more values: the grid "
