@@ -21,10 +21,8 @@ CONFIDENT = 1.25
 # a gated drafter (cheap, with evidence) is asked every step and cut to 0 drafts where they do not
 # pay; below this host cost a step (in one-position steps) asking it costs less than a pause's missed copies
 GATE_COST = 0.05
-# a gated drafter's pooled acceptance rate starts from these pseudo-observations (hits, trials): one
-# fruitless step must not make it exactly 0, which cut the drafter to no draft until the gate's probe
-# (``pause_steps`` steps) and missed the copies that began right after it (the pair's NASD on
-# code-editing prompts, scripts/nasd_replay.py); its per-depth cells learn real failures within a few steps
+# a gated drafter's pooled rate starts from these pseudo-observations (hits, trials): one fruitless step made it 0,
+# and the gate drafted nothing until its probe, through the copies after it (scripts/nasd_replay.py)
 RATE_PRIOR = (0.5, 1.0)
 
 
