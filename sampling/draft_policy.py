@@ -21,6 +21,9 @@ CONFIDENT = 1.25
 # a gated drafter (cheap, with evidence) is asked every step and cut to 0 drafts where they do not
 # pay; below this host cost a step (in one-position steps) asking it costs less than a pause's missed copies
 GATE_COST = 0.05
+# a gated drafter's pooled rate starts from these pseudo-observations (hits, trials): one fruitless step made it 0,
+# and the gate drafted nothing until its probe, through the copies after it (scripts/nasd_replay.py)
+RATE_PRIOR = (0.5, 1.0)
 
 
 @dataclass
@@ -215,12 +218,19 @@ class DraftPolicy:
 
     def _best(self, most: int, evidence: Optional[Sequence[int]] = None, least: int = 1) -> int:
         """The count in ``least..most`` with the most expected tokens per unit of cost (the shorter on a tie)."""
-        rate = self.hits / self.trials
+        rate = self.rate()
         if self.by_depth:
             expected = self.depths.expected(most, rate, evidence)
         else:
             expected = [self.expected_tokens(k, rate) for k in range(most + 1)]
         return max(range(least, most + 1), key=lambda k: (expected[k] / self._cost_of(k), -k))
+
+    def rate(self) -> float:
+        """The pooled per-draft acceptance of recent steps; a gated drafter's shrunk toward 1/2 by
+        ``RATE_PRIOR`` (the others' zero rate still drafts one token a step, and so learns)."""
+        if not self.gated:
+            return self.hits / self.trials
+        return (self.hits + RATE_PRIOR[0]) / (self.trials + RATE_PRIOR[1])
 
     def _costs(self) -> Tuple[float, ...] | None:
         """The relative costs by positions the policy weighs: the loop's (``live``), else ``row_costs``."""
@@ -237,7 +247,7 @@ class DraftPolicy:
         if not self._deep():
             return False
         most = max(self.gamma, self.bound() or 0)
-        expected = self.depths.expected(most, self.hits / self.trials)
+        expected = self.depths.expected(most, self.rate())
         return max(expected[k] / self._cost_of(k) for k in range(1, most + 1)) >= CONFIDENT * self.min_gain
 
     def _gate_pays(self) -> bool:

@@ -69,6 +69,7 @@ def main() -> None:
     pair = load_pair(preset["target"], preset["drafter"], LoadOptions(dtype=args.dtype), say=lambda *a, **k: None)
     config, context = build_settings(pair, "greedy", 4, args.length, say=lambda text, *_: print(text))
     config = config.with_(stop_if_unknown=True)  # NASD as the REPL runs it (app.repl.repl.Repl)
+    from app.repl.repl import NGRAM_N
     from ngram_assisted import NGramStorage
     from runners.limits import output_vocab_size
 
@@ -89,7 +90,7 @@ def main() -> None:
             seen = Steps()
             run = config.with_policy(**VARIANTS[name])
             context.streamer = seen
-            context.storage = NGramStorage(3, output_vocab_size(pair.target))  # the REPL's fresh storage: basic, n 3
+            context.storage = NGramStorage(NGRAM_N, output_vocab_size(pair.target))  # the REPL's fresh storage: basic, n NGRAM_N
             result = run_strategy(by_key[key], prompt, run, context)
             context.streamer = None
             ok = "exact" if result.tokens == ref else "MISMATCH"

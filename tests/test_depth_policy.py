@@ -135,3 +135,23 @@ def test_greedy_output_with_the_depth_policy_is_target_ar(name, auto):
             assert out == list(_expected(model, cache, tuple(prompt), 32)), (model, cache)
             drafted, accepted = drafted + stats.drafted, accepted + stats.accepted
     assert accepted > 0
+
+
+def test_one_fruitless_step_does_not_cut_a_gated_drafter_to_no_draft():
+    # the pair's NASD: a first draft that failed made the pooled rate 0, and the gate then drafted nothing
+    # for pause_steps steps, through a copy of 8 tokens and one of 25 (code_editing 2002, float32 costs)
+    flat = (1.0, 1.01, 1.02, 1.03, 1.04, 1.05)  # verifying 5 drafts costs 5% more than none
+    policy = DraftPolicy(row_costs=flat, min_gain=1.0)
+    policy.start(4, cheap=True, evidence=True)
+    assert policy.gated
+    k = policy.trim(5, [2] * 5, planned=5, limit=1 << 30)
+    policy.update(k, 0, rows=k + 1)
+    assert k > 0 and policy.trim(5, [2] * 5, planned=5, limit=1 << 30) > 0
+    for _ in range(12):  # drafts that keep failing are still cut to none, learnt per depth within a few steps
+        k = policy.trim(5, [2] * 5, planned=5, limit=1 << 30)
+        policy.update(k, 0, rows=k + 1)
+    assert policy.trim(5, [2] * 5, planned=5, limit=1 << 30) == 0
+    ungated = DraftPolicy(row_costs=flat, min_gain=1.0, gate=False)
+    ungated.start(4, cheap=True, evidence=True)
+    ungated.update(4, 0, rows=5)
+    assert ungated.rate() == 0.0  # the rate is the recent steps' alone where no gate cuts to zero

@@ -59,3 +59,44 @@ def test_reset_forgets_everything():
         storage.add_sequence([1, 2, 3])
         storage.reset()
         assert storage.predict([1, 2]) is None
+
+
+def _drafts(drafter, tokens, k):
+    ids = torch.zeros((1, len(tokens) + k), dtype=torch.long)
+    ids[0, : len(tokens)] = torch.tensor(tokens)
+    count, _ = drafter.propose(ids, list(tokens), k)
+    return ids[0, len(tokens) : len(tokens) + count].tolist()
+
+
+def test_a_fresh_storage_drafts_the_prompts_continuation_after_one_matching_token():
+    from drafters.ngram import ngram_drafter
+
+    prompt = [5, 11, 12, 13, 14, 6]
+    drafter = ngram_drafter(NGramStorage(8, 50), prompt, stop_if_unknown=True)
+    assert _drafts(drafter, prompt + [11], 4) == [12, 13, 14, 6]  # backs off to the one token it knows
+    assert _drafts(drafter, prompt + [42], 4) == []  # unknown: the draft ends (stop_if_unknown)
+
+
+def test_a_longer_context_keeps_a_copy_a_two_token_context_cuts_short():
+    from drafters.ngram import ngram_drafter
+
+    # "1 2" is followed by 3 twice and by 4 once; the copy after "7 1 2" goes on with 4
+    prompt = [9, 1, 2, 3, 8, 1, 2, 3, 8, 7, 1, 2, 4, 5, 6, 0]
+    tokens = prompt + [7, 1, 2]
+    short = ngram_drafter(NGramStorage(3, 50), prompt, stop_if_unknown=True)
+    long = ngram_drafter(NGramStorage(8, 50), prompt, stop_if_unknown=True)
+    assert _drafts(short, tokens, 4)[0] == 3
+    assert _drafts(long, tokens, 4) == [4, 5, 6, 0]
+    assert long.evidence() == [3, 4, 5, 6]  # each draft's matched context: a copy, not a guess
+
+
+def test_the_emitted_tokens_are_in_the_storage_before_the_next_draft():
+    from drafters.ngram import ngram_drafter
+
+    prompt = [1, 2, 3]
+    drafter = ngram_drafter(NGramStorage(8, 50), prompt, filler_top_k=1, stop_if_unknown=True)
+    tokens = prompt + [20, 21, 22]  # a step emitted 20 21 (accepted drafts) and 22 (the target's own)
+    drafter.accept(tokens, len(prompt), 2, None)
+    tokens += [3]
+    assert _drafts(drafter, tokens, 4) == [20, 21, 22]  # then nothing is known after 22
+    assert _drafts(drafter, prompt[:1] + [2, 3, 20], 2) == [21, 22]

@@ -12,6 +12,13 @@ from utils.parsing import MAX_LINE, UsageError, parse_processor, sanitize_text
 from utils.printing import console, screen  # the one screen the REPL, the debug view and the stream share
 
 
+# the REPL's n-gram storage: n 8 (contexts of 1 to 7 tokens, the longest known first). The reference's REPL
+# used 3; on the pair's code-editing prompts a 2-token context cut copies short where a longer one
+# told them apart, and the matched length (each draft's evidence) tells a copy from a guess
+# (docs/profile.md, "NASD's passes on the pair"); /set_ngramstorage changes it
+NGRAM_N = 8
+
+
 def kernels_caption(results) -> str:
     """What the table's caption adds when rows ran on different kernels (``--prepack auto``): each
     option with its rows, e.g. " · linears: own (Target AR) · prepacked (N-gram assisted, Prompt lookup)"."""
@@ -51,7 +58,7 @@ class Repl:
         self.last: list = []  # (strategy, result) of the last prompt, for /stats
         self.startup = tuple(startup)  # the start-up lines in full, for /stats
         self.passes: dict = {}  # strategy key -> the target passes of its last run (sampling.divergence)
-        self.storage_kind, self.storage_n = "basic", 3
+        self.storage_kind, self.storage_n = "basic", NGRAM_N
         self.reset_in_between = True
         self.new_storage()
         from sampling import SuffixMemory
