@@ -18,8 +18,7 @@ if TYPE_CHECKING:
 DEFAULT_MIN_GAIN = 1.0
 # by depth, the estimate must clear min_gain by this factor to overrule the running mean's dip
 CONFIDENT = 1.25
-# a gated drafter (cheap, with evidence) is asked every step and cut to 0 drafts where they do not
-# pay; below this host cost a step (in one-position steps) asking it costs less than a pause's missed copies
+# a gated drafter (cheap, with evidence) is asked every step, cut to 0 drafts where they do not pay, while its host cost (in one-position steps) is below this
 GATE_COST = 0.05
 # a gated drafter's pooled rate starts from these pseudo-observations (hits, trials): one fruitless step made it 0,
 # and the gate drafted nothing until its probe, through the copies after it (scripts/nasd_replay.py)
@@ -59,34 +58,30 @@ class DraftPolicy:
       drafting step (divided by the step's relative cost when ``row_costs`` is known; halved
       weight per step) falls below ``min_gain``, drafting pauses as above. With ``row_costs``,
       1.0 is break-even. 0 disables.
-    * ``draft_cost``: the measured cost of one pass of a drafter model relative to a one-position
-      target pass (``measure_draft_cost``). A step of a drafter that is not cheap (a model, or a
-      chain that may use one) then costs ``cost(rows) + k * draft_cost``, which the cost-optimal
-      length and ``min_gain`` both count, so a drafter too slow for its acceptance pauses.
+    * ``draft_cost``: the measured cost of one pass of a drafter model relative to a one-position target
+      pass (``measure_draft_cost``). A step of a drafter that is not cheap (a model, or a chain that may
+      use one) costs ``cost(rows) + k * draft_cost`` in the optimal length and ``min_gain`` both.
     * ``p_min``: for drafter models, stop drafting when the drafter's top probability falls
       below it (llama.cpp's ``--draft-p-min``), but never before ``min_draft`` drafts: dropping a
       draft after sampling it would bias sampled output (the acceptance test ``min(1, p/q)``
       assumes each draft was drawn from ``q``, not from ``q`` given that the draft was kept).
-    * ``auto`` (the REPL's ``/gamma auto``): the length may go past ``gamma``, up to the longest
-      measured pass, and cheap drafters fill padded passes with drafts. Off, ``gamma`` is a
-      hard bound: no step drafts more than ``gamma`` tokens. Needs ``row_costs``.
-    * ``live`` (the programs' policy): the costs are measured in the loop too (``LiveCosts``): each
-      step's seconds by pass width, and a drafting step's host seconds, from the clock readings the
-      loop takes anyway; the relative costs the policy weighs move from the start-up ``row_costs``
-      toward what the run pays (``measured``), and the drafter's host cost counts in every step
-      that asks it. ``chosen()`` names what it measured and chose.
+    * ``auto`` (the REPL's ``/gamma auto``): the length may go past ``gamma``, up to the longest measured
+      pass, and cheap drafters fill padded passes with drafts. Off, ``gamma`` is a hard bound. Needs ``row_costs``.
+    * ``live`` (the programs' policy): the costs are measured in the loop too (``LiveCosts``): each step's
+      seconds by pass width, and a drafting step's host seconds, from the loop's own clock readings; the
+      costs weighed move from the start-up ``row_costs`` toward what the run pays (``measured``), and the
+      drafter's host cost counts in every step that asks it. ``chosen()`` names what it measured and chose.
     * a cheap drafter that reports its evidence is *gated*: asked every step, its drafts are cut to
       the cost-optimal count by their evidence, 0 included (no step is paused for it while its host
       cost is under ``GATE_COST`` of a step): a weak match drafts nothing, a verbatim copy drafts
       long, and a copy met after a fruitless stretch is not missed in a pause.
-    * ``remember``: a policy reused across generations keeps each drafter model's record (with
-      ``min_gain``): a drafter whose drafts did not pay starts its next generation paused. Off
-      by default, so that a result depends only on its own prompt and settings; ``forget()``
-      clears it and ``remembered`` counts what is kept.
+    * ``remember``: a policy reused across generations keeps each drafter model's record (with ``min_gain``):
+      a drafter whose drafts did not pay starts its next generation paused. Off by default, so a result
+      depends only on its own prompt and settings; ``forget()`` clears it, ``remembered`` counts it.
 
-    Every control decides from what is known before a step's drafts are drawn (earlier
-    outcomes, measured costs, the drafter's confidence in its own prefix), so each keeps greedy
-    output exact and sampled output distributed as the target's.
+    Every control decides from what is known before a step's drafts are drawn (earlier outcomes, measured
+    costs, the drafter's confidence in its own prefix), so each keeps greedy output exact and sampled
+    output distributed as the target's.
     """
 
     adaptive: bool = False
