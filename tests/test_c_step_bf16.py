@@ -168,11 +168,12 @@ def test_a_long_pass_takes_the_paths_many_row_variant(path, monkeypatch):
     """The C step's chunks over 12 positions run the path's many-row variant (the one measured fastest
     here, ``bf16.prompt_tile``), up to 12 decoding's loop: the variant a prompt runs is one the test
     above holds to the same bits."""
-    seen = []
+    seen, shapes = [], set()
     real = CStep._run
 
     def recording(self, *args):
         seen.append((args[0][0].shape[0], self.dims.tile))
+        shapes.add(self.shape)
         return real(self, *args)
 
     monkeypatch.setattr(CStep, "_run", recording)
@@ -180,7 +181,8 @@ def test_a_long_pass_takes_the_paths_many_row_variant(path, monkeypatch):
     runner = LeanRunner(model)
     runner(ids[:, :30], 1)
     runner(ids[:, :40], 10)
-    many = bf16.prompt_tile(skinny.library(), path, MANY_ROWS + 1)
+    (shape,) = shapes  # the model's own path and variant: another test's model in this process may differ
+    many = bf16.prompt_tile(skinny.library(), path, MANY_ROWS + 1, shape)
     assert seen == [(30, many), (10, 0)] and 1 <= many < len(bf16.tiles(skinny.library(), path))
 
 

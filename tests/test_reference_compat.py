@@ -643,7 +643,8 @@ def test_the_repl_starts_with_the_references_defaults(repl):
     s = repl.config
     assert (s.gamma, s.max_gen_len, s.debug, s.param("top_k_filler")) == (4, 35, False, 3)
     assert repl.enabled["speculative"] and repl.enabled["ngram"] and repl.enabled["target"] and not repl.enabled["drafter"]
-    assert (repl.storage_kind, repl.storage_n, type(repl.context.storage)) == ("basic", 3, NGramStorage)
+    # on purpose different: an 8-gram storage (the reference's 3 cut the pair's copies short; docs/reference.md)
+    assert (repl.storage_kind, repl.storage_n, type(repl.context.storage)) == ("basic", 8, NGramStorage)
     assert repl.reset_in_between and repl.chat and repl.seed == 42
     assert (repl.processor_name, repl.processor_args, type(s.logits_processor())) == ("greedy", {"temperature": 1.0}, GreedyProcessor)
     assert s.use_cache  # the one default on purpose different: the reference's cache was broken, this one is exact
