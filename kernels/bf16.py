@@ -219,32 +219,32 @@ def describe(library: ctypes.CDLL, path: int, shape: Optional[Tuple[int, int]] =
 
 
 def linear(x: Tensor, packed: Tensor, n: int, bias: Optional[Tensor], path: Optional[int] = None,
-           tile: Optional[int] = None) -> Tensor:
+           tile: Optional[int] = None, shape: Optional[Tuple[int, int]] = None) -> Tensor:
     """``x`` ``[M, K]`` float32 times a bfloat16 weight blocked (``kernels.blocked.blocked``: ``packed``
     ``[ceil(n/16), K, 16]``) -> ``[M, n]`` float32 (+ ``bias`` ``[n]`` float32), by ``path`` (None:
-    ``chosen`` for no shape: the first model's, so every linear of a layer route takes one path) and its
-    variant ``tile`` (None: ``prompt_tile``), on torch's thread count."""
+    ``chosen`` for its model's gate/up ``shape``; None: the first model's) and its variant ``tile`` (None:
+    ``prompt_tile``), on torch's thread count."""
     from kernels.skinny import library
 
     loaded = library()
-    path = chosen(loaded) if path is None else path
+    path = chosen(loaded, shape) if path is None else path
     if path not in paths(loaded) or packed.dtype != torch.bfloat16 or x.dtype != torch.float32 or x.shape[-1] != packed.shape[1]:
         raise ValueError(f"bfloat16 linear: path {path}, weight {packed.dtype}, rows {x.dtype} {tuple(x.shape)}")
     x, packed = x.contiguous(), packed.contiguous()
     bias = None if bias is None else bias.to(torch.float32).contiguous()
     out = torch.empty((x.shape[0], n), dtype=torch.float32)
-    tile = prompt_tile(loaded, path, x.shape[0]) if tile is None else tile
+    tile = prompt_tile(loaded, path, x.shape[0], shape) if tile is None else tile
     loaded.skinny_linear_bf16(path, tile, x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
                               x.shape[0], n, x.shape[1], torch.get_num_threads())
     return out
 
 
-def layer_rows(x: Tensor, packed: Tensor, n: int, bias: Optional[Tensor]) -> Tensor:
+def layer_rows(x: Tensor, packed: Tensor, n: int, bias: Optional[Tensor], shape: Optional[Tuple[int, int]] = None) -> Tensor:
     """A bfloat16 layer on the skinny route (``kernels.prepacking.PrepackedLinear``): ``x`` ``[..., K]``
     bfloat16 CPU times its weight blocked in bfloat16 (``packed``) -> ``[..., n]`` bfloat16: the rows
-    widened to float32 (exactly), ``linear``'s float32 sums (+ ``bias``), rounded to bfloat16 once, each
-    row alone. Rows of another dtype or device raise, in one line, as ``F.linear``'s mismatch would."""
+    widened to float32 (exactly), ``linear``'s float32 sums (+ ``bias``) on the path of its model's ``shape``
+    (so a layer route and the model's C step take one path), rounded to bfloat16 once, each row alone. Rows of another dtype or device raise, in one line, as ``F.linear``'s mismatch would."""
     if x.dtype != torch.bfloat16 or x.device.type != "cpu" or x.shape[-1] != packed.shape[1]:
         raise RuntimeError(f"a bfloat16 layer takes bfloat16 CPU rows of {packed.shape[1]} features, got {x.dtype} {x.device} {tuple(x.shape)}")
     rows = x.reshape(-1, x.shape[-1]).float()
-    return linear(rows, packed, n, bias).to(torch.bfloat16).reshape(*x.shape[:-1], n)
+    return linear(rows, packed, n, bias, shape=shape).to(torch.bfloat16).reshape(*x.shape[:-1], n)

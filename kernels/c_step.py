@@ -25,7 +25,7 @@ import kernels.skinny as skinny
 from kernels.blocked import DTYPES, blocked, fusable, fused
 from kernels.one_copy import group_blocks, groups, release, released
 from kernels.memory_fits import can_prepack, copy_fits
-from kernels.prepacking import SKINNY, changes, plan
+from kernels.prepacking import SKINNY, PrepackedLinear, changes, plan
 from kernels.prompt_gemm import DEFAULT_CHUNK, MANY_ROWS, plan_of
 from models.layer_spec import ModelSpec, family_of, model_spec, norm_eps, norm_modules, spec_unsupported
 
@@ -285,6 +285,9 @@ class CStep:
         self.dims = _dims(model, spec)
         self.dims.weights = weights_format(model, self.library)
         self.shape = gate_up_shape(model)  # the key of its bfloat16 path's choices (``kernels.bf16.chosen``)
+        for layer in model.modules():  # its layers' own route (a peer's row, transformers' generate) takes the same path
+            if type(layer) is PrepackedLinear:
+                layer.path_shape = self.shape
         self.keep: List[Tensor] = []  # every tensor whose address the structs hold
         self.copied: List[Tensor] = []  # the model's tensors the step holds copies of (``glance``)
         self.structs = (_Layer * len(self.layers))()

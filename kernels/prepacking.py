@@ -200,6 +200,7 @@ class PrepackedLinear(Module):
         self.weight, self.bias = linear.weight, linear.bias
         self.linear = [linear]  # the module it replaces (a list: not a submodule, no second state_dict entry)
         self.route: Tuple[str, ...] = (PREPACKED,)  # the kernel by pass width (``set_prepack``)
+        self.path_shape: Optional[Tuple[int, int]] = None  # its model's bfloat16 path key (``kernels.bf16.chosen``; a C step sets it)
         self.packed = self.packed_bias = None
         self.source = _source(linear)
         self.key = len(_BY_KEY)  # what a compiled graph calls it by (``packed_linear``)
@@ -222,7 +223,7 @@ class PrepackedLinear(Module):
         elif self.parked:  # parked: the copy gets its own weight, unpacked
             own.weight = torch.nn.Parameter(self.weight, requires_grad=False)
         made = PrepackedLinear(own)
-        made.route, made.shared = self.route, self.shared
+        made.route, made.shared, made.path_shape = self.route, self.shared, self.path_shape
         if self.packed is not None:
             made._pack()
         return made
@@ -253,7 +254,7 @@ class PrepackedLinear(Module):
                 from kernels.bf16 import layer_rows
                 from kernels.blocked import blocked
 
-                return layer_rows(x, self.blocks if self.blocks is not None else blocked(self.weight), self.out_features, self.bias)
+                return layer_rows(x, self.blocks if self.blocks is not None else blocked(self.weight), self.out_features, self.bias, self.path_shape)
             if self.blocks is not None:
                 return skinny_blocked(x, self.blocks, self.out_features, self.bias)
             return skinny_linear(x, self.weight, self.bias)

@@ -114,3 +114,22 @@ def test_the_repl_header_names_each_models_path_measured_on_its_own_shape(tmp_pa
         assert "on the C step (bfloat16 weights read by the " in line, line
         assert f"{n}x{k} linear" in line, line  # measured on its own gate/up
     assert "Speculative" in result.stdout
+
+
+def test_a_models_own_layers_take_its_c_steps_path_whichever_model_came_first(fresh, monkeypatch):
+    """The layer route (a peer's row, transformers' generate on the model) runs each linear on the path its
+    model's C step took, not on the first model's of the process."""
+    from kernels.prepacking import SKINNY, set_prepack
+
+    target, drafter = llama(layers=2).to(torch.bfloat16), other_shape(layers=1).to(torch.bfloat16)
+    paths = two_paths(fresh)
+    monkeypatch.setattr(bf16, "FORCED_FOR", {gate_up_shape(target): paths[0], gate_up_shape(drafter): paths[1]})
+    ids = ids_for()
+    for model in (target, drafter):  # the target decides first
+        LeanRunner(model)(ids[:, :8], 1)
+    taken, real = [], bf16.chosen
+    monkeypatch.setattr(bf16, "chosen", lambda *a, **k: taken.append(real(*a, **k)) or taken[-1])
+    assert set_prepack(drafter, True, (SKINNY,), dtypes=(torch.bfloat16,))
+    with torch.inference_mode():
+        drafter(ids[:, :8])
+    assert taken and set(taken) == {paths[1]}, (taken, paths)
