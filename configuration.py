@@ -80,7 +80,9 @@ class RunConfig:
     (the REPL: on); ``hf_compile``: transformers' static-cache peer compiles its forward; ``policy``:
     the draft policy's values; ``kernel_choice``: the target's measured kernel options by pass
     width, the plan every row runs (None: the model's as they are); ``runner``, ``drafter_runner``: how the target's and the drafter
-    model's passes run; ``params``: every row parameter set away from its default (``Param``)."""
+    model's passes run; ``params``: every row parameter set away from its default (``Param``); ``auto_rows``: the rows (by key)
+    that run under gamma auto whatever ``gamma`` says, where the policy has measured costs (``strategies.row_config``: the
+    REPL's NASD row when no gamma was given, named in its output; docs/reference.md)."""
 
     processor: str = "greedy"
     gamma: int = 4
@@ -95,9 +97,11 @@ class RunConfig:
     runner: RunnerConfig = EAGER
     drafter_runner: RunnerConfig = EAGER
     params: Tuple[Tuple[str, Any], ...] = ()
+    auto_rows: Tuple[str, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "processor", processor_words(self.processor))
+        object.__setattr__(self, "auto_rows", tuple(self.auto_rows))  # a list read back from JSON
         object.__setattr__(self, "eos_tokens_id", tuple(int(t) for t in self.eos_tokens_id))
         unknown = [name for name, _ in self.params if name not in PARAMS]
         if unknown:

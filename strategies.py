@@ -199,9 +199,36 @@ def row_kernels(strategy: Strategy, config: RunConfig) -> Optional[str]:
     return None
 
 
+def row_config(strategy: Strategy, config: RunConfig) -> RunConfig:
+    """The values ``strategy``'s row runs with: ``config``, under gamma auto (its policy's ``auto``: the
+    length cost-optimal up to the longest measured pass) when the row is one of ``config.auto_rows``, takes
+    gamma auto and the policy has the measured costs auto needs; else ``config`` as it is (gamma its bound)."""
+    policy = config.policy
+    if strategy.key in config.auto_rows and strategy.auto_gamma and policy.row_costs is not None and not policy.auto:
+        return config.with_policy(auto=True)
+    return config
+
+
+def row_setting(strategy: Strategy, config: RunConfig) -> str:
+    """What ``row_config`` changed for ``strategy``'s row, as its label says it ("gamma auto"); "" when nothing."""
+    return "gamma auto" if row_config(strategy, config) is not config else ""
+
+
+def auto_rows_line(strategies, config: RunConfig) -> str:
+    """The rows among ``strategies`` that ``row_config`` puts under gamma auto, with their bound, for a
+    header: "N-gram assisted: gamma auto (4 first, up to 11)"; "" when none."""
+    rows = [s for s in strategies if row_setting(s, config)]
+    if not rows:
+        return ""
+    most = min(config.policy.max_gamma, max(config.gamma, row_config(rows[0], config).policy.bound()))
+    return f"{', '.join(s.title for s in rows)}: gamma auto ({config.gamma} first, up to {most})"
+
+
 def run_strategy(strategy: Strategy, prompt: List[int], config: RunConfig, context: RunContext, seed: int = 42) -> Result:
-    """Run one strategy with ``config``'s values and ``context``'s live objects, after ``seed``, on
-    its row's kernels (``row_kernels``), timing it with the device synchronised on both ends."""
+    """Run one strategy with ``config``'s values as its row takes them (``row_config``) and ``context``'s
+    live objects, after ``seed``, on its row's kernels (``row_kernels``), timing it with the device
+    synchronised on both ends."""
+    config = row_config(strategy, config)
     target = context.target
     models = [m for m in (target, context.drafter) if m is not None]
     option = row_kernels(strategy, config)

@@ -40,7 +40,7 @@ def main() -> None:
     import drafters.ngram as ngram
     from app.pair import LoadOptions, load_pair, pair_preset
     from app.session import build_settings, encode
-    from app.repl.repl import NGRAM_N
+    from app.repl.repl import AUTO_ROWS, NGRAM_N
     from ngram_assisted import NGramStorage
     from runners.limits import output_vocab_size
     from strategies import STRATEGIES, run_strategy
@@ -48,7 +48,7 @@ def main() -> None:
     preset = pair_preset()
     pair = load_pair(preset["target"], preset["drafter"], LoadOptions(dtype=args.dtype), say=lambda *a, **k: None)
     config, context = build_settings(pair, "greedy", 4, args.length, say=lambda *a: None)
-    config = config.with_(stop_if_unknown=True)
+    config = config.with_(stop_if_unknown=True, auto_rows=AUTO_ROWS)  # the REPL's NASD row when no gamma is given
     by_key = {s.key: s for s in STRATEGIES}
     rows = {r["question_id"]: r for r in map(json.loads, open(Path(__file__).resolve().parents[1] / "prompts" / "code_editing.jsonl"))}
     fillers: Dict[int, List[int]] = {}

@@ -120,7 +120,7 @@ def main() -> None:
     def cost(rows: int) -> float:
         return costs[rows - 1] if rows <= len(costs) else costs[-1] + (costs[-1] - costs[0]) / (len(costs) - 1) * (rows - len(costs))
 
-    variants = {"n 3, gamma 4": (3, {}), f"n {NGRAM_N}, gamma 4": (NGRAM_N, {}), f"n {NGRAM_N}, gamma auto": (NGRAM_N, {"auto": True}),
+    variants = {"n 3, gamma 4": (3, {}), f"n {NGRAM_N}, gamma 4": (NGRAM_N, {}), f"n {NGRAM_N}, gamma auto (REPL)": (NGRAM_N, {"auto": True}),
                 f"n {NGRAM_N}, gamma 16, no policy": (NGRAM_N, {"gamma": 16, "policy": False})}
     print(f"{record['dtype']}, start-up costs by positions: {' '.join(f'{c:.2f}' for c in costs)}")
     for entry in record["prompts"]:

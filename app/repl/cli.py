@@ -6,7 +6,7 @@ from typing import List, Optional
 
 from rich.text import Text
 
-from app.repl.repl import Repl, replaced_line
+from app.repl.repl import AUTO_ROWS, Repl, replaced_line
 from app.heads import head_flag, head_path, load_for
 from app.steps import head_layers, start_widths
 from app.pair import LoadOptions, cross_preset, load_pair, pair_preset
@@ -41,6 +41,15 @@ def gamma_flag(text: str):
     return "auto" if text == "auto" else flag_type("--gamma", "gamma")(text)
 
 
+def own_gamma(config, given):
+    """``config`` (a ``RunConfig``) with ``AUTO_ROWS`` under gamma auto when no ``--gamma`` was ``given``
+    (None), and the header's words for the rows that run so ("" when none: a gamma given, or no costs)."""
+    from strategies import STRATEGIES, auto_rows_line
+
+    config = config if given is not None else config.with_(auto_rows=AUTO_ROWS)
+    return config, auto_rows_line(STRATEGIES, config)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(description="Compare decoding strategies side by side (speculative, n-gram assisted, autoregressive).")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="a known model pair; other flags override it. "
@@ -51,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quantize", choices=["none", "int8", "int4"], help="quantize the target's weights: on CPU weight-only int8/int4 kernels "
                         "(bfloat16 activations; int4 keeps the output head int8); on CUDA bitsandbytes, else optimum-quanto")
     parser.add_argument("--drafter-quantize", choices=["none", "int8", "int4"], help="quantize the drafter's weights (default: --quantize; a layers:N drafter has the target's)")
-    parser.add_argument("--gamma", type=gamma_flag, default=4, help="most drafts per step, or auto for the calibrated policy's choice (default 4)")
+    parser.add_argument("--gamma", type=gamma_flag, help="most drafts per step, or auto for the calibrated policy's choice, for every row "
+                        "(default: 4, and N-gram assisted under auto where the costs are measured, named in the output)")
     parser.add_argument("--length", type=flag_type("--length", "length"), default=35, help="most new tokens (default 35)")
     parser.add_argument("--prompt", help="run one comparison on this prompt and exit")
     parser.add_argument("--verbose", action="store_true", help="print the start-up measurements in full (each model's kernels "
@@ -111,6 +121,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         if getattr(args, key) is None and key in preset:
             setattr(args, key, preset[key])
     args.quantize = args.quantize or "none"
+    given, args.gamma = args.gamma, 4 if args.gamma is None else args.gamma  # none given: AUTO_ROWS run under auto
     try:
         read_processor(args.processor, args.gamma == "auto", not args.no_calibrate)  # refused here, in one line
     except SetupError as error:
@@ -137,7 +148,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                               measure_dtype=preset.get("measure_dtype", False), remeasure=args.remeasure, chat=not args.no_chat,
                               calibrate=not args.no_calibrate, row_costs=args.row_costs, runner=args.runner,
                               forward=args.forward, eager=args.eager, step_graphs=args.step_graphs,
-                              step_widths=start_widths([args.gamma]),
+                              step_widths=start_widths([args.gamma] if given is not None else [args.gamma, "auto"]),
                               hidden_layers=head_layers(head_path(args.head, args.target is None)))
         pair = load_pair(args.target, args.drafter, options, say)
     except SetupError as error:
@@ -160,8 +171,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     except SetupError as error:
         fail(str(error))
     context.head = head
+    config, own = own_gamma(config, given)
     if not args.no_calibrate:
-        header.measurement(f"Policy: {context.policy(config).describe(config.gamma)}")
+        header.measurement(f"Policy: {context.policy(config).describe(config.gamma)}" + (f" · {own}" if own else ""))
     window = meter.stop()
     if window.record()["noisy"] and not pair.busy_note:
         console.print(Text("Load: ", style="bold") + Text(window.note("start-up"), style="yellow"))

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from app.repl.state import POLICY, REPL, SETTINGS, Owner, ReplState
-from app.repl.stats import _stats, suffix_memory_line  # noqa: F401 (suffix_memory_line: importable from here, as before)
+from app.repl.stats import _stats, own_gamma_line, suffix_memory_line  # noqa: F401 (suffix_memory_line: importable from here, as before)
 from utils.parsing import LIMITS, UsageError, parse_float, parse_int, parse_limited, parse_path, parse_processor
 from utils.printing import console
 
@@ -147,9 +147,9 @@ def _gamma(repl, value):
             raise UsageError("/gamma auto needs the measured verification costs: restart without --no-calibrate")
         if policy.row_costs is None:
             raise UsageError("/gamma auto needs plausible verification costs, and those measured at start-up were not")
-        repl.config = repl.config.with_policy(auto=True)
+        repl.config = repl.config.with_(auto_rows=()).with_policy(auto=True)
         return f"gamma: auto (cost-optimal, up to {repl.config.policy.bound()} drafts per step)"
-    repl.config = repl.config.with_(gamma=value).with_policy(auto=False)
+    repl.config = repl.config.with_(gamma=value, auto_rows=()).with_policy(auto=False)  # every row, NASD's own default too
     return f"gamma: {value} (at most {value} drafts per step)"
 
 
@@ -345,7 +345,7 @@ BUILT_IN: Dict[str, Command] = {command.name: command for command in [
     toggle("/chat", "apply the chat template", REPL, "chat", "chat", check=_no_template),
     number("/length", "<n>", "most new tokens", SETTINGS, "max_gen_len", f"n from {_range('length')}"),
     Command("/gamma", "<n|auto>", "most drafts per step (auto: the calibrated policy's choice)", _gamma, (_gamma_word,),
-            lambda repl: "auto" if repl.config.policy.auto else repl.config.gamma,
+            lambda repl: "auto" if repl.config.policy.auto else " · ".join(filter(None, (str(repl.config.gamma), own_gamma_line(repl)))),
             f"n from {_range('gamma')}: at most n drafts per step; auto: the calibrated policy chooses"),
     Command("/processor", "<greedy|multinomial|topk|nucleus|topknucleus> <args...>", "sampling", _processor, None,
             lambda repl: " ".join([repl.processor_name] + [f"{k}={v}" for k, v in repl.processor_args.items()])),

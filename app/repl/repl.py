@@ -17,6 +17,10 @@ from utils.printing import console, screen  # the one screen the REPL, the debug
 # told them apart, and the matched length (each draft's evidence) tells a copy from a guess
 # (docs/profile.md, "NASD's passes on the pair"); /set_ngramstorage changes it
 NGRAM_N = 8
+# the rows that run under gamma auto when no gamma was given (``RunConfig.auto_rows``; an explicit --gamma or
+# /gamma gives every row that bound): on the pair's code-editing prompts NASD's gamma 4 cut copies of 15-25
+# tokens short, and auto took 2-3 passes fewer in float32, 1-2 in bfloat16 (scripts/nasd_replay.py; docs/reference.md)
+AUTO_ROWS = ("ngram",)
 
 
 def kernels_caption(results) -> str:
@@ -163,10 +167,11 @@ class Repl:
         """On the compiled step (CUDA): build the graphs the enabled rows will need on this prompt before
         any of them is timed, a line each (nothing when they are built already)."""
         from app.steps import drafts_with_head, ready
+        from strategies import row_config
 
         context, runners = self.context, {"target": self.config.runner, "drafter": self.config.drafter_runner}
         head = context.head if any(drafts_with_head(strategy) for strategy in enabled) else None
-        seconds = ready(context.target, context.drafter, runners, [(strategy, self.config) for strategy in enabled],
+        seconds = ready(context.target, context.drafter, runners, [(strategy, row_config(strategy, self.config)) for strategy in enabled],
                         prompt_length, prompt_length + self.config.max_gen_len, lambda text: console.print(Text(text, style="dim")),
                         head)
         if seconds:
@@ -181,7 +186,7 @@ class Repl:
         self.passes[strategy.key] = recorder.passes
         self.context.streamer = recorder
         if self.stream:
-            console.rule(Text(strategy.title, style=f"bold {strategy.color}"))
+            console.rule(Text(self.title(strategy), style=f"bold {strategy.color}"))
             self.context.streamer = (self._streamer(), recorder)
         try:
             result = run_strategy(strategy, prompt, self.config, self.context, self.seed)
@@ -232,10 +237,18 @@ class Repl:
 
         return stream
 
+    def title(self, strategy) -> str:
+        """``strategy``'s title, with the setting its row runs under when it is its own (``row_setting``:
+        "N-gram assisted (gamma auto)"): a label says what ran."""
+        from strategies import row_setting
+
+        setting = row_setting(strategy, self.config)
+        return f"{strategy.title} ({setting})" if setting else strategy.title
+
     def print_result(self, strategy, result) -> None:
         if not self.stream:
             text = self.context.tokenizer.decode(result.tokens, skip_special_tokens=True)
-            console.rule(Text(strategy.title, style=f"bold {strategy.color}"))
+            console.rule(Text(self.title(strategy), style=f"bold {strategy.color}"))
             console.print(Text("Out: ", style=strategy.color) + Text(text))
         line = f"{result.tokens_per_second:.1f} tokens/s · {len(result.tokens)} tokens in {result.seconds:.2f} s"
         if strategy.speculative:
@@ -246,9 +259,12 @@ class Repl:
         console.print(Text(line, style=strategy.color))
 
     def print_table(self, results) -> None:
+        from strategies import auto_rows_line
+
         baseline = next((r.tokens_per_second for s, r in results if s.key == "target"), None)
         policy = self.context.policy(self.config)
-        gamma = "auto" if policy.auto else f"<= {self.config.gamma}"
+        own = auto_rows_line([s for s, _ in results], self.config)  # rows under gamma auto of their own
+        gamma = "auto" if policy.auto else f"<= {self.config.gamma}" + (f" ({own})" if own else "")
         caption = f"policy: {policy.describe()}" + (f" · {suffix_memory_line(self)}" if self.enabled["suffix"] or self.enabled["tree_suffix"] else "")
         table = Table(title=f"seed {self.seed} · gamma {gamma} · {self.value_of('/processor')} · speedup over target AR",
                       caption=caption + kernels_caption(results))
@@ -258,7 +274,7 @@ class Repl:
             speedup = f"{r.tokens_per_second / baseline:.2f}x" if baseline else "-"
             spec = strategy.speculative
             table.add_row(
-                Text(strategy.title, style=strategy.color), str(len(r.tokens)), f"{r.seconds:.2f}", f"{r.tokens_per_second:.1f}",
+                Text(self.title(strategy), style=strategy.color), str(len(r.tokens)), f"{r.seconds:.2f}", f"{r.tokens_per_second:.1f}",
                 speedup, f"{r.stats.acceptance_rate:.2f}" if spec else "-", f"{r.stats.mean_accepted_tokens:.2f}" if spec else "-",
             )
         console.print(table)

@@ -14,6 +14,14 @@ def suffix_memory_line(repl) -> str:
     return f"suffix global memory: on, {repl.suffix_memory.describe()}"
 
 
+def own_gamma_line(repl) -> str:
+    """The rows under gamma auto of their own (``RunConfig.auto_rows``; ``strategies.auto_rows_line``), for
+    /help's gamma and /stats: "N-gram assisted: gamma auto (4 first, up to 11)"; "" when none."""
+    from strategies import STRATEGIES, auto_rows_line
+
+    return auto_rows_line(STRATEGIES, repl.config)
+
+
 def _startup(repl) -> None:
     """The start-up lines in full, as ``--verbose`` prints them: each model's, the measurements."""
     if repl.startup:
@@ -46,6 +54,7 @@ def _stats(repl):
         if r.stats.policy:  # the policy's automatic choice, and the measurement it chose from
             console.print(Text(f"{strategy.title}: {r.stats.policy}", style=strategy.color))
     policy = repl.context.policy(repl.config)
-    console.print(f"policy: {policy.describe(repl.config.gamma)}"
+    own = own_gamma_line(repl)
+    console.print(f"policy: {policy.describe(repl.config.gamma)}" + (f" · {own}" if own else "")
                   + ("" if policy.remember else " · memory off: each prompt starts fresh"))
     console.print(f"suffix: {repl.config.suffix.describe()} · {suffix_memory_line(repl)}")
