@@ -64,7 +64,9 @@ def kept(cache, heads: int, dim: int, addresses: tuple) -> Optional[KeptKeys]:
     ``addresses`` now (made where it has none, or they are no longer its tensors' or no longer fit);
     ``upto`` lowered to 0 where its keys changed since (a version, an address: ``.data`` replaced); None where
     blocks are not kept (``KEEP``; inference tensors; a cache that is not float32 on CPU)."""
-    if not KEEP:
+    if not KEEP:  # and none kept on: the passes from now on would not lower it
+        if getattr(cache, "kept_keys", None) is not None:
+            cache.kept_keys = None
         return None
     keys, state = _keys(cache), getattr(cache, "kept_keys", None)
     shape = (len(keys), heads, -(-cache.capacity // BLOCK) * BLOCK, dim)

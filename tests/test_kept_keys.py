@@ -144,3 +144,21 @@ def test_the_kept_blocks_go_with_their_cache():
     del runner
     gc.collect()
     assert cache() is None and blocks() is None
+
+
+def test_passes_with_keeping_off_drop_the_kept_blocks(monkeypatch):
+    """Passes run with ``KEEP`` off lower no watermark: they drop the cache's blocks, and keeping on again starts
+    from none (a rollback below the old watermark in between, then a pass above it, stays exact)."""
+    model, ids, other = MODELS["llama"](), ids_for(60, seed=8), ids_for(60, seed=9)
+    out = {}
+    for toggled in (False, True):
+        runner = LeanRunner(model)
+        with torch.no_grad():
+            runner(ids[:, :40], 1)
+            monkeypatch.setattr(kept_keys, "KEEP", not toggled)
+            runner.rollback(20)
+            runner(torch.cat([ids[:, :20], other[:, 20:41]], 1), 1)  # slots 20..40 rewritten
+            assert (runner.cache.kept_keys is None) == toggled
+            monkeypatch.setattr(kept_keys, "KEEP", True)
+            out[toggled] = runner(torch.cat([ids[:, :20], other[:, 20:50]], 1), 9)
+    assert torch.equal(out[True], out[False])
