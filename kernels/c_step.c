@@ -47,6 +47,8 @@ typedef struct {
     const float *q_norm, *k_norm;     /* [D] (Dims.qk_norm 1: per head) or [Hq D] / [Hkv D] (2: over all heads) */
     int64_t window;                   /* attends to the last `window` positions; 0: to all */
     int64_t rope;                     /* its cos/sin table; -1: no RoPE */
+    float *kept_blocks;               /* the keys in blocks kept beside the cache [Hkv, blocks_of(cap) 16, D]
+                                         (attention.h's key_blocks; Dims.kept); NULL: made in the scratch each pass */
 } Layer;
 
 typedef struct {
@@ -60,6 +62,8 @@ typedef struct {
     float softcap;        /* logits = tanh(logits / softcap) * softcap (Gemma); 0: none */
     int64_t weights; /* the blocked weights' format and the path that reads them: skinny_bf16.c's F32, BF16_* */
     int64_t tile;    /* float32 weights: the linears' variant (skinny_tiles.c; 0: skinny_gemm.c's own), bits alike */
+    int64_t kept;    /* the slots [0, kept) of every Layer.kept_blocks that hold the cache's keys as they are
+                        (kernels/kept_keys.py); the pass transposes from the block of min(kept, start) on */
 } Dims;
 
 #include "step_rows.h"
@@ -237,14 +241,19 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                         memcpy(w->values + (kv * d->cap + slot) * D, qkv + i * nqkv + (Hq + Hkv + kv) * D, D * sizeof(float));
                     }
                 }
-            /* each key-value head's keys in blocks of 16 slots (attention.h), from the first block a chain's
-             * window reaches; shared by all its queries */
+            /* each key-value head's keys in blocks of 16 slots (attention.h), shared by all its queries: kept
+             * beside the cache, only the blocks from the first slot this pass wrote or not kept on (the last
+             * block, partial, included: its lanes past L are 0 again, as a fresh transposition's); else in the
+             * scratch, from the first block a chain's window reaches. The same floats either way (moves only). */
             const uint8_t *mask = w->window && window_mask ? window_mask : seen_mask;
-            const int64_t first = !mask && w->window && start + 1 > w->window ? (start + 1 - w->window) / BLOCK : 0, nb = blocks_of(L);
+            float *blocks = w->kept_blocks ? w->kept_blocks : kt;
+            const int64_t nb = blocks_of(L),
+                          first = w->kept_blocks ? (d->kept < start ? d->kept : start) / BLOCK
+                                  : (!mask && w->window && start + 1 > w->window ? (start + 1 - w->window) / BLOCK : 0);
 #pragma omp for schedule(static) collapse(2)
             for (int64_t kv = 0; kv < Hkv; kv++)
                 for (int64_t b = first; b < nb; b++)
-                    key_blocks(w->keys + kv * d->cap * D, L, D, b, b + 1, kt + kv * blocks_of(d->cap) * BLOCK * D);
+                    key_blocks(w->keys + kv * d->cap * D, L, D, b, b + 1, blocks + kv * blocks_of(d->cap) * BLOCK * D);
             /* attention, units of up to pp positions' query heads that share a key-value head, in groups of up
              * to qg heads each (attend_positions: the same bits as one at a time, their loads shared). Key-value
              * head by head, so a thread's next units read the same head's slots (in L2 on a long pass), and dealt
@@ -279,7 +288,7 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                                 pos[p].seen = own;
                             }
                         }
-                        attend_positions(pos, (int)P, g, kt + (kv * blocks_of(d->cap) + lo / BLOCK) * BLOCK * D,
+                        attend_positions(pos, (int)P, g, blocks + (kv * blocks_of(d->cap) + lo / BLOCK) * BLOCK * D,
                                          w->values + (kv * d->cap + lo) * D, D, d->scale, s, acc);
                     }
             MARK(ATTENTION);

@@ -23,28 +23,19 @@ from torch.nn import Module
 import kernels.bf16 as bf16
 import kernels.skinny as skinny
 from kernels.blocked import DTYPES, blocked, fusable, fused
+from kernels.kept_keys import KeptKeys, kept, passed, point
 from kernels.one_copy import group_blocks, groups, release, released
 from kernels.memory_fits import can_prepack, copy_fits
 from kernels.prepacking import SKINNY, PrepackedLinear, changes, plan
-from kernels.prompt_gemm import DEFAULT_CHUNK, MANY_ROWS, plan_of
+from kernels.prompt_gemm import DEFAULT_CHUNK, MANY_ROWS, ROWS_MULTIPLE, chunk_bounds, plan_of  # noqa: F401 (ROWS_MULTIPLE: theirs)
 from models.layer_spec import ModelSpec, family_of, model_spec, norm_eps, norm_modules, spec_unsupported
 
 # A pass over more positions (a long prompt) runs in chunks of this many (or its model's prompt plan's,
 # ``kernels.prompt_gemm``), one C call each, each seeing the cache its chunks before wrote: the same
 # result bit for bit (a row never depends on the others), with the scratch and the working set of a
 # chunk bounded (its activations stay in the caches).
-CHUNK_ROWS = DEFAULT_CHUNK
-ROWS_MULTIPLE = 24  # a chunk's length a multiple of every many-row tile's rows (12, 8, 6; AVX2's 6, 3; plain 4)
+CHUNK_ROWS = DEFAULT_CHUNK  # cut by ``kernels.prompt_gemm.chunk_bounds``
 
-
-def chunk_bounds(r: int, chunk: int) -> List[Tuple[int, int]]:
-    """A pass of ``r`` positions cut into ``ceil(r / chunk)`` C calls ``(a, b)`` of near-equal length (each
-    but the last a multiple of ``ROWS_MULTIPLE`` where that stays within ``chunk``): never a short tail
-    (769 positions in chunks of 256: 216, 216, 216, 121, not 256, 256, 256, 1), whose call would read
-    every weight again for a few rows. Speed only: a row's result never depends on its chunk."""
-    count = -(-r // chunk)
-    size = min(chunk, -(-(-(-r // count)) // ROWS_MULTIPLE) * ROWS_MULTIPLE)
-    return [(a, min(a + size, r)) for a in range(0, r, size)]
 STEP_ATTENTION = "the step's own, row by row"  # what the headers say of the step's attention (exact softmax in C)
 LABEL = "C step (skinny linears on blocked weights, q/k/v and gate/up fused, row-invariant)"
 
@@ -52,7 +43,8 @@ LABEL = "C step (skinny linears on blocked weights, q/k/v and gate/up fused, row
 class _Layer(ctypes.Structure):
     _fields_ = [(name, ctypes.c_void_p) for name in
                 ("in_norm", "post_norm", "qkv", "qkv_bias", "o", "o_bias", "gate_up", "down", "keys", "values",
-                 "attn_out_norm", "mlp_out_norm", "q_norm", "k_norm")] + [("window", ctypes.c_int64), ("rope", ctypes.c_int64)]
+                 "attn_out_norm", "mlp_out_norm", "q_norm", "k_norm")] + [("window", ctypes.c_int64), ("rope", ctypes.c_int64)] + \
+        [("kept_blocks", ctypes.c_void_p)]
 
 
 class _Dims(ctypes.Structure):
@@ -60,7 +52,7 @@ class _Dims(ctypes.Structure):
                [("eps", ctypes.c_float), ("scale", ctypes.c_float)] + \
                [(name, ctypes.c_int64) for name in ("rot", "qk_norm", "act")] + \
                [(name, ctypes.c_float) for name in ("residual_scale", "logit_divisor", "softcap")] + \
-               [("weights", ctypes.c_int64), ("tile", ctypes.c_int64)]
+               [("weights", ctypes.c_int64), ("tile", ctypes.c_int64), ("kept", ctypes.c_int64)]
 
 
 QK_NORMS = {None: 0, "head": 1, "all": 2}  # Dims.qk_norm
@@ -318,6 +310,7 @@ class CStep:
         self.head = head.blocks if released(head) else blocked(self.output.weight, verify=skinny.holds)
         self.vocab = model.get_output_embeddings().out_features
         self.cache_keys: Tuple[int, ...] = ()
+        self.blocks_at: Optional[Tuple[int, int]] = None  # the kept key blocks the structs point at (``bind``)
         self.scratch = torch.empty(0)  # grown to the largest pass yet: no allocation per pass
         # the model's tensors it read, held: a replaced one's address is never reused while ``read`` holds it
         self.sources = [p for p in model.parameters()]
@@ -339,16 +332,19 @@ class CStep:
         d, s = self.dims, self.structs[layer]
         return ((s.qkv, (d.Hq + 2 * d.Hkv) * d.D, d.H), (s.o, d.H, d.Hq * d.D), (s.gate_up, 2 * d.I, d.H), (s.down, d.H, d.I))
 
-    def bind(self, cache) -> None:
-        """Point the step at ``cache`` (``models.llama.KVCache``, float32 ``[1, Hkv, cap, D]`` a layer)."""
+    def bind(self, cache) -> Optional[KeptKeys]:
+        """Point the step at ``cache`` (``models.llama.KVCache``, float32 ``[1, Hkv, cap, D]`` a layer) and at its
+        kept key blocks (``kernels.kept_keys``: checked, made where it has none); returns them (None: none kept)."""
         # keys and values: a step shared by runners (``kernels.step_pool``) may meet a cache whose keys sit
         # where a freed cache's did, its values elsewhere
         keys = tuple(t.data_ptr() for layer in cache.layers for t in (layer.keys, layer.values))
-        if keys == self.cache_keys and self.dims.cap == cache.capacity:
-            return
-        for struct, layer in zip(self.structs, cache.layers):
-            struct.keys, struct.values = layer.keys.data_ptr(), layer.values.data_ptr()
-        self.dims.cap, self.cache_keys = cache.capacity, keys
+        if keys != self.cache_keys or self.dims.cap != cache.capacity:
+            for struct, layer in zip(self.structs, cache.layers):
+                struct.keys, struct.values = layer.keys.data_ptr(), layer.values.data_ptr()
+            self.dims.cap, self.cache_keys = cache.capacity, keys
+        state = kept(cache, self.dims.Hkv, self.dims.D, keys)
+        self.blocks_at = point(self.structs, state, self.blocks_at)
+        return state
 
     def __call__(self, h: Tensor, cos: Tensor, sin: Tensor, cache, start: int, seen: Optional[Tensor], n_last: int,
                  hidden_layers: Sequence[int] = ()) -> Tuple[Tensor, Optional[Tensor]]:
@@ -358,7 +354,7 @@ class CStep:
         layers see, then what the sliding ones do (``models.llama.window_seen``); None: causal. Returns logits ``[n_last, V]`` and, with ``hidden_layers``, the
         residual stream entering those layers ``[r, len(hidden_layers) * H]``."""
         self.current()
-        self.bind(cache)
+        state = self.bind(cache)
         r, threads = h.shape[0], torch.get_num_threads()
         h = h.to(torch.float32).contiguous()  # written in place: the caller's embeddings, made for this pass
         cos, sin = cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous()
@@ -381,8 +377,10 @@ class CStep:
             masks = (None, None) if mask is None else tuple(m[a:b, : start + b].contiguous() for m in mask[[0, -1]])
             asked = max(0, b - max(a, first_logit))  # this chunk's last `asked` positions have logits asked
             out = logits[max(a, first_logit) - first_logit:] if asked else logits
+            self.dims.kept = 0 if state is None else state.upto  # the blocks it transposes: from min(kept, start + a)
             self._run((h[a:b], cos[:, a:b].contiguous(), sin[:, a:b].contiguous()), start + a, masks, at,
                       None if hidden is None else hidden[a:b], out, asked, threads)
+            passed(cache, state, start + b)
         return logits, hidden
 
     def _run(self, rows: Tuple[Tensor, Tensor, Tensor], start: int, masks: Tuple[Optional[Tensor], Optional[Tensor]], at: Tensor,

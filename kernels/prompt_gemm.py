@@ -12,7 +12,7 @@ A model's plan is kept on the model (``set_plan``, ``plan_of``); the start-up ch
 (``measure.prompt``) and the header names it (``describe``)."""
 import ctypes
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -21,6 +21,17 @@ from torch.nn import Module
 MANY_ROWS = 12  # a C call over more positions than this runs the plan's variant; up to it, variant 0
 REFERENCE = 0  # skinny_gemm.c's own loop: decoding's, and the default
 DEFAULT_CHUNK = 256  # positions per C call of a long pass (``kernels.c_step.CHUNK_ROWS``)
+ROWS_MULTIPLE = 24  # a chunk's length a multiple of every many-row tile's rows (12, 8, 6; AVX2's 6, 3; plain 4)
+
+
+def chunk_bounds(r: int, chunk: int) -> List[Tuple[int, int]]:
+    """A pass of ``r`` positions cut into ``ceil(r / chunk)`` C calls ``(a, b)`` of near-equal length (each
+    but the last a multiple of ``ROWS_MULTIPLE`` where that stays within ``chunk``): never a short tail
+    (769 positions in chunks of 256: 216, 216, 216, 121, not 256, 256, 256, 1), whose call would read
+    every weight again for a few rows. Speed only: a row's result never depends on its chunk."""
+    count = -(-r // chunk)
+    size = min(chunk, -(-(-(-r // count)) // ROWS_MULTIPLE) * ROWS_MULTIPLE)
+    return [(a, min(a + size, r)) for a in range(0, r, size)]
 CHUNKS = (128, 256, 512)  # the chunk lengths a measurement may choose among
 _ATTRIBUTE = "_specdec_prompt_plan"  # the model's ``__dict__`` entry (a plain value: no submodule, no state)
 

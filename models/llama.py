@@ -17,7 +17,7 @@ dynamic sliding cache holds), so that logits match its forward bit for bit.
 Shapes: ``r`` positions fed by a pass, ``L`` key slots it attends to (cached + fed), ``H`` hidden
 size, ``Hq``/``Hkv`` query and key/value heads, ``D`` head size, ``R`` the dimensions RoPE rotates, ``V`` vocabulary.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -70,10 +70,12 @@ class KVLayer:
 
 @dataclass
 class KVCache:
-    """The KV cache of one sequence: ``layers`` of ``KVLayer``, ``capacity`` slots each."""
+    """The KV cache of one sequence: ``layers`` of ``KVLayer``, ``capacity`` slots each; ``kept_keys``: the
+    C step's keys in blocks kept beside it (``kernels.kept_keys``), made at its first pass."""
 
     layers: List[KVLayer]
     capacity: int
+    kept_keys: Optional[object] = field(default=None, repr=False, compare=False)
 
 
 def new_cache(model: Module, capacity: int, dtype: torch.dtype, device: torch.device) -> KVCache:
@@ -81,7 +83,8 @@ def new_cache(model: Module, capacity: int, dtype: torch.dtype, device: torch.de
     config = model.config
     layers = model.model.layers[: config.num_hidden_layers]
     shape = (1, config.num_key_value_heads, capacity, layers[0].self_attn.head_dim)
-    made = [KVLayer(torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device)) for _ in layers]
+    with torch.inference_mode(False):  # tensors that count their writes (versions), even made under inference mode
+        made = [KVLayer(torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device)) for _ in layers]
     return KVCache(made, capacity)
 
 

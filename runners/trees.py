@@ -8,6 +8,8 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
+from kernels.kept_keys import moving
+
 
 def tree_depths(parents: List[int]) -> List[int]:
     """Depth of every node (0 for children of the root); refuses parents out of topological order."""
@@ -66,10 +68,11 @@ def gather_branch(cache, cur: int, path: List[int]) -> None:
         return
     keep = cur + len(path)
     source = torch.tensor([cur + i for i in path], dtype=torch.long, device=cache.layers[0].keys.device)
-    for layer in cache.layers:
-        if layer.is_initialized:
-            layer.keys[:, :, cur:keep] = layer.keys.index_select(2, source)
-            layer.values[:, :, cur:keep] = layer.values.index_select(2, source)
+    with moving(cache, cur):  # the C step's kept key blocks before ``cur`` stay current (``kernels.kept_keys``)
+        for layer in cache.layers:
+            if layer.is_initialized:
+                layer.keys[:, :, cur:keep] = layer.keys.index_select(2, source)
+                layer.values[:, :, cur:keep] = layer.values.index_select(2, source)
 
 
 def tree_unsupported(model: Module) -> str | None:
