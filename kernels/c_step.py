@@ -28,6 +28,7 @@ from kernels.memory_fits import can_prepack, copy_fits
 from kernels.prepacking import SKINNY, PrepackedLinear, changes, plan
 from kernels.prompt_gemm import DEFAULT_CHUNK, MANY_ROWS, plan_of
 from models.layer_spec import ModelSpec, family_of, model_spec, norm_eps, norm_modules, spec_unsupported
+from utils.module_walk import first_parameter
 
 # A pass over more positions (a long prompt) runs in chunks of this many (or its model's prompt plan's,
 # ``kernels.prompt_gemm``), one C call each, each seeing the cache its chunks before wrote: the same
@@ -46,6 +47,7 @@ def chunk_bounds(r: int, chunk: int) -> List[Tuple[int, int]]:
     size = min(chunk, -(-(-(-r // count)) // ROWS_MULTIPLE) * ROWS_MULTIPLE)
     return [(a, min(a + size, r)) for a in range(0, r, size)]
 STEP_ATTENTION = "the step's own, row by row"  # what the headers say of the step's attention (exact softmax in C)
+_NO_LAYERS = torch.empty(0, dtype=torch.int64)  # a pass keeping no hidden states: read by no one (count 0), never written
 LABEL = "C step (skinny linears on blocked weights, q/k/v and gate/up fused, row-invariant)"
 
 
@@ -161,7 +163,7 @@ def step_for(model: Module, rows: int, unsupported: bool = True) -> bool:
     construction), and (``unsupported``: checked here) ``step_unsupported`` finds nothing. A prompt
     needs no measurement of its own: the skinny kernel's register tiles (12 rows x 32 features on
     AVX-512) run near the core's arithmetic peak on many rows too, ahead of MKL (docs/profile.md)."""
-    weight = next(model.parameters(), None)
+    weight = first_parameter(model)  # next(model.parameters(), None), read at every pass
     if weight is None or weight.dtype not in DTYPES or weight.device.type != "cpu":
         return False
     route = plan(model)
@@ -341,9 +343,8 @@ class CStep:
 
     def bind(self, cache) -> None:
         """Point the step at ``cache`` (``models.llama.KVCache``, float32 ``[1, Hkv, cap, D]`` a layer)."""
-        # keys and values: a step shared by runners (``kernels.step_pool``) may meet a cache whose keys sit
-        # where a freed cache's did, its values elsewhere
-        keys = tuple(t.data_ptr() for layer in cache.layers for t in (layer.keys, layer.values))
+        # keys and values: a step shared by runners (``kernels.step_pool``) may meet a cache whose keys sit where a freed one's did
+        keys = tuple([t.data_ptr() for layer in cache.layers for t in (layer.keys, layer.values)])
         if keys == self.cache_keys and self.dims.cap == cache.capacity:
             return
         for struct, layer in zip(self.structs, cache.layers):
@@ -365,14 +366,13 @@ class CStep:
         prompt = plan_of(self.model())  # a long pass's variant and chunks: speed only, the same bits
         chunk = prompt.chunk or CHUNK_ROWS
         # a long chunk's variant: the float32 plan's, or the bfloat16 path's many-row one (speed only, the same bits)
-        tile = prompt.tile if self.dims.weights == bf16.F32 else \
-            bf16.prompt_tile(self.library, self.dims.weights, MANY_ROWS + 1, self.shape)
+        tile = prompt.tile if self.dims.weights == bf16.F32 else bf16.prompt_tile(self.library, self.dims.weights, MANY_ROWS + 1, self.shape)
         rows = min(r, chunk)
         needed = self.library.c_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(rows), ctypes.c_int64(threads))
         if self.scratch.numel() < needed:
             self.scratch = torch.empty(needed)
         logits = torch.empty((n_last, self.vocab))
-        at = torch.tensor(list(hidden_layers), dtype=torch.int64)
+        at = torch.tensor(list(hidden_layers), dtype=torch.int64) if hidden_layers else _NO_LAYERS
         hidden = torch.empty((r, len(hidden_layers) * self.dims.H)) if hidden_layers else None
         mask = None if seen is None else seen.to(torch.uint8).view(-1, r, start + r)
         first_logit = r - n_last  # the first position whose logits are asked
