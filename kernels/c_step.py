@@ -29,6 +29,7 @@ from kernels.memory_fits import can_prepack, copy_fits
 from kernels.prepacking import SKINNY, PrepackedLinear, changes, plan
 from kernels.prompt_gemm import DEFAULT_CHUNK, MANY_ROWS, ROWS_MULTIPLE, chunk_bounds, plan_of  # noqa: F401 (ROWS_MULTIPLE: theirs)
 from models.layer_spec import ModelSpec, family_of, model_spec, norm_eps, norm_modules, spec_unsupported
+from utils.module_walk import first_parameter
 
 # A pass over more positions (a long prompt) runs in chunks of this many (or its model's prompt plan's,
 # ``kernels.prompt_gemm``), one C call each, each seeing the cache its chunks before wrote: the same
@@ -37,6 +38,7 @@ from models.layer_spec import ModelSpec, family_of, model_spec, norm_eps, norm_m
 CHUNK_ROWS = DEFAULT_CHUNK  # cut by ``kernels.prompt_gemm.chunk_bounds``
 
 STEP_ATTENTION = "the step's own, row by row"  # what the headers say of the step's attention (exact softmax in C)
+_NO_LAYERS = torch.empty(0, dtype=torch.int64)  # a pass keeping no hidden states: read by no one (count 0), never written
 LABEL = "C step (skinny linears on blocked weights, q/k/v and gate/up fused, row-invariant)"
 
 
@@ -153,7 +155,7 @@ def step_for(model: Module, rows: int, unsupported: bool = True) -> bool:
     construction), and (``unsupported``: checked here) ``step_unsupported`` finds nothing. A prompt
     needs no measurement of its own: the skinny kernel's register tiles (12 rows x 32 features on
     AVX-512) run near the core's arithmetic peak on many rows too, ahead of MKL (docs/profile.md)."""
-    weight = next(model.parameters(), None)
+    weight = first_parameter(model)  # next(model.parameters(), None), read at every pass
     if weight is None or weight.dtype not in DTYPES or weight.device.type != "cpu":
         return False
     route = plan(model)
@@ -337,7 +339,7 @@ class CStep:
         kept key blocks (``kernels.kept_keys``: checked, made where it has none); returns them (None: none kept)."""
         # keys and values: a step shared by runners (``kernels.step_pool``) may meet a cache whose keys sit
         # where a freed cache's did, its values elsewhere
-        keys = tuple(t.data_ptr() for layer in cache.layers for t in (layer.keys, layer.values))
+        keys = tuple([t.data_ptr() for layer in cache.layers for t in (layer.keys, layer.values)])
         if keys != self.cache_keys or self.dims.cap != cache.capacity:
             for struct, layer in zip(self.structs, cache.layers):
                 struct.keys, struct.values = layer.keys.data_ptr(), layer.values.data_ptr()
@@ -361,14 +363,13 @@ class CStep:
         prompt = plan_of(self.model())  # a long pass's variant and chunks: speed only, the same bits
         chunk = prompt.chunk or CHUNK_ROWS
         # a long chunk's variant: the float32 plan's, or the bfloat16 path's many-row one (speed only, the same bits)
-        tile = prompt.tile if self.dims.weights == bf16.F32 else \
-            bf16.prompt_tile(self.library, self.dims.weights, MANY_ROWS + 1, self.shape)
+        tile = prompt.tile if self.dims.weights == bf16.F32 else bf16.prompt_tile(self.library, self.dims.weights, MANY_ROWS + 1, self.shape)
         rows = min(r, chunk)
         needed = self.library.c_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(rows), ctypes.c_int64(threads))
         if self.scratch.numel() < needed:
             self.scratch = torch.empty(needed)
         logits = torch.empty((n_last, self.vocab))
-        at = torch.tensor(list(hidden_layers), dtype=torch.int64)
+        at = torch.tensor(list(hidden_layers), dtype=torch.int64) if hidden_layers else _NO_LAYERS
         hidden = torch.empty((r, len(hidden_layers) * self.dims.H)) if hidden_layers else None
         mask = None if seen is None else seen.to(torch.uint8).view(-1, r, start + r)
         first_logit = r - n_last  # the first position whose logits are asked

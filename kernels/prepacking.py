@@ -15,6 +15,7 @@ from kernels.blocked import DTYPES, unreleased
 from kernels.memory_fits import can_prepack as _can_prepack, copy_fits, prepack_fits, readers_of  # noqa: F401 (kept importable here)
 from kernels.remembered_packs import _REMEMBERED, _Remembered, remembered  # noqa: F401
 from kernels.kept_steps import forget_step
+from utils.module_walk import first_module
 
 OWN, PREPACKED, SKINNY = "own", "prepacked", "skinny"  # the kernels a float32 CPU linear layer can run on
 # oneDNN's blocked weight layout is chosen for passes of this many rows (verification passes);
@@ -386,7 +387,7 @@ def prepacked(model: Module) -> bool:
 
 def plan(model: Module) -> Optional[Tuple[str, ...]]:
     """The model's kernels by pass width: None (its own layers), or the ``route`` ``set_prepack`` gave."""
-    layer = next((m for m in model.modules() if type(m) is PrepackedLinear), None)
+    layer = first_module(model, PrepackedLinear)  # read at every pass (``c_step.step_for``): no generator
     return None if layer is None else layer.route
 
 

@@ -19,10 +19,11 @@ from torch.nn import Module
 
 from kernels.c_step import CStep, step_for, step_unsupported
 from kernels.step_pool import shared_step
-from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache, rope_tables, window_seen
+from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache, window_seen
 from runners.config import lean_label
 from runners.device import model_device
 from runners.hooks import HookWatch, transformers_pass
+from runners.rope_table import RopeTable
 from runners.static import fed, grown_capacity
 from runners.trees import TreePasses, compute_dtype
 
@@ -55,6 +56,7 @@ class LeanRunner(TreePasses):
         self.step_passes = 0  # passes the step ran (the rest ran the torch forward)
         self.hooks = HookWatch(model)
         self.hooked_passes = 0  # passes run on transformers' forward, the model having hooks then
+        self.ropes = RopeTable(model, self.forward.spec)  # the step's RoPE rows, made once (``runners.rope_table``)
 
     def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
         length, start = ids.shape[1], self.cached
@@ -97,8 +99,7 @@ class LeanRunner(TreePasses):
             self.step = shared_step(self.model) if step_unsupported(self.model) is None else False
         if use and self.step:
             h = self.forward.embed(ids)  # [r, H]
-            tables = rope_tables(self.model, self.forward.spec, positions, torch.float32)
-            cos, sin = (torch.stack([table[k][0, 0] for table in tables]) for k in (0, 1))  # [T, r, R]
+            cos, sin = self.ropes.at(positions, start if mask is None else None, self.capacity)  # [T, r, R], kept rows
             logits, hidden = self.step(h, cos, sin, self.cache, start, self._seen(mask, positions, start), n_last, self.hidden_layers)
             self.step_passes += 1
         else:

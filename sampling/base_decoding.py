@@ -24,13 +24,18 @@ def generate_with(prompt: List[int], model: Runner, config: GenerationConfig) ->
     ids = torch.zeros((1, end), dtype=torch.long, device=model.device)
     ids[0, : len(prompt)] = torch.tensor(prompt, dtype=torch.long, device=model.device)
     tokens = list(prompt)
+    processor = config.processor
+    # logits -> token in one (``LogitsProcessor.choose``: greedy skips the softmax where it can); a
+    # processor of another kind (duck-typed: ``__call__`` and ``sample`` only) through its probabilities
+    choose = getattr(processor, "choose", None) or (lambda logits: processor.sample(processor(logits)))
     for cur in range(len(prompt), end):
-        token = config.processor.sample(config.processor(model(ids[:, :cur], 1)))
-        ids[0, cur] = token[0, 0]
-        tokens.append(int(token))
+        token = int(choose(model(ids[:, :cur], 1)))  # the step's one host-device synchronisation
+        ids[0, cur] = token
+        tokens.append(token)
         config.stats.record_step(0, 0, 1)
-        stopped = tokens[-1] in config.stop_tokens
-        config.observe(Step(tokens, cur, len(prompt), [], 0, tokens[-1], stopped, speculative=False))
+        stopped = token in config.stop_tokens
+        if config.observers:  # the step's record is made only for someone to see it
+            config.observe(Step(tokens, cur, len(prompt), [], 0, token, stopped, speculative=False))
         if stopped:
             break
     return tokens[len(prompt) :]

@@ -2,9 +2,12 @@
 
 The two halves are kept apart so that verification can compare the target's and the
 drafter's *probabilities* and still draw tokens with the same rule. No processor
-modifies the caller's logits tensor.
+modifies the caller's logits tensor. ``choose`` is the two in one, for a caller that needs
+no probabilities (target AR): the same tokens, and greedy's skips the softmax where it can.
 """
 import abc
+import math
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -66,6 +69,10 @@ class LogitsProcessor(abc.ABC):
     def sample(self, probs: Tensor) -> Tensor:
         """Draw one token per row: ``[..., V] -> [..., 1]`` (int64)."""
 
+    def choose(self, logits: Tensor) -> Tensor:
+        """Logits ``[..., V]`` -> tokens ``[..., 1]`` (int64): ``sample(self(logits))``, the same draws."""
+        return self.sample(self(logits))
+
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v}" for k, v in vars(self).items())
         return f"{type(self).__name__}({args})"
@@ -79,6 +86,14 @@ class GreedyProcessor(LogitsProcessor):
 
     def sample(self, probs: Tensor) -> Tensor:
         return torch.argmax(probs, dim=-1, keepdim=True)
+
+    def choose(self, logits: Tensor) -> Tensor:
+        """The token ``sample(self(logits))`` gives, from the logits where that is sure (``clear_argmax``:
+        one CPU row whose largest logit stands clear of the rest), else through the probabilities."""
+        plain = (type(self).__call__ is LogitsProcessor.__call__ and type(self)._process is LogitsProcessor._process
+                 and type(self).sample is GreedyProcessor.sample)  # a subclass's own rule goes its own way
+        token = clear_argmax(logits, self.temperature) if plain else None
+        return token if token is not None else self.sample(self(logits))
 
 
 class MultinomialProcessor(LogitsProcessor):
@@ -124,3 +139,33 @@ class TopKNucleusProcessor(MultinomialProcessor):
 
     def _process(self, logits: Tensor) -> Tensor:
         return _mask_top_p(_mask_top_k(logits, self.top_k), self.top_p)
+
+
+# How far (relative, in tempered logits) the largest logit must stand above every other for its index
+# to be, for sure, the one argmax of the float32 softmax picks. Not 0: the softmax rounds (exp near 1 in
+# steps of 2**-24, torch's vectorized exp within ~20 units in the last place, a product by 1/sum), so
+# logits a few units in the last place apart can get equal probabilities, and argmax then takes the
+# first of them: logits [0.1, 0.1 + 2**-27] give probabilities [0.5, 0.5] and token 0, their argmax 1.
+# 2**-13 (about 1.2e-4) is over a thousand of those units: e_j <= exp(-1.2e-4) < 1 = e_max, whatever the rounding.
+CLEAR = 2.0 ** -13
+
+
+def clear_argmax(logits: Tensor, temperature: float = 1.0) -> Optional[Tensor]:
+    """``argmax(softmax(logits / temperature))`` as ``[..., 1]`` (int64) for one row ``[..., V]`` of float32
+    or float64 logits on CPU whose largest value is finite (tempered too) and above every other by ``CLEAR`` relative to
+    ``max(1, |largest| / temperature)``: then no rounding of the softmax can tie or pass it, and the token
+    is the logits' own argmax. Else None (a near tie, a NaN or an infinity, more rows, another dtype or
+    device: the caller goes through the probabilities). Two vectorized reads of the row (numpy's argmax
+    and max), no softmax, no allocation of the row's size."""
+    if logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.float64) or logits.numel() != logits.shape[-1]:
+        return None
+    row = logits.detach().reshape(-1).numpy()  # a view (a row is contiguous)
+    at = int(row.argmax())  # the first largest; a NaN's index where there is one (as torch.argmax)
+    top = float(row[at])
+    if not math.isfinite(top) or abs(top) / temperature >= torch.finfo(logits.dtype).max / 2:
+        return None  # NaN, infinite, or infinite once tempered: the softmax's NaNs decide
+    # the largest of the others: before ``at`` every value is below ``top``, after it at most ``top``
+    others = max(float(row[:at].max()) if at else -math.inf, float(row[at + 1:].max()) if at + 1 < row.size else -math.inf)
+    if (top - others) / temperature < CLEAR * max(1.0, abs(top) / temperature):
+        return None  # a near tie (or an exact one): the softmax decides, as it always did
+    return torch.full((*logits.shape[:-1], 1), at, dtype=torch.int64)

@@ -1,0 +1,62 @@
+"""The C step's RoPE tables kept by a runner (``runners.lean.LeanRunner``): cos and sin ``[T, N, R]`` float32 for
+positions ``0..N-1`` (``T`` tables, ``models.layer_spec.ModelSpec.ropes``), made once and grown with the cache, so
+that a pass reads its rows instead of computing them: a one-position pass computed its own with about ten small
+tensor operations and a stack (about 150 us a token on the embedded model, beside a pass of 20 ms).
+
+The same numbers as a pass's own (``models.llama.rope``): made by that function, over positions in chunks of
+``CHUNK``, and every operation in it is elementwise (a product, cos and sin, a scaling: a value depends on its own
+position only, not on the tensor that holds it), which the pass-width invariance already rests on. Made again
+when the model's inverse frequencies or scalings change (another tensor, an in-place edit, a cast)."""
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+
+from models.layer_spec import ModelSpec
+from models.llama import rope
+
+CHUNK = 256  # positions a making computes at once (the width of a long pass's own tables)
+
+
+class RopeTable:
+    """``at(positions, start)``: cos and sin ``[T, r, R]`` float32 of ``model`` at ``positions`` ``[r]`` (CPU)."""
+
+    def __init__(self, model: Module, spec: ModelSpec):
+        self.model, self.spec = model, spec
+        self.sources: List[Tuple[Tensor, int, float]] = []  # each table's inv_freq, its version, its scaling
+        self.cos = self.sin = torch.empty(0)
+        self.length = 0
+
+    def _current(self) -> List[Tuple[Tensor, int, float]]:
+        rotary = self.model.model.rotary_emb
+        found = []
+        for p in self.spec.ropes:
+            inv_freq = getattr(rotary, f"{p}inv_freq")
+            found.append((inv_freq, inv_freq._version, getattr(rotary, f"{p}attention_scaling")))
+        return found
+
+    def _grow(self, length: int) -> None:
+        """Rows for positions ``self.length..length - 1`` appended (one allocation per growth)."""
+        made: List[List[Tensor]] = [[], []]
+        for a in range(self.length, length, CHUNK):
+            positions = torch.arange(a, min(a + CHUNK, length))
+            tables = [rope(positions, inv_freq, scaling, torch.float32) for inv_freq, _, scaling in self.sources]
+            for k in (0, 1):  # [T, n, R]
+                made[k].append(torch.stack([table[k][0, 0] for table in tables]))
+        self.cos, self.sin = (torch.cat([old] + parts, dim=1) if self.length else torch.cat(parts, dim=1)
+                              for old, parts in zip((self.cos, self.sin), made))
+        self.length = length
+
+    def at(self, positions: Tensor, start: Optional[int] = None, capacity: int = 0) -> Tuple[Tensor, Tensor]:
+        """cos and sin ``[T, r, R]`` at ``positions``; ``start``: they are ``start..start + r - 1`` (a chain pass,
+        read as a view), else gathered (a tree pass). The table grows to ``capacity`` positions at least."""
+        current = self._current()
+        if len(current) != len(self.sources) or any(a is not b or v != w or s != t for (a, v, s), (b, w, t) in zip(current, self.sources)):
+            self.sources, self.length = current, 0  # remade from position 0
+        end = start + positions.shape[0] if start is not None else int(positions.max()) + 1
+        if end > self.length:
+            self._grow(max(end, capacity))
+        if start is not None:
+            return self.cos[:, start:end], self.sin[:, start:end]
+        return self.cos.index_select(1, positions), self.sin.index_select(1, positions)
