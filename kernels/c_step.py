@@ -200,8 +200,7 @@ def read(model: Module) -> tuple:
             for x in group:
                 own = x.linear[0] if type(x).__name__ == "PrepackedLinear" else x
                 found += [x.blocks.data_ptr() if released(x) else _of(own.weight), _of(own.bias)]
-    head = model.get_output_embeddings()
-    final = (_of(body.norm.weight), norm_eps(body.norm))
+    head, final = model.get_output_embeddings(), (_of(body.norm.weight), norm_eps(body.norm))
     if released(head):
         return tuple(found + [final, head.blocks.data_ptr()])
     head = head.linear[0] if type(head).__name__ == "PrepackedLinear" else head
