@@ -8,7 +8,9 @@
  *   layer's cos/sin table, or none) ; k, v written to the cache at slots start..start+r-1 ; attention
  *   of each query over the slots it may see (within the layer's window) ; h += post_norm?(o_proj(attention)) * rs ;
  *   x = rms_norm(h) ; g|u = x . Wgu^T ; h += post_norm?(down(act(g) * u)) * rs   (act: silu or gelu-tanh)
- * then the final norm and the output layer on the last n_last positions (divided, softcapped).
+ * then the final norm and the output layer on the last n_last positions (divided, softcapped). The last
+ * layer computes the other positions' keys and values only: nothing reads the rest of its output for
+ * them (a prompt's first positions; the same bits for the rows computed, each row being alone).
  *
  * Every linear is the skinny kernel on weights blocked once (skinny_gemm.c), q/k/v fused into one
  * matrix and gate/up into another, so each weight matrix is read in one sweep. Everything else is
@@ -177,8 +179,8 @@ int64_t c_step_scratch(const Dims *d, int64_t r, int64_t threads) {
            threads * per_thread_floats(d);
 }
 
-/* One pass. h: [r, H], the embeddings of the fed ids in, the last layer's output (before the final
- * norm) out. cos, sin: [T, r, rot], a layer's table Layer.rope. The fed positions' keys and values go
+/* One pass. h: [r, H], the embeddings of the fed ids in, overwritten (its last n_last rows: the last
+ * layer's output, before the final norm). cos, sin: [T, r, rot], a layer's table Layer.rope. The fed positions' keys and values go
  * to slots start..start+r-1; position i sees slot j where seen_mask[i * (start + r) + j] (a tree
  * pass; window_mask instead in a layer with a window), or where j <= start + i and, in a layer with a
  * window W, j > start + i - W (seen_mask NULL: a chain). hidden_at[0..n_hidden): layers whose input (the residual stream
@@ -209,6 +211,9 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
 #endif
         for (int64_t l = 0; l < d->layers; l++) {
             const Layer *w = layers + l;
+            /* the rows past the keys and values: every row's but in the last layer, whose output only the
+             * last n_last rows' logits read (a prompt's other positions there: their keys and values only) */
+            const int64_t lo = l == d->layers - 1 ? r - n_last : 0, m = r - lo;
             /* the residual from the layer before (its MLP's delta), the hidden states, the input norm */
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < r; i++) {
@@ -264,7 +269,7 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
             MARK(REST);
 #pragma omp for schedule(static, 1) collapse(3)
             for (int64_t kv = 0; kv < Hkv; kv++)
-                for (int64_t i0 = 0; i0 < r; i0 += pp)
+                for (int64_t i0 = lo; i0 < r; i0 += pp)
                     for (int64_t u = 0; u < groups; u++) {
                         int64_t head = kv * per + u * qg, lo = 0, P = r - i0 < pp ? r - i0 : pp;
                         int g = (int)(per - u * qg < qg ? per - u * qg : qg);
@@ -292,21 +297,21 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                                          w->values + (kv * d->cap + lo) * D, D, d->scale, s, acc);
                     }
             MARK(ATTENTION);
-            skinny_rows_as(d->weights, d->tile, att, w->o, w->o_bias, delta, r, H, Hq * D);
+            if (m > 0) skinny_rows_as(d->weights, d->tile, att + lo * Hq * D, w->o, w->o_bias, delta + lo * H, m, H, Hq * D);
 #pragma omp barrier
             MARK(LINEARS);
 #pragma omp for schedule(static)
-            for (int64_t i = 0; i < r; i++) {
+            for (int64_t i = lo; i < r; i++) {
                 add_residual(h + i * H, delta + i * H, w->attn_out_norm, d);
                 norm_or_copy(h + i * H, w->post_norm, d->eps, x + i * H, H);
             }
             MARK(REST);
-            skinny_rows_as(d->weights, d->tile, x, w->gate_up, NULL, gu, r, 2 * I, H);
+            if (m > 0) skinny_rows_as(d->weights, d->tile, x + lo * H, w->gate_up, NULL, gu + lo * 2 * I, m, 2 * I, H);
 #pragma omp barrier
             MARK(LINEARS);
             /* over rows and spans of columns: both threads busy at one position too (each element alone) */
 #pragma omp for schedule(static) collapse(2)
-            for (int64_t i = 0; i < r; i++)
+            for (int64_t i = lo; i < r; i++)
                 for (int64_t k0 = 0; k0 < I; k0 += SPAN) {
                     int64_t k = k0, end = k0 + SPAN < I ? k0 + SPAN : I;
                     if (d->act == 1) { /* gelu-tanh (Gemma 3) */
@@ -327,15 +332,15 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                     }
                 }
             MARK(REST);
-            skinny_rows_as(d->weights, d->tile, act, w->down, NULL, delta, r, H, I);
+            if (m > 0) skinny_rows_as(d->weights, d->tile, act + lo * I, w->down, NULL, delta + lo * H, m, H, I);
 #pragma omp barrier
             MARK(LINEARS);
         }
         /* the last layer's residual, the final norm of the last n_last positions, the output layer */
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < r; i++) {
+        for (int64_t i = r - n_last; i < r; i++) {
             add_residual(h + i * H, delta + i * H, layers[d->layers - 1].mlp_out_norm, d);
-            if (i >= r - n_last) rms_norm(h + i * H, final_norm, d->eps, x + (i - (r - n_last)) * H, H);
+            rms_norm(h + i * H, final_norm, d->eps, x + (i - (r - n_last)) * H, H);
         }
         MARK(REST);
         skinny_rows_as(d->weights, d->tile, x, head, NULL, logits, n_last, V, H);

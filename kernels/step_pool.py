@@ -53,13 +53,37 @@ def _bits(t: Tensor) -> Tensor:
     return t.detach().contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
 
 
+def taken_step(model: Module):
+    """The step a runner's first pass takes (``runners.lean``): the kept one where it is still fresh, without
+    asking ``step_unsupported`` again (a kept step was made where it found nothing, and ``fresh`` finds the
+    model as it was then by identity: its layers' blocks, tensors, biases and norms' epsilons; a hooked model
+    never reaches the step, ``runners.hooks``), else ``shared_step`` where ``step_unsupported`` finds nothing,
+    else None. ``step_unsupported`` walks every linear of every layer: on the embedded model about as long
+    as the kept step's whole check, the bulk of what a generate call paid before its first pass."""
+    from kernels.c_step import step_unsupported
+
+    kept = _STEPS.get(model)
+    if kept is not None and _fresh(kept, model):
+        return kept.step
+    return shared_step(model) if step_unsupported(model) is None else None
+
+
+def _fresh(kept: _Kept, model: Module) -> bool:
+    """``kept.fresh(model)``, False where the model now holds a module ``read`` cannot read (a quantized
+    linear put in: ``step_unsupported`` says why)."""
+    try:
+        return kept.fresh(model)
+    except (AttributeError, TypeError):
+        return False
+
+
 def shared_step(model: Module):
     """``model``'s C step (``CStep``): the one kept for it where it is still fresh (``_Kept.fresh``), else
     made now (and kept where its decoder layers are released). Raises as ``CStep`` does."""
     from kernels.c_step import CStep
 
     kept = _STEPS.get(model)
-    if kept is not None and kept.fresh(model):
+    if kept is not None and _fresh(kept, model):
         return kept.step
     forget_step(model)  # the stale step's copies go before the new one is made
     step = CStep(model)
@@ -68,4 +92,4 @@ def shared_step(model: Module):
     return step
 
 
-__all__ = ["forget_step", "kept_step", "shared_step"]
+__all__ = ["forget_step", "kept_step", "shared_step", "taken_step"]

@@ -249,7 +249,7 @@ class LlamaForward:
             raise ValueError(reason)
         self.model = model
         self.spec = model_spec(model)
-        self.layers = list(model.model.layers[: model.config.num_hidden_layers])
+        self.layers = list(model.model.layers)[: model.config.num_hidden_layers]  # a ModuleList's slice makes one: 0.3 ms
 
     @property
     def head(self) -> Module:

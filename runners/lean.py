@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from kernels.c_step import CStep, step_for, step_unsupported
-from kernels.step_pool import shared_step
+from kernels.step_pool import taken_step
 from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache, window_seen
 from runners.config import lean_label
 from runners.device import model_device
@@ -96,7 +96,7 @@ class LeanRunner(TreePasses):
             return logits
         use = self.step is not False and step_for(self.model, ids.shape[0], unsupported=False)
         if use and self.step is None:  # the first pass that runs it: whether it can, once
-            self.step = shared_step(self.model) if step_unsupported(self.model) is None else False
+            self.step = taken_step(self.model) or False
         if use and self.step:
             h = self.forward.embed(ids)  # [r, H]
             cos, sin = self.ropes.at(positions, start if mask is None else None, self.capacity)  # [T, r, R], kept rows

@@ -124,6 +124,26 @@ def test_a_prompts_logits_are_the_same_on_every_plan():
             assert runner.step_passes == 1
 
 
+def test_a_pass_asking_its_last_logits_gives_their_bits_and_every_positions_keys_and_values():
+    """A pass asking the logits of its last 1, 3 or 20 positions (the last layer computes the others' keys
+    and values only), in one chunk and in chunks of 16 (the asked rows across a chunk's edge): those
+    positions' logits bit for bit the one-position passes' (and so the whole pass's last rows), and the
+    next position's logits after it the same too (the last layer's keys and values were written for every
+    position: a skipped one would change what the next position attends to)."""
+    model = wide_model()
+    ids = torch.randint(model.config.vocab_size, (1, 71), generator=torch.Generator().manual_seed(5))
+    alone = LeanRunner(model)
+    expected = torch.cat([alone(ids[:, : i + 1], 1) for i in range(71)])
+    for tile in (prompt_gemm.REFERENCE, tiles(skinny.library())[-1].index):
+        for chunk in (None, 16):
+            set_plan(model, PromptPlan(tile, chunk))
+            for n_last in (1, 3, 20):
+                runner = LeanRunner(model)
+                assert torch.equal(runner(ids[:, :70], n_last), expected[70 - n_last : 70]), (tile, chunk, n_last)
+                assert torch.equal(runner(ids, 1), expected[70:]), (tile, chunk, n_last)
+                assert runner.step_passes == 2
+
+
 def test_a_long_pass_is_cut_into_as_few_chunks_of_near_equal_length_never_a_short_tail():
     """``c_step.chunk_bounds``: ceil(r / chunk) contiguous calls covering every position once, each at most
     ``chunk`` long and, but the last, a multiple of every tile's rows where that fits; no tail of a few

@@ -140,3 +140,56 @@ def test_a_step_rebinds_to_a_cache_whose_keys_sit_where_anothers_did():
     step.bind(a)
     step.bind(b)
     assert [s.values for s in step.structs] == [layer.values.data_ptr() for layer in b.layers]
+
+
+class _Doubled(torch.nn.Linear):
+    """A linear the step does not take (not ``nn.Linear`` itself): its output doubled."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * 2
+
+
+def _doubled(model) -> None:
+    mlp = model.model.layers[1].mlp
+    made = _Doubled(mlp.down_proj.in_features, mlp.down_proj.out_features, bias=False).to(torch.float32)
+    mlp.down_proj = made
+
+
+def _eps(model) -> None:
+    model.model.layers[0].input_layernorm.variance_epsilon = 0.5
+
+
+REFUSED = {"a linear put in the step does not take": _doubled, "one norm's epsilon changed": _eps}
+
+
+def test_a_runner_takes_the_kept_step_without_asking_step_unsupported_again(monkeypatch):
+    """``taken_step``: a kept step still fresh is taken as it is (``step_unsupported``, a walk over every
+    linear, not run again: the bulk of a generate call's Python before its first pass)."""
+    import kernels.c_step
+
+    model = llama(layers=2).to(torch.float32)
+    step = first_pass(model).step
+    asked = []
+    monkeypatch.setattr(kernels.c_step, "step_unsupported", lambda m: asked.append(m))
+    runner = first_pass(model)
+    assert runner.step is step and asked == []
+    runner.rollback(0)
+    close(runner(IDS, 3), reference(model))
+
+
+@pytest.mark.parametrize("edit", sorted(REFUSED))
+def test_a_model_the_step_no_longer_takes_is_not_given_its_kept_step(edit):
+    """After ``edit`` (``step_unsupported`` now finds a reason), the next runner runs the torch forward,
+    not the kept step: its logits are the edited model's (the kept step's would not be)."""
+    model = llama(layers=2).to(torch.float32)
+    first = first_pass(model)
+    first.rollback(0)
+    before = first(IDS, 3)  # the kept step's logits, on the model as it was
+    REFUSED[edit](model)
+    with torch.no_grad():
+        expected = model(IDS).logits[0, -3:]  # transformers' forward of the edited model
+    assert not torch.allclose(expected, before, rtol=1e-3, atol=1e-3), "the edit changes the logits"
+    runner = LeanRunner(model)
+    logits = runner(IDS, 3)
+    assert runner.step is False and runner.step_passes == 0
+    close(logits, expected)
