@@ -186,7 +186,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def sampled(tiny_pair, processor, policy_factory, drafter="model", gamma=3, runs=RUNS, length=LENGTH + 2):  
+def sampled(tiny_pair, processor, policy_factory, drafter="model", gamma=3, runs=RUNS, length=LENGTH + 2):
     """The first LENGTH tokens of ``runs`` generations of ``length`` tokens (room for the control to
     act) from a fixed seed, and what the first ``RUNS // 4`` of them did (drafted, accepted, target
     passes, paused steps, longest draft), summed."""
@@ -228,9 +228,44 @@ def _plain(tiny_pair, processor: str, drafter: str, gamma: int, length: int) -> 
     return sampled(tiny_pair, PROCESSORS[processor], lambda: None, drafter, gamma, RUNS // 4, length)[1]
 
 
-@pytest.mark.parametrize("processor", SAMPLING)
-@pytest.mark.parametrize("control", sorted(FACTORIES))
-def test_each_control_keeps_sampled_output_distributed_as_the_target(tiny_pair, control, processor):  
+# The chi-square grid of control x processor. A control that reads the drafter's processed
+# distribution (p_min, and min_draft only beside it: drafters/model.py stops a draft on q.max()) meets
+# every processor. The others decide from counts alone (drafted, accepted, rows, costs), the same code
+# whatever the processor: each meets multinomial (no token truncated) and one truncating processor, in
+# turn, so every truncating processor still meets several controls (test_the_grid_covers...).
+READS_Q = ("p_min", "min_draft+p_min", "readme")
+TRUNCATING = [name for name in SAMPLING if name != "multinomial"]
+_COUNTING = sorted(name for name in FACTORIES if name not in READS_Q)
+CONTROL_GRID = [(control, processor) for control in sorted(READS_Q) for processor in SAMPLING] + [
+    (control, processor) for i, control in enumerate(_COUNTING) for processor in ("multinomial", TRUNCATING[i % len(TRUNCATING)])]
+# the README policy with deterministic drafters: p_min does not act on them (drafters/model.py alone
+# reads it), so the processor enters only through verification (test_lossless_sampling's n-gram
+# chi-square); the chained drafter holds a drafter model, p_min acts: it meets every processor
+README_GRID = [("chained", processor) for processor in SAMPLING] + [
+    (drafter, processor) for i, drafter in enumerate(("ngram_basic", "pld")) for processor in ("multinomial", TRUNCATING[i])]
+
+
+def test_the_grids_cover_every_control_drafter_and_processor():
+    """The reduced grids keep: every control and every processor; each control with multinomial and
+    with a truncating processor; the controls that read q with all four; each truncating processor
+    with at least three counting controls; every README drafter with multinomial and a truncating one."""
+    assert {c for c, _ in CONTROL_GRID} == set(FACTORIES) and {p for _, p in CONTROL_GRID} == set(SAMPLING)
+    assert len(set(CONTROL_GRID)) == len(CONTROL_GRID)
+    for control in FACTORIES:
+        met = {p for c, p in CONTROL_GRID if c == control}
+        assert "multinomial" in met and met & set(TRUNCATING), control
+        assert control not in READS_Q or met == set(SAMPLING), control
+    for processor in TRUNCATING:
+        assert sum(1 for c, p in CONTROL_GRID if p == processor and c not in READS_Q) >= 3, processor
+    assert {p for d, p in README_GRID if d == "chained"} == set(SAMPLING)
+    for drafter in ("ngram_basic", "pld"):
+        met = {p for d, p in README_GRID if d == drafter}
+        assert "multinomial" in met and met & set(TRUNCATING), drafter
+    assert {p for _, p in README_GRID} == set(SAMPLING)
+
+
+@pytest.mark.parametrize("control,processor", CONTROL_GRID)
+def test_each_control_keeps_sampled_output_distributed_as_the_target(tiny_pair, control, processor):
     gamma = 1 if control in ("pause", "auto") else 3  # where the control has room to act (adaptive never drafts past gamma)
     # auto fills padded passes for cheap drafters; the gate cuts a cheap drafter's drafts by their evidence
     drafter = "ngram_basic" if control == "auto" else "pld" if control == "gate" else "model"
@@ -243,9 +278,8 @@ def test_each_control_keeps_sampled_output_distributed_as_the_target(tiny_pair, 
     assert pvalue(samples, _exact(tiny_pair[0], processor)) > 1e-4
 
 
-@pytest.mark.parametrize("processor", SAMPLING)
-@pytest.mark.parametrize("drafter", ["chained", "ngram_basic", "pld"])
-def test_the_readme_policy_keeps_every_drafters_sampled_output_distributed_as_the_target(tiny_pair, drafter, processor):  
+@pytest.mark.parametrize("drafter,processor", README_GRID)
+def test_the_readme_policy_keeps_every_drafters_sampled_output_distributed_as_the_target(tiny_pair, drafter, processor):
     samples, did = sampled(tiny_pair, PROCESSORS[processor], FACTORIES["readme"], drafter=drafter)
     assert did[0] > 0, "some drafts must be verified for the test to mean anything"
     assert pvalue(samples, _exact(tiny_pair[0], processor)) > 1e-4
@@ -259,7 +293,7 @@ class DropsAfterSampling(ModelDrafter):
         return (count, q) if count >= 2 else (0, None)
 
 
-def test_the_chi_square_test_rejects_dropping_drafts_after_sampling(tiny_pair):  
+def test_the_chi_square_test_rejects_dropping_drafts_after_sampling(tiny_pair):
     target, model = tiny_pair
     processor = PROCESSORS["multinomial"]
     torch.manual_seed(1234)

@@ -150,8 +150,20 @@ def sample_many(generate) -> list:
 PROMPT = TARGET_TOK("abcab").input_ids
 
 
-@pytest.mark.parametrize("use_cache", [False, True], ids=["no_cache", "cache"])
-@pytest.mark.parametrize("name", sorted(PROCESSORS))
+# processor x cache: the cache changes only how the runners compute logits (the greedy tests above run
+# both modes against target AR), the processor only how a token is drawn from them; each processor is met once, multinomial
+# (no token truncated) in both modes, each mode with a truncating processor too (asserted below)
+SAMPLED_GRID = [("multinomial", False), ("multinomial", True), ("nucleus", False), ("topk", True)]
+
+
+def test_the_sampled_grid_meets_every_processor_and_both_cache_modes():
+    assert {name for name, _ in SAMPLED_GRID} == set(PROCESSORS)
+    for use_cache in (False, True):
+        met = {name for name, cached in SAMPLED_GRID if cached == use_cache}
+        assert "multinomial" in met and met - {"multinomial"}, use_cache
+
+
+@pytest.mark.parametrize("name,use_cache", SAMPLED_GRID, ids=[f"{name}-{'cache' if on else 'no_cache'}" for name, on in SAMPLED_GRID])
 def test_sampled_cross_drafting_follows_target_distribution(sampling_pair, name, use_cache):
     target, drafter = sampling_pair
     processor, rates = PROCESSORS[name], []

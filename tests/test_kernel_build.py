@@ -66,28 +66,50 @@ def test_a_build_that_times_out_is_recorded_and_not_retried_at_every_start(tmp_p
     assert "timed out" in failing_build(tmp_path, compiler, 60) and builds(log) == 1
 
 
-@pytest.mark.needs_cc
-@pytest.mark.parametrize("content", [b"not a library", "foreign"])
-def test_a_corrupt_or_foreign_library_under_our_name_is_built_again_never_used(tmp_path, content):
-    """The cached library replaced by garbage (a torn copy, a full disk) or by another library (no
-    ``c_step``): the next start builds it again and loads that, never the file it found."""
+_PROBE = ("import kernels.skinny as s, os; ok, why = s.available(); print(ok, why); "
+          "print(s.identity()); print(os.path.getsize(os.path.join(os.environ['SPECDEC_CACHE'], 'kernels', s.identity())))")
+
+
+def probe(cache: Path):
+    """A fresh Python's ``skinny.available()`` on the cache folder ``cache``: builds there when needed."""
     import subprocess
     import sys
 
-    code = ("import kernels.skinny as s, os; ok, why = s.available(); print(ok, why); "
-            "print(s.identity()); print(os.path.getsize(os.path.join(os.environ['SPECDEC_CACHE'], 'kernels', s.identity())))")
-    env = {"PATH": "/usr/bin:/bin", "SPECDEC_CACHE": str(tmp_path)}
-    run = lambda: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                                 cwd=str(skinny.SOURCE.parents[1]), timeout=180)
-    first = run()
+    return subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, cwd=str(skinny.SOURCE.parents[1]),
+                          env={"PATH": "/usr/bin:/bin", "SPECDEC_CACHE": str(cache)}, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def first_build():
+    """The library a first start built: the suite's own cache folder's (``conftest.MEASUREMENTS_ENV``:
+    built there once per run, by whichever test needed it first, or here), as ``(folder, [name, size])``.
+    Each corruption below copies it into a fresh folder and damages the copy: only the rebuild each one
+    tests is paid per case."""
+    from conftest import MEASUREMENTS_ENV
+
+    cache = Path(MEASUREMENTS_ENV["SPECDEC_CACHE"])
+    first = probe(cache)
     assert first.returncode == 0 and first.stdout.startswith("True"), first.stderr
-    name, size = first.stdout.splitlines()[1:3]
+    return cache, first.stdout.splitlines()[1:3]
+
+
+@pytest.mark.needs_cc
+@pytest.mark.parametrize("content", [b"not a library", "foreign"])
+def test_a_corrupt_or_foreign_library_under_our_name_is_built_again_never_used(first_build, tmp_path, content):
+    """The cached library replaced by garbage (a torn copy, a full disk) or by another library (no
+    ``c_step``): the next start builds it again and loads that, never the file it found."""
+    import shutil
+    import subprocess
+
+    name, size = first_build[1]
     library = tmp_path / "kernels" / name
+    library.parent.mkdir()
+    shutil.copyfile(first_build[0] / "kernels" / name, library)
     if content == "foreign":
         other = tmp_path / "other.c"
         other.write_text("int skinny_linear(void) { return 0; }\n")
         subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(other)], check=True, timeout=60)
     else:
         library.write_bytes(content)
-    again = run()
+    again = probe(tmp_path)
     assert again.returncode == 0 and again.stdout.splitlines() == ["True ", name, size], again.stdout + again.stderr
