@@ -33,7 +33,11 @@ if _MADE_HERE:
     os.environ[_RUN_CACHE_ENV] = str(_RUN_CACHE)
 else:
     _RUN_CACHE = Path(os.environ[_RUN_CACHE_ENV])
-MEASUREMENTS_ENV = {"SPECDEC_CACHE": str(_RUN_CACHE)}
+# A subprocess's OpenMP threads sleep while they wait, as they do under `OMP_WAIT_POLICY=passive`: libgomp's
+# default spins, and with a test file on every core a REPL started by a test spun its second thread on the
+# other worker's core (measured: the embedded model's start-up took ~5x the CPU, ~4x the wall time). Only
+# speed depends on it; a policy the caller set is kept. The subprocesses' environments take this mapping.
+MEASUREMENTS_ENV = {"SPECDEC_CACHE": str(_RUN_CACHE), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive")}
 os.environ.update(MEASUREMENTS_ENV)
 # tiny models: a second thread only adds synchronisation (measured: the tiny-model tests run
 # several times faster with one); SPECDEC_TEST_THREADS changes it

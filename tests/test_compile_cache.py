@@ -15,14 +15,21 @@ from runners import prepack_fits
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.needs_cxx  # inductor compiles C++ on CPU
 
-# one start: tiny Llamas compiled with one bucket (own layers in float64, and, where oneDNN prepacks,
-# float32 with prepacked layers), each one's cache counts, header and a pass's logits. Both variants
-# run in one process, one after the other (a process's imports and inductor's workers cost more than
-# a tiny model's graphs); each model's counts are its own prepare's (kernels.compile_cache.CacheCount)
+# one start: tiny one-layer Llamas compiled with one bucket (own layers in float64, and, where oneDNN
+# prepacks, float32 with prepacked layers), each one's cache counts, header and a pass's logits. Both
+# variants run in one process, one after the other (a process's imports and inductor's workers cost more
+# than a tiny model's graphs); each model's counts are its own prepare's (kernels.compile_cache.CacheCount).
+# Inductor's probes of this CPU's vector instructions (small C++ programs built once per folder, kept for
+# the process; no graph, not counted) are made in the test run's own folder, which the suite's other
+# compiling tests have filled: a fresh folder would build them again, ~15 s of compiler, in every run
 START = """
 import json, os, sys, torch
 sys.path[:0] = [{root!r}, {tests!r}]
 from conftest import PROMPT, llama  # (which names a compile folder of its own: this start's is put back)
+from kernels.compile_cache import use_compile_cache
+from torch._inductor.cpu_vec_isa import pick_vec_isa
+use_compile_cache()  # the run's folder
+pick_vec_isa()
 os.environ["SPECDEC_CACHE"] = {folder!r}
 torch.set_num_threads(1)
 torch.set_grad_enabled(False)
@@ -30,7 +37,7 @@ import runners.compiled as compiled
 compiled.BUCKETS = (1,)
 found = {{}}
 for prepacked in {variants!r}:
-    model = llama(layers=2, window=256)
+    model = llama(layers=1, window=256)
     if prepacked:  # float32, oneDNN's prepacked layers called from the graph (no freezing)
         from runners import set_prepack
         model = model.to(torch.float32)

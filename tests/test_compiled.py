@@ -22,6 +22,10 @@ from utils.logits_processor import NucleusProcessor
 pytestmark = pytest.mark.needs_cxx  # inductor compiles C++ on CPU
 
 LENGTH = 40
+# the tests of one kernel route inside the graphs (quantized, prepacked, GEMM templates): one pass width, 4,
+# that the 1- and 3-position passes are padded into, so one graph each; padding to a wider bucket and
+# several buckets of one model are the ``models`` tests' (test_logits_match_the_eager_static_runner_...)
+ONE_WIDTH = (4,)
 
 
 @pytest.fixture(scope="module")
@@ -142,14 +146,16 @@ def test_weight_only_quantized_layers_run_inside_the_compiled_graph_with_the_eag
     quantize_cpu(model, quantize)
     ids = torch.tensor([PROMPT * 3])
     with pytest.MonkeyPatch.context() as patch, torch.no_grad():
-        patch.setattr(compiled, "BUCKETS", (1, 4))
+        patch.setattr(compiled, "BUCKETS", ONE_WIDTH)
         fast, slow = CompiledRunner(model), KVCacheModel(model, True, cache="static")
         for length, rows in [(20, 1), (21, 1), (24, 3), (25, 1)]:
             torch.testing.assert_close(fast(ids[:, :length], rows), slow(ids[:, :length], rows), rtol=0.02, atol=0.02)
 
 
 def test_two_runners_alive_at_once_each_get_their_own_cache_and_the_eager_logits(models):
-    """A second cache object of the same capacity is an input of the same graphs, not a constant."""
+    """A second cache object of the same capacity gets graphs of its own (guarded on its tensors), never
+    the first cache's tensors. One-position passes only: a graph (bucket 1) for the second cache, not
+    two; padded passes into a cache are test_logits_match_the_eager_static_runner_through_padding_...'s."""
     target, _ = models
     ids = torch.randint(target.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(5))
     first, second, eager = CompiledRunner(target), CompiledRunner(target), KVCacheModel(target, True, cache="static")
@@ -157,7 +163,7 @@ def test_two_runners_alive_at_once_each_get_their_own_cache_and_the_eager_logits
     for runner in (second, eager):
         runner(ids[:, :20], 1)
     assert second.cache is not first.cache
-    for length in (21, 24, 25):
+    for length in (21, 22, 23):
         expected = eager(ids[:, :length], length - eager.cached)
         torch.testing.assert_close(second(ids[:, :length], length - second.cached), expected, rtol=1e-6, atol=1e-8)
     torch.testing.assert_close(first(ids[:, :31], 1), KVCacheModel(target, True)(ids[:, :31], 1), rtol=1e-6, atol=1e-8)
@@ -181,7 +187,7 @@ def test_prepacked_linears_run_inside_the_compiled_graph_as_one_call_each_with_t
         pytest.skip("no oneDNN prepacking in this torch build")
     ids = torch.tensor([PROMPT * 3])
     with pytest.MonkeyPatch.context() as patch, torch.no_grad():
-        patch.setattr(compiled, "BUCKETS", (1, 4))
+        patch.setattr(compiled, "BUCKETS", ONE_WIDTH)
         fast, slow = CompiledRunner(model), KVCacheModel(model, True, cache="static")
         assert "prepacked linears" in compiled.compiled_label(model)
         for length, rows in [(20, 1), (21, 1), (24, 3), (25, 1)]:
@@ -216,16 +222,22 @@ def test_our_graphs_share_key_value_heads_in_the_kernel_and_leave_the_model_on_t
 def test_float32_graphs_on_gemm_templates_autotuned_against_mkl_give_the_eager_logits():
     """With ``--gemm templates`` the frozen float32 linears are built with inductor's C++ GEMM
     templates, autotuned against MKL's (``CPU_GEMM``); the logits stay the eager static runner's, to float32 rounding, and
-    the autotuning options are off again outside our graphs' builds."""
+    the autotuning options are off again outside our graphs' builds. Every linear of the model is 32 x 32
+    (key/value heads as many as query heads, a vocabulary of 32): autotuning runs once per shape, and
+    the route does not depend on the shapes."""
     import torch._inductor.config
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     from runners import set_prepack
 
-    model = llama(vocab=96, layers=1, window=256, seed=5).to(torch.float32)
+    torch.manual_seed(5)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+                                         tie_word_embeddings=False)).to(torch.float32).eval()
     set_prepack(model, False)
-    ids = torch.tensor([PROMPT * 3])
+    ids = torch.tensor([[token % 32 for token in PROMPT * 3]])
     with pytest.MonkeyPatch.context() as patch, torch.no_grad():
-        patch.setattr(compiled, "BUCKETS", (4,))  # autotuning on one small shape (1- and 3-position passes padded into it)
+        patch.setattr(compiled, "BUCKETS", ONE_WIDTH)  # autotuning on one small shape (1- and 3-position passes padded into it)
         patch.setattr(compiled, "CPU_GEMM", "templates")  # --gemm templates
         fast, slow = CompiledRunner(model), KVCacheModel(model, True, cache="static")
         for length, rows in [(20, 1), (21, 1), (24, 3), (25, 1)]:
@@ -245,7 +257,7 @@ def test_float32_graphs_calling_the_skinny_kernel_give_the_eager_logits_and_name
     model = llama(vocab=96, layers=1, window=256, seed=5).to(torch.float32)
     ids = torch.tensor([PROMPT * 3])
     with pytest.MonkeyPatch.context() as patch, torch.no_grad():
-        patch.setattr(compiled, "BUCKETS", (1, 4))
+        patch.setattr(compiled, "BUCKETS", ONE_WIDTH)
         with kernels(model, False):
             slow = [KVCacheModel(model, True, cache="static")(ids[:, :length], rows) for length, rows in [(20, 1), (21, 1), (24, 3), (25, 1)]]
         with kernels(model, compiled.SKINNY_ROUTE):

@@ -7,10 +7,19 @@ import pytest
 from repl_driver import run, run_forked, target_line
 
 
-def test_prepacking_is_measured_by_default_or_the_flags_choice_and_named_on_the_target_line(tiny_models):
-    """On the tiny float32 Llama, one token a run: the choice and its line do not depend on the model's size."""
+@pytest.fixture(scope="module")
+def eager_starts(tiny_models):
+    """The file's eager start-ups, forked from one Python that imported the libraries once
+    (``repl_driver.run_forked``): ``{"auto", "on", "off"}`` (``--prepack``), ``"int8"`` (``--quantize``)."""
     common = ("--target", tiny_models["target"], "--prompt", "Hi", "--length", "1", "--no-calibrate", "--verbose")
-    auto, on, off = run_forked([common, [*common, "--prepack", "on"], [*common, "--prepack", "off"]])
+    quantized = ("--target", tiny_models["target"], "--quantize", "int8", "--prompt", "Hi", "--length", "4")
+    results = run_forked([common, [*common, "--prepack", "on"], [*common, "--prepack", "off"], quantized])
+    return dict(zip(("auto", "on", "off", "int8"), results))
+
+
+def test_prepacking_is_measured_by_default_or_the_flags_choice_and_named_on_the_target_line(eager_starts):
+    """On the tiny float32 Llama, one token a run: the choice and its line do not depend on the model's size."""
+    auto, on, off = (eager_starts[name] for name in ("auto", "on", "off"))
     assert auto.returncode == 0 and on.returncode == 0 and off.returncode == 0, auto.stderr + on.stderr + off.stderr
     # measured, or (a busy machine) fallen back past its budget: either way named, saved or not
     # a Llama's eager passes run the lean forward (runners.lean), and the line says so
@@ -31,7 +40,7 @@ def test_compile_compiles_once_at_start_up_says_how_long_and_names_the_runner(ti
     assert "Target AR" in result.stdout and "N-gram assisted" in result.stdout
 
 
-def test_quantized_target_loads_and_runs(tiny_models):
-    result = run("--target", tiny_models["target"], "--quantize", "int8", "--prompt", "Hi", "--length", "4")
+def test_quantized_target_loads_and_runs(eager_starts):
+    result = eager_starts["int8"]
     assert result.returncode == 0, result.stderr
     assert "int8 weights" in target_line(result) and "Target AR" in result.stdout
