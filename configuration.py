@@ -151,7 +151,8 @@ class RunConfig:
         choice = self.kernel_choice
         return {**out, "eos_tokens_id": list(self.eos_tokens_id), "policy": asdict(self.policy),
                 "kernel_choice": None if choice is None else {k: list(v) for k, v in choice.seconds.items()},
-                "runner": asdict(self.runner), "drafter_runner": asdict(self.drafter_runner), "params": dict(self.params)}
+                "runner": asdict(self.runner), "drafter_runner": asdict(self.drafter_runner), "params": dict(self.params),
+                "auto_rows": list(self.auto_rows)}
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "RunConfig":
