@@ -10,7 +10,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 from collections import Counter
 from typing import Dict, List
 
@@ -24,41 +23,10 @@ from drafters.spec import DraftContext  # noqa: E402
 from ngram_assisted import NGramStorage  # noqa: E402
 from sampling import DraftPolicy, GenerationStats, generate  # noqa: E402
 from sampling.config import Observer, Step  # noqa: E402
+from utils.replayed_runner import ReplayedRunner  # noqa: E402
 from scripts.grounded_counts import copy_oracle  # noqa: E402
 
 VOCAB = 151936  # Qwen2.5's output rows
-
-
-class Replayed:
-    """A ``runners.Runner`` answering position ``p`` with the recorded token there (and its top-k below it)."""
-
-    cache_kind, hidden_layers, hidden, hidden_start = "dynamic", (), None, 0
-
-    def __init__(self, prompt: List[int], ref: List[int], fillers: Dict[int, List[int]]):
-        self.model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=32768))
-        self.device, self.cached, self.forward_passes = torch.device("cpu"), 0, 0
-        self.prompt, self.ref, self.fillers = prompt, ref, fillers
-
-    def __call__(self, ids: torch.Tensor, n_last: int = 1) -> torch.Tensor:
-        length = ids.shape[1]
-        logits = torch.zeros(n_last, VOCAB)
-        for row in range(n_last):
-            offset = length - n_last + row + 1 - len(self.prompt)  # the output offset this row predicts
-            if 0 <= offset < len(self.ref):
-                for rank, token in enumerate(self.fillers.get(offset, [self.ref[offset]])):
-                    logits[row, token] = 10.0 - rank
-                logits[row, self.ref[offset]] = 11.0
-        self.cached, self.forward_passes = length, self.forward_passes + 1
-        return logits
-
-    def rollback(self, length: int) -> None:
-        self.cached = min(self.cached, length)
-
-    def tree_pass(self, ids, cur, nodes, parents):  # chains only: the Runner protocol's other methods
-        raise NotImplementedError
-
-    def keep_branch(self, cur, path):
-        raise NotImplementedError
 
 
 class Steps(Observer):
@@ -81,7 +49,7 @@ def replay(entry: dict, costs, storage=None, gamma: int = 4, first_target: bool 
     values = dict(gamma=gamma, max_gen_len=len(ref), eos_tokens_id=[VOCAB - 1], first_target=first_target, policy=made,
                   stats=GenerationStats(), streamer=seen)
     storage = storage if storage is not None else NGramStorage(3, VOCAB)
-    out, _ = generate(prompt, Replayed(prompt, ref, fillers), NGramSpec(filler_top_k, stop_if_unknown=True), values,
+    out, _ = generate(prompt, ReplayedRunner(prompt, ref, VOCAB, fillers), NGramSpec(filler_top_k, stop_if_unknown=True), values,
                       DraftContext(storage=storage))
     assert out == ref, "the replay left target AR's tokens"
     return seen.steps

@@ -4,7 +4,6 @@
 fewer target passes than gamma 4 (counts, on a synthetic runner: no model, no clock)."""
 import json
 import random
-from types import SimpleNamespace
 from typing import List
 
 import pytest
@@ -15,6 +14,7 @@ from configuration import RunConfig, RunContext
 from ngram_assisted import NGramStorage
 from sampling import GenerationStats
 from strategies import BY_KEY, STRATEGIES, auto_rows_line, row_config, row_setting
+from utils.replayed_runner import ReplayedRunner
 
 COSTS = (1.0, 1.04, 1.08, 1.11, 1.14, 1.17, 1.2, 1.22, 1.25, 1.28, 1.31, 1.34)  # by positions: 5 and 8 as measured on the pair
 GIVEN_COSTS = ",".join(str(c) for c in COSTS)
@@ -39,37 +39,6 @@ def test_only_the_named_row_runs_under_auto_and_only_with_measured_costs():
     assert RunConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
 
 
-class CopyRunner:
-    """A ``runners.Runner`` whose greedy token at output offset ``i`` is ``ref[i]`` (and its top-3 fillers
-    the next ids): a target whose output is fixed, so that the passes a row takes are counted alone."""
-
-    cache_kind, hidden_layers, hidden, hidden_start = "dynamic", (), None, 0
-
-    def __init__(self, prompt: List[int], ref: List[int]):
-        self.model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=4096))
-        self.device, self.cached, self.forward_passes = torch.device("cpu"), 0, 0
-        self.prompt, self.ref = prompt, ref
-
-    def __call__(self, ids: torch.Tensor, n_last: int = 1) -> torch.Tensor:
-        length, logits = ids.shape[1], torch.zeros(n_last, VOCAB)
-        for row in range(n_last):
-            offset = length - n_last + row + 1 - len(self.prompt)
-            if 0 <= offset < len(self.ref):
-                logits[row, (self.ref[offset] + 1) % VOCAB] = 5.0
-                logits[row, self.ref[offset]] = 9.0
-        self.cached, self.forward_passes = length, self.forward_passes + 1
-        return logits
-
-    def rollback(self, length: int) -> None:
-        self.cached = min(self.cached, length)
-
-    def tree_pass(self, ids, cur, nodes, parents):  # chains only: the Runner protocol's other methods
-        raise NotImplementedError
-
-    def keep_branch(self, cur, path):
-        raise NotImplementedError
-
-
 def _copy_heavy(seed: int = 0):
     """A prompt of 240 random ids, and an output that copies three 22-token stretches of it, each after a
     few new ids (a code edit: most of the answer is the prompt's own text)."""
@@ -85,7 +54,7 @@ def _passes(config: RunConfig, prompt: List[int], ref: List[int]) -> int:
     """The target passes the REPL's NASD row function (``rows._ngram``) takes with ``config`` as its row takes it."""
     from rows import _ngram
 
-    runner, stats = CopyRunner(prompt, ref), GenerationStats()
+    runner, stats = ReplayedRunner(prompt, ref, VOCAB, {i: [t, (t + 1) % VOCAB] for i, t in enumerate(ref)}), GenerationStats()
     context = RunContext(target=runner, tokenizer=None, storage=NGramStorage(8, VOCAB))
     out = _ngram(prompt, row_config(BY_KEY["ngram"], config.with_(max_gen_len=len(ref), eos_tokens_id=(1,))), context, stats)
     assert out == ref  # greedy: the target's own tokens
