@@ -15,7 +15,6 @@ from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
 
 from app.repl.repl import NGRAM_N  # noqa: E402
 from drafters.ngram import NGramSpec  # noqa: E402

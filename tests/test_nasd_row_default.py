@@ -7,7 +7,6 @@ import random
 from typing import List
 
 import pytest
-import torch
 
 from app.repl.repl import AUTO_ROWS
 from configuration import RunConfig, RunContext
