@@ -11,9 +11,10 @@ a C head step is made, at a runner's first pass on it), not per call.
 
 The copies are keyed weakly by their weight, and a copy holds nothing of it: they go with the weight.
 """
+import contextlib
 import sys
 import weakref
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -48,6 +49,19 @@ class _ByTensor:
 _COPIES = _ByTensor()
 # first weight of a fused group -> (the group's identities, the fused blocks)
 _FUSED = _ByTensor()
+
+
+@contextlib.contextmanager
+def lasting() -> Iterator[None]:
+    """A block whose tensors outlive it beside a model (blocked copies, released and restored weights, a C
+    step's own tensors): made as normal tensors, without autograd, inside ``torch.inference_mode`` too
+    (where a notebook's first ``generate`` makes them). An inference tensor would break what keeps them:
+    its views name no ``_base`` (a fused group's members would not find their group, ``group_blocks``),
+    it counts no versions (``_version`` raises: ``_identity``, ``kernels.c_step.read``), and outside the
+    mode it cannot be written in place (a restore unblocks in place, ``unpack_in_place``).
+    ``inference_mode(False)`` turns gradients on: ``no_grad`` turns them off again."""
+    with torch.inference_mode(False), torch.no_grad():
+        yield
 
 
 def _identity(weight: Tensor) -> tuple:
@@ -149,7 +163,8 @@ def blocked(weight: Tensor, verify: Optional[Check] = None) -> Tensor:
     found = _COPIES.get(weight)
     if found is not None and found[0] == _identity(weight) and (verify is None or verify(found[1], weight)):
         return found[1]
-    made = pack(weight)
+    with lasting():  # kept for later calls, in or out of inference mode (only the making: no cost on a hit)
+        made = pack(weight)
     _COPIES[weight] = (_identity(weight), made)
     return made
 
@@ -166,11 +181,12 @@ def fused(weights: Sequence[Tensor], verify: Optional[Check] = None) -> Tensor:
     sizes = [-(-w.shape[0] // BLOCK) for w in weights]
     if found is not None and found[0] == identities and (verify is None or all(verify(part, w) for part, w in zip(found[1].split(sizes), weights))):
         return found[1]
-    whole = torch.empty((sum(sizes), weights[0].shape[1], BLOCK), dtype=weights[0].dtype)
-    start = 0
-    for w, blocks in zip(weights, sizes):
-        _COPIES[w] = (_identity(w), pack(w, whole[start : start + blocks]))  # packed in place: no second copy
-        start += blocks
+    with lasting():  # each member's view names ``whole`` as its ``_base`` (``kernels.one_copy.group_blocks``)
+        whole = torch.empty((sum(sizes), weights[0].shape[1], BLOCK), dtype=weights[0].dtype)
+        start = 0
+        for w, blocks in zip(weights, sizes):
+            _COPIES[w] = (_identity(w), pack(w, whole[start : start + blocks]))  # packed in place: no second copy
+            start += blocks
     _FUSED[weights[0]] = (identities, whole)
     return whole
 

@@ -22,7 +22,7 @@ from torch.nn import Module
 
 import kernels.bf16 as bf16
 import kernels.skinny as skinny
-from kernels.blocked import DTYPES, blocked, fusable, fused
+from kernels.blocked import DTYPES, blocked, fusable, fused, lasting
 from kernels.kept_keys import KeptKeys, kept, passed, point
 from kernels.one_copy import group_blocks, groups, release, released
 from kernels.memory_fits import can_prepack, copy_fits
@@ -267,6 +267,7 @@ class CStep:
         (the output layer's weight, q/k/v biases where the model has them) by address and version."""
         return changes(), *(_of(t) for t in (self.output.weight, *self.copied))
 
+    @lasting()  # its tensors outlive an inference_mode block it is made in (``kernels.blocked.lasting``)
     def _build(self, model: Module) -> None:
         reason = step_unsupported(model)
         if reason is not None:

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
-from kernels.blocked import DTYPES, blocked, fused
+from kernels.blocked import DTYPES, blocked, fused, lasting
 from kernels.file_pages import _drop_pages, _file_mappings, unviewed  # noqa: F401 (importable here too)
 from kernels.prepacking import OWN, SKINNY, PrepackedLinear, plan, prepackable, set_prepack
 
@@ -68,6 +68,7 @@ def group_blocks(modules: Sequence[Module]) -> Optional[Tensor]:
     return whole
 
 
+@lasting()  # the blocks outlive an inference_mode block the first step is made in (``kernels.blocked.lasting``)
 def release(model: Module) -> bool:
     """Free the own weights of ``model``'s decoder-layer linears, keeping their blocked copies (made now
     where they are not yet), float32 or bfloat16 (a bfloat16 model's layers become ``PrepackedLinear``

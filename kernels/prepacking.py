@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
-from kernels.blocked import DTYPES, unreleased
+from kernels.blocked import DTYPES, lasting, unreleased
 from kernels.memory_fits import can_prepack as _can_prepack, copy_fits, prepack_fits, readers_of  # noqa: F401 (kept importable here)
 from kernels.remembered_packs import _REMEMBERED, _Remembered, remembered  # noqa: F401
 from kernels.kept_steps import forget_step
@@ -119,6 +119,7 @@ class PrepackedLinear(Module):
         weight.data = self.packed.to_dense()
         self.source, self.parked = _source(self.linear[0]), False
 
+    @lasting()  # the weight given back is a normal tensor, in or out of inference mode (``kernels.blocked.lasting``)
     def restore(self) -> None:
         """The layer's own weight again, unblocked from ``blocks`` (a plan that no longer runs the skinny kernel)."""
         if self.blocks is None:

@@ -39,14 +39,19 @@ from kernels.prepacking import plan, prepacked
 from runners.static import capacity as cache_capacity, carry, fed, set_length, static_cache
 from runners.trees import TreePasses
 
-# inductor's freezing for the model's own CPU linears (MKL-packed constants); graphs with frozen packed
-# weights are not kept by inductor's disk cache (they bypass it), so they are compiled at every start
+# inductor's freezing for the model's own CPU linears (their weights constants, packed for this CPU). Freezing
+# alone does not keep a graph from inductor's disk cache on torch 2.13 (frozen weights are keyed by shape and
+# dtype, bound again from the model at a hit: a float64 model's frozen graphs are kept, tests/test_compile_cache.py);
+# what does is the packing (``torch._inductor.config.cpp.weight_prepack``, on by default): a float32 linear's
+# weight becomes a oneDNN (mkldnn) tensor, which the cache cannot pickle ("mkldnn tensors unpickleable":
+# ``fxgraph_cache_bypass``), so those graphs are compiled at every start (checked on a tiny float32 Llama;
+# with the packing off, a second start hits)
 FREEZING = True
 # the frozen linears' kernels (``--gemm``): "templates", inductor's C++ GEMM templates autotuned against
 # MKL when a graph is built, so the faster one per shape on this CPU is kept; "mkl": MKL's alone. On a
 # 2-core AVX2 EPYC (docs/profile.md) MKL's 1-row products run on one core at ~12 GB/s, the templates on
 # both at ~18 GB/s (a pass 2x faster), but building them takes inductor ~17 min for the embedded model's
-# six pass lengths, at every start (frozen graphs bypass its cache), against ~4 min with MKL; "skinny":
+# six pass lengths, at every start (measured: its frozen graphs bypassed the cache too), against ~4 min with MKL; "skinny":
 # the linears unfrozen, each one opaque call (``packed_linear``) to the skinny kernel up to 12 positions
 # (``kernels.skinny``: every core, the weight read once) and MKL past them (``SKINNY_ROUTE``), so the
 # graphs are not frozen and inductor's disk cache keeps them

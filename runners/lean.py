@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
-from kernels.c_step import CStep, step_for, step_unsupported
+from kernels.c_step import CStep, step_for
 from kernels.step_pool import taken_step
 from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache, window_seen
 from runners.config import lean_label
@@ -110,11 +110,16 @@ class LeanRunner(TreePasses):
 
     def _cache_dtype(self) -> torch.dtype:
         """The KV cache's dtype: float32 where the C step takes the model's passes (it computes in float32),
-        else the model's own (``compute_dtype``)."""
+        else the model's own (``compute_dtype``). A bfloat16 model's step is taken here, just before the first
+        pass that would take it, as that pass does (``taken_step``: a kept step still fresh without asking
+        ``step_unsupported`` again): one answer for the cache and the step. A model hooked now runs that pass
+        on transformers' forward, which ends the step for this runner (``_torch_cache``): none is made."""
         own = compute_dtype(self.model)
         if own == torch.float32 or self.step is False or not step_for(self.model, 1, unsupported=False):
             return own
-        return torch.float32 if step_unsupported(self.model) is None else own
+        if self.step is None:
+            self.step = False if self.hooks.hooked() else taken_step(self.model) or False
+        return torch.float32 if self.step else own
 
     def _torch_cache(self) -> None:
         """Before a torch pass: the cache in the model's own dtype (a bfloat16 model's float32 step cache

@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.needs_cc,
               pytest.mark.skipif(not prepackable(llama().to(torch.float32)), reason="needs oneDNN (mkldnn)")]
 
 IDS = torch.randint(96, (1, 12), generator=torch.Generator().manual_seed(3))
+DTYPES = [torch.float32, torch.bfloat16]  # the step's weights (a bfloat16 model's runner takes a float32 cache with it)
 
 
 def first_pass(model) -> LeanRunner:
@@ -151,7 +152,7 @@ class _Doubled(torch.nn.Linear):
 
 def _doubled(model) -> None:
     mlp = model.model.layers[1].mlp
-    made = _Doubled(mlp.down_proj.in_features, mlp.down_proj.out_features, bias=False).to(torch.float32)
+    made = _Doubled(mlp.down_proj.in_features, mlp.down_proj.out_features, bias=False).to(mlp.down_proj.weight.dtype)
     mlp.down_proj = made
 
 
@@ -162,34 +163,52 @@ def _eps(model) -> None:
 REFUSED = {"a linear put in the step does not take": _doubled, "one norm's epsilon changed": _eps}
 
 
-def test_a_runner_takes_the_kept_step_without_asking_step_unsupported_again(monkeypatch):
-    """``taken_step``: a kept step still fresh is taken as it is (``step_unsupported``, a walk over every
-    linear, not run again: the bulk of a generate call's Python before its first pass)."""
+def _never_asked(monkeypatch) -> list:
+    """``step_unsupported`` replaced by a recorder wherever it is bound (its module's name, and each module
+    that imported it by name): the models it is asked about."""
+    import sys
+
     import kernels.c_step
 
-    model = llama(layers=2).to(torch.float32)
-    step = first_pass(model).step
-    asked = []
-    monkeypatch.setattr(kernels.c_step, "step_unsupported", lambda m: asked.append(m))
+    asked, real = [], kernels.c_step.step_unsupported
+    for module in [m for m in list(sys.modules.values()) if getattr(m, "step_unsupported", None) is real]:
+        monkeypatch.setattr(module, "step_unsupported", lambda m: asked.append(m))
+    return asked
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_runner_takes_the_kept_step_without_asking_step_unsupported_again(dtype, monkeypatch):
+    """``taken_step``: a kept step still fresh is taken as it is (``step_unsupported``, a walk over every
+    linear, not run again: the bulk of a generate call's Python before its first pass), by a bfloat16
+    model's runner too (which decides its float32 cache by the step it takes); the same logits."""
+    model = llama(layers=2).to(dtype)
+    first = first_pass(model)
+    first.rollback(0)
+    logits = first(IDS, 3)
+    asked = _never_asked(monkeypatch)
     runner = first_pass(model)
-    assert runner.step is step and asked == []
+    assert runner.step is first.step and asked == []
     runner.rollback(0)
-    close(runner(IDS, 3), reference(model))
+    assert torch.equal(runner(IDS, 3), logits)
+    if dtype == torch.float32:
+        close(logits, reference(model))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("edit", sorted(REFUSED))
-def test_a_model_the_step_no_longer_takes_is_not_given_its_kept_step(edit):
+def test_a_model_the_step_no_longer_takes_is_not_given_its_kept_step(edit, dtype):
     """After ``edit`` (``step_unsupported`` now finds a reason), the next runner runs the torch forward,
-    not the kept step: its logits are the edited model's (the kept step's would not be)."""
-    model = llama(layers=2).to(torch.float32)
+    not the kept step: its logits are the edited model's (the kept step's would not be); a bfloat16
+    model's runner keeps its cache in bfloat16 then."""
+    model = llama(layers=2).to(dtype)
     first = first_pass(model)
     first.rollback(0)
     before = first(IDS, 3)  # the kept step's logits, on the model as it was
     REFUSED[edit](model)
     with torch.no_grad():
-        expected = model(IDS).logits[0, -3:]  # transformers' forward of the edited model
+        expected = model(IDS).logits[0, -3:].float()  # transformers' forward of the edited model
     assert not torch.allclose(expected, before, rtol=1e-3, atol=1e-3), "the edit changes the logits"
     runner = LeanRunner(model)
     logits = runner(IDS, 3)
-    assert runner.step is False and runner.step_passes == 0
-    close(logits, expected)
+    assert runner.step is False and runner.step_passes == 0 and runner.cache.layers[0].keys.dtype == dtype
+    close(logits.float(), expected)
