@@ -111,6 +111,7 @@ class PrepackedLinear(Module):
         self.linear[0].weight.data = torch.empty(0, dtype=self.linear[0].weight.dtype)
         self.source, self.parked = _source(self.linear[0]), True
 
+    @lasting()  # an unpark inside inference mode gives back a normal tensor, which a later in-place write may change
     def unpark(self) -> None:
         """The own weight back, unpacked from oneDNN's copy (which stays, for a route that runs it)."""
         if not self.parked:

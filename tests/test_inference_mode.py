@@ -114,3 +114,21 @@ def test_the_start_ups_skinny_hold_inside_inference_mode_gives_the_weights_back_
     assert released(model.lm_head) and not model.lm_head.blocks.is_inference()
     model.to(torch.float64).to(torch.float32)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+
+
+def test_own_weights_given_back_from_prepacked_copies_inside_inference_mode_are_normal_tensors():
+    """``hold(model, OWN)`` after ``hold(model, PREPACKED)``, both inside the mode (a start-up's measurement
+    in a notebook's block): the weights unparked from oneDNN's copies are normal tensors, bit for bit the
+    originals, which a cast outside the mode changes in place and back."""
+    from kernels.holding import hold
+    from kernels.prepacking import OWN, PREPACKED
+
+    model = llama(layers=2).to(torch.float32)
+    before = _bits(model)
+    with torch.inference_mode():
+        assert hold(model, PREPACKED)
+        hold(model, OWN)
+    weights = [p for p in model.parameters()]
+    assert weights and not any(p.is_inference() for p in weights)
+    model.to(torch.float64).to(torch.float32)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
