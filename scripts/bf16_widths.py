@@ -1,8 +1,8 @@
 """What a bfloat16 pass's linears cost by width (positions 1..16), per path, on a model's shapes, in one run:
 every linear of one pass (q/k/v fused, o, gate/up fused, down per layer, then the output layer) through
 ``skinny_linear_bf16`` on bfloat16 blocked weights of the model's sizes (constant values: speed does
-not depend on them), each width on the variant the C step runs it on (0 up to ``MANY_ROWS``, the path's
-many-row one past it). Interleaved rounds (path by path, width by width), medians; each path's costs
+not depend on them), each width on the variant the C step runs it on (0 up to ``bf16.decoding_rows``,
+the path's default many-row one past it; ``--tile``: one for every width). Interleaved rounds (path by path, width by width), medians; each path's costs
 relative to its own one-position pass, and each path's one-position pass against the first path's.
 
     ../shared/tools/quiet -- .venv/bin/python scripts/bf16_widths.py --model pair-target --paths amx dot avx512   # run alone
@@ -76,7 +76,6 @@ def main(argv: List[str] | None = None) -> None:
     if args.passes:
         return passes(args.model, PATHS[args.paths[0]], max(args.widths), args.rounds)
     from kernels import bf16, skinny
-    from kernels.prompt_gemm import MANY_ROWS
 
     library = skinny.library()
     if args.define:
@@ -93,9 +92,10 @@ def main(argv: List[str] | None = None) -> None:
     ys = {n: torch.empty(most, n) for n, _ in linears}
     threads = torch.get_num_threads()
     tiles = {p: bf16.PROMPT_TILE.get(p, 1) for p in paths}
+    most_rows = {p: bf16.decoding_rows(library, p) for p in paths}  # the C step's decoding loop up to these widths
 
     def one_pass(path: int, rows: int) -> float:
-        tile = args.tile if args.tile is not None else 0 if rows <= MANY_ROWS else tiles[path]
+        tile = args.tile if args.tile is not None else 0 if rows <= most_rows[path] else tiles[path]
         start = time.perf_counter()
         for (n, k), w in zip(linears, weights):
             library.skinny_linear_bf16(path, tile, xs[k].data_ptr(), w.data_ptr(), None, ys[n].data_ptr(), rows, n, k, threads)
