@@ -162,6 +162,16 @@ def prompt_tile(library: ctypes.CDLL, path: int, rows: int, shape: Optional[Tupl
     return FORCED_TILE if FORCED_TILE is not None else _tile(library, path, shape).pick
 
 
+def decoding_rows(library: ctypes.CDLL, path: int) -> int:
+    """The most positions a C step chunk on ``path`` runs on decoding's loop (variant 0): ``MANY_ROWS``, or
+    its register tile's rows where more (the AMX path's 16: passes of 13-16 positions then read each weight
+    once in one row tile, with the prefetches and three weight streams of 1-12 positions). Speed only: every
+    variant of a path gives a row the same bits."""
+    if path == F32:
+        return MANY_ROWS
+    return max(MANY_ROWS, tiles(library, path)[0][0])
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
 

@@ -173,9 +173,11 @@ static void amx_decode(const float *x, const uint16_t *p, const float *b, float 
     if (xb != stack) free(xb);
 }
 
-/* Variant 1 (a prompt's): groups of two blocks dealt contiguously; per group, row blocks of two tiles of
- * `rows` rows, each over every chunk of k (the group's weights stay in L2 while the row blocks pass):
- * per chunk two A and two B tiles loaded for four TDPBF16PS. */
+/* Variant 1 (a prompt's, and the C step's passes of 13-16 positions): groups of two blocks dealt
+ * contiguously; per group, row blocks of two tiles of `rows` rows, each over every chunk of k (the
+ * group's weights stay in L2 while the row blocks pass): per chunk two A and two B tiles loaded for
+ * four TDPBF16PS. The first row block prefetches the group's weights as variant 0 does: up to 32 rows
+ * are that one block, which reads every weight once from memory. */
 static void amx_rows(const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N, int64_t K) {
     int t = omp_get_thread_num(), threads = omp_get_num_threads();
     int64_t blocks = (N + BW - 1) / BW, groups = (blocks + 1) / 2;
@@ -201,6 +203,7 @@ static void amx_rows(const float *x, const uint16_t *p, const float *b, float *y
             _tile_zero(2);
             _tile_zero(3);
             for (int64_t k = 0; k < Kp; k += KT) {
+                if (m0 == 0) ahead(p, b0, 1 + two, K, k); /* as decoding's: the first row block streams from memory */
                 _tile_loadd(4, xb + m0 * Kp + k, Kp * sizeof(uint16_t));
                 _tile_loadd(6, weights_at(p, b0, K, k, tail0), 64);
                 _tile_dpbf16ps(0, 4, 6);

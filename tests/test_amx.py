@@ -29,12 +29,12 @@ def amx(monkeypatch):
     return bf16.AMX
 
 
-def test_a_positions_logits_are_the_same_at_widths_1_5_13_64_and_200(amx):
-    """200 positions after a 10-position prompt, fed in passes of 1, 5, 13, 64 and 200 (decoding's loop,
-    the many-row variant, partial row tiles): every position's logits the same bits at every width."""
+def test_a_positions_logits_are_the_same_at_widths_1_5_13_16_64_and_200(amx):
+    """200 positions after a 10-position prompt, fed in passes of 1, 5, 13, 16, 64 and 200 (decoding's loop,
+    the many-row variant from 13, partial row tiles): every position's logits the same bits at every width."""
     model, ids = bfloat16("llama"), ids_for(210)
     runs = {}
-    for width in (1, 5, 13, 64, 200):
+    for width in (1, 5, 13, 16, 64, 200):
         runner = LeanRunner(model)
         runner(ids[:, :10], 1)
         got = [runner(ids[:, : min(a + width, 210)], min(width, 210 - a)) for a in range(10, 210, width)]
@@ -61,6 +61,32 @@ def test_sums_are_the_exact_ones_within_float32_rounding_of_the_rounded_activati
     assert ((got - exact_rounded).abs() <= 600 * 2.0 ** -24 * magnitude + 1e-6).all()
     exact = x.double() @ w.double().t() + b.double()
     assert ((got - exact).abs() <= 2.0 ** -8 * magnitude).all()
+
+
+def test_prefetches_change_no_bit_of_either_variant(amx, tmp_path):
+    """This CPU's build without prefetches (-DBF16_AHEAD_BYTES=0: speed only, bf16_tiles.h) gives the bits
+    of the one with them, on both AMX variants, over 1..16 rows (verification's widths) and 40 (two row
+    tiles of variant 1), K of 600 (a partial last chunk), 216 outputs (a padded block), 1 and 2 threads."""
+    import subprocess
+
+    from utils.toolchain import c_compiler
+
+    out = tmp_path / "no_prefetch.so"
+    sources = [str(s) for s in skinny.SOURCES if s.name.startswith("skinny")]
+    subprocess.run([c_compiler(), *skinny.FLAGS, "-DBF16_AHEAD_BYTES=0", "-o", str(out), *sources], check=True, timeout=120)
+    bare = ctypes.CDLL(str(out))
+    g = torch.Generator().manual_seed(13)
+    w, x, b = torch.randn(216, 600, generator=g).bfloat16(), torch.randn(40, 600, generator=g), torch.randn(216, generator=g)
+    packed = pack(w)
+    for tile in (0, 1):
+        for threads in (1, 2):
+            for m in (*range(1, 17), 40):
+                got, want = torch.empty(m, 216), torch.empty(m, 216)
+                for library, y in ((bare, got), (skinny.library(), want)):
+                    library.skinny_linear_bf16(ctypes.c_int64(amx), ctypes.c_int64(tile), ctypes.c_void_p(x.data_ptr()),
+                                               ctypes.c_void_p(packed.data_ptr()), ctypes.c_void_p(b.data_ptr()),
+                                               ctypes.c_void_p(y.data_ptr()), *map(ctypes.c_int64, (m, 216, 600, threads)))
+                assert torch.equal(got, want), (tile, threads, m)
 
 
 def test_a_build_without_amx_offers_no_amx_path_and_runs_no_tile(tmp_path):

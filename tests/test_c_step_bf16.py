@@ -144,7 +144,8 @@ def test_the_dot_path_computes_the_sums_it_documents():
 def test_every_variant_gives_a_row_the_bits_it_gets_alone(path, threads):
     """K of 600 (two k-panels of 256 and a part, chunks of 128 rounded on the dot path), 216 outputs (13
     whole blocks, shared 13 ways over the threads into full and partial tiles, and a padded one), a bias:
-    every variant of the path (decoding's and the many-row tiles) over 1..12 rows and over 100 (row
+    every variant of the path (decoding's and the many-row tiles) over 1..16 rows (verification's widths:
+    the AMX path's partial row tiles up to its 16, the others' 12 and a second row block) and over 100 (row
     blocks and a remainder) gives each row the bits it gets alone on decoding's loop; the widening paths
     give the plain-C path's bits. (The AMX path's variants take the whole of k: chunks of 32, a partial last.)"""
     g = torch.Generator().manual_seed(7)
@@ -158,16 +159,17 @@ def test_every_variant_gives_a_row_the_bits_it_gets_alone(path, threads):
         if path not in bf16.ROUNDING:
             assert torch.equal(alone, torch.cat([bf16.linear(x[i: i + 1], packed, 216, b, bf16.SCALAR, 0) for i in range(100)]))
         for tile in range(len(variants)):
-            for m in (*range(1, 13), 100):
+            for m in (*range(1, 17), 100):
                 assert torch.equal(bf16.linear(x[:m], packed, 216, b, path, tile), alone[:m]), (variants[tile], m)
     finally:
         torch.set_num_threads(before)
 
 
 def test_a_long_pass_takes_the_paths_many_row_variant(path, monkeypatch):
-    """The C step's chunks over 12 positions run the path's many-row variant (the one measured fastest
-    here, ``bf16.prompt_tile``), up to 12 decoding's loop: the variant a prompt runs is one the test
-    above holds to the same bits."""
+    """The C step's chunks over 12 positions (over 16 on the AMX path: its decoding tile's rows,
+    ``bf16.decoding_rows``) run the path's many-row variant (the one measured fastest here,
+    ``bf16.prompt_tile``), up to them decoding's loop: the variant a prompt runs is one the test above
+    holds to the same bits."""
     seen, shapes = [], set()
     real = CStep._run
 
@@ -177,13 +179,16 @@ def test_a_long_pass_takes_the_paths_many_row_variant(path, monkeypatch):
         return real(self, *args)
 
     monkeypatch.setattr(CStep, "_run", recording)
-    model, ids = bfloat16("llama"), ids_for(40)
+    model, ids = bfloat16("llama"), ids_for(56)
     runner = LeanRunner(model)
     runner(ids[:, :30], 1)
     runner(ids[:, :40], 10)
+    runner(ids[:, :56], 16)
     (shape,) = shapes  # the model's own path and variant: another test's model in this process may differ
     many = bf16.prompt_tile(skinny.library(), path, MANY_ROWS + 1, shape)
-    assert seen == [(30, many), (10, 0)] and 1 <= many < len(bf16.tiles(skinny.library(), path))
+    wide = 0 if path == bf16.AMX else many  # 16 positions: one AMX row tile, two of the others' 12
+    assert bf16.decoding_rows(skinny.library(), path) == (16 if path == bf16.AMX else MANY_ROWS)
+    assert seen == [(30, many), (10, 0), (16, wide)] and 1 <= many < len(bf16.tiles(skinny.library(), path))
 
 
 def built(tmp_path, arch: str) -> ctypes.CDLL:
