@@ -16,6 +16,7 @@ bit, and with the float32 step on the weights widened to float32; the dot and AM
 from them and from each other (``skinny_bf16.c``, ``skinny_amx.c`` say how). ``describe`` and ``short_words`` name the choice and its measurement.
 """
 import ctypes
+import functools
 import weakref
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -162,6 +163,7 @@ def prompt_tile(library: ctypes.CDLL, path: int, rows: int, shape: Optional[Tupl
     return FORCED_TILE if FORCED_TILE is not None else _tile(library, path, shape).pick
 
 
+@functools.lru_cache(maxsize=None)  # asked once a pass; a library is loaded once a process and kept
 def decoding_rows(library: ctypes.CDLL, path: int) -> int:
     """The most positions a C step chunk on ``path`` runs on decoding's loop (variant 0): ``MANY_ROWS``, or
     its register tile's rows where more (the AMX path's 16: passes of 13-16 positions then read each weight

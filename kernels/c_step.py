@@ -365,7 +365,6 @@ class CStep:
         chunk = prompt.chunk or CHUNK_ROWS
         # a long chunk's variant: the float32 plan's, or the bfloat16 path's many-row one (speed only, the same bits)
         tile = prompt.tile if self.dims.weights == bf16.F32 else bf16.prompt_tile(self.library, self.dims.weights, MANY_ROWS + 1, self.shape)
-        most = bf16.decoding_rows(self.library, self.dims.weights)  # widths up to it: decoding's loop
         rows = min(r, chunk)
         needed = self.library.c_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(rows), ctypes.c_int64(threads))
         if self.scratch.numel() < needed:
@@ -376,7 +375,7 @@ class CStep:
         mask = None if seen is None else seen.to(torch.uint8).view(-1, r, start + r)
         first_logit = r - n_last  # the first position whose logits are asked
         for a, b in chunk_bounds(r, chunk):
-            self.dims.tile = tile if b - a > most else 0  # decoding's and verification's widths: variant 0
+            self.dims.tile = tile if b - a > bf16.decoding_rows(self.library, self.dims.weights) else 0  # decoding's loop up to it
             masks = (None, None) if mask is None else tuple(m[a:b, : start + b].contiguous() for m in mask[[0, -1]])
             asked = max(0, b - max(a, first_logit))  # this chunk's last `asked` positions have logits asked
             out = logits[max(a, first_logit) - first_logit:] if asked else logits
