@@ -166,6 +166,15 @@ int c_attend(const float *q, int64_t P, int64_t g, const float *keys, const floa
     return 0;
 }
 
+/* the lanes of attention's vectors in this build (attention_vec.h: 16 on AVX-512, 8 on AVX2); 1: the plain loops */
+int c_attention_lanes(void) {
+#if defined(ATTENTION_VEC)
+    return VW;
+#else
+    return 1;
+#endif
+}
+
 /* floats of a thread's attention scratch: the scores [POSITIONS GROUP, cap + 16], the sums [POSITIONS GROUP, D],
  * then POSITIONS masks' bytes [cap + 16] */
 static int64_t per_thread_floats(const Dims *d) {
@@ -177,6 +186,19 @@ int64_t c_step_scratch(const Dims *d, int64_t r, int64_t threads) {
     int64_t nqkv = (d->Hq + 2 * d->Hkv) * d->D;
     return r * (d->H + nqkv + d->Hq * d->D + d->H + 2 * d->I + d->I) + d->Hkv * blocks_of(d->cap) * BLOCK * d->D +
            threads * per_thread_floats(d);
+}
+
+/* The query heads of a key-value head that one attention unit takes (<= limit), for r positions on `threads`
+ * threads: the count that makes the busiest thread's share least, a unit of g heads costing about 8 + g
+ * (its keys' and values' loads, shared by its heads, weigh about 8 heads' arithmetic: SmolLM2's shapes at 800
+ * slots, a rough model for the schedule alone; every count gives the same bits); the most on a tie. */
+static int64_t heads_at_once(int64_t per, int64_t Hkv, int64_t r, int64_t threads, int64_t limit) {
+    int64_t best = 1, cost = -1;
+    for (int64_t g = per < limit ? per : limit; g >= 1; g--) {
+        int64_t units = Hkv * ((per + g - 1) / g) * r, share = (units + threads - 1) / threads * (8 + g);
+        if (cost < 0 || share < cost) best = g, cost = share;
+    }
+    return best;
 }
 
 /* One pass. h: [r, H], the embeddings of the fed ids in, overwritten (its last n_last rows: the last
@@ -197,7 +219,7 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
     int ran = 1;
     if (threads < 1) threads = 1;
     /* attention's units: a position's query heads of one key-value head (per), in groups of qg */
-    const int64_t per = Hq / Hkv, qg = Hkv * r >= 4 * threads ? (per < GROUP_LIMIT ? per : GROUP_LIMIT) : 1, groups = (per + qg - 1) / qg;
+    const int64_t per = Hq / Hkv, qg = heads_at_once(per, Hkv, r, threads, GROUP_LIMIT), groups = (per + qg - 1) / qg;
     int64_t pp = POSITIONS_LIMIT < POSITIONS ? POSITIONS_LIMIT : POSITIONS; /* positions a unit takes: as many as keep 4 units a thread */
     while (pp > 1 && Hkv * groups * ((r + pp - 1) / pp) < 4 * threads) pp /= 2;
 #pragma omp parallel num_threads((int)threads)

@@ -26,10 +26,12 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--context", type=int, nargs="+", default=[400, 800], help="cached positions before each timed pass")
     parser.add_argument("--rounds", type=int, default=40, help="timed pairs (medians)")
     parser.add_argument("--profile", action="store_true", help="the profiling build: CPU ms by part too")
+    parser.add_argument("--march", default="native", help="the library built for this -march (haswell: the AVX2 build)")
     args = parser.parse_args(argv)
     torch.set_grad_enabled(False)
     from kernels import skinny
 
+    skinny.FLAGS = tuple(f"-march={args.march}" if f == "-march=native" else f for f in skinny.FLAGS)  # its own library file
     if args.profile:
         skinny.FLAGS = (*skinny.FLAGS, "-DSTEP_PROFILE")  # its own library file (the flags are in its name)
     library = skinny.library()

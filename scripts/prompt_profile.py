@@ -39,11 +39,13 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--groups", type=int, nargs="+", default=[4], help="attention's most query heads at once (1: one at a time)")
     parser.add_argument("--positions", type=int, default=8, help="attention's most positions at once (1-8; the same bits)")
+    parser.add_argument("--march", default="native", help="the library built for this -march (haswell: the AVX2 build)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
     from kernels import skinny
 
+    skinny.FLAGS = tuple(f"-march={args.march}" if f == "-march=native" else f for f in skinny.FLAGS)  # its own library file
     skinny.FLAGS = (*skinny.FLAGS, "-DSTEP_PROFILE")  # its own library file (the flags are in its name)
     library = skinny.library()
     library.c_step_profile.restype = ctypes.c_int

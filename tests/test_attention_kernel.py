@@ -1,0 +1,79 @@
+"""attention.h's vector tiles (attention_tiles.h) on each build: AVX-512's 16 lanes (this CPU's build, where
+it has them), AVX2's 8 and the plain loops give every query the same bits, alone or with other positions and
+heads of its key-value head (up to 8 positions x 4 heads: 32 rows, two 16-row transposes of totals, tiles
+of 5 and 6 rows cut short), on the shapes at the tiles' edges: slot counts off the 8- and 16-lane
+boundaries, head sizes with a tail of dimensions or none, a chain's staircase, positions seeing very
+different counts of slots (a row's weights 0 past its own), a tree's scattered mask, a window's gap."""
+import ctypes
+
+import pytest
+import torch
+
+from kernels import skinny
+from test_c_step import built
+
+pytestmark = [pytest.mark.needs_cc,
+              pytest.mark.skipif(not skinny.available()[0], reason="the skinny kernel is not built here")]
+
+ARCHES = ("native", "haswell", "x86-64")
+
+
+@pytest.fixture(scope="module")
+def libraries(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("builds")
+    return {arch: built(folder, arch) for arch in ARCHES}
+
+
+def attention(library, q: torch.Tensor, keys, values, seen, lengths, together: bool) -> torch.Tensor:
+    """c_attend: q [P, g, D] over keys, values [L, D], seen [P, L], lengths [P] into [P, g, D]."""
+    out, (L, D) = torch.empty(q.shape), keys.shape
+    pointers = [ctypes.c_void_p(x.data_ptr()) for x in (q, keys, values, seen, lengths)]
+    assert 0 == library.c_attend(pointers[0], ctypes.c_int64(q.shape[0]), ctypes.c_int64(q.shape[1]), *pointers[1:],
+                                 ctypes.c_int64(L), ctypes.c_int64(D), ctypes.c_float(D ** -0.5), ctypes.c_void_p(out.data_ptr()),
+                                 ctypes.c_int64(int(together)))
+    return out
+
+
+def cases():
+    """(q [8, 4, D], keys, values [L, D], seen [8, L] uint8, lengths [8]) over head sizes and slot counts at the
+    lanes' edges and four patterns of what the eight positions see."""
+    g = torch.Generator().manual_seed(11)
+    for D in (8, 16, 24, 64, 72):
+        for L in (7, 9, 17, 31, 100, 257):
+            keys, values = torch.randn(L, D, generator=g), torch.randn(L, D, generator=g)
+            staircase = torch.tensor([max(1, L - 7 + p) for p in range(8)])
+            spread = torch.tensor([max(1, L * (p + 1) // 8) for p in (5, 0, 7, 2, 6, 1, 4, 3)])  # 1/8 to all of the slots
+            patterns = [(torch.ones(8, L, dtype=torch.bool), staircase), (torch.ones(8, L, dtype=torch.bool), spread),
+                        (torch.rand(8, L, generator=g) < 0.5, spread), ((torch.arange(L) >= L // 2).expand(8, L), staircase)]
+            for seen, lengths in patterns:
+                seen = seen.clone()
+                seen[torch.arange(8), lengths - 1] = True  # the position itself
+                yield torch.randn(8, 4, D, generator=g) * 2, keys, values, seen.to(torch.uint8), lengths
+
+
+def test_each_build_runs_attention_on_its_own_lanes(libraries):
+    """The AVX2 build takes the 8-lane tiles, the plain x86-64 build the plain loops, this CPU's build its widest
+    (so that the bit comparisons below compare the vector paths)."""
+    lanes = {arch: library.c_attention_lanes() for arch, library in libraries.items()}
+    assert lanes["haswell"] == 8 and lanes["x86-64"] == 1
+    assert lanes["native"] == (16 if "avx512f" in open("/proc/cpuinfo").read() else 8)
+
+
+def test_every_build_gives_every_query_the_bits_of_one_query_alone(libraries):
+    """Every build: 1, 2, 3 or 8 positions x 1, 3 or 4 heads together give each query the bits it gets alone,
+    close to softmax(q k^T / sqrt(D)) v; the three builds the same bits."""
+    outputs = {arch: [] for arch in ARCHES}
+    for q, keys, values, seen, lengths in cases():
+        L = keys.shape[0]
+        visible = seen.bool() & (torch.arange(L) < lengths[:, None])
+        expected = torch.softmax((q @ keys.T * keys.shape[1] ** -0.5).masked_fill(~visible[:, None], -float("inf")), -1) @ values
+        for arch, library in libraries.items():
+            for positions, heads in ((1, 1), (2, 3), (3, 4), (8, 1), (8, 3), (8, 4)):
+                queries = q[:positions, :heads].contiguous()
+                alone = attention(library, queries, keys, values, seen[:positions].contiguous(), lengths[:positions], False)
+                together = attention(library, queries, keys, values, seen[:positions].contiguous(), lengths[:positions], True)
+                assert torch.equal(together, alone), (arch, keys.shape, positions, heads)
+                torch.testing.assert_close(alone, expected[:positions, :heads], rtol=1e-4, atol=1e-5)
+                outputs[arch].append(alone)
+    for arch in ARCHES[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(outputs[ARCHES[0]], outputs[arch])), arch
