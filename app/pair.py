@@ -37,6 +37,7 @@ class Pair:
     end_tokens: List[int] = field(default_factory=list)  # the target's end-of-sequence and end-of-turn ids
     drafter_tokenizer: object = None  # set only for a drafter with a tokenizer of its own (``drafters.cross_tokenizer``)
     relation: str = ""  # how such a drafter relates to the target: shared tokens, the translation used
+    drafter_dtype_notes: Tuple[str, str] = ("", "")  # why the drafter's dtype is not the target's: full line's, short line's
 
     def runner(self, role: str):
         """The ``RunnerConfig`` the ``role``'s passes run under (eager, the device's cache if none was set)."""
@@ -52,13 +53,15 @@ class Pair:
                                   else (self.drafter, self.drafter_label, self.drafter_quantize))
         notes = {} if self.measured is None else self.measured.notes(role)
         line = describe(model, label, quantize, notes, self.runner(role))
-        return line + (f" · {self.relation}" if role == "drafter" and self.relation else "")
+        notes = (self.drafter_dtype_notes[0], self.relation) if role == "drafter" else ()
+        return line + "".join(f" · {note}" for note in notes if note)
 
     def summary(self, role: str) -> str:
         """The short header line for the target or the drafter (``summary``); ``describe`` is the full one."""
         model, label, quantize = ((self.target, self.target_label, self.quantize) if role == "target"
                                   else (self.drafter, self.drafter_label, self.drafter_quantize))
-        return summary(model, label, quantize, self.runner(role))
+        short = self.drafter_dtype_notes[1] if role == "drafter" else ""
+        return summary(model, label, quantize, self.runner(role)) + (f" · {short}" if short else "")
 
     @property
     def dtype_note(self) -> str:
@@ -316,6 +319,7 @@ class LoadOptions:
     step_widths: Tuple[int, ...] = (1,)  # the compiled step's widths built at start-up (the measurements': 1 and gamma + 1)
     first_answer_limit: float = FIRST_ANSWER_LIMIT  # seconds transformers' compiled forward may take by CUDA's default
     hidden_layers: Tuple[int, ...] = ()  # a head's layers (``app.steps.head_layers``): the start-up graphs return them
+    drafter_dtype: Optional[str] = None  # --drafter-dtype: the drafter's weights dtype (None: the target's; "auto": ``_drafter_dtype``)
 
 
 def llama_cpp_target(target: Optional[str]) -> str:
@@ -346,6 +350,7 @@ def load_pair(target: Optional[str], drafter: Optional[str], options: LoadOption
     that cannot (``cross_problem``; the chat template matters when ``chat``) is dropped with one line."""
     import torch
 
+    from app.drafter_dtype import drafter_dtype
     from measure import ImplausibleCosts, busy_note, startup
     from utils.models import end_tokens, resolve_device
 
@@ -372,7 +377,10 @@ def load_pair(target: Optional[str], drafter: Optional[str], options: LoadOption
         layers = drafter.startswith("layers:")
         drafter_quantize = options.quantize if layers else options.drafter_quantize or options.quantize
         where = resolve_device(options.drafter_device or device)
-        pair.drafter, drafter_tokenizer, pair.drafter_label = _load("drafter", drafter, where, dtype, drafter_quantize,
+        own = drafter_dtype(options.drafter_dtype, dtype, drafter, where, options.measure_dtype,
+                            functools.partial(_measured_dtype, device=where, options=measuring, say=say))
+        pair.drafter_dtype_notes = (own.note, own.short)
+        pair.drafter, drafter_tokenizer, pair.drafter_label = _load("drafter", drafter, where, own.value, drafter_quantize,
                                                                     options.trust_remote_code, model, say)
         pair.drafter_quantize = drafter_quantize
         _check_drafter(pair, drafter_tokenizer, drafter, options.chat, say)

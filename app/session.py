@@ -40,6 +40,11 @@ def add_shared_flags(parser: argparse.ArgumentParser) -> None:
                         "of the target (default: none)")
     parser.add_argument("--device", help="cpu, cuda, cuda:N, or auto (shard over all GPUs); default cuda when available")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"], help="weights dtype")
+    parser.add_argument("--drafter-dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"], help="the drafter "
+                        "model's weights dtype: auto (default) is the target's, except under --preset pair with a float32 target "
+                        "on CPU, where the drafter runs bfloat16 when a bfloat16 matmul of its shape measures clearly faster (it "
+                        "halves the bytes a draft reads; the target verifies every draft, so the output is unchanged). Named in "
+                        "the Drafter line")
     parser.add_argument("--cache", choices=["auto", "static", "dynamic"], default="auto", help="KV cache kind of our eager "
                         "runners: static (preallocated, rolled back by moving the write position) or the model's dynamic "
                         "cache; auto measures both at start-up on CPU and keeps the faster, static on CUDA (default auto; "

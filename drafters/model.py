@@ -11,7 +11,7 @@ from drafters.cross_tokenizer import cross_drafter, same_vocabulary
 from drafters.spec import DraftContext, DrafterSpec
 from runners.limits import common_vocab_size, context_window
 from runners import KVCacheModel
-from utils.logits_processor import LogitsProcessor
+from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 
 class ModelDrafter(Drafter):
@@ -48,6 +48,8 @@ class ModelDrafter(Drafter):
         k = min(k, self.max_drafts(cur))
         if k < self.min_draft:  # known before any draft is drawn: nothing is dropped after sampling
             return 0, None
+        if self.draws_only:
+            return self._greedy(ids, cur, k), None
         qs = []
         for i in range(k):
             q = self.logits_processor(self.model(ids[:, : cur + i], 1)[:, : self.vocab_size])
@@ -57,6 +59,19 @@ class ModelDrafter(Drafter):
             ids[0, cur + i] = self.logits_processor.sample(q)[0, 0]
             qs.append(q)
         return len(qs), torch.cat(qs) if qs else None
+
+    @property
+    def draws_only(self) -> bool:
+        """Whether no draft's probabilities are needed: greedy (the loop compares tokens) with no confidence cutoff."""
+        return type(self.logits_processor) is GreedyProcessor and not self.p_min
+
+    def _greedy(self, ids: Tensor, cur: int, k: int) -> int:
+        """``k`` greedy drafts written into ``ids`` from position ``cur``, each the argmax of the drafter's
+        logits (``GreedyProcessor.choose``: the token ``sample(softmax)`` gives, without the softmax over the
+        vocabulary a draft does not need); returns ``k``."""
+        for i in range(k):
+            ids[0, cur + i] = self.logits_processor.choose(self.model(ids[:, : cur + i], 1)[:, : self.vocab_size])[0, 0]
+        return k
 
     def accept(self, tokens: List[int], start: int, n_accepted: int, fetched: None) -> None:
         self.model.rollback(start + n_accepted)

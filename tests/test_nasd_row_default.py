@@ -25,14 +25,14 @@ def _config(**changes) -> RunConfig:
 
 
 def test_only_the_named_row_runs_under_auto_and_only_with_measured_costs():
-    assert AUTO_ROWS == ("ngram",)
+    assert AUTO_ROWS == ("speculative", "ngram")  # the speculative row's: tests/test_speculative_row_default.py
     config = _config(auto_rows=AUTO_ROWS)
     ngram = row_config(BY_KEY["ngram"], config)
     assert ngram.policy.auto and ngram.gamma == 4 and ngram.policy.bound() == len(COSTS) - 1
-    for key in ("speculative", "pld", "chained", "target"):
+    for key in ("pld", "chained", "target"):
         assert row_config(BY_KEY[key], config) is config and row_setting(BY_KEY[key], config) == ""
     assert row_setting(BY_KEY["ngram"], config) == "gamma auto"
-    assert auto_rows_line(STRATEGIES, config) == "N-gram assisted: gamma auto (4 first, up to 11)"
+    assert auto_rows_line(STRATEGIES, config) == "Speculative, N-gram assisted: gamma auto (4 first, up to 11)"
     for plain in (_config(), RunConfig(gamma=4, auto_rows=AUTO_ROWS), _config(auto_rows=AUTO_ROWS).with_policy(auto=True)):
         assert row_config(BY_KEY["ngram"], plain) is plain and auto_rows_line(STRATEGIES, plain) == ""  # no costs, or all auto
     assert RunConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config

@@ -41,13 +41,14 @@ def gamma_flag(text: str):
     return "auto" if text == "auto" else flag_type("--gamma", "gamma")(text)
 
 
-def own_gamma(config, given):
+def own_gamma(config, given, drafter: bool = False):
     """``config`` (a ``RunConfig``) with ``AUTO_ROWS`` under gamma auto when no ``--gamma`` was ``given``
-    (None), and the header's words for the rows that run so ("" when none: a gamma given, or no costs)."""
+    (None), and the header's words for the rows that run so ("" when none: a gamma given, or no costs);
+    rows of a drafter model named only with one (``drafter``)."""
     from strategies import STRATEGIES, auto_rows_line
 
     config = config if given is not None else config.with_(auto_rows=AUTO_ROWS)
-    return config, auto_rows_line(STRATEGIES, config)
+    return config, auto_rows_line([s for s in STRATEGIES if drafter or not s.needs_drafter], config)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,7 +148,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                               args.trust_remote_code, args.cache, args.prepack, args.compile,
                               measure_dtype=preset.get("measure_dtype", False), remeasure=args.remeasure, chat=not args.no_chat,
                               calibrate=not args.no_calibrate, row_costs=args.row_costs, runner=args.runner,
-                              forward=args.forward, eager=args.eager, step_graphs=args.step_graphs,
+                              forward=args.forward, eager=args.eager, step_graphs=args.step_graphs, drafter_dtype=args.drafter_dtype,
                               step_widths=start_widths([args.gamma] if given is not None else [args.gamma, "auto"]),
                               hidden_layers=head_layers(head_path(args.head, args.target is None)))
         pair = load_pair(args.target, args.drafter, options, say)
@@ -171,7 +172,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     except SetupError as error:
         fail(str(error))
     context.head = head
-    config, own = own_gamma(config, given)
+    config, own = own_gamma(config, given, context.drafter is not None)
     if not args.no_calibrate:
         header.measurement(f"Policy: {context.policy(config).describe(config.gamma)}" + (f" · {own}" if own else ""))
     window = meter.stop()

@@ -19,8 +19,10 @@ from utils.printing import console, screen  # the one screen the REPL, the debug
 NGRAM_N = 8
 # the rows that run under gamma auto when no gamma was given (``RunConfig.auto_rows``; an explicit --gamma or
 # /gamma gives every row that bound): on the pair's code-editing prompts NASD's gamma 4 cut copies of 15-25
-# tokens short, and auto took 2-3 passes fewer in float32, 1-2 in bfloat16 (scripts/nasd_replay.py; docs/reference.md)
-AUTO_ROWS = ("ngram",)
+# tokens short, and auto took 2-3 passes fewer in float32, 1-2 in bfloat16 (scripts/nasd_replay.py; docs/reference.md).
+# The speculative row too: the pair's drafter is accepted at 0.9-0.96 on them, and its verification passes cost about
+# one position's up to 8-12, so gamma 4 paid a pass every ~4 tokens where auto pays one every ~6 (scripts/pair_step.py)
+AUTO_ROWS = ("speculative", "ngram")
 
 
 def kernels_caption(results) -> str:

@@ -19,7 +19,8 @@ def own_gamma_line(repl) -> str:
     /help's gamma and /stats: "N-gram assisted: gamma auto (4 first, up to 11)"; "" when none."""
     from strategies import STRATEGIES, auto_rows_line
 
-    return auto_rows_line(STRATEGIES, repl.config)
+    drafter = repl.context.drafter is not None
+    return auto_rows_line([s for s in STRATEGIES if drafter or not s.needs_drafter], repl.config)
 
 
 def _startup(repl) -> None:
