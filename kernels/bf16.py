@@ -179,8 +179,8 @@ def _ms(seconds: float) -> str:
 
 
 def _why(library: ctypes.CDLL, path: int, shape: Optional[Tuple[int, int]] = None) -> str:
-    """Why ``path`` runs here, and which many-row variant: "by measurement (3072x576 linears, 1 and 64 rows
-    weighed 64:8, 0.41 + 0.6 ms against 0.33 + 1.7 ms AVX-512 widening load, 0.38 ms at one position AVX2
+    """Why ``path`` runs here, and which many-row variant: "by measurement (3072x576 linears, 1, 8 and 64 rows
+    weighed 64:16:8, 0.41 + 0.45 + 0.6 ms against 0.33 + 0.5 + 1.7 ms AVX-512 widening load, 0.38 ms at one position AVX2
     widening load, ...); prompt tile 32x2, the only one built", or, where no path rounds apart, "by
     measurement (a one-position 3072x576 linear 0.41 ms against ...)"."""
     decided = _decided(library, shape)
@@ -196,11 +196,11 @@ def _why(library: ctypes.CDLL, path: int, shape: Optional[Tuple[int, int]] = Non
         why = f"by measurement (a one-position {n}x{k} linear {_ms(decided.path.picked_seconds())} against {others})"
     else:
         n, k = decided.shape
-        parts = {p: f"{one * 1e3:.3g} + {many * 1e3:.3g} ms" if many == many else f"{one * 1e3:.3g} ms at one position"
-                 for p, one, many in decided.path.parts}
+        parts = {p: f"{one * 1e3:.3g} + {verify * 1e3:.3g} + {many * 1e3:.3g} ms" if many == many else f"{one * 1e3:.3g} ms at one position"
+                 for p, one, verify, many in decided.path.parts}
         others = ", ".join(f"{parts[p]} {NAMES[p]}" for p, *_ in decided.path.parts if p != path)
-        weights = f"{choice.DECODED}:{choice.PROMPT // choice.ROWS}"
-        why = f"by measurement ({n}x{k} linears, 1 and {choice.ROWS} rows weighed {weights}, {parts[path]} against {others})"
+        weights = f"{choice.DECODED}:{choice.VERIFIED}:{choice.PROMPT // choice.ROWS}"
+        why = f"by measurement ({n}x{k} linears, 1, {choice.VERIFY_ROWS} and {choice.ROWS} rows weighed {weights}, {parts[path]} against {others})"
     shapes = tiles(library, path)
     name = lambda t: f"{shapes[t][0]}x{shapes[t][1]}"  # noqa: E731 (register tile: rows x blocks of 16 features)
     if FORCED_TILE is not None:

@@ -10,10 +10,13 @@ never depend on the pass's width), and every variant of a path gives a row the s
 The rule for the path (``choose_path``): the widening paths race at one position (they give the same
 bits and rank alike at any width); where paths that round the activations are built (the avx512_bf16
 dot, the AMX tiles), they and the fastest widening one race on a weighed run (``weighed``): the least
-seconds of ``DECODED`` one-position linears after a prompt of ``PROMPT`` positions (``PROMPT / ROWS``
-linears of ``ROWS`` rows). Decoding is most of a run's passes, but the prompt pass is where the paths
-differ most: the AMX tiles run a many-row linear several times faster than the widening load and
-decode at about its speed, so a run weighs both, as a user's first token and tokens/s do.
+seconds of ``DECODED`` one-position linears and ``VERIFIED`` of ``VERIFY_ROWS`` rows (a drafting row's
+verification passes) after a prompt of ``PROMPT`` positions (``PROMPT / ROWS`` linears of ``ROWS`` rows).
+Decoding is most of a run's passes, but the prompt pass is where the paths differ most: the AMX tiles
+run a many-row linear several times faster than the widening load and decode at about its speed, so a
+run weighs both, as a user's first token and tokens/s do; and the dot products, compute-bound from a
+few rows on where each costs several fused multiply-adds, could win both and still lose every drafting
+row's verification, so a run weighs those passes too.
 
 The timer is given (``Timer``): the decisions are pure functions of the seconds it returns, and the
 budget counts those seconds, so a test's fixed seconds decide as a clock's would.
@@ -30,6 +33,7 @@ WARMUP, REPEATS, MIN_REPEATS = 2, 7, 3  # untimed rounds, timed rounds, timed ro
 BUDGET = 0.15  # seconds of timed linears (their own sum, warm-up included) past which no further round starts
 ROWS = 64  # rows the many-row variants are timed over: half a prompt chunk, past MANY_ROWS
 DECODED, PROMPT = 64, 512  # the run a path is weighed on: 64 tokens after a 512-position prompt (grounded prompts run 200-770)
+VERIFY_ROWS, VERIFIED = 8, 16  # and a drafting row's verification: 64 tokens at about 4 a pass, up to 8 positions each
 MARGIN = 0.97  # another path or variant replaces the default only where it takes at most this share of its time
 WORKING_SET = 32 << 20  # bytes of weight copies taken in turn: a sample reads its weights from memory, as a pass does
 MOST_COPIES = 8
@@ -44,7 +48,7 @@ class Measured:
     pick: int
     how: str
     seconds: Tuple[Tuple[int, float], ...] = ()
-    parts: Tuple[Tuple[int, float, float], ...] = ()  # each path's (path, one-position, ``ROWS``-row seconds: NaN untimed)
+    parts: Tuple[Tuple[int, float, float, float], ...] = ()  # each path's (path, one-position, ``VERIFY_ROWS``-row, ``ROWS``-row seconds: NaN untimed)
 
     def others(self) -> Tuple[Tuple[int, float], ...]:
         return tuple((key, s) for key, s in self.seconds if key != self.pick)
@@ -76,10 +80,10 @@ def fastest(seconds: Dict[int, float], default: int) -> int:
     return default if default in seconds and not seconds[best] < MARGIN * seconds[default] else best
 
 
-def weighed(one: float, many: float) -> float:
-    """Seconds of the run a path is chosen on: ``DECODED`` linears of one position, and ``PROMPT / ROWS``
-    of ``ROWS`` rows (``one``, ``many``: the medians of each)."""
-    return DECODED * one + PROMPT / ROWS * many
+def weighed(one: float, verify: float, many: float) -> float:
+    """Seconds of the run a path is chosen on: ``DECODED`` linears of one position, ``VERIFIED`` of
+    ``VERIFY_ROWS`` rows, and ``PROMPT / ROWS`` of ``ROWS`` rows (``one``, ``verify``, ``many``: the medians of each)."""
+    return DECODED * one + VERIFIED * verify + PROMPT / ROWS * many
 
 
 def choose_path(built: Sequence[int], timer: Timer, default: Optional[int] = None,
@@ -87,8 +91,9 @@ def choose_path(built: Sequence[int], timer: Timer, default: Optional[int] = Non
     """The path ``built`` runs: each timed at one position; the fastest of the widening ones (not in
     ``rounding``: they give the same bits, and rank alike at any width), ``default`` (None: the first)
     unless another is clearly faster; then, where ``rounding`` paths are built, those and that one timed
-    over ``ROWS`` rows (each on its variant ``tiles[path]``, default 1) and the least ``weighed`` run
-    taken, the widening one unless another is clearly faster."""
+    over ``VERIFY_ROWS`` rows (decoding's variant 0, which runs a verification pass) and over ``ROWS`` rows
+    (each on its variant ``tiles[path]``, default 1) and the least ``weighed`` run taken, the widening one
+    unless another is clearly faster."""
     if len(built) == 1:
         return Measured(built[0], ONLY)
     one = medians(built, lambda path: timer(path, 0, 1))
@@ -98,9 +103,10 @@ def choose_path(built: Sequence[int], timer: Timer, default: Optional[int] = Non
     if len(racing) == 1:  # nothing rounds apart: the one-position race decides, as it did
         return Measured(best, MEASURED, tuple(one.items()))
     tiles = tiles or {}
+    verify = medians(racing, lambda path: timer(path, 0, VERIFY_ROWS))
     many = medians(racing, lambda path: timer(path, tiles.get(path, 1), ROWS))
-    seconds = {p: weighed(one[p], many[p]) for p in racing}
-    parts = tuple((p, one[p], many.get(p, float("nan"))) for p in built)
+    seconds = {p: weighed(one[p], verify[p], many[p]) for p in racing}
+    parts = tuple((p, one[p], verify.get(p, float("nan")), many.get(p, float("nan"))) for p in built)
     return Measured(fastest(seconds, racing[0] if best is None else best), MEASURED, tuple(seconds.items()), parts)
 
 

@@ -21,14 +21,14 @@ pytestmark = [pytest.mark.needs_cc,
 
 
 def given(seconds: dict, per_tile: dict):
-    """A timer as ``choice.linear_timer`` makes one, giving ``seconds[path]`` for one row and
-    ``per_tile[tile]`` for a many-row variant; each call counted in ``calls``."""
+    """A timer as ``choice.linear_timer`` makes one, giving ``seconds[path]`` for one row, twice that for
+    a verification's ``VERIFY_ROWS`` rows and ``per_tile[tile]`` for a many-row variant; each call counted in ``calls``."""
     calls = []
 
     def make(library, shape, threads, weights=None):
         def run(path: int, tile: int, rows: int) -> float:
             calls.append((shape, path, tile, rows))
-            return seconds[path] if rows == 1 else per_tile[tile]
+            return seconds[path] if rows == 1 else 2 * seconds[path] if rows == choice.VERIFY_ROWS else per_tile[tile]
         return run
 
     return make, calls
@@ -51,15 +51,15 @@ def test_the_fastest_path_and_variant_of_the_given_seconds_are_chosen():
     default leaves the default; one key built is taken untimed; the budget (the timer's own seconds)
     stops rounds after ``MIN_REPEATS``."""
     slow = lambda seconds: lambda path, tile, rows: seconds[path if rows == 1 else tile]  # noqa: E731
-    runs = lambda one, many: lambda path, tile, rows: (one if rows == 1 else many)[path]  # noqa: E731
+    runs = lambda one, verify, many: lambda path, tile, rows: {1: one, choice.VERIFY_ROWS: verify}.get(rows, many)[path]  # noqa: E731
     assert choice.choose_path([4, 3, 2], slow({4: 2.0e-3, 3: 1.0e-3, 2: 1.5e-3})) == \
         choice.Measured(3, choice.MEASURED, ((4, 2.0e-3), (3, 1.0e-3), (2, 1.5e-3)))  # no path rounds apart: one position decides
     assert choice.choose_path([4, 3], slow({4: 1.0e-3, 3: 0.99e-3})).pick == 4  # within the margin: the default
-    one, many = {5: 1.2e-3, 3: 1.0e-3, 2: 1.5e-3}, {5: 2e-3, 3: 8e-3}
-    measured = choice.choose_path([5, 3, 2], runs(one, many), 3, rounding=(5,))  # 5 rounds apart: it and 3 race on the weighed run
-    assert (measured.pick, measured.seconds) == (5, tuple((p, choice.weighed(one[p], many[p])) for p in (5, 3)))
-    assert measured.parts[:2] == ((5, one[5], many[5]), (3, one[3], many[3])) and measured.parts[2][:2] == (2, one[2])
-    assert math.isnan(measured.parts[2][2])  # 2 widens as 3 does, slower: never timed over many rows
+    one, verify, many = {5: 1.2e-3, 3: 1.0e-3, 2: 1.5e-3}, {5: 1.3e-3, 3: 1.2e-3}, {5: 2e-3, 3: 8e-3}
+    measured = choice.choose_path([5, 3, 2], runs(one, verify, many), 3, rounding=(5,))  # 5 rounds apart: it and 3 race on the weighed run
+    assert (measured.pick, measured.seconds) == (5, tuple((p, choice.weighed(one[p], verify[p], many[p])) for p in (5, 3)))
+    assert measured.parts[:2] == ((5, one[5], verify[5], many[5]), (3, one[3], verify[3], many[3])) and measured.parts[2][:2] == (2, one[2])
+    assert math.isnan(measured.parts[2][2]) and math.isnan(measured.parts[2][3])  # 2 widens as 3 does, slower: never timed over rows
     assert choice.choose_path([1], slow({})) == choice.Measured(1, choice.ONLY)
     assert choice.choose_tile(3, [1, 2], 2, slow({1: 0.9e-3, 2: 1.0e-3})).pick == 1
     calls = []
@@ -74,18 +74,23 @@ def test_a_path_slower_at_one_row_wins_where_its_prompt_pass_pays_for_it():
     many rows were timed on is the one given for it."""
     asked = []
 
-    def timer(one, many):
+    def timer(one, verify, many):
         def run(path, tile, rows):
             asked.append((path, tile, rows))
-            return (one if rows == 1 else many)[path]
+            return {1: one, choice.VERIFY_ROWS: verify}.get(rows, many)[path]
         return run
 
-    widening, amx = bf16.AVX512, bf16.AMX
-    assert choice.choose_path([amx, widening], timer({amx: 1.1e-3, widening: 1e-3}, {amx: 2.5e-3, widening: 20e-3}),
-                              widening, {amx: 1, widening: 2}, bf16.ROUNDING).pick == amx
+    widening, amx, dot = bf16.AVX512, bf16.AMX, bf16.DOT
+    assert choice.choose_path([amx, widening], timer({amx: 1.1e-3, widening: 1e-3}, {amx: 1.2e-3, widening: 1.2e-3},
+                                                     {amx: 2.5e-3, widening: 20e-3}), widening, {amx: 1, widening: 2}, bf16.ROUNDING).pick == amx
     assert {(path, tile) for path, tile, rows in asked if rows == choice.ROWS} == {(amx, 1), (widening, 2)}
-    assert choice.choose_path([amx, widening], timer({amx: 2e-3, widening: 1e-3}, {amx: 16.7e-3, widening: 20e-3}),
-                              widening, rounding=bf16.ROUNDING).pick == widening
+    assert {(path, tile) for path, tile, rows in asked if rows == choice.VERIFY_ROWS} == {(amx, 0), (widening, 0)}  # decoding's loop
+    assert choice.choose_path([amx, widening], timer({amx: 2e-3, widening: 1e-3}, {amx: 2e-3, widening: 1.2e-3},
+                                                     {amx: 16.7e-3, widening: 20e-3}), widening, rounding=bf16.ROUNDING).pick == widening
+    # the dot products as one measured them here: at one position and over 64 rows ahead, but 3x the widening
+    # load's time at a verification's 8 rows (docs/profile.md): a drafting row's passes decide it
+    dot_runs = timer({dot: 0.95e-3, widening: 1e-3}, {dot: 3e-3, widening: 1.1e-3}, {dot: 10e-3, widening: 12e-3})
+    assert choice.choose_path([dot, widening], dot_runs, widening, rounding=bf16.ROUNDING).pick == widening
 
 
 def test_a_process_measures_once_and_the_header_names_the_measurement(fresh, monkeypatch):
@@ -110,9 +115,9 @@ def test_a_process_measures_once_and_the_header_names_the_measurement(fresh, mon
     assert f"read by the {bf16.NAMES[built[1]]}, " in words, words
     if set(built[:2]) & set(bf16.ROUNDING):  # a path that rounds apart races: the weighed run, each many-row time named
         many_ms = lambda path: f"{per_tile[bf16.PROMPT_TILE[path]] * 1e3:.3g}"  # noqa: E731 (its default variant's seconds)
-        weights = f"{choice.DECODED}:{choice.PROMPT // choice.ROWS}"
-        assert (f"by measurement ({n}x{k} linears, 1 and {choice.ROWS} rows weighed {weights}, 0.41 + {many_ms(built[1])} ms "
-                f"against 0.63 + {many_ms(built[0])} ms {bf16.NAMES[built[0]]}") in words, words
+        weights = f"{choice.DECODED}:{choice.VERIFIED}:{choice.PROMPT // choice.ROWS}"
+        assert (f"by measurement ({n}x{k} linears, 1, {choice.VERIFY_ROWS} and {choice.ROWS} rows weighed {weights}, 0.41 + 0.82 + "
+                f"{many_ms(built[1])} ms against 0.63 + 1.26 + {many_ms(built[0])} ms {bf16.NAMES[built[0]]}") in words, words
     else:
         assert f"by measurement (a one-position {n}x{k} linear 0.41 ms against 0.63 ms {bf16.NAMES[built[0]]}" in words, words
     if len(many) > 1:
