@@ -5,7 +5,7 @@ drafts are proposed, never what is emitted: the target verifies every draft in i
 own tokens; sampling: accepted with ``min(1, p / q)`` for whatever ``q`` the drafter drew from), so the
 output stays the target's. The choice is named in the drafter's header line."""
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 from app.session import SetupError
 
@@ -22,12 +22,19 @@ class DrafterDtype:
     short: str = ""
 
 
+def measures(asked: Optional[str], target_dtype: str, drafter: str, device: str, measured: bool) -> bool:
+    """Whether the drafter's dtype is decided by measuring it: nothing asked (or "auto"), ``measured``
+    (``--preset pair``'s dtype measurement), a float32 target on CPU, and a drafter of its own."""
+    return (asked in (None, "auto") and measured and target_dtype == "float32" and device == "cpu"
+            and not drafter.startswith("layers:"))
+
+
 def drafter_dtype(asked: Optional[str], target_dtype: str, drafter: str, device: str, measured: bool,
-                  measure: Callable[[str], object]) -> DrafterDtype:
+                  found: object = None) -> DrafterDtype:
     """The drafter's dtype: ``asked`` (``--drafter-dtype``) when given, else the target's (``target_dtype``),
-    except with ``measured`` (``--preset pair``'s dtype measurement) for a float32 target on CPU: then
-    ``measure(drafter)`` (a ``measure.Finding`` whose value is "bfloat16" or "float32") decides. A
-    ``layers:N`` drafter is a copy of the target's layers, in the target's dtype."""
+    except where it ``measures``: then ``found`` (the drafter's ``measure.Finding``, whose value is
+    "bfloat16" or "float32", measured by the caller) decides. A ``layers:N`` drafter is a copy of the
+    target's layers, in the target's dtype."""
     if drafter.startswith("layers:"):
         if asked not in (None, "auto", target_dtype):
             raise SetupError(f"--drafter-dtype {asked}: a layers:N drafter is the target's own layers, in its dtype")
@@ -37,9 +44,8 @@ def drafter_dtype(asked: Optional[str], target_dtype: str, drafter: str, device:
         if asked == target_dtype or target_dtype == "auto":
             return DrafterDtype(asked)
         return DrafterDtype(asked, f"{asked} drafter (--drafter-dtype); {why}", f"drafts in {asked}")
-    if not (measured and target_dtype == "float32" and device == "cpu"):
+    if not measures(asked, target_dtype, drafter, device, measured):
         return DrafterDtype(target_dtype)
-    found = measure(drafter)
     if getattr(found, "value", "float32") != "bfloat16":
         return DrafterDtype(target_dtype)
     return DrafterDtype("bfloat16", f"bfloat16 drafter for the float32 target, {found.line}; {why} "

@@ -350,7 +350,7 @@ def load_pair(target: Optional[str], drafter: Optional[str], options: LoadOption
     that cannot (``cross_problem``; the chat template matters when ``chat``) is dropped with one line."""
     import torch
 
-    from app.drafter_dtype import drafter_dtype
+    from app.drafter_dtype import drafter_dtype, measures
     from measure import ImplausibleCosts, busy_note, startup
     from utils.models import end_tokens, resolve_device
 
@@ -377,8 +377,10 @@ def load_pair(target: Optional[str], drafter: Optional[str], options: LoadOption
         layers = drafter.startswith("layers:")
         drafter_quantize = options.quantize if layers else options.drafter_quantize or options.quantize
         where = resolve_device(options.drafter_device or device)
-        own = drafter_dtype(options.drafter_dtype, dtype, drafter, where, options.measure_dtype,
-                            functools.partial(_measured_dtype, device=where, options=measuring, say=say))
+        asked = (options.drafter_dtype, dtype, drafter, where, options.measure_dtype)
+        # measured here, as the target's is: both measurements go down the same way (app -> measure)
+        found = _measured_dtype(drafter, where, measuring, say) if measures(*asked) else None
+        own = drafter_dtype(*asked, found)
         pair.drafter_dtype_notes = (own.note, own.short)
         pair.drafter, drafter_tokenizer, pair.drafter_label = _load("drafter", drafter, where, own.value, drafter_quantize,
                                                                     options.trust_remote_code, model, say)

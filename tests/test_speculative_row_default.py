@@ -4,7 +4,7 @@ named only where a drafter runs), the drafter model's greedy drafts drawn withou
 greedy row still emits target AR's tokens; the counts are passes, never clocks."""
 import pytest
 
-from app.drafter_dtype import drafter_dtype
+from app.drafter_dtype import drafter_dtype, measures
 from app.repl.cli import own_gamma
 from app.repl.repl import AUTO_ROWS
 from app.session import SetupError
@@ -82,22 +82,21 @@ def test_greedy_drafts_skip_the_probabilities_and_are_the_same_drafts(pair, monk
 
 
 def test_the_drafters_dtype_rule():
-    measured = []
-
     def measure(answer):
-        return lambda name: measured.append(name) or Finding(answer, f"{answer} by measurement: a matmul took 0.46")
+        return Finding(answer, f"{answer} by measurement: a matmul took 0.46")
 
+    assert measures(None, "float32", "d.gguf", "cpu", True) and measures("auto", "float32", "d", "cpu", True)
     chosen = drafter_dtype(None, "float32", "d.gguf", "cpu", True, measure("bfloat16"))
-    assert chosen.value == "bfloat16" and measured == ["d.gguf"]
+    assert chosen.value == "bfloat16"
     assert "bfloat16 drafter for the float32 target, bfloat16 by measurement" in chosen.note and "lossless" not in chosen.short
     assert "--drafter-dtype float32" in chosen.note and chosen.short == "drafts in bfloat16 by measurement"
     assert drafter_dtype("auto", "float32", "d", "cpu", True, measure("float32")).value == "float32"  # not clearly faster
-    measured.clear()
     for target, device, preset in (("float32", "cpu", False), ("bfloat16", "cpu", True), ("float32", "cuda", True), ("auto", "cpu", False)):
+        assert not measures(None, target, "d", device, preset)  # measured only where it may choose
         assert drafter_dtype(None, target, "d", device, preset, measure("bfloat16")) == type(chosen)(target)  # the target's
-    assert measured == []  # measured only where it may choose
+    assert not measures("bfloat16", "float32", "d", "cpu", True) and not measures(None, "float32", "layers:2", "cpu", True)
     given = drafter_dtype("bfloat16", "float32", "d", "cpu", False, measure("float32"))
-    assert given.value == "bfloat16" and given.note.startswith("bfloat16 drafter (--drafter-dtype)") and measured == []
+    assert given.value == "bfloat16" and given.note.startswith("bfloat16 drafter (--drafter-dtype)")
     assert drafter_dtype("float32", "float32", "d", "cpu", True, measure("bfloat16")).note == ""
     assert drafter_dtype(None, "float32", "layers:2", "cpu", True, measure("bfloat16")).value == "float32"
     with pytest.raises(SetupError, match="layers:N"):
