@@ -214,10 +214,11 @@ def row_setting(strategy: Strategy, config: RunConfig) -> str:
     return "gamma auto" if row_config(strategy, config) is not config else ""
 
 
-def auto_rows_line(strategies, config: RunConfig) -> str:
+def auto_rows_line(strategies, config: RunConfig, drafter: bool = True) -> str:
     """The rows among ``strategies`` that ``row_config`` puts under gamma auto, with their bound, for a
-    header: "N-gram assisted: gamma auto (4 first, up to 11)"; "" when none."""
-    rows = [s for s in strategies if row_setting(s, config)]
+    header: "N-gram assisted: gamma auto (4 first, up to 11)"; "" when none. Rows that need a drafter
+    model are named only with one (``drafter``)."""
+    rows = [s for s in strategies if row_setting(s, config) and (drafter or not s.needs_drafter)]
     if not rows:
         return ""
     most = min(config.policy.max_gamma, max(config.gamma, row_config(rows[0], config).policy.bound()))

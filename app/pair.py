@@ -319,7 +319,7 @@ class LoadOptions:
     step_widths: Tuple[int, ...] = (1,)  # the compiled step's widths built at start-up (the measurements': 1 and gamma + 1)
     first_answer_limit: float = FIRST_ANSWER_LIMIT  # seconds transformers' compiled forward may take by CUDA's default
     hidden_layers: Tuple[int, ...] = ()  # a head's layers (``app.steps.head_layers``): the start-up graphs return them
-    drafter_dtype: Optional[str] = None  # --drafter-dtype: the drafter's weights dtype (None: the target's; "auto": ``_drafter_dtype``)
+    drafter_dtype: Optional[str] = None  # --drafter-dtype: the drafter's weights dtype (None: the target's; "auto": ``app.drafter_dtype``)
 
 
 def llama_cpp_target(target: Optional[str]) -> str:

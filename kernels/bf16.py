@@ -180,7 +180,7 @@ def _ms(seconds: float) -> str:
 
 def _why(library: ctypes.CDLL, path: int, shape: Optional[Tuple[int, int]] = None) -> str:
     """Why ``path`` runs here, and which many-row variant: "by measurement (3072x576 linears, 1, 8 and 64 rows
-    weighed 64:16:8, 0.41 + 0.45 + 0.6 ms against 0.33 + 0.5 + 1.7 ms AVX-512 widening load, 0.38 ms at one position AVX2
+    weighed 64:16:8, 0.2 + 0.205 + 0.586 ms against 0.17 + 0.755 + 5.29 ms avx512_bf16 dot, 0.224 ms at one position AVX2
     widening load, ...); prompt tile 32x2, the only one built", or, where no path rounds apart, "by
     measurement (a one-position 3072x576 linear 0.41 ms against ...)"."""
     decided = _decided(library, shape)

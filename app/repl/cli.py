@@ -48,7 +48,7 @@ def own_gamma(config, given, drafter: bool = False):
     from strategies import STRATEGIES, auto_rows_line
 
     config = config if given is not None else config.with_(auto_rows=AUTO_ROWS)
-    return config, auto_rows_line([s for s in STRATEGIES if drafter or not s.needs_drafter], config)
+    return config, auto_rows_line(STRATEGIES, config, drafter)
 
 
 def build_parser() -> argparse.ArgumentParser:

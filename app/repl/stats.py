@@ -19,8 +19,7 @@ def own_gamma_line(repl) -> str:
     /help's gamma and /stats: "N-gram assisted: gamma auto (4 first, up to 11)"; "" when none."""
     from strategies import STRATEGIES, auto_rows_line
 
-    drafter = repl.context.drafter is not None
-    return auto_rows_line([s for s in STRATEGIES if drafter or not s.needs_drafter], repl.config)
+    return auto_rows_line(STRATEGIES, repl.config, repl.context.drafter is not None)
 
 
 def _startup(repl) -> None:
