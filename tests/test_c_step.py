@@ -269,20 +269,14 @@ def test_fused_weights_are_one_copy_that_the_layers_skinny_route_reads_too():
 
 
 def built(tmp_path, arch: str):
-    """The library built for ``arch`` (``-march``), loaded as ``kernels.skinny`` loads its own; None
-    where this machine cannot build and run all three (an x86-64 CPU with AVX2)."""
+    """The library built for ``arch`` (``-march``), loaded as ``kernels.skinny`` loads its own; skipped
+    where this machine cannot build and run all three (an x86-64 CPU with AVX2). Built once per run
+    (``c_builds``: ``tmp_path`` is no longer where it lies)."""
     import ctypes
-    import platform
-    import subprocess
 
-    from utils.toolchain import c_compiler
+    from c_builds import load_for
 
-    if platform.machine() != "x86_64" or "avx2" not in open("/proc/cpuinfo").read():
-        pytest.skip("an x86-64 CPU with AVX2 builds and runs the three")
-    flags = [f for f in skinny.FLAGS if f != "-march=native"]
-    out = tmp_path / f"{arch}.so"
-    subprocess.run([c_compiler(), f"-march={arch}", *flags, "-o", str(out), *map(str, skinny.SOURCES)], check=True, timeout=120)
-    library = ctypes.CDLL(str(out))
+    library = load_for(arch)
     library.skinny_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     library.c_step.restype = ctypes.c_int
     library.c_step_scratch.restype = ctypes.c_int64

@@ -192,19 +192,11 @@ def test_a_long_pass_takes_the_paths_many_row_variant(path, monkeypatch):
 
 
 def built(tmp_path, arch: str) -> ctypes.CDLL:
-    """The two kernels (float32 and bfloat16) built for ``arch``; skipped off x86-64 with AVX2."""
-    import platform
-    import subprocess
+    """The two kernels (float32 and bfloat16) built for ``arch``, once per run (``c_builds``); skipped off
+    x86-64 with AVX2."""
+    from c_builds import load_for
 
-    from utils.toolchain import c_compiler
-
-    if platform.machine() != "x86_64" or "avx2" not in open("/proc/cpuinfo").read():
-        pytest.skip("an x86-64 CPU with AVX2 builds and runs these")
-    sources = [s for s in skinny.SOURCES if s.name.startswith("skinny")]
-    out = tmp_path / f"{arch}.so"
-    flags = [f for f in skinny.FLAGS if f != "-march=native"]
-    subprocess.run([c_compiler(), f"-march={arch}", *flags, "-o", str(out), *map(str, sources)], check=True, timeout=120)
-    library = ctypes.CDLL(str(out))
+    library = load_for(arch, [s for s in skinny.SOURCES if s.name.startswith("skinny")])
     library.skinny_linear_bf16.argtypes = [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     return library
 

@@ -3,8 +3,6 @@ gives every output the bits of the one-row path (the row-invariance contract: th
 k = 0..K-1 whatever the tile, the k-panels, the rows, the threads or the instruction set), so a
 prompt's logits do not depend on the plan its pass runs; and the plan is the model's until changed."""
 import ctypes
-import platform
-import subprocess
 
 import pytest
 import torch
@@ -65,16 +63,11 @@ def test_this_build_lists_decodings_loop_first_and_other_tiles_after():
 
 
 def built(tmp_path, arch: str) -> ctypes.CDLL:
-    """The float32 kernels (with their variants) built for ``arch``; skipped off x86-64 with AVX2."""
-    from utils.toolchain import c_compiler
+    """The float32 kernels (with their variants) built for ``arch``, once per run (``c_builds``); skipped
+    off x86-64 with AVX2."""
+    from c_builds import load_for
 
-    if platform.machine() != "x86_64" or "avx2" not in open("/proc/cpuinfo").read():
-        pytest.skip("an x86-64 CPU with AVX2 builds and runs these")
-    sources = [s for s in skinny.SOURCES if s.name in ("skinny_gemm.c", "skinny_tiles.c")]
-    out = tmp_path / f"{arch}.so"
-    flags = [f for f in skinny.FLAGS if f != "-march=native"]
-    subprocess.run([c_compiler(), f"-march={arch}", *flags, "-o", str(out), *map(str, sources)], check=True, timeout=120)
-    library = ctypes.CDLL(str(out))
+    library = load_for(arch, [s for s in skinny.SOURCES if s.name in ("skinny_gemm.c", "skinny_tiles.c")])
     library.skinny_tile_shape.argtypes = [ctypes.c_int64, ctypes.c_void_p]
     library.skinny_linear_tile.argtypes = [ctypes.c_int64] + [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
     return library

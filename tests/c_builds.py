@@ -1,0 +1,59 @@
+"""The kernels' libraries built for another ``-march`` than this CPU's, for the tests that compare builds
+(``test_c_step``, ``test_c_step_bf16``, ``test_prompt_gemm``, ``test_attention_kernel``, ``test_amx``): each
+(arch, sources) pair is compiled once per test run, whichever process asks first, in the run's cache folder
+(``conftest.MEASUREMENTS_ENV``), and every test loads it. The libraries keep no state a test changes (C's
+only mutable globals, ``c_step_group`` and ``c_step_positions``, are never set by a test; ``amx_state``
+answers the same every time), so a shared build gives each test what its own did. A test gets a fresh
+``ctypes.CDLL``: the argument types one test sets on its functions are not another's."""
+import ctypes
+import hashlib
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Dict, Sequence, Tuple
+
+import pytest
+
+from conftest import MEASUREMENTS_ENV
+from kernels import skinny
+
+_BUILT: Dict[Tuple[str, Tuple[str, ...]], Path] = {}  # this process's: (arch, sources) -> library
+
+
+def _key(compiler: str, flags: Sequence[str], sources: Sequence[Path]) -> str:
+    """A hash of what the library is built from: the sources and the headers they include, the compiler
+    (path and version) and the flags (``-march`` with them)."""
+    parts = [*(source.read_text() for source in (*sources, *skinny.HEADERS)), compiler, skinny.compiler_version(compiler), *flags]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def build_for(arch: str, sources: Sequence[Path] = skinny.SOURCES) -> Path:
+    """The library of ``sources`` compiled for ``-march=arch`` with the kernels' other flags: built once per
+    run (atomically, under a lock: two workers never build it twice), its path. Skips the test off an
+    x86-64 CPU with AVX2 (the builds compared need one)."""
+    from utils.models import exclusive
+    from utils.toolchain import c_compiler
+
+    if platform.machine() != "x86_64" or "avx2" not in open("/proc/cpuinfo").read():
+        pytest.skip("an x86-64 CPU with AVX2 builds and runs the builds compared")
+    memo = (arch, tuple(str(s) for s in sources))
+    if memo in _BUILT:
+        return _BUILT[memo]
+    compiler = c_compiler()
+    flags = [f"-march={arch}", *(f for f in skinny.FLAGS if f != "-march=native")]
+    folder = Path(MEASUREMENTS_ENV["SPECDEC_CACHE"]) / "test-builds"
+    folder.mkdir(parents=True, exist_ok=True)
+    library = folder / f"{arch}-{_key(compiler, flags, sources)}.so"
+    with exclusive(folder / f"{library.stem}.lock"):
+        if not library.is_file():
+            temporary = folder / f"{library.stem}.{os.getpid()}.tmp.so"
+            subprocess.run([compiler, *flags, "-o", str(temporary), *map(str, sources)], check=True, timeout=120)
+            os.replace(temporary, library)
+    _BUILT[memo] = library
+    return library
+
+
+def load_for(arch: str, sources: Sequence[Path] = skinny.SOURCES) -> ctypes.CDLL:
+    """``build_for``'s library, loaded: a ``ctypes.CDLL`` of its own for each call."""
+    return ctypes.CDLL(str(build_for(arch, sources)))
