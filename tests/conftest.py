@@ -36,8 +36,11 @@ else:
 # A subprocess's OpenMP threads sleep while they wait, as they do under `OMP_WAIT_POLICY=passive`: libgomp's
 # default spins, and with a test file on every core a REPL started by a test spun its second thread on the
 # other worker's core (measured: the embedded model's start-up took ~5x the CPU, ~4x the wall time). Only
-# speed depends on it; a policy the caller set is kept. The subprocesses' environments take this mapping.
-MEASUREMENTS_ENV = {"SPECDEC_CACHE": str(_RUN_CACHE), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive")}
+# speed depends on it; a policy the caller set is kept. The subprocesses' environments take this mapping,
+# inductor's compile threads too: the REPL's and README's helpers build an environment from scratch, and
+# `--compile`'s start there ran a pool of compile workers the setting above means to spare.
+MEASUREMENTS_ENV = {"SPECDEC_CACHE": str(_RUN_CACHE), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive"),
+                    "TORCHINDUCTOR_COMPILE_THREADS": os.environ["TORCHINDUCTOR_COMPILE_THREADS"]}
 os.environ.update(MEASUREMENTS_ENV)
 # tiny models: a second thread only adds synchronisation (measured: the tiny-model tests run
 # several times faster with one); SPECDEC_TEST_THREADS changes it
