@@ -60,7 +60,10 @@ def test_the_repl_starts_on_the_pair_with_speculative_decoding_and_names_its_dty
     assert "Measuring the dtype" in result.stdout + result.stderr, result.stderr[-2000:]  # measured, not given
     assert "'s kernels (" not in result.stdout + result.stderr, result.stderr[-2000:]  # no kernel measurement: minutes on the pair
     target_line = next(line for line in result.stdout.splitlines() if line.startswith("Target:"))
-    assert "by measurement:" in target_line and ("torch.bfloat16" in target_line) == ("bfloat16 by measurement" in target_line), target_line
+    # the dtype's reason: measured, or float32 where a busy machine spent the 2 s budget on float32's timing
+    # (measure.dtype's fallback; this test failed on it once at load 6, before this line accepted it)
+    assert "by measurement:" in target_line or "float32 (fallback: " in target_line, target_line
+    assert ("torch.bfloat16" in target_line) == ("bfloat16 by measurement" in target_line), target_line
     assert "torch.bfloat16" in target_line or "prepacked linears" in target_line, target_line  # float32: the kernels given
     assert "Speculative" in result.stdout, result.stdout[-2000:]
     assert "\r" not in result.stdout + result.stderr, (result.stdout + result.stderr)[-2000:]  # no progress bar off a terminal
