@@ -6,7 +6,8 @@ tokens per unit of cost), through the real loop against ``ReplayedRunner``, on g
         --row-costs 1,1.2,1.25,1.28,1.3,1.31,1.32,1.33 [--steps]
 
 Tokens per unit of cost (``tok/cost``) is the rows' speed over target AR's when the costs are right and
-drafting's host time is nothing (target AR: 1.00). Records go to ``--cache`` (the outputs, not the prompts).
+drafting's host time is nothing (target AR: 1.00). With ``--paid`` the policy starts from ``--row-costs`` and
+measures in the loop (``live``) what the passes cost on a clock that only ``--paid`` advances. Records go to ``--cache`` (the outputs, not the prompts).
 """
 import argparse
 import json
@@ -16,7 +17,12 @@ from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import time  # noqa: E402
+from typing import Callable, Optional  # noqa: E402
+
 import torch  # noqa: E402
+
+import sampling.chain_decoding as chain_decoding  # noqa: E402
 from drafters import PromptLookupSpec, SuffixSpec  # noqa: E402
 from drafters.ngram import NGramSpec  # noqa: E402
 from drafters.spec import DraftContext  # noqa: E402
@@ -65,13 +71,39 @@ def record(prompts: List[str], categories: str, limit: int, length: int, cache: 
     return rows
 
 
-def replay(entry: dict, row: str, costs, gamma: int = 4) -> List[tuple]:
-    """One row's steps on a recorded entry under the calibrated policy's values on ``costs`` (not live)."""
+class Clock:
+    """A clock the loop reads instead of ``time.perf_counter``: only the passes advance it, by their ``paid`` cost."""
+
+    def __init__(self, paid: Callable[[int], float]) -> None:
+        self.now, self.paid = 0.0, paid
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class PaidRunner(ReplayedRunner):
+    """``ReplayedRunner`` whose pass over ``n_last`` positions advances ``clock`` by what it pays (seconds = relative cost)."""
+
+    def __init__(self, clock: Clock, *args) -> None:
+        super().__init__(*args)
+        self.clock = clock
+
+    def __call__(self, ids, n_last: int = 1):
+        self.clock.now += self.clock.paid(n_last)
+        return super().__call__(ids, n_last)
+
+
+def replay(entry: dict, row: str, costs, gamma: int = 4, paid: Optional[Callable[[int], float]] = None) -> List[tuple]:
+    """One row's steps on a recorded entry under the calibrated policy's values on ``costs``; with ``paid`` (the
+    relative cost a pass over r positions really takes), the policy is live and the loop's clock reads those."""
     vocab, ref = entry["vocab"], entry["ref"]
-    policy = Traced(min_gain=1.0, row_costs=tuple(costs), live=False)
+    policy = Traced(min_gain=1.0, row_costs=tuple(costs), live=paid is not None)
     seen = Steps(policy)
     values = dict(gamma=gamma, max_gen_len=len(ref), eos_tokens_id=[vocab - 1], policy=policy, stats=GenerationStats(), streamer=seen)
-    runner = ReplayedRunner(entry["prompt"], ref, vocab, dict(enumerate(entry["fillers"])))
+    args = (entry["prompt"], ref, vocab, dict(enumerate(entry["fillers"])))
+    clock = Clock(paid) if paid is not None else None
+    runner = PaidRunner(clock, *args) if clock is not None else ReplayedRunner(*args)
+    chain_decoding.time = clock if clock is not None else time
     context = DraftContext()
     if row.startswith("ngram"):
         spec, context = NGramSpec(3), DraftContext(storage=KINDS[row.split(":")[1]](3, vocab))
@@ -89,27 +121,24 @@ def main() -> None:
     p.add_argument("--categories", default="qa")
     p.add_argument("--limit", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--row-costs", default="1,1.2,1.25,1.28,1.3,1.31,1.32,1.33")
+    p.add_argument("--row-costs", default="1,1.2,1.25,1.28,1.3,1.31,1.32,1.33", help="the costs the policy starts from")
+    p.add_argument("--paid", help="what passes by positions really cost (default: --row-costs, and the policy not live)")
     p.add_argument("--rows", default="ngram:basic,ngram:onelevel,pld,suffix")
     p.add_argument("--cache", default="/tmp/policy_trace.json")
     p.add_argument("--steps", action="store_true", help="print every step")
-    p.add_argument("--max-gap", type=int, help="the policy's MAX_GAP (8: probes never back off), for comparison")
     args = p.parse_args()
-    if args.max_gap is not None:
-        import sampling.draft_policy as module
-
-        module.MAX_GAP = args.max_gap
     costs = [float(c) for c in args.row_costs.split(",")]
+    paid = [float(c) for c in args.paid.split(",")] if args.paid else None
 
-    def cost(rows: int) -> float:
+    def cost(rows: int, costs=paid or costs) -> float:
         return costs[rows - 1] if rows <= len(costs) else costs[-1] + (costs[-1] - costs[0]) / (len(costs) - 1) * (rows - len(costs))
 
     entries = record(args.prompts, args.categories, args.limit, args.max_new_tokens, Path(args.cache))
-    print(f"costs by positions: {' '.join(f'{c:.2f}' for c in costs)}")
+    print(f"costs by positions: {' '.join(f'{c:.2f}' for c in costs)}" + (f", paid {' '.join(f'{c:.2f}' for c in paid)}" if paid else ""))
     for entry in entries:
         print(f"{entry['category']}: prompt {len(entry['prompt'])} tokens, {len(entry['ref'])} new")
         for row in args.rows.split(","):
-            steps = replay(entry, row, costs)
+            steps = replay(entry, row, costs, paid=cost if paid else None)
             units = sum(cost(rows) for _, _, rows, _ in steps)
             drafted = sum(d for d, *_ in steps)
             accepted = sum(a for _, a, *_ in steps)
