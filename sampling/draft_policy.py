@@ -5,10 +5,11 @@ the calibrated policy built from the measured costs (``measure``).
 ``PolicySettings`` holds its values alone, frozen (a run's configuration keeps those, and each
 generation gets a ``DraftPolicy`` made from them, with the memory its run keeps: ``policy``)."""
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 from sampling.depth_acceptance import DepthAcceptance
 from sampling.live_costs import LiveCosts
+from sampling.policy_checks import checked
 
 if TYPE_CHECKING:
     from measure.record import Costs
@@ -74,7 +75,8 @@ class DraftPolicy:
     * a cheap drafter that reports its evidence is *gated*: asked every step, its drafts are cut to
       the cost-optimal count by their evidence, 0 included (no step is paused for it while its host
       cost is under ``GATE_COST`` of a step): a weak match drafts nothing, a verbatim copy drafts
-      long, and a copy met after a fruitless stretch is not missed in a pause.
+      long, and a copy met after a fruitless stretch is not missed in a pause. Its first step's length is the
+      cost-optimal one by its prior rate (``RATE_PRIOR``), not ``gamma``.
     * ``remember``: a policy reused across generations keeps each drafter model's record (with ``min_gain``):
       a drafter whose drafts did not pay starts its next generation paused. Off by default, so a result
       depends only on its own prompt and settings; ``forget()`` clears it, ``remembered`` counts it.
@@ -101,7 +103,7 @@ class DraftPolicy:
     calibration: str = ""  # how row_costs were obtained, for the record (``calibrated``: the costs' line)
 
     def __post_init__(self):
-        self.row_costs = _checked(self)
+        self.row_costs = checked(self)
         self._memory = {}  # drafter key -> (hits, trials, next pause, paying) at its last generation's end
         self.start(1)
 
@@ -145,6 +147,7 @@ class DraftPolicy:
         self.paused = 0
         self.next_pause = self.pause_steps
         self.paused_steps = 0  # steps spent paused, for the statistics
+        self.unit_steps = 0  # one-position steps taken to measure the unit (``length``), for ``chosen``
         self.gain = None  # running mean of tokens emitted per drafting step
         self.hits = self.trials = 0.0  # recent accepted drafts / drafts tried (decaying sums)
         self.depths = DepthAcceptance()  # per depth and evidence, shrunk toward hits / trials
@@ -207,6 +210,11 @@ class DraftPolicy:
             self.paused -= 1
             self.paused_steps += 1
             return 0
+        if self.live_costs is not None and self.live_costs.stale() and self.trials > 0 and not self._expected_to_pay():
+            # drafting's gain is close to its cost, weighed against a unit inferred from wider passes alone: a plain
+            # step measures what drafting is weighed against (at most one in ``STALE``'s steps; a clear gain skips it)
+            self.unit_steps += 1
+            return 0
         if self.row_costs is None or self.trials == 0:
             return self.gamma
         return self._best(max(longest or 0, self.gamma))
@@ -232,8 +240,9 @@ class DraftPolicy:
         return self.live_costs.costs if self.live_costs is not None else self.row_costs
 
     def _deep(self) -> bool:
-        """Whether lengths are cost-optimal by depth now (measured costs, some outcomes seen)."""
-        return self.by_depth and self.row_costs is not None and self.trials > 0
+        """Whether lengths are cost-optimal by depth now (measured costs, and some outcomes seen or, for a gated
+        drafter, its prior ``RATE_PRIOR``: its first draft is as long as that prior pays for, not ``gamma``)."""
+        return self.by_depth and self.row_costs is not None and (self.trials > 0 or self.gated)
 
     def _expected_to_pay(self) -> bool:
         """By depth: whether the best length's expected tokens per unit of cost clear ``min_gain`` by
@@ -338,6 +347,8 @@ class DraftPolicy:
         parts = [f"drafted in {self.drafted_steps} of {self.steps} steps, {mean:.1f} drafts each"]
         if self.gated:
             parts.append("gated by evidence")
+        if self.unit_steps:
+            parts.append(f"{self.unit_steps} plain steps to measure the unit")
         if self.live_costs is not None:
             parts.append(self.live_costs.line())
         elif self.row_costs is not None:
@@ -374,27 +385,3 @@ class DraftPolicy:
         if self.pause_after and self.zero_streak >= self.pause_after:
             self.paused, self.zero_streak = self.next_pause, self.pause_after - 1
             self.next_pause *= 2
-
-
-def _checked(values: Any) -> Tuple[float, ...] | None:
-    """Refuse, in one line, a value out of range among ``values``' policy fields; returns its
-    ``row_costs`` as a tuple of floats (None stays None)."""
-    for name in ("min_draft", "pause_after", "pause_steps", "max_gamma"):
-        value = getattr(values, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-    if not isinstance(values.min_gain, (int, float)) or values.min_gain < 0:
-        raise ValueError(f"min_gain must be >= 0, got {values.min_gain!r}")
-    costs = values.row_costs
-    if costs is not None:
-        costs = tuple(float(c) for c in costs)
-        if not costs or any(not c > 0 for c in costs):
-            raise ValueError(f"row_costs must be positive relative costs, got {costs!r}")
-    draft_cost, p_min = values.draft_cost, values.p_min
-    if isinstance(draft_cost, bool) or not isinstance(draft_cost, (int, float)) or not 0 <= draft_cost < 1e3:
-        raise ValueError(f"draft_cost must be >= 0, got {draft_cost!r}")
-    if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not 0.0 <= p_min < 1.0:
-        raise ValueError(f"p_min must be in [0, 1), got {p_min!r}")
-    if values.auto and costs is None:
-        raise ValueError("auto draft lengths need measured row_costs (measure_row_costs)")
-    return costs

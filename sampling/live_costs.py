@@ -9,13 +9,19 @@ pass of ``r`` positions over those of one position. No pass is added to measure 
 A width seen rarely is shrunk toward its start-up cost by ``PRIOR`` pseudo-observations; the unit
 (a one-position step's seconds) is pooled over every width seen through the start-up costs' shape,
 so a run that never makes a one-position pass still has one, and one that sees a single width
-learns nothing relative from it (it keeps the start-up costs).
+learns nothing relative from it (it keeps the start-up costs). A run that drafts every step would thus
+never learn that its passes cost more than the start-up said against a plain one: ``stale`` tells the
+policy, which then takes a one-position step where its choice to draft is close.
 """
 from typing import Dict, List, Optional, Sequence, Tuple
 
 DECAY = 0.95  # per observed step: the last few dozen steps weigh (a machine's load moves slowly)
 PRIOR = 4.0  # pseudo-observations of the start-up cost each width's estimate starts from
 REFRESH = 8  # steps between two refreshes of the relative costs the policy reads
+# one-position steps set the unit while their decayed weight is at least this (one seen in about the last 27 steps);
+# below STALE (none in about the last 16) the unit is ``stale``: the policy may take one to measure it (``DraftPolicy.length``)
+UNIT_SEEN = 0.25
+STALE = DECAY ** 16
 
 
 class LiveCosts:
@@ -53,12 +59,17 @@ class LiveCosts:
         """Seconds of a one-position step: their own mean where one-position steps were seen, else
         pooled over the widths seen (each through its start-up cost)."""
         one = self._widths.get(1)
-        if one is not None and one[1] >= 1.0:
+        if one is not None and one[1] >= UNIT_SEEN:
             return one[0] / one[1]
         weight = sum(count for _, count in self._widths.values())
         if weight <= 0:
             return None
         return sum(total / self._prior(rows) for rows, (total, _) in self._widths.items()) / weight
+
+    def stale(self) -> bool:
+        """Whether the unit lacks a recent one-position step of its own (after the first ``REFRESH`` steps)."""
+        one = self._widths.get(1)
+        return self.steps >= REFRESH and (one is None or one[1] < STALE)
 
     def estimate(self) -> Tuple[Tuple[float, ...], float, Optional[float]]:
         """(relative cost by positions 1..N, a drafting step's host cost, a one-position step's

@@ -3,7 +3,8 @@ a notebook's calibrated policy (``calibrated_policy``: costs measured now)."""
 from dataclasses import asdict, field, fields, make_dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from sampling.draft_policy import DEFAULT_MIN_GAIN, DraftPolicy, _checked
+from sampling.draft_policy import DEFAULT_MIN_GAIN, DraftPolicy
+from sampling.policy_checks import checked
 
 if TYPE_CHECKING:
     from torch.nn import Module
@@ -29,7 +30,7 @@ class _Values:
     """What ``PolicySettings`` adds to ``DraftPolicy``'s value fields."""
 
     def __post_init__(self):
-        object.__setattr__(self, "row_costs", _checked(self))
+        object.__setattr__(self, "row_costs", checked(self))
 
     @classmethod
     def of(cls, policy: DraftPolicy) -> "PolicySettings":
