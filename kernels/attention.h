@@ -83,10 +83,10 @@ static void soften(const uint8_t *seen, int64_t L, float *s, int64_t ls) {
         for (int u = 0; u < 4; u++) tops[u] = v_max(tops[u], v_load(s + (v + u) * VW));
     for (; v < nv; v++) tops[v % 4] = v_top(tops[v % 4], seen_v(seen, v * VW, L), v_load(s + v * VW));
     top = v_reduce_max(v_max(v_max(tops[0], tops[1]), v_max(tops[2], tops[3])));
-    for (v = 0; v < whole; v++) v_store(s + v * VW, v_exp(v_sub(v_load(s + v * VW), v_set1(top))));
+    for (v = 0; v < whole; v++) v_store(s + v * VW, v_exp_soft(v_sub(v_load(s + v * VW), v_set1(top))));
     for (; v < nv; v++) {
         vmask m = seen_v(seen, v * VW, L);
-        v_store(s + v * VW, v_any(m) ? v_masked(m, v_exp(v_sub(v_load(s + v * VW), v_set1(top)))) : v_zero());
+        v_store(s + v * VW, v_any(m) ? v_masked(m, v_exp_soft(v_sub(v_load(s + v * VW), v_set1(top)))) : v_zero());
     }
     for (int64_t j = nv * VW; j < ls; j += VW) v_store(s + j, v_zero());
 #else
