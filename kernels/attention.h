@@ -30,7 +30,7 @@
 static inline int64_t blocks_of(int64_t L) { return (L + BLOCK - 1) / BLOCK; }
 
 /* A position's part in attend_positions: its g query heads q[c D + d], the slots [0, n) of the range it
- * may see (seen[j] != 0), its outputs out[c D + d]. */
+ * may see (seen[j] != 0; seen NULL: all of them, no mask read), its outputs out[c D + d]. */
 typedef struct {
     const float *q;
     const uint8_t *seen;
@@ -65,25 +65,34 @@ static void key_blocks(const float *keys, int64_t L, int64_t D, int64_t b0, int6
     }
 }
 
-/* a query's raw scores s[0..L) into its weights, in place: fexp(s_j - top) where seen[j], top the seen
- * scores' maximum; 0 where unseen, and (vector builds, for the row tiles) 0 on from L to ls */
+/* seen[j], or every slot where seen is NULL (a chain's unit: every slot of its range up to its own) */
+static inline int seen_at(const uint8_t *seen, int64_t j) { return !seen || seen[j]; }
+
+/* a query's raw scores s[0..L) into its weights, in place: fexp(s_j - top) where seen[j] (seen NULL: all),
+ * top the seen scores' maximum; 0 where unseen, and (vector builds, for the row tiles) 0 on from L to ls */
 static void soften(const uint8_t *seen, int64_t L, float *s, int64_t ls) {
     float top = -INFINITY;
 #if defined(ATTENTION_VEC)
-    /* every slot on VW lanes (the scores' row holds whole blocks, so a tail's lanes are in it) */
-    const int64_t nv = (L + VW - 1) / VW;
-    vec tops = v_set1(-INFINITY);
-    for (int64_t v = 0; v < nv; v++) tops = v_top(tops, seen_v(seen, v * VW, L), v_load(s + v * VW));
-    top = v_reduce_max(tops);
-    for (int64_t v = 0; v < nv; v++) {
+    /* every slot on VW lanes (the scores' row holds whole blocks, so a tail's lanes are in it); the vectors
+     * all seen (seen NULL: all but a tail) unmasked, the top over four running maxima (a maximum is exact in
+     * any order, so the same top) so that the loads do not wait on one chain of maxima */
+    const int64_t nv = (L + VW - 1) / VW, whole = seen ? 0 : L / VW;
+    vec tops[4] = {v_set1(-INFINITY), v_set1(-INFINITY), v_set1(-INFINITY), v_set1(-INFINITY)};
+    int64_t v = 0;
+    for (; v + 4 <= whole; v += 4)
+        for (int u = 0; u < 4; u++) tops[u] = v_max(tops[u], v_load(s + (v + u) * VW));
+    for (; v < nv; v++) tops[v % 4] = v_top(tops[v % 4], seen_v(seen, v * VW, L), v_load(s + v * VW));
+    top = v_reduce_max(v_max(v_max(tops[0], tops[1]), v_max(tops[2], tops[3])));
+    for (v = 0; v < whole; v++) v_store(s + v * VW, v_exp_soft(v_sub(v_load(s + v * VW), v_set1(top))));
+    for (; v < nv; v++) {
         vmask m = seen_v(seen, v * VW, L);
-        v_store(s + v * VW, v_any(m) ? v_masked(m, v_exp(v_sub(v_load(s + v * VW), v_set1(top)))) : v_zero());
+        v_store(s + v * VW, v_any(m) ? v_masked(m, v_exp_soft(v_sub(v_load(s + v * VW), v_set1(top)))) : v_zero());
     }
     for (int64_t j = nv * VW; j < ls; j += VW) v_store(s + j, v_zero());
 #else
     (void)ls;
-    for (int64_t j = 0; j < L; j++) top = seen[j] && s[j] > top ? s[j] : top;
-    for (int64_t j = 0; j < L; j++) s[j] = seen[j] ? fexp(s[j] - top) : 0.0f;
+    for (int64_t j = 0; j < L; j++) top = seen_at(seen, j) && s[j] > top ? s[j] : top;
+    for (int64_t j = 0; j < L; j++) s[j] = seen_at(seen, j) ? fexp(s[j] - top) : 0.0f;
 #endif
 }
 
@@ -130,7 +139,7 @@ static void weigh(const Position *pos, int P, int g, const float *s, int64_t ls,
                 float *o = acc + (p * g + c) * D;
                 const float *w = s + (p * g + c) * ls;
                 for (int64_t j = 0; j < pos[p].n; j++)
-                    if (pos[p].seen[j]) {
+                    if (seen_at(pos[p].seen, j)) {
                         total[p * g + c] += w[j];
                         for (int64_t d = 0; d < D; d++) o[d] = fmaf(w[j], values[j * D + d], o[d]);
                     }

@@ -18,11 +18,31 @@ typedef __mmask16 vmask; /* a lane seen where its bit is set */
 #define v_mul _mm512_mul_ps
 #define v_add _mm512_add_ps
 #define v_sub _mm512_sub_ps
+#define v_max _mm512_max_ps
 #define v_exp fexp16
 #define v_first _mm512_cvtss_f32
 
-/* seen[j..j+16) as a lane mask, the lanes from slot L on unset (and their bytes unread) */
+/* fexp16 for x <= 0 (or NaN), soften's s_j - top: the same bits, fewer operations. The upper clamp (88) is
+ * a no-op there, and scalef rounds p * 2^n once, as fexp16's multiply by 2^n's exponent bits does (n an
+ * integer in [-126, 0]: 2^n a normal float); checked equal over every float from -0 down to -inf. */
+static inline __m512 v_exp_soft(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 shift = _mm512_set1_ps(12582912.0f);
+    __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), shift), shift);
+    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* seen[j..j+16) as a lane mask (seen NULL: all seen), the lanes from slot L on unset (and their bytes unread) */
 static inline vmask seen_v(const uint8_t *seen, int64_t j, int64_t L) {
+    if (!seen) return (vmask)(L - j >= 16 ? 0xFFFFu : (1u << (L - j)) - 1u);
     if (j + 16 <= L) {
         __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(seen + j)));
         return _mm512_test_epi32_mask(b, b);
@@ -75,6 +95,7 @@ typedef __m256 vmask; /* a lane seen where all its bits are set, unseen where no
 #define v_mul _mm256_mul_ps
 #define v_add _mm256_add_ps
 #define v_sub _mm256_sub_ps
+#define v_max _mm256_max_ps
 #define v_first _mm256_cvtss_f32
 
 /* fexp on 8 lanes: fexp16's operations (fexp's, in its order), so the same value in each lane */
@@ -94,8 +115,12 @@ static inline __m256 v_exp(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
-/* seen[j..j+8) as a lane mask, the lanes from slot L on unset (and their bytes unread) */
+#define v_exp_soft v_exp /* soften's (x <= 0): the same operations here */
+
+/* seen[j..j+8) as a lane mask (seen NULL: all seen), the lanes from slot L on unset (and their bytes unread) */
 static inline vmask seen_v(const uint8_t *seen, int64_t j, int64_t L) {
+    if (!seen) /* lane l seen where l < L - j */
+        return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(L - j < 8 ? L - j : 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
     uint8_t own[8] = {0};
     const uint8_t *from = seen + j;
     if (j + 8 > L) { /* a tail: its bytes copied, the rest 0 */

@@ -145,8 +145,8 @@ static void finish_logits(float *logits, int64_t V, const Dims *d) {
 
 /* attention for the tests (tests/test_c_step.py): P <= POSITIONS positions' g <= GROUP query heads q [P, g, D]
  * of one key-value head over keys, values [L, D] into out [P, g, D], position p seeing slot j < n[p] where
- * seen[p L + j]; all at once (1: attend_positions) or each query alone (0). Returns 0, or -1 where its
- * scratch could not be allocated. */
+ * seen[p L + j] (seen NULL: every slot j < n[p], as a chain's unit); all at once (1: attend_positions) or each
+ * query alone (0). Returns 0, or -1 where its scratch could not be allocated. */
 int c_attend(const float *q, int64_t P, int64_t g, const float *keys, const float *values, const uint8_t *seen, const int64_t *n,
              int64_t L, int64_t D, float scale, float *out, int64_t together) {
     float *kt = malloc((size_t)(blocks_of(L) * BLOCK * D + P * g * (L + BLOCK + D)) * sizeof(float));
@@ -155,9 +155,10 @@ int c_attend(const float *q, int64_t P, int64_t g, const float *keys, const floa
     Position pos[POSITIONS];
     key_blocks(keys, L, D, 0, blocks_of(L), kt);
     for (int64_t p = 0; p < P; p++) {
-        pos[p] = (Position){q + p * g * D, seen + p * L, n[p], out + p * g * D};
+        const uint8_t *own = seen ? seen + p * L : NULL;
+        pos[p] = (Position){q + p * g * D, own, n[p], out + p * g * D};
         for (int64_t c = 0; c < g && !together; c++) {
-            Position one = {q + (p * g + c) * D, seen + p * L, n[p], out + (p * g + c) * D};
+            Position one = {q + (p * g + c) * D, own, n[p], out + (p * g + c) * D};
             attend_positions(&one, 1, 1, kt, values, D, scale, s, acc);
         }
     }
@@ -308,11 +309,11 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                             if (mask) {
                                 pos[p].seen = mask + i * L;
                                 pos[p].n = L;
-                            } else {
+                            } else { /* a chain: every slot of its range seen (NULL: no mask built nor read) but a window's first */
                                 int64_t from = w->window && upto > w->window ? upto - w->window : 0;
                                 pos[p].n = upto - lo;
-                                for (int64_t j = 0; j < pos[p].n; j++) own[j] = lo + j >= from;
-                                pos[p].seen = own;
+                                for (int64_t j = 0; j < pos[p].n && from > lo; j++) own[j] = lo + j >= from;
+                                pos[p].seen = from > lo ? own : NULL;
                             }
                         }
                         attend_positions(pos, (int)P, g, blocks + (kv * blocks_of(d->cap) + lo / BLOCK) * BLOCK * D,

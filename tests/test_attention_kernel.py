@@ -25,9 +25,10 @@ def libraries(tmp_path_factory):
 
 
 def attention(library, q: torch.Tensor, keys, values, seen, lengths, together: bool) -> torch.Tensor:
-    """c_attend: q [P, g, D] over keys, values [L, D], seen [P, L], lengths [P] into [P, g, D]."""
+    """c_attend: q [P, g, D] over keys, values [L, D], seen [P, L] (None: every slot below a position's length),
+    lengths [P] into [P, g, D]."""
     out, (L, D) = torch.empty(q.shape), keys.shape
-    pointers = [ctypes.c_void_p(x.data_ptr()) for x in (q, keys, values, seen, lengths)]
+    pointers = [ctypes.c_void_p(None if x is None else x.data_ptr()) for x in (q, keys, values, seen, lengths)]
     assert 0 == library.c_attend(pointers[0], ctypes.c_int64(q.shape[0]), ctypes.c_int64(q.shape[1]), *pointers[1:],
                                  ctypes.c_int64(L), ctypes.c_int64(D), ctypes.c_float(D ** -0.5), ctypes.c_void_p(out.data_ptr()),
                                  ctypes.c_int64(int(together)))
@@ -75,5 +76,33 @@ def test_every_build_gives_every_query_the_bits_of_one_query_alone(libraries):
                 assert torch.equal(together, alone), (arch, keys.shape, positions, heads)
                 torch.testing.assert_close(alone, expected[:positions, :heads], rtol=1e-4, atol=1e-5)
                 outputs[arch].append(alone)
+    for arch in ARCHES[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(outputs[ARCHES[0]], outputs[arch])), arch
+
+
+def test_a_chain_without_a_mask_gives_the_bits_of_one_seeing_every_slot(libraries):
+    """Every build: a chain's unit, no mask (every slot below each position's length seen: the C step's causal
+    prompt pass, whose soften reads no mask bytes and leaves whole vectors unmasked), gives the bits of the same
+    positions with an all-ones mask, alone and 1, 3 or 8 positions x 1, 3 or 4 heads together, over slot counts
+    below, on and past the lanes' edges (tails of 1 to 15 slots, four running maxima and their remainder); and
+    the three builds the same bits, with scores spread wide enough (queries x 40) that weights reach exp's
+    clamp at -87 (AVX-512's soften scales by scalef, the others by the exponent bits)."""
+    g = torch.Generator().manual_seed(12)
+    outputs = {arch: [] for arch in ARCHES}
+    for D in (16, 64, 72):
+        for L in (1, 7, 16, 17, 63, 64, 65, 100, 257):
+            keys, values = torch.randn(L, D, generator=g), torch.randn(L, D, generator=g)
+            lengths = torch.tensor([max(1, L - 7 + p) for p in range(8)])
+            ones = torch.ones(8, L, dtype=torch.uint8)
+            for spread in (3.0, 40.0):
+                q = torch.randn(8, 4, D, generator=g) * spread
+                for arch, library in libraries.items():
+                    for positions, heads in ((1, 1), (3, 3), (8, 4)):
+                        queries = q[:positions, :heads].contiguous()
+                        masked = attention(library, queries, keys, values, ones[:positions].contiguous(), lengths[:positions], False)
+                        for together in (False, True):
+                            chain = attention(library, queries, keys, values, None, lengths[:positions], together)
+                            assert torch.equal(chain, masked), (arch, D, L, positions, heads, together)
+                        outputs[arch].append(masked)
     for arch in ARCHES[1:]:
         assert all(torch.equal(a, b) for a, b in zip(outputs[ARCHES[0]], outputs[arch])), arch
