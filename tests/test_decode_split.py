@@ -8,7 +8,7 @@ import torch
 from kernels import skinny
 from runners import LeanRunner
 from test_c_step import TorchForward, odd_llama
-from test_lean_runner import ids_for
+from test_lean_runner import ids_for, mistral
 
 pytestmark = [pytest.mark.needs_cc,
               pytest.mark.skipif(not skinny.available()[0], reason="the skinny kernel is not built here")]
@@ -39,13 +39,21 @@ def passes(model, ids: torch.Tensor, threads: int) -> list:
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("heads, kv, head", [(9, 3, 64), (6, 2, 24), (4, 4, 16)])
-def test_few_positions_at_a_long_context_give_the_same_logits_on_any_threads(heads, kv, head):
+def model_of(shape):
+    """A float32 Llama of (query heads, key-value heads, head size), or ``"window"``: Mistral sliding over 200 slots."""
+    if shape == "window":
+        return mistral(sliding_window=200).to(torch.float32)
+    heads, kv, head = shape
+    return odd_llama(hidden_size=heads * head, num_attention_heads=heads, num_key_value_heads=kv, intermediate_size=64,
+                     max_position_embeddings=512)
+
+
+@pytest.mark.parametrize("shape", [(9, 3, 64), (6, 2, 24), (4, 4, 16), "window"])
+def test_few_positions_at_a_long_context_give_the_same_logits_on_any_threads(shape):
     """SmolLM2's attention shape (9 query heads on 3 key-value heads of 64: the dimensions split in parts), a head
-    size off the 16 lanes, one query head per key-value head: 1, 2 and 3 threads, every width, the tree, alike;
-    the torch forward's logits to float32 rounding."""
-    model = odd_llama(hidden_size=heads * head, num_attention_heads=heads, num_key_value_heads=kv, intermediate_size=64,
-                      max_position_embeddings=512)
+    size off the 16 lanes, one query head per key-value head, a sliding window (the slots from its block on): 1, 2
+    and 3 threads, every width, the tree, alike; the torch forward's logits to float32 rounding."""
+    model = model_of(shape)
     ids = ids_for(CONTEXT + 10)
     reference = passes(model, ids, 1)
     assert all(torch.equal(r, reference[0]) for r in reference[1:4])
