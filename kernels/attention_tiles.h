@@ -9,10 +9,12 @@
 /* Software prefetches a few KiB ahead of the key and value loads (hints only: no number changes): a block of
  * keys is a 4 KiB page of its own, a value row a quarter of one (SmolLM2's), and the hardware's streams stop
  * at each page, so at a long context (the cache from memory, decoding) every page would start on misses. */
-#ifndef PREFETCH_AHEAD
-#define PREFETCH_AHEAD 1
+#if defined(STEP_PROFILE)
+extern int c_step_prefetch; /* the profiling build's A/B (c_step.c): 0, none */
+#define PREFETCH(p) (c_step_prefetch ? _mm_prefetch((const char *)(p), _MM_HINT_T0) : (void)0)
+#else
+#define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 #endif
-#define PREFETCH(p) (PREFETCH_AHEAD ? _mm_prefetch((const char *)(p), _MM_HINT_T0) : (void)0)
 #if VW == 16
 #define SCORE_KV(G) ((G) <= 2 ? 8 : ((G) == 3 ? 6 : 5)) /* key vectors a score tile holds: G KV + KV of 32 registers */
 #define SPAN_V 4 /* a weigh tile's dimensions, in vectors: 64 */

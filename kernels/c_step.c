@@ -71,8 +71,8 @@ typedef struct {
 #include "step_rows.h"
 #include "attention_split.h"
 
-/* A pass of at most POSITIONS positions (decoding, verification) over at least this many slots splits its
- * attention across the threads by bytes (attention_split.h), where that takes them more than one unit each */
+/* A pass of <= POSITIONS positions over >= this many slots splits attention by bytes (attention_split.h) where its units
+ * would be under 2 a thread (SmolLM2's decoding: 3 for 2; a verification's 9+ ran as fast unsplit: scripts/decode_profile.py) */
 #define SPLIT_FROM 128
 
 #ifdef STEP_PROFILE
@@ -119,6 +119,7 @@ int c_step_busiest(double *out) {
     return PARTS;
 }
 int c_step_split_from = SPLIT_FROM; /* the fewest slots a pass of few positions splits its attention at: the same */
+int c_step_prefetch = 1;            /* attention's software prefetches (attention_tiles.h; 0: none): the same */
 #define GROUP_LIMIT c_step_group
 #define POSITIONS_LIMIT c_step_positions
 #define SPLIT_LIMIT c_step_split_from
@@ -264,7 +265,8 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
             /* the rows past the keys and values: every row's but in the last layer, whose output only the
              * last n_last rows' logits read (a prompt's other positions there: their keys and values only) */
             const int64_t lo = l == d->layers - 1 ? r - n_last : 0, m = r - lo;
-            const int split = omp_get_num_threads() > 1 && m > 0 && m <= POSITIONS && L >= SPLIT_LIMIT;
+            const int64_t nth = omp_get_num_threads(), split = nth > 1 && m > 0 && m <= POSITIONS && L >= SPLIT_LIMIT &&
+                                                              Hkv * groups * ((m + pp - 1) / pp) < 2 * nth;
             /* the residual from the layer before (its MLP's delta), the hidden states, the input norm */
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < r; i++) {
@@ -320,9 +322,9 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
             MARK(REST);
             const Queries a = {qkv, att, mask, nqkv, Hq, D, start, L, d->cap, w->window};
             const int64_t stride = blocks_of(d->cap) * BLOCK * D;
+            Position pos[POSITIONS];
+            int64_t from;
             if (split) { /* few positions: every thread the same share of the bytes (attention_split.h) */
-                Position pos[POSITIONS];
-                int64_t from;
                 positions_of(&a, lo, m, 0, seen, pos, &from);
                 const Heads heads = {blocks + from * D, w->values + from * D, stride, d->cap * D, Hkv, per, split_qg, D, parts, d->scale};
                 attend_split(pos, (int)m, &heads, shared, s, acc);
@@ -332,8 +334,7 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                 for (int64_t kv = 0; kv < Hkv; kv++)
                     for (int64_t i0 = lo; i0 < r; i0 += pp)
                         for (int64_t u = 0; u < groups; u++) {
-                            int64_t head = kv * per + u * qg, from, P = r - i0 < pp ? r - i0 : pp;
-                            Position pos[POSITIONS];
+                            int64_t head = kv * per + u * qg, P = r - i0 < pp ? r - i0 : pp;
                             positions_of(&a, i0, P, head, seen, pos, &from);
                             attend_positions(pos, (int)P, (int)(per - u * qg < qg ? per - u * qg : qg), blocks + kv * stride + from * D,
                                              w->values + (kv * d->cap + from) * D, D, d->scale, s, acc);

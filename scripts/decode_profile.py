@@ -46,6 +46,7 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--split-from", type=int, nargs="+", default=[128],
                         help="c_step.c's SPLIT_FROM variants, interleaved (a huge one: never split; the same bits)")
+    parser.add_argument("--prefetch", type=int, nargs="+", default=[1], help="attention's software prefetches (0: none), interleaved")
     parser.add_argument("--march", default="native", help="the library built for this -march (haswell: the AVX2 build)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -68,13 +69,15 @@ def main(argv: List[str] | None = None) -> None:
     walls: Dict[Tuple[int, int, int], List[float]] = {}
     split: Dict[Tuple[int, int, int], List[List[float]]] = {}
     split_from = ctypes.c_int.in_dll(library, "c_step_split_from")
+    prefetch = ctypes.c_int.in_dll(library, "c_step_prefetch")
+    variants = [(f, p) for f in args.split_from for p in args.prefetch]
     for round_ in range(args.rounds + 1):  # round 0 warms up
         for c in sorted(args.contexts, reverse=True):  # each a rollback of the one before (a round's first: refilled)
             if runner.cached < c:
                 runner(ids[:, :c], 1)
             for r in args.rows:
-                for f in args.split_from:
-                    split_from.value = f
+                for f in variants:
+                    split_from.value, prefetch.value = f
                     runner.rollback(c)
                     library.c_step_profile(parts)
                     wall = time.perf_counter()
@@ -87,12 +90,12 @@ def main(argv: List[str] | None = None) -> None:
                     library.c_step_profile(parts)  # zeroed
     print(f"embedded SmolLM2-135M · float32 · {args.threads} threads · median of {args.rounds}")
     short = min(args.contexts)
-    for r, f in ((r, f) for r in args.rows for f in args.split_from):
+    for r, f in ((r, f) for r in args.rows for f in variants):
         for c in args.contexts:
             median = [statistics.median(s[p] for s in split[c, r, f]) for p in range(len(PARTS))]
             shares = ", ".join(f"{name} {1e3 * s:.2f}" for name, s in zip(PARTS, median))  # the busiest thread's
             wall = statistics.median(walls[c, r, f])
-            print(f"{r} positions at {c:4d} slots, split from {f}: {1e3 * wall:6.2f} ms wall, x{wall / statistics.median(walls[short, r, f]):.3f} "
+            print(f"{r} positions at {c:4d} slots, split from {f[0]}, prefetch {f[1]}: {1e3 * wall:6.2f} ms wall, x{wall / statistics.median(walls[short, r, f]):.3f} "
                   f"(bytes {bytes_read(model.config, c) / 1e6:.0f} MB, x{bytes_read(model.config, c) / bytes_read(model.config, short):.3f}); "
                   f"busiest thread's CPU ms: {shares}")
 
