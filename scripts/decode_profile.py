@@ -4,14 +4,16 @@ each of ``--rows`` positions (1: decoding; 5, 8: verifying drafts; every positio
 asks), rolled back after it; contexts and widths interleaved within a round, medians over ``--rounds``.
 Each pass's wall time, and its split into the linears, attention and the rest by a profiling build of the
 library (``-DSTEP_PROFILE``: the CPU seconds by part of the busiest thread, which an imbalance between the threads
-shows, where a sum over them would not); beside it the
-bytes a pass reads at least (the weights once, the keys and values of every slot), and the wall time and the
-bytes as ratios to the shortest context's (how much more a slot costs than its bytes).
+shows, where a sum over them would not); beside it the bytes a pass reads at least (the weights once, the keys
+and values of every slot), and the wall time and the bytes as ratios to the shortest context's (how much more
+a slot costs than its bytes). Variants of the same bits interleaved in each round: ``--split-from`` (c_step.c's
+SPLIT_FROM; 100000: attention never split across the threads) x ``--prefetch`` (0: no software prefetches).
 
 CPU seconds split the pass only with ``OMP_WAIT_POLICY=passive`` (a thread waiting at a barrier sleeps); the
 wall times are a pass's as runs see it without it (threads spin at a barrier). Noisy on a shared machine.
 
-    OMP_WAIT_POLICY=passive .venv/bin/python scripts/decode_profile.py --contexts 16 256 512 768 1024 --rows 1 5 8
+    OMP_WAIT_POLICY=passive .venv/bin/python scripts/decode_profile.py --contexts 16 256 512 768 1024 --rows 1 5 8 \
+        --split-from 128 100000 --prefetch 1 0
 """
 import argparse
 import ctypes
