@@ -6,6 +6,15 @@
 #define ATTENTION_TILES_H
 
 #define VB (BLOCK / VW) /* vectors in a block of slots */
+/* Software prefetches a few KiB ahead of the key and value loads (hints only: no number changes): a block of
+ * keys is a 4 KiB page of its own, a value row a quarter of one (SmolLM2's), and the hardware's streams stop
+ * at each page, so at a long context (the cache from memory, decoding) every page would start on misses. */
+#if defined(STEP_PROFILE)
+extern int c_step_prefetch; /* the profiling build's A/B (c_step.c): 0, none */
+#define PREFETCH(p) (c_step_prefetch ? _mm_prefetch((const char *)(p), _MM_HINT_T0) : (void)0)
+#else
+#define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+#endif
 #if VW == 16
 #define SCORE_KV(G) ((G) <= 2 ? 8 : ((G) == 3 ? 6 : 5)) /* key vectors a score tile holds: G KV + KV of 32 registers */
 #define SPAN_V 4 /* a weigh tile's dimensions, in vectors: 64 */
@@ -27,6 +36,7 @@ static inline __attribute__((always_inline)) void score_tile(const float *q, int
         for (int b = 0; b < KV; b++) {
             k[b] = v_load(kt + ((b / VB) * D + d) * BLOCK + (b % VB) * VW);
             __asm__("" : "+v"(k[b])); /* kept in a register: one load for the G queries, not one each */
+            if (b % VB == 0) PREFETCH(kt + ((b / VB + KV / VB) * D + d) * BLOCK); /* the next tile's block, this line */
         }
         for (int c = 0; c < G; c++) {
             vec x = v_set1(q[c * qs + d]);
@@ -77,6 +87,7 @@ static inline __attribute__((always_inline)) void rows_tile(const float *s, int6
         for (int b = 0; b < NB; b++) {
             v[b] = v_load(values + j * D + VW * b);
             __asm__("" : "+v"(v[b])); /* kept in a register: one load for the Q rows */
+            PREFETCH(values + (j + BLOCK) * D + VW * b); /* 16 slots on */
         }
         for (int c = 0; c < Q; c++) {
             vec w = v_set1(s[c * ls + j]);

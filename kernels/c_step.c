@@ -69,6 +69,11 @@ typedef struct {
 } Dims;
 
 #include "step_rows.h"
+#include "attention_split.h"
+
+/* A pass of <= POSITIONS positions over >= this many slots splits attention by bytes (attention_split.h) where its units
+ * would be under 2 a thread (SmolLM2's decoding: 3 for 2; a verification's 9+ ran as fast unsplit: scripts/decode_profile.py) */
+#define SPLIT_FROM 128
 
 #ifdef STEP_PROFILE
 /* A profiling build (-DSTEP_PROFILE, scripts/prompt_profile.py): each thread's CPU seconds by part of the
@@ -76,7 +81,8 @@ typedef struct {
  * OMP_WAIT_POLICY=passive a thread waiting at a barrier sleeps, so a part's figure is the work it did. */
 #include <time.h>
 enum { LINEARS, ATTENTION, REST, PARTS };
-static double profiled[PARTS];
+#define PROFILED_THREADS 64
+static double profiled[PROFILED_THREADS][PARTS]; /* by thread (the first 64), then part */
 
 static double cpu_now(void) {
     struct timespec t;
@@ -85,27 +91,43 @@ static double cpu_now(void) {
 }
 
 /* the CPU seconds since this thread's last mark, to `part` */
-#define MARK(part)                                      \
-    do {                                                \
-        double now_ = cpu_now();                        \
-        _Pragma("omp atomic") profiled[part] += now_ - since_; \
-        since_ = now_;                                  \
+#define MARK(part)                                                                            \
+    do {                                                                                      \
+        double now_ = cpu_now();                                                              \
+        profiled[omp_get_thread_num() % PROFILED_THREADS][part] += now_ - since_;             \
+        since_ = now_;                                                                        \
     } while (0)
 
 int c_step_group = GROUP; /* attention's most query heads at once (1: one at a time): an A/B of the same bits */
 int c_step_positions = POSITIONS; /* attention's most positions at once: the same */
 
-/* out[0..3): linears, attention, the rest (CPU seconds since the last call); then zeroed */
+/* out[0..3): linears, attention, the rest (CPU seconds since the last call, summed over the threads); then zeroed */
 int c_step_profile(double *out) {
-    for (int p = 0; p < PARTS; p++) out[p] = profiled[p], profiled[p] = 0.0;
+    for (int p = 0; p < PARTS; p++) {
+        out[p] = 0.0;
+        for (int t = 0; t < PROFILED_THREADS; t++) out[p] += profiled[t][p], profiled[t][p] = 0.0;
+    }
     return PARTS;
 }
+
+/* out[0..3): c_step_profile's parts, the busiest thread's alone (the most CPU seconds of one thread), not zeroed */
+int c_step_busiest(double *out) {
+    for (int p = 0; p < PARTS; p++) {
+        out[p] = 0.0;
+        for (int t = 0; t < PROFILED_THREADS; t++) out[p] = profiled[t][p] > out[p] ? profiled[t][p] : out[p];
+    }
+    return PARTS;
+}
+int c_step_split_from = SPLIT_FROM; /* the fewest slots a pass of few positions splits its attention at: the same */
+int c_step_prefetch = 1;            /* attention's software prefetches (attention_tiles.h; 0: none): the same */
 #define GROUP_LIMIT c_step_group
 #define POSITIONS_LIMIT c_step_positions
+#define SPLIT_LIMIT c_step_split_from
 #else
 #define MARK(part) ((void)0)
 #define GROUP_LIMIT GROUP
 #define POSITIONS_LIMIT POSITIONS
+#define SPLIT_LIMIT SPLIT_FROM
 #endif
 
 /* x normed into y (n floats), or copied where the layer has no norm there (OLMo 2's input) */
@@ -143,39 +165,6 @@ static void finish_logits(float *logits, int64_t V, const Dims *d) {
     }
 }
 
-/* attention for the tests (tests/test_c_step.py): P <= POSITIONS positions' g <= GROUP query heads q [P, g, D]
- * of one key-value head over keys, values [L, D] into out [P, g, D], position p seeing slot j < n[p] where
- * seen[p L + j] (seen NULL: every slot j < n[p], as a chain's unit); all at once (1: attend_positions) or each
- * query alone (0). Returns 0, or -1 where its scratch could not be allocated. */
-int c_attend(const float *q, int64_t P, int64_t g, const float *keys, const float *values, const uint8_t *seen, const int64_t *n,
-             int64_t L, int64_t D, float scale, float *out, int64_t together) {
-    float *kt = malloc((size_t)(blocks_of(L) * BLOCK * D + P * g * (L + BLOCK + D)) * sizeof(float));
-    if (!kt) return -1;
-    float *s = kt + blocks_of(L) * BLOCK * D, *acc = s + P * g * (L + BLOCK);
-    Position pos[POSITIONS];
-    key_blocks(keys, L, D, 0, blocks_of(L), kt);
-    for (int64_t p = 0; p < P; p++) {
-        const uint8_t *own = seen ? seen + p * L : NULL;
-        pos[p] = (Position){q + p * g * D, own, n[p], out + p * g * D};
-        for (int64_t c = 0; c < g && !together; c++) {
-            Position one = {q + (p * g + c) * D, own, n[p], out + (p * g + c) * D};
-            attend_positions(&one, 1, 1, kt, values, D, scale, s, acc);
-        }
-    }
-    if (together) attend_positions(pos, (int)P, (int)g, kt, values, D, scale, s, acc);
-    free(kt);
-    return 0;
-}
-
-/* the lanes of attention's vectors in this build (attention_vec.h: 16 on AVX-512, 8 on AVX2); 1: the plain loops */
-int c_attention_lanes(void) {
-#if defined(ATTENTION_VEC)
-    return VW;
-#else
-    return 1;
-#endif
-}
-
 /* floats of a thread's attention scratch: the scores [POSITIONS GROUP, cap + 16], the sums [POSITIONS GROUP, D],
  * then POSITIONS masks' bytes [cap + 16] */
 static int64_t per_thread_floats(const Dims *d) {
@@ -186,7 +175,42 @@ static int64_t per_thread_floats(const Dims *d) {
 int64_t c_step_scratch(const Dims *d, int64_t r, int64_t threads) {
     int64_t nqkv = (d->Hq + 2 * d->Hkv) * d->D;
     return r * (d->H + nqkv + d->Hq * d->D + d->H + 2 * d->I + d->I) + d->Hkv * blocks_of(d->cap) * BLOCK * d->D +
-           threads * per_thread_floats(d);
+           threads * per_thread_floats(d) + POSITIONS * d->Hq * (d->cap + BLOCK); /* the last: attend_split's shared scores */
+}
+
+/* What attention reads of one layer's pass: the queries [r, nqkv], the outputs [r, Hq D], what a position sees
+ * (mask [r, L], or a chain's slots up to its own, within window: 0 for all) */
+typedef struct {
+    const float *qkv;
+    float *att;
+    const uint8_t *mask;
+    int64_t nqkv, Hq, D, start, L, cap, window;
+} Queries;
+
+/* positions i0..i0+P-1 as query head `head` sees them, over the slots from *lo on (a chain's: the block of the
+ * first's window start, the slots before a position's own unseen; 0 with a mask); own: the thread's masks' bytes
+ * [POSITIONS, cap + 16] */
+static void positions_of(const Queries *a, int64_t i0, int64_t P, int64_t head, uint8_t *own, Position *pos, int64_t *lo) {
+    *lo = 0;
+    if (!a->mask) {
+        int64_t from = a->window && a->start + i0 + 1 > a->window ? a->start + i0 + 1 - a->window : 0;
+        *lo = from / BLOCK * BLOCK;
+    }
+    for (int64_t p = 0; p < P; p++) {
+        int64_t i = i0 + p, upto = a->start + i + 1;
+        pos[p].q = a->qkv + i * a->nqkv + head * a->D;
+        pos[p].out = a->att + (i * a->Hq + head) * a->D;
+        if (a->mask) {
+            pos[p].seen = a->mask + i * a->L;
+            pos[p].n = a->L;
+        } else { /* a chain: every slot of its range seen (NULL: no mask built nor read) but a window's first */
+            int64_t from = a->window && upto > a->window ? upto - a->window : 0;
+            uint8_t *mine = own + p * (a->cap + BLOCK);
+            pos[p].n = upto - *lo;
+            for (int64_t j = 0; j < pos[p].n && from > *lo; j++) mine[j] = *lo + j >= from;
+            pos[p].seen = from > *lo ? mine : NULL;
+        }
+    }
 }
 
 /* The query heads of a key-value head that one attention unit takes (<= limit), for r positions on `threads`
@@ -223,6 +247,10 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
     const int64_t per = Hq / Hkv, qg = heads_at_once(per, Hkv, r, threads, GROUP_LIMIT), groups = (per + qg - 1) / qg;
     int64_t pp = POSITIONS_LIMIT < POSITIONS ? POSITIONS_LIMIT : POSITIONS; /* positions a unit takes: as many as keep 4 units a thread */
     while (pp > 1 && Hkv * groups * ((r + pp - 1) / pp) < 4 * threads) pp /= 2;
+    /* few positions split across the threads (attend_split): its query heads in groups as even as GROUP allows */
+    const int64_t split_groups = (per + GROUP_LIMIT - 1) / GROUP_LIMIT, split_qg = (per + split_groups - 1) / split_groups;
+    const int64_t parts = dimension_parts(Hkv * split_groups, threads, D);
+    float *shared = per_thread + threads * per_thread_floats(d);
 #pragma omp parallel num_threads((int)threads)
     {
         int t = omp_get_thread_num();
@@ -237,6 +265,8 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
             /* the rows past the keys and values: every row's but in the last layer, whose output only the
              * last n_last rows' logits read (a prompt's other positions there: their keys and values only) */
             const int64_t lo = l == d->layers - 1 ? r - n_last : 0, m = r - lo;
+            const int64_t nth = omp_get_num_threads(), split = nth > 1 && m > 0 && m <= POSITIONS && L >= SPLIT_LIMIT &&
+                                                              Hkv * groups * ((m + pp - 1) / pp) < 2 * nth;
             /* the residual from the layer before (its MLP's delta), the hidden states, the input norm */
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < r; i++) {
@@ -290,35 +320,26 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
              * position's own unseen (a masked slot adds an exact 0, so a tree's row over all the slots gives the
              * same numbers). */
             MARK(REST);
+            const Queries a = {qkv, att, mask, nqkv, Hq, D, start, L, d->cap, w->window};
+            const int64_t stride = blocks_of(d->cap) * BLOCK * D;
+            Position pos[POSITIONS];
+            int64_t from;
+            if (split) { /* few positions: every thread the same share of the bytes (attention_split.h) */
+                positions_of(&a, lo, m, 0, seen, pos, &from);
+                const Heads heads = {blocks + from * D, w->values + from * D, stride, d->cap * D, Hkv, per, split_qg, D, parts, d->scale};
+                attend_split(pos, (int)m, &heads, shared, s, acc);
+#pragma omp barrier
+            } else {
 #pragma omp for schedule(static, 1) collapse(3)
-            for (int64_t kv = 0; kv < Hkv; kv++)
-                for (int64_t i0 = lo; i0 < r; i0 += pp)
-                    for (int64_t u = 0; u < groups; u++) {
-                        int64_t head = kv * per + u * qg, lo = 0, P = r - i0 < pp ? r - i0 : pp;
-                        int g = (int)(per - u * qg < qg ? per - u * qg : qg);
-                        Position pos[POSITIONS];
-                        if (!mask) {
-                            int64_t from = w->window && start + i0 + 1 > w->window ? start + i0 + 1 - w->window : 0;
-                            lo = from / BLOCK * BLOCK;
+                for (int64_t kv = 0; kv < Hkv; kv++)
+                    for (int64_t i0 = lo; i0 < r; i0 += pp)
+                        for (int64_t u = 0; u < groups; u++) {
+                            int64_t head = kv * per + u * qg, P = r - i0 < pp ? r - i0 : pp;
+                            positions_of(&a, i0, P, head, seen, pos, &from);
+                            attend_positions(pos, (int)P, (int)(per - u * qg < qg ? per - u * qg : qg), blocks + kv * stride + from * D,
+                                             w->values + (kv * d->cap + from) * D, D, d->scale, s, acc);
                         }
-                        for (int64_t p = 0; p < P; p++) {
-                            int64_t i = i0 + p, upto = start + i + 1;
-                            uint8_t *own = seen + p * (d->cap + BLOCK);
-                            pos[p].q = qkv + i * nqkv + head * D;
-                            pos[p].out = att + (i * Hq + head) * D;
-                            if (mask) {
-                                pos[p].seen = mask + i * L;
-                                pos[p].n = L;
-                            } else { /* a chain: every slot of its range seen (NULL: no mask built nor read) but a window's first */
-                                int64_t from = w->window && upto > w->window ? upto - w->window : 0;
-                                pos[p].n = upto - lo;
-                                for (int64_t j = 0; j < pos[p].n && from > lo; j++) own[j] = lo + j >= from;
-                                pos[p].seen = from > lo ? own : NULL;
-                            }
-                        }
-                        attend_positions(pos, (int)P, g, blocks + (kv * blocks_of(d->cap) + lo / BLOCK) * BLOCK * D,
-                                         w->values + (kv * d->cap + lo) * D, D, d->scale, s, acc);
-                    }
+            }
             MARK(ATTENTION);
             if (m > 0) skinny_rows_as(d->weights, d->tile, att + lo * Hq * D, w->o, w->o_bias, delta + lo * H, m, H, Hq * D);
 #pragma omp barrier

@@ -106,3 +106,52 @@ def test_a_chain_without_a_mask_gives_the_bits_of_one_seeing_every_slot(librarie
                         outputs[arch].append(masked)
     for arch in ARCHES[1:]:
         assert all(torch.equal(a, b) for a, b in zip(outputs[ARCHES[0]], outputs[arch])), arch
+
+
+def split(library, q: torch.Tensor, keys, values, seen, lengths, threads: int, parts: int, qg: int) -> torch.Tensor:
+    """c_attend_split: q [P, Hq, D] over keys, values [Hkv, L, D], seen [P, L], lengths [P] into [P, Hq, D], on
+    ``threads`` threads, the dimensions in ``parts``, the heads in groups of ``qg``."""
+    (P, Hq, D), (Hkv, L, _) = q.shape, keys.shape
+    out, shape = torch.empty(q.shape), torch.tensor([P, Hq, Hkv, L, D, threads, parts, qg], dtype=torch.int64)
+    pointers = [ctypes.c_void_p(x.data_ptr()) for x in (q, keys, values, seen, lengths, shape)]
+    assert 0 == library.c_attend_split(*pointers, ctypes.c_float(D ** -0.5), ctypes.c_void_p(out.data_ptr()))
+    return out
+
+
+def split_cases():
+    """(q [P, Hkv per, D], keys, values [Hkv, L, D], seen [P, L], lengths [P]): 1, 5 and 8 positions (decoding,
+    verification) of 1-3 key-value heads of 1-5 query heads each, over slot counts a thread's span of blocks cuts
+    anywhere (a block's tail, a span of none), head sizes with and without whole vectors, the seen patterns of
+    ``cases``: a chain's staircase, a tree's scattered mask, a window's gap."""
+    g = torch.Generator().manual_seed(13)
+    for D, L, Hkv, per, P in ((64, 700, 3, 3, 1), (64, 257, 3, 3, 5), (64, 33, 2, 5, 8), (24, 100, 3, 3, 8), (72, 31, 1, 4, 5),
+                              (8, 9, 3, 2, 1), (16, 160, 4, 1, 8), (64, 5, 3, 3, 5)):
+        keys, values = torch.randn(Hkv, L, D, generator=g), torch.randn(Hkv, L, D, generator=g)
+        staircase = torch.tensor([max(1, L - P + 1 + p) for p in range(P)])
+        for seen in (torch.ones(P, L, dtype=torch.bool), torch.rand(P, L, generator=g) < 0.5, (torch.arange(L) >= L // 2).expand(P, L)):
+            seen = seen.clone()
+            seen[torch.arange(P), staircase - 1] = True
+            yield torch.randn(P, Hkv * per, D, generator=g) * 2, keys, values, seen.to(torch.uint8), staircase
+
+
+def test_attention_split_across_threads_gives_every_query_the_bits_of_one_query_alone(libraries):
+    """attend_split (a pass of few positions, its scores split by spans of slots and its outputs by parts of the
+    dimensions across the threads): on every build, 1-3 threads, every count of parts up to a vector each and
+    every grouping of the query heads, each query's bits of attend_positions on that query alone; the builds
+    alike."""
+    outputs = {arch: [] for arch in ARCHES}
+    for q, keys, values, seen, lengths in split_cases():
+        (P, Hq, D), Hkv = q.shape, keys.shape[0]
+        per = Hq // Hkv
+        for arch, library in libraries.items():
+            lanes = library.c_attention_lanes()
+            alone = torch.stack([torch.cat([attention(library, q[:, kv * per + c][:, None].contiguous(), keys[kv], values[kv], seen,
+                                                      lengths, False) for kv in range(Hkv) for c in range(per)], 1)])[0]
+            most = D // lanes if D % lanes == 0 else D
+            for threads, parts, qg in {(1, 1, min(per, 4)), (2, 1, min(per, 4)), (2, 2, 1), (3, min(3, most), 2), (2, most, min(per, 4)),
+                                       (3, 1, 3)}:
+                got = split(library, q, keys, values, seen, lengths, threads, parts, min(qg, per))
+                assert torch.equal(got, alone), (arch, tuple(q.shape), keys.shape, threads, parts, qg)
+            outputs[arch].append(alone)
+    for arch in ARCHES[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(outputs[ARCHES[0]], outputs[arch])), arch

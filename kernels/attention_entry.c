@@ -1,0 +1,69 @@
+/* The attention entry points the tests call (tests/test_attention_kernel.py, tests/test_c_step.py): attention.h's
+ * attend_positions and attention_split.h's attend_split on given queries, keys and values, and the lanes of
+ * this build's vectors. The C step (c_step.c) runs the same functions. */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#include "step_rows.h"
+#include "attention_split.h"
+
+/* attention for the tests (tests/test_c_step.py): P <= POSITIONS positions' g <= GROUP query heads q [P, g, D]
+ * of one key-value head over keys, values [L, D] into out [P, g, D], position p seeing slot j < n[p] where
+ * seen[p L + j] (seen NULL: every slot j < n[p], as a chain's unit); all at once (1: attend_positions) or each
+ * query alone (0). Returns 0, or -1 where its scratch could not be allocated. */
+int c_attend(const float *q, int64_t P, int64_t g, const float *keys, const float *values, const uint8_t *seen, const int64_t *n,
+             int64_t L, int64_t D, float scale, float *out, int64_t together) {
+    float *kt = malloc((size_t)(blocks_of(L) * BLOCK * D + P * g * (L + BLOCK + D)) * sizeof(float));
+    if (!kt) return -1;
+    float *s = kt + blocks_of(L) * BLOCK * D, *acc = s + P * g * (L + BLOCK);
+    Position pos[POSITIONS];
+    key_blocks(keys, L, D, 0, blocks_of(L), kt);
+    for (int64_t p = 0; p < P; p++) {
+        const uint8_t *own = seen ? seen + p * L : NULL;
+        pos[p] = (Position){q + p * g * D, own, n[p], out + p * g * D};
+        for (int64_t c = 0; c < g && !together; c++) {
+            Position one = {q + (p * g + c) * D, own, n[p], out + (p * g + c) * D};
+            attend_positions(&one, 1, 1, kt, values, D, scale, s, acc);
+        }
+    }
+    if (together) attend_positions(pos, (int)P, (int)g, kt, values, D, scale, s, acc);
+    free(kt);
+    return 0;
+}
+
+/* attend_split for the tests: P <= POSITIONS positions' Hq query heads q [P, Hq, D] over keys, values [Hkv, L, D]
+ * into out [P, Hq, D], position p seeing slot j < n[p] where seen[p L + j], on `threads` threads, the heads in
+ * groups of qg <= GROUP, the dimensions in `parts`; shape: P, Hq, Hkv, L, D, threads, parts, qg. Returns 0, or
+ * -1 where its scratch could not be allocated. */
+int c_attend_split(const float *q, const float *keys, const float *values, const uint8_t *seen, const int64_t *n, const int64_t *shape,
+                   float scale, float *out) {
+    const int64_t P = shape[0], Hq = shape[1], Hkv = shape[2], L = shape[3], D = shape[4], threads = shape[5], nb = blocks_of(L);
+    const int64_t mine = POSITIONS * GROUP * (L + BLOCK + D);
+    float *kt = malloc((size_t)(Hkv * nb * BLOCK * D + P * Hq * (L + BLOCK) + threads * mine) * sizeof(float));
+    if (!kt) return -1;
+    float *shared = kt + Hkv * nb * BLOCK * D, *own = shared + P * Hq * (L + BLOCK);
+    Position pos[POSITIONS];
+    for (int64_t kv = 0; kv < Hkv; kv++) key_blocks(keys + kv * L * D, L, D, 0, nb, kt + kv * nb * BLOCK * D);
+    for (int64_t p = 0; p < P; p++) pos[p] = (Position){q + p * Hq * D, seen + p * L, n[p], out + p * Hq * D};
+    const Heads heads = {kt, values, nb * BLOCK * D, L * D, Hkv, Hq / Hkv, shape[7], D, shape[6], scale};
+#pragma omp parallel num_threads((int)threads)
+    {
+        float *s = own + omp_get_thread_num() * mine;
+        attend_split(pos, (int)P, &heads, shared, s, s + POSITIONS * GROUP * (L + BLOCK));
+    }
+    free(kt);
+    return 0;
+}
+
+/* the lanes of attention's vectors in this build (attention_vec.h: 16 on AVX-512, 8 on AVX2); 1: the plain loops */
+int c_attention_lanes(void) {
+#if defined(ATTENTION_VEC)
+    return VW;
+#else
+    return 1;
+#endif
+}
