@@ -1,6 +1,7 @@
 """The drafter's dtype (``--drafter-dtype``): the target's by default; under ``--preset pair`` with a float32
-target on CPU, bfloat16 where a bfloat16 matmul of the drafter's own shape measures clearly faster
-(``measure.dtype``, the rule ``--dtype auto`` applies to the target). A drafter's dtype changes which
+target on CPU, bfloat16 where the drafter's own one-position pass (its C step) measures clearly faster in
+bfloat16 than in float32 (``measure.pass_dtype``, the rule ``--dtype auto`` applies to the target; both
+copies loaded and timed by ``app.pair``, the one chosen kept). A drafter's dtype changes which
 drafts are proposed, never what is emitted: the target verifies every draft in its own dtype (greedy: its
 own tokens; sampling: accepted with ``min(1, p / q)`` for whatever ``q`` the drafter drew from), so the
 output stays the target's. The choice is named in the drafter's header line."""
@@ -46,7 +47,7 @@ def drafter_dtype(asked: Optional[str], target_dtype: str, drafter: str, device:
         return DrafterDtype(asked, f"{asked} drafter (--drafter-dtype); {why}", f"drafts in {asked}")
     if not measures(asked, target_dtype, drafter, device, measured):
         return DrafterDtype(target_dtype)
-    if getattr(found, "value", "float32") != "bfloat16":
-        return DrafterDtype(target_dtype)
+    if getattr(found, "value", "float32") != "bfloat16":  # the measured figures named in the full line all the same
+        return DrafterDtype(target_dtype, getattr(found, "line", ""))
     return DrafterDtype("bfloat16", f"bfloat16 drafter for the float32 target, {found.line}; {why} "
                         f"(--drafter-dtype float32: the target's)", "drafts in bfloat16 by measurement")

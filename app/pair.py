@@ -4,6 +4,7 @@ kinds, the dtype, the policy's costs), with each model's header lines (``app.hea
 
 Anything that stops loading raises ``app.session.SetupError`` with one readable line."""
 import functools
+import gc
 import sys
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from app.header_lines import describe, summary
 from app.steps import FIRST_ANSWER_LIMIT, cuda_decides, cuda_default, start_graphs
-from app.session import Say, SetupError, first_line, to_stderr
+from app.session import Say, SetupError, first_line, progress_bar, to_stderr  # noqa: F401 (progress_bar: here too)
 from utils.parsing import parse_int
 
 if TYPE_CHECKING:
@@ -114,21 +115,34 @@ def _load(role: str, name: Optional[str], where: str, dtype: str, quantize: str,
         raise SetupError(f"could not load the {role} '{name or 'embedded'}': {first_line(error)}") from None
 
 
-def _measured_dtype(target: str, device: str, options: "Options", say: Say) -> "Finding":
-    """The dtype for ``--dtype auto`` on a model worth measuring (``--preset pair``): measured on CPU
-    (``measure.startup_dtype``), bfloat16 on an accelerator."""
-    from pathlib import Path
-
-    from measure import FIXED, Finding, startup_dtype
+def _measured_load(role: str, name: str, where: str, quantize: str, trust: bool, measuring: "Options", say: Say,
+                   target: Optional["Module"] = None) -> tuple:
+    """``(model, tokenizer, label, finding)`` for an automatic dtype (``--dtype auto`` under ``--preset pair``, a float32
+    target's drafter): bfloat16 on an accelerator; on CPU the dtype an earlier start saved (one copy loaded), else the float32
+    one loaded and its bfloat16 copy made, raced (``measure.measured_dtype``), the one chosen kept, the other freed (peak 1.5x)."""
+    from measure import FIXED, Finding, measured_dtype, saved_dtype
+    from utils.dtype_copy import bfloat16_copy
     from utils.models import gguf_model_dir
 
-    if device != "cpu":
-        return Finding("bfloat16", "bfloat16 (--dtype auto on an accelerator)", FIXED)
+    load = functools.partial(_load, role, name, where, quantize=quantize, trust_remote_code=trust, target=target, say=say)
+    if where != "cpu":
+        return (*load(dtype="bfloat16"), Finding("bfloat16", "bfloat16 (--dtype auto on an accelerator)", FIXED))
     try:
-        folder = gguf_model_dir(Path(target), functools.partial(say, style="dim")) if target.endswith(".gguf") else target
-        return startup_dtype(folder, options)
+        folder = gguf_model_dir(Path(name), functools.partial(say, style="dim")) if name.endswith(".gguf") else name
+        found = saved_dtype(folder, measuring)
+        if found is not None:
+            return (*load(dtype=found.value), found)
+        copies = {"float32": load(dtype="float32")}
+        say(f"Making a bfloat16 copy of the {role} to time its passes against float32 ...", "dim")
+        copies["bfloat16"] = (bfloat16_copy(copies["float32"][0]), *copies["float32"][1:])  # a tensor at a time: 1.5x, never 2x
+        found = measured_dtype(folder, copies["float32"][0], copies["bfloat16"][0], role, measuring)
+    except SetupError:
+        raise
     except (Exception, KeyboardInterrupt) as error:
-        raise SetupError(f"could not measure a dtype for '{target}': {first_line(error)}") from None
+        raise SetupError(f"could not measure a dtype for '{name}': {first_line(error)}") from None
+    kept, _ = copies.pop(found.value), copies.clear()
+    gc.collect()  # the copy not chosen goes now (its runner's reference cycles too), before the next model loads
+    return (*kept, found)
 
 
 def pair_preset() -> dict:
@@ -178,20 +192,6 @@ def _check_drafter(pair: Pair, drafter_tokenizer, name: str, chat: bool = True, 
         pair.drafter, pair.drafter_label = None, ""
         return
     pair.drafter_tokenizer, pair.relation = drafter_tokenizer, relation(pair.tokenizer, drafter_tokenizer)
-
-
-def progress_bar(done: int, total: int) -> None:
-    """A start-up measurement's progress on a terminal (``measure.Options.progress``): one line on
-    stderr redrawn with ``\\r`` between passes (no thread: a spinner's would compete with the passes
-    timed), cleared when the passes are done or the measurement is over (0, 0)."""
-    if total <= 0:
-        sys.stderr.write("\r\033[K")
-    else:
-        width = 24
-        filled = width * done // total
-        end = "\r\033[K" if done >= total else ""
-        sys.stderr.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} passes{end}")
-    sys.stderr.flush()
 
 
 def measure_options(prepack: bool | str = "auto", cache: Optional[str] = "auto", calibrate: bool = True,
@@ -343,11 +343,10 @@ def load_pair(target: Optional[str], drafter: Optional[str], options: LoadOption
     ``Pair.measured``): each one's kernels (``prepack`` "auto": measured, each row later runs on its
     own best option; "on"/"off": given) and KV cache kind (``cache`` "auto": measured on CPU), then,
     with ``calibrate``, the drafter's cost and the target's verification costs (``row_costs``: given,
-    ``--row-costs``). ``measure_dtype`` with ``dtype`` auto: bfloat16 on CUDA; on CPU bfloat16 only
-    where a matmul of the target's shape measures clearly faster in it (``measure.dtype``), else
-    float32. Measurements run within their budgets and are reused from earlier starts unless
-    ``remeasure`` (docs/startup.md). A drafter with another tokenizer drafts across tokenizers; one
-    that cannot (``cross_problem``; the chat template matters when ``chat``) is dropped with one line."""
+    ``--row-costs``). ``measure_dtype`` with ``dtype`` auto: the target's dtype, and a float32 target's
+    drafter's (``app.drafter_dtype``), by ``_measured_load``. Measurements run within their budgets, reused
+    from earlier starts unless ``remeasure`` (docs/startup.md). A drafter with another tokenizer drafts
+    across tokenizers; one that cannot (``cross_problem``; the chat template matters when ``chat``) is dropped."""
     import torch
 
     from app.drafter_dtype import drafter_dtype, measures
@@ -365,12 +364,13 @@ def load_pair(target: Optional[str], drafter: Optional[str], options: LoadOption
     # the load is read before anything of ours loads the machine
     measuring = measure_options(options.prepack, options.cache, options.calibrate, options.row_costs, options.remeasure,
                                 busy_note())
-    chosen = None
-    if options.measure_dtype and dtype == "auto" and target is not None:
-        chosen = _measured_dtype(target, device, measuring, say)
-        dtype = chosen.value
     gguf = llama_cpp_target(target) if options.runner == "llama-cpp" else None  # refused before anything loads
-    model, tokenizer, label = _load("target", target, device, dtype, options.quantize, options.trust_remote_code, say=say)
+    if options.measure_dtype and dtype == "auto" and target is not None:
+        model, tokenizer, label, chosen = _measured_load("target", target, device, options.quantize, options.trust_remote_code,
+                                                         measuring, say)
+        dtype = chosen.value
+    else:
+        (model, tokenizer, label), chosen = _load("target", target, device, dtype, options.quantize, options.trust_remote_code, say=say), None
     pair = Pair(model, tokenizer, label, options.quantize, end_tokens=end_tokens(model, tokenizer))
     if drafter is not None:
         say(f"Loading drafter: {drafter} ...", "dim")
@@ -378,12 +378,15 @@ def load_pair(target: Optional[str], drafter: Optional[str], options: LoadOption
         drafter_quantize = options.quantize if layers else options.drafter_quantize or options.quantize
         where = resolve_device(options.drafter_device or device)
         asked = (options.drafter_dtype, dtype, drafter, where, options.measure_dtype)
-        # measured here, as the target's is: both measurements go down the same way (app -> measure)
-        found = _measured_dtype(drafter, where, measuring, say) if measures(*asked) else None
-        own = drafter_dtype(*asked, found)
+        if measures(*asked):  # loaded and measured here, as the target is: both go down the same way (app -> measure)
+            pair.drafter, drafter_tokenizer, pair.drafter_label, found = _measured_load(
+                "drafter", drafter, where, drafter_quantize, options.trust_remote_code, measuring, say, model)
+            own = drafter_dtype(*asked, found)
+        else:
+            own = drafter_dtype(*asked)
+            pair.drafter, drafter_tokenizer, pair.drafter_label = _load("drafter", drafter, where, own.value, drafter_quantize,
+                                                                        options.trust_remote_code, model, say)
         pair.drafter_dtype_notes = (own.note, own.short)
-        pair.drafter, drafter_tokenizer, pair.drafter_label = _load("drafter", drafter, where, own.value, drafter_quantize,
-                                                                    options.trust_remote_code, model, say)
         pair.drafter_quantize = drafter_quantize
         _check_drafter(pair, drafter_tokenizer, drafter, options.chat, say)
     runners = _runners(pair, options, say)

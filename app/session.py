@@ -193,3 +193,17 @@ def rendered_for(drafter_tokenizer) -> Callable[[List[int]], Optional[List[int]]
         return None if found is None else _render(drafter_tokenizer, *found)
 
     return render
+
+
+def progress_bar(done: int, total: int) -> None:
+    """A start-up measurement's progress on a terminal (``measure.Options.progress``): one line on
+    stderr redrawn with ``\\r`` between passes (no thread: a spinner's would compete with the passes
+    timed), cleared when the passes are done or the measurement is over (0, 0)."""
+    if total <= 0:
+        sys.stderr.write("\r\033[K")
+    else:
+        width = 24
+        filled = width * done // total
+        end = "\r\033[K" if done >= total else ""
+        sys.stderr.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} passes{end}")
+    sys.stderr.flush()

@@ -1,9 +1,8 @@
-"""``--dtype auto`` on CPU for a model too big to keep in float32 without asking (``--preset pair``):
-bfloat16 only where this CPU runs a bfloat16 matmul of the model's shape clearly faster than the
-float32 one the model would run (prepacked for oneDNN when it would be), measured before loading."""
+"""A dtype by one matmul of a model's layer shape, bfloat16 only where it runs clearly faster than the
+float32 one (prepacked for oneDNN when it would be): EAGLE training's (``eagle.train``), a head trained
+in it. Not the programs' ``--dtype auto``: one matrix can fit in a CPU's cache and hide the bytes a
+whole pass reads from memory; that rule times the model's own pass (``measure.pass_dtype``)."""
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 import torch
@@ -53,23 +52,3 @@ def choose_cpu_dtype(inner: int, outer: int, rows: int = 4, prepacked: bool = Fa
     versus = "the faster float32 kernel's (prepacked)" if packed < own else "the faster float32 kernel's (own)" if prepacked else "float32's"
     return chosen, (f"{chosen} by measurement: a bfloat16 matmul of the model's shape ({rows}x{inner}x{outer}) "
                     f"took {ratio:.2f} of {versus} time ({verdict})")
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A model folder's linear layers: ``inner`` x ``outer`` (hidden and intermediate sizes), and the
-    bytes of its float32 linear weights (the embedding is no linear layer)."""
-
-    inner: int
-    outer: int
-    linear_bytes: int
-
-
-def folder_shape(folder) -> Shape:
-    """The ``Shape`` of the model in ``folder``, from its config and weight files (nothing loaded)."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(folder)
-    hidden = config.hidden_size
-    weights = sum(f.stat().st_size for f in Path(folder).glob("*.safetensors"))
-    return Shape(hidden, getattr(config, "intermediate_size", None) or 4 * hidden, weights - 4 * hidden * getattr(config, "vocab_size", 0))

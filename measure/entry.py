@@ -1,7 +1,8 @@
 """The start-up's one entry: ``startup`` measures what runs fastest on this machine for a loaded
-target (and drafter) and returns one ``Measured`` record; ``startup_dtype`` is the one measurement
-made before loading (the CPU dtype, from the model's folder). The programs (``app.session``) call
-these two and print the record's lines; each step is ``measure.steps``'."""
+target (and drafter) and returns one ``Measured`` record; the CPU dtype is the one measurement
+made on a model's copies before the record (``saved_dtype`` before loading, else
+``measured_dtype`` on both copies). The programs (``app.pair``) call these and print the record's
+lines; each step is ``measure.steps``'."""
 from typing import Optional
 
 from torch.nn import Module
@@ -18,7 +19,7 @@ def startup(target: Module, runner: RunnerConfig, options: Options, drafter: Opt
     cost and the target's verification costs (given by ``options.row_costs``, read from the kernel
     measurement, or measured on the drafting rows' kernels). Each model is left with the kernels chosen
     for plain decoding; the record's runners hold the cache kinds chosen. ``dtype``: what
-    ``startup_dtype`` chose before loading, kept in the record. ``ImplausibleCosts`` (a ValueError)
+    ``saved_dtype`` or ``measured_dtype`` chose, kept in the record. ``ImplausibleCosts`` (a ValueError)
     for ``options.row_costs`` that cannot be real, before anything is measured."""
     given = steps.given_costs(options)
     first = steps.model_step(target, "target", runner, options)
@@ -31,8 +32,14 @@ def startup(target: Module, runner: RunnerConfig, options: Options, drafter: Opt
     return Measured(first, second, dtype, costs, options.busy)
 
 
-def startup_dtype(folder, options: Options) -> Finding:
-    """The dtype for ``--dtype auto`` on CPU of the model in ``folder`` (a model worth measuring:
-    ``--preset pair``): bfloat16 only where its matmuls measure clearly faster (``measure.dtype``),
-    within its budget, or saved from an earlier start (``value``: "float32" or "bfloat16")."""
-    return steps.dtype_step(folder, options)
+def saved_dtype(folder, options: Options) -> Optional[Finding]:
+    """The CPU dtype for ``--dtype auto`` (``--preset pair``) or a drafter's auto dtype, saved by an earlier
+    start for the model in ``folder`` on this machine (then one copy is loaded), else None."""
+    return steps.saved_dtype(folder, options)
+
+
+def measured_dtype(folder, float32_model: Module, bfloat16_model: Module, role: str, options: Options) -> Finding:
+    """That dtype measured now on the model's two copies, loaded by the caller (who frees the one not
+    chosen): their one-position passes alternated, bfloat16 only where clearly faster (``measure.pass_dtype``),
+    within its budget, saved. ``value``: "float32" or "bfloat16"."""
+    return steps.dtype_step(folder, float32_model, bfloat16_model, role, options)

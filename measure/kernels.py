@@ -9,7 +9,7 @@ from torch.nn import Module
 
 from kernels.holding import hold
 from kernels.plans import drop_blocked_copies, drop_packed_copies, label_plan, plan_label  # noqa: F401 (label_plan: importable from here)
-from kernels.prepacking import OWN, PREPACKED, SKINNY, plan, prepack_fits, prepackable, set_prepack
+from kernels.prepacking import OWN, PREPACKED, SKINNY, drop_prepacked, plan, prepackable, set_prepack
 from kernels import skinny
 from utils.quantization import model_quantization
 
@@ -157,10 +157,12 @@ def by_flag(model: Module, on: bool) -> None:
         own_linears(model)
 
 
-def would_prepack(prepack: bool, size: int) -> bool:
-    """Whether float32 linear layers of ``size`` bytes would be prepacked with ``--prepack`` on or auto
-    (``prepack``): oneDNN is there and the copy fits in memory."""
-    return prepack and prepack_fits(size)
+def as_loaded(model: Module) -> None:
+    """``model``'s own linear layers back, as loaded (no plan, no blocked or oneDNN copy): a model whose
+    passes were timed before the start's own measurements (``measure.pass_dtype``) starts as a loaded one
+    does, its C step made again at its first pass (a bfloat16 model's kernels are the step's, given by no plan)."""
+    drop_blocked_copies(model)  # in place, a chunk at a time: never the weights twice
+    drop_prepacked(model)
 
 
 def identity(model: Module) -> Dict[str, object]:

@@ -59,3 +59,19 @@ def versions_line() -> str:
     env = run_environment()
     return (f"torch {env['torch']} · transformers {env['transformers']} · Python {env['python']} · {env['cpu']} "
             f"({env['cpu_flags'] or 'no AVX2'}), {env['threads']} threads")
+
+
+def last_level_cache(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    """Bytes of the CPU's last-level cache as Linux lists it (the highest ``index*/level``; "307200K"
+    is 300 MiB); 0 where none is listed. A virtual machine may list its host's."""
+    best = (0, 0)
+    for index in root.glob("index*"):
+        try:
+            level, text = int((index / "level").read_text()), (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+        digits = text[:-1] if scale > 1 else text
+        if digits.isdigit():
+            best = max(best, (level, int(digits) * scale))
+    return best[1]

@@ -136,4 +136,5 @@ def _prompt(result: dict) -> None:
 SHAPES: Dict[str, Callable[[dict], None]] = {
     "kernels": _kernels, "cache": _choice("cache", CACHES), "verification": _costs, "drafter": _cost,
     "dtype": _choice("dtype", ("float32", "bfloat16")), "prompt": _prompt,
+    "pass-dtype": _choice("dtype", ("float32", "bfloat16")),
 }

@@ -13,7 +13,7 @@ from typing import Callable, Optional, Tuple
 
 from torch.nn import Module
 
-import measure.dtype as dtype
+import measure.pass_dtype as pass_dtype
 import measure.kernels as kernels
 import measure.prompt as prompt
 import measure.saved as saved
@@ -237,19 +237,41 @@ def drafter_step(drafter: Module, target: Module, runner: RunnerConfig, drafter_
     return _found(cost, f"a drafter pass costs {cost:.2f}" + (f" ({note})" if note else ""), when, noisy)
 
 
-def dtype_step(folder, options: Options) -> Finding:
-    """The CPU dtype of the model in ``folder`` (``choose_cpu_dtype`` of its layers' shape) within its
-    budget, or saved. Keyed by the folder's config rather than loaded weights: it runs before loading."""
-    prepack = options.prepack != "off"
+def _dtype_key(folder) -> dict:
+    """What the dtype race depends on: the machine, the model (its folder's name and config: keyed before
+    loading, so that a saved result loads one copy) and the C step's library build."""
     config = (Path(folder) / "config.json").read_bytes()
-    key = {**machine_key(), "model": Path(folder).name, "config": hashlib.sha256(config).hexdigest()[:16], "prepack": prepack}
+    return {**machine_key(), "model": Path(folder).name, "config": hashlib.sha256(config).hexdigest()[:16],
+            "pass": "one position", "skinny": skinny.identity()}
 
-    def measure() -> Tuple[dict, bool]:
-        budget = _budget("dtype", "the dtype (float32 and bfloat16 matmuls of the model's shape", options)
-        shape = dtype.folder_shape(folder)
-        chosen, reason = dtype.choose_cpu_dtype(shape.inner, shape.outer, prepacked=kernels.would_prepack(prepack, shape.linear_bytes),
-                                                budget=budget)
-        return {"dtype": chosen, "line": reason}, budget.stopped
 
-    result, when, noisy = remembered("dtype", key, measure, options)
-    return _found(result["dtype"], result["line"] + (f" ({_reused(when)})" if when else ""), when, noisy)
+def saved_dtype(folder, options: Options) -> Optional[Finding]:
+    """The dtype an earlier start measured for the model in ``folder`` on this machine, or None (none saved,
+    ``Options.remeasure``, unreadable, or noisy while the machine is quiet now): then ``dtype_step`` measures."""
+    if options.remeasure:
+        return None
+    key = _dtype_key(folder)
+    found, problem = saved.recall("pass-dtype", key)
+    if problem:
+        options.say(f"ignoring unreadable measurement {saved.saved_path('pass-dtype', key)}: {problem}; measuring again")
+    if found is None or (found.noisy and not options.busy):
+        return None
+    return _found(found.result["dtype"], f"{found.result['line']} ({_reused(found.when)})", found.when, found.noisy)
+
+
+def dtype_step(folder, float32_model: Module, bfloat16_model: Module, role: str, options: Options) -> Finding:
+    """The CPU dtype of the model in ``folder``: its two copies' one-position passes raced within the
+    budget (``measure.pass_dtype``), saved for the next start (``saved_dtype``). ``value``: "float32" or "bfloat16"."""
+    weights = sum(p.numel() * p.element_size() for m in (float32_model, bfloat16_model) for p in m.parameters())
+    budget = _budget("dtype", f"the {role}'s dtype (one-position passes in float32 and bfloat16, "
+                     f"{pass_dtype.ROUNDS} alternating rounds", options, float32_model)
+    found = pass_dtype.race(*timing.dtype_race((float32_model, bfloat16_model), budget, pass_dtype.ROUNDS))
+    budget.finish()
+    chosen, line = pass_dtype.choose(found, budget, pass_dtype.where_read(weights))
+    kernels.as_loaded(float32_model if chosen == "float32" else bfloat16_model)  # the other one is the caller's to free
+    noisy = bool(options.busy) or budget.stopped
+    try:
+        saved.save("pass-dtype", _dtype_key(folder), {"dtype": chosen, "line": line}, noisy=noisy)
+    except OSError as error:  # a read-only cache: measured, not saved
+        options.say(f"could not save the measurement in {saved.measurements_dir()}: {error.strerror}")
+    return _found(chosen, line, "", noisy)

@@ -1,7 +1,7 @@
 """Timing: the ``Budget`` a start-up measurement runs under, the timers (a cached runner fed a context,
 timing passes after it), interleaved rounds, and every timed model pass of the start-up: the kernel
 options' curve (``measure_kernels``), the KV cache kinds (``choose_cache``), the verification costs
-by positions (``measure_row_costs``) and a drafter's cost (``measure_draft_cost``).
+by positions (``measure_row_costs``), a drafter's cost (``measure_draft_cost``) and a model's two dtypes' passes (``dtype_race``).
 
 The kernel options are timed one copy of the weights at a time (``kernels.holding``, issue 71): the
 rounds are interleaved by option (each runs its passes in turn), not pass by pass.
@@ -13,7 +13,7 @@ costs can be real)."""
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch.nn import Module
@@ -355,3 +355,20 @@ def choose_cache(model: Module, context: int = 256, repeats: int = 7, budget: Op
     chosen = "static" if static < 0.95 * dynamic else "dynamic"
     cut = f"; {rounds}: {budget.reason}" if rounds else ""
     return chosen, f"{chosen} KV cache (measured {static * 1e3:.1f} ms a pass static, {dynamic * 1e3:.1f} ms dynamic{cut})"
+
+
+def dtype_race(models: Sequence[Module], budget: Budget, rounds: int, context: int = 64) -> Tuple[List[List[float]], Tuple[str, ...]]:
+    """Seconds of each model's one-position pass after ``context`` positions (its own runner, ``EAGER``: the
+    C step where it takes the model, as its rows will), alternating model by model: one untimed round (each
+    path's set-up), then up to ``rounds`` timed, the budget asked before each. Also what ran each model's passes."""
+    timers = [PassTimer(model, context, 1) for model in models]
+    for timer in timers:
+        timer.seconds(1)
+    seconds: List[List[float]] = [[] for _ in timers]
+    for done in range(rounds):
+        if budget.exhausted():
+            break
+        for timer, times in zip(timers, seconds):
+            times.append(timer.seconds(1))
+        budget.tick(done + 1, rounds)
+    return seconds, tuple("C step" if getattr(t.runner, "step_passes", 0) else "torch forward" for t in timers)

@@ -1,4 +1,4 @@
-"""--dtype auto for the pair on CPU: bfloat16 only when measured clearly faster, and the choice named."""
+"""EAGLE training's dtype by one matmul of the model's shape (``measure.dtype``; the programs' --dtype auto times the model's own pass: tests/test_pass_dtype.py): bfloat16 only when measured clearly faster, and the choice named."""
 import torch
 
 from measure.dtype import CLEARLY_FASTER, choose_cpu_dtype
