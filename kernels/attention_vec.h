@@ -26,17 +26,7 @@ typedef __mmask16 vmask; /* a lane seen where its bit is set */
  * a no-op there, and scalef rounds p * 2^n once, as fexp16's multiply by 2^n's exponent bits does (n an
  * integer in [-126, 0]: 2^n a normal float); checked equal over every float from -0 down to -inf. */
 static inline __m512 v_exp_soft(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 shift = _mm512_set1_ps(12582912.0f);
-    __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), shift), shift);
-    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+    __m512 n, p = fexp16_poly(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), &n);
     return _mm512_scalef_ps(p, n);
 }
 

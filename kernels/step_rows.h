@@ -61,9 +61,9 @@ static void rotate(float *v, const float *cos, const float *sin, int64_t D) {
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
-/* fexp on 16 lanes: the same operations in the same order as fexp (fused where it fuses), so the same value in each lane */
-static inline __m512 fexp16(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+/* fexp16's reduction and polynomial on a clamped x: e^x = p 2^n (n returned through *n); shared with
+ * attention_vec.h's v_exp_soft, which must give fexp16's bits */
+static inline __m512 fexp16_poly(__m512 x, __m512 *n_out) {
     const __m512 shift = _mm512_set1_ps(12582912.0f);
     __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), shift), shift);
     __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x));
@@ -73,7 +73,13 @@ static inline __m512 fexp16(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+    *n_out = n;
+    return _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+}
+
+/* fexp on 16 lanes: the same operations in the same order as fexp (fused where it fuses), so the same value in each lane */
+static inline __m512 fexp16(__m512 x) {
+    __m512 n, p = fexp16_poly(_mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f)), &n);
     __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
