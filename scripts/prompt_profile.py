@@ -46,7 +46,7 @@ def bfloat16(model, path: str | None, tile: int | None, chunk: int, library) -> 
     bf16.FORCED_TILE = tile
     chosen = bf16.chosen(library, gate_up_shape(model))
     rows, blocks, kc = bf16.tiles(library, chosen)[bf16.prompt_tile(library, chosen, MANY_ROWS + 1, gate_up_shape(model))]
-    return f"{bf16.NAMES[chosen]}, tile {rows}x{blocks}, k-panels of {kc}, chunks of {chunk} positions"
+    return f"{bf16.NAMES[chosen]}, tile {rows}x{blocks}, k-panels of {kc or 'the whole of k'}, chunks of {chunk} positions"
 
 
 def main(argv: List[str] | None = None) -> None:
