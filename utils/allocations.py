@@ -29,7 +29,13 @@ class Held:
 
     def part(self, name: str):
         """A stretch of the block whose peak ``parts[name]`` gives (read after the block)."""
-        return torch.profiler.record_function(_PART + name)
+        return part(name)
+
+
+def part(name: str):
+    """A stretch of a ``counted`` block, named: its ``Held.parts[name]`` is the most held within it (the most
+    over every stretch of that name), made where the ``Held`` is out of reach (a wrapped function)."""
+    return torch.profiler.record_function(_PART + name)
 
 
 @contextlib.contextmanager
@@ -58,7 +64,8 @@ def counted() -> Iterator[Held]:
         if event.name.startswith(_PART):
             start, end = event.start_time_ns, event.end_time_ns
             before = [b for t, b in held.trace if t < start][-1:]  # what the stretch starts with
-            held.parts[event.name[len(_PART):]] = max(before + [b for t, b in held.trace if start <= t <= end], default=0)
+            name, peak = event.name[len(_PART):], max(before + [b for t, b in held.trace if start <= t <= end], default=0)
+            held.parts[name] = max(peak, held.parts.get(name, 0))  # a stretch named twice (each model's): the most of both
 
 
 def _walk(events) -> Iterator:
