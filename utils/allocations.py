@@ -1,11 +1,14 @@
 """Bytes held in torch's CPU allocator, counted from its own allocation events (torch's profiler with
 ``profile_memory``): every CPU tensor's storage and oneDNN's packed weights (ideep allocates through
 torch's CPU allocator) as each is made and freed, in order. Not the resident set: no page cache, no
-file mapping (a model mapped from float32 safetensors is not counted), no allocator slack, no noise.
+allocator slack, no noise. A file safetensors maps (transformers' own load) counts as one block, whole,
+from its mapping until its last tensor goes (torch reports the mapping; ``utils.tensor_load`` loads
+without one).
 
 Only allocations made inside the block are counted, and their frees (by address): a tensor made
-before the block and freed inside it never shows. Make what is to be counted (the model) inside it;
-``Held.part`` names a stretch of it (the start after the model is made)."""
+before the block and freed inside it never shows. Only this thread's: a Python thread's allocations
+(transformers' loading pool casting a file's tensors) are not seen. Make what is to be counted (the
+model) inside it; ``Held.part`` names a stretch of it (the start after the model is made)."""
 import contextlib
 import gc
 from dataclasses import dataclass, field
