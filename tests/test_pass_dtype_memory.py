@@ -29,10 +29,11 @@ CONTEXT = 64 + STATIC_SLACK + STATIC_ROUND  # positions a race's timer caches at
 SHAPES = {"target": (512, 8), "drafter": (384, 4)}  # 128 MB and 51 MB of float32 weights: 0.4, near the pair's 0.35
 
 
-def untied(hidden: int, layers: int) -> LlamaForCausalLM:
+def shaped(hidden: int, layers: int, tie: bool = False) -> LlamaForCausalLM:
+    """A float32 Llama of the pair's proportions, its tables two (as the installed pair's) or one (``tie``)."""
     torch.manual_seed(hidden)
     config = LlamaConfig(vocab_size=8192, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
-                         num_attention_heads=8, num_key_value_heads=1, max_position_embeddings=256, tie_word_embeddings=False)
+                         num_attention_heads=8, num_key_value_heads=1, max_position_embeddings=256, tie_word_embeddings=tie)
     return LlamaForCausalLM(config).eval()
 
 
@@ -41,7 +42,7 @@ def folders(tmp_path_factory) -> Dict[str, Tuple[str, int]]:
     """The pair's two float32 folders (one safetensors file each, as ``make fetch-pair`` converts them), each
     with its float32 weights' bytes (counted here: the C step releases a started model's layers)."""
     root = tmp_path_factory.mktemp("pair")
-    models = {role: untied(*shape) for role, shape in SHAPES.items()}
+    models = {role: shaped(*shape) for role, shape in SHAPES.items()}
     return {role: (save_tiny(root / role, model), sum(p.numel() * 4 for p in model.parameters())) for role, model in models.items()}
 
 
