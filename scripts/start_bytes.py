@@ -83,7 +83,7 @@ def phases(sizes: Dict[str, int]) -> Iterator[None]:
 
 
 def first_run(pair, tokens: int) -> None:
-    """Target AR, then speculative decoding with a drafter, greedy, ``tokens`` tokens each, as the REPL runs them."""
+    """Speculative decoding (with a drafter) and target AR, in the REPL's order, greedy, ``tokens`` tokens each."""
     from app.session import build_settings, encode
     from strategies import STRATEGIES, run_strategy
 
