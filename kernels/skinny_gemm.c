@@ -23,6 +23,19 @@
 #endif
 
 #define BW 16 /* output features per block: one 64-byte line per input feature */
+/* How far ahead a weight stream prefetches, in bytes (64 lines); speed only, a prefetch changes no bit.
+ * -DSTEP_AHEAD_BYTES=... to try another (0: none; scripts/pass_read.py --variants compares builds). */
+#ifndef STEP_AHEAD_BYTES
+#define STEP_AHEAD_BYTES 4096
+#endif
+#ifndef STEP_AHEAD_HINT
+#define STEP_AHEAD_HINT _MM_HINT_T0
+#endif
+#if STEP_AHEAD_BYTES > 0
+#define AHEAD32(w) _mm_prefetch((const char *)(w) + STEP_AHEAD_BYTES, STEP_AHEAD_HINT)
+#else
+#define AHEAD32(w) ((void)(w))
+#endif
 #if defined(__AVX512F__)
 #define MB 12 /* input rows per register block: 2 blocks x 12 rows = 24 accumulators of 32 registers */
 #define GB 2  /* blocks per register block */
@@ -46,7 +59,7 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t K
         for (int g = 0; g < GB; g++) {
             if (g < gb) {
                 const float *w = p + (int64_t)g * K * BW + k * BW;
-                _mm_prefetch((const char *)(w + 64 * BW), _MM_HINT_T0);
+                AHEAD32(w);
                 __m512 v = _mm512_loadu_ps(w);
                 for (int i = 0; i < MB; i++)
                     if (i < mb) acc[g][i] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * K + k]), v, acc[g][i]);
@@ -61,7 +74,7 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t K
     for (int i = 0; i < MB; i++) { lo[i] = _mm256_setzero_ps(); hi[i] = _mm256_setzero_ps(); }
     for (int64_t k = 0; k < K; k++) {
         const float *w = p + k * BW;
-        _mm_prefetch((const char *)(w + 64 * BW), _MM_HINT_T0);
+        AHEAD32(w);
         __m256 a = _mm256_loadu_ps(w), b = _mm256_loadu_ps(w + 8);
         for (int i = 0; i < MB; i++) {
             if (i < mb) {
