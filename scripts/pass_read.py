@@ -7,7 +7,12 @@ step's library compared in one run (interleaved rounds, medians), on the embedde
   on one built with each ``--variants`` define (NAME or NAME=VALUE, as ``scripts/bf16_read.py``'s; several
   defines in one variant joined by commas), and the logits of each variant compared with the built one's
   (a variant that changes a bit is reported: every variant must give the same bits);
-- with ``--threads``, the team's size (default: torch's).
+- with ``--huge``, each dtype's pass once more on a copy of the model whose weights lie on huge pages
+  (``kernels.huge_pages.collapse``), on the built library;
+- with ``--threads``, the team's size (default: torch's);
+- with ``--cpu``, the process's CPU seconds instead of wall seconds (run with OMP_WAIT_POLICY=passive, so that a
+  thread waiting at a barrier sleeps): the work of every thread summed, which a busy machine's time slicing does not
+  lengthen as it does the wall time (a comparison of streaming variants on a shared machine; barriers' waits unseen).
 
     ../shared/tools/quiet -- .venv/bin/python scripts/pass_read.py --variants STEP_HUGE_PAGES=0   # run alone
     .venv/bin/python scripts/pass_read.py --rounds 2     # a smoke run
@@ -50,10 +55,20 @@ def pass_bytes(step) -> int:
     return size * (sum(n * k for layer in range(len(step.structs)) for _, n, k in step.linears(layer)) + step.vocab * step.dims.H)
 
 
+CLOCK = time.perf_counter
+
+
+def spans(step) -> list:
+    """(address, bytes) of every weight matrix the step reads."""
+    size = 2 if step.dims.weights else 4
+    found = [(a, n * k * size) for layer in range(len(step.structs)) for a, n, k in step.linears(layer)]
+    return found + [(step.head.data_ptr(), step.vocab * step.dims.H * size)]
+
+
 def timed(run: Callable[[], object]) -> float:
-    start = time.perf_counter()
+    start = CLOCK()
     run()
-    return time.perf_counter() - start
+    return CLOCK() - start
 
 
 def main(argv: List[str] | None = None) -> None:
@@ -63,7 +78,11 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--context", type=int, default=64, help="cached positions before the timed pass")
     parser.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"], default=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--huge", action="store_true", help="a copy of each dtype's model on huge pages too")
+    parser.add_argument("--cpu", action="store_true", help="CPU seconds of the process, not wall seconds")
     args = parser.parse_args(argv)
+    global CLOCK
+    CLOCK = time.process_time if args.cpu else time.perf_counter
     torch.set_grad_enabled(False)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -77,10 +96,19 @@ def main(argv: List[str] | None = None) -> None:
     ids = torch.randint(len(tokenizer), (1, args.context + 1), generator=torch.Generator().manual_seed(0))
     runners, reads = {}, {}
     for name in args.dtypes:
-        model = base if name == "float32" else copy.deepcopy(base).to(torch.bfloat16)
-        runners[name] = LeanRunner(model)
-        runners[name](ids[:, : args.context], 1)
-        reads[name] = torch.ones(pass_bytes(runners[name].step) // 4)
+        for huge in (False, True) if args.huge else (False,):
+            model = copy.deepcopy(base) if huge or name != "float32" else base
+            model = model.to(torch.bfloat16) if name == "bfloat16" else model
+            runner = runners[name + " huge" if huge else name] = LeanRunner(model)
+            runner(ids[:, : args.context], 1)
+            if huge:
+                from kernels.huge_pages import collapse
+
+                start = time.perf_counter()
+                granted = collapse(spans(runner.step))
+                print(f"{name}: {granted / 1e6:.0f} of {pass_bytes(runner.step) / 1e6:.0f} MB on huge pages "
+                      f"in {time.perf_counter() - start:.2f} s")
+        reads[name] = reads[name + " huge"] = torch.ones(pass_bytes(runners[name].step) // 4)
     libraries: Dict[str, ctypes.CDLL] = {"built": skinny.library(), **{v: variant(v) for v in args.variants}}
 
     def one_pass(name: str, library: ctypes.CDLL) -> torch.Tensor:
@@ -102,6 +130,7 @@ def main(argv: List[str] | None = None) -> None:
                 if round_:
                     times.setdefault(key, []).append(seconds)
     print(f"embedded SmolLM2-135M · {torch.get_num_threads()} threads · {args.context} cached · median of {args.rounds} · "
+          f"{'CPU seconds, all threads' if args.cpu else 'wall seconds'} · "
           f"kernel {skinny.identity()}")
     for name, runner in runners.items():
         read, size = statistics.median(times[(name, "read")]), pass_bytes(runner.step)
