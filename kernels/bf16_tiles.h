@@ -19,7 +19,10 @@ enum { F32 = 0, BF16_SCALAR = 1, BF16_AVX2 = 2, BF16_AVX512 = 3, BF16_DOT = 4, B
 #endif
 #define AHEAD (BF16_AHEAD_BYTES / 2) /* the same, in bfloat16 elements */
 #if BF16_AHEAD_BYTES > 0
-#define PREFETCH(w) _mm_prefetch((const char *)((w) + AHEAD), _MM_HINT_T0)
+#ifndef STEP_AHEAD_HINT
+#define STEP_AHEAD_HINT _MM_HINT_T0
+#endif
+#define PREFETCH(w) _mm_prefetch((const char *)((w) + AHEAD), STEP_AHEAD_HINT)
 #else
 #define PREFETCH(w) ((void)(w))
 #endif

@@ -75,95 +75,9 @@ typedef struct {
  * would be under 2 a thread (SmolLM2's decoding: 3 for 2; a verification's 9+ ran as fast unsplit: scripts/decode_profile.py) */
 #define SPLIT_FROM 128
 
-#ifdef STEP_PROFILE
-/* A profiling build (-DSTEP_PROFILE, scripts/prompt_profile.py): each thread's CPU seconds by part of the
- * pass, summed over the threads since the last c_step_profile. CPU time, not wall time: with
- * OMP_WAIT_POLICY=passive a thread waiting at a barrier sleeps, so a part's figure is the work it did. */
-#include <time.h>
-enum { LINEARS, ATTENTION, REST, PARTS };
-#define PROFILED_THREADS 64
-static double profiled[PROFILED_THREADS][PARTS]; /* by thread (the first 64), then part */
+#include "step_profile.h"
 
-static double cpu_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-/* the CPU seconds since this thread's last mark, to `part` */
-#define MARK(part)                                                                            \
-    do {                                                                                      \
-        double now_ = cpu_now();                                                              \
-        profiled[omp_get_thread_num() % PROFILED_THREADS][part] += now_ - since_;             \
-        since_ = now_;                                                                        \
-    } while (0)
-
-int c_step_group = GROUP; /* attention's most query heads at once (1: one at a time): an A/B of the same bits */
-int c_step_positions = POSITIONS; /* attention's most positions at once: the same */
-
-/* out[0..3): linears, attention, the rest (CPU seconds since the last call, summed over the threads); then zeroed */
-int c_step_profile(double *out) {
-    for (int p = 0; p < PARTS; p++) {
-        out[p] = 0.0;
-        for (int t = 0; t < PROFILED_THREADS; t++) out[p] += profiled[t][p], profiled[t][p] = 0.0;
-    }
-    return PARTS;
-}
-
-/* out[0..3): c_step_profile's parts, the busiest thread's alone (the most CPU seconds of one thread), not zeroed */
-int c_step_busiest(double *out) {
-    for (int p = 0; p < PARTS; p++) {
-        out[p] = 0.0;
-        for (int t = 0; t < PROFILED_THREADS; t++) out[p] = profiled[t][p] > out[p] ? profiled[t][p] : out[p];
-    }
-    return PARTS;
-}
-int c_step_split_from = SPLIT_FROM; /* the fewest slots a pass of few positions splits its attention at: the same */
-int c_step_prefetch = 1;            /* attention's software prefetches (attention_tiles.h; 0: none): the same */
-#define GROUP_LIMIT c_step_group
-#define POSITIONS_LIMIT c_step_positions
-#define SPLIT_LIMIT c_step_split_from
-#else
-#define MARK(part) ((void)0)
-#define GROUP_LIMIT GROUP
-#define POSITIONS_LIMIT POSITIONS
-#define SPLIT_LIMIT SPLIT_FROM
-#endif
-
-/* x normed into y (n floats), or copied where the layer has no norm there (OLMo 2's input) */
-static void norm_or_copy(const float *x, const float *weight, float eps, float *y, int64_t n) {
-    if (weight)
-        rms_norm(x, weight, eps, y, n);
-    else
-        memcpy(y, x, n * sizeof(float));
-}
-
-/* one row's residual: h += delta * residual_scale, delta normed first (in place) where the layer
- * norms its block's output (OLMo 2, Gemma 3); torch's order: the product rounded, then the sum */
-static void add_residual(float *h, float *delta, const float *out_norm, const Dims *d) {
-    if (out_norm) rms_norm(delta, out_norm, d->eps, delta, d->H);
-    for (int64_t k = 0; k < d->H; k++) h[k] += delta[k] * d->residual_scale;
-}
-
-/* gelu-tanh, 0.5 g (1 + tanh(u)) with u = sqrt(2 / pi) (g + 0.044715 g^3), as g / (1 + exp(-2u)):
- * the same value without the cancellation of 1 + tanh(u) near -1; branch-free, so it vectorizes */
-static inline float gelu_tanh(float g) {
-    float u = 0.7978845608028654f * (g + 0.044715f * (g * g * g));
-    return g / (1.0f + fexp(-2.0f * u));
-}
-
-/* one row of logits: / divisor, then tanh(y / cap) * cap where softcapped, tanh as 1 - 2 / (1 + exp(2y))
- * (odd: computed on |y|, the sign put back) */
-static void finish_logits(float *logits, int64_t V, const Dims *d) {
-    for (int64_t k = 0; k < V; k++) {
-        float y = logits[k] / d->logit_divisor;
-        if (d->softcap != 0.0f) {
-            float a = fabsf(y / d->softcap), t = 1.0f - 2.0f / (1.0f + fexp(2.0f * a));
-            y = (y < 0.0f ? -t : t) * d->softcap;
-        }
-        logits[k] = y;
-    }
-}
+#include "step_layer.h"
 
 /* floats of a thread's attention scratch: the scores [POSITIONS GROUP, cap + 16], the sums [POSITIONS GROUP, D],
  * then POSITIONS masks' bytes [cap + 16] */
@@ -175,7 +89,7 @@ static int64_t per_thread_floats(const Dims *d) {
 int64_t c_step_scratch(const Dims *d, int64_t r, int64_t threads) {
     int64_t nqkv = (d->Hq + 2 * d->Hkv) * d->D;
     return r * (d->H + nqkv + d->Hq * d->D + d->H + 2 * d->I + d->I) + d->Hkv * blocks_of(d->cap) * BLOCK * d->D +
-           threads * per_thread_floats(d) + POSITIONS * d->Hq * (d->cap + BLOCK); /* the last: attend_split's shared scores */
+           threads * (per_thread_floats(d) + few_floats(d, r)) + POSITIONS * d->Hq * (d->cap + BLOCK); /* the last: attend_split's */
 }
 
 /* What attention reads of one layer's pass: the queries [r, nqkv], the outputs [r, Hq D], what a position sees
@@ -250,12 +164,17 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
     /* few positions split across the threads (attend_split): its query heads in groups as even as GROUP allows */
     const int64_t split_groups = (per + GROUP_LIMIT - 1) / GROUP_LIMIT, split_qg = (per + split_groups - 1) / split_groups;
     const int64_t parts = dimension_parts(Hkv * split_groups, threads, D);
-    float *shared = per_thread + threads * per_thread_floats(d);
+    float *shared = per_thread + threads * per_thread_floats(d), *own = shared + POSITIONS * Hq * (d->cap + BLOCK);
+    const int few = r <= FEW_ROWS; /* every thread computes every row's row-by-row parts (step_layer.h) */
 #pragma omp parallel num_threads((int)threads)
     {
         int t = omp_get_thread_num();
         float *s = per_thread + t * per_thread_floats(d), *acc = s + POSITIONS * GROUP * (d->cap + BLOCK);
         uint8_t *seen = (uint8_t *)(acc + POSITIONS * GROUP * D);
+        /* a few-row pass's own rows: this thread's residual stream, normed rows, activation, a delta's norm */
+        float *hs = few ? own + t * few_floats(d, r) : h, *xs = few ? hs + r * H : x, *acts = few ? xs + r * H : act,
+              *normed = few ? acts + r * I : NULL;
+        if (few) memcpy(hs, h, r * H * sizeof(float));
         if (t == 0) ran = omp_get_num_threads();
 #ifdef STEP_PROFILE
         double since_ = cpu_now();
@@ -268,15 +187,22 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
             const int64_t nth = omp_get_num_threads(), split = nth > 1 && m > 0 && m <= POSITIONS && L >= SPLIT_LIMIT &&
                                                               Hkv * groups * ((m + pp - 1) / pp) < 2 * nth;
             /* the residual from the layer before (its MLP's delta), the hidden states, the input norm */
+            if (few) {
+                own_rows(hs, l > 0 ? delta : NULL, l > 0 ? w[-1].mlp_out_norm : NULL, w->in_norm, xs, normed, 0, r, d);
+                for (int64_t i = 0; i < r && t == 0; i++)
+                    for (int64_t e = 0; e < n_hidden; e++)
+                        if (hidden_at[e] == l) memcpy(hidden + (i * n_hidden + e) * H, hs + i * H, H * sizeof(float));
+            } else {
 #pragma omp for schedule(static)
-            for (int64_t i = 0; i < r; i++) {
-                if (l > 0) add_residual(h + i * H, delta + i * H, w[-1].mlp_out_norm, d);
-                for (int64_t e = 0; e < n_hidden; e++)
-                    if (hidden_at[e] == l) memcpy(hidden + (i * n_hidden + e) * H, h + i * H, H * sizeof(float));
-                norm_or_copy(h + i * H, w->in_norm, d->eps, x + i * H, H);
+                for (int64_t i = 0; i < r; i++) {
+                    if (l > 0) add_residual(h + i * H, delta + i * H, w[-1].mlp_out_norm, d, delta + i * H);
+                    for (int64_t e = 0; e < n_hidden; e++)
+                        if (hidden_at[e] == l) memcpy(hidden + (i * n_hidden + e) * H, h + i * H, H * sizeof(float));
+                    norm_or_copy(h + i * H, w->in_norm, d->eps, x + i * H, H);
+                }
             }
             MARK(REST);
-            skinny_rows_as(d->weights, d->tile, x, w->qkv, w->qkv_bias, qkv, r, nqkv, H);
+            skinny_rows_as(d->weights, d->tile, xs, w->qkv, w->qkv_bias, qkv, r, nqkv, H);
 #pragma omp barrier
             MARK(LINEARS);
             if (d->qk_norm == 2) { /* q and k normed over all their heads (OLMo 2) */
@@ -286,32 +212,27 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                     rms_norm(qkv + i * nqkv + Hq * D, w->k_norm, d->eps, qkv + i * nqkv + Hq * D, Hkv * D);
                 }
             }
-            /* q/k norms per head, RoPE on queries and keys; keys and values into the cache */
-#pragma omp for schedule(static) collapse(2)
-            for (int64_t i = 0; i < r; i++)
-                for (int64_t head = 0; head < Hq + Hkv; head++) {
-                    float *v = qkv + i * nqkv + head * D;
-                    if (d->qk_norm == 1) rms_norm(v, head < Hq ? w->q_norm : w->k_norm, d->eps, v, D);
-                    if (w->rope >= 0) rotate(v, cos + (w->rope * r + i) * d->rot, sin + (w->rope * r + i) * d->rot, d->rot);
-                    if (head >= Hq) {
-                        int64_t kv = head - Hq, slot = start + i;
-                        memcpy(w->keys + (kv * d->cap + slot) * D, v, D * sizeof(float));
-                        memcpy(w->values + (kv * d->cap + slot) * D, qkv + i * nqkv + (Hq + Hkv + kv) * D, D * sizeof(float));
-                    }
-                }
-            /* each key-value head's keys in blocks of 16 slots (attention.h), shared by all its queries: kept
-             * beside the cache, only the blocks from the first slot this pass wrote or not kept on (the last
-             * block, partial, included: its lanes past L are 0 again, as a fresh transposition's); else in the
-             * scratch, from the first block a chain's window reaches. The same floats either way (moves only). */
+            /* q/k norms per head, RoPE on queries and keys; keys and values into the cache; then each key-value
+             * head's keys in blocks of 16 slots (attention.h), shared by all its queries: kept beside the cache,
+             * only the blocks from the first slot this pass wrote or not kept on (the last block, partial,
+             * included: its lanes past L are 0 again, as a fresh transposition's); else in the scratch, from the
+             * first block a chain's window reaches. The same floats either way (moves only). */
             const uint8_t *mask = w->window && window_mask ? window_mask : seen_mask;
             float *blocks = w->kept_blocks ? w->kept_blocks : kt;
             const int64_t nb = blocks_of(L),
                           first = w->kept_blocks ? (d->kept < start ? d->kept : start) / BLOCK
                                   : (!mask && w->window && start + 1 > w->window ? (start + 1 - w->window) / BLOCK : 0);
+            if (few) {
+                rope_and_blocks(qkv, w, d, cos, sin, r, start, blocks, first);
+            } else {
 #pragma omp for schedule(static) collapse(2)
-            for (int64_t kv = 0; kv < Hkv; kv++)
-                for (int64_t b = first; b < nb; b++)
-                    key_blocks(w->keys + kv * d->cap * D, L, D, b, b + 1, blocks + kv * blocks_of(d->cap) * BLOCK * D);
+                for (int64_t i = 0; i < r; i++)
+                    for (int64_t head = 0; head < Hq + Hkv; head++) rope_head(qkv, i, head, w, d, cos, sin, r, start);
+#pragma omp for schedule(static) collapse(2)
+                for (int64_t kv = 0; kv < Hkv; kv++)
+                    for (int64_t b = first; b < nb; b++)
+                        key_blocks(w->keys + kv * d->cap * D, L, D, b, b + 1, blocks + kv * blocks_of(d->cap) * BLOCK * D);
+            }
             /* attention, units of up to pp positions' query heads that share a key-value head, in groups of up
              * to qg heads each (attend_positions: the same bits as one at a time, their loads shared). Key-value
              * head by head, so a thread's next units read the same head's slots (in L2 on a long pass), and dealt
@@ -344,50 +265,50 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
             if (m > 0) skinny_rows_as(d->weights, d->tile, att + lo * Hq * D, w->o, w->o_bias, delta + lo * H, m, H, Hq * D);
 #pragma omp barrier
             MARK(LINEARS);
+            if (few) {
+                own_rows(hs, delta, w->attn_out_norm, w->post_norm, xs, normed, lo, r, d);
+            } else {
 #pragma omp for schedule(static)
-            for (int64_t i = lo; i < r; i++) {
-                add_residual(h + i * H, delta + i * H, w->attn_out_norm, d);
-                norm_or_copy(h + i * H, w->post_norm, d->eps, x + i * H, H);
+                for (int64_t i = lo; i < r; i++) {
+                    add_residual(h + i * H, delta + i * H, w->attn_out_norm, d, delta + i * H);
+                    norm_or_copy(h + i * H, w->post_norm, d->eps, x + i * H, H);
+                }
             }
             MARK(REST);
-            if (m > 0) skinny_rows_as(d->weights, d->tile, x + lo * H, w->gate_up, NULL, gu + lo * 2 * I, m, 2 * I, H);
+            if (m > 0) skinny_rows_as(d->weights, d->tile, xs + lo * H, w->gate_up, NULL, gu + lo * 2 * I, m, 2 * I, H);
 #pragma omp barrier
             MARK(LINEARS);
-            /* over rows and spans of columns: both threads busy at one position too (each element alone) */
+            /* over rows and spans of columns: both threads busy at one position too (each element alone); a
+             * few-row pass's in every thread, whole rows */
+            if (few) {
+                for (int64_t i = lo; i < r; i++) activate(gu + i * 2 * I, acts + i * I, 0, I, d);
+            } else {
 #pragma omp for schedule(static) collapse(2)
-            for (int64_t i = lo; i < r; i++)
-                for (int64_t k0 = 0; k0 < I; k0 += SPAN) {
-                    int64_t k = k0, end = k0 + SPAN < I ? k0 + SPAN : I;
-                    if (d->act == 1) { /* gelu-tanh (Gemma 3) */
-                        for (; k < end; k++) act[i * I + k] = gelu_tanh(gu[i * 2 * I + k]) * gu[i * 2 * I + I + k];
-                        continue;
-                    }
-#if defined(__AVX512F__)
-                    for (; k + 16 <= end; k += 16) { /* silu as below, on 16 lanes */
-                        __m512 g = _mm512_loadu_ps(gu + i * 2 * I + k);
-                        __m512 e = fexp16(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(g), _mm512_set1_epi32((int)0x80000000))));
-                        _mm512_storeu_ps(act + i * I + k, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)),
-                                                                        _mm512_loadu_ps(gu + i * 2 * I + I + k)));
-                    }
-#endif
-                    for (; k < end; k++) {
-                        float g = gu[i * 2 * I + k];
-                        act[i * I + k] = g / (1.0f + fexp(-g)) * gu[i * 2 * I + I + k];
-                    }
-                }
+                for (int64_t i = lo; i < r; i++)
+                    for (int64_t k0 = 0; k0 < I; k0 += SPAN) activate(gu + i * 2 * I, act + i * I, k0, k0 + SPAN < I ? k0 + SPAN : I, d);
+            }
             MARK(REST);
-            if (m > 0) skinny_rows_as(d->weights, d->tile, act + lo * I, w->down, NULL, delta + lo * H, m, H, I);
+            if (m > 0) skinny_rows_as(d->weights, d->tile, acts + lo * I, w->down, NULL, delta + lo * H, m, H, I);
 #pragma omp barrier
             MARK(LINEARS);
         }
-        /* the last layer's residual, the final norm of the last n_last positions, the output layer */
+        /* the last layer's residual, the final norm of the last n_last positions, the output layer; a few-row
+         * pass's residual stream back in h (the first thread's: every thread's holds the same bits) */
+        if (few) {
+            for (int64_t i = r - n_last; i < r; i++) {
+                add_residual(hs + i * H, delta + i * H, layers[d->layers - 1].mlp_out_norm, d, normed);
+                rms_norm(hs + i * H, final_norm, d->eps, xs + (i - (r - n_last)) * H, H);
+            }
+            if (t == 0) memcpy(h, hs, r * H * sizeof(float));
+        } else {
 #pragma omp for schedule(static)
-        for (int64_t i = r - n_last; i < r; i++) {
-            add_residual(h + i * H, delta + i * H, layers[d->layers - 1].mlp_out_norm, d);
-            rms_norm(h + i * H, final_norm, d->eps, x + (i - (r - n_last)) * H, H);
+            for (int64_t i = r - n_last; i < r; i++) {
+                add_residual(h + i * H, delta + i * H, layers[d->layers - 1].mlp_out_norm, d, delta + i * H);
+                rms_norm(h + i * H, final_norm, d->eps, x + (i - (r - n_last)) * H, H);
+            }
         }
         MARK(REST);
-        skinny_rows_as(d->weights, d->tile, x, head, NULL, logits, n_last, V, H);
+        skinny_rows_as(d->weights, d->tile, xs, head, NULL, logits, n_last, V, H);
         MARK(LINEARS);
         if (d->logit_divisor != 1.0f || d->softcap != 0.0f) {
 #pragma omp barrier

@@ -23,6 +23,19 @@
 #endif
 
 #define BW 16 /* output features per block: one 64-byte line per input feature */
+/* How far ahead a weight stream prefetches, in bytes (64 lines); speed only, a prefetch changes no bit.
+ * -DSTEP_AHEAD_BYTES=... to try another (0: none; scripts/pass_read.py --variants compares builds). */
+#ifndef STEP_AHEAD_BYTES
+#define STEP_AHEAD_BYTES 4096
+#endif
+#ifndef STEP_AHEAD_HINT
+#define STEP_AHEAD_HINT _MM_HINT_T0
+#endif
+#if STEP_AHEAD_BYTES > 0
+#define AHEAD32(w) _mm_prefetch((const char *)(w) + STEP_AHEAD_BYTES, STEP_AHEAD_HINT)
+#else
+#define AHEAD32(w) ((void)(w))
+#endif
 #if defined(__AVX512F__)
 #define MB 12 /* input rows per register block: 2 blocks x 12 rows = 24 accumulators of 32 registers */
 #define GB 2  /* blocks per register block */
@@ -46,7 +59,7 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t K
         for (int g = 0; g < GB; g++) {
             if (g < gb) {
                 const float *w = p + (int64_t)g * K * BW + k * BW;
-                _mm_prefetch((const char *)(w + 64 * BW), _MM_HINT_T0);
+                AHEAD32(w);
                 __m512 v = _mm512_loadu_ps(w);
                 for (int i = 0; i < MB; i++)
                     if (i < mb) acc[g][i] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * K + k]), v, acc[g][i]);
@@ -61,7 +74,7 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t K
     for (int i = 0; i < MB; i++) { lo[i] = _mm256_setzero_ps(); hi[i] = _mm256_setzero_ps(); }
     for (int64_t k = 0; k < K; k++) {
         const float *w = p + k * BW;
-        _mm_prefetch((const char *)(w + 64 * BW), _MM_HINT_T0);
+        AHEAD32(w);
         __m256 a = _mm256_loadu_ps(w), b = _mm256_loadu_ps(w + 8);
         for (int i = 0; i < MB; i++) {
             if (i < mb) {
@@ -127,6 +140,47 @@ void skinny_cover(const float *x, int64_t K, int64_t mb, int64_t gb, const float
             tile_any(x + m0 * K, K, mb - m0 < MB ? mb - m0 : MB, gb - g0 < GB ? gb - g0 : GB, p + g0 * K * BW, out + m0 * ys + g0 * BW, ys);
 }
 
+/* One position against ONE_ROW blocks at a time (AVX-512: -DSTEP_ONE_ROW_BLOCKS=1..4; 2, the register block's
+ * count, takes tile's own loop): one chain per output as in tile, so the same bits; a count of weight streams
+ * per thread to compare (scripts/pass_read.py --variants). */
+#ifndef STEP_ONE_ROW_BLOCKS
+#define STEP_ONE_ROW_BLOCKS 2
+#endif
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) void row_tile(const float *x, int64_t K, const int G, const float *p, float *out) {
+    __m512 acc[4];
+    for (int g = 0; g < G; g++) acc[g] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        __m512 xv = _mm512_set1_ps(x[k]);
+        for (int g = 0; g < G; g++) {
+            const float *w = p + (int64_t)g * K * BW + k * BW;
+            AHEAD32(w);
+            acc[g] = _mm512_fmadd_ps(xv, _mm512_loadu_ps(w), acc[g]);
+        }
+    }
+    for (int g = 0; g < G; g++) _mm512_storeu_ps(out + g * BW, acc[g]);
+}
+
+/* y[0, blocks * 16) of one row (N whole blocks' worth, the padded block through spill) in groups of ONE_ROW blocks */
+static void one_row(const float *x, const float *p, const float *b, float *y, int64_t N, int64_t K) {
+    int t = omp_get_thread_num(), threads = omp_get_num_threads();
+    int64_t blocks = (N + BW - 1) / BW, groups = (blocks + STEP_ONE_ROW_BLOCKS - 1) / STEP_ONE_ROW_BLOCKS;
+    int64_t first = groups * t / threads, last = groups * (t + 1) / threads;
+    for (int64_t g = first; g < last; g++) {
+        int64_t b0 = g * STEP_ONE_ROW_BLOCKS, gb = blocks - b0 < STEP_ONE_ROW_BLOCKS ? blocks - b0 : STEP_ONE_ROW_BLOCKS;
+        float out[4 * BW];
+        const float *pg = p + b0 * K * BW;
+        switch (gb) {
+        case 1: row_tile(x, K, 1, pg, out); break;
+        case 2: row_tile(x, K, 2, pg, out); break;
+        case 3: row_tile(x, K, 3, pg, out); break;
+        default: row_tile(x, K, 4, pg, out); break;
+        }
+        for (int64_t j = 0; j < gb * BW && b0 * BW + j < N; j++) y[b0 * BW + j] = b ? out[j] + b[b0 * BW + j] : out[j];
+    }
+}
+#endif
+
 /* The share of thread t of `groups` register blocks: a contiguous range, so each thread streams one
  * contiguous part of the blocked weights. */
 static void share(int64_t groups, int t, int threads, int64_t *first, int64_t *last) {
@@ -137,6 +191,12 @@ static void share(int64_t groups, int t, int threads, int64_t *first, int64_t *l
 /* Inside a parallel region (every thread calls it): y[M, N] = x . W^T + b, W blocked [N/16, K, 16]
  * (N a multiple of 16; tail features of a padded block are computed into `spill`, then dropped). */
 void skinny_rows(const float *x, const float *p, const float *b, float *y, int64_t M, int64_t N, int64_t K) {
+#if defined(__AVX512F__)
+    if (M == 1 && STEP_ONE_ROW_BLOCKS != GB) {
+        one_row(x, p, b, y, N, K);
+        return;
+    }
+#endif
     int t = omp_get_thread_num(), threads = omp_get_num_threads();
     int64_t blocks = (N + BW - 1) / BW, groups = (blocks + GB - 1) / GB, first, last;
     share(groups, t, threads, &first, &last);

@@ -18,7 +18,7 @@ import pytest
 from conftest import MEASUREMENTS_ENV
 from kernels import skinny
 
-_BUILT: Dict[Tuple[str, Tuple[str, ...]], Path] = {}  # this process's: (arch, sources) -> library
+_BUILT: Dict[Tuple[str, Tuple[str, ...], Tuple[str, ...]], Path] = {}  # this process's: (arch, sources, defines) -> library
 
 
 def _key(compiler: str, flags: Sequence[str], sources: Sequence[Path]) -> str:
@@ -28,20 +28,20 @@ def _key(compiler: str, flags: Sequence[str], sources: Sequence[Path]) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def build_for(arch: str, sources: Sequence[Path] = skinny.SOURCES) -> Path:
-    """The library of ``sources`` compiled for ``-march=arch`` with the kernels' other flags: built once per
-    run (atomically, under a lock: two workers never build it twice), its path. Skips the test off an
-    x86-64 CPU with AVX2 (the builds compared need one)."""
+def build_for(arch: str, sources: Sequence[Path] = skinny.SOURCES, defines: Sequence[str] = ()) -> Path:
+    """The library of ``sources`` compiled for ``-march=arch`` with the kernels' other flags (and ``-D`` each of
+    ``defines``: a variant of the same bits): built once per run (atomically, under a lock: two workers never
+    build it twice), its path. Skips the test off an x86-64 CPU with AVX2 (the builds compared need one)."""
     from utils.models import exclusive
     from utils.toolchain import c_compiler
 
     if platform.machine() != "x86_64" or "avx2" not in open("/proc/cpuinfo").read():
         pytest.skip("an x86-64 CPU with AVX2 builds and runs the builds compared")
-    memo = (arch, tuple(str(s) for s in sources))
+    memo = (arch, tuple(str(s) for s in sources), tuple(defines))
     if memo in _BUILT:
         return _BUILT[memo]
     compiler = c_compiler()
-    flags = [f"-march={arch}", *(f for f in skinny.FLAGS if f != "-march=native")]
+    flags = [f"-march={arch}", *(f for f in skinny.FLAGS if f != "-march=native"), *(f"-D{d}" for d in defines)]
     folder = Path(MEASUREMENTS_ENV["SPECDEC_CACHE"]) / "test-builds"
     folder.mkdir(parents=True, exist_ok=True)
     library = folder / f"{arch}-{_key(compiler, flags, sources)}.so"
@@ -54,6 +54,6 @@ def build_for(arch: str, sources: Sequence[Path] = skinny.SOURCES) -> Path:
     return library
 
 
-def load_for(arch: str, sources: Sequence[Path] = skinny.SOURCES) -> ctypes.CDLL:
+def load_for(arch: str, sources: Sequence[Path] = skinny.SOURCES, defines: Sequence[str] = ()) -> ctypes.CDLL:
     """``build_for``'s library, loaded: a ``ctypes.CDLL`` of its own for each call."""
-    return ctypes.CDLL(str(build_for(arch, sources)))
+    return ctypes.CDLL(str(build_for(arch, sources, defines)))
