@@ -156,3 +156,20 @@ def test_a_target_computes_every_row_whatever_its_config_says():
 
     config = GenerationConfig(use_cache=True, runner=RunnerConfig(drafter_head=ROWS), drafter_runner=RunnerConfig(drafter_head=ROWS))
     assert torch.isfinite(config.make_runner(target)(ids, 1)).all()
+
+
+def test_the_repl_names_the_drafters_rows_and_keeps_target_ar_tokens(tiny_models):
+    """``--drafter-head 4096``: the Drafter line names the rows, and the speculative row is exact (the REPL checks
+    every greedy row against target AR: no divergence); ``full``, and ``auto`` on a 49,152-token vocabulary (not
+    over twice auto's count), name none."""
+    from repl_driver import run_forked
+
+    common = ["--target", tiny_models["target"], "--drafter", tiny_models["drafter"], "--prompt", "Hi there", "--length", "8",
+              "--no-calibrate", "--verbose"]
+    cut, full, auto = run_forked([[*common, "--drafter-head", "4096"], [*common, "--drafter-head", "full"], common])
+    for result in (cut, full, auto):
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        assert "Speculative" in result.stdout and "diverge" not in result.stdout.lower()
+    drafter = [next(line for line in r.stdout.splitlines() if line.startswith("Drafter:")) for r in (cut, full, auto)]
+    assert "drafter head: 4,096 of 49,152 tokens (the most frequent, and the prompt's and output's)" in drafter[0], drafter[0]
+    assert "drafter head" not in drafter[1] and "drafter head" not in drafter[2]
