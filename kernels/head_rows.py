@@ -35,18 +35,18 @@ class HeadRows:
     tokens the added rows are (``take``)."""
 
     def __init__(self, source: Tensor, vocab: int, count: int):
-        self.source, self.vocab = source, vocab
+        # weakly: kept by ``source`` (``kept_rows``), a strong reference would keep it, and its model's output layer, forever
+        self.source, self.vocab = weakref.ref(source), vocab
         self.count = min(vocab, max(BLOCK, count // BLOCK * BLOCK))  # whole blocks: the prefix is a slice of them
         self.identity = (source.data_ptr(), source._version)
         room = min(ROOM, vocab - self.count)
-        with lasting():
-            self.blocks = torch.zeros((-(-(self.count + room) // BLOCK), *source.shape[1:]), dtype=source.dtype)
+        self.capacity, self.length = self.count + room, self.count
+        with lasting():  # written in place later, in or out of inference mode
+            self.blocks = torch.zeros((-(-self.capacity // BLOCK), *source.shape[1:]), dtype=source.dtype)
             self.blocks[: self.count // BLOCK].copy_(source[: self.count // BLOCK])
-        self.capacity = self.count + room
-        self.ids = torch.arange(self.capacity)
-        self.held = torch.zeros(vocab, dtype=torch.bool)
-        self.held[: self.count] = True
-        self.length = self.count
+            self.ids = torch.arange(self.capacity)
+            self.held = torch.zeros(vocab, dtype=torch.bool)
+            self.held[: self.count] = True
         self.owner: Optional["weakref.ref"] = None
 
     @property
@@ -67,11 +67,12 @@ class HeadRows:
         ids = torch.as_tensor(list(tokens), dtype=torch.long).unique()
         ids = ids[(ids >= 0) & (ids < self.vocab)]
         ids = ids[~self.held[ids]][: self.capacity - self.length]
-        if ids.numel() == 0:
+        source = self.source()
+        if ids.numel() == 0 or source is None:
             return
         at = torch.arange(self.length, self.length + ids.numel())
-        pairs = self.source.dtype == torch.bfloat16  # a row: lane n % 16 of block n // 16 (``kernels.blocked``)
-        _memory(self.blocks, pairs)[at // BLOCK, :, at % BLOCK] = _memory(self.source, pairs)[ids // BLOCK, :, ids % BLOCK]
+        pairs = source.dtype == torch.bfloat16  # a row: lane n % 16 of block n // 16 (``kernels.blocked``)
+        _memory(self.blocks, pairs)[at // BLOCK, :, at % BLOCK] = _memory(source, pairs)[ids // BLOCK, :, ids % BLOCK]
         self.ids[at], self.held[ids] = ids, True
         self.length += ids.numel()
 

@@ -72,6 +72,24 @@ def test_rows_hand_over_between_runners_and_keep_to_their_room():
     assert rows.length == rows.capacity == ROWS + ROOM and rows.rows % 16 == 0
 
 
+def test_rows_made_in_inference_mode_take_tokens_after_it_and_go_with_their_model():
+    """Made inside ``torch.inference_mode`` (a notebook's first generate), the rows still take a token in place
+    outside it; kept per model's output layer, they hold no reference that keeps that layer alive."""
+    import gc
+    import weakref
+
+    _, drafter = pair(torch.float32)
+    runner = LeanRunner(drafter)
+    with torch.inference_mode():
+        runner.output_rows(ROWS)
+        runner(torch.tensor([PROMPT]), 1)
+    assert torch.isfinite(runner(torch.tensor([PROMPT + [450]]), 1)[0, 450])
+    head = weakref.ref(runner.step.head)
+    del runner, drafter
+    gc.collect()
+    assert head() is None
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_greedy_speculative_with_part_rows_emits_target_ar_tokens(dtype):
     """Greedy speculative decoding with the drafter's part rows emits target AR's tokens; every draft lies in
