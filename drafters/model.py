@@ -17,7 +17,7 @@ from utils.logits_processor import GreedyProcessor, LogitsProcessor
 class ModelDrafter(Drafter):
     """A small language model ``M_q`` drafting with the target's logits processor. It owns its
     confidence cutoff ``p_min`` (llama.cpp's ``--draft-p-min``) and never stops below ``min_draft``.
-    ``head_rows``: the output rows its passes compute (``drafted_rows``; None: all of them)."""
+    Its runner computes the output rows ``drafter_runner.drafter_head`` asks for (``drafted_rows``)."""
 
     cheap = False
 
@@ -31,7 +31,6 @@ class ModelDrafter(Drafter):
         self.logits_processor = logits_processor
         self.vocab_size = vocab_size
         self.window = window
-        self.head_rows: int | None = None
 
     @classmethod
     def of(cls, model: Module, config, encoder_input_ids: List[int] | None = None) -> "ModelDrafter":
@@ -40,9 +39,8 @@ class ModelDrafter(Drafter):
         the policy's confidence cutoff and floor."""
         runner = config.make_runner(model, encoder_input_ids, drafter=True)
         policy = config.policy
-        drafter = cls(runner, config.processor, config.vocab_size, context_window(model), policy.p_min, policy.min_draft)
-        drafter.head_rows = drafted_rows(runner, config.drafter_runner.drafter_head)
-        return drafter
+        drafted_rows(runner, config.drafter_runner.drafter_head)
+        return cls(runner, config.processor, config.vocab_size, context_window(model), policy.p_min, policy.min_draft)
 
     def max_drafts(self, position: int) -> int:
         return self.window - position + 1 if self.window is not None else UNLIMITED
