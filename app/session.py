@@ -104,15 +104,15 @@ def drafter_head_flag(text: str) -> str:
     raise argparse.ArgumentTypeError(f"--drafter-head takes auto, full or a positive count of rows, got {text[:40]!r}")
 
 
-def drafter_head(flag: str, drafter) -> int:
-    """The rows ``--drafter-head`` asks the drafter model ``drafter`` (None: none) to compute
-    (``runners.RunnerConfig.drafter_head``; 0: all): auto's ``DRAFTER_HEAD`` where its vocabulary is over
-    twice as many, else all; a count as given."""
-    if drafter is None or flag == "full":
+def drafter_head(flag: str, pair: "Pair") -> int:
+    """The rows ``--drafter-head`` asks ``pair``'s drafter model to compute while it drafts (``RunConfig.drafter_head``;
+    0: all): auto's ``DRAFTER_HEAD`` where its vocabulary is over twice as many, else all; a count as given. None
+    for a drafter with a tokenizer of its own (its runner is its own: ``drafters.cross_tokenizer``)."""
+    if pair.drafter is None or pair.drafter_tokenizer is not None or flag == "full":
         return 0
     if flag != "auto":
         return int(flag)
-    return DRAFTER_HEAD if drafter.get_output_embeddings().out_features > 2 * DRAFTER_HEAD else 0
+    return DRAFTER_HEAD if pair.drafter.get_output_embeddings().out_features > 2 * DRAFTER_HEAD else 0
 
 
 def drafter_head_words(flag: str, pair: "Pair") -> str:
@@ -120,7 +120,7 @@ def drafter_head_words(flag: str, pair: "Pair") -> str:
     32,768 of 151,936 tokens (...)" where its passes compute part of the rows, else ""."""
     from drafters.model import drafted_rows_words
 
-    rows = drafter_head(flag, pair.drafter) if pair.drafter_tokenizer is None else 0  # across tokenizers: its own runner, every row
+    rows = drafter_head(flag, pair)
     words = drafted_rows_words(pair.drafter, pair.runner("drafter"), rows) if rows else ""
     return f" · {words}" if words else ""
 
@@ -182,7 +182,7 @@ def build_settings(pair: "Pair", processor: str = "greedy", gamma: int | str = 4
     config = RunConfig(processor=processor, gamma=4 if auto else gamma, max_gen_len=length,
                        eos_tokens_id=tuple(pair.end_tokens), policy=PolicySettings.of(policy),
                        kernel_choice=None if measured is None else measured.target.kernels.value,
-                       runner=pair.runner("target"), drafter_runner=pair.runner("drafter").with_(drafter_head=drafter_head(head, pair.drafter)))
+                       runner=pair.runner("target"), drafter_runner=pair.runner("drafter"), drafter_head=drafter_head(head, pair))
     context = RunContext(target=pair.target, tokenizer=pair.tokenizer, drafter=pair.drafter,
                          drafter_tokenizer=pair.drafter_tokenizer,
                          drafter_prompt=None if pair.drafter_tokenizer is None else rendered_for(pair.drafter_tokenizer))

@@ -141,7 +141,7 @@ def main() -> None:
     for gamma in args.gammas.split(","):
         for rows in heads:
             run = config.with_policy(auto=True) if gamma == "auto" else config.with_(gamma=int(gamma))
-            run = run.with_(drafter_runner=run.drafter_runner.with_(drafter_head=rows))
+            run = run.with_(drafter_head=rows)
             seen = Steps()
             context.streamer = seen
             seen.last = time.perf_counter()
