@@ -191,3 +191,13 @@ def test_the_repl_names_the_drafters_rows_and_keeps_target_ar_tokens(tiny_models
     drafter = [next(line for line in r.stdout.splitlines() if line.startswith("Drafter:")) for r in (cut, full, auto)]
     assert "drafter head: 4,096 of 49,152 tokens (the most frequent, and the prompt's and output's)" in drafter[0], drafter[0]
     assert "drafter head" not in drafter[1] and "drafter head" not in drafter[2]
+
+
+def test_the_runs_value_reaches_the_drafters_runner_only_and_is_written_with_the_run():
+    """``RunConfig.drafter_head``: in the drafting runner's config (the rows that draft hand it to the drafter),
+    never in the target's or the drafter-alone row's; written and read back with the run."""
+    from configuration import RunConfig
+
+    config = RunConfig(drafter_head=ROWS)
+    assert config.drafting_runner.drafter_head == ROWS and config.drafter_runner.drafter_head == 0 == config.runner.drafter_head
+    assert RunConfig.from_dict(config.to_dict()) == config and RunConfig().drafting_runner is RunConfig().drafter_runner
