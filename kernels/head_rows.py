@@ -82,17 +82,19 @@ class HeadRows:
         return out.index_copy_(1, self.ids[: self.length], logits[:, : self.length])
 
 
-_KEPT = _ByTensor()  # a model's blocked output layer -> its HeadRows (one count at a time)
+_KEPT = _ByTensor()  # a model's blocked output layer -> {count: its HeadRows}
 
 
 def kept_rows(source: Tensor, vocab: int, count: int) -> HeadRows:
     """The ``HeadRows`` of ``source``'s first ``count`` ids: kept while ``source`` is unchanged (address and
-    version) and the same count is asked, so a generation's runner copies no rows but its own tokens'."""
-    found = _KEPT.get(source)
+    version), one per count asked, so a generation's runner copies no rows but its own tokens'."""
+    counts = _KEPT.get(source)
+    if counts is None:
+        counts = _KEPT[source] = {}
     wanted = min(vocab, max(BLOCK, count // BLOCK * BLOCK))
-    if found is None or found.identity != (source.data_ptr(), source._version) or found.count != wanted or found.vocab != vocab:
-        found = HeadRows(source, vocab, count)
-        _KEPT[source] = found
+    found = counts.get(wanted)
+    if found is None or found.identity != (source.data_ptr(), source._version) or found.vocab != vocab:
+        found = counts[wanted] = HeadRows(source, vocab, count)
     return found
 
 

@@ -59,7 +59,7 @@ def test_part_rows_are_the_whole_layers_bit_for_bit_and_minus_infinity_elsewhere
 
 
 def test_rows_hand_over_between_runners_and_keep_to_their_room():
-    """One copy per model: a second runner takes the added rows over (the first's go); past ``ROOM`` none join."""
+    """One copy per model and count: a second runner takes the added rows over (the first's go); past ``ROOM`` none join."""
     _, drafter = pair(torch.float32, vocab=ROWS + ROOM + 64)
     first, second = LeanRunner(drafter), LeanRunner(drafter)
     first.output_rows(ROWS), second.output_rows(ROWS)
@@ -68,6 +68,8 @@ def test_rows_hand_over_between_runners_and_keep_to_their_room():
     assert rows.owned_by(first) and rows.held[ROWS + 5]
     second(torch.tensor([[ROWS + 9, 1]]), 1)
     assert rows.owned_by(second) and rows.held[ROWS + 9] and not rows.held[ROWS + 5]
+    other = kept_rows(first.step.head, first.step.vocab, 2 * ROWS)  # another count: its own copy, beside (an A/B alternates them)
+    assert other is not rows and kept_rows(first.step.head, first.step.vocab, ROWS) is rows
     rows.add(range(ROWS, ROWS + ROOM + 64))
     assert rows.length == rows.capacity == ROWS + ROOM and rows.rows % 16 == 0
 
