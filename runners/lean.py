@@ -98,13 +98,14 @@ class LeanRunner(TreePasses):
             self.hooked_passes += 1
             self._passed(hidden, start)
             return logits
+        new = self._fed(ids)
         use = self.step is not False and step_for(self.model, ids.shape[0], unsupported=False)
         if use and self.step is None:  # the first pass that runs it: whether it can, once
             self.step = taken_step(self.model) or False
         if use and self.step:
             h = self.forward.embed(ids)  # [r, H]
             cos, sin = self.ropes.at(positions, start if mask is None else None, self.capacity)  # [T, r, R], kept rows
-            head = self._head_rows(ids)
+            head = self._head_rows(new)
             logits, hidden = self.step(h, (cos, sin), self.cache, start, self._seen(mask, positions, start), n_last, self.hidden_layers, head)
             logits = logits if head is None else head.full(logits)  # [n_last, V]: minus infinity past its rows
             self.step_passes += 1
@@ -127,12 +128,18 @@ class LeanRunner(TreePasses):
             self.step = False if self.hooks.hooked() else taken_step(self.model) or False
         return kept_rows(self.step.head, self.step.vocab, count).count if self.head_count and self.step else None
 
-    def _head_rows(self, ids: Tensor) -> Optional[HeadRows]:
-        """The output rows this C step pass computes (None: all), holding ``ids`` (the fed tokens)."""
+    def _fed(self, ids: Tensor) -> set:
+        """With ``head_count``: the tokens of ``ids`` (fed now, on whichever forward) not fed before, now counted."""
         if not self.head_count:
-            return None
+            return set()
         new = set(ids.tolist()) - self.fed_tokens
         self.fed_tokens |= new
+        return new
+
+    def _head_rows(self, new: set) -> Optional[HeadRows]:
+        """The output rows this C step pass computes (None: all), holding every token fed (``new``: those not yet added)."""
+        if not self.head_count:
+            return None
         rows = kept_rows(self.step.head, self.step.vocab, self.head_count)
         if not rows.owned_by(self):  # another runner's tokens, or a new copy (the model changed): this one's own again
             rows.take(self, self.fed_tokens)

@@ -58,6 +58,19 @@ def test_part_rows_are_the_whole_layers_bit_for_bit_and_minus_infinity_elsewhere
     assert torch.isfinite(cut[:, [450, 451]]).all() and torch.equal(cut[:, kept + [450, 451]], full[:, kept + [450, 451]])
 
 
+def test_tokens_fed_on_the_torch_forward_join_the_rows_too():
+    """A pass the torch forward runs (every row, its plan not the skinny kernel's) still feeds its tokens to the rows."""
+    from runners import kernels
+
+    _, drafter = pair(torch.float32)
+    runner = LeanRunner(drafter)
+    runner.output_rows(ROWS)
+    with kernels(drafter, False):
+        assert torch.isfinite(runner(torch.tensor([PROMPT]), 1)).all()  # the torch forward: every row
+    cut = runner(torch.tensor([PROMPT + [1]]), 1)[0]
+    assert runner.step_passes == 1 and torch.isfinite(cut[[33, 40, 71, 300]]).all() and not torch.isfinite(cut[450])
+
+
 def test_rows_hand_over_between_runners_and_keep_to_their_room():
     """One copy per model and count: a second runner takes the added rows over (the first's go); past ``ROOM`` none join."""
     _, drafter = pair(torch.float32, vocab=ROWS + ROOM + 64)
