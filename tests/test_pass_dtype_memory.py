@@ -47,9 +47,11 @@ def test_a_first_start_racing_both_models_dtypes_stays_within_1_2x_the_pairs_flo
     """Loaded into torch's allocator (as ``scripts/start_bytes.py`` does: a model mapped from its file is not
     counted there, nor are its pages given back), each model's bfloat16 copy made and raced, through
     ``load_pair``; the target keeps float32, so that its drafter races too."""
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     shapes = {"target": (512, 8), "drafter": (384, 4)}  # 111 MB and 39 MB of float32 weights: 0.35, as the pair's 0.5B to its 1.5B
+    # saved before the private cache folder is set: save_tiny copies the embedded model's tokenizer from the
+    # run's cache, where a fresh folder would convert the embedded GGUF first (~20-40 s a test) for its files
     folders = {role: save_tiny(tmp_path / role, tied(*shape)) for role, shape in shapes.items()}
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     made = []
 
     def load(role, name, where, dtype, quantize, trust_remote_code, target=None, say=None):
