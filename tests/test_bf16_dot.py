@@ -5,12 +5,12 @@ that never rounds ahead (built with -DBF16_DOT_ROUNDED_BYTES=0: what runs where 
 Skipped where this build has no dot path. (tests/test_c_step_bf16.py runs every path's variants on the
 C step and a position's logits at every width.)"""
 import ctypes
-import subprocess
 
 import pytest
 import torch
 
 import kernels.bf16 as bf16
+from c_builds import load_for
 from kernels import skinny
 from kernels.blocked import pack
 
@@ -53,16 +53,11 @@ def test_every_many_row_variant_gives_a_row_decodings_bits(dot, n, k):
                 assert torch.equal(run(library, tile, x[:m].contiguous(), packed, n, b, threads), alone[:m]), (variants[tile], threads, m)
 
 
-def test_the_loop_without_rounded_rows_gives_the_same_bits(dot, tmp_path):
+def test_the_loop_without_rounded_rows_gives_the_same_bits(dot):
     """Built with -DBF16_DOT_ROUNDED_BYTES=0 (every call on decoding's tiles, over the same share of
     blocks a thread takes): the bits of this build's loop, for every variant, over 1..13 and 100 rows,
     216 outputs (a padded block) and K of 600, on 1, 2 and 3 threads."""
-    from utils.toolchain import c_compiler
-
-    out = tmp_path / "not_rounded_ahead.so"
-    sources = [str(s) for s in skinny.SOURCES if s.name.startswith("skinny")]
-    subprocess.run([c_compiler(), *skinny.FLAGS, "-DBF16_DOT_ROUNDED_BYTES=0", "-o", str(out), *sources], check=True, timeout=120)
-    bare = ctypes.CDLL(str(out))
+    bare = load_for("native", [s for s in skinny.SOURCES if s.name.startswith("skinny")], ("BF16_DOT_ROUNDED_BYTES=0",))
     g = torch.Generator().manual_seed(12)
     w, x, b = torch.randn(216, 600, generator=g).bfloat16(), torch.randn(100, 600, generator=g), torch.randn(216, generator=g)
     packed = pack(w)
