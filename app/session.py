@@ -106,7 +106,7 @@ def drafter_head_flag(text: str) -> str:
 
 def drafter_head(flag: str, pair: "Pair") -> int:
     """The rows ``--drafter-head`` asks ``pair``'s drafter model to compute while it drafts (``RunConfig.drafter_head``;
-    0: all): auto's ``DRAFTER_HEAD`` where its vocabulary is over twice as many, else all; a count as given. None
+    0: all): auto's ``DRAFTER_HEAD`` where its vocabulary is over twice as many, else all; a count as given. All
     for a drafter with a tokenizer of its own (its runner is its own: ``drafters.cross_tokenizer``)."""
     if pair.drafter is None or pair.drafter_tokenizer is not None or flag == "full":
         return 0

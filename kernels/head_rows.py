@@ -79,7 +79,10 @@ class HeadRows:
     def full(self, logits: Tensor) -> Tensor:
         """``logits`` ``[n, rows]`` of these rows -> ``[n, V]``: theirs at their ids, minus infinity elsewhere."""
         out = torch.full((logits.shape[0], self.vocab), float("-inf"), dtype=logits.dtype)
-        return out.index_copy_(1, self.ids[: self.length], logits[:, : self.length])
+        out[:, : self.count] = logits[:, : self.count]  # the first rows are ids 0..count-1: a slice (an index of 32,768: 4x its time)
+        if self.length > self.count:
+            out[:, self.ids[self.count : self.length]] = logits[:, self.count : self.length]
+        return out
 
 
 _KEPT = _ByTensor()  # a model's blocked output layer -> {count: its HeadRows}

@@ -92,13 +92,13 @@ class LeanRunner(TreePasses):
     @torch.no_grad()
     def _run(self, ids: Tensor, positions: Tensor, start: int, n_last: int, mask: Optional[Tensor]) -> Tensor:
         """One pass of ``ids`` ``[r]`` at ``positions`` into slots ``start..``; logits ``[n_last, V]``."""
+        new = self._fed(ids)  # a drafter's rows hold every token fed, whichever forward runs it
         if self.hooks.hooked():
             self._torch_cache()
             logits, hidden = transformers_pass(self.model, ids, positions, self.cache, start, n_last, mask, self.hidden_layers)
             self.hooked_passes += 1
             self._passed(hidden, start)
             return logits
-        new = self._fed(ids)
         use = self.step is not False and step_for(self.model, ids.shape[0], unsupported=False)
         if use and self.step is None:  # the first pass that runs it: whether it can, once
             self.step = taken_step(self.model) or False

@@ -107,6 +107,7 @@ def main() -> None:
     p.add_argument("--length", type=int, default=96)
     p.add_argument("--code-editing", type=int, default=2001)
     p.add_argument("--gammas", default="4", help="speculative rows' gamma bounds, comma-separated ('auto' allowed)")
+    p.add_argument("--threads", type=int, default=None, help="torch's threads (default: torch's own)")
     p.add_argument("--heads", default="full", help="the drafter's output rows, comma-separated: full, or a count (--drafter-head)")
     p.add_argument("--widths", default="1,2,3,4,5,6,8,10,12")
     p.add_argument("--repeats", type=int, default=7)
@@ -116,6 +117,8 @@ def main() -> None:
     from app.session import build_settings, encode
     from strategies import STRATEGIES, run_strategy
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     preset = pair_preset()
     options = LoadOptions(dtype=args.dtype, drafter_dtype=args.drafter_dtype)
     pair = load_pair(preset["target"], preset["drafter"], options, say=lambda *a, **k: None)
