@@ -13,6 +13,12 @@ timed generation, so that a regression between two revisions (158.9 against 109.
 compiled target AR, docs/gpu.md) is measured in one run:
 
     python3 scripts/ab_revisions.py --base 4bce501 --device cuda --compile --rounds 2
+
+``--series A,B,C`` times the workload in each listed revision instead (this tree not included), one fresh
+process each, every round in the order of the one before reversed, and prints each revision's rounds and median
+with its ratio to the first: a bisection in one run, where two sides at two rounds cannot tell 10% apart:
+
+    .venv/bin/python scripts/ab_revisions.py --series 797bfa8,8c72d68,7cc5d32 --rounds 3 --only "target AR"
 """
 import argparse
 import contextlib
@@ -135,6 +141,8 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="compiled passes on both sides (CUDA graphs on cuda), built before timing")
     p.add_argument("--base-tree", default="",
                    help="an unpacked checkout of --base (git archive) to run instead of making a worktree; --base is then its label")
+    p.add_argument("--series", default="",
+                   help="comma-separated revisions to time against each other (this tree left out), medians against the first")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="the model's dtype (default float32)")
     return p.parse_args(argv)
 
@@ -155,16 +163,68 @@ def base_checkout(base: str, base_tree: str = "") -> Iterator[Path]:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
 
 
+def round_orders(sides: List[str], rounds: int) -> List[List[str]]:
+    """Each round's order of the sides: as listed, then reversed, alternately (ABBA for two sides)."""
+    return [list(sides) if r % 2 == 0 else list(sides)[::-1] for r in range(rounds)]
+
+
+def series_table(samples: dict) -> str:
+    """A markdown table of each revision's rounds (tokens/s) and median per strategy, ratio to the first revision."""
+    revisions = list(samples)
+    lines = ["| strategy | revision | tokens/s by round | median | against the first |", "| --- | --- | --- | ---: | ---: |"]
+    for name in samples[revisions[0]][0]:
+        first = statistics.median(s[name] for s in samples[revisions[0]])
+        for rev in revisions:
+            values = [s[name] for s in samples[rev]]
+            lines.append(f"| {name} | {rev} | {', '.join(f'{v:.1f}' for v in values)} | {statistics.median(values):.1f} | "
+                         f"{statistics.median(values) / first:.3f} |")
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def checkouts(revisions: List[str]) -> Iterator[dict]:
+    """A detached worktree of each revision, removed afterwards."""
+    with contextlib.ExitStack() as stack:
+        yield {rev: stack.enter_context(base_checkout(rev)) for rev in revisions}
+
+
+def run_series(args: argparse.Namespace, workload: str) -> None:
+    """``--series``: the workload in each revision, interleaved, then the table and the QUIET line."""
+    revisions = [rev for rev in args.series.split(",") if rev]
+    if len(revisions) < 2:
+        raise SystemExit("error: --series needs at least two revisions, comma-separated")
+    meter, windows = LoadMeter(), []
+    with checkouts(revisions) as trees:
+        for tree in trees.values():
+            measure(tree, workload)  # each revision's builds and first-use conversions, not timed
+        samples = {rev: [] for rev in revisions}
+        for number, order in enumerate(round_orders(revisions, args.rounds)):
+            for rev in order:
+                meter.start()
+                samples[rev].append(measure(trees[rev], workload))
+                window = meter.stop()
+                windows.append({"seconds": window.seconds, **window.record(args.busy)})
+            print(f"round {number + 1}/{args.rounds} done", file=sys.stderr)
+    print(f"{args.device} · {args.dtype} · {'compiled' if args.compile else 'eager'} · {args.new_tokens} new tokens · "
+          f"{args.prompts} prompts · {args.rounds} rounds\n")
+    print(series_table(samples))
+    quiet = LoadSummary.of(windows, args.busy)
+    print(f"\n{quiet.line()}")
+    if args.strict and not quiet.quiet:
+        raise SystemExit("error: --strict: a run was noisy; run it again on a quiet machine")
+
+
 def main() -> None:
     args = parse()
     check_device(args.device)
+    if args.series:
+        return run_series(args, workload_args(args))
     workload = workload_args(args)
     meter, windows = LoadMeter(), []
     with base_checkout(args.base, args.base_tree) as base:
         sides = {"this tree": ROOT, args.base: base}
         samples = {side: [] for side in sides}
-        for round_ in range(args.rounds):
-            order = list(sides) if round_ % 2 == 0 else list(sides)[::-1]
+        for round_, order in enumerate(round_orders(list(sides), args.rounds)):
             for side in order:
                 meter.start()  # the workload runs in a child process: ours, not noise
                 samples[side].append(measure(sides[side], workload))
