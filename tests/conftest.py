@@ -73,11 +73,12 @@ def examples(n: int) -> int:
 # the pair's file where it is installed (~60 CPU s but ~100 s of wall time: a 6 GB model read and loaded;
 # its REPL start gives the kernels since the cut of 2026-11-30, no longer minutes of measurement) and the
 # soak (~85 after its cut to 10 rounds), the REPL's other files, the benchmark and the families (~75-100),
-# the sampled files (55-70); README's first steps (36) and the files of one or two long compiling or REPL
-# tests (20-40 s) close the list, ahead of the hundred short files.
+# the sampled files (55; the cross-tokenizer's ~45 since its 800 generations a cell); README's first
+# steps (36) and the files of one or two long compiling or REPL tests (20-40 s) close the list, ahead of
+# the hundred short files.
 HEAVY_FIRST = ("test_compiled.py", "test_control_combinations.py", "test_repl_target_line.py", "test_eagle.py", "test_pair_model.py",
                "test_soak.py", "test_repl_session.py", "test_bench.py", "test_families.py", "test_repl_startup.py",
-               "test_compile_cache.py", "test_cross_tokenizer.py", "test_startup_memory.py", "test_lossless_sampling.py",
+               "test_compile_cache.py", "test_startup_memory.py", "test_lossless_sampling.py", "test_cross_tokenizer.py",
                "test_hostile_input.py", "test_c_step.py", "test_readme.py", "test_eagle_data.py", "test_one_copy.py",
                "test_head_compiled_step.py", "test_eagle_row.py", "test_cpu_figures.py")
 
