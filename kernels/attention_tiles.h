@@ -82,7 +82,7 @@ static inline __attribute__((always_inline)) void score_count(const float *q0, c
  * soften never reads (it zeroes them) */
 static inline __attribute__((always_inline)) void score_tiles(const Position *pos, int P, const int G, const float *kt, int64_t nb,
                                                               int64_t D, float scale, float *s, int64_t ls) {
-    const int two = PAIRS && PAIR_KV(G) > 0, KV = two ? PAIR_KV(G) : SCORE_KV(G);
+    const int two = PAIRS && PAIR_KV(G) > 0 && P > 1, KV = two ? PAIR_KV(G) : SCORE_KV(G); /* one position: decoding's tiles */
     for (int64_t v = 0; v < nb * VB; v += KV)
         for (int p = 0; p < P;) {
             const float *k = kt + v / VB * D * BLOCK;
