@@ -15,58 +15,86 @@ extern int c_step_prefetch; /* the profiling build's A/B (c_step.c): 0, none */
 #else
 #define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 #endif
+#if defined(STEP_PROFILE)
+extern int c_step_pairs; /* the profiling build's A/B (c_step.c): 0, a position's queries alone in a score tile */
+#define PAIRS c_step_pairs
+#else
+#define PAIRS 1
+#endif
 #if VW == 16
 #define SCORE_KV(G) ((G) <= 2 ? 8 : ((G) == 3 ? 6 : 5)) /* key vectors a score tile holds: G KV + KV of 32 registers */
+/* key vectors a tile of two positions' G queries holds (2 G KV + KV + 1 of 32 registers): the 2 G rows share each
+ * key load (24 FMAs to 4 + 6 loads at G = 3, against 18 to 6 + 3), and the keys held take less of L1 */
+#define PAIR_KV(G) ((G) == 1 ? 8 : ((G) == 2 ? 5 : ((G) == 3 ? 4 : 3)))
 #define SPAN_V 4 /* a weigh tile's dimensions, in vectors: 64 */
 #define ROWS_T 6 /* a weigh tile's rows: 6 x 4 sums + 4 values of 32 registers */
 #else
 #define SCORE_KV(G) ((G) == 1 ? 6 : ((G) == 2 ? 4 : 2)) /* whole blocks (2 vectors each) of 16 registers */
+#define PAIR_KV(G) ((G) == 1 ? 4 : ((G) <= 3 ? 2 : 0)) /* whole blocks; 0: G = 4 alone (2 G KV > 13 registers) */
 #define SPAN_V 2 /* 16 dimensions */
 #define ROWS_T 5 /* 5 x 2 sums + 2 values + a weight of 16 registers */
 #endif
 
-/* raw scores (chain * scale) of G queries q + c qs over KV key vectors (whole blocks) of kt into s + c ls:
- * G x KV chains in flight, each key vector loaded once for the G queries */
-static inline __attribute__((always_inline)) void score_tile(const float *q, int64_t qs, const int G, const int KV, const float *kt,
-                                                             int64_t D, float scale, float *s, int64_t ls) {
-    vec acc[GROUP][8], k[8];
-    for (int c = 0; c < G; c++)
+/* raw scores (chain * scale) of R queries over KV key vectors (whole blocks) of kt into s + c ls, query c being
+ * q0 + c qs for c < G, else q1 + (c - G) qs (a second position's G heads: R = 2 G): R x KV chains in flight,
+ * each key vector loaded once for the R queries */
+static inline __attribute__((always_inline)) void score_tile(const float *q0, const float *q1, int64_t qs, const int G, const int R,
+                                                             const int KV, const float *kt, int64_t D, float scale, float *s, int64_t ls) {
+    vec acc[2 * GROUP][8], k[8];
+    for (int c = 0; c < R; c++)
         for (int b = 0; b < KV; b++) acc[c][b] = v_zero();
     for (int64_t d = 0; d < D; d++) {
         for (int b = 0; b < KV; b++) {
             k[b] = v_load(kt + ((b / VB) * D + d) * BLOCK + (b % VB) * VW);
-            __asm__("" : "+v"(k[b])); /* kept in a register: one load for the G queries, not one each */
+            __asm__("" : "+v"(k[b])); /* kept in a register: one load for the R queries, not one each */
             if (b % VB == 0) PREFETCH(kt + ((b / VB + KV / VB) * D + d) * BLOCK); /* the next tile's block, this line */
         }
-        for (int c = 0; c < G; c++) {
-            vec x = v_set1(q[c * qs + d]);
+        for (int c = 0; c < R; c++) {
+            vec x = v_set1(c < G ? q0[c * qs + d] : q1[(c - G) * qs + d]);
             for (int b = 0; b < KV; b++) acc[c][b] = v_fma(x, k[b], acc[c][b]);
         }
     }
-    for (int c = 0; c < G; c++)
+    for (int c = 0; c < R; c++)
         for (int b = 0; b < KV; b++) v_store(s + c * ls + b * VW, v_mul(acc[c][b], v_set1(scale)));
 }
 
-/* raw scores of every position's G queries over the blocks of its range, SCORE_KV(G) vectors at a time for
- * all the positions (those keys stay in L1; G a constant in each copy) */
+/* score_tile over `count` (<= KV, a multiple of VB) key vectors, each count alone compiled */
+static inline __attribute__((always_inline)) void score_count(const float *q0, const float *q1, int64_t qs, const int G, const int R,
+                                                              const int KV, int64_t count, const float *kt, int64_t D, float scale,
+                                                              float *s, int64_t ls) {
+    switch (count) {
+    case 1: if (1 <= KV && 1 % VB == 0) score_tile(q0, q1, qs, G, R, 1, kt, D, scale, s, ls); break;
+    case 2: if (2 <= KV && 2 % VB == 0) score_tile(q0, q1, qs, G, R, 2, kt, D, scale, s, ls); break;
+    case 3: if (3 <= KV && 3 % VB == 0) score_tile(q0, q1, qs, G, R, 3, kt, D, scale, s, ls); break;
+    case 4: if (4 <= KV && 4 % VB == 0) score_tile(q0, q1, qs, G, R, 4, kt, D, scale, s, ls); break;
+    case 5: if (5 <= KV && 5 % VB == 0) score_tile(q0, q1, qs, G, R, 5, kt, D, scale, s, ls); break;
+    case 6: if (6 <= KV && 6 % VB == 0) score_tile(q0, q1, qs, G, R, 6, kt, D, scale, s, ls); break;
+    case 7: if (7 <= KV && 7 % VB == 0) score_tile(q0, q1, qs, G, R, 7, kt, D, scale, s, ls); break;
+    case 8: if (8 <= KV && 8 % VB == 0) score_tile(q0, q1, qs, G, R, 8, kt, D, scale, s, ls); break;
+    default: break;
+    }
+}
+
+/* raw scores of every position's G queries over the blocks of its range, KV vectors at a time for all the positions
+ * (those keys stay in L1; G a constant in each copy), two positions to a tile where PAIR_KV(G) allows: a score
+ * is its own chain whichever tile holds it, and the scores a pair's first position gets past its own blocks (the
+ * second's range being longer) lie in its row's room (ls: the unit's longest range) past its own slots, which
+ * soften never reads (it zeroes them) */
 static inline __attribute__((always_inline)) void score_tiles(const Position *pos, int P, const int G, const float *kt, int64_t nb,
                                                               int64_t D, float scale, float *s, int64_t ls) {
-    const int KV = SCORE_KV(G);
+    const int two = PAIRS && PAIR_KV(G) > 0 && P > 1, KV = two ? PAIR_KV(G) : SCORE_KV(G); /* one position: decoding's tiles */
     for (int64_t v = 0; v < nb * VB; v += KV)
-        for (int p = 0; p < P; p++) {
-            int64_t left = blocks_of(pos[p].n) * VB - v; /* a multiple of VB, as KV is */
+        for (int p = 0; p < P;) {
             const float *k = kt + v / VB * D * BLOCK;
             float *o = s + p * G * ls + v * VW;
-            switch (left < KV ? left : KV) { /* the counts that can come, alone compiled */
-            case 1: if (1 <= KV && 1 % VB == 0) score_tile(pos[p].q, D, G, 1, k, D, scale, o, ls); break;
-            case 2: if (2 <= KV && 2 % VB == 0) score_tile(pos[p].q, D, G, 2, k, D, scale, o, ls); break;
-            case 3: if (3 <= KV && 3 % VB == 0) score_tile(pos[p].q, D, G, 3, k, D, scale, o, ls); break;
-            case 4: if (4 <= KV && 4 % VB == 0) score_tile(pos[p].q, D, G, 4, k, D, scale, o, ls); break;
-            case 5: if (5 <= KV && 5 % VB == 0) score_tile(pos[p].q, D, G, 5, k, D, scale, o, ls); break;
-            case 6: if (6 <= KV && 6 % VB == 0) score_tile(pos[p].q, D, G, 6, k, D, scale, o, ls); break;
-            case 7: if (7 <= KV && 7 % VB == 0) score_tile(pos[p].q, D, G, 7, k, D, scale, o, ls); break;
-            case 8: if (8 <= KV && 8 % VB == 0) score_tile(pos[p].q, D, G, 8, k, D, scale, o, ls); break;
-            default: break;
+            if (two && p + 1 < P) {
+                int64_t n = pos[p].n > pos[p + 1].n ? pos[p].n : pos[p + 1].n, left = blocks_of(n) * VB - v;
+                if (left > 0) score_count(pos[p].q, pos[p + 1].q, D, G, 2 * G, KV, left < KV ? left : KV, k, D, scale, o, ls);
+                p += 2;
+            } else {
+                int64_t left = blocks_of(pos[p].n) * VB - v; /* a multiple of VB, as KV is */
+                if (left > 0) score_count(pos[p].q, pos[p].q, D, G, G, KV, left < KV ? left : KV, k, D, scale, o, ls);
+                p += 1;
             }
         }
 }

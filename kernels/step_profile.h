@@ -48,6 +48,7 @@ int c_step_busiest(double *out) {
 }
 int c_step_split_from = SPLIT_FROM; /* the fewest slots a pass of few positions splits its attention at: the same */
 int c_step_prefetch = 1;            /* attention's software prefetches (attention_tiles.h; 0: none): the same */
+int c_step_pairs = 1;               /* attention's score tiles of two positions (attention_tiles.h; 0: one): the same */
 #define GROUP_LIMIT c_step_group
 #define POSITIONS_LIMIT c_step_positions
 #define SPLIT_LIMIT c_step_split_from

@@ -5,7 +5,8 @@ asked (``--tile``: float32's variant, ``kernels/skinny_tiles.c``, or the bfloat1
 ``kernels/skinny_bf16_rows.c``, default the one measured here; ``--chunk``), split into the linears, attention and the rest by a profiling build of
 the library (``-DSTEP_PROFILE``: each thread's CPU seconds by part, summed over the threads), beside
 the pass's wall time and its process CPU time, under each attention grouping asked (``--groups``: the
-most query heads of one key-value head attended at once, 1 one at a time; the same bits), interleaved;
+most query heads of one key-value head attended at once, 1 one at a time; the same bits) and score tiles asked
+(``--pairs``: 1, two positions' query heads to a tile, 0 one position's; the same bits), interleaved;
 then the same prompt through ``autoregressive_generate`` for one token (what ``scripts/versus_openvino.py``
 times as the first token), its wall and CPU time.
 
@@ -14,6 +15,7 @@ unset), so that a thread waiting at a barrier sleeps instead of counting its spi
 machine the CPU split still holds roughly; the wall times do not.
 
     OMP_WAIT_POLICY=passive .venv/bin/python scripts/prompt_profile.py --lengths 769 --tile 5 --chunk 128 --groups 1 4
+    .venv/bin/python scripts/prompt_profile.py --lengths 769 --tile 3 --pairs 0 1 --rounds 5
     .venv/bin/python scripts/prompt_profile.py --dtype bfloat16 --path dot --tile 3 --lengths 210 769
 """
 import argparse
@@ -58,6 +60,8 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="timed repeats (medians)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--groups", type=int, nargs="+", default=[4], help="attention's most query heads at once (1: one at a time)")
+    parser.add_argument("--pairs", type=int, nargs="+", default=[1], choices=[0, 1],
+                        help="attention's score tiles: 1, two positions' heads at once; 0, one position's (the same bits)")
     parser.add_argument("--positions", type=int, default=8, help="attention's most positions at once (1-8; the same bits)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the weights' dtype")
     parser.add_argument("--path", choices=PATHS, default=None, help="bfloat16: the path forced (default: measured here)")
@@ -89,12 +93,16 @@ def main(argv: List[str] | None = None) -> None:
     autoregressive_generate(ids[0, :16].tolist(), model, 2, eos_tokens_id=-1, use_cache=True)  # warm
     group = ctypes.c_int.in_dll(library, "c_step_group")
     ctypes.c_int.in_dll(library, "c_step_positions").value = args.positions
+    config = model.config
+    heads, size = config.num_attention_heads, config.hidden_size // config.num_attention_heads
+    pairs = ctypes.c_int.in_dll(library, "c_step_pairs")
+    arms = [(g, p) for g in args.groups for p in args.pairs]
     for n in args.lengths:
-        walls, cpus, split = ({g: [] for g in args.groups} for _ in range(3))
+        walls, cpus, split = ({arm: [] for arm in arms} for _ in range(3))
         firsts, first_cpus = [], []
         for round_ in range(args.rounds + 1):  # round 0 warms up
-            for g in args.groups:
-                group.value = g
+            for g, p in arms:
+                group.value, pairs.value = g, p
                 runner.rollback(0)
                 library.c_step_profile(parts)
                 wall, cpu = time.perf_counter(), time.process_time()
@@ -102,17 +110,19 @@ def main(argv: List[str] | None = None) -> None:
                 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
                 library.c_step_profile(parts)
                 if round_:
-                    walls[g].append(wall), cpus[g].append(cpu), split[g].append(list(parts))
+                    walls[g, p].append(wall), cpus[g, p].append(cpu), split[g, p].append(list(parts))
             start, cpu_start = time.perf_counter(), time.process_time()
             autoregressive_generate(ids[0, :n].tolist(), model, 1, eos_tokens_id=-1, use_cache=True)
             if round_:
                 firsts.append(time.perf_counter() - start), first_cpus.append(time.process_time() - cpu_start)
-        for g in args.groups:
-            median = [statistics.median(s[p] for s in split[g]) for p in range(len(PARTS))]
+        attention = 2 * 2 * n * (n + 1) / 2 * size * heads * config.num_hidden_layers  # q.k and weights.v, causal, from an empty cache
+        for g, p in arms:
+            median = [statistics.median(s[i] for s in split[g, p]) for i in range(len(PARTS))]
             shares = ", ".join(f"{name} {1e3 * s:,.0f} ms ({100 * s / sum(median):.0f}%)" for name, s in zip(PARTS, median))
-            print(f"{n} positions, attention {g} query heads at most at once: prompt pass {1e3 * statistics.median(walls[g]):,.0f} ms wall, "
-                  f"{1e3 * statistics.median(cpus[g]):,.0f} ms CPU; the step's CPU time: {shares}; the linears "
-                  f"{2 * linear * n / median[0] / 1e9:.0f} GFLOP/s a core (their FLOPs over their CPU seconds)")
+            print(f"{n} positions, attention {g} query heads at most at once, score tiles of {2 if p else 1} position{'s' if p else ''}: "
+                  f"prompt pass {1e3 * statistics.median(walls[g, p]):,.0f} ms wall, {1e3 * statistics.median(cpus[g, p]):,.0f} ms CPU; "
+                  f"the step's CPU time: {shares}; the linears {2 * linear * n / median[0] / 1e9:.0f}, attention "
+                  f"{attention / median[1] / 1e9:.0f} GFLOP/s a core (their FLOPs over their CPU seconds)")
         print(f"{n} positions: autoregressive_generate, one token (attention {args.groups[-1]} at most at once): "
               f"{1e3 * statistics.median(firsts):,.0f} ms wall, {1e3 * statistics.median(first_cpus):,.0f} ms CPU")
 
