@@ -6,7 +6,7 @@ the tiles' software prefetch 4 KB ahead of each stream (the build's default) was
 memory's speed; on a Zen 4 EPYC VM the hardware's prefetchers alone streamed faster, and the prefetch cost a
 bfloat16 pass about a sixth of its time (``scripts/pass_read.py``). So ``settle`` races the two on the machine:
 the model's own gate/up blocks (or copies of their shape), each layer's one-position linear in turn (a sample
-streams about a third of a pass's bytes from memory), 4 KB ahead against no software prefetch, interleaved rounds
+streams 64 MB from memory, twice the largest L3 of the CPUs met), 4 KB ahead against no software prefetch, interleaved rounds
 (``bf16_choice.medians``); none only where clearly faster (``bf16_choice.fastest``'s margin). Speed only: a
 prefetch changes no bit, so every choice gives every pass the same logits.
 
@@ -23,7 +23,7 @@ from kernels.bf16_choice import MEASURED, Measured, fastest, medians
 F32 = 0  # the weights' format (``c_step.c``'s Dims.weights): float32; a bfloat16 path otherwise
 DEFAULT, NONE = 4096, 0  # bytes ahead: the build's default, and no software prefetch
 Timer = Callable[[int], float]  # bytes ahead -> seconds of a sample
-WORKING_SET = 64 << 20  # bytes of weight copies timed in turn where the model's own are not given (past the caches)
+WORKING_SET = 64 << 20  # bytes a sample streams: the model's blocks (or copies) in turn, past the caches
 
 _CHOSEN: Dict[Tuple[str, int], Measured] = {}  # (library's file, 0 float32 / 1 bfloat16) -> the choice
 
@@ -40,14 +40,13 @@ def apply(library: ctypes.CDLL, fmt: int, ahead: int) -> None:
 
 
 def timer(library: ctypes.CDLL, fmt: int, shape: Tuple[int, int], weights: Optional[Sequence[Tensor]] = None) -> Timer:
-    """A ``Timer``: ``library``'s one-position linear of ``shape`` (N, K) on each of ``weights`` in turn (blocked
-    [N/16, K, 16] in format ``fmt``'s dtype; None: WORKING_SET bytes of copies made here, their values immaterial to speed), on
-    torch's threads, prefetching the given bytes ahead."""
+    """A ``Timer``: ``library``'s one-position linear of ``shape`` (N, K) on each of the first WORKING_SET bytes of
+    ``weights`` in turn (blocked [N/16, K, 16] in format ``fmt``'s dtype; None: copies made here, their values
+    immaterial to speed), on torch's threads, prefetching the given bytes ahead."""
     n, k = shape
     dtype = torch.float32 if fmt == F32 else torch.bfloat16
-    if not weights:
-        copies = max(2, min(16, -(-WORKING_SET // (((n + 15) // 16) * k * 16 * dtype.itemsize))))
-        weights = [torch.full(((n + 15) // 16, k, 16), 1 / 64, dtype=dtype) for _ in range(copies)]
+    copies = max(2, min(16, -(-WORKING_SET // (((n + 15) // 16) * k * 16 * dtype.itemsize))))
+    weights = list(weights[:copies]) if weights else [torch.full(((n + 15) // 16, k, 16), 1 / 64, dtype=dtype) for _ in range(copies)]
     x, y, threads, c = torch.randn(1, k, generator=torch.Generator().manual_seed(0)), torch.empty(1, n), torch.get_num_threads(), ctypes.c_int64
 
     def run(ahead: int) -> float:

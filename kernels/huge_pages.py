@@ -14,6 +14,7 @@ from typing import Iterable, List, Optional, Tuple
 HUGE = 2 << 20  # bytes of a transparent huge page on x86-64 and (4 KB-page) arm64
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25  # Linux's
 GAP = 64 << 10  # bytes between two spans that still join them into one run (the allocator's headers, alignment)
+ON = True  # False: ``collapse`` asks for nothing (an A/B of the same bits on 4 KB pages: scripts/pass_read.py --huge)
 
 
 def runs(spans: Iterable[Tuple[int, int]]) -> List[Tuple[int, int]]:
@@ -36,11 +37,11 @@ def _libc() -> Optional[ctypes.CDLL]:
         return None
 
 
-def collapse(spans: Iterable[Tuple[int, int]]) -> int:
+def collapse(spans: Iterable[Tuple[int, int]], on: Optional[bool] = None) -> int:
     """Back the whole 2 MB pages inside the runs of ``spans`` ``(address, bytes)`` with huge pages where the kernel
-    grants them; returns the bytes it granted (0 where it refused every one, or off Linux)."""
+    grants them; returns the bytes it granted (0 where it refused every one, or off Linux). ``on``: ``ON`` unless given."""
     libc, granted = _libc(), 0
-    if libc is None:
+    if libc is None or not (ON if on is None else on):
         return 0
     for start, end in runs(spans):
         first, last = -(-start // HUGE) * HUGE, end // HUGE * HUGE

@@ -9,8 +9,8 @@ step's library compared in one run (interleaved rounds, medians), on the embedde
   (a variant that changes a bit is reported: every variant must give the same bits);
 - with ``--aheads``, the built library's pass at each prefetch distance given (bytes, 0: none; ``kernels/ahead.py``
   chooses one of 4096 and 0 by measurement), set before each pass of either dtype;
-- with ``--huge``, each dtype's pass once more on a copy of the model whose weights lie on huge pages
-  (``kernels.huge_pages.collapse``), on the built library;
+- with ``--huge``, each dtype's model on 4 KB pages (``kernels.huge_pages.ON`` off), and a copy on huge pages
+  (``kernels.huge_pages.collapse``);
 - with ``--threads``, the team's size (default: torch's);
 - with ``--cpu``, the process's CPU seconds instead of wall seconds (run with OMP_WAIT_POLICY=passive, so that a
   thread waiting at a barrier sleeps): the work of every thread summed, which a busy machine's time slicing does not
@@ -76,8 +76,10 @@ def timed(run: Callable[[], object]) -> float:
 def make_runners(base, ids: torch.Tensor, args) -> tuple:
     """Each dtype's runner (and, with ``--huge``, one on a copy of the model on huge pages) after ``args.context``
     positions, and each one's read: a plain float32 tensor of its pass's bytes (on huge pages for a huge copy)."""
-    from kernels.huge_pages import collapse
+    from kernels import huge_pages
     from runners import LeanRunner
+
+    huge_pages.ON = not args.huge  # with --huge: the models' own copies on 4 KB pages, the copies' collapsed here
 
     runners, reads = {}, {}
     for name in args.dtypes:
@@ -90,10 +92,10 @@ def make_runners(base, ids: torch.Tensor, args) -> tuple:
             plain = reads[key] = torch.ones(pass_bytes(runner.step) // 4)
             if huge:
                 start = time.perf_counter()
-                granted = collapse(spans(runner.step))
+                granted = huge_pages.collapse(spans(runner.step), on=True)
                 print(f"{name}: {granted / 1e6:.0f} of {pass_bytes(runner.step) / 1e6:.0f} MB on huge pages "
                       f"in {time.perf_counter() - start:.2f} s")
-                collapse([(plain.data_ptr(), plain.numel() * 4)])
+                huge_pages.collapse([(plain.data_ptr(), plain.numel() * 4)], on=True)
     return runners, reads
 
 
