@@ -9,6 +9,7 @@ is left as it is (collapsing it would make resident what the allocator left unto
 bytes at the same addresses, so the same bits; where the kernel refuses (an older kernel, THP off, no free
 2 MB page, a file mapping) the weights stay on 4 KB pages and nothing else changes."""
 import ctypes
+import errno
 from typing import Iterable, List, Optional, Tuple
 
 HUGE = 2 << 20  # bytes of a transparent huge page on x86-64 and (4 KB-page) arm64
@@ -50,6 +51,7 @@ def collapse(spans: Iterable[Tuple[int, int]], on: Optional[bool] = None) -> int
         libc.madvise(first, last - first, MADV_HUGEPAGE)  # eligible (THP "madvise"); refused where THP is off
         if libc.madvise(first, last - first, MADV_COLLAPSE) == 0:
             granted += last - first
-        else:  # one page refused (no free 2 MB page, a file mapping): the others one by one
+        elif ctypes.get_errno() != errno.EINVAL:  # some page refused (no free 2 MB page): the others one by one
             granted += sum(HUGE for page in range(first, last, HUGE) if libc.madvise(page, HUGE, MADV_COLLAPSE) == 0)
+        # EINVAL: no collapse here (Linux before 6.1, THP off) or a file mapping's run (a weight blocked in place)
     return granted
