@@ -80,7 +80,7 @@ class RunConfig:
     (the REPL: on); ``hf_compile``: transformers' static-cache peer compiles its forward; ``policy``:
     the draft policy's values; ``kernel_choice``: the target's measured kernel options by pass
     width, the plan every row runs (None: the model's as they are); ``runner``, ``drafter_runner``: how the target's and the drafter
-    model's passes run; ``params``: every row parameter set away from its default (``Param``); ``auto_rows``: the rows (by key)
+    model's passes run; ``drafter_head``: the output rows of a drafter model's passes while it drafts (``drafting_runner``; 0: all); ``params``: every row parameter set away from its default (``Param``); ``auto_rows``: the rows (by key)
     that run under gamma auto whatever ``gamma`` says, where the policy has measured costs (``strategies.row_config``: the
     REPL's NASD row when no gamma was given, named in its output; docs/reference.md)."""
 
@@ -96,6 +96,7 @@ class RunConfig:
     kernel_choice: Optional[KernelChoice] = field(default=None, hash=False)  # a mapping inside: compared, not hashed
     runner: RunnerConfig = EAGER
     drafter_runner: RunnerConfig = EAGER
+    drafter_head: int = 0
     params: Tuple[Tuple[str, Any], ...] = ()
     auto_rows: Tuple[str, ...] = ()
 
@@ -115,6 +116,12 @@ class RunConfig:
             if known == name:
                 return value
         return PARAMS[name].default
+
+    @property
+    def drafting_runner(self) -> RunnerConfig:
+        """How a drafter model's passes run while it drafts: ``drafter_runner`` with ``drafter_head``'s rows
+        (``runners.RunnerConfig.drafter_head``; the drafter alone, as a row of its own, computes them all)."""
+        return self.drafter_runner.with_(drafter_head=self.drafter_head) if self.drafter_head else self.drafter_runner
 
     def value(self, name: str) -> Any:
         """The field or the row parameter ``name``."""

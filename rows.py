@@ -23,7 +23,7 @@ def arguments(config: RunConfig, context: RunContext, stats: GenerationStats) ->
     ``stats`` to fill, and a policy of the config's values with the run's memory."""
     return dict(logits_processor=config.logits_processor(), max_gen_len=config.max_gen_len, eos_tokens_id=list(config.eos_tokens_id),
                 use_cache=config.use_cache, debug=config.debug, tokenizer=context.tokenizer, stats=stats, streamer=context.streamer,
-                runner=config.runner, drafter_runner=config.drafter_runner, policy=context.policy(config))
+                runner=config.runner, drafter_runner=config.drafting_runner, policy=context.policy(config))
 
 
 def spec_row(spec: Callable[[RunConfig], DrafterSpec]) -> Callable[[List[int], RunConfig, RunContext, GenerationStats], List[int]]:

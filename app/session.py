@@ -45,6 +45,11 @@ def add_shared_flags(parser: argparse.ArgumentParser) -> None:
                         "on CPU, where the drafter runs bfloat16 when a bfloat16 matmul of its shape measures clearly faster (it "
                         "halves the bytes a draft reads; the target verifies every draft, so the output is unchanged). Named in "
                         "the Drafter line")
+    parser.add_argument("--drafter-head", type=drafter_head_flag, default="auto", help="the drafter model's output layer: "
+                        f"auto (default) computes the logits of its first {DRAFTER_HEAD:,} ids (BPE's most frequent) and of every token "
+                        "of the prompt and the output so far, where its vocabulary is over twice that and its passes run on the C "
+                        "step; N: the first N; full: every row. Drafts come from the rows computed and the target verifies them, "
+                        "so the output is unchanged (FR-Spec, arXiv 2502.14856). Named in the Drafter line")
     parser.add_argument("--cache", choices=["auto", "static", "dynamic"], default="auto", help="KV cache kind of our eager "
                         "runners: static (preallocated, rolled back by moving the write position) or the model's dynamic "
                         "cache; auto measures both at start-up on CPU and keeps the faster, static on CUDA (default auto; "
@@ -89,6 +94,37 @@ def add_shared_flags(parser: argparse.ArgumentParser) -> None:
                         "(a few seconds): no padded passes, no cost-aware pausing (the library's default policy)")
 
 
+DRAFTER_HEAD = 32768  # ``--drafter-head auto``'s rows, where the drafter's vocabulary is over twice as many
+
+
+def drafter_head_flag(text: str) -> str:
+    """``--drafter-head``: auto, full, or a positive count of rows."""
+    if text in ("auto", "full") or text.isdigit() and int(text) > 0:
+        return text
+    raise argparse.ArgumentTypeError(f"--drafter-head takes auto, full or a positive count of rows, got {text[:40]!r}")
+
+
+def drafter_head(flag: str, pair: "Pair") -> int:
+    """The rows ``--drafter-head`` asks ``pair``'s drafter model to compute while it drafts (``RunConfig.drafter_head``;
+    0: all): auto's ``DRAFTER_HEAD`` where its vocabulary is over twice as many, else all; a count as given. All
+    for a drafter with a tokenizer of its own (its runner is its own: ``drafters.cross_tokenizer``)."""
+    if pair.drafter is None or pair.drafter_tokenizer is not None or flag == "full":
+        return 0
+    if flag != "auto":
+        return int(flag)
+    return DRAFTER_HEAD if pair.drafter.get_output_embeddings().out_features > 2 * DRAFTER_HEAD else 0
+
+
+def drafter_head_words(flag: str, pair: "Pair") -> str:
+    """What the Drafter line adds for ``--drafter-head`` (``drafters.model.drafted_rows_words``): " · drafter head:
+    32,768 of 151,936 tokens (...)" where its passes compute part of the rows, else ""."""
+    from drafters.model import drafted_rows_words
+
+    rows = drafter_head(flag, pair)
+    words = drafted_rows_words(pair.drafter, pair.runner("drafter"), rows) if rows else ""
+    return f" · {words}" if words else ""
+
+
 def row_costs_flag(text: str) -> Tuple[float, ...]:
     """``--row-costs``: positive numbers separated by commas, the first 1 (a pass over one position)."""
     try:
@@ -123,9 +159,9 @@ class PolicyFlags:
 
 
 def build_settings(pair: "Pair", processor: str = "greedy", gamma: int | str = 4, length: int = 35,
-                   flags: PolicyFlags = PolicyFlags(), say: Say = to_stderr) -> Tuple["RunConfig", "RunContext"]:
+                   flags: PolicyFlags = PolicyFlags(), say: Say = to_stderr, head: str = "auto") -> Tuple["RunConfig", "RunContext"]:
     """The run's values (``configuration.RunConfig``) and live objects (``RunContext``) for ``pair``
-    (an ``app.pair.Pair``), with the policy calibrated on the costs it measured at start-up
+    (an ``app.pair.Pair``; ``head``: ``--drafter-head``, the drafter's rows), with the policy calibrated on the costs it measured at start-up
     (``sampling.DraftPolicy.calibrated``, ``min_gain`` its default when None) or, loaded without
     calibration, the library's default policy (``min_gain`` 0 when None). ``processor``: the sampling
     as ``--processor`` takes it. ``gamma`` "auto" needs plausible measured costs: without them the
@@ -146,7 +182,7 @@ def build_settings(pair: "Pair", processor: str = "greedy", gamma: int | str = 4
     config = RunConfig(processor=processor, gamma=4 if auto else gamma, max_gen_len=length,
                        eos_tokens_id=tuple(pair.end_tokens), policy=PolicySettings.of(policy),
                        kernel_choice=None if measured is None else measured.target.kernels.value,
-                       runner=pair.runner("target"), drafter_runner=pair.runner("drafter"))
+                       runner=pair.runner("target"), drafter_runner=pair.runner("drafter"), drafter_head=drafter_head(head, pair))
     context = RunContext(target=pair.target, tokenizer=pair.tokenizer, drafter=pair.drafter,
                          drafter_tokenizer=pair.drafter_tokenizer,
                          drafter_prompt=None if pair.drafter_tokenizer is None else rendered_for(pair.drafter_tokenizer))

@@ -16,7 +16,8 @@ from utils.logits_processor import GreedyProcessor, LogitsProcessor
 
 class ModelDrafter(Drafter):
     """A small language model ``M_q`` drafting with the target's logits processor. It owns its
-    confidence cutoff ``p_min`` (llama.cpp's ``--draft-p-min``) and never stops below ``min_draft``."""
+    confidence cutoff ``p_min`` (llama.cpp's ``--draft-p-min``) and never stops below ``min_draft``.
+    Its runner computes the output rows ``drafter_runner.drafter_head`` asks for (``drafted_rows``)."""
 
     cheap = False
 
@@ -38,6 +39,7 @@ class ModelDrafter(Drafter):
         the policy's confidence cutoff and floor."""
         runner = config.make_runner(model, encoder_input_ids, drafter=True)
         policy = config.policy
+        drafted_rows(runner, config.drafter_runner.drafter_head)
         return cls(runner, config.processor, config.vocab_size, context_window(model), policy.p_min, policy.min_draft)
 
     def max_drafts(self, position: int) -> int:
@@ -75,6 +77,29 @@ class ModelDrafter(Drafter):
 
     def accept(self, tokens: List[int], start: int, n_accepted: int, fetched: None) -> None:
         self.model.rollback(start + n_accepted)
+
+
+def drafted_rows(runner, count: int) -> int | None:
+    """Ask ``runner`` (a drafter's) to compute only ``count`` rows of its output layer, the most frequent ids,
+    and those of every token it is fed (``runners.lean.LeanRunner.output_rows``; FR-Spec, arXiv 2502.14856).
+    The drafts are drawn from what it computes, and the loop is told that distribution (zero past the rows),
+    so greedy stays exact and sampling lossless. Returns the rows before any token, or None: every row (0
+    asked, or a runner that computes them all)."""
+    ask = getattr(runner, "output_rows", None) if count else None
+    return ask(count) if ask is not None else None
+
+
+def drafted_rows_words(model: Module, runner_config, count: int) -> str:
+    """The header's words for a drafter ``model`` asked for ``count`` rows under ``runner_config`` (a
+    ``runners.RunnerConfig``): "drafter head: 32,768 of 151,936 tokens (...)" where its passes will compute
+    them (the lean forward on the C step), else ""."""
+    from kernels.c_step import step_unsupported
+    from kernels.head_rows import rows_words
+
+    vocab = model.get_output_embeddings().out_features
+    if not 0 < count < vocab or not runner_config.lean_for(model) or runner_config.step_for(model) or step_unsupported(model):
+        return ""
+    return rows_words(count, vocab)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
     skinny.py / skinny_gemm.c  the skinny kernel: float32 linears over a few positions, built here at first use
     bf16.py / skinny_bf16.c    the same on bfloat16 weights (float32 sums): the path this CPU takes, named
+    skinny_bf16_dot.c          the avx512_bf16 dot's prompt GEMM: a chunk's rows rounded once, whole-k register tiles
     skinny_amx.c               bfloat16 linears on Intel's AMX tiles (TDPBF16PS, the blocked weights in place)
     prepacking.py              ``PrepackedLinear``: each pass width on the kernel measured fastest for it
     plans.py                   a model's kernel plan as a whole: switched for a block, its unused copies freed, named

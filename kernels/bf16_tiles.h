@@ -20,12 +20,14 @@ enum { F32 = 0, BF16_SCALAR = 1, BF16_AVX2 = 2, BF16_AVX512 = 3, BF16_DOT = 4, B
 #define STEP_AHEAD_HINT _MM_HINT_T0
 #endif
 #if !defined(BF16_AHEAD_BYTES) || BF16_AHEAD_BYTES > 0
-#define AHEAD_BYTES const int64_t ahead = skinny_ahead[1]
+#define AHEAD_WHEN(on) const int64_t ahead = (on) ? skinny_ahead[1] : 0
 #define PREFETCH(w) (ahead ? _mm_prefetch((const char *)(w) + ahead, STEP_AHEAD_HINT) : (void)0)
 #else
-#define AHEAD_BYTES const int64_t ahead = 0
+#define AHEAD_WHEN(on) const int64_t ahead = 0 * (on)
 #define PREFETCH(w) ((void)(w), (void)ahead)
 #endif
+/* a tile on decoding's single pass over its weights: always the distance (AHEAD_WHEN: only where `on`) */
+#define AHEAD_BYTES AHEAD_WHEN(1)
 
 /* rows x[0..mb) (row stride K) against blocks p[0..gb) (each [K / 2][16][2]) over the input features
  * k0..k1-1 (both even), by `path`: out[i * ys + 16 g + j] holds the sums, which start at +0 (load 0)

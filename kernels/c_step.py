@@ -6,8 +6,8 @@ model takes (measured here once per gate/up shape, ``kernels.bf16.chosen``: a pa
 their own; named by ``label``); the rest of its pass, its KV cache and its logits are float32; its
 decoder layers are released as a float32 model's are (``kernels.one_copy``).
 
-``CStep(model)`` holds the weights' addresses; ``step(h, cos, sin, cache, start, seen, n_last,
-hidden_layers)`` runs one pass, on the model's weights as they are then: a step whose model changed
+``CStep(model)`` holds the weights' addresses; ``step(h, (cos, sin), cache, start, seen, n_last,
+hidden_layers, head)`` runs one pass, on the model's weights as they are then: a step whose model changed
 since (cast, loaded, restored, edited in place: ``read``) is made again first. ``step_unsupported(model)`` says why a model cannot run it. A
 position's result depends only on its own row and the cache, never on the pass's width or the
 thread count (``c_step.c``), so every pass width gives the same logits for a position, bit for bit.
@@ -349,27 +349,27 @@ class CStep:
         self.blocks_at = point(self.structs, state, self.blocks_at)
         return state
 
-    def __call__(self, h: Tensor, cos: Tensor, sin: Tensor, cache, start: int, seen: Optional[Tensor], n_last: int,
-                 hidden_layers: Sequence[int] = ()) -> Tuple[Tensor, Optional[Tensor]]:
-        """One pass: ``h`` ``[r, H]`` the fed ids' embeddings (overwritten), ``cos``/``sin`` ``[T, r, R]`` (the
+    def __call__(self, h: Tensor, rope: Tuple[Tensor, Tensor], cache, start: int, seen: Optional[Tensor], n_last: int,
+                 hidden_layers: Sequence[int] = (), head=None) -> Tuple[Tensor, Optional[Tensor]]:
+        """One pass: ``h`` ``[r, H]`` the fed ids' embeddings (overwritten), ``rope``: cos, sin ``[T, r, R]`` (the
         model's RoPE tables, ``ModelSpec.ropes``), their keys and values written to slots ``start..start + r - 1``
         of ``cache``; ``seen`` bool, a tree pass's ``[r, start + r]``, or ``[2, r, start + r]``: what the full
-        layers see, then what the sliding ones do (``models.llama.window_seen``); None: causal. Returns logits ``[n_last, V]`` and, with ``hidden_layers``, the
-        residual stream entering those layers ``[r, len(hidden_layers) * H]``."""
+        layers see, then what the sliding ones do (``models.llama.window_seen``); None: causal. Returns logits ``[n_last, V]`` (``head``:
+        ``[n_last, head.rows]``, a drafter's rows, ``kernels.head_rows``) and, with ``hidden_layers``, the residual stream entering those layers ``[r, len(hidden_layers) * H]``."""
         self.current()
         state = self.bind(cache)
         r, threads = h.shape[0], torch.get_num_threads()
         h = h.to(torch.float32).contiguous()  # written in place: the caller's embeddings, made for this pass
-        cos, sin = cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous()
+        cos, sin = (t.to(torch.float32).contiguous() for t in rope)
         prompt = plan_of(self.model())  # a long pass's variant and chunks: speed only, the same bits
         chunk = prompt.chunk or CHUNK_ROWS
         # a long chunk's variant: the float32 plan's, or the bfloat16 path's many-row one (speed only, the same bits)
         tile = prompt.tile if self.dims.weights == bf16.F32 else bf16.prompt_tile(self.library, self.dims.weights, MANY_ROWS + 1, self.shape)
-        rows = min(r, chunk)
-        needed = self.library.c_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(rows), ctypes.c_int64(threads))
+        needed = self.library.c_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(min(r, chunk)), ctypes.c_int64(threads))
         if self.scratch.numel() < needed:
             self.scratch = torch.empty(needed)
-        logits = torch.empty((n_last, self.vocab))
+        output = self.head if head is None else head.blocks  # a part: the first blocks of its copy (one slice, read alike)
+        logits = torch.empty((n_last, self.vocab if head is None else head.rows))
         at = torch.tensor(list(hidden_layers), dtype=torch.int64) if hidden_layers else _NO_LAYERS
         hidden = torch.empty((r, len(hidden_layers) * self.dims.H)) if hidden_layers else None
         mask = None if seen is None else seen.to(torch.uint8).view(-1, r, start + r)
@@ -378,17 +378,17 @@ class CStep:
             self.dims.tile = tile if b - a > bf16.decoding_rows(self.library, self.dims.weights) else 0  # decoding's loop up to it
             masks = (None, None) if mask is None else tuple(m[a:b, : start + b].contiguous() for m in mask[[0, -1]])
             asked = max(0, b - max(a, first_logit))  # this chunk's last `asked` positions have logits asked
-            out = logits[max(a, first_logit) - first_logit:] if asked else logits
+            out = logits[max(a, first_logit) - first_logit:][:asked]  # [asked, V]: V the columns, asked the rows
             self.dims.kept = 0 if state is None else state.upto  # the blocks it transposes: from min(kept, start + a)
             self._run((h[a:b], cos[:, a:b].contiguous(), sin[:, a:b].contiguous()), start + a, masks, at,
-                      None if hidden is None else hidden[a:b], out, asked, threads)
+                      None if hidden is None else hidden[a:b], out, output, threads)
             passed(cache, state, start + b)
         return logits, hidden
 
     def _run(self, rows: Tuple[Tensor, Tensor, Tensor], start: int, masks: Tuple[Optional[Tensor], Optional[Tensor]], at: Tensor,
-             hidden: Optional[Tensor], logits: Tensor, n_last: int, threads: int) -> None:
-        """One C call over the contiguous ``rows`` (embeddings, cos, sin) from slot ``start`` (``__call__``'s
-        arguments, sliced; ``masks``: what the full layers and the sliding ones see, or None)."""
+             hidden: Optional[Tensor], logits: Tensor, head: Tensor, threads: int) -> None:
+        """One C call over the contiguous ``rows`` (embeddings, cos, sin) from slot ``start`` (``__call__``'s arguments,
+        sliced; ``masks``: what the full and the sliding layers see, or None); ``logits`` ``[n, V]``: ``head``'s first V rows'."""
         h, cos, sin = rows
         c = ctypes.c_void_p
         mask, window = (None if m is None else m.data_ptr() for m in masks)
@@ -396,5 +396,5 @@ class CStep:
             ctypes.byref(self.structs), ctypes.byref(self.dims), c(h.data_ptr()), c(cos.data_ptr()), c(sin.data_ptr()),
             ctypes.c_int64(h.shape[0]), ctypes.c_int64(start), c(mask), c(window), c(at.data_ptr()),
             ctypes.c_int64(at.numel()), c(None if hidden is None else hidden.data_ptr()), c(self.final_norm.data_ptr()),
-            c(self.head.data_ptr()), ctypes.c_int64(self.vocab), c(logits.data_ptr()), ctypes.c_int64(n_last),
+            c(head.data_ptr()), ctypes.c_int64(logits.shape[1]), c(logits.data_ptr()), ctypes.c_int64(logits.shape[0]),
             c(self.scratch.data_ptr()), ctypes.c_int64(threads))

@@ -28,6 +28,9 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include "bf16_dot.h" /* its tile and rounding, shared with the many-row loop (skinny_bf16_dot.c) */
+#endif
 
 #define GMAX 4 /* the most blocks of any tile (a many-row shape) */
 #define KC 128 /* BF16_DOT: input features of x rounded to bfloat16 at a time, per row, on the stack */
@@ -129,45 +132,6 @@ static inline __attribute__((always_inline)) void tile_avx512(const float *x, in
 }
 #endif
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
-/* MBC rows against GBC blocks over nq pairs of k, the rows already rounded: xb[i * (KC / 2) + q] holds
- * row i's pair q (x[k] low, x[k + 1] high); per pair the GBC lines loaded once, each row's pair
- * broadcast once for its GBC dot products */
-static inline __attribute__((always_inline)) void tile_dot(const uint32_t *xb, int64_t K, int64_t nq, const int MBC, const int GBC,
-                                                           const uint16_t *p, float *out, int64_t ys, int load) {
-    AHEAD_BYTES;
-    __m512 acc[GMAX][MBX];
-    __m512bh v[GMAX];
-    for (int g = 0; g < GBC; g++)
-        for (int i = 0; i < MBC; i++) acc[g][i] = load ? _mm512_loadu_ps(out + i * ys + g * BW) : _mm512_setzero_ps();
-    for (int64_t q = 0; q < nq; q++) {
-        for (int g = 0; g < GBC; g++) {
-            const uint16_t *w = p + (int64_t)g * K * BW + 2 * q * BW;
-            PREFETCH(w);
-            v[g] = (__m512bh)_mm512_loadu_si512(w);
-        }
-        for (int i = 0; i < MBC; i++) {
-            __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xb[i * (KC / 2) + q]);
-            for (int g = 0; g < GBC; g++) acc[g][i] = _mm512_dpbf16_ps(acc[g][i], v[g], xv);
-        }
-    }
-    for (int g = 0; g < GBC; g++)
-        for (int i = 0; i < MBC; i++) _mm512_storeu_ps(out + i * ys + g * BW, acc[g][i]);
-}
-
-/* rows x[0..mb) [k, k + kc) rounded to bfloat16 pairs into xb (row stride KC / 2) */
-static void round_rows(const float *x, int64_t K, int64_t k, int64_t kc, int64_t mb, uint32_t *xb) {
-    for (int64_t i = 0; i < mb; i++)
-        for (int64_t c = 0; c < kc; c += 32) {
-            int64_t n = kc - c < 32 ? kc - c : 32;
-            __mmask16 m0 = (__mmask16)((1u << (n < 16 ? n : 16)) - 1), m1 = (__mmask16)(n > 16 ? (1u << (n - 16)) - 1 : 0);
-            const float *row = x + i * K + k + c;
-            __m512bh v = _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, row + 16), _mm512_maskz_loadu_ps(m0, row));
-            _mm512_storeu_si512(xb + i * (KC / 2) + c / 2, (__m512i)v);
-        }
-}
-#endif
-
 /* every case a copy of a tile with its row count constant */
 #define CASES(T, ...)                          \
     case 1: T(1, __VA_ARGS__); break;          \
@@ -183,7 +147,7 @@ static void round_rows(const float *x, int64_t K, int64_t k, int64_t kc, int64_t
     case 11: T(11, __VA_ARGS__); break;        \
     default: T(12, __VA_ARGS__); break;
 #define AVX512(R, G) tile_avx512(x, K, k0, k1, R, G, p, out, ys, load)
-#define DOT(R, G) tile_dot(xb, K, kc / 2, R, G, p + kk * BW, out, ys, load || kk > k0)
+#define DOT(R, G) tile_dot(xb, KC / 2, K, kc / 2, R, G, p + kk * BW, out, ys, load || kk > k0, 1)
 
 /* one decoding tile (mb <= MBX rows, gb <= GBX blocks) of `path` */
 static void tile_one(int64_t path, const float *x, int64_t K, int64_t k0, int64_t k1, int64_t mb, int64_t gb, const uint16_t *p,
@@ -194,7 +158,7 @@ static void tile_one(int64_t path, const float *x, int64_t K, int64_t k0, int64_
         uint32_t xb[MBX * KC / 2];
         for (int64_t kk = k0; kk < k1; kk += KC) {
             int64_t kc = k1 - kk < KC ? k1 - kk : KC;
-            round_rows(x + kk, K, 0, kc, mb, xb);
+            round_rows(x + kk, K, 0, kc, mb, xb, KC / 2);
             if (gb == 2) switch (mb) { CASES(DOT, 2) }
             else switch (mb) { CASES(DOT, 1) }
         }
@@ -239,14 +203,12 @@ void bf16_tile(int64_t path, const float *x, int64_t K, int64_t k0, int64_t k1, 
 int bf16_full(int64_t path, int64_t rows, int64_t blocks, const float *x, int64_t K, int64_t k0, int64_t k1, const uint16_t *p,
               float *out, int64_t ys, int load) {
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
-    if (path == BF16_DOT && ((rows == 8 && blocks == 3) || (rows == 6 && blocks == 4) || (rows == 1 && blocks == 4))) {
-        uint32_t xb[MBX * KC / 2];
+    if (path == BF16_DOT && rows == 1 && blocks == 4) { /* one position's (skinny_bf16_rows.c: ONE_ROW_BLOCKS) */
+        uint32_t xb[KC / 2];
         for (int64_t kk = k0; kk < k1; kk += KC) {
             int64_t kc = k1 - kk < KC ? k1 - kk : KC;
-            round_rows(x + kk, K, 0, kc, rows, xb);
-            if (blocks == 3) DOT(8, 3);
-            else if (rows == 6) DOT(6, 4);
-            else DOT(1, 4);
+            round_rows(x + kk, K, 0, kc, 1, xb, KC / 2);
+            DOT(1, 4);
         }
         return 1;
     }

@@ -4,16 +4,20 @@
  * the path's register block (blocks of 16 features), every row block over the whole of k. The others
  * are a prompt's many-row variants (as skinny_tiles.c's for float32): a register tile of rows x blocks,
  * the weights' whole blocks shared among the threads, and k-panels of kc input features (a tile's
- * weights for a panel stay in L1 while every row block passes over them). Rows and blocks a variant's
- * tile does not cover take decoding's tiles. Every tile computes every output by its path's one
- * chain, panels included (bf16_tiles.h), so every variant gives every row the same bits whatever M or
- * the thread count: which one runs is a matter of speed only. */
+ * weights for a panel stay in L1 while every row block passes over them; 0: the whole of k). Rows and
+ * blocks a variant's tile does not cover take decoding's tiles. The dot path's many-row variants run
+ * skinny_bf16_dot.c's loop (the rows rounded once a call). Every tile computes every output by its
+ * path's one chain, panels included (bf16_tiles.h), so every variant gives every row the same bits
+ * whatever M or the thread count: which one runs is a matter of speed only. */
 #include <stddef.h>
 #include <stdint.h>
 #include <omp.h>
 #include "bf16_tiles.h"
 #include "linears.h"
 
+/* skinny_bf16_dot.c: the dot path's many-row loop (built where the compiler targets avx512_bf16) */
+void many_dot(int64_t rows, int64_t blocks, int64_t kc, const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N,
+              int64_t K);
 void skinny_rows_tile(int64_t tile, const float *x, const float *p, const float *b, float *y, int64_t M, int64_t N, int64_t K);
 
 typedef struct {
@@ -26,7 +30,11 @@ static const Shape SHAPES[6][5] = {
     [BF16_SCALAR] = {{4, 1, 0}, {4, 1, 256}},
     [BF16_AVX2] = {{6, 1, 0}, {6, 1, 256}},
     [BF16_AVX512] = {{12, 2, 0}, {12, 2, 256}, {8, 3, 256}},
-    [BF16_DOT] = {{12, 2, 0}, {12, 2, 256}, {8, 3, 256}, {6, 4, 256}},
+    /* the whole of k a tile: on Zen 4 (2 cores, 1 MiB L2, SmolLM2's linears over 256 rows, one thread) these
+     * ran 207-210 GFLOP/s, 89% of vdpbf16ps's peak there, where panels of 256 ran 182-189 and of 512
+     * 199-205 (scripts/bf16_widths.py --gflops): a tile's weights stream from L2 as fast, and each
+     * panel's sums stored and loaded back, a tile's fixed cost, weigh more than the lines L1 saves */
+    [BF16_DOT] = {{12, 2, 0}, {12, 2, 0}, {8, 3, 0}, {6, 4, 0}},
     [BF16_AMX] = {{16, 3, 0}, {32, 2, 0}}, /* skinny_amx.c's own loops: a row tile of 16 on three blocks; two on two */
 };
 
@@ -125,6 +133,10 @@ void skinny_rows_bf16(int64_t path, int64_t tile, const float *x, const uint16_t
         skinny_rows_amx(tile, x, p, b, y, M, N, K);
     else if (tile <= 0 || tile >= skinny_bf16_tiles(path))
         decoding(path, x, p, b, y, M, N, K);
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+    else if (path == BF16_DOT)
+        many_dot(SHAPES[path][tile].rows, SHAPES[path][tile].blocks, SHAPES[path][tile].kc, x, p, b, y, M, N, K);
+#endif
     else
         many(path, &SHAPES[path][tile], x, p, b, y, M, N, K);
 }

@@ -33,7 +33,10 @@ class RunnerConfig:
     (its graphs not ready within the first-answer limit: ``app.steps.compiled_within``). ``graphs``: how that
     step turns passes into graphs (``--step-graphs``, ``STEP_GRAPHS``): "regional" (one decoder layer
     compiled for every layer, each pass captured whole as a CUDA graph) or "whole" (each pass compiled
-    whole, inductor's CUDA graphs); ``runners.step_graphs``."""
+    whole, inductor's CUDA graphs); ``runners.step_graphs``. ``drafter_head``: read only where the model drafts
+    (``drafters.model``; a target computes every row): its output layer's rows its C step passes compute, the
+    first ``drafter_head`` ids (BPE's most frequent) and every token fed (``runners.lean.LeanRunner.output_rows``);
+    0: every row."""
 
     cache: Optional[str] = None
     compile: bool = False
@@ -42,6 +45,7 @@ class RunnerConfig:
     eager: bool = False
     graphs: str = "regional"
     why_eager: str = ""
+    drafter_head: int = 0
 
     def __post_init__(self):
         check_cache(self.cache)
@@ -53,6 +57,8 @@ class RunnerConfig:
             raise ValueError(f"forward must be one of {', '.join(FORWARDS)}, got {self.forward!r}")
         if self.graphs not in STEP_GRAPHS:
             raise ValueError(f"graphs must be one of {', '.join(STEP_GRAPHS)}, got {self.graphs!r}")
+        if not isinstance(self.drafter_head, int) or self.drafter_head < 0:
+            raise ValueError(f"drafter_head is a count of rows (0: all), got {self.drafter_head!r}")
         if self.eager and (self.compile or self.forward == "step"):
             raise ValueError("eager keeps the eager forward: it cannot be asked for with compile or forward='step'")
 

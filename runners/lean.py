@@ -18,6 +18,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from kernels.c_step import CStep, step_for
+from kernels.head_rows import HeadRows, kept_rows
 from kernels.step_pool import taken_step
 from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache, window_seen
 from runners.config import lean_label
@@ -26,6 +27,7 @@ from runners.hooks import HookWatch, transformers_pass
 from runners.rope_table import RopeTable
 from runners.static import fed, grown_capacity
 from runners.trees import TreePasses, compute_dtype
+from utils.models import end_tokens
 
 
 class LeanRunner(TreePasses):
@@ -57,6 +59,8 @@ class LeanRunner(TreePasses):
         self.hooks = HookWatch(model)
         self.hooked_passes = 0  # passes run on transformers' forward, the model having hooks then
         self.ropes = RopeTable(model, self.forward.spec)  # the step's RoPE rows, made once (``runners.rope_table``)
+        self.head_count = 0  # a drafter's: its C step passes compute this many output rows and its tokens' (``output_rows``)
+        self.fed_tokens: set = set()  # every token fed while ``head_count`` is set (the rows it adds)
 
     def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
         length, start = ids.shape[1], self.cached
@@ -88,6 +92,7 @@ class LeanRunner(TreePasses):
     @torch.no_grad()
     def _run(self, ids: Tensor, positions: Tensor, start: int, n_last: int, mask: Optional[Tensor]) -> Tensor:
         """One pass of ``ids`` ``[r]`` at ``positions`` into slots ``start..``; logits ``[n_last, V]``."""
+        new = self._fed(ids)  # a drafter's rows hold every token fed, whichever forward runs it
         if self.hooks.hooked():
             self._torch_cache()
             logits, hidden = transformers_pass(self.model, ids, positions, self.cache, start, n_last, mask, self.hidden_layers)
@@ -100,13 +105,47 @@ class LeanRunner(TreePasses):
         if use and self.step:
             h = self.forward.embed(ids)  # [r, H]
             cos, sin = self.ropes.at(positions, start if mask is None else None, self.capacity)  # [T, r, R], kept rows
-            logits, hidden = self.step(h, cos, sin, self.cache, start, self._seen(mask, positions, start), n_last, self.hidden_layers)
+            head = self._head_rows(new)
+            logits, hidden = self.step(h, (cos, sin), self.cache, start, self._seen(mask, positions, start), n_last, self.hidden_layers, head)
+            logits = logits if head is None else head.full(logits)  # [n_last, V]: minus infinity past its rows
             self.step_passes += 1
         else:
             self._torch_cache()
             logits, hidden = self.forward(ids, positions, self.cache, start, n_last, mask, self.hidden_layers)
         self._passed(hidden, start)
         return logits
+
+    def output_rows(self, count: int) -> Optional[int]:
+        """For a drafter only (``drafters.model``): from now on, a pass the C step runs computes the logits of ids
+        ``0..count-1`` (BPE's most frequent), of every token this runner is fed from then on (the prompt, the
+        output so far) and of the model's end tokens, minus infinity for the rest (``kernels.head_rows``). 0 (or
+        the whole vocabulary): every row. Returns the rows it will compute before any token (None: every row,
+        the C step not running this model's passes)."""
+        self.head_count, self.fed_tokens = count, set(end_tokens(self.model, None))
+        if count <= 0 or count >= self.model.get_output_embeddings().out_features:
+            self.head_count = 0
+        if self.step is None and step_for(self.model, 1, unsupported=False):
+            self.step = False if self.hooks.hooked() else taken_step(self.model) or False
+        return kept_rows(self.step.head, self.step.vocab, count).count if self.head_count and self.step else None
+
+    def _fed(self, ids: Tensor) -> set:
+        """With ``head_count``: the tokens of ``ids`` (fed now, on whichever forward) not fed before, now counted."""
+        if not self.head_count:
+            return set()
+        new = set(ids.tolist()) - self.fed_tokens
+        self.fed_tokens |= new
+        return new
+
+    def _head_rows(self, new: set) -> Optional[HeadRows]:
+        """The output rows this C step pass computes (None: all), holding every token fed (``new``: those not yet added)."""
+        if not self.head_count:
+            return None
+        rows = kept_rows(self.step.head, self.step.vocab, self.head_count)
+        if not rows.owned_by(self):  # another runner's tokens, or a new copy (the model changed): this one's own again
+            rows.take(self, self.fed_tokens)
+        elif new:
+            rows.add(new)
+        return rows
 
     def _cache_dtype(self) -> torch.dtype:
         """The KV cache's dtype: float32 where the C step takes the model's passes (it computes in float32),

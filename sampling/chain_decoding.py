@@ -80,7 +80,7 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
         cur = len(tokens)
         k = max(0, min(policy.length(policy.bound()), end - cur - 1, drafter.max_drafts(cur))) if drafting else 0
         drafting = True
-        q, asked = None, False
+        q, asked, made = None, False, 0
         clock = time.perf_counter()
         if k > 0 and drafter.cheap and policy.auto:  # drafting is free next to verifying: fill the padded pass
             k = min(policy.rows(k, end - cur) - 1, drafter.max_drafts(cur))
@@ -90,7 +90,7 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
             # a cheap drafter that reports its evidence drafts to the bound, cut below by that evidence
             asked = min(policy.ask(k), end - cur - 1, drafter.max_drafts(cur)) if drafter.cheap and drafter.reports_evidence else k
             proposed, q = drafter.propose(ids, tokens, asked)
-            asked = True
+            asked, made = True, proposed
             if q is not None and proposed < min(k, policy.min_draft):
                 raise RuntimeError("a drafter with probabilities stopped before min_draft drafts: dropping them would bias sampling")
             if q is None and drafter.reports_evidence:  # deterministic drafts: cutting them changes nothing accepted
@@ -133,7 +133,7 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
         stats.draft_seconds += drafted_at - clock
         stats.verify_seconds += verified_at - drafted_at
         if cur > len(prompt):  # the first pass also runs the prompt: not what a step of its width costs
-            policy.measured(rows, verified_at - drafted_at, drafted_at - clock, asked)  # what this step paid, for the next ones
+            policy.measured(rows, verified_at - drafted_at, drafted_at - clock, asked, made)  # what this step paid, for the next ones
         config.observe(Step(tokens, cur, len(prompt), draft_list, n, own_list[n], stop_at is not None, rows=rows))
         if stop_at is not None:
             break

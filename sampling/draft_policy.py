@@ -140,7 +140,7 @@ class DraftPolicy:
         self.per_draft = 0.0 if cheap else float(self.draft_cost if step_cost is None else step_cost)
         self._step_costs = {}
         self.gated = self.gate and cheap and evidence and self.by_depth and self.row_costs is not None
-        self.live_costs = LiveCosts(self.row_costs) if self.live and self.row_costs is not None else None
+        self.live_costs = LiveCosts(self.row_costs, self.per_draft) if self.live and self.row_costs is not None else None
         self.steps = self.drafted_steps = self.drafted_total = 0  # what it chose, for ``chosen``
         self.gate_zeros = 0  # steps in a row the gate cut to no draft
         self.zero_streak = 0
@@ -330,12 +330,15 @@ class DraftPolicy:
         """Relative cost of a step that drafts ``drafted`` tokens and verifies them over ``rows``
         positions (default: the padded pass ``rows(drafted)``), in one-position target passes."""
         rows = rows if rows is not None else self.rows(drafted, 1 << 30)
+        live = self.live_costs
+        if self.per_draft and live is not None and live.per_draft is not None:
+            return self.cost(rows) + drafted * live.per_draft  # drafts that are passes: priced each, as the loop paid them
         asked = drafted > 0 or self.gated  # a gated drafter is asked, and paid, every step
-        return self.cost(rows) + drafted * self.per_draft + (self.live_costs.draft if asked and self.live_costs is not None else 0.0)
+        return self.cost(rows) + drafted * self.per_draft + (live.draft if asked and live is not None else 0.0)
 
-    def measured(self, rows: int, verify_seconds: float, draft_seconds: float, asked: bool) -> None:
-        """The loop's clock readings of a step (``LiveCosts.observe``); with ``live`` only."""
-        if self.live_costs is not None and self.live_costs.observe(rows, verify_seconds, draft_seconds, asked):
+    def measured(self, rows: int, verify_seconds: float, draft_seconds: float, asked: bool, drafts: int = 0) -> None:
+        """The loop's clock readings of a step (``LiveCosts.observe``; ``drafts``: those the drafter made); with ``live`` only."""
+        if self.live_costs is not None and self.live_costs.observe(rows, verify_seconds, draft_seconds, asked, drafts):
             self._step_costs.clear()  # the relative costs moved: lengths are weighed on the new ones
 
     def chosen(self) -> str:

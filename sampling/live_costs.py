@@ -12,6 +12,12 @@ so a run that never makes a one-position pass still has one, and one that sees a
 learns nothing relative from it (it keeps the start-up costs). A run that drafts every step would thus
 never learn that its passes cost more than the start-up said against a plain one: ``stale`` tells the
 policy, which then takes a one-position step where its choice to draft is close.
+
+A drafter whose every draft is a pass (a drafter model, a learned head: ``per_draft``, its start-up cost a
+draft) is priced by the draft: its drafting seconds over the drafts it made (its passes and the host work
+around them), shrunk toward the start-up cost by ``PRIOR`` pseudo-drafts. Its drafting step's seconds are
+not a fixed cost besides: they are those drafts (counted twice, a fixed cost of about k drafts made long
+drafts look cheap, as it is amortized over more of them: the pair's speculative row drafted 6-11 a step).
 """
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -27,19 +33,22 @@ STALE = DECAY ** 16
 class LiveCosts:
     """Decayed seconds per pass width and per drafting step; ``costs`` are relative (a one-position step = 1)."""
 
-    def __init__(self, prior: Sequence[float]) -> None:
+    def __init__(self, prior: Sequence[float], per_draft: float = 0.0) -> None:
         self.prior: Tuple[float, ...] = tuple(prior)  # start-up relative costs by positions 1..N
+        self.prior_draft = per_draft  # the start-up cost of a draft that is a pass (0: drafts are host work)
         self._widths: Dict[int, List[float]] = {}  # rows -> [decayed seconds, decayed count]
         self._draft = [0.0, 0.0]  # a drafting step's host seconds: [decayed sum, decayed count]
+        self._per = [0.0, 0.0]  # with ``per_draft``: drafting seconds and drafts made, [decayed sum, decayed count]
+        self.per_draft: Optional[float] = None  # a draft's cost now, in one-position steps (None: not estimated)
         self.steps = 0  # steps observed
         self.costs: Tuple[float, ...] = self.prior  # the relative costs now (refreshed every REFRESH steps)
         self.draft: float = 0.0  # a drafting step's host cost now, in one-position steps
         self.seconds: Optional[float] = None  # a one-position step's seconds now (None: not yet estimated)
 
-    def observe(self, rows: int, verify_seconds: float, draft_seconds: float, drafted: bool) -> bool:
+    def observe(self, rows: int, verify_seconds: float, draft_seconds: float, drafted: bool, drafts: int = 0) -> bool:
         """Learn from a step whose pass covered ``rows`` positions and took ``verify_seconds`` (the
         pass and the host work around it), after ``draft_seconds`` of drafting (``drafted``: the drafter
-        was asked). Returns whether the relative costs were refreshed (the policy's cache is stale)."""
+        was asked; ``drafts``: the drafts it made). Returns whether the relative costs were refreshed (the policy's cache is stale)."""
         for cell in self._widths.values():
             cell[0] *= DECAY
             cell[1] *= DECAY
@@ -49,10 +58,15 @@ class LiveCosts:
         if drafted:
             self._draft[0] = DECAY * self._draft[0] + draft_seconds
             self._draft[1] = DECAY * self._draft[1] + 1.0
+        if drafts > 0 and self.prior_draft:
+            self._per[0] = DECAY * self._per[0] + draft_seconds
+            self._per[1] = DECAY * self._per[1] + drafts
         self.steps += 1
         if self.steps % REFRESH:
             return False
         self.costs, self.draft, self.seconds = self.estimate()
+        if self.seconds and self._per[1] > 0:
+            self.per_draft = (self._per[0] / self.seconds + PRIOR * self.prior_draft) / (self._per[1] + PRIOR)
         return True
 
     def unit(self) -> Optional[float]:
@@ -97,8 +111,9 @@ class LiveCosts:
             return f"costs in the loop: too few steps ({self.steps}), start-up costs kept"
         seen = sorted(self._widths.items(), key=lambda item: -item[1][1])[:4]
         widths = ", ".join(f"{rows}: {self.costs[rows - 1]:.2f}" for rows, _ in sorted(seen) if rows <= len(self.costs))
+        drafts = f", a draft {self.per_draft:.3f} of a step" if self.per_draft is not None else ""
         return (f"costs in the loop over {self.steps} steps: a one-position step {1e3 * self.seconds:.1f} ms, "
-                f"by positions {{{widths}}}, drafting {self.draft:.3f} of a step")
+                f"by positions {{{widths}}}, drafting {self.draft:.3f} of a step{drafts}")
 
     def _prior(self, rows: int) -> float:
         if rows <= len(self.prior):

@@ -34,8 +34,12 @@ class _Values:
 
     @classmethod
     def of(cls, policy: DraftPolicy) -> "PolicySettings":
-        """The values of ``policy`` (what it learned is not a value: it is left out)."""
-        return cls(**{f.name: getattr(policy, f.name) for f in fields(cls)})
+        """The values of ``policy`` (what it learned is not a value: it is left out), as checked when
+        ``policy`` was made (not checked twice: one place checks a policy's values on each way in)."""
+        made = object.__new__(cls)
+        for f in fields(cls):
+            object.__setattr__(made, f.name, getattr(policy, f.name))
+        return made
 
     def policy(self, memory: dict | None = None) -> DraftPolicy:
         """A ``DraftPolicy`` with these values; ``memory``: the records it keeps of drafter models with

@@ -9,6 +9,14 @@ relative to its own one-position pass, and each path's one-position pass against
     .venv/bin/python scripts/bf16_widths.py --layers 2 --rounds 2 --widths 1 8      # a smoke run
     ../shared/tools/quiet -- .venv/bin/python scripts/bf16_widths.py --model pair-target --passes --paths amx   # run alone
 
+With ``--gflops``: each many-row variant of each path (``kernels/skinny_bf16_rows.c``'s SHAPES) on one decoder
+layer's linears over ``--rows`` rows (a prompt's chunk), a layer's weights per sample in turn (so each sample
+reads its weights from memory, as a prompt pass does), interleaved rounds: the best and the median GFLOP/s
+(2 x parameters x rows over seconds). On one thread (``--threads 1``) beside another busy process, the best
+of many rounds is the figure least moved by it.
+
+    .venv/bin/python scripts/bf16_widths.py --model embedded --gflops --paths dot --threads 1 --rounds 15
+
 With ``--passes``: the model itself, loaded in bfloat16 from its converted folder, its whole cached passes
 on the C step (``measure.timing.measure_row_costs``, the start-up's costs by positions) over widths
 1..max(--widths), on the first of ``--paths`` (forced; one path a process: the step takes one).
@@ -25,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 PATHS = {"amx": 5, "dot": 4, "avx512": 3, "avx2": 2, "scalar": 1}  # kernels.bf16's path ids
-MODELS = {"pair-target": "gguf-Qwen2.5-Coder-1.5B-Instruct-Q4_K_M-1117320768", "pair-drafter": "gguf-Qwen2.5-Coder-0.5B-Instruct-Q4_K_M-491400064"}
+MODELS = {"embedded": "", "pair-target": "gguf-Qwen2.5-Coder-1.5B-Instruct-Q4_K_M-1117320768", "pair-drafter": "gguf-Qwen2.5-Coder-0.5B-Instruct-Q4_K_M-491400064"}
 
 
 def shapes(config: dict, layers: int) -> List[Tuple[int, int]]:
@@ -38,9 +46,36 @@ def shapes(config: dict, layers: int) -> List[Tuple[int, int]]:
 
 
 def config_of(name: str) -> dict:
-    from utils.models import cache_dir
+    from utils.models import cache_dir, embedded_model_dir
 
-    return json.loads((cache_dir() / MODELS[name] / "config.json").read_text())
+    folder = embedded_model_dir() if name == "embedded" else cache_dir() / MODELS[name]
+    return json.loads((folder / "config.json").read_text())
+
+
+def gflops(library, paths: List[int], config: dict, rows: int, rounds: int, threads: int) -> None:
+    """Each many-row variant of ``paths`` on one decoder layer's linears over ``rows`` rows (``--gflops``)."""
+    from kernels import bf16
+
+    layer = shapes(config, 1)[:-1]
+    layers = min(8, config["num_hidden_layers"])  # distinct copies taken in turn: more bytes than the caches hold
+    weights = [[torch.full(((n + 15) // 16, k, 16), 1 / 64, dtype=torch.bfloat16) for n, k in layer] for _ in range(layers)]
+    x = torch.randn(rows * max(k for _, k in layer), generator=torch.Generator().manual_seed(0))
+    y = torch.empty(rows * max(n for n, _ in layer))
+    keys = [(p, t) for p in paths for t in range(1, library.skinny_bf16_tiles(p))]
+    timed: Dict[Tuple[int, int], List[float]] = {key: [] for key in keys}
+    for round_ in range(rounds + 1):
+        for turn, (path, tile) in enumerate(keys):
+            start = time.perf_counter()
+            for (n, k), w in zip(layer, weights[(round_ * len(keys) + turn) % layers]):
+                library.skinny_linear_bf16(path, tile, x.data_ptr(), w.data_ptr(), None, y.data_ptr(), rows, n, k, threads)
+            if round_:
+                timed[path, tile].append(time.perf_counter() - start)
+    flops = 2 * sum(n * k for n, k in layer) * rows
+    print(f"one decoder layer's linears over {rows} rows, {threads} threads, {rounds} rounds (noisy: best and median)")
+    for path, tile in keys:
+        r, g, kc = bf16.tiles(library, path)[tile]
+        best, median = flops / min(timed[path, tile]) / 1e9, flops / statistics.median(timed[path, tile]) / 1e9
+        print(f"{bf16.NAMES[path]:24s} tile {r}x{g}, k-panels of {kc or 'the whole of k'}: {best:.0f} GFLOP/s best, {median:.0f} median")
 
 
 def passes(name: str, path: int, widths: int, rounds: int) -> None:
@@ -72,6 +107,9 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--define", default="", help="NAME=VALUE: the library built with -D it (scripts/bf16_read.py's variant)")
     parser.add_argument("--tile", type=int, default=None, help="the variant every width takes (default: the step's)")
     parser.add_argument("--passes", action="store_true", help="the model's whole C step passes, not its linears")
+    parser.add_argument("--gflops", action="store_true", help="each many-row variant's GFLOP/s on a layer's linears")
+    parser.add_argument("--rows", type=int, default=256, help="--gflops: the rows (a prompt's chunk)")
+    parser.add_argument("--threads", type=int, default=None, help="threads (default: torch's)")
     args = parser.parse_args(argv)
     if args.passes:
         return passes(args.model, PATHS[args.paths[0]], max(args.widths), args.rounds)
@@ -85,12 +123,14 @@ def main(argv: List[str] | None = None) -> None:
     built = bf16.paths(library)
     paths = [PATHS[p] for p in args.paths if PATHS[p] in built]
     config = config_of(args.model)
+    threads = args.threads or torch.get_num_threads()
+    if args.gflops:
+        return gflops(library, paths, config, args.rows, args.rounds, threads)
     linears = shapes(config, args.layers or config["num_hidden_layers"])
     weights = [torch.full(((n + 15) // 16, k, 16), 1 / 64, dtype=torch.bfloat16) for n, k in linears]
     most = max(args.widths)
     xs = {k: torch.randn(most, k, generator=torch.Generator().manual_seed(0)) for _, k in linears}
     ys = {n: torch.empty(most, n) for n, _ in linears}
-    threads = torch.get_num_threads()
     tiles = {p: bf16.PROMPT_TILE.get(p, 1) for p in paths}
     most_rows = {p: bf16.decoding_rows(library, p) for p in paths}  # the C step's decoding loop up to these widths
 

@@ -3,9 +3,11 @@ drafter's one-position pass against the target's (c), the target's pass by width
 time beyond its passes, and both models' prompt passes; then the speculative row and target AR as the REPL
 runs them, their steps counted. NOISY on a shared machine: read the ratios, not the seconds. ~9 GB in float32.
 
-    .venv/bin/python scripts/pair_step.py --dtype bfloat16 [--drafter-dtype bfloat16] [--gammas 4,6,8]
+    .venv/bin/python scripts/pair_step.py --dtype bfloat16 [--drafter-dtype bfloat16] [--gammas 4,6,8] [--heads full,32768]
 
-Every speculative run's tokens are checked against target AR's (greedy).
+``--heads``: the drafter's output rows (``--drafter-head``: full, or a count), each timed and run in turn, interleaved
+by gamma, so that an A/B of the drafter's part rows shares the machine's moments. Every speculative run's tokens are
+checked against target AR's (greedy).
 """
 import argparse
 import json
@@ -51,16 +53,19 @@ def median_ms(run: Callable[[], None], repeats: int) -> float:
     return 1e3 * statistics.median(times)
 
 
-def passes(config, target, drafter, prompt: List[int], widths: List[int], repeats: int) -> dict:
-    """Milliseconds of the prompt pass of each model, the drafter's one-position pass, its pass plus the
-    processor and the draw (what ``ModelDrafter.propose`` adds a draft), and the target's pass by width,
-    each after the prompt, rolled back after every timed pass."""
+def passes(config, target, drafter, prompt: List[int], widths: List[int], repeats: int, heads: List[int]) -> dict:
+    """Milliseconds of the prompt pass of each model, the drafter's one-position pass (with each of ``heads``'
+    rows, 0: all), its pass plus the processor and the draw (what ``ModelDrafter.propose`` adds a draft), and the
+    target's pass by width, each after the prompt, rolled back after every timed pass."""
+    from drafters.model import drafted_rows
     from runners import make_runner
 
     ids = torch.tensor([prompt + [prompt[-1]] * 16], dtype=torch.long)
     out = {}
-    for role, model in (("target", target), ("drafter", drafter)):
-        runner = make_runner(model, True, None, config.drafter_runner if role == "drafter" else config.runner)
+    for role, model in [("target", target)] + [(f"drafter ({rows or 'all'} rows)", drafter) for rows in heads]:
+        runner = make_runner(model, True, None, config.drafter_runner if role != "target" else config.runner)
+        if role != "target":
+            drafted_rows(runner, heads.pop(0))
         start = time.perf_counter()
         runner(ids[:, : len(prompt)], 1)
         out[f"{role} prompt pass ({len(prompt)} positions)"] = 1e3 * (time.perf_counter() - start)
@@ -70,14 +75,14 @@ def passes(config, target, drafter, prompt: List[int], widths: List[int], repeat
                 runner(ids[:, : cur + width], width)
                 runner.rollback(cur)
             out[f"{role} pass, {width} position(s)"] = median_ms(one, repeats)
-        if role == "drafter":
+        if role != "target":
             processor = config.logits_processor()
 
             def drafted():
                 q = processor(runner(ids[:, : cur + 1], 1))
                 ids[0, cur + 1] = processor.sample(q)[0, 0]
                 runner.rollback(cur)
-            out["drafter pass + processor + draw"] = median_ms(drafted, repeats)
+            out[f"{role} pass + processor + draw"] = median_ms(drafted, repeats)
     return out
 
 
@@ -102,6 +107,8 @@ def main() -> None:
     p.add_argument("--length", type=int, default=96)
     p.add_argument("--code-editing", type=int, default=2001)
     p.add_argument("--gammas", default="4", help="speculative rows' gamma bounds, comma-separated ('auto' allowed)")
+    p.add_argument("--threads", type=int, default=None, help="torch's threads (default: torch's own)")
+    p.add_argument("--heads", default="full", help="the drafter's output rows, comma-separated: full, or a count (--drafter-head)")
     p.add_argument("--widths", default="1,2,3,4,5,6,8,10,12")
     p.add_argument("--repeats", type=int, default=7)
     args = p.parse_args()
@@ -110,6 +117,8 @@ def main() -> None:
     from app.session import build_settings, encode
     from strategies import STRATEGIES, run_strategy
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     preset = pair_preset()
     options = LoadOptions(dtype=args.dtype, drafter_dtype=args.drafter_dtype)
     pair = load_pair(preset["target"], preset["drafter"], options, say=lambda *a, **k: None)
@@ -118,8 +127,9 @@ def main() -> None:
     rows = [json.loads(line) for line in open(ROOT / "prompts" / "code_editing.jsonl")]
     prompt = encode(context.tokenizer, next(r["turns"][0] for r in rows if r["question_id"] == args.code_editing), True)
     print(f"prompt {len(prompt)} tokens; policy {config.policy}")
+    heads = [0 if h == "full" else int(h) for h in args.heads.split(",")]
     if args.repeats > 0:
-        timed = passes(config, pair.target, pair.drafter, prompt, [int(w) for w in args.widths.split(",")], args.repeats)
+        timed = passes(config, pair.target, pair.drafter, prompt, [int(w) for w in args.widths.split(",")], args.repeats, list(heads))
         one = timed["target pass, 1 position(s)"]
         for key, ms in timed.items():
             print(f"  {key}: {ms:.1f} ms ({ms / one:.2f} of a target one-position pass)")
@@ -132,13 +142,15 @@ def main() -> None:
     ar_ms = 1e3 * statistics.median(s[3] for s in seen.steps[1:])
     print(f"target AR: {len(ref)} tokens, {ar.seconds:.2f} s, first step {1e3 * seen.steps[0][3]:.0f} ms, median token {ar_ms:.1f} ms")
     for gamma in args.gammas.split(","):
-        run = config.with_policy(auto=True) if gamma == "auto" else config.with_(gamma=int(gamma))
-        seen = Steps()
-        context.streamer = seen
-        seen.last = time.perf_counter()
-        result = run_strategy(by_key["speculative"], prompt, run, context)
-        print(counted(f"speculative gamma {gamma}", result, ref, seen, ar_ms))
-        sys.stdout.flush()
+        for rows in heads:
+            run = config.with_policy(auto=True) if gamma == "auto" else config.with_(gamma=int(gamma))
+            run = run.with_(drafter_head=rows)
+            seen = Steps()
+            context.streamer = seen
+            seen.last = time.perf_counter()
+            result = run_strategy(by_key["speculative"], prompt, run, context)
+            print(counted(f"speculative gamma {gamma}, drafter rows {rows or 'all'}", result, ref, seen, ar_ms))
+            sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import kernels.bf16 as bf16
+from c_builds import load_for
 from kernels import skinny
 from kernels.blocked import pack
 from runners import LeanRunner
@@ -63,18 +64,11 @@ def test_sums_are_the_exact_ones_within_float32_rounding_of_the_rounded_activati
     assert ((got - exact).abs() <= 2.0 ** -8 * magnitude).all()
 
 
-def test_prefetches_change_no_bit_of_either_variant(amx, tmp_path):
+def test_prefetches_change_no_bit_of_either_variant(amx):
     """This CPU's build without prefetches (-DBF16_AHEAD_BYTES=0: speed only, bf16_tiles.h) gives the bits
     of the one with them, on both AMX variants, over 1..16 rows (verification's widths) and 40 (two row
     tiles of variant 1), K of 600 (a partial last chunk), 216 outputs (a padded block), 1 and 2 threads."""
-    import subprocess
-
-    from utils.toolchain import c_compiler
-
-    out = tmp_path / "no_prefetch.so"
-    sources = [str(s) for s in skinny.SOURCES if s.name.startswith("skinny")]
-    subprocess.run([c_compiler(), *skinny.FLAGS, "-DBF16_AHEAD_BYTES=0", "-o", str(out), *sources], check=True, timeout=120)
-    bare = ctypes.CDLL(str(out))
+    bare = load_for("native", [s for s in skinny.SOURCES if s.name.startswith("skinny")], ("BF16_AHEAD_BYTES=0",))
     g = torch.Generator().manual_seed(13)
     w, x, b = torch.randn(216, 600, generator=g).bfloat16(), torch.randn(40, 600, generator=g), torch.randn(216, generator=g)
     packed = pack(w)

@@ -142,16 +142,18 @@ def test_the_dot_path_computes_the_sums_it_documents():
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_every_variant_gives_a_row_the_bits_it_gets_alone(path, threads):
-    """K of 600 (two k-panels of 256 and a part, chunks of 128 rounded on the dot path), 216 outputs (13
+    """K of 600 (two k-panels of 256 and a part; decoding's tiles round the dot path's rows in chunks of 128), 216 outputs (13
     whole blocks, shared 13 ways over the threads into full and partial tiles, and a padded one), a bias:
     every variant of the path (decoding's and the many-row tiles) over 1..16 rows (verification's widths:
     the AMX path's partial row tiles up to its 16, the others' 12 and a second row block) and over 100 (row
     blocks and a remainder) gives each row the bits it gets alone on decoding's loop; the widening paths
-    give the plain-C path's bits. (The AMX path's variants take the whole of k: chunks of 32, a partial last.)"""
+    give the plain-C path's bits. (The AMX path's variants take the whole of k: chunks of 32, a partial last; the
+    dot path's too, on its rows rounded once a call: tests/test_bf16_dot.py.)"""
     g = torch.Generator().manual_seed(7)
     w, x, b = torch.randn(216, 600, generator=g).bfloat16(), torch.randn(100, 600, generator=g), torch.randn(216, generator=g)
     packed, variants = pack(w), bf16.tiles(skinny.library(), path)
-    assert len(variants) >= 2 and variants[0][2] == 0 and all(kc == (0 if path == bf16.AMX else 256) for _, _, kc in variants[1:])
+    panels = {bf16.AMX: 0, bf16.DOT: 0}.get(path, 256)  # the AMX and dot paths' variants take the whole of k
+    assert len(variants) >= 2 and variants[0][2] == 0 and all(kc == panels for _, _, kc in variants[1:])
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)

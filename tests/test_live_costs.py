@@ -29,6 +29,31 @@ def test_wide_passes_dearer_in_the_loop_move_the_costs_toward_what_the_run_pays(
     assert "costs in the loop over 64 steps: a one-position step 10.0 ms" in live.line() and "drafting 0.100" in live.line()
 
 
+def _model_drafter(seconds_a_draft: float, live: bool = True) -> DraftPolicy:
+    """A policy for a drafter model whose drafts cost 0.33 of a one-position pass at start-up and
+    ``seconds_a_draft`` (with a 10 ms one-position step) in the loop; 9 of 10 drafts accepted, by depth blind."""
+    policy = DraftPolicy(row_costs=COSTS, draft_cost=0.33, min_gain=1.0, live=live, by_depth=False)
+    policy.start(11, cheap=False)
+    for _ in range(12):
+        policy.update(10, 9, 11)
+    for _ in range(4 * REFRESH):
+        k = policy.length()
+        policy.measured(1, 0.010, 0.0, False)
+        policy.measured(k + 1, 0.010 * COSTS[k], k * seconds_a_draft, True, k)
+    return policy
+
+
+def test_a_drafter_models_drafts_are_priced_each_as_the_loop_paid_them_never_twice():
+    """A drafting step's seconds are its drafts (a model's passes): priced per draft, not also as a fixed cost a
+    step. Counted twice, a fixed cost of about k drafts was amortized over longer drafts: the policy drafted
+    longer than its start-up costs, where the loop paid exactly those, say to draft (the pair drafted 6-11 a step)."""
+    startup, paid = _model_drafter(0.0033, live=False), _model_drafter(0.0033)
+    assert paid.live_costs.per_draft == pytest.approx(0.33) and paid.length() == startup.length() < 11
+    assert paid.step_cost(4) == pytest.approx(COSTS[4] + 4 * 0.33) and "a draft 0.330 of a step" in paid.chosen()
+    cheaper = _model_drafter(0.0020)  # its drafts cost less in the loop (a drafter head cut to part of its rows)
+    assert cheaper.live_costs.per_draft < 0.25 and cheaper.length() > startup.length()
+
+
 def test_the_refresh_happens_every_refresh_steps_only():
     live = LiveCosts(COSTS)
     refreshed = [live.observe(1 + i % 2, 0.01 * (1 + i % 2), 0.0, False) for i in range(2 * REFRESH)]
@@ -117,9 +142,9 @@ def test_greedy_output_with_a_live_gated_policy_is_target_ar(name):
 class _Spy(DraftPolicy):
     """A live policy that records the widths the loop reports to it (``measured``)."""
 
-    def measured(self, rows, verify_seconds, draft_seconds, asked):
+    def measured(self, rows, verify_seconds, draft_seconds, asked, drafts=0):
         self.seen.append(rows)
-        super().measured(rows, verify_seconds, draft_seconds, asked)
+        super().measured(rows, verify_seconds, draft_seconds, asked, drafts)
 
 
 @pytest.mark.parametrize("trees", [False, True])

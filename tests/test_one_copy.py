@@ -170,7 +170,7 @@ def test_a_model_compiled_with_transformers_forward_keeps_its_own_weights_and_is
     assert released(model.model.layers[0].mlp.down_proj)
     ids = torch.tensor([PROMPT * 3])
     with pytest.MonkeyPatch.context() as patch, torch.no_grad():
-        patch.setattr(compiled, "BUCKETS", (1, 4))
+        patch.setattr(compiled, "BUCKETS", (4,))  # one graph: the 1- and 3-position passes padded into it
         fast, slow = compiled.CompiledRunner(model), KVCacheModel(model, True, cache="static")
         for length, rows in [(20, 1), (21, 1), (24, 3)]:
             torch.testing.assert_close(fast(ids[:, :length], rows), slow(ids[:, :length], rows), rtol=1e-5, atol=1e-6)

@@ -152,9 +152,9 @@ def test_the_targets_auto_dtype_is_its_own_pass_and_a_bfloat16_target_keeps_the_
 
 
 def test_the_bfloat16_copy_is_what_a_bfloat16_load_gives_and_keeps_a_tied_table_tied(tmp_path):
-    from test_pass_dtype_memory import tied
+    from test_pass_dtype_memory import shaped
 
-    folder = save_tiny(tmp_path / "tied", tied(64, 2))
+    folder = save_tiny(tmp_path / "tied", shaped(64, 2, tie=True))
     float32, loaded = (load_model(folder, "cpu", dtype)[0] for dtype in ("float32", "bfloat16"))
     made = bfloat16_copy(float32)
     assert made.lm_head.weight is made.model.embed_tokens.weight and made.lm_head.weight.dtype == torch.bfloat16

@@ -1,11 +1,14 @@
 """Bytes held in torch's CPU allocator, counted from its own allocation events (torch's profiler with
 ``profile_memory``): every CPU tensor's storage and oneDNN's packed weights (ideep allocates through
 torch's CPU allocator) as each is made and freed, in order. Not the resident set: no page cache, no
-file mapping (a model mapped from float32 safetensors is not counted), no allocator slack, no noise.
+allocator slack, no noise. A file safetensors maps (transformers' own load) counts as one block, whole,
+from its mapping until its last tensor goes (torch reports the mapping; ``utils.tensor_load`` loads
+without one).
 
 Only allocations made inside the block are counted, and their frees (by address): a tensor made
-before the block and freed inside it never shows. Make what is to be counted (the model) inside it;
-``Held.part`` names a stretch of it (the start after the model is made)."""
+before the block and freed inside it never shows. Only this thread's: a Python thread's allocations
+(transformers' loading pool casting a file's tensors) are not seen. Make what is to be counted (the
+model) inside it; ``Held.part`` names a stretch of it (the start after the model is made)."""
 import contextlib
 import gc
 from dataclasses import dataclass, field
@@ -29,7 +32,13 @@ class Held:
 
     def part(self, name: str):
         """A stretch of the block whose peak ``parts[name]`` gives (read after the block)."""
-        return torch.profiler.record_function(_PART + name)
+        return part(name)
+
+
+def part(name: str):
+    """A stretch of a ``counted`` block, named: its ``Held.parts[name]`` is the most held within it (the most
+    over every stretch of that name), made where the ``Held`` is out of reach (a wrapped function)."""
+    return torch.profiler.record_function(_PART + name)
 
 
 @contextlib.contextmanager
@@ -58,7 +67,8 @@ def counted() -> Iterator[Held]:
         if event.name.startswith(_PART):
             start, end = event.start_time_ns, event.end_time_ns
             before = [b for t, b in held.trace if t < start][-1:]  # what the stretch starts with
-            held.parts[event.name[len(_PART):]] = max(before + [b for t, b in held.trace if start <= t <= end], default=0)
+            name, peak = event.name[len(_PART):], max(before + [b for t, b in held.trace if start <= t <= end], default=0)
+            held.parts[name] = max(peak, held.parts.get(name, 0))  # a stretch named twice (each model's): the most of both
 
 
 def _walk(events) -> Iterator:

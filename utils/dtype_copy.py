@@ -1,7 +1,7 @@
 """A float32 model's bfloat16 copy, made in memory as a bfloat16 load of its folder would give it, without
-holding a second float32 copy (transformers' bfloat16 load reads each tensor in float32 first: beside a
-float32 model already loaded that is twice its weights). ``app.pair`` races the two copies' passes
-(``measure.pass_dtype``) and keeps one."""
+reading the file again or holding a second float32 copy (transformers' own bfloat16 load maps the whole
+float32 file while it casts: beside a float32 model already loaded, twice its weights). ``app.pair`` races
+the two copies' passes (``measure.pass_dtype``) and keeps one."""
 import copy
 
 import torch

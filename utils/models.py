@@ -352,6 +352,7 @@ def load_model(
     from their config. ``quantize`` int8/int4 on CPU: weight-only kernels (``utils.quantization``);
     on CUDA: bitsandbytes when installed, else optimum-quanto. Raises OSError/ValueError with a readable message on failure."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+    from utils.tensor_load import from_folder
 
     if name is None:
         folder, label = embedded_model_dir(), EMBEDDED_NAME
@@ -373,7 +374,7 @@ def load_model(
         kwargs["quantization_config"] = quantization
     if device == "auto" or quantization is not None:
         kwargs["device_map"] = "auto" if device == "auto" else device
-    model = auto.from_pretrained(folder, **kwargs)
+    model = from_folder(auto, folder, device == "cpu", kwargs)  # on CPU tensor by tensor, each weight in memory of its own
     if "device_map" not in kwargs:
         model = model.to(device)
     if cpu_quantization(quantize, device):

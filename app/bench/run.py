@@ -37,7 +37,7 @@ class Bench:
         from app.heads import head_path
         from app.pair import LoadOptions, cross_preset, load_pair, pair_preset
         from app.steps import head_layers, start_widths
-        from app.session import PolicyFlags, SetupError, build_settings
+        from app.session import PolicyFlags, SetupError, build_settings, drafter_head_words
         from runners.compiled import set_cpu_gemm
         from runners.limits import output_vocab_size
         from sampling.divergence import default_runner
@@ -67,7 +67,8 @@ class Bench:
         self.vocab = output_vocab_size(self.target)
         try:
             flags = PolicyFlags(args.adaptive, args.pause, args.min_gain, args.policy_memory)
-            self.config, self.context = build_settings(pair, args.processor, length=args.max_new_tokens, flags=flags)
+            self.config, self.context = build_settings(pair, args.processor, length=args.max_new_tokens, flags=flags, head=args.drafter_head)
+            self.drafter_label += drafter_head_words(args.drafter_head, pair)
         except SetupError as error:
             raise SystemExit(f"error: {error}") from None
         from app.heads import load_for

@@ -10,7 +10,7 @@ from app.repl.repl import AUTO_ROWS, Repl, replaced_line
 from app.heads import head_flag, head_path, load_for
 from app.steps import head_layers, start_widths
 from app.pair import LoadOptions, cross_preset, load_pair, pair_preset
-from app.session import SetupError, add_shared_flags, build_settings, read_processor
+from app.session import SetupError, add_shared_flags, build_settings, drafter_head_words, read_processor
 from utils.load import LoadMeter
 from utils.parsing import MAX_LINE, UsageError, flag_type, sanitize_text
 from utils.printing import console
@@ -159,7 +159,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     if pair.drafter is None:
         header.model("Drafter", "none (speculative decoding off; start with --drafter MODEL to compare it)")
     else:
-        header.model("Drafter", pair.summary("drafter"), pair.describe("drafter"))
+        rows = drafter_head_words(args.drafter_head, pair)  # what build_settings below gives its runner
+        header.model("Drafter", pair.summary("drafter") + rows, pair.describe("drafter") + rows)
     try:
         head, head_line = load_for(args.head, pair, args.target is None, say)
     except SetupError as error:
@@ -168,7 +169,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     if pair.busy_note:  # a line of its own: the target's line ends with its runner, as scripts read it
         console.print(Text("Load: ", style="bold") + Text(pair.busy_note, style="yellow"))
     try:
-        config, context = build_settings(pair, args.processor, args.gamma, args.length, say=header.say)
+        config, context = build_settings(pair, args.processor, args.gamma, args.length, say=header.say, head=args.drafter_head)
     except SetupError as error:
         fail(str(error))
     context.head = head
