@@ -80,6 +80,12 @@ def test_greedy_tokens_logits_and_embeddings_are_unchanged_bit_for_bit(dtype):
     assert after["target"] == before["target"] and after["lookup"] == before["lookup"]
     assert torch.equal(after["long"], before["long"]) and torch.equal(after["transformers"], before["transformers"])
     assert torch.equal(model.model.embed_tokens(LONG), table[LONG])
+    for n in (0, 15, 16, 95, -1):  # one id (decoding's: indexed by Python ints), block edges, a negative one
+        for ids in (torch.tensor([n]), torch.tensor([[n]])):
+            row = model.model.embed_tokens(ids)
+            assert torch.equal(row, table[ids]) and row.is_contiguous()
+            row.zero_()  # a copy: the blocks (the output layer's one copy) untouched
+    assert torch.equal(model.model.embed_tokens(LONG), table[LONG])
 
 
 def test_saving_copying_counting_and_casting_give_the_tied_table_back():
