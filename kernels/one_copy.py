@@ -17,7 +17,7 @@ so it holds about half a float32 model's bytes; its layers' forward reads them b
 bfloat16 path (``kernels.bf16.layer_rows``: float32 sums, each output rounded to bfloat16 once).
 
 The blocked copies made are then moved onto 2 MB pages where Linux grants them (``kernels.huge_pages``: a pass
-streams them, and on 4 KB pages pays a TLB miss every 4 KB of each stream). The output layer alike (``kernels.one_head``): its blocked copy is its one copy, and a tied embedding
+streams them, and on 4 KB pages pays a TLB miss every 4 KB of each stream), the output layer's too. The output layer alike (``kernels.one_head``): its blocked copy is its one copy, and a tied embedding
 table reads its rows from it. The start-up kernel measurement
 holds one option's copy at a time (``kernels.holding``: the own weights given back for "own", released
 again for "skinny"). What a user loses is in docs/limitations.md.
@@ -101,6 +101,8 @@ def release(model: Module) -> bool:
             _drop_pages(spans, files)  # group by group: at most one group's weights held twice
             made.append(group_blocks(group))
     release_head(model)  # the output layer (and a tied embedding) on its blocked copy alone (``kernels.one_head``)
+    head = model.get_output_embeddings()  # its blocks too: a fifth of SmolLM2's pass (a file mapping's: refused, kept)
+    made += [head.blocks] if released(head) else []
     collapse([(b.data_ptr(), b.numel() * b.element_size()) for b in made if b is not None])  # 2 MB pages (``kernels.huge_pages``)
     return True
 
