@@ -17,12 +17,13 @@
  * rounded: xb[i * xs + q] holds row i's pair q (x[k] low, x[k + 1] high); p the blocks at the first
  * pair ([K / 2][16][2] each, block g at p + g K 16). Per pair the GBC weight lines are loaded once and
  * each row's pair broadcast once for its GBC dot products. The sums start at +0 (load 0) or at out's
- * values (load 1). `ahead`: prefetch each weight stream AHEAD elements on (decoding's single pass
- * over the weights); a many-row tile rereads its panel from L1, where a prefetch would only bring in
- * lines a later panel reads, so it passes 0. */
+ * values (load 1). `stream` 1: prefetch each weight stream skinny_ahead[1] bytes on (decoding's single
+ * pass over the weights, bf16_tiles.h); a many-row tile rereads its panel from L1, where a prefetch would
+ * only bring in lines a later panel reads, so it passes 0. */
 static inline __attribute__((always_inline)) void tile_dot(const uint32_t *xb, int64_t xs, int64_t K, int64_t nq, const int MBC,
                                                            const int GBC, const uint16_t *p, float *out, int64_t ys, int load,
-                                                           const int ahead) {
+                                                           const int stream) {
+    AHEAD_WHEN(stream);
     __m512 acc[DOT_GMAX][DOT_MMAX];
     __m512bh v[DOT_GMAX];
     for (int g = 0; g < GBC; g++)
@@ -30,7 +31,7 @@ static inline __attribute__((always_inline)) void tile_dot(const uint32_t *xb, i
     for (int64_t q = 0; q < nq; q++) {
         for (int g = 0; g < GBC; g++) {
             const uint16_t *w = p + (int64_t)g * K * BW + 2 * q * BW;
-            if (ahead) PREFETCH(w);
+            PREFETCH(w);
             v[g] = (__m512bh)_mm512_loadu_si512(w);
         }
         for (int i = 0; i < MBC; i++) {

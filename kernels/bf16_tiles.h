@@ -10,22 +10,24 @@ enum { F32 = 0, BF16_SCALAR = 1, BF16_AVX2 = 2, BF16_AVX512 = 3, BF16_DOT = 4, B
 #define MBX 12 /* the most rows of a decoding tile (bf16_tile) */
 #define GBX 2  /* the most blocks of a decoding tile */
 
-/* How far ahead a weight stream prefetches, in bytes: 4 KB, the float32 kernel's distance (64 lines of
- * 16 floats, skinny_gemm.c). A bfloat16 line holds half the bytes per output, so a distance in lines
- * of the float32 kernel (w + 64 BW elements: 2 KB here) would cover half its time of the memory's
- * latency. Speed only: a prefetch changes no bit. -DBF16_AHEAD_BYTES=... to try another (0: none). */
-#ifndef BF16_AHEAD_BYTES
-#define BF16_AHEAD_BYTES 4096
-#endif
-#define AHEAD (BF16_AHEAD_BYTES / 2) /* the same, in bfloat16 elements */
-#if BF16_AHEAD_BYTES > 0
+/* How far ahead a weight stream prefetches: skinny_ahead[1] bytes (linears.h; by default 4 KB, the float32
+ * kernel's distance in bytes: a bfloat16 line holds half the bytes per output, so the float32 kernel's
+ * distance in lines would cover half its time of the memory's latency), read by each tile into `ahead`
+ * before its loop (AHEAD_BYTES); 0: none. Speed only: a prefetch changes no bit. A build with
+ * -DBF16_AHEAD_BYTES=0 has no prefetch at all. */
+#include "linears.h"
 #ifndef STEP_AHEAD_HINT
 #define STEP_AHEAD_HINT _MM_HINT_T0
 #endif
-#define PREFETCH(w) _mm_prefetch((const char *)((w) + AHEAD), STEP_AHEAD_HINT)
+#if !defined(BF16_AHEAD_BYTES) || BF16_AHEAD_BYTES > 0
+#define AHEAD_WHEN(on) const int64_t ahead = (on) ? skinny_ahead[1] : 0
+#define PREFETCH(w) (ahead ? _mm_prefetch((const char *)(w) + ahead, STEP_AHEAD_HINT) : (void)0)
 #else
-#define PREFETCH(w) ((void)(w))
+#define AHEAD_WHEN(on) const int64_t ahead = 0 * (on)
+#define PREFETCH(w) ((void)(w), (void)ahead)
 #endif
+/* a tile on decoding's single pass over its weights: always the distance (AHEAD_WHEN: only where `on`) */
+#define AHEAD_BYTES AHEAD_WHEN(1)
 
 /* rows x[0..mb) (row stride K) against blocks p[0..gb) (each [K / 2][16][2]) over the input features
  * k0..k1-1 (both even), by `path`: out[i * ys + 16 g + j] holds the sums, which start at +0 (load 0)

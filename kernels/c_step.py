@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
+import kernels.ahead as ahead
 import kernels.bf16 as bf16
 import kernels.skinny as skinny
 from kernels.blocked import DTYPES, blocked, fusable, fused, lasting
@@ -45,14 +46,12 @@ LABEL = "C step (skinny linears on blocked weights, q/k/v and gate/up fused, row
 class _Layer(ctypes.Structure):
     _fields_ = [(name, ctypes.c_void_p) for name in
                 ("in_norm", "post_norm", "qkv", "qkv_bias", "o", "o_bias", "gate_up", "down", "keys", "values",
-                 "attn_out_norm", "mlp_out_norm", "q_norm", "k_norm")] + [("window", ctypes.c_int64), ("rope", ctypes.c_int64)] + \
-        [("kept_blocks", ctypes.c_void_p)]
+                 "attn_out_norm", "mlp_out_norm", "q_norm", "k_norm")] + [("window", ctypes.c_int64), ("rope", ctypes.c_int64), ("kept_blocks", ctypes.c_void_p)]
 
 
 class _Dims(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in ("layers", "H", "Hq", "Hkv", "D", "I", "cap")] + \
-               [("eps", ctypes.c_float), ("scale", ctypes.c_float)] + \
-               [(name, ctypes.c_int64) for name in ("rot", "qk_norm", "act")] + \
+               [("eps", ctypes.c_float), ("scale", ctypes.c_float)] + [(name, ctypes.c_int64) for name in ("rot", "qk_norm", "act")] + \
                [(name, ctypes.c_float) for name in ("residual_scale", "logit_divisor", "softcap")] + \
                [("weights", ctypes.c_int64), ("tile", ctypes.c_int64), ("kept", ctypes.c_int64)]
 
@@ -209,14 +208,15 @@ def gate_up_shape(model: Module) -> Tuple[int, int]:
 
 
 def weights_format(model: Module, library: ctypes.CDLL) -> int:
-    """``c_step.c``'s ``Dims.weights`` for ``model``: float32 (``kernels.bf16.F32``), or the bfloat16 path
-    this model takes (``kernels.bf16.chosen``: measured on the model's gate/up the first time its shape is asked)."""
+    """``c_step.c``'s ``Dims.weights`` for ``model``: float32 (``kernels.bf16.F32``), or the bfloat16 path this model
+    takes (``kernels.bf16.chosen``: measured on the model's gate/up the first time its shape is asked); and how far
+    ahead the tiles of its dtype prefetch (``kernels.ahead.settle``: measured the first time its dtype is asked)."""
     dtype = _own(model.get_output_embeddings()).weight.dtype  # a released one's blocks': no weight unblocked
-    if dtype != torch.bfloat16:
-        return bf16.F32
-    layers = model.model.layers[: model.config.num_hidden_layers]
-    mine = [group_blocks(groups(layer)[2]) for layer in layers]  # released: timed on them, no copy made
-    return bf16.chosen(library, gate_up_shape(model), mine if all(b is not None for b in mine) else None)
+    mine = [group_blocks(groups(layer)[2]) for layer in model.model.layers[: model.config.num_hidden_layers]]
+    mine = mine if all(b is not None for b in mine) else None  # released: timed on them, no copy made
+    fmt = bf16.chosen(library, gate_up_shape(model), mine) if dtype == torch.bfloat16 else bf16.F32
+    ahead.settle(library, fmt, gate_up_shape(model), mine)
+    return fmt
 
 
 def short_label(model: Module) -> str:

@@ -9,11 +9,13 @@ is left as it is (collapsing it would make resident what the allocator left unto
 bytes at the same addresses, so the same bits; where the kernel refuses (an older kernel, THP off, no free
 2 MB page, a file mapping) the weights stay on 4 KB pages and nothing else changes."""
 import ctypes
+import errno
 from typing import Iterable, List, Optional, Tuple
 
 HUGE = 2 << 20  # bytes of a transparent huge page on x86-64 and (4 KB-page) arm64
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25  # Linux's
 GAP = 64 << 10  # bytes between two spans that still join them into one run (the allocator's headers, alignment)
+ON = True  # False: ``collapse`` asks for nothing (an A/B of the same bits on 4 KB pages: scripts/pass_read.py --huge)
 
 
 def runs(spans: Iterable[Tuple[int, int]]) -> List[Tuple[int, int]]:
@@ -36,11 +38,11 @@ def _libc() -> Optional[ctypes.CDLL]:
         return None
 
 
-def collapse(spans: Iterable[Tuple[int, int]]) -> int:
+def collapse(spans: Iterable[Tuple[int, int]], on: Optional[bool] = None) -> int:
     """Back the whole 2 MB pages inside the runs of ``spans`` ``(address, bytes)`` with huge pages where the kernel
-    grants them; returns the bytes it granted (0 where it refused every one, or off Linux)."""
+    grants them; returns the bytes it granted (0 where it refused every one, or off Linux). ``on``: ``ON`` unless given."""
     libc, granted = _libc(), 0
-    if libc is None:
+    if libc is None or not (ON if on is None else on):
         return 0
     for start, end in runs(spans):
         first, last = -(-start // HUGE) * HUGE, end // HUGE * HUGE
@@ -49,6 +51,7 @@ def collapse(spans: Iterable[Tuple[int, int]]) -> int:
         libc.madvise(first, last - first, MADV_HUGEPAGE)  # eligible (THP "madvise"); refused where THP is off
         if libc.madvise(first, last - first, MADV_COLLAPSE) == 0:
             granted += last - first
-        else:  # one page refused (no free 2 MB page, a file mapping): the others one by one
+        elif ctypes.get_errno() != errno.EINVAL:  # some page refused (no free 2 MB page): the others one by one
             granted += sum(HUGE for page in range(first, last, HUGE) if libc.madvise(page, HUGE, MADV_COLLAPSE) == 0)
+        # EINVAL: no collapse here (Linux before 6.1, THP off) or a file mapping's run (a weight blocked in place)
     return granted

@@ -9,4 +9,11 @@
  * variant `tile`, skinny_tiles.c: the same bits whichever) or a bfloat16 path (`tile` not read) */
 void skinny_rows_as(int64_t format, int64_t tile, const float *x, const void *p, const float *b, float *y, int64_t M, int64_t N,
                     int64_t K);
+
+/* skinny_gemm.c: how far ahead decoding's tiles prefetch their weight streams, in bytes, [0] on float32 weights
+ * (skinny_gemm.c's tiles), [1] on bfloat16 (skinny_bf16.c's and skinny_amx.c's); 0: no software prefetch, the
+ * hardware's alone. Speed only (a prefetch changes no bit): set per process by skinny_set_ahead, as measured
+ * on the machine (kernels/ahead.py: 4 KB ahead paid on a Sapphire Rapids Xeon, and cost a Zen 4 EPYC VM). A
+ * tile reads it once, before its loop. */
+extern int64_t skinny_ahead[2];
 #endif

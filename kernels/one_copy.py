@@ -16,7 +16,8 @@ A bfloat16 model alike: its layers' copies are blocked in bfloat16 (``[N/16, K/2
 so it holds about half a float32 model's bytes; its layers' forward reads them by the step's
 bfloat16 path (``kernels.bf16.layer_rows``: float32 sums, each output rounded to bfloat16 once).
 
-The output layer alike (``kernels.one_head``): its blocked copy is its one copy, and a tied embedding
+The blocked copies made are then moved onto 2 MB pages where Linux grants them (``kernels.huge_pages``: a pass
+streams them, and on 4 KB pages pays a TLB miss every 4 KB of each stream), the output layer's too. The output layer alike (``kernels.one_head``): its blocked copy is its one copy, and a tied embedding
 table reads its rows from it. The start-up kernel measurement
 holds one option's copy at a time (``kernels.holding``: the own weights given back for "own", released
 again for "skinny"). What a user loses is in docs/limitations.md.
@@ -31,6 +32,7 @@ from torch.nn import Module
 
 from kernels.blocked import DTYPES, blocked, fused, lasting
 from kernels.file_pages import _drop_pages, _file_mappings, unviewed  # noqa: F401 (importable here too)
+from kernels.huge_pages import collapse
 from kernels.prepacking import OWN, SKINNY, PrepackedLinear, plan, prepackable, set_prepack
 
 NOTE = "the layers' weights held once, blocked"  # the headers' words
@@ -84,7 +86,7 @@ def release(model: Module) -> bool:
     layers = model.model.layers[: model.config.num_hidden_layers]
     if not all(type(x) is PrepackedLinear for layer in layers for group in groups(layer) for x in group):
         return False
-    files = _file_mappings()
+    files, made = _file_mappings(), []
     for layer in layers:
         for group in groups(layer):
             if group_blocks(group) is not None:
@@ -97,7 +99,11 @@ def release(model: Module) -> bool:
             spans = [(w.data_ptr(), w.data_ptr() + w.numel() * w.element_size(), w.untyped_storage()) for w in weights]
             del weights, weight
             _drop_pages(spans, files)  # group by group: at most one group's weights held twice
+            made.append(group_blocks(group))
     release_head(model)  # the output layer (and a tied embedding) on its blocked copy alone (``kernels.one_head``)
+    head = model.get_output_embeddings()  # its blocks too: a fifth of SmolLM2's pass (a file mapping's: refused, kept)
+    made += [head.blocks] if released(head) else []
+    collapse([(b.data_ptr(), b.numel() * b.element_size()) for b in made if b is not None])  # 2 MB pages (``kernels.huge_pages``)
     return True
 
 

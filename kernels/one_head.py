@@ -39,6 +39,11 @@ class ReleasedEmbedding(nn.Embedding):
         """``ids`` (any shape, int64) -> ``[*ids.shape, H]``, the table's rows (row n: block n // 16, lane n % 16)."""
         flat = ids.reshape(-1)
         blocks = self.blocks
+        if flat.shape[0] == 1:  # decoding's one id: indexed by Python ints, no index tensors made (a copy, as below)
+            block, lane = divmod(int(flat[0]), BLOCK)
+            pairs = blocks.dtype == torch.bfloat16
+            row = _memory(blocks, True)[block, :, lane, :] if pairs else blocks[block, :, lane]
+            return row.clone().reshape(*ids.shape, self.embedding_dim)
         if blocks.dtype == torch.bfloat16:  # ``[b, H/2, 16, 2]`` in memory: pairs of features side by side
             rows = _memory(blocks, True)[flat // BLOCK, :, flat % BLOCK, :].reshape(flat.shape[0], -1)
         else:

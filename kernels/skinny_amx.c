@@ -119,7 +119,8 @@ static inline const uint16_t *weights_at(const uint16_t *p, int64_t blk, int64_t
 /* the 16 lines of each of blocks b0..b0+gb-1 that chunk k will read AHEAD later (prefetches: speed only).
  * Tile loads have no prefetch of their own, and the hardware's alone leaves a one-row pass short of
  * the memory's speed: the streams are prefetched as the other paths' are (bf16_tiles.h). */
-static inline void ahead(const uint16_t *p, int64_t b0, int64_t gb, int64_t K, int64_t k) {
+static inline void prefetch_chunk(const uint16_t *p, int64_t b0, int64_t gb, int64_t K, int64_t k) {
+    AHEAD_BYTES;
     for (int64_t g = 0; g < gb; g++)
         for (int l = 0; l < KT / 2; l++) PREFETCH(p + (b0 + g) * K * BW + k * BW + l * 2 * BW);
 }
@@ -148,7 +149,7 @@ static void amx_decode(const float *x, const uint16_t *p, const float *b, float 
             _tile_zero(1);
             _tile_zero(2);
             for (int64_t k = 0; k < Kp; k += KT) {
-                if (m0 == 0) ahead(p, b0, gb, K, k); /* the later row blocks read the group's weights from L2 */
+                if (m0 == 0) prefetch_chunk(p, b0, gb, K, k); /* the later row blocks read the group's weights from L2 */
                 _tile_loadd(3, xb + m0 * Kp + k, Kp * sizeof(uint16_t));
                 _tile_loadd(4, weights_at(p, b0, K, k, tails[0]), 64);
                 _tile_dpbf16ps(0, 3, 4);
@@ -203,7 +204,7 @@ static void amx_rows(const float *x, const uint16_t *p, const float *b, float *y
             _tile_zero(2);
             _tile_zero(3);
             for (int64_t k = 0; k < Kp; k += KT) {
-                if (m0 == 0) ahead(p, b0, 1 + two, K, k); /* as decoding's: the first row block streams from memory */
+                if (m0 == 0) prefetch_chunk(p, b0, 1 + two, K, k); /* as decoding's: the first row block streams from memory */
                 _tile_loadd(4, xb + m0 * Kp + k, Kp * sizeof(uint16_t));
                 _tile_loadd(6, weights_at(p, b0, K, k, tail0), 64);
                 _tile_dpbf16ps(0, 4, 6);

@@ -77,6 +77,7 @@ static void tile_scalar(const float *x, int64_t K, int64_t k0, int64_t k1, int64
 /* MBC rows (up to 6) against one block, a constant in each inlined copy */
 static inline __attribute__((always_inline)) void tile_avx2(const float *x, int64_t K, int64_t k0, int64_t k1, const int MBC,
                                                             const uint16_t *p, float *out, int64_t ys, int load) {
+    AHEAD_BYTES;
     __m256 lo[6], hi[6];
     const __m256i high = _mm256_set1_epi32((int)0xFFFF0000);
     for (int i = 0; i < MBC; i++) {
@@ -109,6 +110,7 @@ static inline __attribute__((always_inline)) void tile_avx2(const float *x, int6
  * and widened once, each row's x[k] and x[k + 1] broadcast once for their GBC products */
 static inline __attribute__((always_inline)) void tile_avx512(const float *x, int64_t K, int64_t k0, int64_t k1, const int MBC,
                                                               const int GBC, const uint16_t *p, float *out, int64_t ys, int load) {
+    AHEAD_BYTES;
     __m512 acc[GMAX][MBX], even[GMAX], odd[GMAX];
     const __m512i high = _mm512_set1_epi32((int)0xFFFF0000);
     for (int g = 0; g < GBC; g++)
@@ -129,7 +131,6 @@ static inline __attribute__((always_inline)) void tile_avx512(const float *x, in
         for (int i = 0; i < MBC; i++) _mm512_storeu_ps(out + i * ys + g * BW, acc[g][i]);
 }
 #endif
-
 
 /* every case a copy of a tile with its row count constant */
 #define CASES(T, ...)                          \

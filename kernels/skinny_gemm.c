@@ -23,19 +23,27 @@
 #endif
 
 #define BW 16 /* output features per block: one 64-byte line per input feature */
-/* How far ahead a weight stream prefetches, in bytes (64 lines); speed only, a prefetch changes no bit.
- * -DSTEP_AHEAD_BYTES=... to try another (0: none; scripts/pass_read.py --variants compares builds). */
+/* How far ahead a weight stream prefetches by default, in bytes (64 lines of float32; -DSTEP_AHEAD_BYTES=...,
+ * BF16_AHEAD_BYTES for bfloat16's): skinny_ahead's values until skinny_set_ahead (linears.h) */
 #ifndef STEP_AHEAD_BYTES
 #define STEP_AHEAD_BYTES 4096
 #endif
+#ifndef BF16_AHEAD_BYTES
+#define BF16_AHEAD_BYTES 4096
+#endif
+int64_t skinny_ahead[2] = {STEP_AHEAD_BYTES, BF16_AHEAD_BYTES};
+
+/* skinny_ahead's bytes [0] on float32 weights, [1] on bfloat16 (negative: left as they are); returns [which] after */
+int64_t skinny_set_ahead(int64_t f32, int64_t bf16, int64_t which) {
+    if (f32 >= 0) skinny_ahead[0] = f32;
+    if (bf16 >= 0) skinny_ahead[1] = bf16;
+    return skinny_ahead[which != 0];
+}
 #ifndef STEP_AHEAD_HINT
 #define STEP_AHEAD_HINT _MM_HINT_T0
 #endif
-#if STEP_AHEAD_BYTES > 0
-#define AHEAD32(w) _mm_prefetch((const char *)(w) + STEP_AHEAD_BYTES, STEP_AHEAD_HINT)
-#else
-#define AHEAD32(w) ((void)(w))
-#endif
+/* the prefetch of a float32 tile's line w, `ahead` bytes on (a tile's copy of skinny_ahead[0]; 0: none) */
+#define AHEAD32(w) (ahead ? _mm_prefetch((const char *)(w) + ahead, STEP_AHEAD_HINT) : (void)0)
 #if defined(__AVX512F__)
 #define MB 12 /* input rows per register block: 2 blocks x 12 rows = 24 accumulators of 32 registers */
 #define GB 2  /* blocks per register block */
@@ -51,6 +59,9 @@
  * gb * 16 features; mb and gb are constants in each inlined copy, so the accumulators stay in registers */
 static inline __attribute__((always_inline)) void tile(const float *x, int64_t K, const int mb, const int gb,
                                                        const float *p, float *out, int64_t ys) {
+#if defined(__AVX2__) && defined(__FMA__)
+    const int64_t ahead = skinny_ahead[0];
+#endif
 #if defined(__AVX512F__)
     __m512 acc[GB][MB];
     for (int g = 0; g < GB; g++)
@@ -148,6 +159,7 @@ void skinny_cover(const float *x, int64_t K, int64_t mb, int64_t gb, const float
 #endif
 #if defined(__AVX512F__)
 static inline __attribute__((always_inline)) void row_tile(const float *x, int64_t K, const int G, const float *p, float *out) {
+    const int64_t ahead = skinny_ahead[0];
     __m512 acc[4];
     for (int g = 0; g < G; g++) acc[g] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K; k++) {

@@ -7,8 +7,10 @@ step's library compared in one run (interleaved rounds, medians), on the embedde
   on one built with each ``--variants`` define (NAME or NAME=VALUE, as ``scripts/bf16_read.py``'s; several
   defines in one variant joined by commas), and the logits of each variant compared with the built one's
   (a variant that changes a bit is reported: every variant must give the same bits);
-- with ``--huge``, each dtype's pass once more on a copy of the model whose weights lie on huge pages
-  (``kernels.huge_pages.collapse``), on the built library;
+- with ``--aheads``, the built library's pass at each prefetch distance given (bytes, 0: none; ``kernels/ahead.py``
+  chooses one of 4096 and 0 by measurement), set before each pass of either dtype;
+- with ``--huge``, each dtype's model on 4 KB pages (``kernels.huge_pages.ON`` off), and a copy on huge pages
+  (``kernels.huge_pages.collapse``);
 - with ``--threads``, the team's size (default: torch's);
 - with ``--cpu``, the process's CPU seconds instead of wall seconds (run with OMP_WAIT_POLICY=passive, so that a
   thread waiting at a barrier sleeps): the work of every thread summed, which a busy machine's time slicing does not
@@ -71,6 +73,45 @@ def timed(run: Callable[[], object]) -> float:
     return CLOCK() - start
 
 
+def make_runners(base, ids: torch.Tensor, args) -> tuple:
+    """Each dtype's runner (and, with ``--huge``, one on a copy of the model on huge pages) after ``args.context``
+    positions, and each one's read: a plain float32 tensor of its pass's bytes (on huge pages for a huge copy)."""
+    from kernels import huge_pages
+    from runners import LeanRunner
+
+    huge_pages.ON = not args.huge  # with --huge: the models' own copies on 4 KB pages, the copies' collapsed here
+
+    runners, reads = {}, {}
+    for name in args.dtypes:
+        for huge in (False, True) if args.huge else (False,):
+            model = copy.deepcopy(base) if huge or name != "float32" else base
+            model = model.to(torch.bfloat16) if name == "bfloat16" else model
+            key = name + " huge" if huge else name
+            runner = runners[key] = LeanRunner(model)
+            runner(ids[:, : args.context], 1)
+            plain = reads[key] = torch.ones(pass_bytes(runner.step) // 4)
+            if huge:
+                start = time.perf_counter()
+                granted = huge_pages.collapse(spans(runner.step), on=True)
+                print(f"{name}: {granted / 1e6:.0f} of {pass_bytes(runner.step) / 1e6:.0f} MB on huge pages "
+                      f"in {time.perf_counter() - start:.2f} s")
+                huge_pages.collapse([(plain.data_ptr(), plain.numel() * 4)], on=True)
+    return runners, reads
+
+
+def report(runners: dict, libraries: dict, times: dict, same: dict) -> None:
+    """Each runner's read, and each variant's pass against it (medians, and the fastest of the rounds)."""
+    for name, runner in runners.items():
+        read, size = statistics.median(times[(name, "read")]), pass_bytes(runner.step)
+        built = statistics.median(times[(name, "built")])
+        print(f"{name}: read bound {size / 1e6:.0f} MB at {size / read / 1e9:.1f} GB/s = {read * 1e3:.2f} ms")
+        for v in libraries:
+            ms, best = statistics.median(times[(name, v)]), min(times[(name, v)])
+            print(f"  {v:<40} pass {ms * 1e3:6.2f} ms = {ms / read:.3f}x the read, {ms / built:.3f}x built; fastest "
+                  f"{best * 1e3:6.2f} ms = {best / min(times[(name, 'read')]):.3f}x the fastest read"
+                  f"{'' if same[(name, v)] else ' · LOGITS DIFFER'}")
+
+
 def main(argv: List[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", nargs="*", default=[], help="defines, each a library to compare (A=1,B=2: one library)")
@@ -78,6 +119,7 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--context", type=int, default=64, help="cached positions before the timed pass")
     parser.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"], default=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--aheads", type=int, nargs="*", default=[], help="prefetch distances (bytes) of the built library to compare")
     parser.add_argument("--huge", action="store_true", help="a copy of each dtype's model on huge pages too")
     parser.add_argument("--cpu", action="store_true", help="CPU seconds of the process, not wall seconds")
     args = parser.parse_args(argv)
@@ -87,59 +129,42 @@ def main(argv: List[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     from kernels import skinny
-    from runners import LeanRunner
     from utils.models import load_embedded
 
     if not skinny.available()[0]:
         sys.exit(f"the skinny kernel is not built here: {skinny.available()[1]}")
     base, tokenizer = load_embedded()
     ids = torch.randint(len(tokenizer), (1, args.context + 1), generator=torch.Generator().manual_seed(0))
-    runners, reads = {}, {}
-    for name in args.dtypes:
-        for huge in (False, True) if args.huge else (False,):
-            model = copy.deepcopy(base) if huge or name != "float32" else base
-            model = model.to(torch.bfloat16) if name == "bfloat16" else model
-            runner = runners[name + " huge" if huge else name] = LeanRunner(model)
-            runner(ids[:, : args.context], 1)
-            if huge:
-                from kernels.huge_pages import collapse
+    runners, reads = make_runners(base, ids, args)
+    built = skinny.library()
+    settled = {k: built.skinny_set_ahead(-1, -1, k) for k in (0, 1)}  # as kernels.ahead chose at the steps' builds
+    print(f"prefetch distances settled: float32 {settled[0]} B, bfloat16 {settled[1]} B")
+    libraries: Dict[str, ctypes.CDLL] = {"built": built, **{v: variant(v) for v in args.variants}}
+    libraries.update({f"ahead {a}": built for a in args.aheads})
 
-                start = time.perf_counter()
-                granted = collapse(spans(runner.step))
-                print(f"{name}: {granted / 1e6:.0f} of {pass_bytes(runner.step) / 1e6:.0f} MB on huge pages "
-                      f"in {time.perf_counter() - start:.2f} s")
-        reads[name] = reads[name + " huge"] = torch.ones(pass_bytes(runners[name].step) // 4)
-    libraries: Dict[str, ctypes.CDLL] = {"built": skinny.library(), **{v: variant(v) for v in args.variants}}
-
-    def one_pass(name: str, library: ctypes.CDLL) -> torch.Tensor:
+    def one_pass(name: str, library: ctypes.CDLL, label: str = "built") -> torch.Tensor:
         runner = runners[name]
+        ahead = int(label.split()[1]) if label.startswith("ahead ") else -1
+        library.skinny_set_ahead(ahead if ahead >= 0 else settled[0], ahead if ahead >= 0 else settled[1], 0)
         runner.step.library = library
         logits = runner(ids, 1)
         runner.rollback(args.context)
         return logits
 
-    same = {(n, v): torch.equal(one_pass(n, lib), one_pass(n, libraries["built"])) for n in runners for v, lib in libraries.items()}
+    same = {(n, v): torch.equal(one_pass(n, lib, v), one_pass(n, built)) for n in runners for v, lib in libraries.items()}
     times: Dict[tuple, List[float]] = {}
     for round_ in range(args.rounds + 1):  # round 0 warms up
         for name in runners:
             samples = {(name, "read"): lambda plain=reads[name]: plain.sum()}
             for v, lib in (libraries.items() if round_ % 2 else reversed(list(libraries.items()))):
-                samples[(name, v)] = lambda name=name, lib=lib: one_pass(name, lib)
+                samples[(name, v)] = lambda name=name, lib=lib, v=v: one_pass(name, lib, v)
             for key, run in samples.items():
                 seconds = timed(run)
                 if round_:
                     times.setdefault(key, []).append(seconds)
     print(f"embedded SmolLM2-135M · {torch.get_num_threads()} threads · {args.context} cached · median of {args.rounds} · "
-          f"{'CPU seconds, all threads' if args.cpu else 'wall seconds'} · "
-          f"kernel {skinny.identity()}")
-    for name, runner in runners.items():
-        read, size = statistics.median(times[(name, "read")]), pass_bytes(runner.step)
-        built = statistics.median(times[(name, "built")])
-        print(f"{name}: read bound {size / 1e6:.0f} MB at {size / read / 1e9:.1f} GB/s = {read * 1e3:.2f} ms")
-        for v in libraries:
-            ms = statistics.median(times[(name, v)])
-            print(f"  {v:<40} pass {ms * 1e3:6.2f} ms = {ms / read:.3f}x the read, {ms / built:.3f}x built"
-                  f"{'' if same[(name, v)] else ' · LOGITS DIFFER'}")
+          f"{'CPU seconds, all threads' if args.cpu else 'wall seconds'} · kernel {skinny.identity()}")
+    report(runners, libraries, times, same)
 
 
 if __name__ == "__main__":

@@ -167,6 +167,27 @@ def test_every_variant_gives_a_row_the_bits_it_gets_alone(path, threads):
         torch.set_num_threads(before)
 
 
+def test_one_position_on_any_share_of_the_blocks_gets_a_rows_bits(path):
+    """Decoding's loop at one position deals the blocks evenly over the threads (groups of 4 from each thread's
+    first block, its last group shorter; skinny_bf16_rows.c): 34 outputs and 216 (3 and 14 blocks, a padded
+    one), 1-5 threads (shares of 0-14 blocks, groups of 1-4), a bias: each row the bits it gets in a pass of
+    13 rows on one thread (the register block's tiles, never the one-position one)."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(13, 600, generator=g)
+    before = torch.get_num_threads()
+    try:
+        for n in (34, 216):
+            w, b = torch.randn(n, 600, generator=g).bfloat16(), torch.randn(n, generator=g)
+            torch.set_num_threads(1)
+            rows = bf16.linear(x, pack(w), n, b, path, 0)
+            for threads in range(1, 6):
+                torch.set_num_threads(threads)
+                for i in (0, 5, 12):
+                    assert torch.equal(bf16.linear(x[i: i + 1], pack(w), n, b, path, 0), rows[i: i + 1]), (n, threads, i)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_long_pass_takes_the_paths_many_row_variant(path, monkeypatch):
     """The C step's chunks over 12 positions (over 16 on the AMX path: its decoding tile's rows,
     ``bf16.decoding_rows``) run the path's many-row variant (the one measured fastest here,

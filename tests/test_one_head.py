@@ -16,7 +16,7 @@ from kernels import skinny
 from kernels.one_copy import held, parameter_count, released, weight_bytes
 from kernels.blocked import DTYPES
 from kernels.one_copy import STEP_ROUTE
-from kernels import one_head
+from kernels import one_copy, one_head
 from kernels.one_head import ReleasedEmbedding, release_head
 from kernels.prepacking import set_prepack
 from runners import LeanRunner
@@ -80,6 +80,25 @@ def test_greedy_tokens_logits_and_embeddings_are_unchanged_bit_for_bit(dtype):
     assert after["target"] == before["target"] and after["lookup"] == before["lookup"]
     assert torch.equal(after["long"], before["long"]) and torch.equal(after["transformers"], before["transformers"])
     assert torch.equal(model.model.embed_tokens(LONG), table[LONG])
+    for n in (0, 15, 16, 95, -1):  # one id (decoding's: indexed by Python ints), block edges, a negative one
+        for ids in (torch.tensor([n]), torch.tensor([[n]])):
+            row = model.model.embed_tokens(ids)
+            assert torch.equal(row, table[ids]) and row.is_contiguous()
+            row.zero_()  # a copy: the blocks (the output layer's one copy) untouched
+    assert torch.equal(model.model.embed_tokens(LONG), table[LONG])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_output_layers_blocks_are_asked_onto_huge_pages_with_the_layers(dtype, monkeypatch):
+    """The release asks for 2 MB pages (``kernels.huge_pages``) over the output layer's blocks too, a fifth of
+    SmolLM2's pass: the layers' and the output layer's spans in one call."""
+    asked = []
+    monkeypatch.setattr(one_copy, "collapse", lambda spans: asked.extend(spans) or 0)
+    model = tied(dtype)
+    stepped(model)
+    blocks = model.lm_head.blocks
+    assert released(model.lm_head) and (blocks.data_ptr(), blocks.numel() * blocks.element_size()) in asked
+    assert len(asked) == 1 + 4 * model.config.num_hidden_layers  # q/k/v, o, gate/up, down a layer, and the output layer
 
 
 def test_saving_copying_counting_and_casting_give_the_tied_table_back():

@@ -1,0 +1,87 @@
+"""How far ahead decoding's tiles prefetch their weight streams (``skinny_ahead``, ``kernels/linears.h``), chosen
+by a short measurement once per process, library and dtype.
+
+A one-position pass reads every weight once, as a few sequential streams a thread. On a Sapphire Rapids Xeon
+the tiles' software prefetch 4 KB ahead of each stream (the build's default) was what let a pass read at the
+memory's speed; on a Zen 4 EPYC VM the hardware's prefetchers alone streamed faster, and the prefetch cost a
+bfloat16 pass about a sixth of its time (``scripts/pass_read.py``). So ``settle`` races the two on the machine:
+the model's own gate/up blocks (or copies of their shape), each layer's one-position linear in turn (a sample
+streams 64 MB from memory, twice the largest L3 of the CPUs met), 4 KB ahead against no software prefetch, interleaved rounds
+(``bf16_choice.medians``); none only where clearly faster (``bf16_choice.fastest``'s margin). Speed only: a
+prefetch changes no bit, so every choice gives every pass the same logits.
+
+The timer is given (``Timer``): the choice is a pure function of the seconds it returns."""
+import ctypes
+import time
+from typing import Callable, Dict, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from kernels.bf16_choice import MEASURED, Measured, fastest, medians
+
+F32 = 0  # the weights' format (``c_step.c``'s Dims.weights): float32; a bfloat16 path otherwise
+DEFAULT, NONE = 4096, 0  # bytes ahead: the build's default, and no software prefetch
+Timer = Callable[[int], float]  # bytes ahead -> seconds of a sample
+WORKING_SET = 64 << 20  # bytes a sample streams: the model's blocks (or copies) in turn, past the caches
+
+_CHOSEN: Dict[Tuple[str, int], Measured] = {}  # (library's file, 0 float32 / 1 bfloat16) -> the choice
+
+
+def kind(fmt: int) -> int:
+    """``skinny_ahead``'s index for weights of format ``fmt``: 0 float32, 1 bfloat16 (every path)."""
+    return 0 if fmt == F32 else 1
+
+
+def apply(library: ctypes.CDLL, fmt: int, ahead: int) -> None:
+    """Set ``library``'s tiles of format ``fmt`` to prefetch ``ahead`` bytes on (0: none)."""
+    library.skinny_set_ahead(ctypes.c_int64(-1 if kind(fmt) else ahead), ctypes.c_int64(ahead if kind(fmt) else -1),
+                             ctypes.c_int64(kind(fmt)))
+
+
+def timer(library: ctypes.CDLL, fmt: int, shape: Tuple[int, int], weights: Optional[Sequence[Tensor]] = None) -> Timer:
+    """A ``Timer``: ``library``'s one-position linear of ``shape`` (N, K) on each of the first WORKING_SET bytes of
+    ``weights`` in turn (blocked [N/16, K, 16] in format ``fmt``'s dtype; None: copies made here, their values
+    immaterial to speed), on torch's threads, prefetching the given bytes ahead."""
+    n, k = shape
+    dtype = torch.float32 if fmt == F32 else torch.bfloat16
+    copies = max(2, min(16, -(-WORKING_SET // (((n + 15) // 16) * k * 16 * dtype.itemsize))))
+    weights = list(weights[:copies]) if weights else [torch.full(((n + 15) // 16, k, 16), 1 / 64, dtype=dtype) for _ in range(copies)]
+    x, y, threads, c = torch.randn(1, k, generator=torch.Generator().manual_seed(0)), torch.empty(1, n), torch.get_num_threads(), ctypes.c_int64
+
+    def run(ahead: int) -> float:
+        apply(library, fmt, ahead)
+        start = time.perf_counter()
+        for w in weights:
+            if fmt == F32:
+                library.skinny_linear(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.data_ptr()), None, ctypes.c_void_p(y.data_ptr()),
+                                      c(1), c(n), c(k), c(threads))
+            else:
+                library.skinny_linear_bf16(c(fmt), c(0), ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(w.data_ptr()), None,
+                                           ctypes.c_void_p(y.data_ptr()), c(1), c(n), c(k), c(threads))
+        return time.perf_counter() - start
+
+    return run
+
+
+def choose(run: Timer) -> Measured:
+    """The bytes ahead ``run`` times fastest: DEFAULT unless NONE is clearly faster."""
+    seconds = medians((DEFAULT, NONE), run)
+    return Measured(fastest(seconds, DEFAULT), MEASURED, tuple(seconds.items()))
+
+
+def settle(library: ctypes.CDLL, fmt: int, shape: Tuple[int, int], weights: Optional[Sequence[Tensor]] = None,
+           run: Optional[Timer] = None) -> Measured:
+    """Measure (the first time this process asks ``library`` for format ``fmt``'s kind) and set how far ahead its
+    tiles prefetch; ``weights``: the model's blocks of ``shape`` to time on (None: copies); ``run``: a given timer."""
+    key = (getattr(library, "_name", str(id(library))), kind(fmt))
+    found = _CHOSEN.get(key)
+    if found is None:
+        found = _CHOSEN[key] = choose(run or timer(library, fmt, shape, weights))
+    apply(library, fmt, found.pick)
+    return found
+
+
+def forget() -> None:
+    """Drop every choice: the next ``settle`` measures again."""
+    _CHOSEN.clear()

@@ -1,0 +1,73 @@
+"""How far ahead decoding's tiles prefetch their weights, chosen by measurement (kernels/ahead.py): the choice is a
+pure function of the seconds the timer gives (fixed here, no clock), made once per process, library and dtype and
+set in the library; and it is speed only: every pass of either dtype, on every bfloat16 path, gives the same
+logits whichever distance the tiles prefetch (none, the default 4 KB, another)."""
+import pytest
+import torch
+
+import kernels.ahead as ahead
+import kernels.bf16 as bf16
+from kernels import skinny
+from runners import LeanRunner
+from test_lean_runner import MODELS, PASSES, ids_for
+
+pytestmark = [pytest.mark.needs_cc,
+              pytest.mark.skipif(not skinny.available()[0], reason="the skinny kernel is not built here")]
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """No choice made yet in this test; the library's distances put back after it."""
+    monkeypatch.setattr(ahead, "_CHOSEN", {})
+    library = skinny.library()
+    before = [library.skinny_set_ahead(-1, -1, k) for k in (0, 1)]
+    yield library
+    library.skinny_set_ahead(*before, 0)
+
+
+def test_no_prefetch_is_chosen_only_where_clearly_faster():
+    """NONE wins where its median is under ``MARGIN`` of the default's; within it, or slower, the default stays."""
+    assert ahead.choose({ahead.DEFAULT: 1.0e-3, ahead.NONE: 0.8e-3}.__getitem__) == \
+        ahead.Measured(ahead.NONE, ahead.MEASURED, ((ahead.DEFAULT, 1.0e-3), (ahead.NONE, 0.8e-3)))
+    assert ahead.choose({ahead.DEFAULT: 1.0e-3, ahead.NONE: 0.99e-3}.__getitem__).pick == ahead.DEFAULT
+    assert ahead.choose({ahead.DEFAULT: 1.0e-3, ahead.NONE: 1.3e-3}.__getitem__).pick == ahead.DEFAULT
+
+
+def test_the_choice_is_made_once_per_dtype_and_set_in_the_library(fresh):
+    """float32 and bfloat16 each measured once (a second model of the dtype asks no timer) and set apart."""
+    calls = []
+
+    def given(seconds):
+        return lambda bytes_ahead: calls.append(bytes_ahead) or seconds[bytes_ahead]
+
+    fast_none, fast_default = {ahead.DEFAULT: 2e-3, ahead.NONE: 1e-3}, {ahead.DEFAULT: 1e-3, ahead.NONE: 2e-3}
+    assert ahead.settle(fresh, ahead.F32, (3072, 576), run=given(fast_none)).pick == ahead.NONE
+    assert ahead.settle(fresh, bf16.DOT, (3072, 576), run=given(fast_default)).pick == ahead.DEFAULT
+    timed = len(calls)
+    assert ahead.settle(fresh, bf16.AVX512, (64, 32), run=given(fast_none)).pick == ahead.DEFAULT and len(calls) == timed
+    assert [fresh.skinny_set_ahead(-1, -1, k) for k in (0, 1)] == [ahead.NONE, ahead.DEFAULT]
+
+
+def test_the_timer_runs_the_linear_at_the_distance_it_is_given(fresh):
+    """The real timer (copies of a small shape) sets the distance it times, in either dtype."""
+    for fmt in (ahead.F32, bf16.paths(fresh)[0]):
+        run = ahead.timer(fresh, fmt, (64, 32))
+        for bytes_ahead in (ahead.NONE, 1024, ahead.DEFAULT):
+            assert run(bytes_ahead) > 0 and fresh.skinny_set_ahead(-1, -1, ahead.kind(fmt)) == bytes_ahead
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_distance_gives_every_pass_the_same_logits(fresh, dtype, monkeypatch):
+    """Passes of PASSES (a prompt, decoding, verification) at each distance, on each bfloat16 path built: alike."""
+    ids = ids_for()
+    for path in [None] if dtype == torch.float32 else bf16.paths(fresh):
+        monkeypatch.setattr(bf16, "FORCED", path)
+        found = []
+        for bytes_ahead in (ahead.NONE, 64, ahead.DEFAULT, 3 * ahead.DEFAULT):
+            runner = LeanRunner(MODELS["qwen2"]().to(dtype))
+            runner(ids[:, :4], 1)  # the step built (its dtype's distance settled), then the distance under test
+            fresh.skinny_set_ahead(bytes_ahead, bytes_ahead, 0)
+            runner.rollback(0)
+            found.append(torch.cat([runner(ids[:, :length], n) for length, n in PASSES]))
+            assert runner.step_passes == len(PASSES) + 1 and fresh.skinny_set_ahead(-1, -1, int(dtype == torch.bfloat16)) == bytes_ahead
+        assert all(torch.equal(f, found[0]) for f in found[1:])
