@@ -10,6 +10,8 @@ from typing import Any, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from runners.trees import tree_depths
+
 UNLIMITED = 1 << 30
 
 
@@ -61,6 +63,12 @@ class Drafter:
         """As ``propose_tree``, with ``q`` ``[1 + N, V]``: row 0 the distribution the root's children
         were drawn from, row ``1 + i`` node ``i``'s, each child drawn independently."""
         raise NotImplementedError(f"{type(self).__name__} has no tree probabilities")
+
+    def tree_drafts(self, parents: List[int]) -> int:
+        """For the last ``propose_tree`` (whose full proposal had ``parents``): the drafts it paid for, each a
+        pass of a drafter that is not cheap, priced each as the chain loop's drafts are (``DraftPolicy.step_cost``,
+        ``LiveCosts.per_draft``); by default one a level of the tree (a model drafting level by level)."""
+        return max(tree_depths(parents)) + 1 if parents else 0
 
     def estimates(self) -> List[float] | None:
         """For the last ``propose_tree``: each node's estimated chance of being accepted (the product
@@ -138,6 +146,9 @@ class Structural(Drafter):
 
     def estimates(self):
         return self._call("estimates")
+
+    def tree_drafts(self, parents):
+        return self._call("tree_drafts", parents)
 
     def evidence(self):
         return self._call("evidence")
