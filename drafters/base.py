@@ -93,6 +93,12 @@ class Drafter:
         for a tree): a tensor, None, or a list of these, fetched in the step's single device sync."""
         return None
 
+    @property
+    def fetches(self) -> bool:
+        """Whether ``fetch`` reads the target's distributions (it is overridden): else a greedy loop makes none,
+        its tokens chosen from the logits (``GreedyProcessor.choose``), as target AR's are."""
+        return type(self).fetch is not Drafter.fetch
+
     def accept(self, tokens: List[int], start: int, n_accepted: int, fetched: Any) -> None:
         """After a chain step: ``tokens[start:]`` were emitted, the first ``n_accepted`` of them
         accepted drafts; ``fetched`` is what ``fetch`` returned, each tensor as nested lists."""

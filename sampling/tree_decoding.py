@@ -264,15 +264,15 @@ def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, confi
             logits = target(ids[:, :cur], 1)
         if config.vocab_size is not None:
             logits = logits[:, : config.vocab_size]
-        p = processor(logits)  # [1 + N, V]
+        p = processor(logits) if not greedy or drafter.fetches else None  # [1 + N, V]; greedy: as the chain loop
         children = _children(parents)
         if q is not None and not greedy:
             accepted, corrections = multi_candidate_draws(p, q.to(p.device), nodes, children, processor)
             decided = [accepted.long(), corrections]
         else:
-            decided = [processor.sample(p)[:, 0]]
-        wanted_back = drafter.fetch(p)
-        parts = decided + [t.reshape(-1).to(p.device) for t in _tensors(wanted_back)]
+            decided = [(processor.sample(p) if p is not None else processor.choose(logits))[:, 0]]
+        wanted_back = drafter.fetch(p) if p is not None else None
+        parts = decided + [t.reshape(-1).to(decided[0].device) for t in _tensors(wanted_back)]
         # the only host-device synchronisation of the step
         fetched = torch.cat(parts).tolist()
         if q is not None and not greedy:
