@@ -10,6 +10,8 @@ from typing import Any, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from runners.trees import tree_depths
+
 UNLIMITED = 1 << 30
 
 
@@ -62,6 +64,12 @@ class Drafter:
         were drawn from, row ``1 + i`` node ``i``'s, each child drawn independently."""
         raise NotImplementedError(f"{type(self).__name__} has no tree probabilities")
 
+    def tree_drafts(self, parents: List[int]) -> int:
+        """For the last ``propose_tree`` (whose full proposal had ``parents``): the drafts it paid for, each a
+        pass of a drafter that is not cheap, priced each as the chain loop's drafts are (``DraftPolicy.step_cost``,
+        ``LiveCosts.per_draft``); by default one a level of the tree (a model drafting level by level)."""
+        return max(tree_depths(parents)) + 1 if parents else 0
+
     def estimates(self) -> List[float] | None:
         """For the last ``propose_tree``: each node's estimated chance of being accepted (the product
         along its path), which the tree loop weighs against pass costs; None: the loop estimates
@@ -84,6 +92,12 @@ class Drafter:
         """What it needs on the host from the target's distributions (``[k + 1, V]``, or ``[1 + N, V]``
         for a tree): a tensor, None, or a list of these, fetched in the step's single device sync."""
         return None
+
+    @property
+    def fetches(self) -> bool:
+        """Whether ``fetch`` reads the target's distributions (it is overridden): else a greedy loop makes none,
+        its tokens chosen from the logits (``GreedyProcessor.choose``), as target AR's are."""
+        return type(self).fetch is not Drafter.fetch
 
     def accept(self, tokens: List[int], start: int, n_accepted: int, fetched: Any) -> None:
         """After a chain step: ``tokens[start:]`` were emitted, the first ``n_accepted`` of them
@@ -138,6 +152,9 @@ class Structural(Drafter):
 
     def estimates(self):
         return self._call("estimates")
+
+    def tree_drafts(self, parents):
+        return self._call("tree_drafts", parents)
 
     def evidence(self):
         return self._call("evidence")

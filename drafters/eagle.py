@@ -54,6 +54,7 @@ class EagleDrafter(Drafter):
         self.known = 0  # positions < known have the target's features
         self.fed = 0  # head slots < fed hold pairs with the target's features (positions 0..fed-1)
         self._estimates: List[float] = []
+        self._passes = 0  # the head's passes in the last ``propose_tree`` (``tree_drafts``)
 
     @classmethod
     def of(cls, head: Eagle3Head, config, **shape) -> "EagleDrafter":
@@ -132,13 +133,14 @@ class EagleDrafter(Drafter):
 
     # ---- trees --------------------------------------------------------------------------------
     def propose_tree(self, tokens: List[int], budget: int) -> Tuple[List[int], List[int]]:
-        self._estimates = []
+        self._estimates, self._passes = [], 0
         cur = len(tokens)
         if budget < 1 or not self._ready(cur):
             return [], []
         head, k = self.head, self.top_k
         device = self.draft_ids.device
         out, logits = self._feed(torch.tensor(tokens[self.fed + 1 : cur], device=device), cur)  # [1, H], [1, Vd]
+        self._passes = 1
         scores, drafted, parents, slots = [], [], [], []  # per candidate node; slot -1: not fed
         frontier, base, slot = [-1], torch.zeros(1, device=device), self.fed
         for depth in range(self.depth):
@@ -157,11 +159,16 @@ class EagleDrafter(Drafter):
                 break
             chosen = sorted(range(first, first + n), key=lambda i: -scores[i])[:k]
             out, logits = self._expand(chosen, out, first, drafted, parents, slots, slot, cur - 1 + depth)
+            self._passes += 1
             for r, i in enumerate(chosen):
                 slots[i] = slot + r
             slot += len(chosen)
             frontier, base = chosen, torch.tensor([scores[i] for i in chosen], device=device)
         return self._best(scores, drafted, parents, budget)
+
+    def tree_drafts(self, parents: List[int]) -> int:
+        """The head's passes in the last ``propose_tree`` (its catch-up, then one a level expanded), each a draft."""
+        return self._passes
 
     def _expand(self, chosen: List[int], out: Tensor, first: int, drafted: List[int], parents: List[int],
                 slots: List[int], slot: int, position: int) -> Tuple[Tensor, Tensor]:

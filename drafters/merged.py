@@ -106,6 +106,10 @@ class MergedDrafter(Drafter):
     def estimates(self) -> List[float]:
         return self.last[0]
 
+    def tree_drafts(self, parents: List[int]) -> int:
+        """The passes its drafter model and head ran for the last tree, each a draft (the other sources are host work)."""
+        return (self.model.passes if self.model is not None else 0) + (self.head.drafter.tree_drafts(parents) if self.head is not None else 0)
+
     def owner(self, path: Path) -> str:
         """The source whose calibrated estimate ranked the node (the first named on a tie)."""
         scores = self.last[1][path]

@@ -84,10 +84,11 @@ class ModelSource:
         self.runner, self.vocab_size, self.top_k, self.depth = runner, vocab_size, top_k, depth
         self.chain: List[int] = []
         self.start = 0
+        self.passes = 0  # its passes in the last ``branches``, each a draft (``MergedDrafter.tree_drafts``)
 
     def branches(self, tokens: List[int], budget: int) -> List[Branch]:
         cur = len(tokens)
-        depth = min(self.depth, budget)
+        depth = self.passes = min(self.depth, budget)
         ids = torch.zeros((1, cur + depth), dtype=torch.long, device=self.runner.device)
         ids[0, :cur] = torch.tensor(tokens, dtype=torch.long)
         values, indices = [], []

@@ -76,13 +76,27 @@ class HeadRows:
         self.ids[at], self.held[ids] = ids, True
         self.length += ids.numel()
 
-    def full(self, logits: Tensor) -> Tensor:
-        """``logits`` ``[n, rows]`` of these rows -> ``[n, V]``: theirs at their ids, minus infinity elsewhere."""
-        out = torch.full((logits.shape[0], self.vocab), float("-inf"), dtype=logits.dtype)
+    def full(self, logits: Tensor, out: Optional[Tensor] = None) -> Tensor:
+        """``logits`` ``[n, rows]`` of these rows -> ``[n, V]``: theirs at their ids, minus infinity elsewhere.
+        Written into ``out`` (``[n, V]`` in ``logits``' dtype: a runner's buffer, reused pass after pass, so a
+        drafter's pass allocates no ``[n, V]`` tensor; ``wide_buffer``), else into a new tensor."""
+        if out is None:
+            out = torch.empty((logits.shape[0], self.vocab), dtype=logits.dtype)
+        out.fill_(float("-inf"))  # every lane: the rows held may differ from the last pass's (``take``)
         out[:, : self.count] = logits[:, : self.count]  # the first rows are ids 0..count-1: a slice (an index of 32,768: 4x its time)
         if self.length > self.count:
             out[:, self.ids[self.count : self.length]] = logits[:, self.count : self.length]
         return out
+
+
+def wide_buffer(buffer: Optional[Tensor], n: int, vocab: int, dtype: torch.dtype) -> Tensor:
+    """``buffer`` if it holds ``[>= n, vocab]`` in ``dtype``, else a new one of ``n`` rows (made with ``lasting``:
+    written in place in or out of inference mode). A runner keeps it and hands ``[:n]`` to ``HeadRows.full``: the
+    logits it returns are then valid until its next pass (its drafter reads each pass's before the next)."""
+    if buffer is not None and buffer.shape[0] >= n and buffer.shape[1] == vocab and buffer.dtype == dtype:
+        return buffer
+    with lasting():
+        return torch.empty((n, vocab), dtype=dtype)
 
 
 _KEPT = _ByTensor()  # a model's blocked output layer -> {count: its HeadRows}
@@ -101,4 +115,4 @@ def kept_rows(source: Tensor, vocab: int, count: int) -> HeadRows:
     return found
 
 
-__all__ = ["HeadRows", "ROOM", "kept_rows", "rows_words"]
+__all__ = ["HeadRows", "ROOM", "kept_rows", "rows_words", "wide_buffer"]

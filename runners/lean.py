@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from kernels.c_step import CStep, step_for
-from kernels.head_rows import HeadRows, kept_rows
+from kernels.head_rows import HeadRows, kept_rows, wide_buffer
 from kernels.step_pool import taken_step
 from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache, window_seen
 from runners.config import lean_label
@@ -61,6 +61,7 @@ class LeanRunner(TreePasses):
         self.ropes = RopeTable(model, self.forward.spec)  # the step's RoPE rows, made once (``runners.rope_table``)
         self.head_count = 0  # a drafter's: its C step passes compute this many output rows and its tokens' (``output_rows``)
         self.fed_tokens: set = set()  # every token fed while ``head_count`` is set (the rows it adds)
+        self.wide: Optional[Tensor] = None  # with ``head_count``: the [n, V] logits a pass returns, reused (``wide_buffer``)
 
     def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
         length, start = ids.shape[1], self.cached
@@ -107,7 +108,9 @@ class LeanRunner(TreePasses):
             cos, sin = self.ropes.at(positions, start if mask is None else None, self.capacity)  # [T, r, R], kept rows
             head = self._head_rows(new)
             logits, hidden = self.step(h, (cos, sin), self.cache, start, self._seen(mask, positions, start), n_last, self.hidden_layers, head)
-            logits = logits if head is None else head.full(logits)  # [n_last, V]: minus infinity past its rows
+            if head is not None:  # [n_last, V]: minus infinity past its rows, in this runner's buffer (valid until its next pass)
+                self.wide = wide_buffer(self.wide, n_last, head.vocab, logits.dtype)
+                logits = head.full(logits, self.wide[:n_last])
             self.step_passes += 1
         else:
             self._torch_cache()
@@ -120,7 +123,8 @@ class LeanRunner(TreePasses):
         ``0..count-1`` (BPE's most frequent), of every token this runner is fed from then on (the prompt, the
         output so far) and of the model's end tokens, minus infinity for the rest (``kernels.head_rows``). 0 (or
         the whole vocabulary): every row. Returns the rows it will compute before any token (None: every row,
-        the C step not running this model's passes)."""
+        the C step not running this model's passes). Such a pass returns its ``[n, V]`` logits in a buffer this
+        runner reuses (no allocation a pass): valid until its next pass, as a drafter reads them."""
         self.head_count, self.fed_tokens = count, set(end_tokens(self.model, None))
         if count <= 0 or count >= self.model.get_output_embeddings().out_features:
             self.head_count = 0

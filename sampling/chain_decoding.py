@@ -102,7 +102,8 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
         logits = target(ids[:, : cur + rows - 1], rows)[: k + 1]
         if config.vocab_size is not None:
             logits = logits[:, : config.vocab_size]
-        p = processor(logits)  # [k + 1, V]
+        # [k + 1, V]; greedy with a drafter that reads none: no softmax, the tokens from the logits (the same tokens)
+        p = processor(logits) if not greedy or drafter.fetches else None
         drafts = ids[0, cur : cur + k]
         if q is not None and k > 0 and not greedy:
             q = q.to(p.device)
@@ -112,9 +113,9 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
             corrections = p[:k] if config.skip_sample_adjustment else _residual(p[:k], q)
             own = torch.cat([processor.sample(corrections), processor.sample(p[k:])])[:, 0]
         else:
-            own = processor.sample(p)[:, 0]
+            own = (processor.sample(p) if p is not None else processor.choose(logits))[:, 0]
             matches = own[:k] == drafts
-        wanted = drafter.fetch(p)
+        wanted = drafter.fetch(p) if p is not None else None
         parts = [drafts, matches.long(), own] + [t.reshape(-1).to(own.device) for t in _tensors(wanted)]
         # the only host-device synchronisation of the step
         fetched = torch.cat(parts).tolist()

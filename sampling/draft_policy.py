@@ -358,8 +358,9 @@ class DraftPolicy:
             parts.append("start-up costs")
         return "policy chose: " + "; ".join(parts)
 
-    def update(self, drafted: int, accepted: int, rows: int | None = None) -> None:
-        """Learn from a step that verified ``drafted`` drafts in a pass over ``rows`` positions."""
+    def update(self, drafted: int, accepted: int, rows: int | None = None, made: int | None = None) -> None:
+        """Learn from a step that verified ``drafted`` drafts in a pass over ``rows`` positions; ``made``: the
+        drafts a drafter whose drafts are passes paid for (a tree's passes, priced each: ``step_cost``)."""
         evidence, self._evidence = self._evidence, None
         self.steps += 1
         if drafted == 0:
@@ -373,7 +374,8 @@ class DraftPolicy:
         if self.adaptive:
             self.gamma = min(self.gamma + 2, self.limit) if accepted == drafted else max(1, self.gamma - 1)
         if self.min_gain:
-            tokens = (accepted + 1) / self.step_cost(drafted, rows if rows is not None else drafted + 1)
+            priced = made if made is not None and self.per_draft else drafted  # a cheap drafter's host cost is a step's
+            tokens = (accepted + 1) / self.step_cost(priced, rows if rows is not None else drafted + 1)
             self.gain = tokens if self.gain is None else (self.gain + tokens) / 2
             if self.gain >= self.min_gain:  # an expensive drafter backs off from long pauses slowly
                 self.next_pause = self.pause_steps if not self.per_draft else max(self.pause_steps, self.next_pause // 2)

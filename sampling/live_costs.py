@@ -18,6 +18,8 @@ draft) is priced by the draft: its drafting seconds over the drafts it made (its
 around them), shrunk toward the start-up cost by ``PRIOR`` pseudo-drafts. Its drafting step's seconds are
 not a fixed cost besides: they are those drafts (counted twice, a fixed cost of about k drafts made long
 drafts look cheap, as it is amortized over more of them: the pair's speculative row drafted 6-11 a step).
+The tree loop prices a tree alike: its drafts are the passes its drafter ran for it (``Drafter.tree_drafts``:
+a head's or a drafter model's, one a level), whatever part of the tree is verified.
 """
 from typing import Dict, List, Optional, Sequence, Tuple
 

@@ -173,9 +173,10 @@ def walk_by_acceptance(children: List[List[int]], accepted: List[int], correctio
 
 
 def _proposal(drafter: TreeDrafter, tokens: List[int], budget: int, room: int, policy: DraftPolicy, record: TreeRecord,
-              with_probs: bool) -> Tuple[List[int], List[int], List[int], Tensor | None, List[int] | None]:
+              with_probs: bool) -> Tuple[List[int], List[int], List[int], Tensor | None, List[int] | None, int]:
     """The tree to verify this step: nodes, parents, depths, for a drafter with probabilities ``q``
-    ``[1 + N, V]``, and each node's evidence (``tree_evidence``; else None). Nodes deeper than
+    ``[1 + N, V]``, each node's evidence (``tree_evidence``; else None), and the drafts the drafter paid
+    for (``Drafter.tree_drafts``: its passes, whatever is verified of them). Nodes deeper than
     ``room`` are dropped, then the best prefix or the best chain kept (``tree_shape.choose_nodes``, by
     the measured pass costs). For drafts with probabilities the estimates come from the shape only,
     never from a token, so they stay independent samples of their parents' ``q``; a deterministic
@@ -187,6 +188,7 @@ def _proposal(drafter: TreeDrafter, tokens: List[int], budget: int, room: int, p
         nodes, parents, q = drafter.propose_tree_with_probs(tokens, budget)
     else:
         nodes, parents = drafter.propose_tree(tokens, budget)
+    made = drafter.tree_drafts(parents)
     own = None if with_probs else drafter.estimates()  # a drafter's own estimates rank tokens: deterministic drafts only
     evidence = drafter.evidence() if drafter.tree_evidence and not with_probs else None
     depths = tree_depths(parents)
@@ -207,7 +209,7 @@ def _proposal(drafter: TreeDrafter, tokens: List[int], budget: int, room: int, p
     kept = [kept[i] for i in chosen]
     if q is not None:
         q = q[[0] + [1 + i for i in kept]] if kept else None
-    return nodes, parents, [depths[i] for i in kept], q, None if evidence is None else [evidence[i] for i in chosen]
+    return nodes, parents, [depths[i] for i in kept], q, None if evidence is None else [evidence[i] for i in chosen], made
 
 
 @torch.no_grad()
@@ -252,8 +254,8 @@ def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, confi
         asked = policy.length(policy.bound()) > 0 and room > 0 if drafting else False
         drafting = True
         clock = time.perf_counter()
-        nodes, parents, depths, q, evidence = (_proposal(drafter, tokens, config.gamma, room, policy, record, with_probs) if asked
-                                               else ([], [], [], None, None))
+        nodes, parents, depths, q, evidence, made = (_proposal(drafter, tokens, config.gamma, room, policy, record, with_probs)
+                                                     if asked else ([], [], [], None, None, 0))
         drafted_at = time.perf_counter()
         n_nodes = len(nodes)
         if n_nodes:
@@ -262,15 +264,15 @@ def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, confi
             logits = target(ids[:, :cur], 1)
         if config.vocab_size is not None:
             logits = logits[:, : config.vocab_size]
-        p = processor(logits)  # [1 + N, V]
+        p = processor(logits) if not greedy or drafter.fetches else None  # [1 + N, V]; greedy: as the chain loop
         children = _children(parents)
         if q is not None and not greedy:
             accepted, corrections = multi_candidate_draws(p, q.to(p.device), nodes, children, processor)
             decided = [accepted.long(), corrections]
         else:
-            decided = [processor.sample(p)[:, 0]]
-        wanted_back = drafter.fetch(p)
-        parts = decided + [t.reshape(-1).to(p.device) for t in _tensors(wanted_back)]
+            decided = [(processor.sample(p) if p is not None else processor.choose(logits))[:, 0]]
+        wanted_back = drafter.fetch(p) if p is not None else None
+        parts = decided + [t.reshape(-1).to(decided[0].device) for t in _tensors(wanted_back)]
         # the only host-device synchronisation of the step
         fetched = torch.cat(parts).tolist()
         if q is not None and not greedy:
@@ -291,7 +293,8 @@ def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, confi
             target.keep_branch(cur, path)
         levels = max(depths) + 1 if n_nodes else 0
         stopped_below = children[path[-1] + 1 if path else 0] != []  # a rejection at the last row reached
-        policy.update(n + int(stopped_below) if n_nodes else 0, n, 1 + n_nodes)  # pauses, min_gain: per pass and its cost
+        # pauses, min_gain: per pass and its cost, the drafts made priced each as the chain loop prices them
+        policy.update(n + int(stopped_below) if n_nodes else 0, n, 1 + n_nodes, made)
         if n_nodes:
             record.update(children, path, evidence)
         stats.record_step(levels, min(n, len(emitted)), len(emitted))
@@ -300,7 +303,7 @@ def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, confi
         stats.draft_seconds += drafted_at - clock
         stats.verify_seconds += verified_at - drafted_at
         if cur > len(prompt):  # the first pass also runs the prompt: not what a tree of its size costs
-            policy.measured(1 + n_nodes, verified_at - drafted_at, drafted_at - clock, bool(asked))  # for the next trees' sizes
+            policy.measured(1 + n_nodes, verified_at - drafted_at, drafted_at - clock, bool(asked), made)  # for the next steps
         shown = [nodes[i] for i in path] + ([nodes[children[path[-1] + 1 if path else 0][0]]] if stopped_below else [])
         config.observe(Step(tokens, cur, len(prompt), shown, n, own, stop_at is not None, rows=1 + n_nodes))
         if stop_at is not None:

@@ -80,7 +80,7 @@ def steps_until_a_tree_pays(policy: DraftPolicy, record: TreeRecord, steps: int 
     drafter = Fixed()
     for step in range(steps):
         probing = policy.probes()
-        nodes, parents, _, _, evidence = _proposal(drafter, [1, 2, 3], 16, 64, policy, record, False)
+        nodes, parents, _, _, evidence, _ = _proposal(drafter, [1, 2, 3], 16, 64, policy, record, False)
         if not nodes:
             empty += 1
             continue

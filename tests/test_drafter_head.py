@@ -58,6 +58,27 @@ def test_part_rows_are_the_whole_layers_bit_for_bit_and_minus_infinity_elsewhere
     assert torch.isfinite(cut[:, [450, 451]]).all() and torch.equal(cut[:, kept + [450, 451]], full[:, kept + [450, 451]])
 
 
+def test_a_second_pass_of_the_same_width_allocates_no_new_full_width_logits():
+    """A drafter's pass spreads its rows' logits over the vocabulary in a buffer its runner reuses: the second
+    pass of a width writes the first's memory, and torch's allocator sees no block of ``[n, V]`` made during it
+    (the cut's point is a cheap pass); its logits are still those of a fresh runner, bit for bit."""
+    from utils.allocations import counted
+
+    _, drafter = pair(torch.float32)
+    runner, fresh = LeanRunner(drafter), LeanRunner(drafter)
+    runner.output_rows(ROWS)
+    n, ids = 3, torch.tensor([PROMPT + [450, 451, 452]])
+    first = runner(ids, n)
+    address = first.data_ptr()
+    runner.rollback(len(PROMPT))
+    with counted() as held:
+        second = runner(ids, n)
+    made = [b - a for (_, a), (_, b) in zip([(0, 0)] + held.trace, held.trace)]
+    assert second.data_ptr() == address and max(made) < n * VOCAB * second.element_size(), made
+    fresh.output_rows(ROWS)
+    assert torch.equal(second, fresh(ids, n))
+
+
 def test_tokens_fed_on_the_torch_forward_join_the_rows_too():
     """A pass the torch forward runs (every row, its plan not the skinny kernel's) still feeds its tokens to the rows."""
     from runners import kernels

@@ -257,9 +257,12 @@ def test_a_tree_holds_every_ancestor_and_ranks_by_path_probability(trained):
     ids = torch.tensor([PROMPT])
     runner(ids, 1)
     drafter.accept(PROMPT + [7], len(PROMPT), 0, None)
+    passes, step = [], drafter._draft_step
+    drafter._draft_step = lambda *args, **rows: passes.append(1) or step(*args, **rows)
     nodes, parents = drafter.propose_tree(PROMPT + [7], 10)
     estimates = drafter.estimates()
     assert len(nodes) == len(parents) == len(estimates) == 10
+    assert drafter.tree_drafts(parents) == len(passes) >= 2  # its drafts, as the tree loop prices them: the head's passes
     assert all(-1 <= p < i for i, p in enumerate(parents))
     assert estimates == sorted(estimates, reverse=True)
     assert all(estimates[i] <= estimates[p] for i, p in enumerate(parents) if p >= 0)

@@ -13,7 +13,7 @@ from families import gemma3, phi3
 from models.layer_spec import model_spec
 from models.llama import rope_tables
 from runners.rope_table import RopeTable
-from sampling import autoregressive_generate
+from sampling import GenerationStats, autoregressive_generate
 from utils.logits_processor import GreedyProcessor, MultinomialProcessor, NucleusProcessor, TopKProcessor, clear_argmax
 
 
@@ -86,6 +86,58 @@ def test_several_rows_and_other_shapes():
         assert torch.equal(chosen, old_token(processor, logits))
     row = torch.randn((1, 100), generator=gen)[:, ::2]  # not contiguous
     assert torch.equal(processor.choose(row), old_token(processor, row))
+
+
+def test_a_verification_passs_rows_are_each_chosen_from_the_logits_and_one_unclear_row_takes_the_softmax(monkeypatch):
+    """The ``k + 1`` rows of a greedy verification pass: each clear row's token from its own logits, no softmax;
+    one near tie among them and every row goes through the probabilities, the tokens unchanged either way."""
+    calls = []
+    softmax = torch.nn.functional.softmax
+    monkeypatch.setattr(torch.nn.functional, "softmax", lambda *a, **k: calls.append(1) or softmax(*a, **k))
+    processor = GreedyProcessor()
+    logits = torch.randn((6, 4096), generator=torch.Generator().manual_seed(3)) * 3
+    assert torch.equal(processor.choose(logits), old_token(processor, logits)) and len(calls) == 1  # old_token's alone
+    logits[4, 7] = logits[4].max() + 2.0 ** -20  # row 4 a near tie
+    calls.clear()
+    assert torch.equal(processor.choose(logits), old_token(processor, logits)) and len(calls) == 2
+
+
+@pytest.mark.parametrize("trees", [False, True])
+def test_greedy_loops_make_no_softmax_for_a_drafter_that_reads_none(trees, monkeypatch):
+    """A chain, and a tree, of deterministic drafts from a drafter that fetches nothing: the loop takes each
+    verified row's token from the logits (no softmax over the vocabulary), and emits target AR's tokens."""
+    from drafters.base import Drafter, write_drafts
+    from runners import KVCacheModel
+    from sampling.chain_decoding import draft_and_verify
+    from sampling.config import GenerationConfig
+    from sampling.tree_decoding import draft_tree_and_verify
+
+    target = llama().float()
+    prompt, length = [5, 9, 2, 7, 11, 5, 9], 24
+    ref = autoregressive_generate(prompt, target, length, eos_tokens_id=-1, use_cache=True)
+
+    class Repeat(Drafter):  # what followed the last token's latest earlier occurrence (a tree: and a sibling, 3)
+        supports_trees = True
+
+        def _after(self, tokens, k):
+            at = max((i for i in range(len(tokens) - 1) if tokens[i] == tokens[-1]), default=len(tokens))
+            return tokens[at + 1 : at + 1 + k]
+
+        def propose(self, ids, tokens, k):
+            return write_drafts(ids, len(tokens), self._after(tokens, k)), None
+
+        def propose_tree(self, tokens, budget):
+            chain = self._after(tokens, 2)
+            return chain + [3], [-1, 0][: len(chain)] + [-1]
+
+    calls = []
+    softmax = torch.nn.functional.softmax
+    monkeypatch.setattr(torch.nn.functional, "softmax", lambda x, *a, **k: calls.append(tuple(x.shape)) or softmax(x, *a, **k))
+    loop = draft_tree_and_verify if trees else draft_and_verify
+    stats = GenerationStats()
+    out = loop(prompt, KVCacheModel(target, True), Repeat(), GenerationConfig(max_gen_len=length, use_cache=True, trees=trees, gamma=3,
+                                                                              stats=stats))
+    assert out == ref and stats.drafted > 0 and calls == []
 
 
 def test_a_subclass_rule_is_kept():

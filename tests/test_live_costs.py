@@ -179,3 +179,83 @@ def test_costs_the_user_gave_are_weighed_as_given_and_measured_ones_again_in_the
     measured = DraftPolicy.calibrated(Costs(Finding(rows, "measured", MEASURED)))
     assert not given.live and given.live_costs is None and given.row_costs == rows
     assert measured.live and measured.live_costs is not None
+
+
+class _Clock:
+    """The loop's clock, advanced only by what the test says a pass costs (``unit`` seconds a one-position pass)."""
+
+    def __init__(self, unit: float = 0.010):
+        self.now, self.unit = 0.0, unit
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class _PricedTarget:
+    """A target runner whose passes advance ``clock`` by ``COSTS`` of their width (delegates all else)."""
+
+    def __init__(self, runner, clock: _Clock):
+        self.runner, self.clock = runner, clock
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+    def __call__(self, ids, n_last=1):
+        self.clock.now += self.clock.unit * COSTS[n_last - 1]
+        return self.runner(ids, n_last)
+
+    def tree_pass(self, ids, cur, nodes, parents):
+        self.clock.now += self.clock.unit * COSTS[len(nodes)]
+        return self.runner.tree_pass(ids, cur, nodes, parents)
+
+
+def _oracle_tree(expected, prompt_length: int, clock: _Clock, price: float):
+    """A drafter model's tree (not cheap): target AR's next two tokens as a chain, a wrong sibling beside the
+    first; two levels, two passes (``Drafter.tree_drafts``' default), each costing ``price`` of a one-position pass."""
+    from drafters.base import Drafter
+
+    class Oracle(Drafter):
+        cheap, supports_trees = False, True
+
+        def propose_tree(self, tokens, budget):
+            clock.now += 2 * price * clock.unit
+            at = len(tokens) - prompt_length
+            right = list(expected[at : at + 2])
+            wrong = (right[0] + 1) % 512
+            return ([right[0], wrong] + right[1:])[:budget], [-1, -1, 0][: min(budget, len(right) + 1)]
+
+    return Oracle()
+
+
+def _tree_run(price: float, monkeypatch) -> tuple:
+    """A greedy tree run whose drafter's two passes cost ``price`` each in the loop (0.55 at start-up): (output, expected, policy, stats)."""
+    from conftest import llama
+    from runners import KVCacheModel
+    from sampling import autoregressive_generate, tree_decoding
+    from sampling.config import GenerationConfig
+    from sampling.tree_decoding import draft_tree_and_verify
+
+    model, prompt, length = llama(), [5, 17, 33, 5, 17, 40, 2, 9], 60
+    expected = autoregressive_generate(prompt, model, length + 2, eos_tokens_id=[], use_cache=True)
+    clock = _Clock()
+    monkeypatch.setattr(tree_decoding, "time", clock)
+    policy = DraftPolicy(row_costs=COSTS, draft_cost=0.55, min_gain=1.0, live=True)
+    stats = GenerationStats()
+    config = GenerationConfig(max_gen_len=length, gamma=3, use_cache=True, first_target=True, trees=True, policy=policy, stats=stats)
+    target = _PricedTarget(KVCacheModel(model, True), clock)
+    out = draft_tree_and_verify(prompt, target, _oracle_tree(expected, len(prompt), clock, price), config)
+    return out, expected[:length], policy, stats
+
+
+def test_the_tree_loop_prices_a_drafter_models_passes_each_as_the_chain_loop_does(monkeypatch):
+    """A tree drafter's passes are its drafts (``Drafter.tree_drafts``), priced each as the loop paid them, not
+    also as a fixed cost a step: at 0.55 of a step a draft, a step of three tokens for a three-position pass and
+    two drafts pays (1.1 + 2 x 0.55 = 2.2) and the loop keeps drafting; counted twice (3.3), it paused. At 1.5
+    a draft the same trees do not pay and it pauses. The loop's seconds are given (a clock the passes advance)."""
+    for price, pays in ((0.55, True), (1.5, False)):
+        out, expected, policy, stats = _tree_run(price, monkeypatch)
+        assert out == expected  # greedy: target AR's tokens, drafting or paused
+        per_draft = policy.live_costs.per_draft  # shrunk toward the start-up 0.55 by PRIOR pseudo-drafts
+        assert per_draft == pytest.approx(0.55) if pays else 1.2 < per_draft < 1.5
+        assert f"a draft {per_draft:.3f} of a step" in policy.chosen()
+        assert (stats.paused_steps == 0) == pays, (price, stats.paused_steps, policy.chosen())

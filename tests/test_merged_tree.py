@@ -212,3 +212,17 @@ def test_the_repl_toggles_the_merged_tree_and_shows_which_source_paid(tiny_model
     assert "Merged tree (suffix, n-gram, recycling, drafter): on" in result.stdout
     table = result.stdout[result.stdout.index("Target AR") :]
     assert "Merged tree" in table
+
+
+def test_a_merged_trees_drafts_are_its_models_passes_and_the_other_sources_are_host_work():
+    """What the tree loop prices a draft each (``Drafter.tree_drafts``): the drafter model's passes for the tree
+    (one a depth), whatever the suffix and n-gram sources add; none without a model (a cheap tree)."""
+    prompt = [5, 17, 33, 5, 17, 40, 2, 9, 5, 17, 33]
+    config = GenerationConfig(use_cache=True, trees=True, gamma=12)
+    for model, passes in ((drafter_model(), 3), (None, 0)):
+        context = DraftContext(storage=NGramStorage(3, target().config.vocab_size), drafter=model)
+        drafter = MergedSpec(tree_size=12, model_depth=3).make(prompt, target(), config, context)
+        before = drafter.model.runner.forward_passes if model is not None else 0
+        nodes, parents = drafter.propose_tree(prompt, 12)
+        assert nodes and drafter.cheap == (model is None)
+        assert drafter.tree_drafts(parents) == passes == (drafter.model.runner.forward_passes - before if model is not None else 0)

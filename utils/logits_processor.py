@@ -3,7 +3,8 @@
 The two halves are kept apart so that verification can compare the target's and the
 drafter's *probabilities* and still draw tokens with the same rule. No processor
 modifies the caller's logits tensor. ``choose`` is the two in one, for a caller that needs
-no probabilities (target AR): the same tokens, and greedy's skips the softmax where it can.
+no probabilities (target AR, a greedy loop's verification): the same tokens, and greedy's skips the
+softmax where it can.
 """
 import abc
 import math
@@ -88,12 +89,17 @@ class GreedyProcessor(LogitsProcessor):
         return torch.argmax(probs, dim=-1, keepdim=True)
 
     def choose(self, logits: Tensor) -> Tensor:
-        """The token ``sample(self(logits))`` gives, from the logits where that is sure (``clear_argmax``:
-        one CPU row whose largest logit stands clear of the rest), else through the probabilities."""
+        """The tokens ``sample(self(logits))`` gives, from the logits where that is sure (``clear_argmax``: CPU
+        rows whose largest logit stands clear of the rest, each row; a verification pass's ``k + 1`` rows too),
+        else through the probabilities of every row (one row unclear: the softmax decides, as it always did)."""
         plain = (type(self).__call__ is LogitsProcessor.__call__ and type(self)._process is LogitsProcessor._process
                  and type(self).sample is GreedyProcessor.sample)  # a subclass's own rule goes its own way
-        token = clear_argmax(logits, self.temperature) if plain else None
-        return token if token is not None else self.sample(self(logits))
+        if plain and logits.dim() > 0 and logits.shape[-1] > 0:
+            rows = logits.reshape(-1, logits.shape[-1])
+            tokens = [clear_argmax(rows[r : r + 1], self.temperature) for r in range(rows.shape[0])]
+            if tokens and all(t is not None for t in tokens):
+                return torch.cat(tokens).reshape(*logits.shape[:-1], 1)
+        return self.sample(self(logits))
 
 
 class MultinomialProcessor(LogitsProcessor):
