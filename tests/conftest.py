@@ -39,6 +39,9 @@ else:
 # speed depends on it; a policy the caller set is kept. The subprocesses' environments take this mapping,
 # inductor's compile threads too: the REPL's and README's helpers build an environment from scratch, and
 # `--compile`'s start there ran a pool of compile workers the setting above means to spare.
+# Their thread count stays the app's own (2 here; not OMP_NUM_THREADS=1): with the threads sleeping, one thread
+# was no clear gain (docs/robustness.md, 2026-11-30, noisy), and it would give their start-up records pytest's key
+# (threads 1), so what a REPL start measures or reads would depend on which test ran first.
 MEASUREMENTS_ENV = {"SPECDEC_CACHE": str(_RUN_CACHE), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive"),
                     "TORCHINDUCTOR_COMPILE_THREADS": os.environ["TORCHINDUCTOR_COMPILE_THREADS"]}
 os.environ.update(MEASUREMENTS_ENV)
