@@ -25,6 +25,7 @@ DEFAULT, NONE = 4096, 0  # bytes ahead: the build's default, and no software pre
 Timer = Callable[[int], float]  # bytes ahead -> seconds of a sample
 WORKING_SET = 64 << 20  # bytes a sample streams: the model's blocks (or copies) in turn, past the caches
 
+UNTIMED = "the build's default, untimed (no blocked weights of the model's to time on)"  # a ``Measured.how``
 _CHOSEN: Dict[Tuple[str, int], Measured] = {}  # (library's file, 0 float32 / 1 bfloat16) -> the choice
 
 
@@ -73,9 +74,15 @@ def choose(run: Timer) -> Measured:
 def settle(library: ctypes.CDLL, fmt: int, shape: Tuple[int, int], weights: Optional[Sequence[Tensor]] = None,
            run: Optional[Timer] = None) -> Measured:
     """Measure (the first time this process asks ``library`` for format ``fmt``'s kind) and set how far ahead its
-    tiles prefetch; ``weights``: the model's blocks of ``shape`` to time on (None: copies); ``run``: a given timer."""
+    tiles prefetch; ``weights``: the model's blocks of ``shape`` to time on; ``run``: a given timer. With neither
+    (a model whose layers are not released yet: the start-up's kernel measurement) the build's default is set and
+    nothing is timed or kept: copies to time on would add up to WORKING_SET bytes to the start's peak, and the
+    model's released blocks are timed when its step is made on them."""
     key = (getattr(library, "_name", str(id(library))), kind(fmt))
     found = _CHOSEN.get(key)
+    if found is None and weights is None and run is None:
+        apply(library, fmt, DEFAULT)
+        return Measured(DEFAULT, UNTIMED)
     if found is None:
         found = _CHOSEN[key] = choose(run or timer(library, fmt, shape, weights))
     apply(library, fmt, found.pick)

@@ -79,7 +79,7 @@ def make_runners(base, ids: torch.Tensor, args) -> tuple:
     from kernels import huge_pages
     from runners import LeanRunner
 
-    huge_pages.ON = not args.huge  # with --huge: the models' own copies on 4 KB pages, the copies' collapsed here
+    huge_pages.ON = huge_pages.ON and not args.huge  # with --huge: the models' own copies on 4 KB pages, the copies' collapsed here
 
     runners, reads = {}, {}
     for name in args.dtypes:

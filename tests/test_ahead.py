@@ -71,3 +71,15 @@ def test_every_distance_gives_every_pass_the_same_logits(fresh, dtype, monkeypat
             found.append(torch.cat([runner(ids[:, :length], n) for length, n in PASSES]))
             assert runner.step_passes == len(PASSES) + 1 and fresh.skinny_set_ahead(-1, -1, int(dtype == torch.bfloat16)) == bytes_ahead
         assert all(torch.equal(f, found[0]) for f in found[1:])
+
+
+def test_a_model_without_released_blocks_is_not_timed_on_copies_and_its_blocks_are_timed_later(fresh):
+    """No weights and no timer (a start's kernel measurement, before the release): the default set, nothing timed,
+    nothing allocated, nothing kept; the released blocks asked for next are timed."""
+    fresh.skinny_set_ahead(ahead.NONE, ahead.NONE, 0)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        untimed = ahead.settle(fresh, ahead.F32, (3072, 576))
+    assert untimed == ahead.Measured(ahead.DEFAULT, ahead.UNTIMED) and fresh.skinny_set_ahead(-1, -1, 0) == ahead.DEFAULT
+    assert sum(e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0) < 1 << 20  # no copies (64 MB)
+    blocks = [torch.full((4, 32, 16), 1 / 64) for _ in range(2)]
+    assert ahead.settle(fresh, ahead.F32, (64, 32), blocks).how == ahead.MEASURED

@@ -93,7 +93,7 @@ def test_the_output_layers_blocks_are_asked_onto_huge_pages_with_the_layers(dtyp
     """The release asks for 2 MB pages (``kernels.huge_pages``) over the output layer's blocks too, a fifth of
     SmolLM2's pass: the layers' and the output layer's spans in one call."""
     asked = []
-    monkeypatch.setattr(one_copy, "collapse", lambda spans: asked.extend(spans) or 0)
+    monkeypatch.setattr(one_copy, "collapse", lambda spans: asked.extend(spans) or 0)  # what it asks for, ON or not
     model = tied(dtype)
     stepped(model)
     blocks = model.lm_head.blocks
