@@ -10,7 +10,6 @@ bytes at the same addresses, so the same bits; where the kernel refuses (an olde
 2 MB page, a file mapping) the weights stay on 4 KB pages and nothing else changes."""
 import ctypes
 import errno
-import os
 from typing import Iterable, List, Optional, Tuple
 
 HUGE = 2 << 20  # bytes of a transparent huge page on x86-64 and (4 KB-page) arm64
@@ -18,9 +17,10 @@ MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25  # Linux's
 GAP = 64 << 10  # bytes between two spans that still join them into one run (the allocator's headers, alignment)
 # Off by default, so a release (``kernels.one_copy``) asks for nothing: with it on, a second start in one process
 # held 1.18x its bfloat16 weights by torch's allocator count instead of 1.085x (tests/test_startup_memory.py; the
-# cause not found, 2026-11-30), and no quiet run has shown a pass faster for it. ``SPECDEC_HUGE_PAGES=1`` turns it
-# on; ``scripts/pass_read.py --huge`` times a copy collapsed explicitly (``on=True``) against the model's own.
-ON = os.environ.get("SPECDEC_HUGE_PAGES", "") == "1"
+# cause not found, 2026-11-30), and no quiet run has shown a pass faster for it. ``kernels.huge_pages.ON = True``
+# before a model's step is made turns it on; ``scripts/pass_read.py --huge`` times a copy collapsed explicitly
+# (``on=True``) against the model's own.
+ON = False
 
 
 def runs(spans: Iterable[Tuple[int, int]]) -> List[Tuple[int, int]]:

@@ -16,7 +16,7 @@ A bfloat16 model alike: its layers' copies are blocked in bfloat16 (``[N/16, K/2
 so it holds about half a float32 model's bytes; its layers' forward reads them by the step's
 bfloat16 path (``kernels.bf16.layer_rows``: float32 sums, each output rounded to bfloat16 once).
 
-With ``SPECDEC_HUGE_PAGES=1`` the blocked copies made are then moved onto 2 MB pages where Linux grants them
+With ``kernels.huge_pages.ON`` set the blocked copies made are then moved onto 2 MB pages where Linux grants them
 (``kernels.huge_pages``: a pass streams them, and on 4 KB pages pays a TLB miss every 4 KB of each stream), the
 output layer's too; off by default (``kernels.huge_pages.ON`` says why). The output layer alike (``kernels.one_head``): its blocked copy is its one copy, and a tied embedding
 table reads its rows from it. The start-up kernel measurement
