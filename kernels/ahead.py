@@ -89,6 +89,16 @@ def settle(library: ctypes.CDLL, fmt: int, shape: Tuple[int, int], weights: Opti
     return found
 
 
+def words(library: ctypes.CDLL, fmt: int) -> str:
+    """The headers' words for how far ahead ``library``'s tiles of format ``fmt``'s kind prefetch, and why."""
+    found = _CHOSEN.get((getattr(library, "_name", str(id(library))), kind(fmt)))
+    if found is None:
+        return f"weights prefetched {DEFAULT // 1024} KB ahead (the build's default, untimed)"
+    if found.pick == NONE:
+        return "weights streamed without software prefetch by measurement"
+    return f"weights prefetched {found.pick // 1024} KB ahead by measurement"
+
+
 def forget() -> None:
     """Drop every choice: the next ``settle`` measures again."""
     _CHOSEN.clear()

@@ -229,15 +229,15 @@ def short_label(model: Module) -> str:
 
 
 def label(model: Module) -> str:
-    """What the headers call the C step running ``model``: ``LABEL``, with a bfloat16 model's weights, the
-    path that reads them and why, and its many-row variant ("C step (bfloat16 weights read by the AVX-512
-    widening load, float32 activations and sums, by measurement (...); prompt tile 8x3 by measurement (...);
-    skinny linears ...)")."""
-    dtype = next(model.parameters()).dtype
-    if dtype != torch.bfloat16 or not skinny.available()[0]:
+    """The headers' name of the C step running ``model``: ``LABEL``, with a bfloat16 model's path, why and its many-row
+    variant, and how far ahead decoding prefetches (``kernels.ahead``: "...; weights prefetched 4 KB ahead by measurement)")."""
+    if not skinny.available()[0]:
         return LABEL
     library = skinny.library()
-    return f"C step ({bf16.describe(library, weights_format(model, library), gate_up_shape(model))}; {LABEL.split(' (', 1)[1]}"
+    if next(model.parameters()).dtype != torch.bfloat16:
+        return f"{LABEL[:-1]}; {ahead.words(library, bf16.F32)})"
+    fmt = weights_format(model, library)
+    return f"C step ({bf16.describe(library, fmt, gate_up_shape(model))}; {LABEL.split(' (', 1)[1][:-1]}; {ahead.words(library, fmt)})"
 
 
 class CStep:

@@ -83,3 +83,12 @@ def test_a_model_without_released_blocks_is_not_timed_on_copies_and_its_blocks_a
     assert sum(e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0) < 1 << 20  # no copies (64 MB)
     blocks = [torch.full((4, 32, 16), 1 / 64) for _ in range(2)]
     assert ahead.settle(fresh, ahead.F32, (64, 32), blocks).how == ahead.MEASURED
+
+
+def test_the_headers_name_the_distance_and_how_it_was_chosen(fresh):
+    """Untimed: the build's default said so; raced: the winner, by measurement (the C step's label carries it)."""
+    assert ahead.words(fresh, ahead.F32) == "weights prefetched 4 KB ahead (the build's default, untimed)"
+    ahead.settle(fresh, ahead.F32, (64, 32), run={ahead.DEFAULT: 2e-3, ahead.NONE: 1e-3}.__getitem__)
+    assert ahead.words(fresh, ahead.F32) == "weights streamed without software prefetch by measurement"
+    ahead.settle(fresh, bf16.DOT, (64, 32), run={ahead.DEFAULT: 1e-3, ahead.NONE: 2e-3}.__getitem__)
+    assert ahead.words(fresh, bf16.DOT) == "weights prefetched 4 KB ahead by measurement"

@@ -8,7 +8,9 @@ import pytest
 import torch
 from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+import kernels.ahead as ahead
 from conftest import VOCAB, gpt2, llama
+from kernels import skinny
 from invariance import lean_equals_transformers
 from runners import EAGER, KVCacheModel, LeanRunner, RunnerConfig, kernels, lean_unsupported, make_runner, set_prepack
 
@@ -239,9 +241,10 @@ def test_make_runner_picks_the_lean_forward_by_default():
     with kernels(model, False):  # the model's own linears said explicitly: the torch forward
         assert EAGER.describe(model) == "static KV cache · eager · lean Llama forward (attention: SDPA)"
     model.to(torch.float64)
+    prefetch = ahead.words(skinny.library(), ahead.F32) if skinny_built() else ""  # as raced when the step was made
     assert step.endswith("lean Llama forward (attention: the step's own, row by row) on the C step (skinny linears "
-                         "on blocked weights, q/k/v and gate/up fused, row-invariant; the layers' weights held once, "
-                         "blocked)") or step == "no C compiler"
+                         f"on blocked weights, q/k/v and gate/up fused, row-invariant; {prefetch}; the layers' weights "
+                         "held once, blocked)") or step == "no C compiler"
     assert make_runner(model).cache_kind == "static"
     with pytest.raises(ValueError, match="forward must be"):
         RunnerConfig(forward="fast")
