@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from conftest import llama
 from drafters.cross_tokenizer import Translation, spelled
 from sampling import GenerationStats, autoregressive_generate, speculative_generate
-from test_lossless_sampling import chi_square_pvalue
+from test_lossless_sampling import chi_square_pvalue, exact_distribution as lossless_exact
 from utils.logits_processor import GreedyProcessor, MultinomialProcessor, NucleusProcessor, TopKProcessor
 
 # the power check (test_the_chi_square_test_sees_a_biased_cross_sampler) sees its bias at p = 5e-14 with
@@ -130,21 +130,9 @@ def sampling_pair():
     return llama(vocab=5, init=0.3, seed=3), llama(vocab=6, init=0.3, seed=4)
 
 
-@torch.no_grad()
 def exact_distribution(model, processor, prompt: List[int], length: int = LENGTH) -> dict:
-    """Probability of every continuation of ``length`` target tokens, by enumeration: one pass per
-    prefix (31 for 5 tokens and 3 positions, not 375 per continuation), the masses multiplied in the
-    same order, so the same floats."""
-    size = model.config.vocab_size
-    probs = {(): 1.0}
-    for _ in range(length):
-        grown = {}
-        for prefix, mass in probs.items():
-            p = processor(model(torch.tensor([prompt + list(prefix)])).logits[0, -1]).tolist()
-            for token in range(size):
-                grown[prefix + (token,)] = mass * p[token]
-        probs = grown
-    return probs
+    """The target's exact distribution over its whole vocabulary (``test_lossless_sampling``'s enumeration)."""
+    return lossless_exact(model, processor, prompt, length, model.config.vocab_size)
 
 
 def sample_many(generate) -> list:

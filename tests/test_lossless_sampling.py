@@ -26,14 +26,15 @@ def tiny_pair():
 
 
 @torch.no_grad()
-def exact_distribution(model, processor, prompt=PROMPT, length=LENGTH) -> dict:
-    """Probability of every continuation of ``length`` tokens, by enumeration."""
+def exact_distribution(model, processor, prompt=PROMPT, length=LENGTH, vocab=VOCAB) -> dict:
+    """Probability of every continuation of ``length`` tokens over ids ``0..vocab-1``, by enumeration: one pass
+    per prefix, the masses multiplied in order."""
     probs = {(): 1.0}
     for _ in range(length):
         grown = {}
         for prefix, mass in probs.items():
             p = processor(model(torch.tensor([prompt + list(prefix)])).logits[0, -1]).tolist()
-            for token in range(VOCAB):
+            for token in range(vocab):
                 grown[prefix + (token,)] = mass * p[token]
         probs = grown
     return probs
