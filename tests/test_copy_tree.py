@@ -2,7 +2,8 @@
 (siblings from distinct occurrences, ranked by backward match, the best one continued), its index
 against a plain scan, and its gate in the tree loop: each node estimated by its evidence, a tree cut
 to no node probed after ``next_pause`` such steps, so that a gate cut to zero recovers when the copy
-returns (and stays at zero without the probe). Greedy exactness and sampled losslessness: tests/test_trees.py."""
+returns (and stays at zero without the probe). Greedy exactness and sampled losslessness: tests/test_trees.py
+and tests/test_trees_sampled.py."""
 import random
 
 from drafters import CopyTreeDrafter, CopyTreeSpec, Drafter

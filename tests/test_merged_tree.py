@@ -18,7 +18,7 @@ from sampling.config import GenerationConfig
 from sampling.tree_decoding import draft_tree_and_verify
 from sampling.tree_shape import best_chain, choose_nodes
 from test_lossless_sampling import LENGTH, PROMPT as TINY_PROMPT
-from test_trees import SAMPLING, accept_first_child_anyway, exact, pvalue
+from test_trees_sampled import SAMPLING, accept_first_child_anyway, exact, pvalue
 from runners import KVCacheModel, RunnerConfig
 
 GEN = 30
