@@ -14,6 +14,8 @@ import torch
 from hypothesis import settings
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, T5Config, T5ForConditionalGeneration
 
+from worker_times import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401 (hooks: each worker's files and end)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may be downloaded in tests
 # the project's cache folder (utils.models.cache_dir, the one switch the library reads) is this run's
 # own: start-up measurements and compiled graphs start afresh at every run, so the suite takes the same
