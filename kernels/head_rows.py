@@ -10,6 +10,7 @@ one contiguous slice; each added token's row is copied into the lanes after them
 logits outside the rows are minus infinity (``full``), so its distribution is zero there, and a draft is drawn
 from the distribution the loop is told (speculative sampling stays exact; greedy compares tokens).
 """
+import math
 import weakref
 from typing import Iterable, Optional
 
@@ -18,6 +19,7 @@ from torch import Tensor
 
 from kernels.blocked import BLOCK, _ByTensor, _memory, lasting
 
+NUMPY = (torch.float32, torch.float64)  # the logits' dtypes ``full`` writes with numpy (the C step's: float32)
 ROOM = 8192  # tokens past the first ``count`` a drafter's rows take at most (a long prompt's distinct ones): 14 MB at 896 bfloat16 features
 
 
@@ -82,6 +84,15 @@ class HeadRows:
         drafter's pass allocates no ``[n, V]`` tensor; ``wide_buffer``), else into a new tensor."""
         if out is None:
             out = torch.empty((logits.shape[0], self.vocab), dtype=logits.dtype)
+        if logits.device.type == "cpu" and logits.dtype in NUMPY and out.dtype == logits.dtype:
+            # numpy's copies, on this thread: torch's fill of [n, V] is an intra-op parallel region, whose threads wait
+            # for a core on a busy machine (scripts/pair_split.py: ms a drafter pass); the same values either way
+            wide, part = out.numpy(), logits.numpy()
+            wide.fill(-math.inf)
+            wide[:, : self.count] = part[:, : self.count]
+            if self.length > self.count:
+                wide[:, self.ids[self.count : self.length].numpy()] = part[:, self.count : self.length]
+            return out
         out.fill_(float("-inf"))  # every lane: the rows held may differ from the last pass's (``take``)
         out[:, : self.count] = logits[:, : self.count]  # the first rows are ids 0..count-1: a slice (an index of 32,768: 4x its time)
         if self.length > self.count:

@@ -74,9 +74,14 @@ def _with_source(line: str, source: str) -> str:
 
 
 def _model_key(model: Module, runner: RunnerConfig) -> dict:
-    """A model as a measurement of its passes depends on it: identity, kernels, compiled, cache kind."""
-    return {"model": saved.model_identity(model), **kernels.identity(model), "compiled": runner.compiled_for(model),
-            "cache": runner.cache_for(model), **({"llama.cpp": runner.gguf} if runner.gguf is not None else {}),
+    """A model as a measurement of its passes depends on it: identity, kernels and the library they are built in (the
+    C step's and the skinny kernel's: another build may cost a pass's width otherwise; the bfloat16 pair's saved
+    verification costs, 1.37 at 12 positions from a day's first start, measured 2.7 on a build of that afternoon),
+    compiled, cache kind. On a GPU no library: none is built for it."""
+    build = skinny.identity() if model_device(model).type == "cpu" else "none"
+    return {"model": saved.model_identity(model), **kernels.identity(model), "build": build,
+            "compiled": runner.compiled_for(model), "cache": runner.cache_for(model),
+            **({"llama.cpp": runner.gguf} if runner.gguf is not None else {}),
             **({"forward": "lean"} if runner.lean_for(model) else {}), **({"forward": "step"} if runner.step_for(model) else {})}
 
 

@@ -9,7 +9,7 @@ import torch
 from conftest import llama, perturbed_copy
 from drafters.model import drafted_rows_words
 from kernels import skinny
-from kernels.head_rows import ROOM, kept_rows
+from kernels.head_rows import ROOM, HeadRows, kept_rows
 from runners import LeanRunner, RunnerConfig
 from sampling import autoregressive_generate, speculative_generate
 from sampling.config import Observer
@@ -77,6 +77,25 @@ def test_a_second_pass_of_the_same_width_allocates_no_new_full_width_logits():
     assert second.data_ptr() == address and max(made) < n * VOCAB * second.element_size(), made
     fresh.output_rows(ROWS)
     assert torch.equal(second, fresh(ids, n))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_spread_over_the_vocabulary_on_this_thread_with_the_same_values(dtype):
+    """``HeadRows.full`` puts each row's logit at its id and minus infinity elsewhere, over a buffer dirty from an
+    earlier pass; float32 logits (the C step's) are spread by numpy, no torch kernel running over ``[n, V]`` (torch's
+    fill is an intra-op parallel region: on a busy machine its threads wait for a core), bfloat16 ones by torch, alike."""
+    source = torch.randn((VOCAB // 16, 8, 16), generator=torch.Generator().manual_seed(3)).to(dtype)
+    rows = HeadRows(source, VOCAB, ROWS)
+    rows.add([300, 40, 450])  # past the first 32: spread by index
+    logits = torch.randn((2, rows.rows), generator=torch.Generator().manual_seed(4)).to(dtype)
+    expected = torch.full((2, VOCAB), float("-inf"), dtype=dtype)
+    expected[:, rows.ids[: rows.length]] = logits[:, : rows.length]
+    out = torch.randn((2, VOCAB)).to(dtype)  # a reused buffer: the last pass's values in every lane
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as seen:
+        spread = rows.full(logits, out)
+    assert spread.data_ptr() == out.data_ptr() and torch.equal(spread, expected)
+    kernels = [e.name for e in seen.events() if any(word in e.name for word in ("fill", "copy", "index"))]
+    assert (kernels == []) == (dtype == torch.float32), kernels
 
 
 def test_tokens_fed_on_the_torch_forward_join_the_rows_too():

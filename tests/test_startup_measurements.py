@@ -119,6 +119,22 @@ def test_a_saved_result_is_reused_with_its_date_unless_remeasure(model, monkeypa
     assert re.search(r"Verification cost by positions 1\.\.12: .* \(reused from \d{4}-\d\d-\d\d \d\d:\d\d\)$", policy.calibration)
 
 
+def test_pass_costs_saved_on_another_kernel_build_are_measured_again(model, monkeypatch):
+    """The verification costs and the drafter's cost are kept per build of the kernels' library (the C step's): a
+    build whose paths cost a width otherwise is not weighed on an earlier build's costs; the same build reuses them."""
+    fake_passes(monkeypatch)
+    measured = []
+    real_rows, real_draft = timing.measure_row_costs, timing.measure_draft_cost
+    monkeypatch.setattr(timing, "measure_row_costs", lambda *a, **k: measured.append("rows") or real_rows(*a, **k))
+    monkeypatch.setattr(timing, "measure_draft_cost", lambda *a, **k: measured.append("draft") or real_draft(*a, **k))
+    drafter = llama(window=512, layers=1)
+    for build in ("skinny-a.so", "skinny-a.so", "skinny-b.so"):
+        monkeypatch.setattr(steps.skinny, "identity", lambda build=build: build)
+        steps.verification_step(model, EAGER, quiet())
+        steps.drafter_step(drafter, model, EAGER, EAGER, quiet())
+    assert measured == ["rows", "draft", "rows", "draft"]
+
+
 def test_a_reused_choice_is_applied_and_named_on_the_header(model):
     first = steps.cache_step(model, "target", quiet(clock=slow_clock()))
     steps.cache_step(model, "target", quiet(clock=slow_clock(), busy="busy"))  # the fallback is noisy: reused only when busy
