@@ -29,9 +29,10 @@ from kernels.one_copy import group_blocks, groups, release, released
 from kernels.memory_fits import can_prepack, copy_fits
 from kernels.prepacking import SKINNY, PrepackedLinear, changes, plan
 from kernels.prompt_gemm import DEFAULT_CHUNK, MANY_ROWS, ROWS_MULTIPLE, chunk_bounds, plan_of  # noqa: F401 (ROWS_MULTIPLE: theirs)
-from kernels.step_structs import Layer as _Layer, dims as _dims
+from kernels.step_structs import Layer as _Layer, Top, dims as _dims
 from models.llama import layout
 from models.layer_spec import ModelSpec, family_of, model_spec, norm_eps, norm_modules, spec_unsupported
+from utils.logits_processor import with_tops
 from utils.module_walk import first_parameter
 
 # A pass over more positions (a long prompt) runs in chunks of this many (or its model's prompt plan's,
@@ -354,16 +355,19 @@ class CStep:
         hidden = torch.empty((r, len(hidden_layers) * self.dims.H)) if hidden_layers else None
         mask = None if seen is None else seen.to(torch.uint8).view(-1, r, start + r)
         first_logit = r - n_last  # the first position whose logits are asked
+        tops = (Top * n_last)() if head is None else None  # each row's argmax, read in the same call (``with_tops``)
         for a, b in chunk_bounds(r, chunk):
             self.dims.tile = tile if b - a > bf16.decoding_rows(self.library, self.dims.weights) else 0  # decoding's loop up to it
             masks = (None, None) if mask is None else tuple(m[a:b, : start + b].contiguous() for m in mask[[0, -1]])
             asked = max(0, b - max(a, first_logit))  # this chunk's last `asked` positions have logits asked
             out = logits[max(a, first_logit) - first_logit:][:asked]  # [asked, V]: V the columns, asked the rows
             self.dims.kept = 0 if state is None else state.upto  # the blocks it transposes: from min(kept, start + a)
+            self.dims.tops = None if tops is None or not asked else ctypes.addressof(tops) + (max(a, first_logit) - first_logit) * ctypes.sizeof(Top)
             self._run((h[a:b], cos[:, a:b].contiguous(), sin[:, a:b].contiguous()), start + a, masks, at,
                       None if hidden is None else hidden[a:b], out, output, threads)
             passed(cache, state, start + b)
-        return logits, hidden
+        self.dims.tops = None
+        return (logits if tops is None else with_tops(logits, [(t.at, t.top, t.others) for t in tops])), hidden
 
     def _run(self, rows: Tuple[Tensor, Tensor, Tensor], start: int, masks: Tuple[Optional[Tensor], Optional[Tensor]], at: Tensor,
              hidden: Optional[Tensor], logits: Tensor, head: Tensor, threads: int) -> None:
