@@ -335,8 +335,9 @@ class CStep:
         """One pass: ``h`` ``[r, H]`` the fed ids' embeddings (overwritten), ``rope``: cos, sin ``[T, r, R]`` (the
         model's RoPE tables, ``ModelSpec.ropes``), their keys and values written to slots ``start..start + r - 1``
         of ``cache``; ``seen`` bool, a tree pass's ``[r, start + r]``, or ``[2, r, start + r]``: what the full
-        layers see, then what the sliding ones do (``models.llama.window_seen``); None: causal. Returns logits ``[n_last, V]`` (``head``:
-        ``[n_last, head.rows]``, a drafter's rows, ``kernels.head_rows``) and, with ``hidden_layers``, the residual stream entering those layers ``[r, len(hidden_layers) * H]``."""
+        layers see, then what the sliding ones do (``models.llama.window_seen``); None: causal. Returns logits ``[n_last, V]``, each
+        row's greedy token read in the same call kept on them (``utils.logits_processor.with_tops``; ``head``:
+        ``[n_last, head.rows]``, a drafter's rows, ``kernels.head_rows``, none kept) and, with ``hidden_layers``, the residual stream entering those layers ``[r, len(hidden_layers) * H]``."""
         self.current()
         state = self.bind(cache)
         r, threads = h.shape[0], torch.get_num_threads()
