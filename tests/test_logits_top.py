@@ -97,7 +97,7 @@ def test_greedy_tokens_with_the_tops_are_those_without(dtype, monkeypatch):
     run = lambda: autoregressive_generate(prompt, model, max_gen_len=24, eos_tokens_id=[], use_cache=True)  # noqa: E731
     with_them = run()
     monkeypatch.setattr(processors, "row_tops", lambda logits: None)
-    assert run() == with_them
+    assert run() == with_them and len(with_them) == 24
 
 
 def test_a_verifications_first_rows_keep_their_tops_and_lose_them_with_a_write():
@@ -118,7 +118,7 @@ def test_greedy_chain_verification_with_the_tops_gives_the_tokens_without(monkey
     run = lambda: generate(prompt, model, PromptLookupSpec(), dict(max_gen_len=24, eos_tokens_id=[], use_cache=True))[0]  # noqa: E731
     with_them = run()
     monkeypatch.setattr(processors, "row_tops", lambda logits: None)
-    assert run() == with_them
+    assert run() == with_them and len(with_them) == 24
 
 
 def test_logits_made_in_inference_mode_carry_no_tops():
@@ -129,3 +129,23 @@ def test_logits_made_in_inference_mode_carry_no_tops():
     with torch.inference_mode():
         logits = LeanRunner(model)(ids, 2)
     assert row_tops(logits) is None and GreedyProcessor().choose(logits)[:, 0].tolist() == torch.argmax(logits, -1).tolist()
+
+
+def test_clear_tokens_are_chooses_as_ints_and_none_where_choose_must_decide():
+    model, ids = llama().to(torch.float32), ids_for(30, seed=27)
+    with torch.no_grad():
+        logits = LeanRunner(model)(ids, 4)
+    greedy = GreedyProcessor()
+    assert greedy.clear_tokens(logits) == greedy.choose(logits)[:, 0].tolist() == torch.argmax(logits, -1).tolist()
+    near = torch.zeros(1, 50)
+    near[0, 3], near[0, 4] = 1.0, 1.0 + 2.0 ** -20
+    with_tops(near, tops_of([near[0]]))
+    assert greedy.clear_tokens(near) is None  # a near tie: the softmax's to decide
+
+    class Last(GreedyProcessor):  # a rule of its own: never the tops' answer
+        def sample(self, probs):
+            return torch.full((probs.shape[0], 1), probs.shape[-1] - 1)
+
+    assert Last().clear_tokens(logits) is None and Last().choose(logits)[:, 0].tolist() == [logits.shape[-1] - 1] * 4
+    logits[0, 0] += 1.0
+    assert greedy.clear_tokens(logits) is None  # written since: the row decides

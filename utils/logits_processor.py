@@ -8,7 +8,7 @@ softmax where it can.
 """
 import abc
 import math
-from typing import Optional
+from typing import List, Optional
 
 import torch
 from torch import Tensor
@@ -92,20 +92,30 @@ class GreedyProcessor(LogitsProcessor):
         """The tokens ``sample(self(logits))`` gives, from the logits where that is sure (``clear_argmax``: CPU
         rows whose largest logit stands clear of the rest, each row; a verification pass's ``k + 1`` rows too),
         else through the probabilities of every row (one row unclear: the softmax decides, as it always did)."""
-        plain = (type(self).__call__ is LogitsProcessor.__call__ and type(self)._process is LogitsProcessor._process
-                 and type(self).sample is GreedyProcessor.sample)  # a subclass's own rule goes its own way
-        if plain and logits.dim() > 0 and logits.shape[-1] > 0:
-            tops = row_tops(logits)  # where the pass that made them read each row's largest (the C step)
-            if tops is not None:
-                tokens = [clear_token(*top, self.temperature, logits.dtype) for top in tops]
-                if all(t is not None for t in tokens):
-                    return torch.tensor(tokens, dtype=torch.int64).reshape(*logits.shape[:-1], 1)
-                return self.sample(self(logits))
+        if self._plain() and logits.dim() > 0 and logits.shape[-1] > 0:
+            if row_tops(logits) is not None:  # where the pass that made them read each row's largest (the C step)
+                tokens = self.clear_tokens(logits)
+                return self.sample(self(logits)) if tokens is None else torch.tensor(tokens).reshape(*logits.shape[:-1], 1)
             rows = logits.reshape(-1, logits.shape[-1])
             tokens = [clear_argmax(rows[r : r + 1], self.temperature) for r in range(rows.shape[0])]
             if tokens and all(t is not None for t in tokens):
                 return torch.cat(tokens).reshape(*logits.shape[:-1], 1)
         return self.sample(self(logits))
+
+    def _plain(self) -> bool:
+        """Whether this is greedy's own rule (a subclass's own ``__call__``, ``_process`` or ``sample`` goes its own way)."""
+        return (type(self).__call__ is LogitsProcessor.__call__ and type(self)._process is LogitsProcessor._process
+                and type(self).sample is GreedyProcessor.sample)
+
+    def clear_tokens(self, logits: Tensor) -> Optional[List[int]]:
+        """``choose(logits)``'s tokens as ints, read from the row tops the pass kept on ``logits`` (``row_tops``), where
+        they hold and every row's largest stands clear (``clear_token``); else None (``choose`` decides): a decoding
+        loop's token without a tensor made and read back."""
+        tops = row_tops(logits)
+        if tops is None or not self._plain():
+            return None
+        tokens = [clear_token(*top, self.temperature, logits.dtype) for top in tops]
+        return None if None in tokens else tokens
 
 
 class MultinomialProcessor(LogitsProcessor):
