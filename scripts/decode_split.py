@@ -1,7 +1,7 @@
 """Where a token of target AR goes outside the C call: the embedded SmolLM2-135M, greedy, ``--new`` tokens a run,
 each runner and step function wrapped by a clock (its mean microseconds a token, callees included; the clocks'
 own cost is in them). "C call" is the C step's one call; "CStep()" the step's whole pass around it; "runner()"
-the runner's pass; "choose" the token from the logits. Noisy on a shared machine: read the lowest of the runs.
+the runner's pass; "choose" the token from the logits ("clear_tokens": greedy's int from the row tops, where taken). Noisy on a shared machine: read the lowest of the runs.
 
     .venv/bin/python scripts/decode_split.py --dtype float32 bfloat16 --runs 5
 """
@@ -59,6 +59,8 @@ def wrap_all() -> None:
     clocked(hooks.HookWatch, "hooked", "hooked")
     clocked(lean.LeanRunner, "__call__", "runner()")
     clocked(processors.GreedyProcessor, "choose", "choose")
+    if hasattr(processors.GreedyProcessor, "clear_tokens"):  # target AR's int from the pass's row tops, where it has them
+        clocked(processors.GreedyProcessor, "clear_tokens", "clear_tokens")
 
 
 def main(argv: List[str] | None = None) -> None:
@@ -80,7 +82,7 @@ def main(argv: List[str] | None = None) -> None:
                                           runner=RunnerConfig("static", False))
             wall = time.perf_counter() - wall
             n = len(out)
-            outside = CLOCKS["runner()"] - CLOCKS["C call"] + CLOCKS["choose"]
+            outside = CLOCKS["runner()"] - CLOCKS["C call"] + CLOCKS["choose"] + CLOCKS.get("clear_tokens", 0.0)
             if run:
                 print(f"{name} run {run}: {1e3 * wall / n:.2f} ms a token, outside the C call {1e6 * outside / n:.0f} us: "
                       + ", ".join(f"{k} {1e6 * v / n:.0f}" for k, v in CLOCKS.items() if k != "C call"), flush=True)
