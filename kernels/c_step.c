@@ -32,6 +32,7 @@
 #include <omp.h>
 
 #include "linears.h"
+#include "logits_top.h"
 
 /* The weights (blocked, as the format Dims.weights says: float32, or bfloat16 with pairs of k
  * interleaved, skinny_bf16.c); norms and biases float32 in either. */
@@ -66,6 +67,7 @@ typedef struct {
     int64_t tile;    /* float32 weights: the linears' variant (skinny_tiles.c; 0: skinny_gemm.c's own), bits alike */
     int64_t kept;    /* the slots [0, kept) of every Layer.kept_blocks that hold the cache's keys as they are
                         (kernels/kept_keys.py); the pass transposes from the block of min(kept, start) on */
+    void *tops;      /* Top [n_last] (logits_top.h): each logits row's argmax, its value, the largest of the rest; NULL: none */
 } Dims;
 
 #include "step_rows.h"
@@ -317,5 +319,11 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
         }
         MARK(REST);
     }
+    for (int64_t i = 0; d->tops && i < n_last; i++) ((Top *)d->tops)[i] = logits_top_row(logits + i * V, V);
     return ran;
+}
+
+/* logits_top_row of each row of logits [n, V] into out [n] (the tests' view of what c_step writes to Dims.tops) */
+void logits_top(const float *logits, int64_t n, int64_t V, Top *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = logits_top_row(logits + i * V, V);
 }

@@ -29,7 +29,10 @@ from kernels.one_copy import group_blocks, groups, release, released
 from kernels.memory_fits import can_prepack, copy_fits
 from kernels.prepacking import SKINNY, PrepackedLinear, changes, plan
 from kernels.prompt_gemm import DEFAULT_CHUNK, MANY_ROWS, ROWS_MULTIPLE, chunk_bounds, plan_of  # noqa: F401 (ROWS_MULTIPLE: theirs)
+from kernels.step_structs import Layer as _Layer, Top, dims as _dims
+from models.llama import layout
 from models.layer_spec import ModelSpec, family_of, model_spec, norm_eps, norm_modules, spec_unsupported
+from utils.logits_processor import with_tops
 from utils.module_walk import first_parameter
 
 # A pass over more positions (a long prompt) runs in chunks of this many (or its model's prompt plan's,
@@ -41,30 +44,6 @@ CHUNK_ROWS = DEFAULT_CHUNK  # cut by ``kernels.prompt_gemm.chunk_bounds``
 STEP_ATTENTION = "the step's own, row by row"  # what the headers say of the step's attention (exact softmax in C)
 _NO_LAYERS = torch.empty(0, dtype=torch.int64)  # a pass keeping no hidden states: read by no one (count 0), never written
 LABEL = "C step (skinny linears on blocked weights, q/k/v and gate/up fused, row-invariant)"
-
-
-class _Layer(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_void_p) for name in
-                ("in_norm", "post_norm", "qkv", "qkv_bias", "o", "o_bias", "gate_up", "down", "keys", "values",
-                 "attn_out_norm", "mlp_out_norm", "q_norm", "k_norm")] + [("window", ctypes.c_int64), ("rope", ctypes.c_int64), ("kept_blocks", ctypes.c_void_p)]
-
-
-class _Dims(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_int64) for name in ("layers", "H", "Hq", "Hkv", "D", "I", "cap")] + \
-               [("eps", ctypes.c_float), ("scale", ctypes.c_float)] + [(name, ctypes.c_int64) for name in ("rot", "qk_norm", "act")] + \
-               [(name, ctypes.c_float) for name in ("residual_scale", "logit_divisor", "softcap")] + \
-               [("weights", ctypes.c_int64), ("tile", ctypes.c_int64), ("kept", ctypes.c_int64)]
-
-
-QK_NORMS = {None: 0, "head": 1, "all": 2}  # Dims.qk_norm
-ACTS = {"silu": 0, "gelu_tanh": 1}  # Dims.act
-
-
-def _dims(model: Module, spec: ModelSpec) -> _Dims:
-    config, attn = model.config, model.model.layers[0].self_attn
-    return _Dims(config.num_hidden_layers, config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
-                 attn.head_dim, config.intermediate_size, 0, norm_eps(model.model.norm), spec.scale, spec.rotary,
-                 QK_NORMS[spec.family.qk_norm], ACTS[spec.act], spec.residual_scale, spec.logit_divisor, spec.softcap or 0.0)
 
 
 def _norms(layer: Module, spec: ModelSpec) -> List[Optional[Module]]:
@@ -312,8 +291,8 @@ class CStep:
         # released with the layers (``kernels.one_head``): its blocks are its one copy; else one made beside it
         self.head = head.blocks if released(head) else blocked(self.output.weight, verify=skinny.holds)
         self.vocab = model.get_output_embeddings().out_features
-        self.cache_keys: Tuple[int, ...] = ()
-        self.blocks_at: Optional[Tuple[int, int]] = None  # the kept key blocks the structs point at (``bind``)
+        self.cache_keys: Tuple[int, ...] = ()  # the bound cache's tensors' addresses, at ``layout()`` count ``bound[1]``
+        self.bound, self.blocks_at = None, None  # (its cache, weakly; that count); the kept key blocks the structs point at
         self.scratch = torch.empty(0)  # grown to the largest pass yet: no allocation per pass
         # the model's tensors it read, held: a replaced one's address is never reused while ``read`` holds it
         self.sources = [p for p in model.parameters()]
@@ -337,15 +316,17 @@ class CStep:
 
     def bind(self, cache) -> Optional[KeptKeys]:
         """Point the step at ``cache`` (``models.llama.KVCache``, float32 ``[1, Hkv, cap, D]`` a layer) and at its
-        kept key blocks (``kernels.kept_keys``: checked, made where it has none); returns them (None: none kept)."""
-        # keys and values: a step shared by runners (``kernels.step_pool``) may meet a cache whose keys sit
-        # where a freed cache's did, its values elsewhere
-        keys = tuple([t.data_ptr() for layer in cache.layers for t in (layer.keys, layer.values)])
-        if keys != self.cache_keys or self.dims.cap != cache.capacity:
-            for struct, layer in zip(self.structs, cache.layers):
-                struct.keys, struct.values = layer.keys.data_ptr(), layer.values.data_ptr()
-            self.dims.cap, self.cache_keys = cache.capacity, keys
-        state = kept(cache, self.dims.Hkv, self.dims.D, keys)
+        kept key blocks (``kernels.kept_keys``); returns them (None: none kept). Its tensors walked only where it is
+        another cache than the last pass's or ``layout()`` moved (keys and values: a step shared by runners,
+        ``kernels.step_pool``, may meet a cache whose keys sit where a freed cache's did, its values elsewhere)."""
+        if self.bound is None or self.bound[0]() is not cache or self.bound[1] != layout():
+            keys = tuple([t.data_ptr() for layer in cache.layers for t in (layer.keys, layer.values)])
+            if keys != self.cache_keys or self.dims.cap != cache.capacity:
+                for struct, layer in zip(self.structs, cache.layers):
+                    struct.keys, struct.values = layer.keys.data_ptr(), layer.values.data_ptr()
+                self.dims.cap, self.cache_keys = cache.capacity, keys
+            self.bound = (weakref.ref(cache), layout())
+        state = kept(cache, self.dims.Hkv, self.dims.D, self.cache_keys)
         self.blocks_at = point(self.structs, state, self.blocks_at)
         return state
 
@@ -354,8 +335,9 @@ class CStep:
         """One pass: ``h`` ``[r, H]`` the fed ids' embeddings (overwritten), ``rope``: cos, sin ``[T, r, R]`` (the
         model's RoPE tables, ``ModelSpec.ropes``), their keys and values written to slots ``start..start + r - 1``
         of ``cache``; ``seen`` bool, a tree pass's ``[r, start + r]``, or ``[2, r, start + r]``: what the full
-        layers see, then what the sliding ones do (``models.llama.window_seen``); None: causal. Returns logits ``[n_last, V]`` (``head``:
-        ``[n_last, head.rows]``, a drafter's rows, ``kernels.head_rows``) and, with ``hidden_layers``, the residual stream entering those layers ``[r, len(hidden_layers) * H]``."""
+        layers see, then what the sliding ones do (``models.llama.window_seen``); None: causal. Returns logits ``[n_last, V]``, each
+        row's greedy token read in the same call kept on them (``utils.logits_processor.with_tops``; ``head``:
+        ``[n_last, head.rows]``, a drafter's rows, ``kernels.head_rows``, none kept) and, with ``hidden_layers``, the residual stream entering those layers ``[r, len(hidden_layers) * H]``."""
         self.current()
         state = self.bind(cache)
         r, threads = h.shape[0], torch.get_num_threads()
@@ -374,16 +356,19 @@ class CStep:
         hidden = torch.empty((r, len(hidden_layers) * self.dims.H)) if hidden_layers else None
         mask = None if seen is None else seen.to(torch.uint8).view(-1, r, start + r)
         first_logit = r - n_last  # the first position whose logits are asked
+        tops = (Top * n_last)() if head is None else None  # each row's argmax, read in the same call (``with_tops``)
         for a, b in chunk_bounds(r, chunk):
             self.dims.tile = tile if b - a > bf16.decoding_rows(self.library, self.dims.weights) else 0  # decoding's loop up to it
             masks = (None, None) if mask is None else tuple(m[a:b, : start + b].contiguous() for m in mask[[0, -1]])
             asked = max(0, b - max(a, first_logit))  # this chunk's last `asked` positions have logits asked
             out = logits[max(a, first_logit) - first_logit:][:asked]  # [asked, V]: V the columns, asked the rows
             self.dims.kept = 0 if state is None else state.upto  # the blocks it transposes: from min(kept, start + a)
+            self.dims.tops = None if tops is None or not asked else ctypes.addressof(tops) + (max(a, first_logit) - first_logit) * ctypes.sizeof(Top)
             self._run((h[a:b], cos[:, a:b].contiguous(), sin[:, a:b].contiguous()), start + a, masks, at,
                       None if hidden is None else hidden[a:b], out, output, threads)
             passed(cache, state, start + b)
-        return logits, hidden
+        self.dims.tops = None
+        return (logits if tops is None else with_tops(logits, [(t.at, t.top, t.others) for t in tops])), hidden
 
     def _run(self, rows: Tuple[Tensor, Tensor, Tensor], start: int, masks: Tuple[Optional[Tensor], Optional[Tensor]], at: Tensor,
              hidden: Optional[Tensor], logits: Tensor, head: Tensor, threads: int) -> None:

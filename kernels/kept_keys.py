@@ -28,6 +28,8 @@ from typing import Iterator, Optional, Tuple
 import torch
 from torch.autograd.graph import increment_version
 
+from models.llama import layout
+
 BLOCK = 16  # slots a block holds (attention.h's BLOCK)
 KEEP = True  # False: no kept blocks, every pass transposes every block it reads into its scratch
 
@@ -36,19 +38,45 @@ def _keys(cache) -> list:
     return [layer.keys for layer in cache.layers]
 
 
+def _shared(keys: list) -> Optional[torch.Tensor]:
+    """The one tensor every layer's keys are views of (``models.llama.new_cache``: they share its version
+    counter, so a write to any of them moves its ``_version``), else None."""
+    base = keys[0]._base if keys else None
+    return base if base is not None and all(t._base is base for t in keys) else None
+
+
 class KeptKeys:
     """One cache's blocks ``[layers, Hkv, ceil(capacity / 16) 16, D]`` float32 (layer ``l``, head ``kv``, slot
     ``16 b + s``, dimension ``d`` at ``blocks[l, kv, (b D + d) 16 + s]`` read flat), the slots ``[0, upto)``
-    current, for the keys tensors (by weak reference), at the addresses and versions it last saw."""
+    current, for the keys tensors (by weak reference), at the addresses and versions it last saw.
+
+    Per pass it reads one integer and one version where it can: ``walked`` is the ``models.llama.layout`` count
+    at the last walk that found the cache holding this state's tensors; while no cache's tensors were assigned
+    since, the cache still holds them, and where they are views of one tensor (``base``, weakly), that tensor's
+    version counts every write to them (``seen``). Else (a layout moved, keys apart) it walks every layer."""
 
     def __init__(self, cache, shape: Tuple[int, ...], addresses: tuple):
         self.blocks = torch.empty(shape)  # pages touched only as blocks are written
         self.upto, self.addresses = 0, addresses
         self.refs = tuple(weakref.ref(t) for t in _keys(cache))
+        self.walked, self.base = -1, None
         self.versions = self.seen(cache)
 
+    def current(self) -> bool:
+        """Whether no cache's tensors were assigned since the walk that found this state's in its cache."""
+        return self.walked == layout()
+
     def seen(self, cache) -> Tuple[int, ...]:
-        return tuple(t._version for t in _keys(cache))
+        """The keys' versions: their shared base's alone where they are its views, else each layer's."""
+        if self.base is not None and self.current():
+            base = self.base()  # alive: the cache's keys, still these views, hold it
+            if base is not None:
+                return (base._version,)
+        keys = _keys(cache)
+        base = _shared(keys)
+        if self.holds(keys):  # a walk of this state's own tensors: the next passes may read the base alone
+            self.walked, self.base = layout(), None if base is None else weakref.ref(base)
+        return (base._version,) if base is not None else tuple(t._version for t in keys)
 
     def holds(self, keys: list) -> bool:
         """Whether ``keys`` are the tensors this state was made for (the same objects, alive)."""
@@ -63,12 +91,19 @@ def kept(cache, heads: int, dim: int, addresses: tuple) -> Optional[KeptKeys]:
     """``cache``'s kept blocks for a step of ``heads`` key-value heads of ``dim``, its tensors' data at
     ``addresses`` now (made where it has none, or they are no longer its tensors' or no longer fit);
     ``upto`` lowered to 0 where its keys changed since (a version, an address: ``.data`` replaced); None where
-    blocks are not kept (``KEEP``; inference tensors; a cache that is not float32 on CPU)."""
+    blocks are not kept (``KEEP``; inference tensors; a cache that is not float32 on CPU). Where no cache's
+    tensors were assigned since its state last walked them (``KeptKeys.current``), one version read."""
     if not KEEP:  # and none kept on: the passes from now on would not lower it
         if getattr(cache, "kept_keys", None) is not None:
             cache.kept_keys = None
         return None
-    keys, state = _keys(cache), getattr(cache, "kept_keys", None)
+    state = getattr(cache, "kept_keys", None)
+    if state is not None and state.current() and state.addresses == addresses and state.blocks.shape[1] == heads \
+            and state.blocks.shape[3] == dim:  # its tensors, capacity and layers as it last walked them
+        if state.seen(cache) != state.versions:
+            state.upto, state.versions = 0, state.seen(cache)
+        return state
+    keys = _keys(cache)
     shape = (len(keys), heads, -(-cache.capacity // BLOCK) * BLOCK, dim)
     if state is None or tuple(state.blocks.shape) != shape or not state.holds(keys):
         if not keys or any(t.is_inference() or t.dtype != torch.float32 or t.device.type != "cpu" for t in keys):
@@ -94,7 +129,8 @@ def passed(cache, state: Optional[KeptKeys], end: int) -> None:
     """After a C step pass that wrote the slots before ``end`` and transposed their blocks: ``upto = end``,
     the keys' versions bumped (they were written) and seen; nothing where no blocks are kept."""
     if state is not None:
-        increment_version(_keys(cache))
+        base = state.base() if state.base is not None and state.current() else None
+        increment_version(_keys(cache) if base is None else base)  # the base: every layer's keys at once
         state.upto, state.versions = end, state.seen(cache)
 
 

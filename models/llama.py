@@ -58,33 +58,65 @@ def lean_unsupported(model: Module) -> Optional[str]:
 
 
 # ---- the cache: per layer, keys and values [1, Hkv, capacity, D], written at their positions ----
+_LAYOUT = [0]  # assignments of caches' tensors, layers and capacities in this process (``layout``)
+
+
+def layout() -> int:
+    """A count that moves whenever any ``KVLayer``'s keys or values, or any ``KVCache``'s layers or capacity, are
+    assigned (a cache made, regrown, cast, given another's layers): while it stands still, every cache holds the
+    tensor objects it held, so a per-pass check of them (``kernels.c_step.CStep.bind``, ``kernels.kept_keys``)
+    reads this one integer instead of every layer's tensors. (A tensor's ``.data`` replaced in place is no
+    assignment: a cache's tensors are the runner's own, written through their views or the C step.)"""
+    return _LAYOUT[0]
+
+
+class _Counted:
+    """Assignments of the attributes in ``COUNTED`` move ``layout()``."""
+
+    COUNTED: Tuple[str, ...] = ()
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in self.COUNTED:
+            _LAYOUT[0] += 1
+        object.__setattr__(self, name, value)
+
+
 @dataclass
-class KVLayer:
+class KVLayer(_Counted):
     """One layer's keys and values ``[1, Hkv, capacity, D]`` (``is_initialized``: what
     ``runners.trees.gather_branch`` reads of a cache layer)."""
 
+    COUNTED = ("keys", "values")
     keys: Tensor
     values: Tensor
     is_initialized: bool = True
 
 
 @dataclass
-class KVCache:
-    """The KV cache of one sequence: ``layers`` of ``KVLayer``, ``capacity`` slots each; ``kept_keys``: the
-    C step's keys in blocks kept beside it (``kernels.kept_keys``), made at its first pass."""
+class KVCache(_Counted):
+    """The KV cache of one sequence: ``layers`` of ``KVLayer`` (a tuple: a layer is replaced only by assigning
+    them all, which ``layout`` counts), ``capacity`` slots each; ``kept_keys``: the C step's keys in blocks kept
+    beside it (``kernels.kept_keys``), made at its first pass."""
 
-    layers: List[KVLayer]
+    COUNTED = ("layers", "capacity")
+    layers: Sequence[KVLayer]
     capacity: int
     kept_keys: Optional[object] = field(default=None, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        self.layers = tuple(self.layers)
+
 
 def new_cache(model: Module, capacity: int, dtype: torch.dtype, device: torch.device) -> KVCache:
-    """An empty cache for ``capacity`` positions (uninitialized: a pass reads only the slots written)."""
+    """An empty cache for ``capacity`` positions (uninitialized: a pass reads only the slots written). Every
+    layer's keys are views of one tensor ``[layers, 1, Hkv, capacity, D]`` (and the values of another): one
+    version counter counts a write to any layer's keys (``kernels.kept_keys``), each layer's as laid out before."""
     config = model.config
     layers = model.model.layers[: config.num_hidden_layers]
-    shape = (1, config.num_key_value_heads, capacity, layers[0].self_attn.head_dim)
+    shape = (len(layers), 1, config.num_key_value_heads, capacity, layers[0].self_attn.head_dim)
     with torch.inference_mode(False):  # tensors that count their writes (versions), even made under inference mode
-        made = [KVLayer(torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device)) for _ in layers]
+        keys, values = torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device)
+        made = [KVLayer(k, v) for k, v in zip(keys.unbind(0), values.unbind(0))]
     return KVCache(made, capacity)
 
 

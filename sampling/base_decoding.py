@@ -28,8 +28,11 @@ def generate_with(prompt: List[int], model: Runner, config: GenerationConfig) ->
     # logits -> token in one (``LogitsProcessor.choose``: greedy skips the softmax where it can); a
     # processor of another kind (duck-typed: ``__call__`` and ``sample`` only) through its probabilities
     choose = getattr(processor, "choose", None) or (lambda logits: processor.sample(processor(logits)))
+    clear = getattr(processor, "clear_tokens", None) or (lambda logits: None)  # greedy's ints from the pass's row tops
     for cur in range(len(prompt), end):
-        token = int(choose(model(ids[:, :cur], 1)))  # the step's one host-device synchronisation
+        logits = model(ids[:, :cur], 1)
+        clear_ids = clear(logits)
+        token = clear_ids[0] if clear_ids else int(choose(logits))  # the step's one host-device synchronisation
         ids[0, cur] = token
         tokens.append(token)
         config.stats.record_step(0, 0, 1)

@@ -11,7 +11,7 @@ from runners import Runner
 from runners.limits import context_window
 from sampling.common import generation_end
 from sampling.config import GenerationConfig, Step
-from utils.logits_processor import GreedyProcessor
+from utils.logits_processor import GreedyProcessor, first_rows
 
 
 def _residual(p: Tensor, q: Tensor) -> Tensor:
@@ -99,7 +99,7 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
             q = q[:k] if q is not None else None
         drafted_at = time.perf_counter()
         rows = policy.rows(k, end - cur)  # positions past cur + k are padding, discarded below
-        logits = target(ids[:, : cur + rows - 1], rows)[: k + 1]
+        logits = first_rows(target(ids[:, : cur + rows - 1], rows), k + 1)  # with the rows' tops where the pass read them
         if config.vocab_size is not None:
             logits = logits[:, : config.vocab_size]
         # [k + 1, V]; greedy with a drafter that reads none: no softmax, the tokens from the logits (the same tokens)

@@ -8,7 +8,7 @@ softmax where it can.
 """
 import abc
 import math
-from typing import Optional
+from typing import List, Optional
 
 import torch
 from torch import Tensor
@@ -92,14 +92,30 @@ class GreedyProcessor(LogitsProcessor):
         """The tokens ``sample(self(logits))`` gives, from the logits where that is sure (``clear_argmax``: CPU
         rows whose largest logit stands clear of the rest, each row; a verification pass's ``k + 1`` rows too),
         else through the probabilities of every row (one row unclear: the softmax decides, as it always did)."""
-        plain = (type(self).__call__ is LogitsProcessor.__call__ and type(self)._process is LogitsProcessor._process
-                 and type(self).sample is GreedyProcessor.sample)  # a subclass's own rule goes its own way
-        if plain and logits.dim() > 0 and logits.shape[-1] > 0:
+        if self._plain() and logits.dim() > 0 and logits.shape[-1] > 0:
+            if row_tops(logits) is not None:  # where the pass that made them read each row's largest (the C step)
+                tokens = self.clear_tokens(logits)
+                return self.sample(self(logits)) if tokens is None else torch.tensor(tokens).reshape(*logits.shape[:-1], 1)
             rows = logits.reshape(-1, logits.shape[-1])
             tokens = [clear_argmax(rows[r : r + 1], self.temperature) for r in range(rows.shape[0])]
             if tokens and all(t is not None for t in tokens):
                 return torch.cat(tokens).reshape(*logits.shape[:-1], 1)
         return self.sample(self(logits))
+
+    def _plain(self) -> bool:
+        """Whether this is greedy's own rule (a subclass's own ``__call__``, ``_process`` or ``sample`` goes its own way)."""
+        return (type(self).__call__ is LogitsProcessor.__call__ and type(self)._process is LogitsProcessor._process
+                and type(self).sample is GreedyProcessor.sample)
+
+    def clear_tokens(self, logits: Tensor) -> Optional[List[int]]:
+        """``choose(logits)``'s tokens as ints, read from the row tops the pass kept on ``logits`` (``row_tops``), where
+        they hold and every row's largest stands clear (``clear_token``); else None (``choose`` decides): a decoding
+        loop's token without a tensor made and read back."""
+        tops = row_tops(logits)
+        if tops is None or not self._plain():
+            return None
+        tokens = [clear_token(*top, self.temperature, logits.dtype) for top in tops]
+        return None if None in tokens else tokens
 
 
 class MultinomialProcessor(LogitsProcessor):
@@ -168,10 +184,54 @@ def clear_argmax(logits: Tensor, temperature: float = 1.0) -> Optional[Tensor]:
     row = logits.detach().reshape(-1).numpy()  # a view (a row is contiguous)
     at = int(row.argmax())  # the first largest; a NaN's index where there is one (as torch.argmax)
     top = float(row[at])
-    if not math.isfinite(top) or abs(top) / temperature >= torch.finfo(logits.dtype).max / 2:
-        return None  # NaN, infinite, or infinite once tempered: the softmax's NaNs decide
+    if not math.isfinite(top):
+        return None  # NaN or infinite: the softmax's NaNs decide
     # the largest of the others: before ``at`` every value is below ``top``, after it at most ``top``
     others = max(float(row[:at].max()) if at else -math.inf, float(row[at + 1:].max()) if at + 1 < row.size else -math.inf)
-    if (top - others) / temperature < CLEAR * max(1.0, abs(top) / temperature):
-        return None  # a near tie (or an exact one): the softmax decides, as it always did
-    return torch.full((*logits.shape[:-1], 1), at, dtype=torch.int64)
+    token = clear_token(at, top, others, temperature, logits.dtype)
+    return None if token is None else torch.full((*logits.shape[:-1], 1), token, dtype=torch.int64)
+
+
+def clear_token(at: int, top: float, others: float, temperature: float, dtype: torch.dtype) -> Optional[int]:
+    """``at`` where a row's largest logit ``top`` (at index ``at``, the first largest) stands clear of the largest
+    of the others, ``others``, as ``clear_argmax`` asks; else None (NaN, infinite once tempered, a near tie)."""
+    if not math.isfinite(top) or abs(top) / temperature >= torch.finfo(dtype).max / 2:
+        return None  # NaN, infinite, or infinite once tempered: the softmax's NaNs decide
+    if not (top - others) / temperature >= CLEAR * max(1.0, abs(top) / temperature):
+        return None  # a near tie (or an exact one, or NaN among the others): the softmax decides, as it always did
+    return at
+
+
+class RowTops(list):
+    """Each row's ``(at, top, others)`` of logits ``[n, V]`` float32 on CPU, read by the code that wrote them (the C
+    step, ``kernels.logits_top.h``: ``at`` the index torch.argmax gives, ``top`` its value, ``others`` the largest of
+    the rest): kept on the logits tensor (``with_tops``) at its version then, so that ``GreedyProcessor.choose``
+    reads three numbers a row instead of the row. A tensor written through torch since (its version moved) has none
+    (a write through another view of its memory, numpy's, counts no version: the logits a pass returns are its own)."""
+
+    def __init__(self, logits: Tensor, tops: list):
+        super().__init__(tops)
+        self.version = logits._version
+
+
+def with_tops(logits: Tensor, tops: list) -> Tensor:
+    """``logits`` ``[n, V]`` with its rows' ``(at, top, others)`` kept on it (``RowTops``); none on an inference
+    tensor (made under ``torch.inference_mode``: it counts no writes, so nothing could tell the tops stale)."""
+    if not logits.is_inference():
+        logits.row_tops = RowTops(logits, tops)
+    return logits
+
+
+def first_rows(logits: Tensor, n: int) -> Tensor:
+    """``logits[:n]``, with the tops of those rows where ``logits`` holds them (a view: it shares their version)."""
+    tops, rows = row_tops(logits), logits[:n]
+    return rows if tops is None else with_tops(rows, tops[:n])
+
+
+def row_tops(logits: Tensor) -> Optional[RowTops]:
+    """The rows' tops kept on ``logits`` where they still hold (the same tensor, unwritten through torch since,
+    one per row), else None."""
+    tops = getattr(logits, "row_tops", None)
+    if tops is None or tops.version != logits._version or logits.dim() != 2 or len(tops) != logits.shape[0]:
+        return None
+    return tops
