@@ -14,6 +14,24 @@
 #include <omp.h>
 #include "bf16_tiles.h"
 #include "linears.h"
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include "bf16_few.h" /* the dot path's loop over 2..12 rows */
+#endif
+/* -DBF16_FEW=0 builds decoding's 12 x 2 tiles for 2..12 rows on the dot path instead (to compare: the same bits) */
+#ifndef BF16_FEW
+#define BF16_FEW 1
+#endif
+/* bytes ahead a pass of a few positions prefetches into L2 (bf16_few.h; -DBF16_FEW_AHEAD=0: none) */
+#ifndef BF16_FEW_AHEAD
+#define BF16_FEW_AHEAD 4096
+#endif
+int64_t bf16_few_ahead = BF16_FEW_AHEAD;
+
+/* bf16_few_ahead's bytes (negative: left as they are); returns them after. Speed only */
+int64_t skinny_set_few_ahead(int64_t bytes) {
+    if (bytes >= 0) bf16_few_ahead = bytes;
+    return bf16_few_ahead;
+}
 
 /* skinny_bf16_dot.c: the dot path's many-row loop (built where the compiler targets avx512_bf16) */
 void many_dot(int64_t rows, int64_t blocks, int64_t kc, const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N,
@@ -77,6 +95,12 @@ static void add_bias(const float *b, float *y, int64_t M, int64_t N, int64_t n0,
 #define BF16_EVEN_SHARE 1
 #endif
 static void decoding(int64_t path, const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N, int64_t K) {
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+    if (BF16_FEW && path == BF16_DOT && M >= 2 && M <= FEW_MOST) {
+        few_dot(x, p, b, y, M, N, K);
+        return;
+    }
+#endif
     int t = omp_get_thread_num(), threads = omp_get_num_threads();
     int one = M == 1 && BF16_ONE_ROW_BLOCKS == 4 && (path == BF16_AVX512 || path == BF16_DOT);
     int64_t GB = one ? 4 : SHAPES[path][0].blocks, blocks = (N + BW - 1) / BW, groups = (blocks + GB - 1) / GB;
