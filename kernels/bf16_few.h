@@ -34,7 +34,10 @@
 
 /* blocks a group at M rows (the tile's: M x blocks sums, at most 24, with the blocks' weight lines and a
  * broadcast in 32 registers). 6 rows x 4 blocks ran slower than 6 x 3 on Zen 4 (1.26x one against 1.09x, noisy) */
-static int64_t few_blocks(int64_t M) { return M <= 5 ? 4 : M <= 8 ? 3 : 2; }
+#ifndef FEW_FOUR_MOST
+#define FEW_FOUR_MOST 5 /* the most rows on 4 blocks */
+#endif
+static int64_t few_blocks(int64_t M) { return M <= FEW_FOUR_MOST ? 4 : M <= 8 ? 3 : 2; }
 
 #define FEW_T(R, G) tile_dot(xb, xs, K, nq, R, G, p, out, ys, load, S)
 #define FEW_R5(G) case 1: FEW_T(1, G); break; case 2: FEW_T(2, G); break; case 3: FEW_T(3, G); break; \

@@ -39,6 +39,11 @@ void bf16_tile(int64_t path, const float *x, int64_t K, int64_t k0, int64_t k1, 
 int bf16_full(int64_t path, int64_t rows, int64_t blocks, const float *x, int64_t K, int64_t k0, int64_t k1, const uint16_t *p,
               float *out, int64_t ys, int load);
 
+/* skinny_bf16.c: the AVX-512 widening path's tile of mb (<= MBX) rows x gb (<= 4) blocks for a pass of a few
+ * positions; 0 where `path` is not that one or this build lacks it */
+int bf16_few_wide(int64_t path, const float *x, int64_t K, int64_t k0, int64_t k1, int64_t mb, int64_t gb, const uint16_t *p,
+                  float *out, int64_t ys, int load);
+
 /* skinny_amx.c: the AMX path's row loop (its own tiles; variant `tile` 0 or 1), and whether it runs here (0) or why not */
 void skinny_rows_amx(int64_t tile, const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N, int64_t K);
 int amx_state(void);

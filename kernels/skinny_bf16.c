@@ -200,6 +200,30 @@ void bf16_tile(int64_t path, const float *x, int64_t K, int64_t k0, int64_t k1, 
                      p + g0 * K * BW, out + m0 * ys + g0 * BW, ys, load);
 }
 
+/* The AVX-512 widening path's tile of a pass of a few positions (skinny_bf16_rows.c's decoding loop, 2..12 rows):
+ * mb rows x gb blocks in one tile over [k0, k1), gb up to 4 where the sums fit (up to 5 rows on 4 blocks, 7 on 3:
+ * mb x gb sums, 2 gb widened lines and 2 broadcasts in 32 registers), else decoding's tiles; 0 where `path` is
+ * not BF16_AVX512 or this build lacks it. Each output's chain is its one chain in any tile: the same bits. */
+int bf16_few_wide(int64_t path, const float *x, int64_t K, int64_t k0, int64_t k1, int64_t mb, int64_t gb, const uint16_t *p,
+                  float *out, int64_t ys, int load) {
+#if defined(__AVX512F__)
+    if (path != BF16_AVX512 || mb < 1 || mb > MBX) return 0;
+    if (gb == 4 && mb <= 5) {
+        switch (mb) { case 1: AVX512(1, 4); break; case 2: AVX512(2, 4); break; case 3: AVX512(3, 4); break;
+                      case 4: AVX512(4, 4); break; default: AVX512(5, 4); break; }
+    } else if (gb == 3 && mb <= 7) {
+        switch (mb) { case 1: AVX512(1, 3); break; case 2: AVX512(2, 3); break; case 3: AVX512(3, 3); break; case 4: AVX512(4, 3); break;
+                      case 5: AVX512(5, 3); break; case 6: AVX512(6, 3); break; default: AVX512(7, 3); break; }
+    } else {
+        bf16_tile(path, x, K, k0, k1, mb, gb, p, out, ys, load);
+    }
+    return 1;
+#else
+    (void)path, (void)x, (void)K, (void)k0, (void)k1, (void)mb, (void)gb, (void)p, (void)out, (void)ys, (void)load;
+    return 0;
+#endif
+}
+
 int bf16_full(int64_t path, int64_t rows, int64_t blocks, const float *x, int64_t K, int64_t k0, int64_t k1, const uint16_t *p,
               float *out, int64_t ys, int load) {
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
