@@ -125,7 +125,7 @@ def _build(compiler: str, folder: Path, sources: Sequence[Path] = SOURCES, stem:
 
 
 SYMBOLS = ("skinny_linear", "skinny_simd", "skinny_tiles", "skinny_tile_shape", "skinny_linear_tile", "skinny_bf16_paths",
-           "skinny_linear_bf16", "skinny_bf16_tiles", "skinny_bf16_tile_shape", "amx_state", "c_step", "c_step_scratch", "head_step", "head_step_scratch", "blocked_holds", "skinny_set_ahead")  # what a library of ours exports
+           "skinny_linear_bf16", "skinny_bf16_tiles", "skinny_bf16_tile_shape", "amx_state", "c_step", "c_step_scratch", "head_step", "head_step_scratch", "blocked_holds", "skinny_set_ahead", "skinny_set_few_ahead")  # what a library of ours exports
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -194,6 +194,7 @@ def _library() -> Tuple[Optional[ctypes.CDLL], str]:
     library.skinny_bf16_tile_shape.restype = ctypes.c_int
     library.amx_state.restype = ctypes.c_int
     library.skinny_set_ahead.argtypes, library.skinny_set_ahead.restype = [ctypes.c_int64] * 3, ctypes.c_int64
+    library.skinny_set_few_ahead.argtypes, library.skinny_set_few_ahead.restype = [ctypes.c_int64], ctypes.c_int64
     library.c_step.restype = ctypes.c_int
     library.c_step_scratch.restype = ctypes.c_int64
     library.head_step.restype = ctypes.c_int
