@@ -13,9 +13,6 @@
 #define DOT_GMAX 4 /* the most blocks of a dot tile */
 #define DOT_MMAX 12 /* the most rows of a dot tile */
 
-/* bytes ahead a tile with `stream` 2 prefetches its weight streams into L2 (0: none; skinny_bf16_rows.c) */
-extern int64_t bf16_few_ahead;
-
 /* MBC rows against GBC blocks (constants in each inlined copy) over nq pairs of k, the rows already
  * rounded: xb[i * xs + q] holds row i's pair q (x[k] low, x[k + 1] high); p the blocks at the first
  * pair ([K / 2][16][2] each, block g at p + g K 16). Per pair the GBC weight lines are loaded once and

@@ -22,16 +22,6 @@
 #define FEW_KC 128  /* input features a panel (the rounded rows on the stack: 12 x 64 pairs) */
 #define FEW_MOST 12 /* the most rows this loop takes (decoding's MANY_ROWS) */
 
-/* Passes of FEW_AHEAD_ROWS rows or more prefetch their weight streams bf16_few_ahead bytes ahead into L2; fewer,
- * as one position (skinny_ahead[1], raced by kernels/ahead.py). From about 4 rows a thread's arithmetic between
- * two lines of a stream outlasts what its out-of-order window hides of the memory's latency, and the hardware's
- * prefetchers alone left the lines' arrival and the sums apart: on Zen 4 (one thread, the pair target's
- * linears, noisy) 6 rows cost 1.5x one without and 1.3x with 4 KB ahead into L2, where 2-3 rows cost
- * 1.1x without and 1.2x with. Speed only: a prefetch changes no bit. */
-#ifndef FEW_AHEAD_ROWS
-#define FEW_AHEAD_ROWS 4
-#endif
-
 /* blocks a group at M rows (the tile's: M x blocks sums, at most 24, with the blocks' weight lines and a
  * broadcast in 32 registers). 6 rows x 4 blocks ran slower than 6 x 3 on Zen 4 (1.26x one against 1.09x, noisy) */
 #ifndef FEW_FOUR_MOST
