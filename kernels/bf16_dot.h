@@ -18,12 +18,14 @@
  * pair ([K / 2][16][2] each, block g at p + g K 16). Per pair the GBC weight lines are loaded once and
  * each row's pair broadcast once for its GBC dot products. The sums start at +0 (load 0) or at out's
  * values (load 1). `stream` 1: prefetch each weight stream skinny_ahead[1] bytes on (decoding's single
- * pass over the weights, bf16_tiles.h); a many-row tile rereads its panel from L1, where a prefetch would
- * only bring in lines a later panel reads, so it passes 0. */
+ * pass over the weights, bf16_tiles.h); 2: bf16_few_ahead bytes on, into L2 (a pass of a few positions,
+ * bf16_few.h); a many-row tile rereads its panel from L1, where a prefetch would only bring in lines a
+ * later panel reads, so it passes 0. */
 static inline __attribute__((always_inline)) void tile_dot(const uint32_t *xb, int64_t xs, int64_t K, int64_t nq, const int MBC,
                                                            const int GBC, const uint16_t *p, float *out, int64_t ys, int load,
                                                            const int stream) {
-    AHEAD_WHEN(stream);
+    AHEAD_WHEN(stream == 1);
+    const int64_t few = stream == 2 ? bf16_few_ahead : 0;
     __m512 acc[DOT_GMAX][DOT_MMAX];
     __m512bh v[DOT_GMAX];
     for (int g = 0; g < GBC; g++)
@@ -31,7 +33,11 @@ static inline __attribute__((always_inline)) void tile_dot(const uint32_t *xb, i
     for (int64_t q = 0; q < nq; q++) {
         for (int g = 0; g < GBC; g++) {
             const uint16_t *w = p + (int64_t)g * K * BW + 2 * q * BW;
-            PREFETCH(w);
+            if (stream == 2) {
+                if (few) _mm_prefetch((const char *)w + few, _MM_HINT_T1);
+            } else {
+                PREFETCH(w);
+            }
             v[g] = (__m512bh)_mm512_loadu_si512(w);
         }
         for (int i = 0; i < MBC; i++) {

@@ -107,10 +107,13 @@ static inline __attribute__((always_inline)) void tile_avx2(const float *x, int6
 
 #if defined(__AVX512F__)
 /* MBC rows against GBC blocks (constants in each inlined copy): per pair of k, the GBC lines loaded
- * and widened once, each row's x[k] and x[k + 1] broadcast once for their GBC products */
+ * and widened once, each row's x[k] and x[k + 1] broadcast once for their GBC products. `stream` 1:
+ * decoding's prefetch (skinny_ahead[1]); 2: a few positions' pass's, bf16_few_ahead bytes on into L2 */
 static inline __attribute__((always_inline)) void tile_avx512(const float *x, int64_t K, int64_t k0, int64_t k1, const int MBC,
-                                                              const int GBC, const uint16_t *p, float *out, int64_t ys, int load) {
-    AHEAD_BYTES;
+                                                              const int GBC, const uint16_t *p, float *out, int64_t ys, int load,
+                                                              const int stream) {
+    AHEAD_WHEN(stream == 1);
+    const int64_t few = stream == 2 ? bf16_few_ahead : 0;
     __m512 acc[GMAX][MBX], even[GMAX], odd[GMAX];
     const __m512i high = _mm512_set1_epi32((int)0xFFFF0000);
     for (int g = 0; g < GBC; g++)
@@ -118,7 +121,11 @@ static inline __attribute__((always_inline)) void tile_avx512(const float *x, in
     for (int64_t k = k0; k < k1; k += 2) {
         for (int g = 0; g < GBC; g++) {
             const uint16_t *w = p + (int64_t)g * K * BW + k * BW;
-            PREFETCH(w);
+            if (stream == 2) {
+                if (few) _mm_prefetch((const char *)w + few, _MM_HINT_T1);
+            } else {
+                PREFETCH(w);
+            }
             __m512i v = _mm512_loadu_si512(w);
             even[g] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), odd[g] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
         }
@@ -146,7 +153,8 @@ static inline __attribute__((always_inline)) void tile_avx512(const float *x, in
     case 10: T(10, __VA_ARGS__); break;        \
     case 11: T(11, __VA_ARGS__); break;        \
     default: T(12, __VA_ARGS__); break;
-#define AVX512(R, G) tile_avx512(x, K, k0, k1, R, G, p, out, ys, load)
+#define AVX512(R, G) tile_avx512(x, K, k0, k1, R, G, p, out, ys, load, 1)
+#define AVX512S(R, G, S) tile_avx512(x, K, k0, k1, R, G, p, out, ys, load, S)
 #define DOT(R, G) tile_dot(xb, KC / 2, K, kc / 2, R, G, p + kk * BW, out, ys, load || kk > k0, 1)
 
 /* one decoding tile (mb <= MBX rows, gb <= GBX blocks) of `path` */
@@ -198,6 +206,32 @@ void bf16_tile(int64_t path, const float *x, int64_t K, int64_t k0, int64_t k1, 
         for (int64_t g0 = 0; g0 < gb; g0 += GBX)
             tile_one(path, x + m0 * K, K, k0, k1, mb - m0 < rows ? mb - m0 : rows, gb - g0 < GBX ? gb - g0 : GBX,
                      p + g0 * K * BW, out + m0 * ys + g0 * BW, ys, load);
+}
+
+/* The AVX-512 widening path's tile of a pass of a few positions (skinny_bf16_rows.c's decoding loop, 2..12 rows):
+ * mb rows x gb blocks in one tile over [k0, k1) (up to 5 rows on 4 blocks, 7 on 3, 12 on 1-2: mb x gb sums, 2 gb
+ * widened lines and 2 broadcasts in 32 registers), from FEW_AHEAD_ROWS rows prefetching into L2 (bf16_tiles.h);
+ * 0 where `path` is not BF16_AVX512, this build lacks it, or the tile does not fit. Each output's chain is its
+ * one chain in any tile: the same bits. */
+int bf16_few_wide(int64_t path, const float *x, int64_t K, int64_t k0, int64_t k1, int64_t mb, int64_t gb, const uint16_t *p,
+                  float *out, int64_t ys, int load) {
+#if defined(__AVX512F__)
+    if (path != BF16_AVX512 || mb < 1 || mb > MBX || gb < 1 || gb > 4 || (gb == 4 && mb > 5) || (gb == 3 && mb > 7)) return 0;
+#define WIDE(S)                                                                                                                 \
+    if (gb == 4) switch (mb) { case 1: AVX512S(1, 4, S); break; case 2: AVX512S(2, 4, S); break; case 3: AVX512S(3, 4, S); break; \
+                               case 4: AVX512S(4, 4, S); break; default: AVX512S(5, 4, S); break; }                            \
+    else if (gb == 3) switch (mb) { case 1: AVX512S(1, 3, S); break; case 2: AVX512S(2, 3, S); break; case 3: AVX512S(3, 3, S); break; \
+                                    case 4: AVX512S(4, 3, S); break; case 5: AVX512S(5, 3, S); break; case 6: AVX512S(6, 3, S); break; \
+                                    default: AVX512S(7, 3, S); break; }                                                          \
+    else if (gb == 2) switch (mb) { CASES(AVX512S, 2, S) }                                                                      \
+    else switch (mb) { CASES(AVX512S, 1, S) }
+    if (mb >= FEW_AHEAD_ROWS) { WIDE(2) } else { WIDE(1) }
+#undef WIDE
+    return 1;
+#else
+    (void)path, (void)x, (void)K, (void)k0, (void)k1, (void)mb, (void)gb, (void)p, (void)out, (void)ys, (void)load;
+    return 0;
+#endif
 }
 
 int bf16_full(int64_t path, int64_t rows, int64_t blocks, const float *x, int64_t K, int64_t k0, int64_t k1, const uint16_t *p,

@@ -14,6 +14,27 @@
 #include <omp.h>
 #include "bf16_tiles.h"
 #include "linears.h"
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include "bf16_few.h" /* the dot path's loop over 2..12 rows */
+#endif
+/* Passes of 2..12 rows on the dot path take bf16_few.h's loop, on the AVX-512 widening path groups as wide as
+ * the sums fit (bf16_few_wide): on Zen 4 (one thread, the pair target's linears, noisy) the widening path's
+ * 2, 4 and 6 rows went from 1.4x, 1.8x and 2.1x one position to 1.0x, 1.2x and 1.6x. -DBF16_FEW=0 builds
+ * decoding's 12 x 2 tiles for them instead (to compare: the same bits) */
+#ifndef BF16_FEW
+#define BF16_FEW 1
+#endif
+/* bytes ahead a pass of a few positions prefetches into L2 (bf16_few.h; -DBF16_FEW_AHEAD=0: none) */
+#ifndef BF16_FEW_AHEAD
+#define BF16_FEW_AHEAD 4096
+#endif
+int64_t bf16_few_ahead = BF16_FEW_AHEAD;
+
+/* bf16_few_ahead's bytes (negative: left as they are); returns them after. Speed only */
+int64_t skinny_set_few_ahead(int64_t bytes) {
+    if (bytes >= 0) bf16_few_ahead = bytes;
+    return bf16_few_ahead;
+}
 
 /* skinny_bf16_dot.c: the dot path's many-row loop (built where the compiler targets avx512_bf16) */
 void many_dot(int64_t rows, int64_t blocks, int64_t kc, const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N,
@@ -77,10 +98,19 @@ static void add_bias(const float *b, float *y, int64_t M, int64_t N, int64_t n0,
 #define BF16_EVEN_SHARE 1
 #endif
 static void decoding(int64_t path, const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N, int64_t K) {
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+    if (BF16_FEW && path == BF16_DOT && M >= 2 && M <= FEW_MOST) {
+        few_dot(x, p, b, y, M, N, K);
+        return;
+    }
+#endif
     int t = omp_get_thread_num(), threads = omp_get_num_threads();
     int one = M == 1 && BF16_ONE_ROW_BLOCKS == 4 && (path == BF16_AVX512 || path == BF16_DOT);
-    int64_t GB = one ? 4 : SHAPES[path][0].blocks, blocks = (N + BW - 1) / BW, groups = (blocks + GB - 1) / GB;
-    int even = one && BF16_EVEN_SHARE;
+    /* 2..12 rows on the AVX-512 widening path: groups as wide as the sums fit (bf16_few_wide), shared evenly */
+    int few = BF16_FEW && path == BF16_AVX512 && M >= 2 && M <= MBX;
+    int64_t GB = one ? 4 : few ? (M <= 5 ? 4 : M <= 7 ? 3 : 2) : SHAPES[path][0].blocks;
+    int64_t blocks = (N + BW - 1) / BW, groups = (blocks + GB - 1) / GB;
+    int even = (one || few) && BF16_EVEN_SHARE;
     int64_t first = even ? blocks * t / threads : groups * t / threads * GB;
     int64_t last = even ? blocks * (t + 1) / threads : groups * (t + 1) / threads * GB;
     last = last < blocks ? last : blocks;
@@ -92,7 +122,8 @@ static void decoding(int64_t path, const float *x, const uint16_t *p, const floa
         for (int64_t m0 = 0; m0 < M; m0 += MBX) {
             int64_t mb = M - m0 < MBX ? M - m0 : MBX;
             if (n0 + width <= N) {
-                if (!(one && gb == 4 && bf16_full(path, 1, 4, x, K, 0, K, pg, y + n0, N, 0)))
+                if (!(one && gb == 4 && bf16_full(path, 1, 4, x, K, 0, K, pg, y + n0, N, 0)) &&
+                    !(few && bf16_few_wide(path, x + m0 * K, K, 0, K, mb, gb, pg, y + m0 * N + n0, N, 0)))
                     bf16_tile(path, x + m0 * K, K, 0, K, mb, gb, pg, y + m0 * N + n0, N, 0);
             } else {
                 bf16_tile(path, x + m0 * K, K, 0, K, mb, gb, pg, spill, width, 0);

@@ -1,8 +1,9 @@
 """The avx512_bf16 dot path's many-row loop (kernels/skinny_bf16_dot.c: a chunk's rows rounded to bfloat16
 once a call, whole-k register tiles of 12x2, 8x3 and 6x4): every variant gives each row the bits
 decoding's tiles give it alone, whatever the rows, the outputs or the threads, and so does the loop
-that never rounds ahead (built with -DBF16_DOT_ROUNDED_BYTES=0: what runs where the memory is refused).
-Skipped where this build has no dot path. (tests/test_c_step_bf16.py runs every path's variants on the
+that never rounds ahead (built with -DBF16_DOT_ROUNDED_BYTES=0: what runs where the memory is refused); and
+passes of a few positions (kernels/bf16_few.h, and the AVX-512 widening path's wider groups) give the bits of
+decoding's register block. Skipped where this build has no dot path. (tests/test_c_step_bf16.py runs every path's variants on the
 C step and a position's logits at every width.)"""
 import ctypes
 
@@ -67,3 +68,35 @@ def test_the_loop_without_rounded_rows_gives_the_same_bits(dot):
                 rows = x[:m].contiguous()
                 assert torch.equal(run(bare, tile, rows, packed, 216, b, threads),
                                    run(skinny.library(), tile, rows, packed, 216, b, threads)), (tile, threads, m)
+
+
+@pytest.mark.parametrize("path", [bf16.DOT, bf16.AVX512])
+def test_a_few_positions_take_wider_tiles_and_keep_the_register_blocks_bits(path):
+    """Passes of 2..12 positions (kernels/bf16_few.h on the dot path, bf16_few_wide on the AVX-512 widening one:
+    4, 3 or 2 blocks a group by width, an even share of the blocks, an L2 prefetch from 4 rows): each row the
+    bits of a build with -DBF16_FEW=0 (decoding's 12 x 2 register block), over 216 outputs (13 whole blocks,
+    each thread's shorter last group, a padded one) and K of 600 (a partial panel), on 1, 2 and 3 threads, at
+    every prefetch distance into L2 (none, a line, 4 and 12 KB: speed only)."""
+    library = skinny.library()
+    if path not in bf16.paths(library):
+        pytest.skip(f"this build has no {bf16.NAMES[path]}")
+    old = load_for("native", [s for s in skinny.SOURCES if s.name.startswith("skinny")], ("BF16_FEW=0",))
+    g = torch.Generator().manual_seed(13)
+    w, x, b = torch.randn(216, 600, generator=g).bfloat16(), torch.randn(12, 600, generator=g), torch.randn(216, generator=g)
+    packed, before = pack(w), library.skinny_set_few_ahead(-1)
+
+    def linear(lib: ctypes.CDLL, rows: torch.Tensor, threads: int) -> torch.Tensor:
+        y = torch.empty(rows.shape[0], 216)
+        lib.skinny_linear_bf16(*map(ctypes.c_int64, (path, 0)), *(ctypes.c_void_p(t.data_ptr()) for t in (rows, packed, b, y)),
+                               *map(ctypes.c_int64, (rows.shape[0], 216, 600, threads)))
+        return y
+
+    try:
+        for ahead in (0, 64, 4096, 12288):
+            assert library.skinny_set_few_ahead(ahead) == ahead
+            for threads in (1, 2, 3):
+                for m in range(2, 13):
+                    rows = x[:m].contiguous()
+                    assert torch.equal(linear(library, rows, threads), linear(old, rows, threads)), (ahead, threads, m)
+    finally:
+        library.skinny_set_few_ahead(before)
