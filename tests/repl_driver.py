@@ -67,7 +67,7 @@ found = []
 for argv, given in cases:
     out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
     read, write = os.pipe()  # its stdin: the case's input, then the end of it, as subprocess.run(input=...) gives it
-    os.write(write, given.encode()); os.close(write)
+    os.write(write, given.encode("utf-8", "surrogateescape")); os.close(write)  # its bytes as given (run_forked)
     sys.stdout.flush(); sys.stderr.flush()
     pid = os.fork()
     if pid == 0:  # the case: infer.py as `python infer.py ARGS` runs it
@@ -97,7 +97,8 @@ def run_forked(cases, stdins=None, setup: str = "") -> list:
     """``subprocess.CompletedProcess``-like results (``returncode``, ``stdout``, ``stderr``: text) of
     ``infer.py --device cpu ARGS`` for each ``ARGS`` in ``cases``, each in a process of its own forked
     from one Python that imported the start-up's libraries once, its stdin a pipe holding the matching
-    text of ``stdins`` (default: nothing), in ``run``'s environment. ``setup``: Python run in that one
+    text of ``stdins`` (default: nothing; bytes that are not UTF-8 as ``surrogateescape`` gives them), in ``run``'s
+    environment: an argument's such bytes as Python's argv decodes them. ``setup``: Python run in that one
     Python before the forks (a module constant a test sets, as ``monkeypatch`` would in-process)."""
     import json
     from types import SimpleNamespace
