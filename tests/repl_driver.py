@@ -61,11 +61,13 @@ _FORKED = r"""
 import json, os, runpy, sys, tempfile, traceback
 sys.path.insert(0, os.getcwd())
 import torch, transformers, app.repl.cli  # noqa: F401 (imported once, before the forks)
+setup, cases = json.load(sys.stdin)
+exec(setup)  # the caller's changes to the imported modules (run_forked's setup), before every fork
 found = []
-for argv, given in json.load(sys.stdin):
+for argv, given in cases:
     out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
     read, write = os.pipe()  # its stdin: the case's input, then the end of it, as subprocess.run(input=...) gives it
-    os.write(write, given.encode()); os.close(write)
+    os.write(write, given.encode("utf-8", "surrogateescape")); os.close(write)  # its bytes as given (run_forked)
     sys.stdout.flush(); sys.stderr.flush()
     pid = os.fork()
     if pid == 0:  # the case: infer.py as `python infer.py ARGS` runs it
@@ -91,16 +93,18 @@ print(json.dumps(found))
 """
 
 
-def run_forked(cases, stdins=None) -> list:
+def run_forked(cases, stdins=None, setup: str = "") -> list:
     """``subprocess.CompletedProcess``-like results (``returncode``, ``stdout``, ``stderr``: text) of
     ``infer.py --device cpu ARGS`` for each ``ARGS`` in ``cases``, each in a process of its own forked
     from one Python that imported the start-up's libraries once, its stdin a pipe holding the matching
-    text of ``stdins`` (default: nothing), in ``run``'s environment."""
+    text of ``stdins`` (default: nothing; bytes that are not UTF-8 as ``surrogateescape`` gives them), in ``run``'s
+    environment: an argument's such bytes as Python's argv decodes them. ``setup``: Python run in that one
+    Python before the forks (a module constant a test sets, as ``monkeypatch`` would in-process)."""
     import json
     from types import SimpleNamespace
 
     cases = [[["--device", "cpu", *args], given] for args, given in zip(cases, stdins or [""] * len(cases))]
-    done = subprocess.run([sys.executable, "-c", _FORKED], cwd=ROOT, input=json.dumps(cases), capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", _FORKED], cwd=ROOT, input=json.dumps([setup, cases]), capture_output=True, text=True,
                           timeout=600, env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(Path.home()),
                                             **MEASUREMENTS_ENV})
     assert done.returncode == 0, done.stderr[-3000:]

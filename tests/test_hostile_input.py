@@ -256,12 +256,21 @@ REFUSED_START_UPS = [
 
 
 @pytest.fixture(scope="module")
-def refused_start_ups():
+def refused_start_ups(tiny_models):
     """Each start-up of ``REFUSED_START_UPS`` in a process of its own, forked from one Python that
-    imported the libraries once (``repl_driver.run_forked``: 13 imports of torch cost more than the refusals)."""
+    imported the libraries once (``repl_driver.run_forked``: 13 imports of torch cost more than the refusals),
+    then the tiny target's starts given bytes that are not UTF-8: ``"flag"`` (in ``--prompt``, as Python's argv
+    decodes them) and ``"piped"`` (on stdin); forked too, ~4 s of imports each (single run)."""
     from repl_driver import run_forked
 
-    return run_forked([args for args, _ in REFUSED_START_UPS])
+    tiny = ["--target", tiny_models["target"], "--no-calibrate", "--length", "2"]
+    cases = [args for args, _ in REFUSED_START_UPS] + [[*tiny, "--prompt", b"caf\xe9".decode("utf-8", "surrogateescape")], tiny]
+    stdins = [""] * len(REFUSED_START_UPS) + ["", PIPED.decode("utf-8", "surrogateescape")]
+    results = run_forked(cases, stdins)
+    return {**dict(enumerate(results[:len(REFUSED_START_UPS)])), "flag": results[-2], "piped": results[-1]}
+
+
+PIPED = b"\n   \n\\n\\t\nHello \xff\xfe there\n/quit now\n/gamma 1e999\n"
 
 
 @pytest.mark.parametrize("case", range(len(REFUSED_START_UPS)), ids=lambda i: f"args{i}-{REFUSED_START_UPS[i][1]}")
@@ -275,17 +284,16 @@ def test_an_unreachable_hub_fails_fast_in_one_line():
     assert "the Hub cannot be reached" in one_error_line(result)  # fast: one bounded probe (utils.models._hub_reachable)
 
 
-def test_a_prompt_flag_with_bytes_that_are_not_utf8_runs_and_says_so(tiny_models):
-    result, _ = run("--target", tiny_models["target"], "--no-calibrate", "--length", "2", "--prompt", b"caf\xe9")
-    out = result.stdout.decode()
+def test_a_prompt_flag_with_bytes_that_are_not_utf8_runs_and_says_so(refused_start_ups):
+    result = refused_start_ups["flag"]
+    out = result.stdout
     assert result.returncode == 0 and "--prompt: 1 byte that is not UTF-8 was replaced" in out and "Target AR" in out, out
 
 
-def test_piped_bytes_that_are_not_utf8_and_blank_lines_are_handled_and_exit_is_zero(tiny_models):
-    result, _ = run("--target", tiny_models["target"], "--no-calibrate", "--length", "2",
-                    stdin=b"\n   \n\\n\\t\nHello \xff\xfe there\n/quit now\n/gamma 1e999\n")
-    out = result.stdout.decode()
-    assert result.returncode == 0 and "Traceback" not in out + result.stderr.decode(), out + result.stderr.decode()
+def test_piped_bytes_that_are_not_utf8_and_blank_lines_are_handled_and_exit_is_zero(refused_start_ups):
+    result = refused_start_ups["piped"]
+    out = result.stdout
+    assert result.returncode == 0 and "Traceback" not in out + result.stderr, out + result.stderr
     assert "2 bytes that are not UTF-8 were replaced" in out and out.count("Target AR ─") == 1  # only the one real prompt
     assert "/quit takes no argument" in out and "gamma must be an integer" in out and "Goodbye" in out
 

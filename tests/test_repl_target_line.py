@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from repl_driver import run, run_forked, target_line
+from repl_driver import run_forked, target_line
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +30,22 @@ def test_prepacking_is_measured_by_default_or_the_flags_choice_and_named_on_the_
     assert target_line(off).endswith("· eager · lean Llama forward (attention: SDPA)")
 
 
+# the compiled start's pass widths: decoding's 1 and one bucket that every verification pass here (gamma <= 4: 2-5
+# positions) pads into; the default six widths cost ~9 s of compiling each on this CPU (56 s of the file's 62, single run)
+# and each is prepared by the same loop (runners.compiled.prepare), whose graphs test_compiled checks on two widths
+WIDTHS = (1, 8)
+CAPACITY = 1024  # the start's 1000 positions (LoadOptions.compile_length) + the widest pass, to a power of two (32: 2048)
+
+
 @pytest.mark.needs_cxx
 def test_compile_compiles_once_at_start_up_says_how_long_and_names_the_runner(tiny_models):
-    result = run("--target", tiny_models["target"], "--compile", "--no-calibrate", "--prompt", "Hi", "--length", "6", "--verbose")
+    [result] = run_forked([("--target", tiny_models["target"], "--compile", "--no-calibrate", "--prompt", "Hi", "--length", "6",
+                            "--verbose")], setup=f"import runners.compiled; runners.compiled.BUCKETS = {WIDTHS!r}")
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("Compiled the target in") == 1
-    assert re.search(r"compiled \(inductor, frozen weights, (GEMM templates autotuned against MKL|MKL), passes of 1/2/4/8/16/32 positions, cache of 2048 positions, "
-                     r"compiled in \d+ s \((fresh|cached|partly cached)\)\)", target_line(result))
+    widths = "/".join(map(str, WIDTHS))
+    assert re.search(r"compiled \(inductor, frozen weights, (GEMM templates autotuned against MKL|MKL), passes of " + widths + r" positions, "
+                     f"cache of {CAPACITY} positions, " r"compiled in \d+ s \((fresh|cached|partly cached)\)\)", target_line(result))
     assert "Target AR" in result.stdout and "N-gram assisted" in result.stdout
 
 
