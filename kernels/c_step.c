@@ -77,6 +77,7 @@ typedef struct {
  * would be under 2 a thread (SmolLM2's decoding: 3 for 2; a verification's 9+ ran as fast unsplit: scripts/decode_profile.py) */
 #define SPLIT_FROM 128
 
+#include "step_bridge.h"
 #include "step_profile.h"
 
 #include "step_layer.h"
@@ -158,6 +159,7 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
     float *x = scratch, *qkv = x + r * H, *att = qkv + r * nqkv, *delta = att + r * Hq * D, *gu = delta + r * H,
           *act = gu + r * 2 * I, *kt = act + r * I, *per_thread = kt + Hkv * blocks_of(d->cap) * BLOCK * D;
     int ran = 1;
+    PROFILE_ENTER();
     if (threads < 1) threads = 1;
     /* attention's units: a position's query heads of one key-value head (per), in groups of qg */
     const int64_t per = Hq / Hkv, qg = heads_at_once(per, Hkv, r, threads, GROUP_LIMIT), groups = (per + qg - 1) / qg;
@@ -178,9 +180,7 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
               *normed = few ? acts + r * I : NULL;
         if (few) memcpy(hs, h, r * H * sizeof(float));
         if (t == 0) ran = omp_get_num_threads();
-#ifdef STEP_PROFILE
-        double since_ = cpu_now();
-#endif
+        PROFILE_START();
         for (int64_t l = 0; l < d->layers; l++) {
             const Layer *w = layers + l;
             /* the rows past the keys and values: every row's but in the last layer, whose output only the
@@ -205,8 +205,8 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
             }
             MARK(REST);
             skinny_rows_as(d->weights, d->tile, xs, w->qkv, w->qkv_bias, qkv, r, nqkv, H);
-#pragma omp barrier
-            MARK(LINEARS);
+            bridge(d, w->o, H, Hq * D, c_step_bridge_bytes);
+            SYNC(LINEARS);
             if (d->qk_norm == 2) { /* q and k normed over all their heads (OLMo 2) */
 #pragma omp for schedule(static)
                 for (int64_t i = 0; i < r; i++) {
@@ -265,8 +265,8 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
             }
             MARK(ATTENTION);
             if (m > 0) skinny_rows_as(d->weights, d->tile, att + lo * Hq * D, w->o, w->o_bias, delta + lo * H, m, H, Hq * D);
-#pragma omp barrier
-            MARK(LINEARS);
+            bridge(d, w->gate_up, 2 * I, H, c_step_bridge_bytes);
+            SYNC(LINEARS);
             if (few) {
                 own_rows(hs, delta, w->attn_out_norm, w->post_norm, xs, normed, lo, r, d);
             } else {
@@ -278,8 +278,8 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
             }
             MARK(REST);
             if (m > 0) skinny_rows_as(d->weights, d->tile, xs + lo * H, w->gate_up, NULL, gu + lo * 2 * I, m, 2 * I, H);
-#pragma omp barrier
-            MARK(LINEARS);
+            bridge(d, w->down, H, I, c_step_bridge_bytes);
+            SYNC(LINEARS);
             /* over rows and spans of columns: both threads busy at one position too (each element alone); a
              * few-row pass's in every thread, whole rows */
             if (few) {
@@ -291,8 +291,9 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
             }
             MARK(REST);
             if (m > 0) skinny_rows_as(d->weights, d->tile, acts + lo * I, w->down, NULL, delta + lo * H, m, H, I);
-#pragma omp barrier
-            MARK(LINEARS);
+            if (l + 1 < d->layers) bridge(d, w[1].qkv, nqkv, H, c_step_bridge_bytes);
+            else bridge(d, head, V, H, c_step_bridge_bytes);
+            SYNC(LINEARS);
         }
         /* the last layer's residual, the final norm of the last n_last positions, the output layer; a few-row
          * pass's residual stream back in h (the first thread's: every thread's holds the same bits) */
@@ -319,7 +320,9 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
         }
         MARK(REST);
     }
+    PROFILE_JOINED();
     for (int64_t i = 0; d->tops && i < n_last; i++) ((Top *)d->tops)[i] = logits_top_row(logits + i * V, V);
+    PROFILE_LEAVE();
     return ran;
 }
 
