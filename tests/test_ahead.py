@@ -114,3 +114,13 @@ def test_the_headers_name_the_distance_and_how_it_was_chosen(fresh):
     assert ahead.words(fresh, ahead.F32) == "weights streamed without software prefetch by measurement"
     ahead.settle(fresh, bf16.DOT, (64, 32), run={ahead.DEFAULT: 1e-3, ahead.NONE: 2e-3}.__getitem__)
     assert ahead.words(fresh, bf16.DOT) == "weights prefetched 4 KB ahead by measurement"
+
+
+def test_the_distances_raced_are_named_with_their_samples_for_the_header(fresh):
+    """``raced``: each dtype raced in this process, the pick and its least samples ("" before any race), as the
+    REPL's verbose header adds them after its warm-up (the models' lines were written before the race)."""
+    assert ahead.raced() == ""
+    ahead.settle(fresh, ahead.F32, (3072, 576), run={ahead.DEFAULT: 2e-3, ahead.NONE: 1e-3}.__getitem__)
+    ahead.settle(fresh, bf16.DOT, (3072, 576), run={ahead.DEFAULT: 1e-3, ahead.NONE: 2e-3}.__getitem__)
+    assert ahead.raced() == ("float32 weights streamed without software prefetch by measurement (1 ms against 2 ms 4 KB ahead); "
+                             "bfloat16 weights prefetched 4 KB ahead by measurement (1 ms against 2 ms none)")
