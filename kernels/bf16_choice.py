@@ -60,6 +60,17 @@ class Measured:
 def medians(keys: Sequence, run: Callable[[Any], float], repeats: int = REPEATS, budget: float = BUDGET) -> Dict[Any, float]:
     """Median seconds of ``run(key)`` for each key: interleaved rounds, ``WARMUP`` untimed then up to
     ``repeats`` timed; past ``MIN_REPEATS`` timed rounds, none starts once ``budget`` seconds were spent."""
+    return {key: statistics.median(values) for key, values in samples(keys, run, repeats, budget).items()}
+
+
+def least(keys: Sequence, run: Callable[[Any], float], repeats: int = REPEATS, budget: float = BUDGET) -> Dict[Any, float]:
+    """The least seconds of ``run(key)`` for each key, in ``medians``' rounds: for a race whose keys differ in speed
+    only, where another process only ever adds time to a sample, so a key's least sample is its least disturbed."""
+    return {key: min(values) for key, values in samples(keys, run, repeats, budget).items()}
+
+
+def samples(keys: Sequence, run: Callable[[Any], float], repeats: int = REPEATS, budget: float = BUDGET) -> Dict[Any, list]:
+    """The timed seconds of ``run(key)`` for each key, in ``medians``' interleaved rounds."""
     timed: Dict[Any, list] = {key: [] for key in keys}
     spent = 0.0
     for round_ in range(WARMUP + repeats):
@@ -70,7 +81,7 @@ def medians(keys: Sequence, run: Callable[[Any], float], repeats: int = REPEATS,
             spent += seconds
             if round_ >= WARMUP:
                 timed[key].append(seconds)
-    return {key: statistics.median(values) for key, values in timed.items()}
+    return timed
 
 
 def fastest(seconds: Dict[int, float], default: int) -> int:

@@ -256,3 +256,33 @@ def test_the_runs_value_reaches_the_drafters_runner_only_and_is_written_with_the
     config = RunConfig(drafter_head=ROWS)
     assert config.drafting_runner.drafter_head == ROWS and config.drafter_runner.drafter_head == 0 == config.runner.drafter_head
     assert RunConfig.from_dict(config.to_dict()) == config and RunConfig().drafting_runner is RunConfig().drafter_runner
+
+
+def test_the_repls_warm_up_makes_the_drafters_rows_and_the_timed_rows_make_none(monkeypatch):
+    """The REPL's warm-up (``Repl._warm_up``) makes the drafter's output rows (``kept_rows``), so that the drafting
+    row timed first pays for them no more than the others (on the pair: 73 MB zeroed and copied); the speculative
+    row then makes none, and its greedy tokens are still target AR's."""
+    from transformers import AutoTokenizer
+
+    import infer
+    import kernels.head_rows as head_rows
+    from configuration import RunConfig, RunContext
+    from utils.models import embedded_model_dir
+
+    made = []
+
+    class Counted(head_rows.HeadRows):
+        def __init__(self, source, vocab, count):
+            made.append(count)
+            super().__init__(source, vocab, count)
+
+    monkeypatch.setattr(head_rows, "HeadRows", Counted)
+    target = llama(vocab=49152, layers=1, window=4096, init=0.3)
+    drafter = perturbed_copy(target, 0.05, seed=2).to(torch.float32)  # the C step's dtype: it runs the cut rows
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir())
+    repl = infer.Repl(RunConfig(max_gen_len=6, drafter_head=ROWS), RunContext(target=target, tokenizer=tokenizer, drafter=drafter),
+                      True, 42)
+    assert made == [ROWS]
+    repl.compare("Hi there, hi there")
+    tokens = {strategy.key: result.tokens for strategy, result in repl.last}
+    assert made == [ROWS] and tokens["speculative"] == tokens["target"] and len(tokens["target"]) == 6, (made, tokens)

@@ -81,7 +81,7 @@ MODEL_LINES = ("Target:", "Drafter:", "Head:")
 
 def test_the_first_screen_is_one_short_line_per_model_and_stats_shows_the_start_up_in_full(started):
     """By default each model is one line under 120 characters, and no measurement is printed before the
-    prompt; /stats prints the start-up in full: each model's whole line and the verification costs."""
+    prompt; /stats prints the start-up in full: each model's whole line, the verification costs, the prefetch raced."""
     result = started["screen"]
     assert result.returncode == 0, result.stderr
     screen, stats = result.stdout.split("Type a prompt", 1)
@@ -91,4 +91,6 @@ def test_the_first_screen_is_one_short_line_per_model_and_stats_shows_the_start_
     assert "Verification cost" not in screen and "KV cache" not in screen
     full = stats.split("Start-up, in full:", 1)[1]
     assert "Verification cost by positions 1..12: 1.00 1.10" in full and "Policy: " in full
+    # the prefetch distance as the warm-up's first passes raced it (the Target line was written before: "untimed")
+    assert "Prefetch" not in screen and "Prefetch: float32 weights " in full and " ms against " in full, full
     assert next(line for line in full.splitlines() if line.startswith("Target:")).count(" · ") > lines[0].count(" · ")

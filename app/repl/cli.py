@@ -108,6 +108,17 @@ class Header:
             self.measurement(text)
 
 
+def name_prefetch(header: Header, repl: Repl) -> None:
+    """The weights' prefetch distance as raced (``kernels.ahead.raced``), a measurement line (``--verbose``, /stats):
+    where a start measured nothing, the race ran on the warm-up's first passes, after the models' lines were written."""
+    from kernels.ahead import raced
+
+    found = raced()
+    if found:
+        header.measurement(f"Prefetch: {found}")
+        repl.startup = tuple(header.full)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -180,6 +191,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     if window.record()["noisy"] and not pair.busy_note:
         console.print(Text("Load: ", style="bold") + Text(window.note("start-up"), style="yellow"))
     repl = Repl(config, context, not args.no_chat, args.seed, startup=header.full)
+    name_prefetch(header, repl)
     if args.prompt is not None:
         try:
             repl.compare(args.prompt)
