@@ -15,7 +15,6 @@ from hypothesis import settings
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, T5Config, T5ForConditionalGeneration
 
 from worker_times import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401 (hooks: each worker's files and end)
-import isa_probes
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may be downloaded in tests
 # the project's cache folder (utils.models.cache_dir, the one switch the library reads) is this run's
@@ -31,16 +30,9 @@ if _MADE_HERE:
     _USERS_CACHE = Path(os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "speculative-decoding")
     _RUN_CACHE = Path(tempfile.mkdtemp(prefix="specdec-test-cache-"))
     for _entry in _USERS_CACHE.glob("*") if _USERS_CACHE.is_dir() else ():
-        if _entry.is_dir() and _entry.name not in ("measurements", "inductor", "eagle") and not _entry.name.startswith("inductor-"):
+        if _entry.is_dir() and _entry.name not in ("measurements", "inductor", "eagle"):
             (_RUN_CACHE / _entry.name).symlink_to(_entry, target_is_directory=True)
     os.environ[_RUN_CACHE_ENV] = str(_RUN_CACHE)
-    # inductor's CPU probes (no graph; ~10 s of compiler in a run's first compiling test): kept between runs,
-    # unless the user named inductor's folder (transformers' import sets inductor's default, not the user)
-    from kernels.compile_cache import _users_folder
-
-    _PROBES = None if _users_folder() else isa_probes.kept_folder(_USERS_CACHE)
-    if _PROBES is not None:
-        isa_probes.seed(_PROBES, _RUN_CACHE / "inductor")
 else:
     _RUN_CACHE = Path(os.environ[_RUN_CACHE_ENV])
 # A subprocess's OpenMP threads sleep while they wait, as they do under `OMP_WAIT_POLICY=passive`: libgomp's
@@ -124,11 +116,6 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_unconfigure(config):
     if _MADE_HERE:
-        if _PROBES is not None:
-            try:
-                isa_probes.keep(_RUN_CACHE / "inductor", _PROBES)
-            except OSError:  # a read-only or full home: the next run builds them again
-                pass
         shutil.rmtree(_RUN_CACHE, ignore_errors=True)  # the links only: the user's models stay
 
 
