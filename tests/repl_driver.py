@@ -61,6 +61,9 @@ _FORKED = r"""
 import json, os, runpy, sys, tempfile, traceback
 sys.path.insert(0, os.getcwd())
 import torch, transformers, app.repl.cli  # noqa: F401 (imported once, before the forks)
+# what a case's model load imports (transformers' modeling_utils pulls in torch.distributed, sympy,
+# accelerate...: ~1,100 modules, ~3 s a case when each fork imported them again; the tiny models are Llamas)
+import transformers.modeling_utils, transformers.models.llama.modeling_llama  # noqa: F401
 setup, cases = json.load(sys.stdin)
 exec(setup)  # the caller's changes to the imported modules (run_forked's setup), before every fork
 found = []

@@ -9,6 +9,7 @@ Only allocations made inside the block are counted, and their frees (by address)
 before the block and freed inside it never shows. Only this thread's: a Python thread's allocations
 (transformers' loading pool casting a file's tensors) are not seen. Make what is to be counted (the
 model) inside it; ``Held.part`` names a stretch of it (the start after the model is made)."""
+import bisect
 import contextlib
 import gc
 from dataclasses import dataclass, field
@@ -50,10 +51,15 @@ def counted() -> Iterator[Held]:
     held = Held()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as recorder:
         yield held
-    events = list(_walk(recorder.profiler.kineto_results.experimental_event_tree()))
+    _count(held, recorder.profiler.kineto_results.experimental_event_tree())
+
+
+def _count(held: Held, tree) -> None:
+    """Fill ``held`` from the profiler's event tree: each CPU allocation and free in time order (a free
+    counted only where its block's making was), then each named stretch's peak."""
+    allocations, stretches = _events(tree)
     made, now = set(), 0
-    for event in sorted((e for e in events if _allocation(e)), key=lambda e: e.start_time_ns):  # stable: ties keep their order
-        ptr, size = event.typed[1].ptr, event.typed[1].alloc_size
+    for start, ptr, size in sorted(allocations, key=lambda row: row[0]):  # stable: ties keep their order
         if size > 0:
             made.add(ptr)
         elif ptr in made:  # a free of a block made before the block is not counted (its making was not)
@@ -61,26 +67,34 @@ def counted() -> Iterator[Held]:
         else:
             continue
         now += size
-        held.trace.append((event.start_time_ns, now))
+        held.trace.append((start, now))
     held.peak, held.end = max((b for _, b in held.trace), default=0), now
-    for event in events:
-        if event.name.startswith(_PART):
-            start, end = event.start_time_ns, event.end_time_ns
-            before = [b for t, b in held.trace if t < start][-1:]  # what the stretch starts with
-            name, peak = event.name[len(_PART):], max(before + [b for t, b in held.trace if start <= t <= end], default=0)
-            held.parts[name] = max(peak, held.parts.get(name, 0))  # a stretch named twice (each model's): the most of both
+    times = [t for t, _ in held.trace]
+    for name, start, end in stretches:
+        first, last = bisect.bisect_left(times, start), bisect.bisect_right(times, end)
+        before = [held.trace[first - 1][1]] if first else []  # what the stretch starts with
+        peak = max(before + [b for _, b in held.trace[first:last]], default=0)
+        held.parts[name] = max(peak, held.parts.get(name, 0))  # a stretch named twice (each model's): the most of both
 
 
-def _walk(events) -> Iterator:
-    for event in events:
-        yield event
-        yield from _walk(event.children)
-
-
-def _allocation(event) -> bool:
+def _events(tree) -> Tuple[List[Tuple[int, int, int]], List[Tuple[str, int, int]]]:
+    """One walk of the event tree (parents before children, in order): ``(start ns, address, bytes)`` of
+    each CPU allocation (bytes < 0: a free) and ``(name, start ns, end ns)`` of each ``part``. Reads each
+    event's kind by its tag and its fields once: a start-up's ~300k events took seconds through ``typed``."""
     from torch._C._profiler import _EventType
 
-    return event.typed[0] == _EventType.Allocation and event.typed[1].device.type == "cpu"
+    allocation, allocations, stretches = _EventType.Allocation, [], []
+    stack = list(reversed(tree))
+    while stack:
+        event = stack.pop()
+        if event.tag == allocation:
+            extra = event.extra_fields
+            if extra.device.type == "cpu":
+                allocations.append((event.start_time_ns, extra.ptr, extra.alloc_size))
+        elif event.name.startswith(_PART):
+            stretches.append((event.name[len(_PART):], event.start_time_ns, event.end_time_ns))
+        stack.extend(reversed(event.children))
+    return allocations, stretches
 
 
 def tensor_bytes(*tensors: torch.Tensor) -> int:
