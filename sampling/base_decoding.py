@@ -1,4 +1,5 @@
 """Plain decoding with one model: autoregressive sampling and beam search."""
+import time
 from typing import Callable, List
 
 import torch
@@ -29,10 +30,13 @@ def generate_with(prompt: List[int], model: Runner, config: GenerationConfig) ->
     # processor of another kind (duck-typed: ``__call__`` and ``sample`` only) through its probabilities
     choose = getattr(processor, "choose", None) or (lambda logits: processor.sample(processor(logits)))
     clear = getattr(processor, "clear_tokens", None) or (lambda logits: None)  # greedy's ints from the pass's row tops
+    start = time.perf_counter()
     for cur in range(len(prompt), end):
         logits = model(ids[:, :cur], 1)
         clear_ids = clear(logits)
         token = clear_ids[0] if clear_ids else int(choose(logits))  # the step's one host-device synchronisation
+        if cur == len(prompt):  # the prompt's pass (``GenerationStats.first_step_seconds``): one clock read more a run
+            config.stats.first_step_seconds = time.perf_counter() - start
         ids[0, cur] = token
         tokens.append(token)
         config.stats.record_step(0, 0, 1)

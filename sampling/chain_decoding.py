@@ -133,7 +133,9 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
         verified_at = time.perf_counter()
         stats.draft_seconds += drafted_at - clock
         stats.verify_seconds += verified_at - drafted_at
-        if cur > len(prompt):  # the first pass also runs the prompt: not what a step of its width costs
+        if cur == len(prompt):
+            stats.first_step_seconds = verified_at - clock
+        else:  # the first pass also runs the prompt: not what a step of its width costs
             policy.measured(rows, verified_at - drafted_at, drafted_at - clock, asked, made)  # what this step paid, for the next ones
         config.observe(Step(tokens, cur, len(prompt), draft_list, n, own_list[n], stop_at is not None, rows=rows))
         if stop_at is not None:

@@ -20,6 +20,9 @@ class GenerationStats:
     # still queued when drafting returns are counted in verify_seconds
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    # the first step's seconds (drafting and verifying), in the two above too: the prompt's pass, which no drafter
+    # shortens (on a 700-token prompt nearly half of target AR's 64 tokens): a run's time less it is its decoding's
+    first_step_seconds: float = 0.0
     paused_steps: int = 0  # steps a DraftPolicy drafted nothing because drafts were not paying
     emitted_by_step: list[int] = field(default_factory=list)  # tokens each step emitted (Spec-Bench's accept_lengths)
     drafted_by_step: list[int] = field(default_factory=list)  # drafts each step verified
@@ -74,6 +77,7 @@ class GenerationStats:
             "per_position_acceptance": self.per_position_acceptance,
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,
+            "first_step_seconds": self.first_step_seconds,
             "paused_steps": self.paused_steps,
             "accepted_by": dict(self.accepted_by),
             "policy": self.policy,

@@ -302,7 +302,9 @@ def draft_tree_and_verify(prompt: List[int], target, drafter: TreeDrafter, confi
         verified_at = time.perf_counter()
         stats.draft_seconds += drafted_at - clock
         stats.verify_seconds += verified_at - drafted_at
-        if cur > len(prompt):  # the first pass also runs the prompt: not what a tree of its size costs
+        if cur == len(prompt):
+            stats.first_step_seconds = verified_at - clock
+        else:  # the first pass also runs the prompt: not what a tree of its size costs
             policy.measured(1 + n_nodes, verified_at - drafted_at, drafted_at - clock, bool(asked), made)  # for the next steps
         shown = [nodes[i] for i in path] + ([nodes[children[path[-1] + 1 if path else 0][0]]] if stopped_below else [])
         config.observe(Step(tokens, cur, len(prompt), shown, n, own, stop_at is not None, rows=1 + n_nodes))

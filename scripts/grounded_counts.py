@@ -110,11 +110,14 @@ def prompt_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def main() -> None:
     p = prompt_arguments(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
     p.add_argument("--row-costs", default=",".join(f"{c:g}" for c in ROW_COSTS))
+    p.add_argument("--priced", default=None, help="the costs that price the steps (default: --row-costs): a policy on "
+                   "one curve priced by another, e.g. the start-up's short-context curve against a long prompt's")
     p.add_argument("--rows", default=",".join(ROWS[:3]), help=f"of {', '.join(ROWS)}")
     p.add_argument("--tree-gate", action="store_true", help="tree_suffix gated as chains are (GatedTrees: an experiment)")
     p.add_argument("--no-gate", action="store_true", help="the policy without the evidence gate (as before it)")
     args = p.parse_args()
     costs = tuple(float(c) for c in args.row_costs.split(","))
+    priced = tuple(float(c) for c in args.priced.split(",")) if args.priced else costs
     model, tokenizer = load_embedded()
     eos = tokenizer.eos_token_id
     table = defaultdict(lambda: defaultdict(Counter))
@@ -139,7 +142,7 @@ def main() -> None:
                 c["drafted"] += k
                 c["accepted"] += n
                 c["rows"] += rows
-                c["cost"] += costs[min(rows, len(costs)) - 1]  # the step's cost in one-position passes, by the given costs
+                c["cost"] += priced[min(rows, len(priced)) - 1]  # the step's cost in one-position passes, by the pricing costs
                 c[f"k{min(k, 10)}"] += 1
                 c[f"k{min(k, 10)}acc"] += n
                 c["zero_acc"] += k > 0 and n == 0

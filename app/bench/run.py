@@ -303,7 +303,7 @@ def run_record(bench: Bench, item: dict, repeat: int, config: Config, result, re
         "repeat": repeat, "config": config.label, "key": config.key, "gamma": config.gamma, "n": config.n,
         "storage": config.storage, "filler": config.filler, "params": dict(config.params) or None, "processor": bench.args.processor,
         "prompt_tokens": len(item["prompt"]), "new_tokens": len(result.tokens), "seconds": result.seconds,
-        "tokens_per_s": result.tokens_per_second, "drafted": st.drafted, "accepted": st.accepted,
+        "tokens_per_s": result.tokens_per_second, "first_step_seconds": st.first_step_seconds or None, "drafted": st.drafted, "accepted": st.accepted,
         "target_passes": st.target_forward_passes, "drafted_at": st.drafted_at, "accepted_at": st.accepted_at,
         "paused_steps": st.paused_steps, "tokens": result.tokens, "steps": st.emitted_by_step,
         "kernels": result.kernels, "drafts": st.drafted_by_step, "peer_settings": st.peer_settings or None,
