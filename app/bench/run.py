@@ -52,7 +52,7 @@ class Bench:
                                   measure_dtype=preset.get("measure_dtype", False), remeasure=args.remeasure,
                                   chat=not args.no_chat, calibrate=not args.no_calibrate, row_costs=args.row_costs,
                                   runner=args.runner, forward=args.forward, eager=args.eager, step_graphs=args.step_graphs,
-                                  drafter_dtype=args.drafter_dtype,
+                                  drafter_dtype=args.drafter_dtype, drafter_head=args.drafter_head,
                                   step_widths=start_widths([g for g in args.gamma]),
                                   hidden_layers=head_layers(head_path(args.head, (args.target or preset.get("target")) is None)))
             pair = load_pair(args.target or preset.get("target"), args.drafter or preset.get("drafter"), options)
