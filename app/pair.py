@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from app.header_lines import describe, summary
 from app.steps import FIRST_ANSWER_LIMIT, cuda_decides, cuda_default, start_graphs
-from app.session import Say, SetupError, first_line, progress_bar, to_stderr  # noqa: F401 (progress_bar: here too)
+from app.session import Say, SetupError, drafter_head, first_line, progress_bar, to_stderr  # noqa: F401 (progress_bar: here too)
 from utils.parsing import parse_int
 
 if TYPE_CHECKING:
@@ -319,6 +319,7 @@ class LoadOptions:
     step_widths: Tuple[int, ...] = (1,)  # the compiled step's widths built at start-up (the measurements': 1 and gamma + 1)
     first_answer_limit: float = FIRST_ANSWER_LIMIT  # seconds transformers' compiled forward may take by CUDA's default
     hidden_layers: Tuple[int, ...] = ()  # a head's layers (``app.steps.head_layers``): the start-up graphs return them
+    drafter_head: str = "auto"  # --drafter-head: the drafter's rows as it drafts, its cost timed on them (``app.session.drafter_head``)
     drafter_dtype: Optional[str] = None  # --drafter-dtype: the drafter's weights dtype (None: the target's; "auto": ``app.drafter_dtype``)
 
 
@@ -337,16 +338,15 @@ def llama_cpp_target(target: Optional[str]) -> str:
 
 
 def load_pair(target: Optional[str], drafter: Optional[str], options: LoadOptions = LoadOptions(), say: Say = to_stderr) -> Pair:
-    """Load the target (None: the embedded model) and the drafter (None: none; ``layers:N``: the
-    first N layers of the target), check that the drafter can draft for the target, compile those
-    that ``options.compile`` asks for (``_runners``), and measure them (``measure.startup``:
-    ``Pair.measured``): each one's kernels (``prepack`` "auto": measured, each row later runs on its
-    own best option; "on"/"off": given) and KV cache kind (``cache`` "auto": measured on CPU), then,
-    with ``calibrate``, the drafter's cost and the target's verification costs (``row_costs``: given,
-    ``--row-costs``). ``measure_dtype`` with ``dtype`` auto: the target's dtype, and a float32 target's
-    drafter's (``app.drafter_dtype``), by ``_measured_load``. Measurements run within their budgets, reused
-    from earlier starts unless ``remeasure`` (docs/startup.md). A drafter with another tokenizer drafts
-    across tokenizers; one that cannot (``cross_problem``; the chat template matters when ``chat``) is dropped."""
+    """Load the target (None: the embedded model) and the drafter (None: none; ``layers:N``: the first N layers of the
+    target), check that the drafter can draft for the target, compile those ``options.compile`` asks for (``_runners``),
+    and measure them (``measure.startup``: ``Pair.measured``): each one's kernels (``prepack`` "auto": measured, each row
+    later on its own best option; "on"/"off": given) and KV cache kind (``cache`` "auto": measured on CPU), then, with
+    ``calibrate``, the drafter's cost (a pass with the rows ``drafter_head`` gives it as it drafts) and the target's
+    verification costs (``row_costs``: given, ``--row-costs``). ``measure_dtype`` with ``dtype`` auto: the target's dtype,
+    and a float32 target's drafter's (``app.drafter_dtype``), by ``_measured_load``. Measurements run within budgets,
+    reused from earlier starts unless ``remeasure`` (docs/startup.md). A drafter with another tokenizer drafts across
+    tokenizers; one that cannot (``cross_problem``; the chat template matters when ``chat``) is dropped."""
     import torch
 
     from app.drafter_dtype import drafter_dtype, measures
@@ -362,8 +362,7 @@ def load_pair(target: Optional[str], drafter: Optional[str], options: LoadOption
     device, dtype = resolve_device(options.device), options.dtype
     say(f"Loading target: {target or 'embedded SmolLM2-135M-Instruct'} ...", "dim")
     # the load is read before anything of ours loads the machine
-    measuring = measure_options(options.prepack, options.cache, options.calibrate, options.row_costs, options.remeasure,
-                                busy_note())
+    measuring = measure_options(options.prepack, options.cache, options.calibrate, options.row_costs, options.remeasure, busy_note())
     gguf = llama_cpp_target(target) if options.runner == "llama-cpp" else None  # refused before anything loads
     if options.measure_dtype and dtype == "auto" and target is not None:
         model, tokenizer, label, chosen = _measured_load("target", target, device, options.quantize, options.trust_remote_code,
@@ -394,7 +393,8 @@ def load_pair(target: Optional[str], drafter: Optional[str], options: LoadOption
         runners["target"] = runners["target"].with_(gguf=gguf, compile=False)
         say(f"The target's passes run on {runners['target'].describe(model)}; the drafter and transformers' peers on torch")
     try:
-        pair.measured = startup(pair.target, runners["target"], measuring, pair.drafter, runners.get("drafter"), chosen)
+        pair.measured = startup(pair.target, runners["target"], measuring, pair.drafter, runners.get("drafter"), chosen,
+                                drafter_head(options.drafter_head, pair))
     except ImplausibleCosts as error:
         raise SetupError(f"--row-costs: {error}") from None
     return pair

@@ -23,11 +23,12 @@ from measure.entry import measured_dtype, saved_dtype, startup
 from measure.kernels import OWN, PREPACKED, KernelChoice, apply_kernels
 from measure.machine import busy_note, machine_key, run_environment, versions_line
 from measure.record import FIXED, GIVEN, MEASURED, REMEMBERED, Costs, Finding, Measured, ModelMeasured, Options
-from measure.timing import Budget, PassTimer, choose_cache, compared, measure_draft_cost, measure_kernels, measure_row_costs
+from measure.timing import (Budget, PassTimer, choose_cache, compared, drafting_cost, measure_draft_cost, measure_kernels,
+                            measure_row_costs)
 
 __all__ = [
     "Budget", "Costs", "FIXED", "Finding", "GIVEN", "ImplausibleCosts", "KernelChoice", "MEASURED", "Measured", "ModelMeasured",
     "OWN", "Options", "PREPACKED", "PassTimer", "REMEMBERED", "apply_kernels", "busy_note", "choose_cache", "choose_kernels",
-    "choose_prepack", "compared", "machine_key", "measure_costs", "measure_draft_cost", "measure_kernels", "measure_row_costs",
-    "measured_dtype", "plausible_row_costs", "run_environment", "saved_dtype", "startup", "versions_line",
+    "choose_prepack", "compared", "drafting_cost", "machine_key", "measure_costs", "measure_draft_cost", "measure_kernels",
+    "measure_row_costs", "measured_dtype", "plausible_row_costs", "run_environment", "saved_dtype", "startup", "versions_line",
 ]

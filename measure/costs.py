@@ -36,6 +36,13 @@ def costs_line(costs: Tuple[float, ...], source: str = "") -> str:
     return f"Verification cost by positions 1..{len(costs)}: {shown}" + (f" ({source})" if source else "")
 
 
+def draft_cost_line(cost: float, rows: Optional[int] = None, source: str = "") -> str:
+    """"a drafter pass of 32,768 output rows costs 0.26 of a target pass (source)": what was timed, its rows where
+    it computed part of them (``rows``, ``timing.drafting_cost``'s; None: every row, or a fallback not timed)."""
+    of = f" of {rows:,} output rows" if rows else ""
+    return f"a drafter pass{of} costs {cost:.2f} of a target pass" + (f" ({source})" if source else "")
+
+
 def implausible_line(costs: Tuple[float, ...]) -> str:
     """The line for costs measured twice and not plausible either time (the policy keeps a constant length)."""
     shown = " ".join(f"{c:.2f}" for c in costs)
@@ -47,7 +54,7 @@ def measure_costs(target: Module, runner: RunnerConfig = EAGER, drafter: Optiona
     """What ``sampling.calibrated_policy`` reads, measured now on ``target`` where it runs
     (``runner``): its verification costs (``measure_row_costs``, taken again once when not plausible;
     ``row_costs`` given are checked, not measured) and, with a ``drafter`` model, its pass's cost
-    (``measure_draft_cost``, under ``drafter_runner``)."""
+    (``timing.drafting_cost``, under ``drafter_runner``, with the output rows its ``drafter_head`` asks for)."""
     if row_costs is not None:
         costs = checked(row_costs)
         rows = Finding(costs, costs_line(costs, "given, not measured"), GIVEN)
@@ -59,5 +66,5 @@ def measure_costs(target: Module, runner: RunnerConfig = EAGER, drafter: Optiona
         rows = Finding(costs, costs_line(costs)) if plausible_row_costs(costs) else Finding((), implausible_line(costs))
     if drafter is None:
         return Costs(rows)
-    cost = timing.measure_draft_cost(drafter, target, runner=runner, drafter_runner=drafter_runner)
-    return Costs(rows, Finding(cost, f"a drafter pass costs {cost:.2f}", MEASURED))
+    cost, drafted = timing.drafting_cost(drafter, target, runner=runner, drafter_runner=drafter_runner)
+    return Costs(rows, Finding(cost, draft_cost_line(cost, drafted), MEASURED))

@@ -13,20 +13,22 @@ from runners.config import RunnerConfig
 
 
 def startup(target: Module, runner: RunnerConfig, options: Options, drafter: Optional[Module] = None,
-            drafter_runner: Optional[RunnerConfig] = None, dtype: Optional[Finding] = None) -> Measured:
+            drafter_runner: Optional[RunnerConfig] = None, dtype: Optional[Finding] = None, drafter_head: int = 0) -> Measured:
     """Measure, in this order: the target's kernels and KV cache kind, the drafter's (``drafter``, run
     under ``drafter_runner``, by default ``runner``), then, with ``options.calibrate``, the drafter's
     cost and the target's verification costs (given by ``options.row_costs``, read from the kernel
     measurement, or measured on the drafting rows' kernels). Each model is left with the kernels chosen
     for plain decoding; the record's runners hold the cache kinds chosen. ``dtype``: what
-    ``saved_dtype`` or ``measured_dtype`` chose, kept in the record. ``ImplausibleCosts`` (a ValueError)
+    ``saved_dtype`` or ``measured_dtype`` chose, kept in the record. ``drafter_head``: the drafter's output rows
+    while it drafts (``RunnerConfig.drafter_head``; 0: all), those its cost is timed on (the record's runner keeps
+    every row: the drafter as a row of its own computes them all). ``ImplausibleCosts`` (a ValueError)
     for ``options.row_costs`` that cannot be real, before anything is measured."""
     given = steps.given_costs(options)
     first = steps.model_step(target, "target", runner, options)
     second = None if drafter is None else steps.model_step(drafter, "drafter", drafter_runner or runner, options)
     costs = None
     if options.calibrate:
-        draft = None if second is None else steps.drafter_step(drafter, target, first.runner, second.runner, options)
+        draft = None if second is None else steps.drafter_step(drafter, target, first.runner, second.runner, options, drafter_head)
         rows = given or steps.row_costs_step(target, first.runner, first.kernels, options)
         costs = Costs(rows, draft)
     return Measured(first, second, dtype, costs, options.busy)

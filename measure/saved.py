@@ -113,6 +113,9 @@ def _cost(result: dict) -> None:
     cost = result.get("cost")
     if isinstance(cost, bool) or not isinstance(cost, (int, float)) or not 0 <= cost < 1e3 or not isinstance(result.get("note"), str):
         raise ValueError("expected a cost from 0 to 1000 and a note")
+    rows = result.get("rows")  # the drafter's output rows timed (None or absent: every row)
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows <= 0):
+        raise ValueError(f"expected the rows timed as a positive count or none, got {rows!r}")
 
 
 def _pairs(found, least: int) -> bool:

@@ -19,7 +19,7 @@ import measure.prompt as prompt
 import measure.saved as saved
 import measure.timing as timing
 from measure.budgets import budget_seconds
-from measure.costs import checked, costs_line, implausible_line, plausible_row_costs
+from measure.costs import checked, costs_line, draft_cost_line, implausible_line, plausible_row_costs
 from measure.kernels import KernelChoice
 from measure.machine import machine_key
 from measure.record import FIXED, GIVEN, MEASURED, REMEMBERED, Finding, ModelMeasured, Options
@@ -223,23 +223,28 @@ def row_costs_step(target: Module, runner: RunnerConfig, choice: Finding, option
     return verification_step(target, runner, options)  # on the kernels the model was given, as every row runs
 
 
-def drafter_step(drafter: Module, target: Module, runner: RunnerConfig, drafter_runner: RunnerConfig, options: Options) -> Finding:
-    """A drafter pass against a target pass (``measure_draft_cost``) within its budget, or saved. Cut
-    short before 2 rounds: the ratio of their parameter counts. ``value``: the cost."""
-    key = {**machine_key(), "drafter": _model_key(drafter, drafter_runner), "target": _model_key(target, runner)}
+def drafter_step(drafter: Module, target: Module, runner: RunnerConfig, drafter_runner: RunnerConfig, options: Options,
+                 head: int = 0) -> Finding:
+    """A drafter pass as it drafts (under ``drafter_runner``, with ``head`` output rows: ``RunnerConfig.drafter_head``,
+    0 every row) against a target pass (``timing.drafting_cost``) within its budget, or saved: keyed by those rows too
+    (a cut head's pass costs less: a cost saved at another count is measured again). Cut short before 2 rounds: the
+    ratio of their parameter counts. ``value``: the cost."""
+    drafter_runner = drafter_runner.with_(drafter_head=head)
+    key = {**machine_key(), "drafter": _model_key(drafter, drafter_runner), "target": _model_key(target, runner),
+           **({"rows": head} if head else {})}  # every row: the key costs saved before rows were keyed had
 
     def measure() -> Tuple[dict, bool]:
         budget = _budget("drafter", "the drafter's cost (7 rounds against the target", options, target)
-        cost = timing.measure_draft_cost(drafter, target, budget=budget, runner=runner, drafter_runner=drafter_runner)
+        cost, rows = timing.drafting_cost(drafter, target, budget=budget, runner=runner, drafter_runner=drafter_runner)
         budget.finish()
         if cost is None:
             ratio = parameter_count(drafter) / parameter_count(target)
-            return {"cost": round(ratio, 3), "note": f"fallback: the parameter counts' ratio, {budget.reason}"}, True
-        return {"cost": cost, "note": f"{budget.note}: {budget.reason}" if budget.stopped and budget.note else ""}, budget.stopped
+            return {"cost": round(ratio, 3), "note": f"fallback: the parameter counts' ratio, {budget.reason}", "rows": None}, True
+        return {"cost": cost, "note": f"{budget.note}: {budget.reason}" if budget.stopped and budget.note else "", "rows": rows}, budget.stopped
 
     result, when, noisy = remembered("drafter", key, measure, options)
     cost, note = float(result["cost"]), "; ".join(part for part in (result["note"], _reused(when)) if part)
-    return _found(cost, f"a drafter pass costs {cost:.2f}" + (f" ({note})" if note else ""), when, noisy)
+    return _found(cost, draft_cost_line(cost, result.get("rows"), note), when, noisy)
 
 
 def _dtype_key(folder) -> dict:

@@ -293,3 +293,22 @@ def test_the_title_names_the_head_only_where_a_row_drafts_with_it():
     assert all(" + head a head" in report_title(bench, rows("target", key)) for key in ("eagle", "eagle_tree", "merged"))
     bench.context.head = None
     assert " + head " not in report_title(bench, rows("target", "eagle"))
+
+
+def test_the_title_names_the_prefetch_distance_the_runs_ran_with(tiny_models, tmp_path, monkeypatch):
+    """``kernels.ahead`` races decoding's prefetch distance on the first passes of a model's released blocks, after the
+    pair is loaded and described: the report's title (written after the runs) names what was raced, never "the
+    build's default, untimed", and a prefetch section gives the race's samples (the REPL's ``Prefetch:`` line)."""
+    import re
+
+    from kernels import ahead
+
+    monkeypatch.setattr(ahead, "_CHOSEN", {})  # this process races again: the label is made before the race
+    out = tmp_path / "results"
+    bench.main(["--target", tiny_models["target"], "--device", "cpu", "--dtype", "bfloat16", "--limit", "1", "--categories", "qa",
+                "--strategies", "target", "--max-new-tokens", "4", "--out", str(out), "--no-calibrate"])
+    report = (out / "results.md").read_text()
+    title = report.split("\n")[0]
+    assert ahead.raced() and "untimed" not in title, title
+    assert re.search(r"weights (prefetched \d+ KB ahead|streamed without software prefetch) by measurement", title), title
+    assert f"Prefetch: {ahead.raced()}" in report

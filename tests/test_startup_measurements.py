@@ -100,7 +100,8 @@ def test_a_drafter_cost_past_its_budget_falls_back_to_the_parameter_counts_ratio
     found = steps.drafter_step(drafter, model, EAGER, EAGER, quiet(clock=slow_clock()))
     ratio = sum(p.numel() for p in drafter.parameters()) / sum(p.numel() for p in model.parameters())
     assert found.value == round(ratio, 3) and found.noisy
-    assert found.line == f"a drafter pass costs {found.value:.2f} (fallback: the parameter counts' ratio, measurement over its 2 s budget)"
+    assert found.line == (f"a drafter pass costs {found.value:.2f} of a target pass "
+                          "(fallback: the parameter counts' ratio, measurement over its 2 s budget)")
 
 
 def test_a_saved_result_is_reused_with_its_date_unless_remeasure(model, monkeypatch):
@@ -124,9 +125,9 @@ def test_pass_costs_saved_on_another_kernel_build_are_measured_again(model, monk
     build whose paths cost a width otherwise is not weighed on an earlier build's costs; the same build reuses them."""
     fake_passes(monkeypatch)
     measured = []
-    real_rows, real_draft = timing.measure_row_costs, timing.measure_draft_cost
+    real_rows, real_draft = timing.measure_row_costs, timing.drafting_cost
     monkeypatch.setattr(timing, "measure_row_costs", lambda *a, **k: measured.append("rows") or real_rows(*a, **k))
-    monkeypatch.setattr(timing, "measure_draft_cost", lambda *a, **k: measured.append("draft") or real_draft(*a, **k))
+    monkeypatch.setattr(timing, "drafting_cost", lambda *a, **k: measured.append("draft") or real_draft(*a, **k))
     drafter = llama(window=512, layers=1)
     for build in ("skinny-a.so", "skinny-a.so", "skinny-b.so"):
         monkeypatch.setattr(steps.skinny, "identity", lambda build=build: build)

@@ -52,7 +52,7 @@ class Bench:
                                   measure_dtype=preset.get("measure_dtype", False), remeasure=args.remeasure,
                                   chat=not args.no_chat, calibrate=not args.no_calibrate, row_costs=args.row_costs,
                                   runner=args.runner, forward=args.forward, eager=args.eager, step_graphs=args.step_graphs,
-                                  drafter_dtype=args.drafter_dtype,
+                                  drafter_dtype=args.drafter_dtype, drafter_head=args.drafter_head,
                                   step_widths=start_widths([g for g in args.gamma]),
                                   hidden_layers=head_layers(head_path(args.head, (args.target or preset.get("target")) is None)))
             pair = load_pair(args.target or preset.get("target"), args.drafter or preset.get("drafter"), options)
@@ -61,8 +61,7 @@ class Bench:
         self.target, self.tokenizer, self.drafter, self.drafter_label = pair.target, pair.tokenizer, pair.drafter, pair.drafter_label
         self.compile_seconds = pair.compile_seconds  # role -> seconds, start-up compilation
         self.measured = pair.measured  # what the start-up measured and chose, written with every run
-        # weights, cache, runner and prepacking, as the REPL says them
-        self.target_label = pair.describe("target") + pair.header_note()
+        self.pair = pair  # its target described when asked (``target_label``)
         self.kernel_line = pair.measured.target.kernels.line or f"--prepack {args.prepack}"
         self.vocab = output_vocab_size(self.target)
         try:
@@ -87,6 +86,14 @@ class Bench:
         self.memories: Dict[tuple, object] = {}  # (configuration, repeat): a suffix memory across the prompts, in order
         runner = self.config.runner  # divergences are replayed on the runner the strategies ran: its kind, compiled or not
         self.runner_factory = lambda model: default_runner(model, runner)
+
+    @property
+    def target_label(self) -> str:
+        """The target's weights, cache, runner and kernels as the REPL says them, described when asked: the C step's
+        words name decoding's prefetch distance, which ``kernels.ahead`` races on the first passes of the model's
+        released blocks (the warm-up's, in a start that measured nothing): before them, "the build's default,
+        untimed" whatever runs; the report's title is written after the runs."""
+        return self.pair.describe("target") + self.pair.header_note()
 
     def compile_for(self, items: List[dict], configs: List[Config]) -> None:
         """Build the compiled graphs before any timed run, counted in ``compile_seconds``: the compiled
@@ -337,10 +344,14 @@ def report_title(bench: Bench, configs: List[Config]) -> str:
 
 
 def extra_sections(bench: Bench, configs: List[Config], records: List[dict], prompt: List[int]) -> str:
-    """The report's sections after the tables: kernels, compilation, and those the flags ask for
+    """The report's sections after the tables: kernels, the prefetch distance raced, compilation, and those the flags ask for
     (--verify-cost, --llama-cpp, --overhead), the last three measured now on ``prompt``."""
+    from kernels.ahead import raced
+
     args = bench.args
     extra = kernels_report(records, bench.kernel_line) + sources_report(records) + depth_report(records) + bench.compile_report()
+    prefetch = raced()  # the distance each dtype's passes ran with, the race's least samples (the REPL's Prefetch line)
+    extra += f"\n## prefetch\n\nPrefetch: {prefetch}\n" if prefetch else ""
     if args.verify_cost:
         costs = bench.verify_cost()
         extra += ("\n## cost of a verification pass over r positions (r - 1 drafts), relative to r = 1\n\n"

@@ -156,7 +156,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     set_cpu_gemm(args.gemm)  # read as compiled graphs are built
     try:
         options = LoadOptions(args.device, args.drafter_device, args.dtype, args.quantize, args.drafter_quantize,
-                              args.trust_remote_code, args.cache, args.prepack, args.compile,
+                              args.trust_remote_code, args.cache, args.prepack, args.compile, drafter_head=args.drafter_head,
                               measure_dtype=preset.get("measure_dtype", False), remeasure=args.remeasure, chat=not args.no_chat,
                               calibrate=not args.no_calibrate, row_costs=args.row_costs, runner=args.runner,
                               forward=args.forward, eager=args.eager, step_graphs=args.step_graphs, drafter_dtype=args.drafter_dtype,
