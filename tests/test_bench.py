@@ -1,6 +1,7 @@
 """The benchmark end to end on tiny models, and its pieces."""
 import csv
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,22 @@ def test_groups_of_categories_are_summarised_together_between_categories_and_all
     assert bench.ordered_categories(rows) == ["qa", "rag", "summarization", "input-grounded", "all"]
     with pytest.raises(SystemExit):
         bench.build_parser().parse_args(["--group", "nameonly"])
+
+
+def test_decoding_speedup_leaves_out_the_prompts_pass_and_is_absent_without_it():
+    """A drafter cannot shorten the prompt's pass: the decoding column is (tokens - 1) over (seconds - that pass),
+    against target AR's the same way, per repeat; a run without the pass recorded (as a peer's) shows none."""
+    def timed(config, repeat, seconds, first):
+        return {**record("rag", config, repeat, 65, seconds), "first_step_seconds": first}
+    records = [timed("target", 0, 5.0, 1.0), timed("pld", 0, 3.0, 1.0), timed("target", 1, 6.0, 2.0), timed("pld", 1, 3.0, 2.0),
+               record("rag", "suffix", 0, 65, 4.0)]
+    summary = bench.summarize(records)
+    rows = {r["config"]: r for r in summary if r["category"] == "rag"}
+    assert rows["pld"]["decoding_speedup"] == pytest.approx(statistics.median([4.0 / 2.0, 4.0 / 1.0]))
+    assert rows["pld"]["speedup"] == pytest.approx(statistics.median([5 / 3, 6 / 3]))  # whole runs, the prompt's pass in
+    assert rows["target"]["decoding_speedup"] == pytest.approx(1.0) and rows["suffix"]["decoding_speedup"] is None
+    report = bench.markdown(summary, "t")
+    assert "| decoding speedup |" in report and "| 3.00x |" in report
 
 
 def test_reports_read_configurations_from_typed_fields_never_from_labels(tmp_path):

@@ -3,7 +3,7 @@ intervals), the markdown report, the kernels section, the table against the peer
 columns, and the ``--strict`` gate."""
 import statistics
 from collections import defaultdict
-from typing import TYPE_CHECKING, Dict, List
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 from app.bench.configs import Config, baseline
 from app.bench.intervals import NO_DIFFERENCE, RESAMPLES, ratio_cell, ratio_interval
@@ -35,17 +35,20 @@ def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dic
             cell = cells[(category, r["config"])][((r["category"], r.get("question_id"), r.get("turn", 0)), r["repeat"])]
             cell[0] += r["new_tokens"]
             cell[1] += r["seconds"]
-    per_repeat = {}
+    per_repeat, decoding = {}, {}
     for (category, config, repeat), runs in groups.items():
         tokens = sum(r["new_tokens"] for r in runs)
         seconds = sum(r["seconds"] for r in runs)
         per_repeat[(category, config, repeat)] = (tokens / seconds if seconds else 0.0, runs)
+        decoding[(category, config, repeat)] = decoding_rate(runs)
     rows = []
     for category, config in sorted({(c, k) for c, k, _ in per_repeat}):
         repeats = sorted(rep for c, k, rep in per_repeat if (c, k) == (category, config))
         tps = [per_repeat[(category, config, rep)][0] for rep in repeats]
         base = [per_repeat.get((category, base_label, rep), (0.0,))[0] for rep in repeats]
         speedups = [t / b for t, b in zip(tps, base) if b]
+        decode = [(decoding[(category, config, rep)], decoding.get((category, base_label, rep))) for rep in repeats]
+        decode_speedups = [t / b for t, b in decode if t and b]
         runs = [r for rep in repeats for r in per_repeat[(category, config, rep)][1]]
         setup = setups[config]
         versus, versus_ci = {}, {}  # median over repeats of tokens/s against each transformers path run alongside
@@ -67,6 +70,7 @@ def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dic
             "tokens_per_s": median, "spread_pct": 100 * (max(tps) - min(tps)) / median if median else 0.0,
             "speedup": statistics.median(speedups) if speedups else 0.0,
             "speedup_low": speedup_ci[0] if speedup_ci else None, "speedup_high": speedup_ci[1] if speedup_ci else None,
+            "decoding_speedup": statistics.median(decode_speedups) if decode_speedups else None,
             "drafts_per_step": drafted / steps if steps and drafted else None,
             "max_draft": max((len(r.get("drafted_at") or []) for r in runs), default=0) if drafted else None,
             "acceptance": sum(r["accepted"] for r in runs) / drafted if drafted else None,
@@ -78,6 +82,16 @@ def summarize(records: List[dict], groups: tuple = (DEFAULT_GROUP,)) -> List[dic
             "versus": versus, "versus_ci": versus_ci, "setup": setup,
         })
     return rows
+
+
+def decoding_rate(runs: List[dict]) -> Optional[float]:
+    """Tokens/s after the prompt's pass (``first_step_seconds``, which emits the first token): the tokens a
+    drafter can speed up over the time they took; None where a run did not record its prompt's pass (peers)."""
+    if any(not r.get("first_step_seconds") for r in runs):
+        return None
+    tokens = sum(r["new_tokens"] - 1 for r in runs)
+    seconds = sum(r["seconds"] - r["first_step_seconds"] for r in runs)
+    return tokens / seconds if tokens > 0 and seconds > 0 else None
 
 
 def compared_peers(strategy: "Strategy") -> List[str]:
@@ -170,7 +184,8 @@ def speedup_cell(r: dict) -> str:
 
 LEGEND = (f"Ratios: median over repeats [95% bootstrap interval over prompts and repeats, {RESAMPLES} resamples]; "
           f"{NO_DIFFERENCE}: no measurable difference (the interval includes 1.00x); n=1: one prompt, one repeat, no interval. "
-          "Drafts/step: mean drafted tokens per target pass (the longest draft).")
+          "Drafts/step: mean drafted tokens per target pass (the longest draft). Decoding speedup: tokens/s after the "
+          "prompt's pass (it emits the first token; no drafter shortens it) over target AR's, median over repeats.")
 
 
 def markdown(rows: List[dict], title: str, quiet: str = "") -> str:
@@ -179,14 +194,15 @@ def markdown(rows: List[dict], title: str, quiet: str = "") -> str:
                                                                    ""] + speedup_matrix(rows)
     for category in ordered_categories(rows):
         lines += [f"## {category}", "",
-                  "| strategy | tokens/s | speedup | tokens/step | drafts/step | acceptance | greedy divergences |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                  "| strategy | tokens/s | speedup | decoding speedup | tokens/step | drafts/step | acceptance | greedy divergences |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in sorted((r for r in rows if r["category"] == category), key=lambda r: -r["speedup"]):
             step = f"{r['tokens_per_step']:.2f}" if r["tokens_per_step"] is not None else "-"
             drafts = f"{r['drafts_per_step']:.1f} (max {r['max_draft']})" if r.get("drafts_per_step") is not None else "-"
             acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
             noisy = f" (noisy: {r['noisy_runs']}/{r['runs']} runs)" if r.get("noisy_runs") else ""
-            lines.append(f"| {r['config']}{noisy} | {r['tokens_per_s']:.1f} ± {r['spread_pct']:.0f}% | {speedup_cell(r)} | {step} | {drafts} | "
+            decode = f"{r['decoding_speedup']:.2f}x" if r.get("decoding_speedup") is not None else "-"
+            lines.append(f"| {r['config']}{noisy} | {r['tokens_per_s']:.1f} ± {r['spread_pct']:.0f}% | {speedup_cell(r)} | {decode} | {step} | {drafts} | "
                          f"{acc} | {divergence_cell(r)} |")
         lines.append("")
     return "\n".join(lines + versus_table(rows))
