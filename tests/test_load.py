@@ -11,9 +11,9 @@ from utils.load import LoadMeter, LoadSummary, cpu_flags, others_seconds, read_p
 TICK = 100  # clock ticks a second, as written in the fake stat files
 
 
-def write_stat(proc: Path, pid: int, parent: int, user_ticks: int, system_ticks: int, name: str = "python") -> None:
-    """One ``/proc/<pid>/stat`` line as the kernel writes it (fields 14 and 15: utime, stime)."""
-    fields = ["S", str(parent)] + ["0"] * 9 + [str(user_ticks), str(system_ticks)] + ["0"] * 30
+def write_stat(proc: Path, pid: int, parent: int, user_ticks: int, system_ticks: int, name: str = "python", reaped_ticks: int = 0) -> None:
+    """One ``/proc/<pid>/stat`` line as the kernel writes it (fields 14-17: utime, stime, cutime, cstime)."""
+    fields = ["S", str(parent)] + ["0"] * 9 + [str(user_ticks), str(system_ticks), str(reaped_ticks), "0"] + ["0"] * 28
     (proc / str(pid)).mkdir(parents=True, exist_ok=True)
     (proc / str(pid) / "stat").write_text(f"{pid} ({name}) " + " ".join(fields) + "\n")
 
@@ -57,6 +57,30 @@ def test_a_window_counts_other_processes_and_never_ours_or_our_children(tmp_path
     assert window.record(busy=0.3) == {"others_cores": 0.5, "load_average": 1.5, "noisy": True, "busy_limit": 0.3}
     assert window.record(busy=0.6)["noisy"] is False
     assert window.note("start-up") == "other processes used 0.50 cores during start-up (10 s): its measurements are noisy"
+
+
+def write_machine(proc: Path, user: int, system: int, idle: int, steal: int = 0) -> None:
+    """``/proc/stat``'s first line: user nice system idle iowait irq softirq steal guest guest_nice (ticks)."""
+    (proc / "stat").write_text(f"cpu  {user} 0 {system} {idle} 7 0 0 {steal} 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+
+
+def test_a_window_sees_processes_that_started_and_ended_within_it_by_the_machines_busy_time(tmp_path):
+    """A helper's short runs (a test file, a build) start and end between two readings: no process table sees
+    them, the machine's busy time does; ours, our children's and the hypervisor's steal are not counted."""
+    clock = Clock()
+    write_stat(tmp_path, 100, 1, 0, 0)
+    write_machine(tmp_path, 1000, 0, 5000)
+    meter = LoadMeter(tmp_path, root=100, clock=clock, load=lambda: (1.0,), tick=TICK)
+    meter.start()
+    clock.now = 10.0
+    write_stat(tmp_path, 100, 1, 1500, 0, reaped_ticks=300)  # ours 15 s, a child of ours ran 3 s and was waited for
+    write_machine(tmp_path, 1000 + 1500 + 300 + 600, 200, 5200, steal=400)  # others: 6 s user + 2 s system, unseen
+    assert meter.stop().others_cores == pytest.approx(0.8)
+    meter.start()
+    clock.now = 20.0
+    write_stat(tmp_path, 100, 1, 2500, 0, reaped_ticks=300)
+    write_machine(tmp_path, 3400 + 1000, 200, 6000)  # only ours: quiet, never below the per-process floor
+    assert meter.stop().others_cores == pytest.approx(0.0)
 
 
 def test_windows_sum_to_a_time_weighted_quiet_or_noisy_line():

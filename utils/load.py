@@ -5,7 +5,10 @@ A timing is only as good as the machine's quiet. The benchmark, the A/B script a
 ``LoadMeter`` window around each timed run and keep its figures with the result; a window in which
 the other processes used more than ``busy`` cores on average is *noisy*. The accounting matches
 ``../shared/tools/quiet``: per process, user + system time between two readings (a process that
-started between them counts whole; one that ended between them is missed, so the figure is a floor).
+started between them counts whole; one that ended between them is missed, so the figure is a floor),
+and where ``/proc/stat`` is readable, at least the machine's busy CPU less this tree's (``machine_seconds``,
+``reaped_seconds``): that sees what started and ended within the window (a test file, a build, a helper's short
+runs), which the per-process sum misses entirely.
 """
 import os
 import time
@@ -34,6 +37,29 @@ def read_processes(proc: Path = PROC, tick: Optional[int] = None) -> Table:
         fields = text[text.rindex(")") + 2:].split()  # the name, in parentheses, may hold spaces
         table[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
     return table
+
+
+def machine_seconds(proc: Path = PROC, tick: Optional[int] = None) -> Optional[float]:
+    """The CPU seconds every process has used so far, machine-wide: ``proc/stat``'s first line's user, nice,
+    system, irq and softirq (not idle, iowait or steal: the hypervisor's other guests); None without it."""
+    tick = tick or os.sysconf("SC_CLK_TCK")
+    try:
+        first = (proc / "stat").read_text().split("\n", 1)[0].split()
+        user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in first[1:8])
+    except (OSError, ValueError, IndexError):
+        return None
+    return (user + nice + system + irq + softirq) / tick
+
+
+def reaped_seconds(pid: int, proc: Path = PROC, tick: Optional[int] = None) -> float:
+    """The CPU seconds of ``pid``'s children that ended and were waited for (``stat``'s cutime and cstime)."""
+    tick = tick or os.sysconf("SC_CLK_TCK")
+    try:
+        text = (proc / str(pid) / "stat").read_text()
+        fields = text[text.rindex(")") + 2:].split()
+        return (int(fields[13]) + int(fields[14])) / tick
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def tree(root: int, table: Table) -> Set[int]:
@@ -83,19 +109,27 @@ class LoadMeter:
         self.proc, self.root, self.clock, self.load, self.tick = proc, root or os.getpid(), clock, load, tick
         self._before: Table = {}
         self._started = 0.0
+        self._machine: Optional[float] = None
+        self._reaped = 0.0
 
     def start(self) -> None:
         self._before, self._started = read_processes(self.proc, self.tick), self.clock()
+        self._machine, self._reaped = machine_seconds(self.proc, self.tick), reaped_seconds(self.root, self.proc, self.tick)
 
     def stop(self) -> Window:
         after, now = read_processes(self.proc, self.tick), self.clock()
+        machine, reaped = machine_seconds(self.proc, self.tick), reaped_seconds(self.root, self.proc, self.tick)
         mine = tree(self.root, after) | tree(self.root, self._before)
         elapsed = max(now - self._started, 1e-9)
+        others = others_seconds(self._before, after, mine)
+        if machine is not None and self._machine is not None:  # what ran and ended within the window too
+            ours = sum(max(0.0, seconds - self._before.get(pid, (0, 0.0))[1]) for pid, (_, seconds) in after.items() if pid in mine)
+            others = max(others, machine - self._machine - ours - max(0.0, reaped - self._reaped))
         try:
             average = round(self.load()[0], 2)
         except (OSError, AttributeError):
             average = None
-        return Window(elapsed, others_seconds(self._before, after, mine) / elapsed, average)
+        return Window(elapsed, others / elapsed, average)
 
 
 @dataclass(frozen=True)
