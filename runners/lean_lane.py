@@ -47,6 +47,7 @@ class Lane:
         self.key: Optional[tuple] = None  # (the step, hooks' stamp, ``changes``, the planned layer and its route) at ``record``
         self.h = self.pairs = torch.empty(0)  # [H] float32: the fed token's embedding, overwritten by the step
         self.passes = 0  # passes it ran
+        self.table = self.rows = None  # a released embedding's blocks, and their view in memory's order (``_embed``)
 
     def record(self) -> None:
         """After a full pass that ran the step over one position of a chain with ``hooks.hooked()`` False."""
@@ -65,7 +66,7 @@ class Lane:
     def run(self, ids: Tensor, start: int) -> Optional[Tensor]:
         """The pass of ``ids[0, start]`` at slot ``start`` (the runner's cache holds room for it), or None."""
         key, runner = self.key, self.runner
-        if key is None or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        if key is None or not ON or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
             return None
         step, stamp, changes, planned, route = key
         if runner.step is not step or stamp != (prepacking.SWAPS[0], RemovableHandle.next_id) or changes != prepacking.changes() \
@@ -82,19 +83,23 @@ class Lane:
     def _embed(self, token: int) -> bool:
         """``self.h`` the embedding of ``token`` in float32, as ``LlamaForward.embed`` and ``CStep`` give it; False
         where the model's embedding is another kind, or ``token`` is out of its range (its own forward must run)."""
-        table = self.runner.model.model.embed_tokens  # as ``LlamaForward.embed`` reads it, at every pass
+        # ``model.model.embed_tokens`` as ``LlamaForward.embed`` reads it, at every pass (the module dicts
+        # read directly: ``Module.__getattr__`` is a Python function, a few microseconds on a cold cache)
+        table = self.runner.model._modules["model"]._modules["embed_tokens"]
         kind = type(table)
-        if kind is not ReleasedEmbedding and (kind is not nn.Embedding or table.max_norm is not None) \
-                or not 0 <= token < table.num_embeddings:
-            return False
         if kind is ReleasedEmbedding:  # row n: block n // 16, lane n % 16 (``kernels.one_head``)
+            if not 0 <= token < table.num_embeddings:
+                return False
+            blocks = table.blocks
+            if self.table is not blocks:  # its rows in memory's order: a bfloat16 row's features in pairs
+                self.table, self.rows = blocks, _memory(blocks, blocks.dtype == torch.bfloat16)
             block, lane = divmod(token, BLOCK)
-            pairs = table.blocks.dtype == torch.bfloat16  # [b, H/2, 16, 2] in memory: a row's features in pairs
-            row = _memory(table.blocks, pairs)[block, :, lane]
-            (self.pairs if pairs else self.h).copy_(row)
+            (self.h if self.rows.dim() == 3 else self.pairs).copy_(self.rows[block, :, lane])
             return True
-        weight = table.weight
-        if weight.device.type != "cpu":
+        if kind is not nn.Embedding or table.max_norm is not None or not 0 <= token < table.num_embeddings:
+            return False
+        weight = table._parameters["weight"]
+        if weight is None or weight.device.type != "cpu":
             return False
         self.h.copy_(weight[token])
         return True

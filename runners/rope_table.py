@@ -24,17 +24,19 @@ class RopeTable:
 
     def __init__(self, model: Module, spec: ModelSpec):
         self.model, self.spec = model, spec
+        self.names = [(f"{p}inv_freq", f"{p}attention_scaling") for p in spec.ropes]  # each table's buffer and scaling
         self.sources: List[Tuple[Tensor, int, float]] = []  # each table's inv_freq, its version, its scaling
         self.cos = self.sin = torch.empty(0)
         self.length = 0
         self.bases: Optional[Tuple[int, int, int]] = None  # one table's cos and sin addresses and a row's bytes (``row``)
 
     def _current(self) -> List[Tuple[Tensor, int, float]]:
-        rotary = self.model.model.rotary_emb
+        rotary = self.model._modules["model"]._modules["rotary_emb"]  # module dicts read directly: a pass reads them
         found = []
-        for p in self.spec.ropes:
-            inv_freq = getattr(rotary, f"{p}inv_freq")
-            found.append((inv_freq, inv_freq._version, getattr(rotary, f"{p}attention_scaling")))
+        for frequencies, scaling in self.names:
+            inv_freq = rotary._buffers.get(frequencies)
+            inv_freq = getattr(rotary, frequencies) if inv_freq is None else inv_freq  # a buffer, where transformers made one
+            found.append((inv_freq, inv_freq._version, getattr(rotary, scaling)))
         return found
 
     def _grow(self, length: int) -> None:

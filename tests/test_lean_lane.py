@@ -11,6 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import runners.lean_lane as lean_lane
 from conftest import PROMPT, VOCAB, llama
+from families import FAMILY_MODELS
 from kernels import skinny
 from runners import LeanRunner
 
@@ -126,3 +127,13 @@ def test_a_steady_pass_makes_no_tensor_but_its_logits():
         logits = runner(ids, 1)
     made = [b - a for (_, a), (_, b) in zip([(0, 0)] + held.trace, held.trace) if b > a]
     assert runner.lane.passes == passes + 1 and made == [VOCAB * 4] and logits.shape == (1, VOCAB), made
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY_MODELS))
+def test_each_familys_lane_gives_the_full_passs_bits(name):
+    """Qwen3's q/k norms, OLMo2's norms after, SmolLM3's layers without RoPE, Phi-3's fused linears, the sliding
+    windows run the lane; Granite's scaled embedding and Gemma 3's two RoPE tables take the full pass."""
+    make = lambda: FAMILY_MODELS[name]().to(torch.float32)  # noqa: E731
+    on, off, runner, _ = both(make, 6)
+    assert all(torch.equal(a, b) for a, b in zip(on, off))
+    assert runner.step_passes == 6 and runner.lane.passes == (0 if name in ("granite", "gemma3") else 4), runner.lane.passes
