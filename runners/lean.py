@@ -63,12 +63,12 @@ class LeanRunner(TreePasses):
         self.head_count = 0  # a drafter's: its C step passes compute this many output rows and its tokens' (``output_rows``)
         self.fed_tokens: set = set()  # every token fed while ``head_count`` is set (the rows it adds)
         self.wide: Optional[Tensor] = None  # with ``head_count``: the [n, V] logits a pass returns, reused (``wide_buffer``)
-        self.lane = Lane(self)  # a one-position chain pass on the step, decided once (``runners.lean_lane``)
+        self.lane = Lane()  # a one-position chain pass on the step, decided once (``runners.lean_lane``)
 
     def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
         length, start = ids.shape[1], self.cached
         if length == start + 1 and n_last == 1 and length <= self.capacity:  # decoding's pass: decided once (``Lane``)
-            logits = self.lane.run(ids, start)
+            logits = self.lane.run(self, ids, start)
             if logits is not None:
                 self.cached, self.step_passes, self.forward_passes = length, self.step_passes + 1, self.forward_passes + 1
                 return logits
@@ -78,7 +78,7 @@ class LeanRunner(TreePasses):
         logits = self._run(new, positions, start, n_last, None)
         self.cached = length
         if length == start + 1 and self.step_passes > passes:  # the step ran one position: the lane may run the next
-            self.lane.record()
+            self.lane.record(self)
         return logits
 
     def rollback(self, length: int) -> None:

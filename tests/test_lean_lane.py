@@ -28,7 +28,7 @@ def tied(dtype: torch.dtype) -> LlamaForCausalLM:
 
 
 MODELS = {"tied float32": lambda: tied(torch.float32), "tied bfloat16": lambda: tied(torch.bfloat16),
-          "untied float32": lambda: llama(layers=2).to(torch.float32)}
+          "untied float32": lambda: llama(layers=2).to(torch.float32), "untied bfloat16": lambda: llama(layers=2).to(torch.bfloat16)}
 
 
 def greedy(runner: LeanRunner, n: int, between=None) -> list:
