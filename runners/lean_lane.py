@@ -8,8 +8,8 @@ A pass takes the lane only where the last pass that decided it all (``LeanRunner
 position of a chain, and nothing it decided on has moved since, each by a counter or an identity read per pass:
 
 * hooks: no global forward hook; no hook registered anywhere since (``RemovableHandle.next_id``: every
-  registration takes an id), no layers swapped (``kernels.prepacking.SWAPS``), and no hook dict held a hook
-  then (else ``HookWatch.hooked`` reads them, as every pass does);
+  registration takes an id), no layers swapped (``kernels.prepacking.SWAPS``), and the hook dicts that held
+  hooks then (none of them the user's: transformers' own, the pass clock's) hold as many (``HookWatch``'s test);
 * the plan and the dtype (``step_for``): the first ``PrepackedLinear``'s route, the same object (a
   ``set_prepack`` swaps and counts; an assigned route is another tuple); no cast, move or load of a
   prepacked layer since (``kernels.prepacking.changes``: the step's decoder layers are released,
@@ -55,7 +55,7 @@ class Lane:
         """After a full pass of ``runner`` that ran the step over one position of a chain with ``hooks.hooked()`` False
         (the runner is passed, never held: no cycle, so a runner and its model go by reference count, as before)."""
         step, hooks = runner.step, runner.hooks
-        if not ON or not step or not step.released or hooks.busy or runner.forward.spec.embed_scale != 1.0:
+        if not ON or not step or not step.released or runner.forward.spec.embed_scale != 1.0:
             self.key = None
             return
         planned = first_module(runner.model, prepacking.PrepackedLinear)
@@ -76,6 +76,9 @@ class Lane:
         if runner.step is not step or stamp != (prepacking.SWAPS[0], RemovableHandle.next_id) or changes != prepacking.changes() \
                 or runner.hidden_layers \
                 or runner.head_count or (planned is not None and planned.route is not route):
+            return None
+        hooks = runner.hooks  # dicts that held hooks none of which counts (transformers' own, the pass clock's): one removed?
+        if hooks.busy and [len(h) for h in hooks.busy] != hooks.lengths:
             return None
         rope = runner.ropes.row(start, runner.capacity)
         if rope is None or not self._embed(runner.model, int(ids[0, start])):

@@ -137,3 +137,25 @@ def test_each_familys_lane_gives_the_full_passs_bits(name):
     on, off, runner, _ = both(make, 6)
     assert all(torch.equal(a, b) for a, b in zip(on, off))
     assert runner.step_passes == 6 and runner.lane.passes == (0 if name in ("granite", "gemma3") else 4), runner.lane.passes
+
+
+def test_hooks_that_do_not_count_leave_the_lane_on_and_their_removal_decides_again():
+    """The pass clock's hook (``runners.hooks.skippable``) is no user's: the lane runs beside it; removed, the next
+    pass decides again (the dict it was in is shorter), then the lane runs on."""
+    from runners.hooks import skippable
+
+    handles = []
+
+    def change(model, runner):
+        handles.append(model.model.layers[0].register_forward_hook(skippable(lambda module, args, output: None)))
+
+    on, off, runner, marks = both(MODELS["tied float32"], 6, change, at=2)
+    assert all(torch.equal(a, b) for a, b in zip(on, off)) and runner.hooked_passes == 0
+    assert runner.lane.passes == 3 and marks["after"] == marks["before"]  # the pass after the registration: in full
+    passes = runner.lane.passes
+    handles[0].remove()
+    ids = torch.tensor([PROMPT + [3, 4, 5]])
+    runner.rollback(len(PROMPT) + 1)
+    runner(ids[:, : len(PROMPT) + 2], 1)  # the dict is shorter: decided again
+    runner(ids, 1)
+    assert runner.lane.passes == passes + 1
