@@ -25,7 +25,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("skinny_gemm.c", "skinny_tiles.c", "skinny_bf16.c", "skinny_bf16_rows.c", "skinny_bf16_dot.c", "skinny_amx.c", "c_step.c", "attention_entry.c", "head_step.c", "blocked_check.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("skinny_gemm.c", "skinny_tiles.c", "skinny_bf16.c", "skinny_bf16_rows.c", "skinny_bf16_dot.c", "skinny_amx.c", "c_step.c", "attention_entry.c", "head_step.c", "blocked_check.c", "step_embed.c"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("step_rows.h", "attention.h", "attention_vec.h", "attention_tiles.h", "attention_split.h", "linears.h", "bf16_tiles.h", "bf16_dot.h", "bf16_few.h", "step_profile.h", "step_layer.h", "step_bridge.h", "logits_top.h"))  # included by the sources: hashed with them, never compiled alone
 SOURCE = SOURCES[0]
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")  # no fused a*b+c unless written: one rounding on every CPU

@@ -24,6 +24,7 @@ from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache, win
 from runners.config import lean_label
 from runners.device import model_device
 from runners.hooks import HookWatch, transformers_pass
+from runners.lean_lane import Lane
 from runners.rope_table import RopeTable
 from runners.static import fed, grown_capacity
 from runners.trees import TreePasses, compute_dtype
@@ -62,13 +63,22 @@ class LeanRunner(TreePasses):
         self.head_count = 0  # a drafter's: its C step passes compute this many output rows and its tokens' (``output_rows``)
         self.fed_tokens: set = set()  # every token fed while ``head_count`` is set (the rows it adds)
         self.wide: Optional[Tensor] = None  # with ``head_count``: the [n, V] logits a pass returns, reused (``wide_buffer``)
+        self.lane = Lane()  # a one-position chain pass on the step, decided once (``runners.lean_lane``)
 
     def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
         length, start = ids.shape[1], self.cached
+        if length == start + 1 and n_last == 1 and length <= self.capacity:  # decoding's pass: decided once (``Lane``)
+            logits = self.lane.run(self, ids, start)
+            if logits is not None:
+                self.cached, self.step_passes, self.forward_passes = length, self.step_passes + 1, self.forward_passes + 1
+                return logits
         new = fed(self, ids, n_last)[0]
         positions = torch.arange(start, length, device=self.device)
+        passes = self.step_passes
         logits = self._run(new, positions, start, n_last, None)
         self.cached = length
+        if length == start + 1 and self.step_passes > passes:  # the step ran one position: the lane may run the next
+            self.lane.record(self)
         return logits
 
     def rollback(self, length: int) -> None:

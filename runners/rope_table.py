@@ -24,16 +24,19 @@ class RopeTable:
 
     def __init__(self, model: Module, spec: ModelSpec):
         self.model, self.spec = model, spec
+        self.names = [(f"{p}inv_freq", f"{p}attention_scaling") for p in spec.ropes]  # each table's buffer and scaling
         self.sources: List[Tuple[Tensor, int, float]] = []  # each table's inv_freq, its version, its scaling
         self.cos = self.sin = torch.empty(0)
         self.length = 0
+        self.bases: Optional[Tuple[int, int, int]] = None  # one table's cos and sin addresses and a row's bytes (``row``)
 
     def _current(self) -> List[Tuple[Tensor, int, float]]:
-        rotary = self.model.model.rotary_emb
+        rotary = self.model._modules["model"]._modules["rotary_emb"]  # module dicts read directly: a pass reads them
         found = []
-        for p in self.spec.ropes:
-            inv_freq = getattr(rotary, f"{p}inv_freq")
-            found.append((inv_freq, inv_freq._version, getattr(rotary, f"{p}attention_scaling")))
+        for frequencies, scaling in self.names:
+            inv_freq = rotary._buffers.get(frequencies)
+            inv_freq = getattr(rotary, frequencies) if inv_freq is None else inv_freq  # a buffer, where transformers made one
+            found.append((inv_freq, inv_freq._version, getattr(rotary, scaling)))
         return found
 
     def _grow(self, length: int) -> None:
@@ -47,16 +50,32 @@ class RopeTable:
         self.cos, self.sin = (torch.cat([old] + parts, dim=1) if self.length else torch.cat(parts, dim=1)
                               for old, parts in zip((self.cos, self.sin), made))
         self.length = length
+        one = self.cos.shape[0] == 1  # one table: a position's row is contiguous (``row``)
+        self.bases = (self.cos.data_ptr(), self.sin.data_ptr(), self.cos.stride(1) * self.cos.element_size()) if one else None
+
+    def _fresh(self, end: int, capacity: int) -> None:
+        """The tables made again where the model's RoPE changed, grown to ``max(end, capacity)`` where short of ``end``."""
+        current = self._current()
+        if len(current) != len(self.sources) or any(a is not b or v != w or s != t for (a, v, s), (b, w, t) in zip(current, self.sources)):
+            self.sources, self.length = current, 0  # remade from position 0
+        if end > self.length:
+            self._grow(max(end, capacity))
 
     def at(self, positions: Tensor, start: Optional[int] = None, capacity: int = 0) -> Tuple[Tensor, Tensor]:
         """cos and sin ``[T, r, R]`` at ``positions``; ``start``: they are ``start..start + r - 1`` (a chain pass,
         read as a view), else gathered (a tree pass). The table grows to ``capacity`` positions at least."""
-        current = self._current()
-        if len(current) != len(self.sources) or any(a is not b or v != w or s != t for (a, v, s), (b, w, t) in zip(current, self.sources)):
-            self.sources, self.length = current, 0  # remade from position 0
         end = start + positions.shape[0] if start is not None else int(positions.max()) + 1
-        if end > self.length:
-            self._grow(max(end, capacity))
+        self._fresh(end, capacity)
         if start is not None:
             return self.cos[:, start:end], self.sin[:, start:end]
         return self.cos.index_select(1, positions), self.sin.index_select(1, positions)
+
+    def row(self, position: int, capacity: int = 0) -> Optional[Tuple[int, int]]:
+        """The addresses of cos and sin ``[1, 1, R]`` at ``position`` where the model has one table (``T`` 1: that
+        row is contiguous in it), read as ``at`` reads them (made again where changed, grown): no tensor made.
+        None where it has more tables (their rows at a position lie ``N R`` apart)."""
+        self._fresh(position + 1, capacity)
+        if self.bases is None:
+            return None
+        cos, sin, step = self.bases
+        return cos + position * step, sin + position * step

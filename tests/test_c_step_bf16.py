@@ -19,6 +19,7 @@ import kernels.bf16 as bf16
 from kernels import bf16_choice, skinny
 from kernels.blocked import fusable, pack
 from kernels.c_step import CStep, label, short_label, step_unsupported
+from kernels.step_one import OnePass
 from kernels.prompt_gemm import MANY_ROWS
 from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
 from runners import EAGER, LeanRunner
@@ -272,14 +273,19 @@ def drafting_rows_are_target_ar(name: str, path: int) -> None:
     target = llama(layers=3).to(torch.bfloat16) if name == "llama" else bfloat16(name)
     drafter = truncated_drafter(target, 1)
     calls = [0]
-    real = CStep.__call__
+    real, one = CStep.__call__, OnePass.one  # a pass's whole call, and decoding's decided one (``runners.lean_lane``)
 
     def counting(self, *args, **kwargs):
         calls[0] += 1
         assert self.dims.weights == path
         return real(self, *args, **kwargs)
 
-    CStep.__call__ = counting
+    def counting_one(self, *args):
+        calls[0] += 1
+        assert self.step.dims.weights == path
+        return one(self, *args)
+
+    CStep.__call__, OnePass.one = counting, counting_one
     try:
         reference = autoregressive_generate(PROMPT, target, 40, eos_tokens_id=EOS_NEVER, use_cache=True)
         decoded = calls[0]
@@ -290,7 +296,7 @@ def drafting_rows_are_target_ar(name: str, path: int) -> None:
         pld, pld_rate = generate(PROMPT, target, PromptLookupSpec(), common)
         tree, tree_rate = generate(PROMPT, target, NGramTreeSpec(tree_size=4), common, DraftContext(storage=NGramStorage(2, VOCAB)))
     finally:
-        CStep.__call__ = real
+        CStep.__call__, OnePass.one = real, one
     assert decoded >= 39 and calls[0] > decoded  # every row ran on the step
     assert out == reference and nasd == reference and pld == reference and tree == reference
     assert max(rate, pld_rate, tree_rate) > 0.0

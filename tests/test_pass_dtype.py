@@ -14,6 +14,7 @@ from app.pair import LoadOptions, load_pair
 from conftest import EOS_NEVER, PROMPT, llama, save_tiny
 from kernels import skinny
 from kernels.c_step import CStep
+from kernels.step_one import OnePass
 from kernels.prepacking import plan
 from measure import pass_dtype, timing
 from measure.machine import last_level_cache
@@ -71,6 +72,8 @@ def test_the_race_runs_the_c_step_in_both_dtypes_alternately(monkeypatch):
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(CStep, "__call__", counted)
+    one = OnePass.one  # decoding's decided pass (``runners.lean_lane``): the same step's
+    monkeypatch.setattr(OnePass, "one", lambda self, *args: calls.append(_dtype(self.step.model())) or one(self, *args))
     float32 = llama(layers=2, window=256).float()  # conftest's llama is float64
     bfloat16 = copy.deepcopy(float32).to(torch.bfloat16)
     seconds, paths = timing.dtype_race((float32, bfloat16), budget(), ROUNDS, context=16)

@@ -1,0 +1,81 @@
+"""A C step's one-position chain pass with its call made ready once (``OnePass``): decoding's pass, the one a
+token of target AR pays, where the host side of ``CStep.__call__`` (tensor casts and slices, a chunk plan, a
+scratch size, nineteen ctypes objects built) was about as long as a tenth of a bfloat16 pass on a cold cache.
+
+The same C call with the same arguments as ``CStep.__call__`` over one position without a mask, hidden states
+or a drafter's rows (``tile`` 0: one row runs decoding's loop, ``kernels.bf16.decoding_rows`` >= 1), so the
+same bits. Never stale: each pass asks the step for its currency first (``CStep.current``: a changed model
+remakes it, and then this call's pointers are taken again), binds the cache as every pass does
+(``CStep.bind``: a regrown or another cache, the kept key blocks), and sizes the scratch by the cache's
+capacity and the thread count it runs with."""
+import ctypes
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from kernels.kept_keys import passed
+from kernels.step_structs import Top
+from utils.logits_processor import with_tops
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+# c_step.c's c_step: layers, dims, h, cos, sin, r, start, seen, window, hidden_at, n_hidden, hidden, final_norm,
+# head, V, logits, n_last, scratch, threads (declared here: ctypes converts plain ints, no objects made a pass)
+ARGTYPES = [_P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _I, _P, _P, _P, _I, _P, _I, _P, _I]
+
+
+class OnePass:
+    """``one(h, cos, sin, cache, start)``: logits ``[1, V]`` (each row's greedy token kept on them, ``with_tops``) of
+    one position whose float32 embedding lies at address ``h`` (``[H]``, overwritten) and its RoPE rows at ``cos``,
+    ``sin`` (``[T, 1, R]`` float32, contiguous), its key and value written at slot ``start`` of ``cache``."""
+
+    def __init__(self, step):
+        self.step = step
+        self.structs = None  # the step's structs this call was made ready for (a remade step has new ones)
+        self.sized: Tuple[int, int] = (-1, -1)  # (capacity, threads) the scratch was sized for
+        self.tops = (Top * 1)()
+        self.tops_at = ctypes.addressof(self.tops)
+
+    def _ready(self) -> None:
+        step = self.step
+        self.call = step.library["c_step"]  # a function object of its own: its argtypes set here alone
+        self.call.argtypes, self.call.restype = ARGTYPES, ctypes.c_int
+        self.structs, self.dims = step.structs, ctypes.byref(step.dims)
+        self.fixed = (step.final_norm.data_ptr(), step.head.data_ptr(), step.vocab)
+        self.hidden_at = torch.empty(0, dtype=torch.int64)  # read by no one (count 0)
+        self.sized = (-1, -1)
+
+    def one(self, h: int, cos: int, sin: int, cache, start: int) -> Tensor:
+        step = self.step
+        step.current()
+        if step.structs is not self.structs:
+            self._ready()
+        state = step.bind(cache)
+        d, threads = step.dims, torch.get_num_threads()
+        if self.sized != (d.cap, threads):  # the scratch a pass of one position needs at this capacity
+            needed = step.library.c_step_scratch(self.dims, _I(1), _I(threads))
+            if step.scratch.numel() < needed:
+                step.scratch = torch.empty(needed)
+            self.sized = (d.cap, threads)
+        final_norm, head, vocab = self.fixed
+        logits = torch.empty((1, vocab))  # returned: the caller may keep it past the next pass
+        d.tile, d.kept, d.tops = 0, 0 if state is None else state.upto, self.tops_at
+        self.call(self.structs, self.dims, h, cos, sin, 1, start, None, None, self.hidden_at.data_ptr(), 0, None,
+                  final_norm, head, vocab, logits.data_ptr(), 1, step.scratch.data_ptr(), threads)
+        d.tops = None
+        passed(cache, state, start + 1)
+        top = self.tops[0]
+        return with_tops(logits, [(top.at, top.top, top.others)])
+
+
+def one_pass(step) -> Optional[OnePass]:
+    """``step``'s ``OnePass``, made at its first ask and kept on it (None: no step)."""
+    if not step:
+        return None
+    found = step.__dict__.get("one_pass")
+    if found is None:
+        found = step.__dict__["one_pass"] = OnePass(step)
+    return found
+
+
+__all__ = ["OnePass", "one_pass"]

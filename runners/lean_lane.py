@@ -1,0 +1,111 @@
+"""The lean runner's one-position chain pass on its C step, decided once (``Lane``): a token of target AR (and
+a drafter's or a plain step's one-position pass) re-decided at every pass which forward runs it (the hooks,
+``step_for``'s plan and dtype, the step), and made a dozen small tensors around the C call (the position, the
+embedding row and its float32 copy, the RoPE rows' views, their casts): about half a millisecond a pass on a
+cold cache, a fifteenth of a bfloat16 pass.
+
+A pass takes the lane only where the last pass that decided it all (``LeanRunner._run``) ran the step over one
+position of a chain, and nothing it decided on has moved since, each by a counter or an identity read per pass:
+
+* hooks: no global forward hook; no hook registered anywhere since (``RemovableHandle.next_id``: every
+  registration takes an id), no layers swapped (``kernels.prepacking.SWAPS``), and the hook dicts that held
+  hooks then (none of them the user's: transformers' own, the pass clock's) hold as many (``HookWatch``'s test);
+* the plan and the dtype (``step_for``): the first ``PrepackedLinear``'s route, the same object (a
+  ``set_prepack`` swaps and counts; an assigned route is another tuple); no cast, move or load of a
+  prepacked layer since (``kernels.prepacking.changes``: the step's decoder layers are released,
+  ``CStep.released``, so a cast of the model reaches them and counts);
+* the step itself: ``CStep.current`` and ``bind`` at every pass, as ever (``kernels.step_one``);
+* the embedding: read from the model's module at every pass (an ``nn.Embedding`` without ``max_norm`` or a
+  released one, ``kernels.one_head``; else the full pass), its row gathered in C into a float32 row of the
+  lane's own (``kernels/step_embed.c``): the values ``LlamaForward.embed`` gives, cast as ``CStep`` casts them
+  (bfloat16 to float32 is exact);
+* the RoPE rows: ``RopeTable.row`` (its tables' currency as ``at``'s), where the model has one table.
+
+Anything else (a tree pass, hidden states kept, a drafter's rows, a hooked or cast model, a cache to grow)
+takes the full pass, which decides again. Same C call, same arguments: the same bits as the full pass."""
+import ctypes
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+import torch.nn.modules.module as torch_module
+from torch.utils.hooks import RemovableHandle
+
+import kernels.prepacking as prepacking
+from kernels.one_head import ReleasedEmbedding
+from kernels.step_one import one_pass
+from utils.module_walk import first_module
+
+ON = True  # False: every pass decides again (the A/B of the same bits)
+ROWS, BLOCKS = 0, 2  # ``kernels/step_embed.c``'s kinds of table, plus ``KINDS`` of its dtype
+KINDS = {torch.float32: 0, torch.bfloat16: 1}
+
+
+class Lane:
+    """``LeanRunner``'s decided one-position chain pass: ``record`` after a full pass that ran the step over one
+    position; ``run(token, start)``: logits ``[1, V]``, or None where the full pass must run."""
+
+    def __init__(self):
+        self.key: Optional[tuple] = None  # (the step, hooks' stamp, ``changes``, the planned layer and its route) at ``record``
+        self.h = torch.empty(0)  # [H] float32: the fed token's embedding, overwritten by the step
+        self.gather = self.library = None  # ``c_step_embed`` of the step's library, its argtypes declared
+        self.passes = 0  # passes it ran
+
+    def record(self, runner) -> None:
+        """After a full pass of ``runner`` that ran the step over one position of a chain with ``hooks.hooked()`` False
+        (the runner is passed, never held: no cycle, so a runner and its model go by reference count, as before)."""
+        step, hooks = runner.step, runner.hooks
+        if not ON or not step or not step.released or runner.forward.spec.embed_scale != 1.0:
+            self.key = None
+            return
+        planned = first_module(runner.model, prepacking.PrepackedLinear)
+        route = None if planned is None else planned.route
+        self.key = (step, hooks.stamp, prepacking.changes(), planned, route)
+        if self.h.numel() != step.dims.H:
+            self.h = torch.empty(step.dims.H)
+        if self.gather is None or self.library is not step.library:
+            self.gather, self.library = step.library["c_step_embed"], step.library  # its own function object
+            self.gather.argtypes, self.gather.restype = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p], None
+
+    def run(self, runner, ids: Tensor, start: int) -> Optional[Tensor]:
+        """``runner``'s pass of ``ids[0, start]`` at slot ``start`` (its cache holds room for it), or None."""
+        key = self.key
+        if key is None or not ON or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+            return None
+        step, stamp, changes, planned, route = key
+        if runner.step is not step or stamp != (prepacking.SWAPS[0], RemovableHandle.next_id) or changes != prepacking.changes() \
+                or runner.hidden_layers \
+                or runner.head_count or (planned is not None and planned.route is not route):
+            return None
+        hooks = runner.hooks  # dicts that held hooks none of which counts (transformers' own, the pass clock's): one removed?
+        if hooks.busy and [len(h) for h in hooks.busy] != hooks.lengths:
+            return None
+        rope = runner.ropes.row(start, runner.capacity)
+        if rope is None or not self._embed(runner.model, int(ids[0, start])):
+            return None
+        logits = one_pass(step).one(self.h.data_ptr(), rope[0], rope[1], runner.cache, start)
+        self.passes += 1
+        return logits
+
+    def _embed(self, model, token: int) -> bool:
+        """``self.h`` the embedding of ``token`` in float32, as ``LlamaForward.embed`` and ``CStep`` give it (gathered
+        in C, ``kernels/step_embed.c``: exact); False where the model's embedding is another kind, or ``token`` is
+        out of its range (its own forward must run)."""
+        # ``model.model.embed_tokens`` as ``LlamaForward.embed`` reads it, at every pass (the module dicts
+        # read directly: ``Module.__getattr__`` is a Python function, a few microseconds on a cold cache)
+        table = model._modules["model"]._modules["embed_tokens"]
+        kind = type(table)
+        if kind is ReleasedEmbedding:  # row n: block n // 16, lane n % 16 (``kernels.one_head``)
+            source, kind = table.blocks, BLOCKS
+        elif kind is nn.Embedding and table.max_norm is None:
+            source, kind = table._parameters["weight"], ROWS
+        else:
+            return False
+        if source is None or not 0 <= token < table.num_embeddings or source.dtype not in KINDS or \
+                source.device.type != "cpu" or not source.is_contiguous():
+            return False
+        self.gather(source.data_ptr(), kind + KINDS[source.dtype], token, self.h.shape[0], self.h.data_ptr())
+        return True
+
+
+__all__ = ["ON", "Lane"]
