@@ -9,6 +9,7 @@ remakes it, and then this call's pointers are taken again), binds the cache as e
 (``CStep.bind``: a regrown or another cache, the kept key blocks), and sizes the scratch by the cache's
 capacity and the thread count it runs with."""
 import ctypes
+import weakref
 from typing import Optional, Tuple
 
 import torch
@@ -30,14 +31,16 @@ class OnePass:
     ``sin`` (``[T, 1, R]`` float32, contiguous), its key and value written at slot ``start`` of ``cache``."""
 
     def __init__(self, step):
-        self.step = step
+        # weakly: this object is kept on the step (``one_pass``), and a cycle would keep the step's blocked weights
+        # alive after its model lets it go, until a garbage collection (a first start's kernel measurement held 4x)
+        self.step = weakref.ref(step)
         self.structs = None  # the step's structs this call was made ready for (a remade step has new ones)
         self.sized: Tuple[int, int] = (-1, -1)  # (capacity, threads) the scratch was sized for
         self.tops = (Top * 1)()
         self.tops_at = ctypes.addressof(self.tops)
 
     def _ready(self) -> None:
-        step = self.step
+        step = self.step()
         self.call = step.library["c_step"]  # a function object of its own: its argtypes set here alone
         self.call.argtypes, self.call.restype = ARGTYPES, ctypes.c_int
         self.structs, self.dims = step.structs, ctypes.byref(step.dims)
@@ -46,7 +49,7 @@ class OnePass:
         self.sized = (-1, -1)
 
     def one(self, h: int, cos: int, sin: int, cache, start: int) -> Tensor:
-        step = self.step
+        step = self.step()  # alive: the caller holds it
         step.current()
         if step.structs is not self.structs:
             self._ready()

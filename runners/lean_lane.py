@@ -24,6 +24,7 @@ position of a chain, and nothing it decided on has moved since, each by a counte
 Anything else (a tree pass, hidden states kept, a drafter's rows, a hooked or cast model, a cache to grow)
 takes the full pass, which decides again. Same C call, same arguments: the same bits as the full pass."""
 import ctypes
+import weakref
 from typing import Optional
 
 import torch
@@ -60,7 +61,9 @@ class Lane:
             return
         planned = first_module(runner.model, prepacking.PrepackedLinear)
         route = None if planned is None else planned.route
-        self.key = (step, hooks.stamp, prepacking.changes(), planned, route)
+        # the step and the planned layer weakly: a layer swapped out (a measurement's next option) or a step let go
+        # must not be kept alive by a key that only compares them (a first start's measurement held 4x its weights)
+        self.key = (weakref.ref(step), hooks.stamp, prepacking.changes(), None if planned is None else weakref.ref(planned), route)
         if self.h.numel() != step.dims.H:
             self.h = torch.empty(step.dims.H)
         if self.gather is None or self.library is not step.library:
@@ -73,9 +76,10 @@ class Lane:
         if key is None or not ON or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
             return None
         step, stamp, changes, planned, route = key
-        if runner.step is not step or stamp != (prepacking.SWAPS[0], RemovableHandle.next_id) or changes != prepacking.changes() \
+        step, planned = step(), planned and planned()
+        if step is None or runner.step is not step or stamp != (prepacking.SWAPS[0], RemovableHandle.next_id) or changes != prepacking.changes() \
                 or runner.hidden_layers \
-                or runner.head_count or (planned is not None and planned.route is not route):
+                or runner.head_count or (key[3] is not None and (planned is None or planned.route is not route)):
             return None
         hooks = runner.hooks  # dicts that held hooks none of which counts (transformers' own, the pass clock's): one removed?
         if hooks.busy and [len(h) for h in hooks.busy] != hooks.lengths:

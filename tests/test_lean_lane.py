@@ -159,3 +159,25 @@ def test_hooks_that_do_not_count_leave_the_lane_on_and_their_removal_decides_aga
     runner(ids[:, : len(PROMPT) + 2], 1)  # the dict is shorter: decided again
     runner(ids, 1)
     assert runner.lane.passes == passes + 1
+
+
+def test_a_step_let_go_is_freed_though_the_lane_ran_on_it():
+    """State beside a model dies with it, by reference count alone (no collection): a runner's step let go (a first
+    start's kernel measurement switching away from the skinny kernel, ``kernels.holding.drop_step``) frees it and its
+    blocked copies, though the lane's key compared it and its decided call is kept on it (before: the key and the
+    call's cycle held it, and the measurement 4x the weights)."""
+    import gc
+    import weakref
+
+    from kernels.holding import drop_step
+
+    runner = LeanRunner(llama(layers=2).to(torch.float32))
+    greedy(runner, 4)
+    assert runner.lane.passes > 0
+    step = weakref.ref(runner.step)
+    gc.disable()
+    try:
+        drop_step(runner)
+        assert step() is None
+    finally:
+        gc.enable()
