@@ -33,14 +33,19 @@ class OnePass:
     def __init__(self, step):
         # weakly: this object is kept on the step (``one_pass``), and a cycle would keep the step's blocked weights
         # alive after its model lets it go, until a garbage collection (a first start's kernel measurement held 4x)
-        self.step = weakref.ref(step)
+        self._step = weakref.ref(step)
         self.structs = None  # the step's structs this call was made ready for (a remade step has new ones)
         self.sized: Tuple[int, int] = (-1, -1)  # (capacity, threads) the scratch was sized for
         self.tops = (Top * 1)()
         self.tops_at = ctypes.addressof(self.tops)
 
+    @property
+    def step(self):
+        """The step this call is kept on (its caller holds it while it runs)."""
+        return self._step()
+
     def _ready(self) -> None:
-        step = self.step()
+        step = self.step
         self.call = step.library["c_step"]  # a function object of its own: its argtypes set here alone
         self.call.argtypes, self.call.restype = ARGTYPES, ctypes.c_int
         self.structs, self.dims = step.structs, ctypes.byref(step.dims)
@@ -49,7 +54,7 @@ class OnePass:
         self.sized = (-1, -1)
 
     def one(self, h: int, cos: int, sin: int, cache, start: int) -> Tensor:
-        step = self.step()  # alive: the caller holds it
+        step = self.step  # alive: the caller holds it
         step.current()
         if step.structs is not self.structs:
             self._ready()
