@@ -154,6 +154,11 @@ def _blocks(group: Sequence[Module]) -> Tensor:
     return fused(weights, verify=skinny.holds) if len(weights) > 1 else blocked(weights[0], verify=skinny.holds)
 
 
+class StepRefused(RuntimeError):
+    """The model changed, since its step was made, into one the step cannot run (``step_unsupported``'s reason):
+    the runner that held it runs transformers' forward from then on (``runners.lean``)."""
+
+
 def _of(tensor: Optional[Tensor]) -> Optional[Tuple[int, int]]:
     return None if tensor is None else (tensor.data_ptr(), tensor._version)
 
@@ -230,13 +235,18 @@ class CStep:
 
     def current(self) -> None:
         """Made again where the model changed since (``read``): a cast back to float32, a loaded state
-        dict, layers restored, a weight edited in place. A step a runner holds never runs stale copies.
-        Per pass, where the step reads released layers, only what can change them is compared (the
-        casts, loads and restores of prepacked layers, ``changes``, and the output layer's weight: its
-        copy is the step's own), about a microsecond; the whole model (``read``) when one did."""
+        dict, layers restored, a weight edited in place, a module or parameter replaced. A step a runner holds
+        never runs stale copies. Per pass, where the step reads released layers, only what can change them is
+        compared (the casts, loads and restores of prepacked layers and any module, parameter or buffer
+        replaced, ``changes``, and the output layer's weight: its copy is the step's own), about a microsecond;
+        the whole model (``read``) when one did. Raises ``StepRefused`` where the model changed into one the
+        step cannot run."""
         model = self.model()
-        if model is None or self.glance() == self.glanced and self.released:
+        glance = None if model is None else self.glance()
+        if model is None or glance == self.glanced and self.released:
             return
+        if glance != self.glanced and (why := step_unsupported(model)) is not None:  # e.g. a layer replaced by a LoRA wrapper
+            raise StepRefused(why)
         if read(model) != self.read:
             self._build(model)
         self.glanced = self.glance()

@@ -15,6 +15,7 @@ from kernels.blocked import DTYPES, lasting, unreleased
 from kernels.memory_fits import can_prepack as _can_prepack, copy_fits, prepack_fits, readers_of  # noqa: F401 (kept importable here)
 from kernels.remembered_packs import _REMEMBERED, _Remembered, remembered  # noqa: F401
 from kernels.kept_steps import forget_step
+from kernels.model_changes import changed as _changed, changes  # noqa: F401 (``prepacking.changes``, as before)
 from utils.module_walk import first_module
 
 OWN, PREPACKED, SKINNY = "own", "prepacked", "skinny"  # the kernels a float32 CPU linear layer can run on
@@ -30,18 +31,6 @@ _ROW_HINT = 8
 _BY_KEY: List["weakref.ref[PrepackedLinear]"] = []
 SWAPS = [0]  # ``set_prepack`` calls that swapped layers (plain dict writes: ``runners.hooks`` remakes its module lists)
 
-_CHANGES = 0  # casts, loads and restores of prepacked layers so far, in any model (``changes``)
-
-
-def changes() -> int:
-    """How many times a ``PrepackedLinear`` was cast or moved, loaded into or restored, in this process:
-    what a C step compares at each pass before it reads the model again (``kernels.c_step.read``)."""
-    return _CHANGES
-
-
-def _changed() -> None:
-    global _CHANGES
-    _CHANGES += 1
 
 
 

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
-from kernels.c_step import CStep, step_for
+from kernels.c_step import CStep, StepRefused, step_for
 from kernels.head_rows import HeadRows, kept_rows, wide_buffer
 from kernels.step_pool import taken_step
 from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache, window_seen
@@ -117,7 +117,12 @@ class LeanRunner(TreePasses):
             h = self.forward.embed(ids)  # [r, H]
             cos, sin = self.ropes.at(positions, start if mask is None else None, self.capacity)  # [T, r, R], kept rows
             head = self._head_rows(new)
-            logits, hidden = self.step(h, (cos, sin), self.cache, start, self._seen(mask, positions, start), n_last, self.hidden_layers, head)
+            try:
+                logits, hidden = self.step(h, (cos, sin), self.cache, start, self._seen(mask, positions, start), n_last, self.hidden_layers, head)
+            except StepRefused:  # the model changed into one the step cannot run (a layer replaced): its own forward from now on
+                self._torch_cache()
+                self.step = False
+                return self._run(ids, positions, start, n_last, mask)
             if head is not None:  # [n_last, V]: minus infinity past its rows, in this runner's buffer (valid until its next pass)
                 self.wide = wide_buffer(self.wide, n_last, head.vocab, logits.dtype)
                 logits = head.full(logits, self.wide[:n_last])
