@@ -196,7 +196,7 @@ def _library() -> Tuple[Optional[ctypes.CDLL], str]:
     library.skinny_set_ahead.argtypes, library.skinny_set_ahead.restype = [ctypes.c_int64] * 3, ctypes.c_int64
     library.skinny_set_few_ahead.argtypes, library.skinny_set_few_ahead.restype = [ctypes.c_int64], ctypes.c_int64
     library.c_step_set_bridge.argtypes, library.c_step_set_bridge.restype = [ctypes.c_int64], ctypes.c_int64
-    library.skinny_set_deal.argtypes, library.skinny_set_deal.restype = [ctypes.c_int64] * 2, ctypes.c_int64
+    library.skinny_set_deal.argtypes, library.skinny_set_deal.restype = [ctypes.c_int64], ctypes.c_int64
     library.c_step.restype = ctypes.c_int
     library.c_step_scratch.restype = ctypes.c_int64
     library.logits_top.argtypes, library.logits_top.restype = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p], None

@@ -121,8 +121,8 @@ static void blocks_range(int64_t path, const float *x, const uint16_t *p, const 
     }
 }
 
-/* decoding's loop; its groups shared statically or part dealt (deal.h; NULL: static). A share's unit is a block
- * (the even share: its chunks whole groups) or a group of GB blocks */
+/* decoding's loop; its groups shared statically, or their ends stolen (deal.h, a Deal a thread; NULL: static). A
+ * share's unit is a block (the even share: taken GB at a time) or a group of GB blocks */
 static void decoding(int64_t path, const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N, int64_t K,
                      Deal *deal) {
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
@@ -136,7 +136,7 @@ static void decoding(int64_t path, const float *x, const uint16_t *p, const floa
     int few = BF16_FEW && path == BF16_AVX512 && M >= 2 && M <= MBX;
     int64_t GB = one ? 4 : few ? (M <= 5 ? 4 : M <= 7 ? 3 : 2) : SHAPES[path][0].blocks;
     int64_t blocks = (N + BW - 1) / BW, groups = (blocks + GB - 1) / GB, unit = (one || few) && BF16_EVEN_SHARE ? 1 : GB, u0, u1;
-    Share dealt = share_begin(unit == 1 ? blocks : groups, unit * K * BW * 2, unit == 1 ? GB : 1, deal);
+    Share dealt = share_begin(unit == 1 ? blocks : groups, unit == 1 ? GB : 1, deal);
     float spill[MBX * 4 * BW];
     while (share_next(&dealt, &u0, &u1))
         blocks_range(path, x, p, b, y, M, N, K, u0 * unit, u1 * unit < blocks ? u1 * unit : blocks, GB, one, few, spill);

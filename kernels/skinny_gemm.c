@@ -34,21 +34,17 @@
 #endif
 int64_t skinny_ahead[2] = {STEP_AHEAD_BYTES, BF16_AHEAD_BYTES};
 
-/* deal.h's tail (percent of a few positions' linear's groups dealt in chunks) and chunk bytes: 0 by default
- * (STEP_DEAL_TAIL, STEP_DEAL_BYTES), set per process by skinny_set_deal; speed only, the same bits */
-#ifndef STEP_DEAL_TAIL
-#define STEP_DEAL_TAIL 0
+/* deal.h's switch: the ends of the threads' shares stolen (1; 2: a test's, thread 0 a thief from the start) or the
+ * static share (0); STEP_DEAL by default, set per process by skinny_set_deal; speed only, the same bits */
+#ifndef STEP_DEAL
+#define STEP_DEAL 0
 #endif
-#ifndef STEP_DEAL_BYTES
-#define STEP_DEAL_BYTES 131072
-#endif
-int64_t skinny_deal_tail = STEP_DEAL_TAIL, skinny_deal_bytes = STEP_DEAL_BYTES;
+int64_t skinny_deal = STEP_DEAL;
 
-/* skinny_deal_tail (percent, clamped to 0..100) and skinny_deal_bytes (negative: left as they are); returns the tail after */
-int64_t skinny_set_deal(int64_t tail, int64_t bytes) {
-    if (tail >= 0) skinny_deal_tail = tail < 100 ? tail : 100;
-    if (bytes >= 0) skinny_deal_bytes = bytes;
-    return skinny_deal_tail;
+/* skinny_deal set to `on` (0, 1 or 2; negative: left as it is); returns it after */
+int64_t skinny_set_deal(int64_t on) {
+    if (on >= 0) skinny_deal = on < 2 ? on : 2;
+    return skinny_deal;
 }
 
 /* skinny_ahead's bytes [0] on float32 weights, [1] on bfloat16 (negative: left as they are); returns [which] after */
@@ -235,7 +231,7 @@ static void one_group(const float *x, const float *p, const float *b, float *y, 
 
 /* Inside a parallel region (every thread calls it): y[M, N] = x . W^T + b, W blocked [N/16, K, 16] (N a multiple
  * of 16 or not: one_group's spill); the register groups shared statically, each thread a contiguous range (deal
- * NULL), or part dealt (deal.h: the same bits). */
+ * NULL), or their ends stolen (deal.h, a Deal a thread: the same bits). */
 void skinny_rows_deal(const float *x, const float *p, const float *b, float *y, int64_t M, int64_t N, int64_t K, Deal *deal) {
 #if defined(__AVX512F__)
     if (M == 1 && STEP_ONE_ROW_BLOCKS != GB) {
@@ -244,7 +240,7 @@ void skinny_rows_deal(const float *x, const float *p, const float *b, float *y, 
     }
 #endif
     int64_t groups = ((N + BW - 1) / BW + GB - 1) / GB, first, last;
-    Share dealt = share_begin(groups, GB * K * BW * (int64_t)sizeof(float), 1, deal);
+    Share dealt = share_begin(groups, 1, deal);
     float spill[MB * GB * BW];
     while (share_next(&dealt, &first, &last))
         for (int64_t g = first; g < last; g++) one_group(x, p, b, y, M, N, K, g, spill);

@@ -95,15 +95,17 @@ static int64_t few_floats(const Dims *d, int64_t r) {
     return rows * (2 * d->H + d->I) + d->H;
 }
 
-/* floats the deals' counters of a pass take (deal.h): one a linear call, a layer's four and the output layer's,
+/* floats the Deals of a pass take (deal.h): a thread's in each linear call (a layer's four, the output layer's),
  * from the first cache line on */
-static int64_t deal_floats(const Dims *d) { return (4 * d->layers + 1) * (int64_t)(sizeof(Deal) / sizeof(float)) + 16; }
+static int64_t deal_floats(const Dims *d, int64_t threads) {
+    return (4 * d->layers + 1) * threads * (int64_t)(sizeof(Deal) / sizeof(float)) + 16;
+}
 
-/* the pass's counters at the first cache line from `at` (deal_floats of scratch), zeroed: each call's deal starts
- * at its first chunk with no barrier to reset it */
-static Deal *deals_at(float *at, const Dims *d) {
+/* the pass's Deals at the first cache line from `at` (deal_floats of scratch), zeroed: [4 layers + 1, threads], call
+ * by call, each at its start with no barrier to reset it */
+static Deal *deals_at(float *at, const Dims *d, int64_t threads) {
     Deal *deals = (Deal *)(((uintptr_t)at + 63) & ~(uintptr_t)63);
-    memset(deals, 0, (4 * d->layers + 1) * sizeof(Deal));
+    memset(deals, 0, (4 * d->layers + 1) * threads * sizeof(Deal));
     return deals;
 }
 

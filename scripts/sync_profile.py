@@ -6,12 +6,11 @@ round, medians over ``--rounds`` and the fastest pass's split. Per pass: the wal
 until its team's last thread began, and after the team, the logits' tops); a thread's mean wall ms in the linears
 (a bridge's prefetches included), attention, the rest (norms, RoPE and the keys' blocks, the activation, the
 output layer's finish) and at the linears' barriers, and the most one thread waited (``--cpu``: a thread's CPU ms
-instead). ``--deals``: each of the linears' deals (``kernels/deal.h``: percent of a linear's groups dealt in
-chunks, and a chunk's bytes, ``TAIL:BYTES``; ``0:0`` the static share; set at run time, the same bits), each with
-every bridge. Noisy on a shared machine: a thread put off its core by another process shows as the other's wait.
+instead). ``--deals``: each of the linears' shares (``kernels/deal.h``: 0 static, 1 the ends stolen; set at run
+time, the same bits), each with every bridge. Noisy on a shared machine: a thread put off its core by another process shows as the other's wait.
 
     .venv/bin/python scripts/sync_profile.py --bridges 0 65536 --rounds 21
-    .venv/bin/python scripts/sync_profile.py --bridges 0 --deals 0:0 100:131072 25:131072 --rounds 11
+    .venv/bin/python scripts/sync_profile.py --bridges 0 --deals 0 1 --rounds 41
 """
 import argparse
 import copy
@@ -32,7 +31,7 @@ PARTS = ("linears", "attention", "the rest")
 def main(argv: List[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bridges", type=int, nargs="+", default=[0, 65536], help="bytes of the next linear's share prefetched")
-    parser.add_argument("--deals", nargs="+", default=["0:0"], help="TAIL:BYTES, the linears' deals (0:0 static)")
+    parser.add_argument("--deals", type=int, nargs="+", default=[0], help="the linears' shares: 0 static, 1 the ends stolen")
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--context", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
@@ -57,13 +56,13 @@ def main(argv: List[str] | None = None) -> None:
         runners[name] = LeanRunner(copy.deepcopy(base).to(torch.bfloat16) if name == "bfloat16" else base)
         runners[name](ids[:, : args.context], 1)
     parts, waits, call = (ctypes.c_double * len(PARTS))(), (ctypes.c_double * args.threads)(), (ctypes.c_double * 3)()
-    found: Dict[Tuple[str, str, int], List[Tuple[float, ...]]] = {}
+    found: Dict[Tuple[str, int, int], List[Tuple[float, ...]]] = {}
     settings = [(deal, b) for deal in args.deals for b in args.bridges]
     for round_ in range(args.rounds + 1):  # round 0 warms up
         for name, runner in runners.items():
             for deal, b in settings if round_ % 2 else reversed(settings):
                 library.c_step_set_bridge(b)
-                library.skinny_set_deal(*(int(v) for v in deal.split(":")))
+                library.skinny_set_deal(deal)
                 library.c_step_profile(parts), library.c_step_waited(waits, args.threads), library.c_step_called(call)  # zeroed
                 start = time.perf_counter()
                 runner(ids, 1)
@@ -78,7 +77,7 @@ def main(argv: List[str] | None = None) -> None:
         quiet = min(rows)  # the fastest pass's split: the quietest moment the machine gave
         for label, row in (("median", [statistics.median(r[i] for r in rows) for i in range(9)]), ("fastest", quiet)):
             wall, linears, attention, rest, wait, most, inside, woken, tops = (1e3 * v for v in row)
-            print(f"{name:8} deal {deal:>10} bridge {b:7d} B, {label:7}: pass {wall:6.2f}, in c_step {inside:6.2f} (team woken {woken:5.3f}, "
+            print(f"{name:8} deal {deal} bridge {b:7d} B, {label:7}: pass {wall:6.2f}, in c_step {inside:6.2f} (team woken {woken:5.3f}, "
                   f"tops {tops:5.3f}); a thread's linears {linears:6.2f}, attention {attention:5.2f}, the rest {rest:5.2f}, "
                   f"at the barriers {wait:5.2f} (the most waiting {most:5.2f})")
 
