@@ -37,7 +37,7 @@ int64_t skinny_ahead[2] = {STEP_AHEAD_BYTES, BF16_AHEAD_BYTES};
 /* deal.h's switch: the ends of the threads' shares stolen (1; 2: a test's, thread 0 a thief from the start) or the
  * static share (0); STEP_DEAL by default, set per process by skinny_set_deal; speed only, the same bits */
 #ifndef STEP_DEAL
-#define STEP_DEAL 0
+#define STEP_DEAL 1
 #endif
 int64_t skinny_deal = STEP_DEAL;
 
