@@ -65,9 +65,9 @@ static void few_group(const float *x, int64_t M, int64_t K, int64_t gb, const ui
 }
 
 /* Inside a parallel region: y[M, N] = x[M, K] . W^T (+ b) for 2 <= M <= FEW_MOST on the dot path, each thread an
- * even share of the blocks in groups of few_blocks(M) from its first (its last group shorter), its end stolen a group at
- * a time by a thread done with its own (deal.h, a Deal a thread; NULL: the even share alone); the padded last block (N not a multiple of 16)
- * through `spill` */
+ * even share of the blocks in groups of few_blocks(M) from its first (its last group shorter), its end stolen by a
+ * thread done with its own (deal.h, a Deal a thread; NULL: the even share alone); the padded last block (N not a
+ * multiple of 16) through `spill` */
 static void few_dot(const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N, int64_t K, Deal *deal) {
     const int64_t GB = few_blocks(M), blocks = (N + BW - 1) / BW;
     float spill[FEW_MOST * 4 * BW];

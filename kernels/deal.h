@@ -3,11 +3,13 @@
  *
  * The static share gives each thread a contiguous range of a linear's groups, one stream the hardware prefetchers
  * follow; a thread the memory system or the VM served slower made the other wait at each of a layer's barriers.
- * Here each thread still takes its own range from the front, a step (a group, or `align` blocks) at a time, and a
- * thread done with its own takes the steps left at the end of the range with the most left, from the back, so the
- * threads finish within about a step of each other. Dealing the groups in chunks from one counter instead (every
- * chunk a new stream) cost one position's pass on Zen 4 more than the waits it saved: 1.12x with every group dealt
- * in 128 KB chunks, 1.06x with half, 1.01x with a quarter (float32; noisy, quiet pairs of an interleaved run).
+ * Here each thread still takes its own range from the front, a step (a group's units) at a time, and a thread done
+ * with its own takes half of what is left of the range with the most left, from its back, read forward (again until
+ * none is left), so the threads finish within about a step of each other. Dealing the groups in chunks from one
+ * counter instead (every chunk a new stream) cost one position's pass on Zen 4 more than the waits it saved: 1.12x
+ * with every group dealt in 128 KB chunks, 1.06x with half, 1.01x with a quarter (float32; noisy, quiet pairs of an
+ * interleaved run); and stealing a step at a time, each a stream read backwards from the last, 1.5x where thread 0
+ * stole every range (skinny_deal 2).
  *
  * Only who computes a group changes: every output is the chain its tile computes for it in any share (the same
  * bits, tests/test_deal.py). A thread's Deal counts the steps taken from its range's front and back, both from 0:
@@ -39,7 +41,8 @@ typedef struct {
 /* thread v's range of `units`: [units v / threads, units (v + 1) / threads) */
 static inline int64_t range_at(const Share *s, int64_t v) { return s->units * v / s->threads; }
 
-/* this thread's walk over `units` (deals NULL or one thread: its static range alone), `step` units a take */
+/* this thread's walk over `units` (deals NULL or one thread: its static range alone), `step` units a take from the
+ * front (a group's), whole steps from the back */
 static inline Share share_begin(int64_t units, int64_t step, Deal *deals) {
     Share s = {units, step > 0 ? step : 1, omp_get_thread_num(), omp_get_num_threads(), NULL, 0};
     if (deals && s.threads > 1 && skinny_deal) s.deals = deals, s.done = skinny_deal == 2 && s.t == 0;
