@@ -65,26 +65,28 @@ static void few_group(const float *x, int64_t M, int64_t K, int64_t gb, const ui
 }
 
 /* Inside a parallel region: y[M, N] = x[M, K] . W^T (+ b) for 2 <= M <= FEW_MOST on the dot path, each thread an
- * even share of the blocks in groups of few_blocks(M) from its first (its last group shorter); the padded last
- * block (N not a multiple of 16) through `spill` */
-static void few_dot(const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N, int64_t K) {
-    int t = omp_get_thread_num(), threads = omp_get_num_threads();
-    int64_t blocks = (N + BW - 1) / BW, first = blocks * t / threads, last = blocks * (t + 1) / threads;
+ * even share of the blocks in groups of few_blocks(M) from its first (its last group shorter), its end stolen by a
+ * thread done with its own (deal.h, a Deal a thread; NULL: the even share alone); the padded last block (N not a
+ * multiple of 16) through `spill` */
+static void few_dot(const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N, int64_t K, Deal *deal) {
+    const int64_t GB = few_blocks(M), blocks = (N + BW - 1) / BW;
     float spill[FEW_MOST * 4 * BW];
-    const int64_t GB = few_blocks(M);
-    for (int64_t b0 = first; b0 < last; b0 += GB) {
-        int64_t gb = last - b0 < GB ? last - b0 : GB, n0 = b0 * BW, width = gb * BW;
-        const uint16_t *pg = p + b0 * K * BW;
-        if (n0 + width <= N) {
-            few_group(x, M, K, gb, pg, y + n0, N);
-        } else {
-            few_group(x, M, K, gb, pg, spill, width);
-            for (int64_t i = 0; i < M; i++)
-                for (int64_t j = 0; n0 + j < N; j++) y[i * N + n0 + j] = spill[i * width + j];
+    Share dealt = share_begin(blocks, GB, deal);
+    int64_t first, last;
+    while (share_next(&dealt, &first, &last))
+        for (int64_t b0 = first; b0 < last; b0 += GB) {
+            int64_t gb = last - b0 < GB ? last - b0 : GB, n0 = b0 * BW, width = gb * BW;
+            const uint16_t *pg = p + b0 * K * BW;
+            if (n0 + width <= N) {
+                few_group(x, M, K, gb, pg, y + n0, N);
+            } else {
+                few_group(x, M, K, gb, pg, spill, width);
+                for (int64_t i = 0; i < M; i++)
+                    for (int64_t j = 0; n0 + j < N; j++) y[i * N + n0 + j] = spill[i * width + j];
+            }
+            if (b)
+                for (int64_t i = 0; i < M; i++)
+                    for (int64_t j = n0; j < n0 + width && j < N; j++) y[i * N + j] += b[j];
         }
-        if (b)
-            for (int64_t i = 0; i < M; i++)
-                for (int64_t j = n0; j < n0 + width && j < N; j++) y[i * N + j] += b[j];
-    }
 }
 #endif

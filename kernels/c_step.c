@@ -92,7 +92,8 @@ static int64_t per_thread_floats(const Dims *d) {
 int64_t c_step_scratch(const Dims *d, int64_t r, int64_t threads) {
     int64_t nqkv = (d->Hq + 2 * d->Hkv) * d->D;
     return r * (d->H + nqkv + d->Hq * d->D + d->H + 2 * d->I + d->I) + d->Hkv * blocks_of(d->cap) * BLOCK * d->D +
-           threads * (per_thread_floats(d) + few_floats(d, r)) + POSITIONS * d->Hq * (d->cap + BLOCK); /* the last: attend_split's */
+           threads * (per_thread_floats(d) + few_floats(d, r)) + POSITIONS * d->Hq * (d->cap + BLOCK) + /* attend_split's */
+           deal_floats(d, threads);
 }
 
 /* What attention reads of one layer's pass: the queries [r, nqkv], the outputs [r, Hq D], what a position sees
@@ -170,6 +171,7 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
     const int64_t parts = dimension_parts(Hkv * split_groups, threads, D);
     float *shared = per_thread + threads * per_thread_floats(d), *own = shared + POSITIONS * Hq * (d->cap + BLOCK);
     const int few = r <= FEW_ROWS; /* every thread computes every row's row-by-row parts (step_layer.h) */
+    Deal *deals = deals_at(own + threads * few_floats(d, r), d, threads); /* [call, thread]: deal.h */
 #pragma omp parallel num_threads((int)threads)
     {
         int t = omp_get_thread_num();
@@ -204,7 +206,7 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                 }
             }
             MARK(REST);
-            skinny_rows_as(d->weights, d->tile, xs, w->qkv, w->qkv_bias, qkv, r, nqkv, H);
+            skinny_rows_dealt(d->weights, d->tile, xs, w->qkv, w->qkv_bias, qkv, r, nqkv, H, deals + 4 * l * threads);
             bridge(d, w->o, H, Hq * D, c_step_bridge_bytes);
             SYNC(LINEARS);
             if (d->qk_norm == 2) { /* q and k normed over all their heads (OLMo 2) */
@@ -264,7 +266,7 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                         }
             }
             MARK(ATTENTION);
-            if (m > 0) skinny_rows_as(d->weights, d->tile, att + lo * Hq * D, w->o, w->o_bias, delta + lo * H, m, H, Hq * D);
+            if (m > 0) skinny_rows_dealt(d->weights, d->tile, att + lo * Hq * D, w->o, w->o_bias, delta + lo * H, m, H, Hq * D, deals + (4 * l + 1) * threads);
             bridge(d, w->gate_up, 2 * I, H, c_step_bridge_bytes);
             SYNC(LINEARS);
             if (few) {
@@ -277,7 +279,7 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                 }
             }
             MARK(REST);
-            if (m > 0) skinny_rows_as(d->weights, d->tile, xs + lo * H, w->gate_up, NULL, gu + lo * 2 * I, m, 2 * I, H);
+            if (m > 0) skinny_rows_dealt(d->weights, d->tile, xs + lo * H, w->gate_up, NULL, gu + lo * 2 * I, m, 2 * I, H, deals + (4 * l + 2) * threads);
             bridge(d, w->down, H, I, c_step_bridge_bytes);
             SYNC(LINEARS);
             /* over rows and spans of columns: both threads busy at one position too (each element alone); a
@@ -290,7 +292,7 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                     for (int64_t k0 = 0; k0 < I; k0 += SPAN) activate(gu + i * 2 * I, act + i * I, k0, k0 + SPAN < I ? k0 + SPAN : I, d);
             }
             MARK(REST);
-            if (m > 0) skinny_rows_as(d->weights, d->tile, acts + lo * I, w->down, NULL, delta + lo * H, m, H, I);
+            if (m > 0) skinny_rows_dealt(d->weights, d->tile, acts + lo * I, w->down, NULL, delta + lo * H, m, H, I, deals + (4 * l + 3) * threads);
             if (l + 1 < d->layers) bridge(d, w[1].qkv, nqkv, H, c_step_bridge_bytes);
             else bridge(d, head, V, H, c_step_bridge_bytes);
             SYNC(LINEARS);
@@ -311,7 +313,7 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
             }
         }
         MARK(REST);
-        skinny_rows_as(d->weights, d->tile, xs, head, NULL, logits, n_last, V, H);
+        skinny_rows_dealt(d->weights, d->tile, xs, head, NULL, logits, n_last, V, H, deals + 4 * d->layers * threads);
         MARK(LINEARS);
         if (d->logit_divisor != 1.0f || d->softcap != 0.0f) {
 #pragma omp barrier

@@ -97,24 +97,10 @@ static void add_bias(const float *b, float *y, int64_t M, int64_t N, int64_t n0,
 #ifndef BF16_EVEN_SHARE
 #define BF16_EVEN_SHARE 1
 #endif
-static void decoding(int64_t path, const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N, int64_t K) {
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
-    if (BF16_FEW && path == BF16_DOT && M >= 2 && M <= FEW_MOST) {
-        few_dot(x, p, b, y, M, N, K);
-        return;
-    }
-#endif
-    int t = omp_get_thread_num(), threads = omp_get_num_threads();
-    int one = M == 1 && BF16_ONE_ROW_BLOCKS == 4 && (path == BF16_AVX512 || path == BF16_DOT);
-    /* 2..12 rows on the AVX-512 widening path: groups as wide as the sums fit (bf16_few_wide), shared evenly */
-    int few = BF16_FEW && path == BF16_AVX512 && M >= 2 && M <= MBX;
-    int64_t GB = one ? 4 : few ? (M <= 5 ? 4 : M <= 7 ? 3 : 2) : SHAPES[path][0].blocks;
-    int64_t blocks = (N + BW - 1) / BW, groups = (blocks + GB - 1) / GB;
-    int even = (one || few) && BF16_EVEN_SHARE;
-    int64_t first = even ? blocks * t / threads : groups * t / threads * GB;
-    int64_t last = even ? blocks * (t + 1) / threads : groups * (t + 1) / threads * GB;
-    last = last < blocks ? last : blocks;
-    float spill[MBX * 4 * BW];
+/* blocks [first, last) of decoding's loop in groups of GB from first (the last shorter): `one`, one position's 1 x 4
+ * tiles; `few`, 2..12 rows' wide tiles; else the path's register blocks. spill [MBX * 4 * 16]: a padded block's */
+static void blocks_range(int64_t path, const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N, int64_t K,
+                         int64_t first, int64_t last, int64_t GB, int one, int few, float *spill) {
     for (int64_t b0 = first; b0 < last; b0 += GB) {
         int64_t gb = last - b0 < GB ? last - b0 : GB, n0 = b0 * BW, width = gb * BW;
         const uint16_t *pg = p + b0 * K * BW;
@@ -133,6 +119,27 @@ static void decoding(int64_t path, const float *x, const uint16_t *p, const floa
             add_bias(b, y + m0 * N, mb, N, n0, n0 + width);
         }
     }
+}
+
+/* decoding's loop; its groups shared statically, or their ends stolen (deal.h, a Deal a thread; NULL: static). A
+ * share's unit is a block (the even share: taken GB at a time) or a group of GB blocks */
+static void decoding(int64_t path, const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N, int64_t K,
+                     Deal *deal) {
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+    if (BF16_FEW && path == BF16_DOT && M >= 2 && M <= FEW_MOST) {
+        few_dot(x, p, b, y, M, N, K, deal);
+        return;
+    }
+#endif
+    int one = M == 1 && BF16_ONE_ROW_BLOCKS == 4 && (path == BF16_AVX512 || path == BF16_DOT);
+    /* 2..12 rows on the AVX-512 widening path: groups as wide as the sums fit (bf16_few_wide), shared evenly */
+    int few = BF16_FEW && path == BF16_AVX512 && M >= 2 && M <= MBX;
+    int64_t GB = one ? 4 : few ? (M <= 5 ? 4 : M <= 7 ? 3 : 2) : SHAPES[path][0].blocks;
+    int64_t blocks = (N + BW - 1) / BW, groups = (blocks + GB - 1) / GB, unit = (one || few) && BF16_EVEN_SHARE ? 1 : GB, u0, u1;
+    Share dealt = share_begin(unit == 1 ? blocks : groups, unit == 1 ? GB : 1, deal);
+    float spill[MBX * 4 * BW];
+    while (share_next(&dealt, &u0, &u1))
+        blocks_range(path, x, p, b, y, M, N, K, u0 * unit, u1 * unit < blocks ? u1 * unit : blocks, GB, one, few, spill);
 }
 
 /* a many-row variant: each thread a contiguous share of the whole blocks, in groups of the tile's
@@ -173,13 +180,25 @@ void skinny_rows_bf16(int64_t path, int64_t tile, const float *x, const uint16_t
     if (path == BF16_AMX)
         skinny_rows_amx(tile, x, p, b, y, M, N, K);
     else if (tile <= 0 || tile >= skinny_bf16_tiles(path))
-        decoding(path, x, p, b, y, M, N, K);
+        decoding(path, x, p, b, y, M, N, K, NULL);
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
     else if (path == BF16_DOT)
         many_dot(SHAPES[path][tile].rows, SHAPES[path][tile].blocks, SHAPES[path][tile].kc, x, p, b, y, M, N, K);
 #endif
     else
         many(path, &SHAPES[path][tile], x, p, b, y, M, N, K);
+}
+
+/* skinny_rows_as, decoding's loop (tile 0) dealing its groups by `deal` (linears.h); AMX and the many-row variants
+ * their static shares */
+void skinny_rows_dealt(int64_t format, int64_t tile, const float *x, const void *p, const float *b, float *y, int64_t M, int64_t N,
+                       int64_t K, Deal *deal) {
+    if (!deal || tile > 0 || format == BF16_AMX)
+        skinny_rows_as(format, tile, x, p, b, y, M, N, K);
+    else if (format == F32)
+        skinny_rows_deal(x, (const float *)p, b, y, M, N, K, deal);
+    else
+        decoding(format, x, (const uint16_t *)p, b, y, M, N, K, deal);
 }
 
 /* The linear the C step runs for its weights' format: F32 (skinny_gemm.c's, by its many-row variant `tile`,

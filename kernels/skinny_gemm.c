@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <omp.h>
 #include "linears.h"
+#include "deal.h"
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
@@ -32,6 +33,19 @@
 #define BF16_AHEAD_BYTES 4096
 #endif
 int64_t skinny_ahead[2] = {STEP_AHEAD_BYTES, BF16_AHEAD_BYTES};
+
+/* deal.h's switch: the ends of the threads' shares stolen (1; 2: a test's, thread 0 a thief from the start) or the
+ * static share (0); STEP_DEAL by default, set per process by skinny_set_deal; speed only, the same bits */
+#ifndef STEP_DEAL
+#define STEP_DEAL 1
+#endif
+int64_t skinny_deal = STEP_DEAL;
+
+/* skinny_deal set to `on` (0, 1 or 2; negative: left as it is); returns it after */
+int64_t skinny_set_deal(int64_t on) {
+    if (on >= 0) skinny_deal = on < 2 ? on : 2;
+    return skinny_deal;
+}
 
 /* skinny_ahead's bytes [0] on float32 weights, [1] on bfloat16 (negative: left as they are); returns [which] after */
 int64_t skinny_set_ahead(int64_t f32, int64_t bf16, int64_t which) {
@@ -193,44 +207,47 @@ static void one_row(const float *x, const float *p, const float *b, float *y, in
 }
 #endif
 
-/* The share of thread t of `groups` register blocks: a contiguous range, so each thread streams one
- * contiguous part of the blocked weights. */
-static void share(int64_t groups, int t, int threads, int64_t *first, int64_t *last) {
-    *first = groups * t / threads;
-    *last = groups * (t + 1) / threads;
+/* register group g (GB blocks from block g * GB) of y[M, N] = x . W^T + b, every row block over it; a padded
+ * last block's tail features through spill [MB * GB * 16], then dropped */
+static void one_group(const float *x, const float *p, const float *b, float *y, int64_t M, int64_t N, int64_t K, int64_t g,
+                      float *spill) {
+    int64_t blocks = (N + BW - 1) / BW, b0 = g * GB, gb = blocks - b0 < GB ? blocks - b0 : GB, n0 = b0 * BW, width = gb * BW;
+    const float *pg = p + b0 * K * BW;
+    /* the group's weights (gb * K * 64 bytes) stay in L2 while every row block passes over them */
+    for (int64_t m0 = 0; m0 < M; m0 += MB) {
+        int64_t mb = M - m0 < MB ? M - m0 : MB;
+        if (n0 + width <= N) {
+            tile_any(x + m0 * K, K, mb, gb, pg, y + m0 * N + n0, N);
+        } else {
+            tile_any(x + m0 * K, K, mb, gb, pg, spill, width);
+            for (int64_t i = 0; i < mb; i++)
+                for (int64_t j = 0; n0 + j < N; j++) y[(m0 + i) * N + n0 + j] = spill[i * width + j];
+        }
+        if (b)
+            for (int64_t i = 0; i < mb; i++)
+                for (int64_t j = n0; j < n0 + width && j < N; j++) y[(m0 + i) * N + j] += b[j];
+    }
 }
 
-/* Inside a parallel region (every thread calls it): y[M, N] = x . W^T + b, W blocked [N/16, K, 16]
- * (N a multiple of 16; tail features of a padded block are computed into `spill`, then dropped). */
-void skinny_rows(const float *x, const float *p, const float *b, float *y, int64_t M, int64_t N, int64_t K) {
+/* Inside a parallel region (every thread calls it): y[M, N] = x . W^T + b, W blocked [N/16, K, 16] (N a multiple
+ * of 16 or not: one_group's spill); the register groups shared statically, each thread a contiguous range (deal
+ * NULL), or their ends stolen (deal.h, a Deal a thread: the same bits). */
+void skinny_rows_deal(const float *x, const float *p, const float *b, float *y, int64_t M, int64_t N, int64_t K, Deal *deal) {
 #if defined(__AVX512F__)
     if (M == 1 && STEP_ONE_ROW_BLOCKS != GB) {
         one_row(x, p, b, y, N, K);
         return;
     }
 #endif
-    int t = omp_get_thread_num(), threads = omp_get_num_threads();
-    int64_t blocks = (N + BW - 1) / BW, groups = (blocks + GB - 1) / GB, first, last;
-    share(groups, t, threads, &first, &last);
+    int64_t groups = ((N + BW - 1) / BW + GB - 1) / GB, first, last;
+    Share dealt = share_begin(groups, 1, deal);
     float spill[MB * GB * BW];
-    for (int64_t g = first; g < last; g++) {
-        int64_t b0 = g * GB, gb = blocks - b0 < GB ? blocks - b0 : GB, n0 = b0 * BW, width = gb * BW;
-        const float *pg = p + b0 * K * BW;
-        /* the group's weights (gb * K * 64 bytes) stay in L2 while every row block passes over them */
-        for (int64_t m0 = 0; m0 < M; m0 += MB) {
-            int64_t mb = M - m0 < MB ? M - m0 : MB;
-            if (n0 + width <= N) {
-                tile_any(x + m0 * K, K, mb, gb, pg, y + m0 * N + n0, N);
-            } else {
-                tile_any(x + m0 * K, K, mb, gb, pg, spill, width);
-                for (int64_t i = 0; i < mb; i++)
-                    for (int64_t j = 0; n0 + j < N; j++) y[(m0 + i) * N + n0 + j] = spill[i * width + j];
-            }
-            if (b)
-                for (int64_t i = 0; i < mb; i++)
-                    for (int64_t j = n0; j < n0 + width && j < N; j++) y[(m0 + i) * N + j] += b[j];
-        }
-    }
+    while (share_next(&dealt, &first, &last))
+        for (int64_t g = first; g < last; g++) one_group(x, p, b, y, M, N, K, g, spill);
+}
+
+void skinny_rows(const float *x, const float *p, const float *b, float *y, int64_t M, int64_t N, int64_t K) {
+    skinny_rows_deal(x, p, b, y, M, N, K, NULL);
 }
 
 int skinny_simd(void) {

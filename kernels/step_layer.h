@@ -95,6 +95,20 @@ static int64_t few_floats(const Dims *d, int64_t r) {
     return rows * (2 * d->H + d->I) + d->H;
 }
 
+/* floats the Deals of a pass take (deal.h): a thread's in each linear call (a layer's four, the output layer's),
+ * from the first cache line on */
+static int64_t deal_floats(const Dims *d, int64_t threads) {
+    return (4 * d->layers + 1) * threads * (int64_t)(sizeof(Deal) / sizeof(float)) + 16;
+}
+
+/* the pass's Deals at the first cache line from `at` (deal_floats of scratch), zeroed: [4 layers + 1, threads], call
+ * by call, each at its start with no barrier to reset it */
+static Deal *deals_at(float *at, const Dims *d, int64_t threads) {
+    Deal *deals = (Deal *)(((uintptr_t)at + 63) & ~(uintptr_t)63);
+    memset(deals, 0, (4 * d->layers + 1) * threads * sizeof(Deal));
+    return deals;
+}
+
 /* The own rows [lo, r) of a few-row pass: the residual of the block before (delta [r, H], the team's, normed
  * into `normed` where out_norm) added to this thread's h, then its norm (or a copy) into this thread's x */
 static void own_rows(float *h, float *delta, const float *out_norm, const float *norm, float *x, float *normed, int64_t lo,

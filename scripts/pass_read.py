@@ -11,6 +11,8 @@ step's library compared in one run (interleaved rounds, medians), on the embedde
   chooses one of 4096 and 0 by measurement), set before each pass of either dtype;
 - with ``--bridges``, the built library's pass at each bridge given (bytes of a thread's share of the next linear
   prefetched before a linear's barrier, ``kernels/step_bridge.h``; 0: none), set before each pass of either dtype;
+- with ``--deals``, the built library's pass with each share of the linears' groups given (``kernels/deal.h``: 0 the
+  static share, 1 the ends stolen), set before each pass;
 - with ``--huge``, each dtype's model on 4 KB pages (``kernels.huge_pages.ON`` off), and a copy on huge pages
   (``kernels.huge_pages.collapse``);
 - with ``--threads``, the team's size (default: torch's);
@@ -123,6 +125,7 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--aheads", type=int, nargs="*", default=[], help="prefetch distances (bytes) of the built library to compare")
     parser.add_argument("--bridges", type=int, nargs="*", default=[], help="bridges (bytes) of the built library to compare")
+    parser.add_argument("--deals", type=int, nargs="*", default=[], help="shares of the built library to compare (0 static, 1 stolen ends)")
     parser.add_argument("--huge", action="store_true", help="a copy of each dtype's model on huge pages too")
     parser.add_argument("--cpu", action="store_true", help="CPU seconds of the process, not wall seconds")
     args = parser.parse_args(argv)
@@ -145,13 +148,15 @@ def main(argv: List[str] | None = None) -> None:
     libraries: Dict[str, ctypes.CDLL] = {"built": built, **{v: variant(v) for v in args.variants}}
     libraries.update({f"ahead {a}": built for a in args.aheads})
     libraries.update({f"bridge {b}": built for b in args.bridges})
-    bridge = built.c_step_set_bridge(-1)  # the build's own
+    libraries.update({f"deal {d}": built for d in args.deals})
+    bridge, deal = built.c_step_set_bridge(-1), built.skinny_set_deal(-1)  # the build's own
 
     def one_pass(name: str, library: ctypes.CDLL, label: str = "built") -> torch.Tensor:
         runner = runners[name]
         ahead = int(label.split()[1]) if label.startswith("ahead ") else -1
         library.skinny_set_ahead(ahead if ahead >= 0 else settled[0], ahead if ahead >= 0 else settled[1], 0)
         built.c_step_set_bridge(int(label.split()[1]) if label.startswith("bridge ") else bridge)
+        built.skinny_set_deal(int(label.split()[1]) if label.startswith("deal ") else deal)
         runner.step.library = library
         logits = runner(ids, 1)
         runner.rollback(args.context)
