@@ -3,7 +3,7 @@ back and forth (docs/layout.md). Issue 41's target: the trace from ``app/pair.py
 ``app/session.py``'s ``build_settings`` enters each project file at most twice.
 
 How the trace is read (``sys.settrace``'s "call" event, every Python call while the start-up runs; no line
-events, and none for returns or C calls, which ``sys.setprofile`` would also send: the same calls, a third less time):
+events, and none for returns or C calls, which ``sys.setprofile`` would also send it: the same calls, fewer hook calls):
 
 * a *project frame* is one whose code is in a project file (this repository, without ``tests/``
   and ``.venv``); module bodies run by an import are left out (what was imported earlier depends on
