@@ -79,7 +79,7 @@ def examples(n: int) -> int:
 # its REPL start gives the kernels since the cut of 2026-11-30, no longer minutes of measurement), the REPL's
 # other files, the benchmark and the families (~75-100), the soak (~60 after its cut to 7 rounds, 2026-11-30),
 # the sampled files (55; the cross-tokenizer's ~45 since its 800 generations a cell), the REPL's compiled start
-# (~60 since its two widths, 2026-11-30, estimated from its wall time); README's first
+# (~50 since its one width, 2026-11-30, estimated from its wall time); README's first
 # steps (36) and the files of one or two long compiling or REPL tests (20-40 s), then the middle weights
 # that alphabetical order ran last, where the run's end is decided (2026-11-30, each alone, CPU s less
 # pytest's own 7, noisy): the step's readiness (53), few-row passes' builds (47), the step runner and its

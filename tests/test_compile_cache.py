@@ -21,43 +21,73 @@ pytestmark = pytest.mark.needs_cxx  # inductor compiles C++ on CPU
 # than a tiny model's graphs); each model's counts are its own prepare's (kernels.compile_cache.CacheCount).
 # Inductor's probes of this CPU's vector instructions (small C++ programs built once per folder, kept for
 # the process; no graph, not counted) are made in the test run's own folder, which the suite's other
-# compiling tests have filled: a fresh folder would build them again, ~15 s of compiler, in every run
-START = """
-import json, os, sys, torch
+# compiling tests have filled: a fresh folder would build them again, ~15 s of compiler, in every run.
+# The two starts are forks of one Python that imported torch, transformers and the project and probed the
+# vector instructions, but built no graph (repl_driver.run_forked's way): each start is a process of its own,
+# its inductor state (in memory, and the folder it is pointed at) from nothing, and the second finds only what
+# the first left on the disk; one import of the libraries, not two (~5 s).
+STARTS = """
+import json, os, sys, traceback, torch
 sys.path[:0] = [{root!r}, {tests!r}]
 from conftest import PROMPT, llama  # (which names a compile folder of its own: this start's is put back)
 from kernels.compile_cache import use_compile_cache
 from torch._inductor.cpu_vec_isa import pick_vec_isa
+import runners, runners.compiled as compiled
 use_compile_cache()  # the run's folder
 pick_vec_isa()
 os.environ["SPECDEC_CACHE"] = {folder!r}
 torch.set_num_threads(1)
 torch.set_grad_enabled(False)
-import runners.compiled as compiled
 compiled.BUCKETS = (1,)
-found = {{}}
-for prepacked in {variants!r}:
-    model = llama(layers=1, window=256)
-    if prepacked:  # float32, oneDNN's prepacked layers called from the graph (no freezing)
-        from runners import set_prepack
-        model = model.to(torch.float32)
-        assert set_prepack(model, True)
-    seconds = compiled.prepare(model, 100)
-    count = compiled.compiled(model).cache_count
-    runner = compiled.CompiledRunner(model)
-    logits = [runner(torch.tensor([PROMPT[: n + 1]]), 1)[0, :8].tolist() for n in range(3)]
-    found[str(prepacked)] = {{"hits": count.hits, "misses": count.misses, "source": compiled.compile_source(model),
-                             "label": compiled.compiled_label(model), "logits": logits}}
-print(json.dumps(found))
+
+
+def start():
+    found = {{}}
+    for prepacked in {variants!r}:
+        model = llama(layers=1, window=256)
+        if prepacked:  # float32, oneDNN's prepacked layers called from the graph (no freezing)
+            model = model.to(torch.float32)
+            assert runners.set_prepack(model, True)
+        seconds = compiled.prepare(model, 100)
+        count = compiled.compiled(model).cache_count
+        runner = compiled.CompiledRunner(model)
+        logits = [runner(torch.tensor([PROMPT[: n + 1]]), 1)[0, :8].tolist() for n in range(3)]
+        found[str(prepacked)] = {{"hits": count.hits, "misses": count.misses, "source": compiled.compile_source(model),
+                                 "label": compiled.compiled_label(model), "logits": logits}}
+    return found
+
+
+starts = []
+for _ in range(2):  # one start after the other, each in a fork of this Python
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            text, status = json.dumps(start()), 0
+        except BaseException:
+            text, status = traceback.format_exc(), 1
+        with os.fdopen(write, "w") as out:
+            out.write(text)
+        os._exit(status)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        text = answer.read()
+    if os.waitpid(pid, 0)[1] != 0:
+        sys.exit(text)
+    starts.append(json.loads(text))
+print(json.dumps(starts))
+sys.stdout.flush()
+os._exit(0)  # both starts are done: no ~1 s of finalizing torch's and transformers' modules
 """
 VARIANTS = {"own-layers": False, "prepacked": True}
 
 
-def start(folder: Path, variants) -> dict:
-    """One process's start of every variant in ``variants`` (False: own layers, True: prepacked):
-    ``{"False": counts, ...}``."""
+def two_starts(folder: Path, variants) -> list:
+    """Two starts, one after the other, each of every variant in ``variants`` (False: own layers, True:
+    prepacked) on the cache folder ``folder``: ``[{"False": counts, ...}, {...}]``."""
     env = {name: value for name, value in os.environ.items() if name != "TORCHINDUCTOR_CACHE_DIR"}
-    code = START.format(root=str(ROOT), tests=str(ROOT / "tests"), folder=str(folder), variants=tuple(variants))
+    code = STARTS.format(root=str(ROOT), tests=str(ROOT / "tests"), folder=str(folder), variants=tuple(variants))
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -68,7 +98,7 @@ def starts(tmp_path_factory):
     """Two processes, one after the other, on one cache folder: ``(folder, first's, second's)``."""
     folder = tmp_path_factory.mktemp("compile-cache") / "compiled"
     variants = [False] + ([True] if prepack_fits(1) else [])
-    return folder, start(folder, variants), start(folder, variants)
+    return (folder, *two_starts(folder, variants))
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

@@ -228,3 +228,6 @@ if __name__ == "__main__":
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
     os.chdir(ROOT)
     child(int(sys.argv[1]), sys.argv[2].split(","))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # the rounds are read: no second of finalizing the modules and models of a Python that loaded them

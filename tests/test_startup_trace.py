@@ -2,7 +2,8 @@
 back and forth (docs/layout.md). Issue 41's target: the trace from ``app/pair.py``'s ``load_pair`` and
 ``app/session.py``'s ``build_settings`` enters each project file at most twice.
 
-How the trace is read (``sys.setprofile``, every Python call while the start-up runs):
+How the trace is read (``sys.settrace``'s "call" event, every Python call while the start-up runs; no line
+events, and none for returns or C calls, which ``sys.setprofile`` would also send it: the same calls, fewer hook calls):
 
 * a *project frame* is one whose code is in a project file (this repository, without ``tests/``
   and ``.venv``); module bodies run by an import are left out (what was imported earlier depends on
@@ -71,12 +72,12 @@ class Trace:
         self.routes[callee].add(tuple(reversed(stack)) + (callee,))
 
     def run(self, function, *args, **kwargs):
-        previous = sys.getprofile()
-        sys.setprofile(self)
+        previous = sys.gettrace()
+        sys.settrace(self)
         try:
             return function(*args, **kwargs)
         finally:
-            sys.setprofile(previous)
+            sys.settrace(previous)
 
     def entries(self) -> Dict[str, int]:
         return {name: len(routes) for name, routes in self.routes.items()}
