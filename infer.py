@@ -9,7 +9,9 @@ Type a prompt to run every enabled strategy on it, or a /command (see /help).
 # The program lives in app/repl/ (cli: flags and main; repl: the Repl; commands: the /commands;
 # state: what a command sees of the REPL); this entry point keeps `python infer.py`, the reference's
 # InferenceCLI, and the names other code reads as `infer.X`.
+import atexit
 import os
+import sys
 
 from app.repl.cli import PRESETS, OneLineParser, build_parser, fail, gamma_flag, main, say
 from app.repl.commands import COMMANDS
@@ -30,6 +32,25 @@ class InferenceCLI:
         main(["--preset", "reference", "--device", device])
 
 
+def exit_now(run) -> None:
+    """``run()``, then the process's end without the interpreter's teardown of torch and transformers (about 1 s
+    after /quit on the embedded model): the exit handlers run (``atexit``: logging, weakref finalizers, the
+    OpenVINO peer's worker) and the output is flushed first. The exit status is ``sys.exit``'s; an error other than
+    a ``SystemExit`` ends the process as Python does (its traceback)."""
+    try:
+        run()
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    if code is not None and not isinstance(code, int):  # sys.exit("message"): printed, status 1, as Python does
+        print(code, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
+
+
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main()
+    exit_now(main)
