@@ -28,7 +28,7 @@ from typing import Iterator, Optional, Tuple
 import torch
 from torch.autograd.graph import increment_version
 
-from kernels import huge_pages
+import kernels.huge_pages as huge_pages
 from models.llama import layout
 
 BLOCK = 16  # slots a block holds (attention.h's BLOCK)
