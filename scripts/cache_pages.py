@@ -43,8 +43,11 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--context", type=int, nargs="+", default=[800])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"], default=["float32", "bfloat16"])
+    parser.add_argument("--threads", type=int, default=0, help="the team's size (default: torch's)")
     args = parser.parse_args(argv)
     torch.set_grad_enabled(False)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from kernels import huge_pages
     from runners import LeanRunner
     from utils.models import load_embedded
