@@ -9,7 +9,8 @@
  *   (a barrier)
  *   2. outputs: each thread a contiguous span of (key-value head, group of query heads, part of the
  *      dimensions): the group's rows copied from the shared scores and softened (each row whole, as
- *      attend_positions does), then each output chain of its dimensions over all the slots in order, and
+ *      attend_positions does), then each output chain of its dimensions over all the slots in order (a
+ *      group's consecutive parts in one sweep over the values' rows), and
  *      each row's total (a chain over the slots) by each thread that needs it, alike.
  * Every number is the one attend_positions computes, whatever the threads, the spans and the parts. */
 #ifndef ATTENTION_SPLIT_H
@@ -119,8 +120,11 @@ static void split_weigh(const Position *pos0, int P, const Heads *h, int64_t nma
     const int64_t groups = (h->per + h->qg - 1) / h->qg, unit = h->D % VW_OR_1 == 0 ? VW_OR_1 : 1, nv = h->D / unit;
     int64_t u0, u1, softened = -1;
     share(h->Hkv * groups * h->parts, &u0, &u1);
-    for (int64_t u = u0; u < u1; u++) {
-        int64_t kv = u / (groups * h->parts), c0 = u / h->parts % groups * h->qg, part = u % h->parts;
+    for (int64_t u = u0, last; u < u1; u = last + 1) {
+        /* this thread's consecutive parts of one group in one sweep (last: its last part here): each value row read
+         * whole once, not a part's span of it per sweep (a dimension's chain is its own whichever span holds it) */
+        for (last = u; last + 1 < u1 && (last + 1) / h->parts == u / h->parts;) last++;
+        int64_t kv = u / (groups * h->parts), c0 = u / h->parts % groups * h->qg, part = u % h->parts, end = last % h->parts;
         int g = (int)(h->per - c0 < h->qg ? h->per - c0 : h->qg);
         Position pos[POSITIONS];
         at_head(pos0, P, kv * h->per + c0, h->D, pos);
@@ -132,7 +136,7 @@ static void split_weigh(const Position *pos0, int P, const Heads *h, int64_t nma
             softened = u / h->parts;
         }
         weigh_dims(pos, P, g, s, ls, h->values + kv * h->vstride, nmax, h->D, nv * part / h->parts * unit,
-                   nv * (part + 1) / h->parts * unit, acc);
+                   nv * (end + 1) / h->parts * unit, acc);
     }
 }
 

@@ -9,11 +9,15 @@
 /* Software prefetches a few KiB ahead of the key and value loads (hints only: no number changes): a block of
  * keys is a 4 KiB page of its own, a value row a quarter of one (SmolLM2's), and the hardware's streams stop
  * at each page, so at a long context (the cache from memory, decoding) every page would start on misses. */
+/* The keys' into L2 (T1): a tile's next blocks arrive a tile ahead, and on Zen 4 (one core, 2 MB pages, 800 slots)
+ * that scored ~15% faster than into L1 (T0), which the tile's own loads fill (noisy, docs/runners.md). */
 #if defined(STEP_PROFILE)
 extern int c_step_prefetch; /* the profiling build's A/B (c_step.c): 0, none */
 #define PREFETCH(p) (c_step_prefetch ? _mm_prefetch((const char *)(p), _MM_HINT_T0) : (void)0)
+#define PREFETCH_L2(p) (c_step_prefetch ? _mm_prefetch((const char *)(p), _MM_HINT_T1) : (void)0)
 #else
 #define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+#define PREFETCH_L2(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
 #endif
 #if defined(STEP_PROFILE)
 extern int c_step_pairs; /* the profiling build's A/B (c_step.c): 0, a position's queries alone in a score tile */
@@ -47,7 +51,7 @@ static inline __attribute__((always_inline)) void score_tile(const float *q0, co
         for (int b = 0; b < KV; b++) {
             k[b] = v_load(kt + ((b / VB) * D + d) * BLOCK + (b % VB) * VW);
             __asm__("" : "+v"(k[b])); /* kept in a register: one load for the R queries, not one each */
-            if (b % VB == 0) PREFETCH(kt + ((b / VB + KV / VB) * D + d) * BLOCK); /* the next tile's block, this line */
+            if (b % VB == 0) PREFETCH_L2(kt + ((b / VB + KV / VB) * D + d) * BLOCK); /* the next tile's block, this line */
         }
         for (int c = 0; c < R; c++) {
             vec x = v_set1(c < G ? q0[c * qs + d] : q1[(c - G) * qs + d]);

@@ -10,7 +10,11 @@ bytes at the same addresses, so the same bits; where the kernel refuses (an olde
 2 MB page, a file mapping) the weights stay on 4 KB pages and nothing else changes."""
 import ctypes
 import errno
+import math
+import mmap
 from typing import Iterable, List, Optional, Tuple
+
+import torch
 
 HUGE = 2 << 20  # bytes of a transparent huge page on x86-64 and (4 KB-page) arm64
 MADV_HUGEPAGE, MADV_COLLAPSE = 14, 25  # Linux's
@@ -21,6 +25,11 @@ GAP = 64 << 10  # bytes between two spans that still join them into one run (the
 # before a model's step is made turns it on; ``scripts/pass_read.py --huge`` times a copy collapsed explicitly
 # (``on=True``) against the model's own.
 ON = False
+# A KV cache and its kept key blocks made on 2 MB pages (``empty``): a long context's attention reads every layer's
+# keys and values each pass (37 MB at 800 slots for SmolLM2-135M), and on 4 KB pages that read, and the attention,
+# ran slower (docs/runners.md, scripts/cache_pages.py). Each tensor on its own fresh mapping: memory glibc reused from
+# an earlier cache was already touched on 4 KB pages, which MADV_HUGEPAGE alone never changes. False: torch.empty.
+CACHE = True
 
 
 def runs(spans: Iterable[Tuple[int, int]]) -> List[Tuple[int, int]]:
@@ -60,3 +69,17 @@ def collapse(spans: Iterable[Tuple[int, int]], on: Optional[bool] = None) -> int
             granted += sum(HUGE for page in range(first, last, HUGE) if libc.madvise(page, HUGE, MADV_COLLAPSE) == 0)
         # EINVAL: no collapse here (Linux before 6.1, THP off) or a file mapping's run (a weight blocked in place)
     return granted
+
+
+def empty(shape: Tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An uninitialized CPU tensor of ``shape`` on a mapping of its own, 2 MB-aligned and asked onto 2 MB pages
+    (MADV_HUGEPAGE: each page granted as it is first written, so untouched capacity stays unresident); the mapping
+    goes with the tensor (it holds the mmap). ``torch.empty`` where ``CACHE`` is off, under 2 MB, or refused."""
+    size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    libc = _libc()
+    if not CACHE or size < HUGE or libc is None or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return torch.empty(shape, dtype=dtype)
+    raw = torch.frombuffer(mmap.mmap(-1, size + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), dtype=torch.uint8)  # untouched
+    skip = -raw.data_ptr() % HUGE
+    libc.madvise(raw.data_ptr() + skip, size // HUGE * HUGE, MADV_HUGEPAGE)  # refused (THP off): 4 KB pages, the same bytes
+    return raw[skip : skip + size].view(dtype).view(shape)

@@ -28,6 +28,7 @@ from typing import Iterator, Optional, Tuple
 import torch
 from torch.autograd.graph import increment_version
 
+import kernels.huge_pages as huge_pages
 from models.llama import layout
 
 BLOCK = 16  # slots a block holds (attention.h's BLOCK)
@@ -56,7 +57,7 @@ class KeptKeys:
     version counts every write to them (``seen``). Else (a layout moved, keys apart) it walks every layer."""
 
     def __init__(self, cache, shape: Tuple[int, ...], addresses: tuple):
-        self.blocks = torch.empty(shape)  # pages touched only as blocks are written
+        self.blocks = huge_pages.empty(shape)  # pages touched only as blocks are written (2 MB ones: huge_pages.CACHE)
         self.upto, self.addresses = 0, addresses
         self.refs = tuple(weakref.ref(t) for t in _keys(cache))
         self.walked, self.base = -1, None

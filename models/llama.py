@@ -18,7 +18,7 @@ Shapes: ``r`` positions fed by a pass, ``L`` key slots it attends to (cached + f
 size, ``Hq``/``Hkv`` query and key/value heads, ``D`` head size, ``R`` the dimensions RoPE rotates, ``V`` vocabulary.
 """
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -107,15 +107,19 @@ class KVCache(_Counted):
         self.layers = tuple(self.layers)
 
 
-def new_cache(model: Module, capacity: int, dtype: torch.dtype, device: torch.device) -> KVCache:
+def new_cache(model: Module, capacity: int, dtype: torch.dtype, device: torch.device, empty: Callable = torch.empty) -> KVCache:
     """An empty cache for ``capacity`` positions (uninitialized: a pass reads only the slots written). Every
     layer's keys are views of one tensor ``[layers, 1, Hkv, capacity, D]`` (and the values of another): one
-    version counter counts a write to any layer's keys (``kernels.kept_keys``), each layer's as laid out before."""
+    version counter counts a write to any layer's keys (``kernels.kept_keys``), each layer's as laid out before.
+    ``empty(shape, dtype=)``: a CPU cache's tensors (``kernels.huge_pages.empty``: on 2 MB pages)."""
     config = model.config
     layers = model.model.layers[: config.num_hidden_layers]
     shape = (len(layers), 1, config.num_key_value_heads, capacity, layers[0].self_attn.head_dim)
     with torch.inference_mode(False):  # tensors that count their writes (versions), even made under inference mode
-        keys, values = torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device)
+        if device.type == "cpu":
+            keys, values = empty(shape, dtype=dtype), empty(shape, dtype=dtype)
+        else:
+            keys, values = torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device)
         made = [KVLayer(k, v) for k, v in zip(keys.unbind(0), values.unbind(0))]
     return KVCache(made, capacity)
 

@@ -18,6 +18,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from kernels.c_step import CStep, StepRefused, step_for
+from kernels import huge_pages
 from kernels.head_rows import HeadRows, kept_rows, wide_buffer
 from kernels.step_pool import taken_step
 from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache, window_seen
@@ -93,7 +94,7 @@ class LeanRunner(TreePasses):
         capacity = grown_capacity(length, self.capacity)
         if self.cache is None:
             self.dtype = self._cache_dtype()
-        cache = new_cache(self.model, capacity, self.dtype, self.device)
+        cache = new_cache(self.model, capacity, self.dtype, self.device, huge_pages.empty)  # on 2 MB pages (huge_pages.CACHE)
         if self.cache is not None:
             for old, new in zip(self.cache.layers, cache.layers):
                 new.keys[:, :, : self.cached].copy_(old.keys[:, :, : self.cached])

@@ -156,3 +156,27 @@ def test_attention_split_across_threads_gives_every_query_the_bits_of_one_query_
             outputs[arch].append(alone)
     for arch in ARCHES[1:]:
         assert all(torch.equal(a, b) for a, b in zip(outputs[ARCHES[0]], outputs[arch])), arch
+
+
+def test_a_threads_consecutive_parts_in_one_sweep_give_the_bits_of_one_query_alone(libraries):
+    """attend_split's outputs step takes a thread's consecutive parts of one group of heads in one sweep over the
+    values' rows: at every width it takes (1-8 positions), a long context that is no multiple of 16 (SmolLM2's
+    3 key-value heads of 3 query heads, D 64), 1-3 threads and the parts that give a thread several of one group,
+    under a chain's staircase, a tree's scattered mask and a window's gap, each query's bits of it alone."""
+    g = torch.Generator().manual_seed(17)
+    D, L, Hkv, per = 64, 803, 3, 3
+    keys, values = torch.randn(Hkv, L, D, generator=g), torch.randn(Hkv, L, D, generator=g)
+    for P in range(1, 9):
+        staircase = torch.tensor([L - P + 1 + p for p in range(P)])
+        q = torch.randn(P, Hkv * per, D, generator=g) * 2
+        for seen in (torch.ones(P, L, dtype=torch.bool), torch.rand(P, L, generator=g) < 0.5, (torch.arange(L) >= L - 300).expand(P, L)):
+            seen = seen.clone()
+            seen[torch.arange(P), staircase - 1] = True
+            seen = seen.to(torch.uint8)
+            for arch, library in libraries.items():
+                alone = torch.cat([attention(library, q[:, kv * per + c][:, None].contiguous(), keys[kv], values[kv], seen,
+                                             staircase, False) for kv in range(Hkv) for c in range(per)], 1)
+                most = D // library.c_attention_lanes()
+                for threads, parts in ((1, 2), (2, 2), (2, most), (3, 2), (3, most)):
+                    got = split(library, q, keys, values, seen, staircase, threads, parts, per)
+                    assert torch.equal(got, alone), (arch, P, threads, parts)
