@@ -27,9 +27,12 @@ GAP = 64 << 10  # bytes between two spans that still join them into one run (the
 ON = False
 # A KV cache and its kept key blocks made on 2 MB pages (``empty``): a long context's attention reads every layer's
 # keys and values each pass (37 MB at 800 slots for SmolLM2-135M), and on 4 KB pages that read, and the attention,
-# ran slower (docs/runners.md, scripts/cache_pages.py). Each tensor on its own fresh mapping: memory glibc reused from
-# an earlier cache was already touched on 4 KB pages, which MADV_HUGEPAGE alone never changes. False: torch.empty.
-CACHE = True
+# ran slower on one thread (docs/runners.md, scripts/cache_pages.py). Each tensor on its own fresh mapping: memory
+# glibc reused from an earlier cache was already touched on 4 KB pages, which MADV_HUGEPAGE alone never changes.
+# Off by default: on two threads, quiet, it gained nothing at 800 slots and 0-3% at 2000, while each new cache faults
+# in whole 2 MB pages (1-10 ms a cache, the machine's compaction stalls included), which short generate calls paid:
+# prompt lookup 2-4% slower on the embedded model (docs/results.md, eighth session). True: on 2 MB pages.
+CACHE = False
 
 
 def runs(spans: Iterable[Tuple[int, int]]) -> List[Tuple[int, int]]:

@@ -25,7 +25,8 @@ def mapped(address: int) -> bool:
     return False
 
 
-def test_a_cache_tensor_lies_on_its_own_aligned_mapping_and_goes_with_it():
+def test_a_cache_tensor_lies_on_its_own_aligned_mapping_and_goes_with_it(monkeypatch):
+    monkeypatch.setattr(huge_pages, "CACHE", True)  # off by default (kernels/huge_pages.py says why)
     t = huge_pages.empty((3, 1, 2, 4096, 64))  # 6 MB
     assert t.shape == (3, 1, 2, 4096, 64) and t.dtype == torch.float32 and t.is_contiguous()
     assert t.data_ptr() % HUGE == 0 and t._base is not None  # a view of its mapping, not torch's allocation
@@ -40,13 +41,15 @@ def test_a_cache_tensor_lies_on_its_own_aligned_mapping_and_goes_with_it():
 
 
 @pytest.mark.skipif(not granted_here(), reason="no transparent huge pages here (Linux 6.1+, THP not off)")
-def test_a_cache_tensor_written_is_on_huge_pages():
+def test_a_cache_tensor_written_is_on_huge_pages(monkeypatch):
+    monkeypatch.setattr(huge_pages, "CACHE", True)
     t = huge_pages.empty(((8 << 20) // 4,))
     t.fill_(0.25)
     assert huge_kb_over(t.data_ptr(), t.data_ptr() + t.numel() * 4) >= 2 * HUGE // 1024  # the kernel may lack a few pages
 
 
 def test_off_or_under_a_page_it_is_torch_empty(monkeypatch):
+    monkeypatch.setattr(huge_pages, "CACHE", True)
     assert huge_pages.empty((16, 64))._base is None
     monkeypatch.setattr(huge_pages, "CACHE", False)
     assert huge_pages.empty((3, 1, 2, 4096, 64))._base is None
