@@ -31,7 +31,8 @@ ON = False
 # glibc reused from an earlier cache was already touched on 4 KB pages, which MADV_HUGEPAGE alone never changes.
 # Off by default: on two threads, quiet, it gained nothing at 800 slots and 0-3% at 2000, while each new cache faults
 # in whole 2 MB pages (1-10 ms a cache, the machine's compaction stalls included), which short generate calls paid:
-# prompt lookup 2-4% slower on the embedded model (docs/results.md, eighth session). True: on 2 MB pages.
+# prompt lookup 2-4% slower on the embedded model in float32, 16% in bfloat16 (docs/results.md, eighth session).
+# True: on 2 MB pages.
 CACHE = False
 
 
