@@ -43,6 +43,25 @@ static inline void share(int64_t units, int64_t *lo, int64_t *hi) {
     *lo = units * t / T, *hi = units * (t + 1) / T;
 }
 
+/* The unit that iteration k < units of a round-robin deal over `threads` threads (schedule(static, 1)) takes:
+ * the units in a snake, each round's order reversed after the one before (thread t takes units t, 2 T - 1 - t,
+ * 2 T + t, ...; a last round of fewer units reversed over those), so that where a unit costs more than the one
+ * before it (a prompt's later positions see more slots) no thread takes the dearer unit of every round. Who
+ * computes a unit only: the same bits. */
+static inline int64_t snaked(int64_t k, int64_t units, int64_t threads) {
+    const int64_t round = k / threads, lane = k % threads, count = units - round * threads < threads ? units - round * threads : threads;
+    return round * threads + (round % 2 ? count - 1 - lane : lane);
+}
+
+/* the first position of span s of `spans` over m positions, for spans of at most pp positions (spans:
+ * ceil(m / pp)): as even as whole pairs allow where pp is even (a score tile takes two positions,
+ * attention_tiles.h), so no span of one position beside spans of eight (a 121-row chunk: spans of 6 and 8
+ * positions, not fifteen of 8 and one of 1); as even as whole positions allow where pp is odd */
+static inline int64_t span_start(int64_t s, int64_t spans, int64_t m, int64_t pp) {
+    const int64_t unit = pp % 2 ? 1 : 2, at = unit * ((m + unit - 1) / unit * s / spans);
+    return at < m ? at : m;
+}
+
 /* step 1: this thread's (kv, block) units' raw scores into shared rows ((kv per + head in kv) P + p) ls */
 static void split_scores(const Position *pos0, int P, const Heads *h, int64_t nb, float *shared, int64_t ls) {
     int64_t u0, u1;

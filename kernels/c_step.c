@@ -239,11 +239,12 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
             }
             /* attention, units of up to pp positions' query heads that share a key-value head, in groups of up
              * to qg heads each (attend_positions: the same bits as one at a time, their loads shared). Key-value
-             * head by head, so a thread's next units read the same head's slots (in L2 on a long pass), and dealt
-             * round robin, as a later position sees more slots (in blocks, the last rows' would all go to one
-             * thread). A chain's slots from the block of the unit's first window start: the slots before a
-             * position's own unseen (a masked slot adds an exact 0, so a tree's row over all the slots gives the
-             * same numbers). */
+             * head by head, so a thread's next units read the same head's slots (in L2 on a long pass), its
+             * positions in spans as even as pairs allow, dealt round robin in a snake (snaked), as a later position
+             * sees more slots (in blocks, the last rows' would all go to one thread; in plain rounds, each round's
+             * dearer unit to the last thread). A chain's slots from the block of the unit's first window start: the
+             * slots before a position's own unseen (a masked slot adds an exact 0, so a tree's row over all the
+             * slots gives the same numbers). */
             MARK(REST);
             const Queries a = {qkv, att, mask, nqkv, Hq, D, start, L, d->cap, w->window};
             const int64_t stride = blocks_of(d->cap) * BLOCK * D;
@@ -255,15 +256,15 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                 attend_split(pos, (int)m, &heads, shared, s, acc);
 #pragma omp barrier
             } else {
-#pragma omp for schedule(static, 1) collapse(3)
-                for (int64_t kv = 0; kv < Hkv; kv++)
-                    for (int64_t i0 = lo; i0 < r; i0 += pp)
-                        for (int64_t u = 0; u < groups; u++) {
-                            int64_t head = kv * per + u * qg, P = r - i0 < pp ? r - i0 : pp;
-                            positions_of(&a, i0, P, head, seen, pos, &from);
-                            attend_positions(pos, (int)P, (int)(per - u * qg < qg ? per - u * qg : qg), blocks + kv * stride + from * D,
-                                             w->values + (kv * d->cap + from) * D, D, d->scale, s, acc);
-                        }
+                const int64_t spans = (m + pp - 1) / pp, units = Hkv * spans * groups; /* spans: span_start */
+#pragma omp for schedule(static, 1)
+                for (int64_t k = 0; k < units; k++) {
+                    const int64_t unit = snaked(k, units, nth), kv = unit / (spans * groups), span = unit / groups % spans, u = unit % groups;
+                    const int64_t i0 = lo + span_start(span, spans, m, pp), P = lo + span_start(span + 1, spans, m, pp) - i0, head = kv * per + u * qg;
+                    positions_of(&a, i0, P, head, seen, pos, &from);
+                    attend_positions(pos, (int)P, (int)(per - u * qg < qg ? per - u * qg : qg), blocks + kv * stride + from * D,
+                                     w->values + (kv * d->cap + from) * D, D, d->scale, s, acc);
+                }
             }
             MARK(ATTENTION);
             if (m > 0) skinny_rows_dealt(d->weights, d->tile, att + lo * Hq * D, w->o, w->o_bias, delta + lo * H, m, H, Hq * D, deals + (4 * l + 1) * threads);
