@@ -323,9 +323,10 @@ def past_limit(spent: float, last: float, built: int, total: int, limit: float) 
 @torch.no_grad()
 def prepare(model: Module, length: int = MIN_CAPACITY - BUCKETS[-1], say: Callable[[str], None] = lambda text: None,
             hidden_layers: Tuple[int, ...] = (), limit: Optional[float] = None,
-            clock: Callable[[], float] = time.perf_counter) -> float:
+            clock: Callable[[], float] = time.perf_counter, plain: bool = True) -> float:
     """Build every graph of ``model`` (each bucket, at the capacity holding ``length`` positions; with
-    ``hidden_layers``, each bucket's graph that also returns those hidden states, for a learned head)
+    ``hidden_layers``, each bucket's graph that also returns those hidden states, for a learned head;
+    ``plain=False`` with them: those alone, for a runner that always asks for them, one graph a bucket less)
     before anything is timed; returns the seconds spent compiling (0 when nothing was new).
     Tells ``say`` what it compiles and how long it took. With ``limit`` (seconds), raises ``NotReady``
     after a graph when the rest would not be ready within it (``past_limit``, read on ``clock``); the
@@ -334,7 +335,8 @@ def prepare(model: Module, length: int = MIN_CAPACITY - BUCKETS[-1], say: Callab
     runner = CompiledRunner(model)
     runner._reserve(length)
     pointer = runner.cache.layers[0].keys.data_ptr()
-    wanted = [(b, ()) for b in BUCKETS] + ([(b, tuple(hidden_layers)) for b in BUCKETS] if hidden_layers else [])
+    wanted = [(b, tuple(hidden_layers)) for b in BUCKETS if hidden_layers]
+    wanted = ([(b, ()) for b in BUCKETS] if plain or not wanted else []) + wanted
     todo = [(b, layers) for b, layers in wanted
             if (b, state.capacity, pointer, state.packed) + ((layers,) if layers else ()) not in state.built]
     if not todo:
