@@ -342,7 +342,8 @@ def prepare(model: Module, length: int = MIN_CAPACITY - BUCKETS[-1], say: Callab
     if not todo:
         return 0.0
     sizes = sorted({b for b, _ in todo})
-    with_hidden = f" (and with hidden states of layers {list(hidden_layers)})" if any(layers for _, layers in todo) else ""
+    plain_too = any(not layers for _, layers in todo)  # plain=False: the hidden states' graphs alone
+    with_hidden = f" ({'and ' * plain_too}with hidden states of layers {list(hidden_layers)})" if any(layers for _, layers in todo) else ""
     say(f"compiling {type(model).__name__}: passes over {', '.join(map(str, sizes))} positions{with_hidden}, "
         f"cache of {state.capacity} positions ({_how(state.cuda, state.packed, next(model.parameters()).dtype, plan(model))})")
     before, state.cache_count = state.compile_seconds, CacheCount()
