@@ -323,9 +323,10 @@ def past_limit(spent: float, last: float, built: int, total: int, limit: float) 
 @torch.no_grad()
 def prepare(model: Module, length: int = MIN_CAPACITY - BUCKETS[-1], say: Callable[[str], None] = lambda text: None,
             hidden_layers: Tuple[int, ...] = (), limit: Optional[float] = None,
-            clock: Callable[[], float] = time.perf_counter) -> float:
+            clock: Callable[[], float] = time.perf_counter, plain: bool = True) -> float:
     """Build every graph of ``model`` (each bucket, at the capacity holding ``length`` positions; with
-    ``hidden_layers``, each bucket's graph that also returns those hidden states, for a learned head)
+    ``hidden_layers``, each bucket's graph that also returns those hidden states, for a learned head;
+    ``plain=False`` with them: those alone, for a runner that always asks for them, one graph a bucket less)
     before anything is timed; returns the seconds spent compiling (0 when nothing was new).
     Tells ``say`` what it compiles and how long it took. With ``limit`` (seconds), raises ``NotReady``
     after a graph when the rest would not be ready within it (``past_limit``, read on ``clock``); the
@@ -334,13 +335,15 @@ def prepare(model: Module, length: int = MIN_CAPACITY - BUCKETS[-1], say: Callab
     runner = CompiledRunner(model)
     runner._reserve(length)
     pointer = runner.cache.layers[0].keys.data_ptr()
-    wanted = [(b, ()) for b in BUCKETS] + ([(b, tuple(hidden_layers)) for b in BUCKETS] if hidden_layers else [])
+    wanted = [(b, tuple(hidden_layers)) for b in BUCKETS if hidden_layers]
+    wanted = ([(b, ()) for b in BUCKETS] if plain or not wanted else []) + wanted
     todo = [(b, layers) for b, layers in wanted
             if (b, state.capacity, pointer, state.packed) + ((layers,) if layers else ()) not in state.built]
     if not todo:
         return 0.0
     sizes = sorted({b for b, _ in todo})
-    with_hidden = f" (and with hidden states of layers {list(hidden_layers)})" if any(layers for _, layers in todo) else ""
+    plain_too = any(not layers for _, layers in todo)  # plain=False: the hidden states' graphs alone
+    with_hidden = f" ({'and ' * plain_too}with hidden states of layers {list(hidden_layers)})" if any(layers for _, layers in todo) else ""
     say(f"compiling {type(model).__name__}: passes over {', '.join(map(str, sizes))} positions{with_hidden}, "
         f"cache of {state.capacity} positions ({_how(state.cuda, state.packed, next(model.parameters()).dtype, plan(model))})")
     before, state.cache_count = state.compile_seconds, CacheCount()

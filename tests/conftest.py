@@ -8,6 +8,11 @@ from pathlib import Path
 # Python importing torch, per process that compiles): the suite keeps every core busy with one test
 # file each, so a pool only adds processes. Read when torch is imported; subprocesses inherit it.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+# inductor takes the vector instructions this CPU reports (the same list, the same pick where its probes pass, as
+# here) without building a C++ probe of each and loading it in a child Python, in every process that compiles:
+# ~8 s in a run's first compile (its folder cold), ~2.5 s in each later process (2026-11-30, noisy). A compiler
+# that could not build them fails the compiled tests loudly instead of a narrower pick.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
 import pytest
 import torch
@@ -45,7 +50,8 @@ else:
 # was no clear gain (docs/robustness.md, 2026-11-30, noisy), and it would give their start-up records pytest's key
 # (threads 1), so what a REPL start measures or reads would depend on which test ran first.
 MEASUREMENTS_ENV = {"SPECDEC_CACHE": str(_RUN_CACHE), "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive"),
-                    "TORCHINDUCTOR_COMPILE_THREADS": os.environ["TORCHINDUCTOR_COMPILE_THREADS"]}
+                    "TORCHINDUCTOR_COMPILE_THREADS": os.environ["TORCHINDUCTOR_COMPILE_THREADS"],
+                    "TORCHINDUCTOR_VEC_ISA_OK": os.environ["TORCHINDUCTOR_VEC_ISA_OK"]}
 os.environ.update(MEASUREMENTS_ENV)
 # tiny models: a second thread only adds synchronisation (measured: the tiny-model tests run
 # several times faster with one); SPECDEC_TEST_THREADS changes it
@@ -83,18 +89,18 @@ def examples(n: int) -> int:
 # steps (36) and the files of one or two long compiling or REPL tests (20-40 s), then the middle weights
 # that alphabetical order ran last, where the run's end is decided (2026-11-30, each alone, CPU s less
 # pytest's own 7, noisy): the step's readiness (53), few-row passes' builds (47), the step runner and its
-# state (37, 33), the dtype routes' memory (33), suffix decoding (19), the trees
-# (20, and 18 sampled), the start-up trace (18), the merged tree (17), the drafter's head and the drafting
-# strategies (15), greedy exactness (12), the kernel build (~10 since its rebuilds copy the first build, 2026-11-30,
-# estimated), the toolchain (10), the embedded model (8). The short files (a few
-# seconds each) end the run.
+# state (37, 33), suffix decoding (19), the trees (20), the dtype routes' memory (~20 since its float32 kernels are
+# timed over 1-4 positions, 2026-11-30, estimated), the sampled trees (18), the start-up trace (18), the merged
+# tree (17), the drafter's head and the drafting strategies (15), greedy exactness (12), the kernel build (~10
+# since its rebuilds copy the first build, 2026-11-30, estimated), the toolchain (10), the embedded model (8).
+# The short files (a few seconds each) end the run.
 HEAVY_FIRST = ("test_compiled.py", "test_control_combinations.py", "test_eagle.py",
                "test_pair_model.py", "test_repl_session.py", "test_bench.py", "test_families.py", "test_soak.py",
                "test_repl_startup.py", "test_compile_cache.py", "test_startup_memory.py", "test_lossless_sampling.py",
                "test_cross_tokenizer.py", "test_repl_target_line.py", "test_hostile_input.py", "test_c_step.py", "test_readme.py", "test_eagle_data.py",
                "test_one_copy.py", "test_head_compiled_step.py", "test_eagle_row.py", "test_cpu_figures.py",
                "test_step_readiness.py", "test_few_rows.py", "test_step_runner.py", "test_step_state.py",
-               "test_pass_dtype_memory.py", "test_suffix.py", "test_trees.py",
+               "test_suffix.py", "test_trees.py", "test_pass_dtype_memory.py",
                "test_trees_sampled.py", "test_startup_trace.py", "test_merged_tree.py", "test_drafter_head.py",
                "test_drafting_strategies.py", "test_greedy_exactness.py", "test_kernel_build.py", "test_toolchain.py",
                "test_embedded_model.py")

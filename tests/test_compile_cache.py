@@ -20,8 +20,8 @@ pytestmark = pytest.mark.needs_cxx  # inductor compiles C++ on CPU
 # variants run in one process, one after the other (a process's imports and inductor's workers cost more
 # than a tiny model's graphs); each model's counts are its own prepare's (kernels.compile_cache.CacheCount).
 # Inductor's probes of this CPU's vector instructions (small C++ programs built once per folder, kept for
-# the process; no graph, not counted) are made in the test run's own folder, which the suite's other
-# compiling tests have filled: a fresh folder would build them again, ~15 s of compiler, in every run.
+# the process; no graph, not counted) are skipped in the tests (conftest: TORCHINDUCTOR_VEC_ISA_OK, the
+# reported list taken); where they run, the test run's own folder holds them, not built again per start.
 # The two starts are forks of one Python that imported torch, transformers and the project and probed the
 # vector instructions, but built no graph (repl_driver.run_forked's way): each start is a process of its own,
 # its inductor state (in memory, and the folder it is pointed at) from nothing, and the second finds only what

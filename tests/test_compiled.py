@@ -274,7 +274,9 @@ def test_graphs_returning_hidden_states_build_on_a_model_never_asked_for_them_be
     model = llama(layers=2, seed=6)
     with pytest.MonkeyPatch.context() as patch, torch.no_grad():
         patch.setattr(compiled, "BUCKETS", (1,))
-        prepare(model, 64, hidden_layers=(0, 2))
+        built = len(compile_events)
+        prepare(model, 64, hidden_layers=(0, 2), plain=False)  # that graph alone: the first to ask for hidden states
+        assert len(compile_events) == built + 1, "plain=False builds the hidden states' graph of each bucket, no plain one"
         runner = CompiledRunner(model)
         runner.hidden_layers = (0, 2)
         ids = torch.tensor([PROMPT])
