@@ -224,6 +224,8 @@ def with_tops(logits: Tensor, tops: list) -> Tensor:
 
 def first_rows(logits: Tensor, n: int) -> Tensor:
     """``logits[:n]``, with the tops of those rows where ``logits`` holds them (a view: it shares their version)."""
+    if n >= logits.shape[0]:  # every row (a pass of the step's own width): the tensor itself, no view made
+        return logits
     tops, rows = row_tops(logits), logits[:n]
     return rows if tops is None else with_tops(rows, tops[:n])
 
