@@ -202,6 +202,22 @@ def clear_token(at: int, top: float, others: float, temperature: float, dtype: t
     return at
 
 
+# ``clear_ranks``: how far below a row's largest tempered logit the last ranked one may be. exp(-SPAN) / V stays a normal
+# float32 for any vocabulary below e^27 (about 5e11): no two ranked probabilities underflow to the same value.
+SPAN = 60.0
+
+
+def clear_ranks(values: List[float], temperature: float, dtype: torch.dtype) -> bool:
+    """Whether a row's ``m + 1`` largest logits ``values`` (descending, as ``topk`` gives them) keep that order strictly in
+    ``softmax(row / temperature)`` whatever its rounding, so that the probabilities' ``topk(m)`` gives the logits' first
+    ``m`` indices in the same order: all finite, each above the next by ``CLEAR`` relative to the largest magnitude among
+    them (``clear_token``'s margin, pair by pair), the last within ``SPAN`` of the first."""
+    if not values or not all(math.isfinite(v) for v in values) or max(abs(values[0]), abs(values[-1])) / temperature >= torch.finfo(dtype).max / 2:
+        return False
+    margin = CLEAR * max(1.0, abs(values[0]) / temperature, abs(values[-1]) / temperature)
+    return (values[0] - values[-1]) / temperature <= SPAN and all((a - b) / temperature >= margin for a, b in zip(values, values[1:]))
+
+
 class RowTops(list):
     """Each row's ``(at, top, others)`` of logits ``[n, V]`` float32 on CPU, read by the code that wrote them (the C
     step, ``kernels.logits_top.h``: ``at`` the index torch.argmax gives, ``top`` its value, ``others`` the largest of
