@@ -10,7 +10,7 @@ from torch import Tensor
 
 from drafters.base import UNREAD, Drafter, write_drafts
 from drafters.spec import DraftContext, DrafterSpec
-from utils.logits_processor import clear_ranks
+from utils.logits_processor import clear_ranks, largest
 from utils.parsing import check_positive_int
 
 TREE_CHILDREN = 4  # continuations an n-gram tree considers after each node: the most frequent ones
@@ -99,7 +99,7 @@ class NGramDrafter(Drafter):
         count = min(self.filler_top_k, logits.size(-1))
         if count >= logits.size(-1):
             return UNREAD
-        values, indices = logits.topk(count + 1, dim=-1)
+        values, indices = largest(logits, count + 1)  # the same as a top-k of each row where the ranks are clear
         if not all(clear_ranks(row, temperature, logits.dtype) for row in values.tolist()):
             return UNREAD
         return indices[:, :count]

@@ -16,10 +16,10 @@ from ngram_assisted import NGramStorage
 from sampling import DraftPolicy, GenerationStats
 from sampling.chain_decoding import draft_and_verify
 from sampling.config import GenerationConfig
-from utils.logits_processor import clear_ranks, with_tops
+from utils.logits_processor import BLOCK, clear_ranks, largest, with_tops
 from utils.replayed_runner import ReplayedRunner
 
-VOCAB = 300
+VOCAB = 1280  # 20 columns of 64: ``largest`` reads the fillers' ranks by its columns, not by a top-k
 
 
 class TopsRunner(ReplayedRunner):
@@ -149,3 +149,26 @@ def test_clear_ranks_refuse_ties_non_finite_values_and_underflow():
     assert not clear_ranks([float("inf"), 2.0, 1.0, 0.0], 1.0, torch.float32)
     assert not clear_ranks([100.0, 50.0, 20.0, 0.0], 1.0, torch.float32)  # the last far below: probabilities may underflow
     assert clear_ranks([100.0, 50.0, 20.0, 0.0], 10.0, torch.float32)  # tempered, within the span
+
+
+@pytest.mark.parametrize("width", [BLOCK * 20, BLOCK * 768, BLOCK * 20 + 3])
+def test_largest_is_the_top_k_wherever_the_values_are_distinct(width):
+    """Property: ``largest``'s values are ``topk``'s, and so are its indices where the row's ``count`` largest values are
+    distinct and above the rest; rows with planted ties and near ties, seeded (a width not a multiple of ``BLOCK`` takes ``topk`` itself)."""
+    gen = torch.Generator().manual_seed(3)
+    distinct = 0
+    for rows in (1, 5):
+        for plant in (None, 0.0, 2.0 ** -20, 1e-3):
+            logits = torch.randn((rows, width), generator=gen) * 4
+            if plant is not None:  # a value just below (or at) the row's largest, elsewhere in the row
+                logits[:, 7] = logits.max(dim=-1).values - plant
+            for count in (1, 4):
+                values, indices = largest(logits, count)
+                expected, ranked = logits.topk(count, dim=-1), logits.topk(count + 1, dim=-1).values
+                assert torch.equal(values, expected.values)
+                for row in range(rows):
+                    if all(a > b for a, b in zip(ranked[row].tolist(), ranked[row, 1:].tolist())):  # distinct, above the rest
+                        distinct += 1
+                        assert indices[row].tolist() == expected.indices[row].tolist()
+                        assert logits[row, indices[row]].tolist() == values[row].tolist()
+    assert distinct > 10
