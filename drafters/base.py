@@ -13,6 +13,7 @@ from torch import Tensor
 from runners.trees import tree_depths
 
 UNLIMITED = 1 << 30
+UNREAD = object()  # ``Drafter.fetch_logits``: not read from the logits (the loop makes the distributions and calls ``fetch``)
 
 
 class Drafter:
@@ -92,6 +93,11 @@ class Drafter:
         """What it needs on the host from the target's distributions (``[k + 1, V]``, or ``[1 + N, V]``
         for a tree): a tensor, None, or a list of these, fetched in the step's single device sync."""
         return None
+
+    def fetch_logits(self, logits: Tensor, temperature: float) -> Any:
+        """``fetch(softmax(logits / temperature))``'s value read from the logits ``[k + 1, V]`` alone, where that is sure
+        to be the same (a greedy loop then makes no distribution); ``UNREAD`` where it is not (the loop makes them)."""
+        return UNREAD
 
     @property
     def fetches(self) -> bool:

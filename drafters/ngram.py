@@ -8,8 +8,9 @@ from typing import List, Tuple
 import torch
 from torch import Tensor
 
-from drafters.base import Drafter, write_drafts
+from drafters.base import UNREAD, Drafter, write_drafts
 from drafters.spec import DraftContext, DrafterSpec
+from utils.logits_processor import clear_ranks, largest
 from utils.parsing import check_positive_int
 
 TREE_CHILDREN = 4  # continuations an n-gram tree considers after each node: the most frequent ones
@@ -89,6 +90,19 @@ class NGramDrafter(Drafter):
         if self.filler_top_k <= 1:
             return None
         return target_probs.topk(min(self.filler_top_k, target_probs.size(-1)), dim=-1).indices
+
+    def fetch_logits(self, logits: Tensor, temperature: float) -> Tensor | None:
+        """``fetch``'s top-k read from the logits: the same indices in the same order where each row's ``filler_top_k + 1``
+        largest logits stand clear of each other (``clear_ranks``: then the softmax keeps their order strictly), else ``UNREAD``."""
+        if self.filler_top_k <= 1:
+            return None
+        count = min(self.filler_top_k, logits.size(-1))
+        if count >= logits.size(-1):
+            return UNREAD
+        values, indices = largest(logits, count + 1)  # the same as a top-k of each row where the ranks are clear
+        if not all(clear_ranks(row, temperature, logits.dtype) for row in values.tolist()):
+            return UNREAD
+        return indices[:, :count]
 
     def accept(self, tokens: List[int], start: int, n_accepted: int, fetched: List[List[int]] | None) -> None:
         width = self.storage.n - 1

@@ -6,7 +6,7 @@ from typing import Any, Iterator, List, Tuple
 import torch
 from torch import Tensor
 
-from drafters.base import Drafter, as_drafter
+from drafters.base import UNREAD, Drafter, as_drafter
 from runners import Runner
 from runners.limits import context_window
 from sampling.common import generation_end
@@ -102,30 +102,14 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
         logits = first_rows(target(ids[:, : cur + rows - 1], rows), k + 1)  # with the rows' tops where the pass read them
         if config.vocab_size is not None:
             logits = logits[:, : config.vocab_size]
-        # [k + 1, V]; greedy with a drafter that reads none: no softmax, the tokens from the logits (the same tokens)
-        p = processor(logits) if not greedy or drafter.fetches else None
-        drafts = ids[0, cur : cur + k]
-        if q is not None and k > 0 and not greedy:
-            q = q.to(p.device)
-            at = torch.arange(k, device=p.device)
-            r = torch.rand(k, device=p.device, dtype=p.dtype)
-            matches = r * q[at, drafts] < p[at, drafts]
-            corrections = p[:k] if config.skip_sample_adjustment else _residual(p[:k], q)
-            own = torch.cat([processor.sample(corrections), processor.sample(p[k:])])[:, 0]
-        else:
-            own = (processor.sample(p) if p is not None else processor.choose(logits))[:, 0]
-            matches = own[:k] == drafts
-        wanted = drafter.fetch(p) if p is not None else None
-        parts = [drafts, matches.long(), own] + [t.reshape(-1).to(own.device) for t in _tensors(wanted)]
-        # the only host-device synchronisation of the step
-        fetched = torch.cat(parts).tolist()
-        draft_list, match_list, own_list = fetched[:k], fetched[k : 2 * k], fetched[2 * k : 3 * k + 1]
+        read = _greedy_read(ids[0, cur : cur + k], logits, drafter, processor) if greedy else None
+        draft_list, match_list, own_list, wanted, rest = read or _verified(ids[0, cur : cur + k], logits, q, drafter, config)
         n = match_list.index(0) if 0 in match_list else k
         emitted = draft_list[:n] + [own_list[n]]
         stop_at = next((i for i, t in enumerate(emitted) if t in config.stop_tokens), None)
         if stop_at is not None:
             emitted = emitted[: stop_at + 1]
-        ids[0, cur + n] = own[n]
+        ids[0, cur + n] = own_list[n]
         tokens.extend(emitted)
         target.rollback(cur + n)
         policy.update(k, n, rows)
@@ -140,11 +124,52 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
         config.observe(Step(tokens, cur, len(prompt), draft_list, n, own_list[n], stop_at is not None, rows=rows))
         if stop_at is not None:
             break
-        drafter.accept(tokens, cur, n, _on_host(wanted, iter(fetched[3 * k + 1 :])))
+        drafter.accept(tokens, cur, n, _on_host(wanted, iter(rest)))
     stats.paused_steps += policy.paused_steps
     stats.policy = policy.chosen()
     policy.finish()
     return tokens[len(prompt) :]
+
+
+def _greedy_read(drafts: Tensor, logits: Tensor, drafter: Drafter, processor: GreedyProcessor) -> tuple | None:
+    """Greedy verification as target AR reads its token: the target's tokens as ints from the row tops the pass kept on
+    ``logits`` ``[k + 1, V]`` (``clear_tokens``), and what the drafter fetches read from the logits (``fetch_logits``):
+    no softmax, no tensor made, only the drafts ``[k]`` (none in a plain step) read back. ``_verified``'s tuple, the same
+    values; None where the tops are missing or unclear, or the drafter's fetch needs the distributions."""
+    own = processor.clear_tokens(logits)
+    if own is None:
+        return None
+    wanted = drafter.fetch_logits(logits, processor.temperature) if drafter.fetches else None
+    if wanted is UNREAD:
+        return None
+    tensors = _tensors(wanted)
+    draft_list = drafts.tolist() if drafts.numel() else []
+    rest = torch.cat([t.reshape(-1) for t in tensors]).tolist() if tensors else []
+    return draft_list, [int(d == t) for d, t in zip(draft_list, own)], own, wanted, rest
+
+
+def _verified(drafts: Tensor, logits: Tensor, q: Tensor | None, drafter: Drafter, config: GenerationConfig) -> tuple:
+    """The tensor path of a step's verification: ``drafts`` ``[k]`` against the pass's ``logits`` ``[k + 1, V]`` (and a
+    drafter model's ``q`` when sampling); returns (drafts, matches as 0/1, the target's own tokens ``[k + 1]``, what the
+    drafter fetched, the fetched values) on the host, read back in the step's one host-device synchronisation."""
+    processor, k = config.processor, drafts.shape[0]
+    greedy = isinstance(processor, GreedyProcessor)
+    # [k + 1, V]; greedy with a drafter that reads none: no softmax, the tokens from the logits (the same tokens)
+    p = processor(logits) if not greedy or drafter.fetches else None
+    if q is not None and k > 0 and not greedy:
+        q = q.to(p.device)
+        at = torch.arange(k, device=p.device)
+        r = torch.rand(k, device=p.device, dtype=p.dtype)
+        matches = r * q[at, drafts] < p[at, drafts]
+        corrections = p[:k] if config.skip_sample_adjustment else _residual(p[:k], q)
+        own = torch.cat([processor.sample(corrections), processor.sample(p[k:])])[:, 0]
+    else:
+        own = (processor.sample(p) if p is not None else processor.choose(logits))[:, 0]
+        matches = own[:k] == drafts
+    wanted = drafter.fetch(p) if p is not None else None
+    parts = [drafts, matches.long(), own] + [t.reshape(-1).to(own.device) for t in _tensors(wanted)]
+    fetched = torch.cat(parts).tolist()  # the only host-device synchronisation of the step
+    return fetched[:k], fetched[k : 2 * k], fetched[2 * k : 3 * k + 1], wanted, fetched[3 * k + 1 :]
 
 
 def speculative(prompt: List[int], target: Runner, drafter: Drafter, config: GenerationConfig) -> Tuple[List[int], float]:
