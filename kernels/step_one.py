@@ -2,8 +2,8 @@
 token of target AR pays, where the host side of ``CStep.__call__`` (tensor casts and slices, a chunk plan, a
 scratch size, nineteen ctypes objects built) was about as long as a tenth of a bfloat16 pass on a cold cache.
 
-The same C call with the same arguments as ``CStep.__call__`` over one position without a mask, hidden states
-or a drafter's rows (``tile`` 0: one row runs decoding's loop, ``kernels.bf16.decoding_rows`` >= 1), so the
+The same C call with the same arguments as ``CStep.__call__`` over one position without a mask or a drafter's
+rows, with the hidden states a learned head reads where asked (``layers``: an EAGLE row's every pass keeps them) (``tile`` 0: one row runs decoding's loop, ``kernels.bf16.decoding_rows`` >= 1), so the
 same bits. Never stale: each pass asks the step for its currency first (``CStep.current``: a changed model
 remakes it, and then this call's pointers are taken again), binds the cache as every pass does
 (``CStep.bind``: a regrown or another cache, the kept key blocks), and sizes the scratch by the cache's
@@ -28,7 +28,9 @@ ARGTYPES = [_P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _I, _P, _P, _P, _I, _P, _I, 
 class OnePass:
     """``one(h, cos, sin, cache, start)``: logits ``[1, V]`` (each row's greedy token kept on them, ``with_tops``) of
     one position whose float32 embedding lies at address ``h`` (``[H]``, overwritten) and its RoPE rows at ``cos``,
-    ``sin`` (``[T, 1, R]`` float32, contiguous), its key and value written at slot ``start`` of ``cache``."""
+    ``sin`` (``[T, 1, R]`` float32, contiguous), its key and value written at slot ``start`` of ``cache``; with
+    ``layers`` (int64 ``[n]``, ``CStep.__call__``'s ``at``) and ``hidden`` (float32 ``[1, n * H]``), the residual
+    stream entering those layers written into ``hidden``, as the full pass writes it."""
 
     def __init__(self, step):
         # weakly: this object is kept on the step (``one_pass``), and a cycle would keep the step's blocked weights
@@ -53,7 +55,8 @@ class OnePass:
         self.hidden_at = torch.empty(0, dtype=torch.int64)  # read by no one (count 0)
         self.sized = (-1, -1)
 
-    def one(self, h: int, cos: int, sin: int, cache, start: int) -> Tensor:
+    def one(self, h: int, cos: int, sin: int, cache, start: int, layers: Optional[Tensor] = None,
+            hidden: Optional[Tensor] = None) -> Tensor:
         step = self.step  # alive: the caller holds it
         step.current()
         if step.structs is not self.structs:
@@ -68,8 +71,10 @@ class OnePass:
         final_norm, head, vocab = self.fixed
         logits = torch.empty((1, vocab))  # returned: the caller may keep it past the next pass
         d.tile, d.kept, d.tops = 0, 0 if state is None else state.upto, self.tops_at
-        self.call(self.structs, self.dims, h, cos, sin, 1, start, None, None, self.hidden_at.data_ptr(), 0, None,
-                  final_norm, head, vocab, logits.data_ptr(), 1, step.scratch.data_ptr(), threads)
+        at = self.hidden_at if hidden is None else layers
+        self.call(self.structs, self.dims, h, cos, sin, 1, start, None, None, at.data_ptr(), at.numel(),
+                  None if hidden is None else hidden.data_ptr(), final_norm, head, vocab, logits.data_ptr(), 1,
+                  step.scratch.data_ptr(), threads)
         d.tops = None
         passed(cache, state, start + 1)
         top = self.tops[0]

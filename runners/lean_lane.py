@@ -21,7 +21,8 @@ position of a chain, and nothing it decided on has moved since, each by a counte
   (bfloat16 to float32 is exact);
 * the RoPE rows: ``RopeTable.row`` (its tables' currency as ``at``'s), where the model has one table.
 
-Anything else (a tree pass, hidden states kept, a drafter's rows, a hooked or cast model, a cache to grow)
+A learned head's row keeps its hidden states from the same call (``OnePass.one``'s ``layers``), as the full pass
+does: a paused head's step then costs target AR's pass. Anything else (a tree pass, a drafter's rows, a hooked or cast model, a cache to grow)
 takes the full pass, which decides again. Same C call, same arguments: the same bits as the full pass."""
 import ctypes
 import weakref
@@ -51,6 +52,7 @@ class Lane:
         self.h = torch.empty(0)  # [H] float32: the fed token's embedding, overwritten by the step
         self.gather = self.library = None  # ``c_step_embed`` of the step's library, its argtypes declared
         self.passes = 0  # passes it ran
+        self.layers: tuple = ((), None)  # (the runner's hidden layers, them as ``CStep.__call__``'s int64 ``at``)
 
     def record(self, runner) -> None:
         """After a full pass of ``runner`` that ran the step over one position of a chain with ``hooks.hooked()`` False
@@ -78,7 +80,6 @@ class Lane:
         step, stamp, changes, planned, route = key
         step, planned = step(), planned and planned()
         if step is None or runner.step is not step or stamp != (prepacking.SWAPS[0], RemovableHandle.next_id) or changes != prepacking.changes() \
-                or runner.hidden_layers \
                 or runner.head_count or (key[3] is not None and (planned is None or planned.route is not route)):
             return None
         hooks = runner.hooks  # dicts that held hooks none of which counts (transformers' own, the pass clock's): one removed?
@@ -87,7 +88,15 @@ class Lane:
         rope = runner.ropes.row(start, runner.capacity)
         if rope is None or not self._embed(runner.model, int(ids[0, start])):
             return None
-        logits = one_pass(step).one(self.h.data_ptr(), rope[0], rope[1], runner.cache, start)
+        layers = runner.hidden_layers
+        if not layers:
+            logits = one_pass(step).one(self.h.data_ptr(), rope[0], rope[1], runner.cache, start)
+        else:  # a learned head's row: its hidden states in the same call, as the full pass keeps them (``_passed``)
+            if self.layers[0] != layers:
+                self.layers = (layers, torch.tensor(list(layers), dtype=torch.int64))
+            hidden = torch.empty((1, len(layers) * self.h.shape[0]))  # kept by the runner past this pass (the head reads it)
+            logits = one_pass(step).one(self.h.data_ptr(), rope[0], rope[1], runner.cache, start, self.layers[1], hidden)
+            runner.hidden, runner.hidden_start = hidden, start
         self.passes += 1
         return logits
 

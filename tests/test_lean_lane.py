@@ -139,6 +139,28 @@ def test_each_familys_lane_gives_the_full_passs_bits(name):
     assert runner.step_passes == 6 and runner.lane.passes == (0 if name in ("granite", "gemma3") else 4), runner.lane.passes
 
 
+@pytest.mark.parametrize("name", ["tied float32", "untied bfloat16"])
+def test_a_heads_hidden_states_ride_the_lane_with_the_full_passs_bits(name):
+    """A learned head's row keeps hidden states at every pass (``hidden_layers``): its one-position passes run the
+    lane too (a paused head's step costs target AR's pass), with the full pass's logits and hidden states, bit for bit."""
+    found = {}
+    for on in (True, False):
+        lean_lane.ON = on
+        runner = LeanRunner(MODELS[name]())
+        runner.hidden_layers = (0, 1)
+        hidden = []
+        try:
+            logits = greedy(runner, 6, lambda i: hidden.append(None if runner.hidden is None else runner.hidden.clone()))
+        finally:
+            lean_lane.ON = True
+        hidden = hidden[1:] + [runner.hidden.clone()]  # each pass's, read before the next
+        found[on] = (logits, hidden, runner.lane.passes, runner.hidden_start)
+    (logits, hidden, passes, start), (logits_off, hidden_off, _, start_off) = found[True], found[False]
+    assert all(torch.equal(a, b) for a, b in zip(logits, logits_off))
+    assert all(torch.equal(a, b) for a, b in zip(hidden, hidden_off)) and hidden[-1].shape == (1, 2 * 32)
+    assert passes == 4 and start == start_off == len(PROMPT) + 4
+
+
 def test_hooks_that_do_not_count_leave_the_lane_on_and_their_removal_decides_again():
     """The pass clock's hook (``runners.hooks.skippable``) is no user's: the lane runs beside it; removed, the next
     pass decides again (the dict it was in is shorter), then the lane runs on."""
