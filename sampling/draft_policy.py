@@ -76,7 +76,7 @@ class DraftPolicy:
       the cost-optimal count by their evidence, 0 included (no step is paused for it while its host
       cost is under ``GATE_COST`` of a step): a weak match drafts nothing, a verbatim copy drafts
       long, and a copy met after a fruitless stretch is not missed in a pause. Its first step's length is the
-      cost-optimal one by its prior rate (``RATE_PRIOR``), not ``gamma``; so is a priced drafter's (``per_draft``).
+      cost-optimal one by its prior rate (``RATE_PRIOR``), not ``gamma``.
     * ``remember``: a policy reused across generations keeps each drafter model's record (with ``min_gain``):
       a drafter whose drafts did not pay starts its next generation paused. Off by default, so a result
       depends only on its own prompt and settings; ``forget()`` clears it, ``remembered`` counts it.
@@ -215,10 +215,9 @@ class DraftPolicy:
             # step measures what drafting is weighed against (at most one in ``STALE``'s steps; a clear gain skips it)
             self.unit_steps += 1
             return 0
-        if self.row_costs is None or self.trials == 0 and not self.per_draft:
+        if self.row_costs is None or self.trials == 0:
             return self.gamma
-        # before any outcome, a drafter priced by the draft (a model, a head) drafts what its prior rate pays for, not gamma
-        return self._best(max(longest or 0, self.gamma) if self.trials else self.gamma)
+        return self._best(max(longest or 0, self.gamma))
 
     def _best(self, most: int, evidence: Optional[Sequence[int]] = None, least: int = 1) -> int:
         """The count in ``least..most`` with the most expected tokens per unit of cost (the shorter on a tie)."""
@@ -233,7 +232,7 @@ class DraftPolicy:
         """The pooled per-draft acceptance of recent steps; a gated drafter's shrunk toward 1/2 by
         ``RATE_PRIOR`` (the others' zero rate still drafts one token a step, and so learns)."""
         if not self.gated:
-            return self.hits / self.trials if self.trials else RATE_PRIOR[0] / RATE_PRIOR[1]
+            return self.hits / self.trials
         return (self.hits + RATE_PRIOR[0]) / (self.trials + RATE_PRIOR[1])
 
     def _costs(self) -> Tuple[float, ...] | None:

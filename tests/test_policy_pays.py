@@ -113,34 +113,3 @@ def test_greedy_output_with_unit_steps_is_target_ar(name, monkeypatch):
             assert out == list(_expected(model, "dynamic", tuple(prompt), 40)), (model, name)
             unit_steps += policy.unit_steps
     assert unit_steps > 0
-
-
-@pytest.mark.parametrize("costs, per_draft, first", [(WIDE, 0.05, 2), (WIDE, 0.4, 1), ((1.0,) * 12, 0.0001, 4)])
-def test_a_priced_drafters_first_length_is_what_its_prior_pays_for_not_gamma(costs, per_draft, first):
-    """A drafter priced by the draft (a learned head, a drafter model) has no outcome before its first drafting step:
-    it drafts the count whose expected tokens at the prior rate (1/2 a draft) per unit of cost are the most, by the given
-    costs (WIDE at 0.05 a draft: 1.5/1.15, 1.75/1.3, 1.875/1.45, 1.94/1.5: two; at 0.4 one; free drafts ``gamma``)."""
-    policy = DraftPolicy(row_costs=costs, min_gain=1.0)
-    policy.start(4, cheap=False, step_cost=per_draft)
-    assert policy.length(policy.bound()) == first
-    cheap = DraftPolicy(row_costs=costs, min_gain=1.0)
-    cheap.start(4, cheap=True, evidence=False)
-    assert cheap.length(cheap.bound()) == 4  # a cheap drafter's first step drafts gamma, as before
-
-
-def test_greedy_output_of_the_head_under_a_costed_policy_is_target_ar():
-    """The head's row under the calibrated kind of policy (costs, pausing, its step cost): target AR's tokens."""
-    from conftest import EOS_NEVER, PROMPT, llama
-    from drafters import DraftContext, EagleSpec
-    from sampling import autoregressive_generate
-    from test_eagle_row import head_for
-
-    target = llama(layers=4, init=0.1, seed=5)
-    head = head_for(target)
-    head.step_cost = 0.1
-    arguments = dict(max_gen_len=32, eos_tokens_id=EOS_NEVER, use_cache=True)
-    expected = autoregressive_generate(list(PROMPT), target, **arguments)
-    stats = GenerationStats()
-    out, _ = generate(list(PROMPT), target, EagleSpec(), dict(arguments, gamma=4, stats=stats,
-                      policy=DraftPolicy(row_costs=WIDE, min_gain=1.0)), DraftContext(head=head))
-    assert out == expected and stats.drafted > 0
