@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("skinny_gemm.c", "skinny_tiles.c", "skinny_bf16.c", "skinny_bf16_rows.c", "skinny_bf16_dot.c", "skinny_amx.c", "c_step.c", "attention_entry.c", "head_step.c", "blocked_check.c", "step_embed.c"))
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("step_rows.h", "attention.h", "attention_vec.h", "attention_tiles.h", "attention_split.h", "linears.h", "bf16_tiles.h", "bf16_dot.h", "bf16_few.h", "step_profile.h", "step_layer.h", "step_bridge.h", "logits_top.h", "deal.h"))  # included by the sources: hashed with them, never compiled alone
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("step_rows.h", "attention.h", "attention_vec.h", "attention_tiles.h", "attention_split.h", "linears.h", "bf16_tiles.h", "bf16_dot.h", "bf16_few.h", "f32_few.h", "step_profile.h", "step_layer.h", "step_bridge.h", "logits_top.h", "deal.h"))  # included by the sources: hashed with them, never compiled alone
 SOURCE = SOURCES[0]
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")  # no fused a*b+c unless written: one rounding on every CPU
 BUILD_TIMEOUT = 120.0  # seconds a compile may take before it counts as failed
@@ -125,7 +125,7 @@ def _build(compiler: str, folder: Path, sources: Sequence[Path] = SOURCES, stem:
 
 
 SYMBOLS = ("skinny_linear", "skinny_simd", "skinny_tiles", "skinny_tile_shape", "skinny_linear_tile", "skinny_bf16_paths",
-           "skinny_linear_bf16", "skinny_bf16_tiles", "skinny_bf16_tile_shape", "amx_state", "c_step", "c_step_scratch", "logits_top", "head_step", "head_step_scratch", "blocked_holds", "skinny_set_ahead", "skinny_set_few_ahead", "c_step_set_bridge", "skinny_set_deal")  # what a library of ours exports
+           "skinny_linear_bf16", "skinny_bf16_tiles", "skinny_bf16_tile_shape", "amx_state", "c_step", "c_step_scratch", "logits_top", "head_step", "head_step_scratch", "blocked_holds", "skinny_set_ahead", "skinny_set_few_ahead", "c_step_set_bridge", "skinny_set_deal", "skinny_set_few32")  # what a library of ours exports
 
 
 def _load(path: Path) -> ctypes.CDLL:

@@ -121,6 +121,8 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t K
 #endif
 }
 
+#include "f32_few.h" /* 2..8 rows' own loop (AVX-512): wider tiles, prefetched into L2 */
+
 /* one register block: mb rows (1..MB) against gb blocks (1..GB); each case a copy of tile with its
  * row and block counts constant, so that its accumulators stay in registers */
 #define ROWS_UP_TO_6(G)                                       \
@@ -236,6 +238,10 @@ void skinny_rows_deal(const float *x, const float *p, const float *b, float *y, 
 #if defined(__AVX512F__)
     if (M == 1 && STEP_ONE_ROW_BLOCKS != GB) {
         one_row(x, p, b, y, N, K);
+        return;
+    }
+    if (M >= 2 && M <= F32_FEW_MOST && f32_few[0]) {
+        few32_rows(x, p, b, y, M, N, K, deal);
         return;
     }
 #endif

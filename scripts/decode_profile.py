@@ -7,7 +7,8 @@ library (``-DSTEP_PROFILE``: the CPU seconds by part of the busiest thread, whic
 shows, where a sum over them would not); beside it the bytes a pass reads at least (the weights once, the keys
 and values of every slot), and the wall time and the bytes as ratios to the shortest context's (how much more
 a slot costs than its bytes). Variants of the same bits interleaved in each round: ``--split-from`` (c_step.c's
-SPLIT_FROM; 100000: attention never split across the threads) x ``--prefetch`` (0: no software prefetches).
+SPLIT_FROM; 100000: attention never split across the threads) x ``--prefetch`` (0: no software prefetches) x ``--few``
+(kernels/f32_few.h's few-row loop: ``before`` off, ``few`` on, or one of its parts; scripts/f32_widths.py's VARIANTS).
 
 CPU seconds split the pass only with ``OMP_WAIT_POLICY=passive`` (a thread waiting at a barrier sleeps); the
 wall times are a pass's as runs see it without it (threads spin at a barrier). Noisy on a shared machine.
@@ -49,6 +50,7 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--split-from", type=int, nargs="+", default=[128],
                         help="c_step.c's SPLIT_FROM variants, interleaved (a huge one: never split; the same bits)")
     parser.add_argument("--prefetch", type=int, nargs="+", default=[1], help="attention's software prefetches (0: none), interleaved")
+    parser.add_argument("--few", nargs="+", default=["few"], help="kernels/f32_few.h's variants (scripts/f32_widths.py's VARIANTS), interleaved")
     parser.add_argument("--march", default="native", help="the library built for this -march (haswell: the AVX2 build)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -72,14 +74,18 @@ def main(argv: List[str] | None = None) -> None:
     split: Dict[Tuple[int, int, int], List[List[float]]] = {}
     split_from = ctypes.c_int.in_dll(library, "c_step_split_from")
     prefetch = ctypes.c_int.in_dll(library, "c_step_prefetch")
-    variants = [(f, p) for f in args.split_from for p in args.prefetch]
+    from f32_widths import VARIANTS
+
+    library.skinny_set_few32.argtypes, library.skinny_set_few32.restype = [ctypes.c_int64] * 5, ctypes.c_int64
+    variants = [(f, p, v) for f in args.split_from for p in args.prefetch for v in args.few]
     for round_ in range(args.rounds + 1):  # round 0 warms up
         for c in sorted(args.contexts, reverse=True):  # each a rollback of the one before (a round's first: refilled)
             if runner.cached < c:
                 runner(ids[:, :c], 1)
             for r in args.rows:
                 for f in variants:
-                    split_from.value, prefetch.value = f
+                    split_from.value, prefetch.value = f[:2]
+                    library.skinny_set_few32(*VARIANTS[f[2]], 0)
                     runner.rollback(c)
                     library.c_step_profile(parts)
                     wall = time.perf_counter()
@@ -97,7 +103,7 @@ def main(argv: List[str] | None = None) -> None:
             median = [statistics.median(s[p] for s in split[c, r, f]) for p in range(len(PARTS))]
             shares = ", ".join(f"{name} {1e3 * s:.2f}" for name, s in zip(PARTS, median))  # the busiest thread's
             wall = statistics.median(walls[c, r, f])
-            print(f"{r} positions at {c:4d} slots, split from {f[0]}, prefetch {f[1]}: {1e3 * wall:6.2f} ms wall, x{wall / statistics.median(walls[short, r, f]):.3f} "
+            print(f"{r} positions at {c:4d} slots, split from {f[0]}, prefetch {f[1]}, {f[2]}: {1e3 * wall:6.2f} ms wall, x{wall / statistics.median(walls[short, r, f]):.3f} "
                   f"(bytes {bytes_read(model.config, c) / 1e6:.0f} MB, x{bytes_read(model.config, c) / bytes_read(model.config, short):.3f}); "
                   f"busiest thread's CPU ms: {shares}")
 
