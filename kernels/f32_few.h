@@ -6,7 +6,7 @@
  * (one zmm FMA a row a line, 1 a cycle on Zen 4) outlasts what its out-of-order window hides of the memory's latency,
  * so a pass of 8 positions cost ~1.2x one in its linears alone (bf16_tiles.h found the same on bfloat16). Here, from
  * f32_few_rows rows on, the weight streams are prefetched f32_few_ahead bytes ahead into L2, and the tile is as wide
- * as 24 sums allow (f32_few_blocks: 2-5 rows x 4 blocks, 6-8 x 3): more streams a thread, fewer broadcasts a line.
+ * as 24 sums allow (f32_few_blocks: 2-5 rows x 4 blocks, 6-8 x 3, 9-12 x 2 as before): more streams a thread, fewer broadcasts a line.
  *
  * Every output is skinny_gemm.c's chain: acc = fma(x[k], w[k], acc) for k = 0..K-1 in order from +0, then + b; only
  * the register tile and the prefetches differ, so a row's bits are those of any other width (tests/test_f32_few.py).
@@ -17,7 +17,7 @@
 #include <stdint.h>
 #include "deal.h"
 
-#define F32_FEW_MOST 8 /* the most rows this loop takes; 9-12 keep the 12 x 2 tile (24 sums) */
+#define F32_FEW_MOST 12 /* the most rows this loop takes (decoding's MANY_ROWS) */
 #ifndef F32_FEW_AHEAD
 #define F32_FEW_AHEAD 4096 /* bytes ahead into L2 */
 #endif
@@ -28,7 +28,7 @@
 #define F32_FEW_SHAPE 1 /* 1: f32_few_blocks' tiles; 0: decoding's 12 x 2 */
 #endif
 #ifndef F32_FEW_ON
-#define F32_FEW_ON 1 /* 0: skinny_gemm.c's own loop at every width (the loop before) */
+#define F32_FEW_ON 1 /* 0: skinny_gemm.c's own loop at every width (the loop before); 2: one position's too */
 #endif
 int64_t f32_few[4] = {F32_FEW_ON, F32_FEW_SHAPE, F32_FEW_AHEAD, F32_FEW_ROWS}; /* on, shape, bytes ahead, from rows */
 
@@ -42,7 +42,7 @@ int64_t skinny_set_few32(int64_t on, int64_t shape, int64_t ahead, int64_t rows,
 
 #if defined(__AVX512F__)
 /* blocks a group at M rows: M x blocks sums, at most 24, with the blocks' lines and a broadcast in 32 registers */
-static int64_t f32_few_blocks(int64_t M) { return !f32_few[1] ? 2 : M <= 5 ? 4 : 3; }
+static int64_t f32_few_blocks(int64_t M) { return !f32_few[1] || M > 8 ? 2 : M <= 5 ? 4 : 3; }
 
 /* MBC rows (row stride K) against GBC blocks of p (each [K][16]) into out (row stride ys), from +0; L2: the streams
  * prefetched `ahead` bytes on into L2 (else one position's prefetch, AHEAD32) */
@@ -71,12 +71,15 @@ static inline __attribute__((always_inline)) void few32_tile(const float *x, int
 }
 
 #define F32_T(R, G) few32_tile(x, K, R, G, p, out, ys, L2, far)
-#define F32_R5(G) case 2: F32_T(2, G); return; case 3: F32_T(3, G); return; case 4: F32_T(4, G); return; case 5: F32_T(5, G); return;
-#define F32_R8(G) F32_R5(G) case 6: F32_T(6, G); return; case 7: F32_T(7, G); return; default: F32_T(8, G); return;
-#define F32_G switch (gb) { case 1: switch (rows) { F32_R8(1) } case 2: switch (rows) { F32_R8(2) } \
-                            case 3: switch (rows) { F32_R8(3) } default: switch (rows) { F32_R5(4) default: return; } }
+#define F32_R5(G) case 1: F32_T(1, G); return; case 2: F32_T(2, G); return; case 3: F32_T(3, G); return; \
+                  case 4: F32_T(4, G); return; case 5: F32_T(5, G); return;
+#define F32_R8(G) F32_R5(G) case 6: F32_T(6, G); return; case 7: F32_T(7, G); return; case 8: F32_T(8, G); return;
+#define F32_R12(G) F32_R8(G) case 9: F32_T(9, G); return; case 10: F32_T(10, G); return; case 11: F32_T(11, G); return; \
+                   default: F32_T(12, G); return;
+#define F32_G switch (gb) { case 1: switch (rows) { F32_R12(1) } case 2: switch (rows) { F32_R12(2) } \
+                            case 3: switch (rows) { F32_R8(3) default: return; } default: switch (rows) { F32_R5(4) default: return; } }
 
-/* rows (2..8) x gb (<= f32_few_blocks(rows)) blocks: each shape's copy with its counts constant */
+/* rows (1..12) x gb (<= f32_few_blocks(rows)) blocks: each shape's copy with its counts constant */
 static void few32_any(int64_t rows, int64_t gb, const float *x, int64_t K, const float *p, float *out, int64_t ys, int64_t far) {
     if (far > 0) {
         const int L2 = 1;
@@ -87,7 +90,7 @@ static void few32_any(int64_t rows, int64_t gb, const float *x, int64_t K, const
     }
 }
 
-/* Inside a parallel region: y[M, N] = x[M, K] . W^T (+ b) for 2 <= M <= F32_FEW_MOST, W blocked [N/16, K, 16]; each
+/* Inside a parallel region: y[M, N] = x[M, K] . W^T (+ b) for 1 <= M <= F32_FEW_MOST, W blocked [N/16, K, 16]; each
  * thread an even share of the blocks in groups of f32_few_blocks(M), its end stolen by a thread done with its own
  * (deal.h; NULL: the even share alone); a padded last block (N not a multiple of 16) through spill */
 static void few32_rows(const float *x, const float *p, const float *b, float *y, int64_t M, int64_t N, int64_t K, Deal *deal) {

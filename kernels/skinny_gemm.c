@@ -236,12 +236,12 @@ static void one_group(const float *x, const float *p, const float *b, float *y, 
  * NULL), or their ends stolen (deal.h, a Deal a thread: the same bits). */
 void skinny_rows_deal(const float *x, const float *p, const float *b, float *y, int64_t M, int64_t N, int64_t K, Deal *deal) {
 #if defined(__AVX512F__)
-    if (M == 1 && STEP_ONE_ROW_BLOCKS != GB) {
-        one_row(x, p, b, y, N, K);
+    if (M >= (f32_few[0] == 2 ? 1 : 2) && M <= F32_FEW_MOST && f32_few[0]) {
+        few32_rows(x, p, b, y, M, N, K, deal);
         return;
     }
-    if (M >= 2 && M <= F32_FEW_MOST && f32_few[0]) {
-        few32_rows(x, p, b, y, M, N, K, deal);
+    if (M == 1 && STEP_ONE_ROW_BLOCKS != GB) {
+        one_row(x, p, b, y, N, K);
         return;
     }
 #endif

@@ -22,7 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # name -> (on, shape, bytes ahead into L2, from rows): kernels/f32_few.h's f32_few
 VARIANTS = {"before": (0, 1, 4096, 4), "few": (1, 1, 4096, 4), "prefetch only": (1, 0, 4096, 4), "shape only": (1, 1, 0, 4),
-            "8 KB ahead": (1, 1, 8192, 4), "2 KB ahead": (1, 1, 2048, 4), "L2 from 2": (1, 1, 4096, 2), "L2 from 6": (1, 1, 4096, 6)}
+            "8 KB ahead": (1, 1, 8192, 4), "2 KB ahead": (1, 1, 2048, 4), "L2 from 2": (1, 1, 4096, 2), "L2 from 6": (1, 1, 4096, 6),
+            "one too": (2, 1, 4096, 4), "one too, L2": (2, 1, 4096, 1)}
 SHAPES = ("qkv", "o", "gate/up", "down", "head")
 
 
