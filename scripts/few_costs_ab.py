@@ -32,6 +32,7 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--variants", nargs="+", default=["before", "few"], choices=list(VARIANTS))
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    parser.add_argument("--least", action="store_true", help="each width's least sample, not the median (another process only adds time)")
     parser.add_argument("--cpu", action="store_true", help="the process's CPU seconds a pass, not the timer's wall seconds")
     args = parser.parse_args(argv)
     torch.set_grad_enabled(False)
@@ -57,10 +58,11 @@ def main(argv: List[str] | None = None) -> None:
                     if round_:
                         times.setdefault((name, variant, rows), []).append(seconds)
     setter(*VARIANTS["few"], 0)
-    print(f"costs by positions 1..{args.widths} after {args.context} positions, median of {args.rounds} interleaved rounds ({'CPU' if args.cpu else 'wall'} seconds; noisy)")
+    print(f"costs by positions 1..{args.widths} after {args.context} positions, {'least' if args.least else 'median'} of {args.rounds} interleaved rounds ({'CPU' if args.cpu else 'wall'} seconds; noisy)")
     for name, (_, label) in timers.items():
         for variant in args.variants:
-            medians = [statistics.median(times[name, variant, r]) for r in range(1, args.widths + 1)]
+            pick = min if args.least else statistics.median
+            medians = [pick(times[name, variant, r]) for r in range(1, args.widths + 1)]
             print(f"{name:8} {label}, {variant:6}: one position {1e3 * medians[0]:5.1f} ms; costs "
                   + " ".join(f"{m / medians[0]:.2f}" for m in medians))
 
