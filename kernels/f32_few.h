@@ -1,17 +1,18 @@
-/* Decoding's float32 loop over a few positions: 2..F32_FEW_MOST rows (a verification pass), on AVX-512. Included by
- * skinny_gemm.c after its tile (BW, AHEAD32, skinny_ahead).
+/* Decoding's float32 loop over a few positions: 2..12 rows (a verification pass; one position's too where f32_few[0]
+ * is 2), on AVX-512. Included by skinny_gemm.c after its tile (BW, AHEAD32, skinny_ahead).
  *
  * Before, every width from 2 to 12 ran decoding's 12 x 2 register tile with one position's prefetch (skinny_ahead[0],
  * raced at one position by kernels/ahead.py). From about 4 rows a thread's arithmetic between two lines of a stream
  * (one zmm FMA a row a line, 1 a cycle on Zen 4) outlasts what its out-of-order window hides of the memory's latency,
  * so a pass of 8 positions cost ~1.2x one in its linears alone (bf16_tiles.h found the same on bfloat16). Here, from
- * f32_few_rows rows on, the weight streams are prefetched f32_few_ahead bytes ahead into L2, and the tile is as wide
- * as 24 sums allow (f32_few_blocks: 2-5 rows x 4 blocks, 6-8 x 3, 9-12 x 2 as before): more streams a thread, fewer broadcasts a line.
+ * f32_few[3] rows on, the weight streams are prefetched f32_few[2] bytes ahead into L2, and the tile is as wide as 24
+ * sums allow (f32_few_blocks: 2-5 rows x 4 blocks, 6-8 x 3, 9-12 x 2 as before): more streams a thread, fewer
+ * broadcasts a line (docs/runners.md, 2026-11-30).
  *
  * Every output is skinny_gemm.c's chain: acc = fma(x[k], w[k], acc) for k = 0..K-1 in order from +0, then + b; only
  * the register tile and the prefetches differ, so a row's bits are those of any other width (tests/test_f32_few.py).
- * Speed only: f32_few_shape 0 keeps decoding's 12 x 2 shape (with the prefetch), f32_few_ahead 0 prefetches as one
- * position does, and skinny_set_few32 sets them per process (scripts/f32_widths.py's A/B). */
+ * Speed only: f32_few[1] 0 keeps decoding's 12 x 2 shape, f32_few[2] 0 prefetches as one position does, f32_few[0]
+ * 0 runs the loop before; skinny_set_few32 sets them per process (scripts/decode_profile.py --few, few_costs_ab.py). */
 #ifndef F32_FEW_H
 #define F32_FEW_H
 #include <stdint.h>

@@ -4,7 +4,8 @@ embedded SmolLM2-135M's shapes (q/k/v fused, o, gate/up fused, down per layer, t
 ``skinny_linear`` on float32 blocked weights of those sizes (constant values: speed does not depend on them),
 each layer its own weights (a pass reads them from memory). Interleaved rounds (width by width, variant by
 variant), medians; each shape's milliseconds, and each variant's whole sum relative to the first variant's one
-position. Wall time, on a shared machine: noisy.
+position. Wall time, on a shared machine: noisy; each linear is a parallel region of its own, so beside a busy
+process the small shapes read mostly their regions' starts (the C step runs a pass in one: scripts/decode_profile.py).
 
     .venv/bin/python scripts/f32_widths.py --rounds 15
     .venv/bin/python scripts/f32_widths.py --rounds 2 --layers 2 --widths 1 4     # a smoke run
