@@ -1,8 +1,6 @@
 """A session driven as a user would: one REPL on a pseudo-terminal shared by the tests of its commands,
 prompts and keys (Ctrl-C, Ctrl-D, /quit), and sessions on a pipe or with --prompt: what each pair of models runs
 (the piped sessions forked from one Python, ``repl_driver.run_forked``)."""
-import time
-
 import pexpect
 
 import pytest
@@ -12,10 +10,22 @@ from repl_driver import GIVEN_COSTS, PROMPT, command, run_forked, spawn
 
 
 @pytest.fixture(scope="module")
-def repl(tiny_models):
-    child = spawn("--target", tiny_models["target"], "--drafter", tiny_models["drafter"], "--row-costs", GIVEN_COSTS)
-    yield child
-    child.close(force=True)
+def session(tiny_models):
+    """The module's one REPL, started again only where a test ended it (/quit, the file's last test)."""
+    children = []
+
+    def live():
+        if not children or not children[-1].isalive():
+            children.append(spawn("--target", tiny_models["target"], "--drafter", tiny_models["drafter"], "--row-costs", GIVEN_COSTS))
+        return children[-1]
+    yield live
+    for child in children:
+        child.close(force=True)
+
+
+@pytest.fixture
+def repl(session):
+    return session()
 
 
 def test_commands_change_settings_and_help_shows_them(repl):
@@ -179,11 +189,13 @@ def test_debug_view_and_stream_never_share_a_line(repl):
 def test_ctrl_c_stops_the_generation_and_the_repl_goes_on(repl):
     command(repl, "/length 3000", "length: 3000")
     command(repl, "/cache", "cache: off")  # slow enough to be interrupted
+    command(repl, "/stream", "stream: on")  # a row's title is drawn as it starts: the Ctrl-C lands in its run, not at the prompt
     repl.sendline("Tell me a long story")
-    time.sleep(3)
+    repl.expect("Speculative")  # the first row's title: it is generating (before, a fixed 3 s sleep)
     repl.sendintr()
     repl.expect("interrupted")
     repl.expect(PROMPT)
+    command(repl, "/stream", "stream: off")
     command(repl, "/cache", "cache: on")
     command(repl, "/length 35", "length: 35")
 
@@ -191,14 +203,6 @@ def test_ctrl_c_stops_the_generation_and_the_repl_goes_on(repl):
 def test_ctrl_d_exits_with_status_zero(tiny_models):
     child = spawn("--target", tiny_models["target"])
     child.sendeof()
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
-
-
-def test_quit_exits_with_status_zero(tiny_models):
-    child = spawn("--target", tiny_models["target"])
-    child.sendline("/quit")
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
@@ -276,3 +280,11 @@ def test_ngram_storage_can_be_built_saved_and_loaded(repl, tmp_path):
     assert (tmp_path / "own.json").stat().st_size > 0
     shown = command(repl, "/help", "Anything else is a prompt")
     assert "[static tier loaded]" in shown
+
+
+def test_quit_exits_with_status_zero(repl):
+    """The shared REPL, after every test above (last: a start of its own saved; a test after it gets a fresh REPL)."""
+    repl.sendline("/quit")
+    repl.expect(pexpect.EOF)
+    repl.close()
+    assert repl.exitstatus == 0
