@@ -209,15 +209,20 @@ def test_ctrl_d_exits_with_status_zero(tiny_models):
 
 
 @pytest.fixture(scope="module")
-def piped(tiny_models):
+def piped(tiny_models, tmp_path_factory):
     """Sessions on a pipe or with --prompt, each a process of its own forked from one Python that
-    imported the libraries once (``repl_driver.run_forked``): "piped", "prompt", "no_drafter", "t5"."""
+    imported the libraries once (``repl_driver.run_forked``; one for the file's piped sessions): "piped",
+    "prompt", "no_drafter", "t5", and a drafter of the target's first layers: "layers" (of a three-layer
+    target) and "too_deep" (as deep as the one-layer target)."""
     target, drafter = tiny_models["target"], tiny_models["drafter"]
+    deep = save_tiny(tmp_path_factory.mktemp("deep"), llama(vocab=49152, window=4096, layers=3))  # tiny_models' target, three layers
     cases = {"piped": (["--target", target], "/length 5\nHello\n"),
              "prompt": (["--target", target, "--drafter", drafter, "--prompt", "Hi", "--length", "4"], ""),
              "no_drafter": (["--target", target], "/speculative\n/drafter\n"),
              "t5": (["--target", tiny_models["t5"], "--drafter", tiny_models["t5_drafter"], "--no-chat", "--length", "6"],
-                    "/ngram\nTranslate this\n")}
+                    "/ngram\nTranslate this\n"),
+             "layers": (["--target", deep, "--drafter", "layers:2", "--no-calibrate", "--prompt", "Hi", "--length", "6"], ""),
+             "too_deep": (["--target", target, "--drafter", "layers:1", "--no-calibrate", "--prompt", "Hi"], "")}
     return dict(zip(cases, run_forked([args for args, _ in cases.values()], [text for _, text in cases.values()])))
 
 
@@ -238,10 +243,8 @@ def test_speculative_without_drafter_says_how_to_get_one(piped):
     assert result.stdout.count("restart with --drafter MODEL") == 2 and result.returncode == 0
 
 
-def test_a_drafter_made_of_the_targets_first_layers_drafts_in_the_repl(tiny_models, tmp_path):
-    deep = save_tiny(tmp_path / "deep", llama(vocab=49152, window=4096, layers=3))  # tiny_models' target, three layers
-    result, refused = run_forked([["--target", deep, "--drafter", "layers:2", "--no-calibrate", "--prompt", "Hi", "--length", "6"],
-                                  ["--target", tiny_models["target"], "--drafter", "layers:1", "--no-calibrate", "--prompt", "Hi"]])
+def test_a_drafter_made_of_the_targets_first_layers_drafts_in_the_repl(piped):
+    result, refused = piped["layers"], piped["too_deep"]
     assert result.returncode == 0, result.stderr
     assert "first 2 layers of the target" in result.stdout and "Speculative" in result.stdout
     assert refused.returncode == 1 and "a drafter needs fewer layers than the target" in refused.stdout
