@@ -26,10 +26,6 @@ WINDOW = 128  # positions the model takes (``caches``)
 # a vocabulary whose tied table is 26% of the weights (the embedded SmolLM2-135M's is 21%): a second
 # copy of the output layer, at any moment, would be over the limit
 WIDE_VOCAB = 16384
-# the kernel measurement here times passes over 1-4 positions, not the programs' 1-12 (as test_pass_dtype_memory):
-# what a start holds is its copies of the weights, switched between the same options in the same order whatever the
-# widths (every start's peaks the same to 64 bytes, 2026-11-30), with a third of the timed passes
-KERNEL_WIDTHS = 4
 
 
 @pytest.fixture(autouse=True)
@@ -88,7 +84,7 @@ def first_start(monkeypatch, dtype: torch.dtype, vocab: int = 8192) -> Tuple[int
 
     def measured(*args, **kwargs):
         with parts[0].part("measurement"):
-            return real(*args, **{**kwargs, "max_rows": KERNEL_WIDTHS})
+            return real(*args, **kwargs)
 
     monkeypatch.setattr(timing, "measure_kernels", measured)
     with counted() as held:
