@@ -85,24 +85,25 @@ def examples(n: int) -> int:
 # its REPL start gives the kernels since the cut of 2026-11-30, no longer minutes of measurement), the REPL's
 # other files, the benchmark and the families (~75-100), the soak (~60 after its cut to 7 rounds, 2026-11-30),
 # the sampled files (55; the cross-tokenizer's ~45 since its 800 generations a cell), the REPL's compiled start
-# (~50 since its one width, 2026-11-30, estimated from its wall time); README's first
-# steps (36) and the files of one or two long compiling or REPL tests (20-40 s), then the middle weights
+# (~50 since its one width, 2026-11-30, estimated from its wall time); the files of one or two long compiling or
+# REPL tests (20-40 s), then the middle weights
 # that alphabetical order ran last, where the run's end is decided (2026-11-30, each alone, CPU s less
 # pytest's own 7, noisy): the step's readiness (53), few-row passes' builds (47), the step runner and its
 # state (37, 33), suffix decoding (19), the trees (20), the dtype routes' memory (~20 since its float32 kernels are
 # timed over 1-4 positions, 2026-11-30, estimated), the sampled trees (18), the start-up trace (18), the merged
-# tree (17), the drafter's head and the drafting strategies (15), greedy exactness (12), the kernel build (~10
+# tree (17), the drafter's head and the drafting strategies (15), README's first steps (~12 since their
+# choose_kernels times 1-4 positions in one round, 2026-11-30; 36 before), greedy exactness (12), the kernel build (~10
 # since its rebuilds copy the first build, 2026-11-30, estimated), the toolchain (10), the embedded model (8).
 # The short files (a few seconds each) end the run.
 HEAVY_FIRST = ("test_compiled.py", "test_control_combinations.py", "test_eagle.py",
                "test_pair_model.py", "test_repl_session.py", "test_bench.py", "test_families.py", "test_soak.py",
                "test_repl_startup.py", "test_compile_cache.py", "test_startup_memory.py", "test_lossless_sampling.py",
-               "test_cross_tokenizer.py", "test_repl_target_line.py", "test_hostile_input.py", "test_c_step.py", "test_readme.py", "test_eagle_data.py",
+               "test_cross_tokenizer.py", "test_repl_target_line.py", "test_hostile_input.py", "test_c_step.py", "test_eagle_data.py",
                "test_one_copy.py", "test_head_compiled_step.py", "test_eagle_row.py", "test_cpu_figures.py",
                "test_step_readiness.py", "test_few_rows.py", "test_step_runner.py", "test_step_state.py",
                "test_suffix.py", "test_trees.py", "test_pass_dtype_memory.py",
                "test_trees_sampled.py", "test_startup_trace.py", "test_merged_tree.py", "test_drafter_head.py",
-               "test_drafting_strategies.py", "test_greedy_exactness.py", "test_kernel_build.py", "test_toolchain.py",
+               "test_drafting_strategies.py", "test_readme.py", "test_greedy_exactness.py", "test_kernel_build.py", "test_toolchain.py",
                "test_embedded_model.py")
 
 

@@ -2,21 +2,16 @@
 ``merged``): greedy exact through ``run_strategy``, its measured step cost the policy's per-draft
 cost, ``--head`` loaded or refused in one line in the REPL and the benchmark, rows that need a head
 refused or skipped without one."""
-import subprocess
-import sys
 from argparse import Namespace
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from conftest import EOS_NEVER, MEASUREMENTS_ENV, PROMPT, llama, save_tiny
+from conftest import EOS_NEVER, PROMPT, llama, save_tiny
 from eagle.format import save_head
 from eagle.head import HeadConfig
 from eagle.loop import initial_head
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def head_for(target, draft_vocab: int = 48):
@@ -111,26 +106,30 @@ def folders(tmp_path_factory):
     return {"target": save_tiny(root / "target", target), "head": str(root / "head"), "other": str(root / "other-head")}
 
 
-def infer(*args, stdin: str = ""):
-    return subprocess.run([sys.executable, "infer.py", "--device", "cpu", "--no-calibrate", *args], cwd=ROOT, input=stdin,
-                          capture_output=True, text=True, timeout=300,
-                          env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(Path.home()), **MEASUREMENTS_ENV})
+@pytest.fixture(scope="module")
+def starts(folders):
+    """The file's REPL starts, each a process of its own forked from one Python that imported the libraries once
+    (``repl_driver.run_forked``; one such Python for the four, not a fresh one for the first): "head" (the head
+    loaded, its row run), "off" (``--head none``, then /eagle), "other" and "missing" (refused heads)."""
+    from repl_driver import run_forked
+
+    common = ["--no-calibrate", "--target", folders["target"], "--head"]
+    cases = {"head": ([*common, folders["head"], "--prompt", "Hi", "--length", "6", "--verbose"], ""),
+             "off": ([*common, "none"], "/eagle\n"), "other": ([*common, folders["other"]], ""),
+             "missing": ([*common, "/nonexistent/head"], "")}
+    return dict(zip(cases, run_forked([args for args, _ in cases.values()], [text for _, text in cases.values()])))
 
 
-def test_the_repl_loads_the_head_says_it_and_runs_the_eagle_row(folders):
-    result = infer("--target", folders["target"], "--head", folders["head"], "--prompt", "Hi", "--length", "6", "--verbose")
+def test_the_repl_loads_the_head_says_it_and_runs_the_eagle_row(starts):
+    result = starts["head"]
     assert result.returncode == 0, result.stderr
     head_line = next(line for line in result.stdout.splitlines() if line.startswith("Head:"))
     assert "EAGLE-3" in head_line and "draft vocabulary 48" in head_line and "draft step: " in head_line and "of a target pass" in head_line
     assert "EAGLE-3 head" in result.stdout.split(head_line)[1]  # its row ran
 
 
-def test_no_head_or_a_head_for_another_target_is_one_line(folders):
-    from repl_driver import run_forked
-
-    common = ["--no-calibrate", "--target", folders["target"], "--head"]
-    off, *refusals = run_forked([[*common, "none"], [*common, folders["other"]], [*common, "/nonexistent/head"]],
-                                stdins=["/eagle\n", "", ""])  # three starts forked from one Python
+def test_no_head_or_a_head_for_another_target_is_one_line(starts):
+    off, refusals = starts["off"], (starts["other"], starts["missing"])
     assert off.returncode == 0 and "Head: none (--head none)" in off.stdout and "restart with --head PATH" in off.stdout
     for refused, words in zip(refusals, ("could not load the head", "could not load the head")):
         assert refused.returncode == 1 and words in refused.stdout, refused.stdout

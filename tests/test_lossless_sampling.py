@@ -71,8 +71,21 @@ PROCESSORS = {
 }
 
 
-@pytest.mark.parametrize("use_cache", [False, True], ids=["no_cache", "cache"])
-@pytest.mark.parametrize("name", sorted(PROCESSORS))
+# processor x cache, as test_cross_tokenizer's grid: the cache changes only how the runners compute logits (the
+# same sampled tokens with and without it, seeded, below; greedy exact in both modes elsewhere), the processor only
+# how a token is drawn from them; multinomial (no token truncated) meets both modes, each mode a truncating
+# processor too, every processor once (2026-11-30: 6 cells -> 4, ~8 CPU s, single run, noisy)
+SAMPLED_GRID = [("multinomial", False), ("multinomial", True), ("nucleus", False), ("topk", True)]
+
+
+def test_the_sampled_grid_meets_every_processor_and_both_cache_modes():
+    assert {name for name, _ in SAMPLED_GRID} == set(PROCESSORS)
+    for use_cache in (False, True):
+        met = {name for name, cached in SAMPLED_GRID if cached == use_cache}
+        assert "multinomial" in met and met - {"multinomial"}, use_cache
+
+
+@pytest.mark.parametrize("name,use_cache", SAMPLED_GRID, ids=[f"{name}-{'cache' if on else 'no_cache'}" for name, on in SAMPLED_GRID])
 def test_sampled_speculative_follows_target_distribution(tiny_pair, name, use_cache):
     target, drafter = tiny_pair
     processor = PROCESSORS[name]

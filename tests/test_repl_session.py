@@ -1,8 +1,6 @@
 """A session driven as a user would: one REPL on a pseudo-terminal shared by the tests of its commands,
 prompts and keys (Ctrl-C, Ctrl-D, /quit), and sessions on a pipe or with --prompt: what each pair of models runs
 (the piped sessions forked from one Python, ``repl_driver.run_forked``)."""
-import time
-
 import pexpect
 
 import pytest
@@ -12,10 +10,22 @@ from repl_driver import GIVEN_COSTS, PROMPT, command, run_forked, spawn
 
 
 @pytest.fixture(scope="module")
-def repl(tiny_models):
-    child = spawn("--target", tiny_models["target"], "--drafter", tiny_models["drafter"], "--row-costs", GIVEN_COSTS)
-    yield child
-    child.close(force=True)
+def session(tiny_models):
+    """The module's one REPL, started again only where a test ended it (/quit, the file's last test)."""
+    children = []
+
+    def live():
+        if not children or not children[-1].isalive():
+            children.append(spawn("--target", tiny_models["target"], "--drafter", tiny_models["drafter"], "--row-costs", GIVEN_COSTS))
+        return children[-1]
+    yield live
+    for child in children:
+        child.close(force=True)
+
+
+@pytest.fixture
+def repl(session):
+    return session()
 
 
 def test_commands_change_settings_and_help_shows_them(repl):
@@ -179,11 +189,13 @@ def test_debug_view_and_stream_never_share_a_line(repl):
 def test_ctrl_c_stops_the_generation_and_the_repl_goes_on(repl):
     command(repl, "/length 3000", "length: 3000")
     command(repl, "/cache", "cache: off")  # slow enough to be interrupted
+    command(repl, "/stream", "stream: on")  # a row's title is drawn as it starts: the Ctrl-C lands in its run, not at the prompt
     repl.sendline("Tell me a long story")
-    time.sleep(3)
+    repl.expect("Speculative")  # the first row's title: it is generating (before, a fixed 3 s sleep)
     repl.sendintr()
     repl.expect("interrupted")
     repl.expect(PROMPT)
+    command(repl, "/stream", "stream: off")
     command(repl, "/cache", "cache: on")
     command(repl, "/length 35", "length: 35")
 
@@ -196,24 +208,21 @@ def test_ctrl_d_exits_with_status_zero(tiny_models):
     assert child.exitstatus == 0
 
 
-def test_quit_exits_with_status_zero(tiny_models):
-    child = spawn("--target", tiny_models["target"])
-    child.sendline("/quit")
-    child.expect(pexpect.EOF)
-    child.close()
-    assert child.exitstatus == 0
-
-
 @pytest.fixture(scope="module")
-def piped(tiny_models):
+def piped(tiny_models, tmp_path_factory):
     """Sessions on a pipe or with --prompt, each a process of its own forked from one Python that
-    imported the libraries once (``repl_driver.run_forked``): "piped", "prompt", "no_drafter", "t5"."""
+    imported the libraries once (``repl_driver.run_forked``; one for the file's piped sessions): "piped",
+    "prompt", "no_drafter", "t5", and a drafter of the target's first layers: "layers" (of a three-layer
+    target) and "too_deep" (as deep as the one-layer target)."""
     target, drafter = tiny_models["target"], tiny_models["drafter"]
+    deep = save_tiny(tmp_path_factory.mktemp("deep"), llama(vocab=49152, window=4096, layers=3))  # tiny_models' target, three layers
     cases = {"piped": (["--target", target], "/length 5\nHello\n"),
              "prompt": (["--target", target, "--drafter", drafter, "--prompt", "Hi", "--length", "4"], ""),
              "no_drafter": (["--target", target], "/speculative\n/drafter\n"),
              "t5": (["--target", tiny_models["t5"], "--drafter", tiny_models["t5_drafter"], "--no-chat", "--length", "6"],
-                    "/ngram\nTranslate this\n")}
+                    "/ngram\nTranslate this\n"),
+             "layers": (["--target", deep, "--drafter", "layers:2", "--no-calibrate", "--prompt", "Hi", "--length", "6"], ""),
+             "too_deep": (["--target", target, "--drafter", "layers:1", "--no-calibrate", "--prompt", "Hi"], "")}
     return dict(zip(cases, run_forked([args for args, _ in cases.values()], [text for _, text in cases.values()])))
 
 
@@ -234,10 +243,8 @@ def test_speculative_without_drafter_says_how_to_get_one(piped):
     assert result.stdout.count("restart with --drafter MODEL") == 2 and result.returncode == 0
 
 
-def test_a_drafter_made_of_the_targets_first_layers_drafts_in_the_repl(tiny_models, tmp_path):
-    deep = save_tiny(tmp_path / "deep", llama(vocab=49152, window=4096, layers=3))  # tiny_models' target, three layers
-    result, refused = run_forked([["--target", deep, "--drafter", "layers:2", "--no-calibrate", "--prompt", "Hi", "--length", "6"],
-                                  ["--target", tiny_models["target"], "--drafter", "layers:1", "--no-calibrate", "--prompt", "Hi"]])
+def test_a_drafter_made_of_the_targets_first_layers_drafts_in_the_repl(piped):
+    result, refused = piped["layers"], piped["too_deep"]
     assert result.returncode == 0, result.stderr
     assert "first 2 layers of the target" in result.stdout and "Speculative" in result.stdout
     assert refused.returncode == 1 and "a drafter needs fewer layers than the target" in refused.stdout
@@ -276,3 +283,11 @@ def test_ngram_storage_can_be_built_saved_and_loaded(repl, tmp_path):
     assert (tmp_path / "own.json").stat().st_size > 0
     shown = command(repl, "/help", "Anything else is a prompt")
     assert "[static tier loaded]" in shown
+
+
+def test_quit_exits_with_status_zero(repl):
+    """The shared REPL, after every test above (last: a start of its own saved; a test after it gets a fresh REPL)."""
+    repl.sendline("/quit")
+    repl.expect(pexpect.EOF)
+    repl.close()
+    assert repl.exitstatus == 0

@@ -7,19 +7,34 @@ import pytest
 from repl_driver import run_forked, target_line
 
 
+# the compiled start's pass width: one bucket that every pass here pads into (decoding's 1 position, verification's
+# 2-5 with gamma <= 4), so one graph; each width costs ~9 s of compiling on this CPU (the default six: 56 s of the
+# file's 62, single run) and every width is prepared by the same loop (runners.compiled.prepare), whose graphs,
+# padding and several widths of one model test_compiled checks (2026-11-30: (1, 8) -> (8,), ~9 s)
+WIDTHS = (8,)
+CAPACITY = 1024  # the start's 1000 positions (LoadOptions.compile_length) + the widest pass, to a power of two (32: 2048)
+
+
 @pytest.fixture(scope="module")
-def eager_starts(tiny_models):
-    """The file's eager start-ups, forked from one Python that imported the libraries once
-    (``repl_driver.run_forked``): ``{"auto", "on", "off"}`` (``--prepack``), ``"int8"`` (``--quantize``)."""
+def starts(tiny_models):
+    """The file's start-ups, forked from one Python that imported the libraries once (``repl_driver.run_forked``;
+    one such Python for the file, not one for the eager starts and one for the compiled: ~4 s of imports):
+    ``{"auto", "on", "off"}`` (``--prepack``), ``"int8"`` (``--quantize``), and ``"compile"`` where a C++ compiler
+    is here. The buckets set before the forks are read by ``--compile`` only."""
+    from utils.toolchain import cxx_compiler
+
     common = ("--target", tiny_models["target"], "--prompt", "Hi", "--length", "1", "--no-calibrate", "--verbose")
-    quantized = ("--target", tiny_models["target"], "--quantize", "int8", "--prompt", "Hi", "--length", "4")
-    results = run_forked([common, [*common, "--prepack", "on"], [*common, "--prepack", "off"], quantized])
-    return dict(zip(("auto", "on", "off", "int8"), results))
+    cases = {"auto": common, "on": [*common, "--prepack", "on"], "off": [*common, "--prepack", "off"],
+             "int8": ("--target", tiny_models["target"], "--quantize", "int8", "--prompt", "Hi", "--length", "4")}
+    if cxx_compiler():
+        cases["compile"] = ("--target", tiny_models["target"], "--compile", "--no-calibrate", "--prompt", "Hi", "--length", "6", "--verbose")
+    results = run_forked(list(cases.values()), setup=f"import runners.compiled; runners.compiled.BUCKETS = {WIDTHS!r}")
+    return dict(zip(cases, results))
 
 
-def test_prepacking_is_measured_by_default_or_the_flags_choice_and_named_on_the_target_line(eager_starts):
+def test_prepacking_is_measured_by_default_or_the_flags_choice_and_named_on_the_target_line(starts):
     """On the tiny float32 Llama, one token a run: the choice and its line do not depend on the model's size."""
-    auto, on, off = (eager_starts[name] for name in ("auto", "on", "off"))
+    auto, on, off = (starts[name] for name in ("auto", "on", "off"))
     assert auto.returncode == 0 and on.returncode == 0 and off.returncode == 0, auto.stderr + on.stderr + off.stderr
     # measured, or (a busy machine) fallen back past its budget: either way named, saved or not
     # a Llama's eager passes run the lean forward (runners.lean), and the line says so
@@ -30,18 +45,9 @@ def test_prepacking_is_measured_by_default_or_the_flags_choice_and_named_on_the_
     assert target_line(off).endswith("· eager · lean Llama forward (attention: SDPA)")
 
 
-# the compiled start's pass width: one bucket that every pass here pads into (decoding's 1 position, verification's
-# 2-5 with gamma <= 4), so one graph; each width costs ~9 s of compiling on this CPU (the default six: 56 s of the
-# file's 62, single run) and every width is prepared by the same loop (runners.compiled.prepare), whose graphs,
-# padding and several widths of one model test_compiled checks (2026-11-30: (1, 8) -> (8,), ~9 s)
-WIDTHS = (8,)
-CAPACITY = 1024  # the start's 1000 positions (LoadOptions.compile_length) + the widest pass, to a power of two (32: 2048)
-
-
 @pytest.mark.needs_cxx
-def test_compile_compiles_once_at_start_up_says_how_long_and_names_the_runner(tiny_models):
-    [result] = run_forked([("--target", tiny_models["target"], "--compile", "--no-calibrate", "--prompt", "Hi", "--length", "6",
-                            "--verbose")], setup=f"import runners.compiled; runners.compiled.BUCKETS = {WIDTHS!r}")
+def test_compile_compiles_once_at_start_up_says_how_long_and_names_the_runner(starts):
+    result = starts["compile"]
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("Compiled the target in") == 1
     widths = "/".join(map(str, WIDTHS))
@@ -50,7 +56,7 @@ def test_compile_compiles_once_at_start_up_says_how_long_and_names_the_runner(ti
     assert "Target AR" in result.stdout and "N-gram assisted" in result.stdout
 
 
-def test_quantized_target_loads_and_runs(eager_starts):
-    result = eager_starts["int8"]
+def test_quantized_target_loads_and_runs(starts):
+    result = starts["int8"]
     assert result.returncode == 0, result.stderr
     assert "int8 weights" in target_line(result) and "Target AR" in result.stdout
