@@ -71,10 +71,10 @@ PROCESSORS = {
 }
 
 
-# processor x cache, as test_cross_tokenizer's grid: the cache changes only how the runners compute logits (the
-# same sampled tokens with and without it, seeded, below; greedy exact in both modes elsewhere), the processor only
-# how a token is drawn from them; multinomial (no token truncated) meets both modes, each mode a truncating
-# processor too, every processor once (2026-11-30: 6 cells -> 4, ~8 CPU s, single run, noisy)
+# processor x cache, as test_cross_tokenizer's grid: the cache changes only how the runners compute logits (every
+# processor draws the same seeded tokens with and without it, below; greedy exact in both modes elsewhere), the
+# processor only how a token is drawn from them; multinomial (no token truncated) meets both modes, each mode a
+# truncating processor too, every processor once (2026-11-30: 6 cells -> 4, ~8 CPU s, single run, noisy)
 SAMPLED_GRID = [("multinomial", False), ("multinomial", True), ("nucleus", False), ("topk", True)]
 
 
@@ -134,13 +134,16 @@ def test_sampled_ngram_assisted_follows_target_distribution(tiny_pair, name, use
     assert chi_square_pvalue(samples, exact_distribution(target, processor)) > 1e-3
 
 
-def test_sampled_output_identical_with_and_without_cache(tiny_pair):
+@pytest.mark.parametrize("name", sorted(PROCESSORS))
+def test_sampled_output_identical_with_and_without_cache(tiny_pair, name):
+    """Every processor draws the same seeded tokens with and without the cache: what lets SAMPLED_GRID meet each
+    processor in one cache mode only (the chi-square of one mode is the other's)."""
     target, drafter = tiny_pair
     outputs = []
     for use_cache in (False, True):
         torch.manual_seed(7)
         outputs.append([
-            speculative_generate(PROMPT, drafter, target, gamma=3, logits_processor=PROCESSORS["topk"], max_gen_len=20,
+            speculative_generate(PROMPT, drafter, target, gamma=3, logits_processor=PROCESSORS[name], max_gen_len=20,
                                  eos_tokens_id=[], use_cache=use_cache)[0]
             for _ in range(5)
         ])
