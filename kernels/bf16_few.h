@@ -77,16 +77,12 @@ static void few_dot(const float *x, const uint16_t *p, const float *b, float *y,
         for (int64_t b0 = first; b0 < last; b0 += GB) {
             int64_t gb = last - b0 < GB ? last - b0 : GB, n0 = b0 * BW, width = gb * BW;
             const uint16_t *pg = p + b0 * K * BW;
-            if (n0 + width <= N) {
+            const int spilled = n0 + width > N;
+            if (!spilled)
                 few_group(x, M, K, gb, pg, y + n0, N);
-            } else {
+            else
                 few_group(x, M, K, gb, pg, spill, width);
-                for (int64_t i = 0; i < M; i++)
-                    for (int64_t j = 0; n0 + j < N; j++) y[i * N + n0 + j] = spill[i * width + j];
-            }
-            if (b)
-                for (int64_t i = 0; i < M; i++)
-                    for (int64_t j = n0; j < n0 + width && j < N; j++) y[i * N + j] += b[j];
+            group_out(spill, spilled, b, y, M, N, n0, width);
         }
 }
 #endif

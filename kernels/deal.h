@@ -95,4 +95,16 @@ static inline int share_next(Share *s, int64_t *first, int64_t *last) {
     }
 }
 
+/* A dealt group's end, y[M, N] for its columns n0 .. n0 + width: its sums copied from `spill` where the group ran past N
+ * (spilled: the padded last block), then + b[j] after each output's chain (b NULL: none) */
+static inline void group_out(const float *spill, int spilled, const float *b, float *y, int64_t M, int64_t N, int64_t n0,
+                             int64_t width) {
+    if (spilled)
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; n0 + j < N; j++) y[i * N + n0 + j] = spill[i * width + j];
+    if (b)
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = n0; j < n0 + width && j < N; j++) y[i * N + j] += b[j];
+}
+
 #endif

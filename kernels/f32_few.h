@@ -103,16 +103,12 @@ static void few32_rows(const float *x, const float *p, const float *b, float *y,
         for (int64_t b0 = first; b0 < last; b0 += GBF) {
             int64_t gb = last - b0 < GBF ? last - b0 : GBF, n0 = b0 * BW, width = gb * BW;
             const float *pg = p + b0 * K * BW;
-            if (n0 + width <= N) {
+            const int spilled = n0 + width > N;
+            if (!spilled)
                 few32_any(M, gb, x, K, pg, y + n0, N, far);
-            } else {
+            else
                 few32_any(M, gb, x, K, pg, spill, width, far);
-                for (int64_t i = 0; i < M; i++)
-                    for (int64_t j = 0; n0 + j < N; j++) y[i * N + n0 + j] = spill[i * width + j];
-            }
-            if (b)
-                for (int64_t i = 0; i < M; i++)
-                    for (int64_t j = n0; j < n0 + width && j < N; j++) y[i * N + j] += b[j];
+            group_out(spill, spilled, b, y, M, N, n0, width);
         }
 }
 #endif
