@@ -92,8 +92,9 @@ def test_a_clear_gain_takes_no_unit_step():
 
 
 def test_a_draft_with_no_evidence_is_never_verified_not_even_by_a_probe():
-    # NASD's random filler (evidence 0) after a matched draft: a copy's deep rates made the old trim keep it (qa: a
-    # third of basic NASD's drafts, 40-60% of one-level's, none accepted); a chain is cut before its first one
+    # NASD's random filler (evidence 0) after a matched draft: a copy's deep rates made the old trim keep it (open
+    # prompts: 37% of basic NASD's drafts, 61% of one-level's, each accepted about once in the vocabulary); a chain
+    # is cut before its first one
     policy = _gated(gamma=4)
     for _ in range(12):  # a verbatim copy: every depth accepted, so depth 2-4 rates are high
         _step(policy, True, evidence=8)
