@@ -80,8 +80,9 @@ class Drafter:
     def evidence(self) -> List[int] | None:
         """For the last ``propose`` (or ``propose_tree``, with ``tree_evidence``: one per node): what
         backs each draft, an int that grows with the chance of its acceptance (a matched context's
-        length), which the policy keys its acceptance by depth on; None: nothing to tell (the policy
-        uses depth alone). Deterministic drafts only."""
+        length), which the policy keys its acceptance by depth on; 0: nothing backs it (a random filler: a
+        chain is verified up to the draft before it); None: nothing to tell (the policy uses depth alone).
+        Deterministic drafts only."""
         return None
 
     def sources(self, nodes: List[int], path: List[int]) -> List[str]:

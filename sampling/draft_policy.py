@@ -265,13 +265,16 @@ class DraftPolicy:
 
     def trim(self, proposed: int, evidence: Optional[Sequence[int]], planned: int, limit: int) -> int:
         """How many of ``proposed`` deterministic drafts to verify (``planned``: ``length``'s count):
-        with each draft's ``evidence``, the cost-optimal count by the acceptance of each depth in
-        its evidence's bucket (never below ``min_draft``; a cheap drafter with ``auto`` fills the
-        padded pass, of at most ``limit`` positions); without, at most ``planned``. Decided from
-        the drafts' evidence alone, never from the target: lossless."""
+        with each draft's ``evidence``, the cost-optimal count by the acceptance of each depth in its
+        evidence's bucket, before the first draft of evidence 0 (never below ``min_draft``; a cheap drafter
+        with ``auto`` fills the padded pass, of at most ``limit`` positions); without, at most ``planned``.
+        Decided from the drafts' evidence alone, never from the target: lossless."""
         self._evidence = None
         if evidence is None or not self._deep() or proposed == 0 or len(evidence) < proposed:
             return min(proposed, planned)
+        # evidence 0: nothing backs the draft (NASD's random filler, accepted about once in the vocabulary), and the
+        # drafts after it continue a random context: the chain is cut before it, a probe included (it tests nothing)
+        proposed = next((i for i, e in enumerate(evidence[:proposed]) if e <= 0), proposed)
         least = 0 if self.gated and not self.probes() else min(proposed, max(1, self.min_draft))
         best = self._best(proposed, evidence, least=least)
         self.gate_cut(best)

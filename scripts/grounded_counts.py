@@ -15,12 +15,14 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Dict, List
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.bench.prompts import load_prompts  # noqa: E402
 from app.session import encode  # noqa: E402
 from drafters import CopyTreeSpec, PromptLookupSpec, SuffixSpec  # noqa: E402
-from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate  # noqa: E402
+from ngram_assisted import NGramStorage, OneLevelNGramStorage, ngram_assisted_speculative_generate  # noqa: E402
 from sampling import DraftPolicy, GenerationStats, autoregressive_generate, generate  # noqa: E402
 from sampling.config import Observer, Step  # noqa: E402
 from utils.models import load_embedded  # noqa: E402
@@ -59,7 +61,7 @@ def copy_oracle(prompt: List[int], out: List[int], min_n: int = 1, cap: int = 64
     return passes
 
 
-ROWS = ("pld", "ngram", "suffix", "tree_suffix", "tree_copy")
+ROWS = ("pld", "ngram", "suffix", "tree_suffix", "tree_copy", "onelevel")  # onelevel: NASD on the bench's other storage
 
 
 class GatedTrees(DraftPolicy):
@@ -91,8 +93,10 @@ def row_runs(prompt: List[int], model, tokenizer, eos, new: int, policy_for, row
             out = generate(prompt, model, SuffixSpec(trees=True), dict(args, gamma=16))[0]
         elif name == "tree_copy":  # the library's copy tree, gated by its nodes' evidence, tree_size 16
             out = generate(prompt, model, CopyTreeSpec(), args)[0]
-        else:
-            out = ngram_assisted_speculative_generate(prompt, NGramStorage(3, model.config.vocab_size), model, gamma=4,
+        else:  # NASD as the bench builds it: a fresh storage, gamma 4, filler top-3 (a seeded random filler on unknown context)
+            torch.manual_seed(42)
+            storage = (OneLevelNGramStorage if name == "onelevel" else NGramStorage)(3, model.config.vocab_size)
+            out = ngram_assisted_speculative_generate(prompt, storage, model, gamma=4,
                                                       filler_top_k=3, first_target=True, **args)[0]
         runs[name] = (out, seen.steps)
     return runs
