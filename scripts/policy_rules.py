@@ -16,16 +16,9 @@ from typing import Callable, Dict, List
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-
-from drafters import PromptLookupSpec, SuffixSpec  # noqa: E402
-from drafters.ngram import NGramSpec  # noqa: E402
-from drafters.spec import DraftContext  # noqa: E402
 from grounded_counts import ROW_COSTS  # noqa: E402
-from ngram_assisted.persistence import KINDS  # noqa: E402
-from policy_trace import Steps, Traced, record  # noqa: E402
-from sampling import DraftPolicy, GenerationStats, generate  # noqa: E402
-from utils.replayed_runner import ReplayedRunner  # noqa: E402
+from policy_trace import Traced, record, replay as trace_replay  # noqa: E402
+from sampling import DraftPolicy  # noqa: E402
 
 ROWS = ("ngram:basic", "ngram:onelevel", "pld", "suffix")
 
@@ -76,20 +69,7 @@ RULES: Dict[str, Callable[..., DraftPolicy]] = {"library": Traced, "no_prior": N
 
 def replay(entry: dict, row: str, costs, rule: Callable[..., DraftPolicy], gamma: int = 4) -> List[tuple]:
     """One row's steps (drafted, accepted, rows, belief) on a recorded entry under ``rule``'s policy on ``costs``."""
-    vocab, ref = entry["vocab"], entry["ref"]
-    policy = rule(min_gain=1.0, row_costs=tuple(costs))
-    seen = Steps(policy)
-    values = dict(gamma=gamma, max_gen_len=len(ref), eos_tokens_id=[vocab - 1], policy=policy, stats=GenerationStats(), streamer=seen)
-    runner = ReplayedRunner(entry["prompt"], ref, vocab, dict(enumerate(entry["fillers"])))
-    context = DraftContext()
-    if row.startswith("ngram"):
-        spec, context = NGramSpec(3), DraftContext(storage=KINDS[row.split(":")[1]](3, vocab))
-    else:
-        spec = PromptLookupSpec() if row == "pld" else SuffixSpec()
-    torch.manual_seed(42)  # a random filler where the n-gram storage knows no context, as the bench seeds
-    out, _ = generate(entry["prompt"], runner, spec, values, context)
-    assert out == ref, f"{row} left target AR's tokens"
-    return seen.steps
+    return trace_replay(entry, row, costs, gamma, rule=rule)
 
 
 def cost(rows: int, costs) -> float:

@@ -93,11 +93,12 @@ class PaidRunner(ReplayedRunner):
         return super().__call__(ids, n_last)
 
 
-def replay(entry: dict, row: str, costs, gamma: int = 4, paid: Optional[Callable[[int], float]] = None) -> List[tuple]:
+def replay(entry: dict, row: str, costs, gamma: int = 4, paid: Optional[Callable[[int], float]] = None,
+           rule: Callable[..., DraftPolicy] = None) -> List[tuple]:
     """One row's steps on a recorded entry under the calibrated policy's values on ``costs``; with ``paid`` (the
     relative cost a pass over r positions really takes), the policy is live and the loop's clock reads those."""
     vocab, ref = entry["vocab"], entry["ref"]
-    policy = Traced(min_gain=1.0, row_costs=tuple(costs), live=paid is not None)
+    policy = (rule or Traced)(min_gain=1.0, row_costs=tuple(costs), live=paid is not None)
     seen = Steps(policy)
     values = dict(gamma=gamma, max_gen_len=len(ref), eos_tokens_id=[vocab - 1], policy=policy, stats=GenerationStats(), streamer=seen)
     args = (entry["prompt"], ref, vocab, dict(enumerate(entry["fillers"])))
