@@ -10,8 +10,10 @@ streams 64 MB from memory, twice the largest L3 of the CPUs met), 4 KB ahead aga
 each distance by its least sample (``bf16_choice.least``: another process only ever adds time to a sample; on the
 busy 2-core Zen 4, in 8 races on one thread, the medians picked 4 KB in 3, where every race's least samples read none
 12-16% faster, and a whole one-position pass ran 15-20% faster without, noisy); none only where clearly faster
-(``bf16_choice.fastest``'s margin). Speed only: a
-prefetch changes no bit, so every choice gives every pass the same logits.
+(``bf16_choice.fastest``'s margin). On an AVX-512 build float32 races a third way (``L2``): one position on
+``kernels/f32_few.h``'s few-row loop too, 1 row x 4 blocks, every stream prefetched 4 KB ahead into L2 (on the
+same Zen 4 alone, a whole one-position pass 13.6 ms against 17.2 on decoding's loop, 2026-11-30, docs/runners.md).
+Speed only: a prefetch or a register tile changes no bit, so every choice gives every pass the same logits.
 
 The timer is given (``Timer``): the choice is a pure function of the seconds it returns."""
 import ctypes
@@ -25,6 +27,8 @@ from kernels.bf16_choice import MEASURED, Measured, fastest, least
 
 F32 = 0  # the weights' format (``c_step.c``'s Dims.weights): float32; a bfloat16 path otherwise
 DEFAULT, NONE = 4096, 0  # bytes ahead: the build's default, and no software prefetch
+L2 = -1  # float32 on an AVX-512 build: one position on the few-row loop, its streams prefetched into L2 (FEW_L2)
+FEW_L2 = (2, 1, DEFAULT, 1)  # kernels/f32_few.h's f32_few for L2: one position too, its 1 x 4 tile, bytes ahead, from 1 row
 Timer = Callable[[int], float]  # bytes ahead -> seconds of a sample
 WORKING_SET = 64 << 20  # bytes a sample streams: the model's blocks (or copies) in turn, past the caches
 
@@ -37,8 +41,24 @@ def kind(fmt: int) -> int:
     return 0 if fmt == F32 else 1
 
 
+def candidates(library: ctypes.CDLL, fmt: int) -> Tuple[int, ...]:
+    """The ways raced for format ``fmt``: DEFAULT and NONE; float32 on an AVX-512 build L2 too."""
+    return (DEFAULT, NONE, L2) if fmt == F32 and library.skinny_simd() == 512 else (DEFAULT, NONE)
+
+
+_BUILT_FEW: Dict[str, Tuple[int, ...]] = {}  # library's file -> its f32_few as built (kernels/f32_few.h)
+
+
 def apply(library: ctypes.CDLL, fmt: int, ahead: int) -> None:
-    """Set ``library``'s tiles of format ``fmt`` to prefetch ``ahead`` bytes on (0: none)."""
+    """Set ``library``'s tiles of format ``fmt`` to prefetch ``ahead`` bytes on (0: none; L2: float32's one position on
+    the few-row loop, prefetched into L2, decoding's distance left as it is; else that loop as built)."""
+    if fmt == F32:
+        few, c = library.skinny_set_few32, ctypes.c_int64
+        few.restype = c
+        built = _BUILT_FEW.setdefault(getattr(library, "_name", str(id(library))), tuple(few(c(-1), c(-1), c(-1), c(-1), c(i)) for i in range(4)))
+        few(*(c(v) for v in (FEW_L2 if ahead == L2 else built)), c(0))
+        if ahead == L2:
+            return  # decoding's loop (past 12 rows) keeps the distance it had
     library.skinny_set_ahead(ctypes.c_int64(-1 if kind(fmt) else ahead), ctypes.c_int64(ahead if kind(fmt) else -1),
                              ctypes.c_int64(kind(fmt)))
 
@@ -68,9 +88,9 @@ def timer(library: ctypes.CDLL, fmt: int, shape: Tuple[int, int], weights: Optio
     return run
 
 
-def choose(run: Timer) -> Measured:
-    """The bytes ahead ``run`` times fastest, by each one's least sample: DEFAULT unless NONE is clearly faster."""
-    seconds = least((DEFAULT, NONE), run)
+def choose(run: Timer, ways: Tuple[int, ...] = (DEFAULT, NONE)) -> Measured:
+    """Of ``ways``, the one ``run`` times fastest, by each one's least sample: DEFAULT unless another is clearly faster."""
+    seconds = least(ways, run)
     return Measured(fastest(seconds, DEFAULT), MEASURED, tuple(seconds.items()))
 
 
@@ -87,7 +107,7 @@ def settle(library: ctypes.CDLL, fmt: int, shape: Tuple[int, int], weights: Opti
         apply(library, fmt, DEFAULT)
         return Measured(DEFAULT, UNTIMED)
     if found is None:
-        found = _CHOSEN[key] = choose(run or timer(library, fmt, shape, weights))
+        found = _CHOSEN[key] = choose(run or timer(library, fmt, shape, weights), candidates(library, fmt))
     apply(library, fmt, found.pick)
     return found
 
@@ -101,6 +121,8 @@ def words(library: ctypes.CDLL, fmt: int) -> str:
 
 
 def _phrase(found: Measured) -> str:
+    if found.pick == L2:
+        return f"one position on the few-row loop, weights prefetched {DEFAULT // 1024} KB ahead into L2 {found.how}"
     if found.pick == NONE:
         return f"weights streamed without software prefetch {found.how}"
     return f"weights prefetched {found.pick // 1024} KB ahead {found.how}"
@@ -113,9 +135,13 @@ def raced() -> str:
     layers' release, so it names the build's default where a start measured nothing (every cost saved)."""
     parts = []
     for (_, fmt), found in _CHOSEN.items():
-        against = ", ".join(f"{s * 1e3:.3g} ms {'none' if b == NONE else f'{b // 1024} KB ahead'}" for b, s in found.others())
+        against = ", ".join(f"{s * 1e3:.3g} ms {_way(b)}" for b, s in found.others())
         parts.append(f"{'bfloat16' if fmt else 'float32'} {_phrase(found)} ({found.picked_seconds() * 1e3:.3g} ms against {against})")
     return "; ".join(parts)
+
+
+def _way(ahead: int) -> str:
+    return "none" if ahead == NONE else "the few-row loop into L2" if ahead == L2 else f"{ahead // 1024} KB ahead"
 
 
 def forget() -> None:

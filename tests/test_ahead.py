@@ -2,6 +2,8 @@
 pure function of the seconds the timer gives (fixed here, no clock), made once per process, library and dtype and
 set in the library; and it is speed only: every pass of either dtype, on every bfloat16 path, gives the same
 logits whichever distance the tiles prefetch (none, the default 4 KB, another)."""
+import ctypes
+
 import pytest
 import torch
 
@@ -20,9 +22,16 @@ def fresh(monkeypatch):
     """No choice made yet in this test; the library's distances put back after it."""
     monkeypatch.setattr(ahead, "_CHOSEN", {})
     library = skinny.library()
-    before = [library.skinny_set_ahead(-1, -1, k) for k in (0, 1)]
+    library.skinny_set_few32.restype = ctypes.c_int64
+    before, few = [library.skinny_set_ahead(-1, -1, k) for k in (0, 1)], [library.skinny_set_few32(-1, -1, -1, -1, i) for i in range(4)]
     yield library
     library.skinny_set_ahead(*before, 0)
+    library.skinny_set_few32(*few, 0)
+
+
+def few32(library) -> tuple:
+    """The library's f32_few now (kernels/f32_few.h: on, tile shape, bytes ahead into L2, from rows)."""
+    return tuple(library.skinny_set_few32(-1, -1, -1, -1, i) for i in range(4))
 
 
 def test_no_prefetch_is_chosen_only_where_clearly_faster():
@@ -62,7 +71,7 @@ def test_the_choice_is_made_once_per_dtype_and_set_in_the_library(fresh):
     def given(seconds):
         return lambda bytes_ahead: calls.append(bytes_ahead) or seconds[bytes_ahead]
 
-    fast_none, fast_default = {ahead.DEFAULT: 2e-3, ahead.NONE: 1e-3}, {ahead.DEFAULT: 1e-3, ahead.NONE: 2e-3}
+    fast_none, fast_default = {ahead.DEFAULT: 2e-3, ahead.NONE: 1e-3, ahead.L2: 3e-3}, {ahead.DEFAULT: 1e-3, ahead.NONE: 2e-3}
     assert ahead.settle(fresh, ahead.F32, (3072, 576), run=given(fast_none)).pick == ahead.NONE
     assert ahead.settle(fresh, bf16.DOT, (3072, 576), run=given(fast_default)).pick == ahead.DEFAULT
     timed = len(calls)
@@ -92,6 +101,13 @@ def test_every_distance_gives_every_pass_the_same_logits(fresh, dtype, monkeypat
             runner.rollback(0)
             found.append(torch.cat([runner(ids[:, :length], n) for length, n in PASSES]))
             assert runner.step_passes == len(PASSES) + 1 and fresh.skinny_set_ahead(-1, -1, int(dtype == torch.bfloat16)) == bytes_ahead
+        if dtype == torch.float32 and ahead.L2 in ahead.candidates(fresh, ahead.F32):  # one position on the few-row loop
+            runner = LeanRunner(MODELS["qwen2"]().to(dtype))
+            runner(ids[:, :4], 1)
+            ahead.apply(fresh, ahead.F32, ahead.L2)
+            runner.rollback(0)
+            found.append(torch.cat([runner(ids[:, :length], n) for length, n in PASSES]))
+            assert few32(fresh) == ahead.FEW_L2
         assert all(torch.equal(f, found[0]) for f in found[1:])
 
 
@@ -110,7 +126,7 @@ def test_a_model_without_released_blocks_is_not_timed_on_copies_and_its_blocks_a
 def test_the_headers_name_the_distance_and_how_it_was_chosen(fresh):
     """Untimed: the build's default said so; raced: the winner, by measurement (the C step's label carries it)."""
     assert ahead.words(fresh, ahead.F32) == "weights prefetched 4 KB ahead (the build's default, untimed)"
-    ahead.settle(fresh, ahead.F32, (64, 32), run={ahead.DEFAULT: 2e-3, ahead.NONE: 1e-3}.__getitem__)
+    ahead.settle(fresh, ahead.F32, (64, 32), run={ahead.DEFAULT: 2e-3, ahead.NONE: 1e-3, ahead.L2: 3e-3}.__getitem__)
     assert ahead.words(fresh, ahead.F32) == "weights streamed without software prefetch by measurement"
     ahead.settle(fresh, bf16.DOT, (64, 32), run={ahead.DEFAULT: 1e-3, ahead.NONE: 2e-3}.__getitem__)
     assert ahead.words(fresh, bf16.DOT) == "weights prefetched 4 KB ahead by measurement"
@@ -120,7 +136,23 @@ def test_the_distances_raced_are_named_with_their_samples_for_the_header(fresh):
     """``raced``: each dtype raced in this process, the pick and its least samples ("" before any race), as the
     REPL's verbose header adds them after its warm-up (the models' lines were written before the race)."""
     assert ahead.raced() == ""
-    ahead.settle(fresh, ahead.F32, (3072, 576), run={ahead.DEFAULT: 2e-3, ahead.NONE: 1e-3}.__getitem__)
+    ahead.settle(fresh, ahead.F32, (3072, 576), run={ahead.DEFAULT: 2e-3, ahead.NONE: 1e-3, ahead.L2: 3e-3}.__getitem__)
     ahead.settle(fresh, bf16.DOT, (3072, 576), run={ahead.DEFAULT: 1e-3, ahead.NONE: 2e-3}.__getitem__)
-    assert ahead.raced() == ("float32 weights streamed without software prefetch by measurement (1 ms against 2 ms 4 KB ahead); "
+    l2 = ", 3 ms the few-row loop into L2" if ahead.L2 in ahead.candidates(fresh, ahead.F32) else ""
+    assert ahead.raced() == (f"float32 weights streamed without software prefetch by measurement (1 ms against 2 ms 4 KB ahead{l2}); "
                              "bfloat16 weights prefetched 4 KB ahead by measurement (1 ms against 2 ms none)")
+
+
+@pytest.mark.skipif(skinny.available()[0] and skinny.library().skinny_simd() != 512, reason="the few-row loop is AVX-512's")
+def test_float32_races_the_few_row_loop_into_l2_and_each_pick_sets_its_loop(fresh):
+    """On an AVX-512 build float32 races L2 too: picked where clearly faster, it sets kernels/f32_few.h's FEW_L2 (one
+    position on the few-row loop, prefetched into L2) and names it; a pick of a distance puts the loop back as built."""
+    built = few32(fresh)
+    assert ahead.candidates(fresh, ahead.F32) == (ahead.DEFAULT, ahead.NONE, ahead.L2)
+    assert ahead.candidates(fresh, bf16.DOT) == (ahead.DEFAULT, ahead.NONE)
+    found = ahead.settle(fresh, ahead.F32, (64, 32), run={ahead.DEFAULT: 2e-3, ahead.NONE: 1.9e-3, ahead.L2: 1e-3}.__getitem__)
+    assert found.pick == ahead.L2 and few32(fresh) == ahead.FEW_L2
+    assert ahead.words(fresh, ahead.F32) == "one position on the few-row loop, weights prefetched 4 KB ahead into L2 by measurement"
+    assert ahead.choose({ahead.DEFAULT: 1e-3, ahead.NONE: 2e-3, ahead.L2: 0.99e-3}.__getitem__, ahead.candidates(fresh, ahead.F32)).pick == ahead.DEFAULT
+    ahead.apply(fresh, ahead.F32, ahead.NONE)
+    assert few32(fresh) == built and fresh.skinny_set_ahead(-1, -1, 0) == ahead.NONE
