@@ -144,7 +144,8 @@ def main(argv: List[str] | None = None) -> None:
     runners, reads = make_runners(base, ids, args)
     built = skinny.library()
     settled = {k: built.skinny_set_ahead(-1, -1, k) for k in (0, 1)}  # as kernels.ahead chose at the steps' builds
-    print(f"prefetch distances settled: float32 {settled[0]} B, bfloat16 {settled[1]} B")
+    from kernels import ahead
+    print(f"prefetch distances settled: float32 {settled[0]} B, bfloat16 {settled[1]} B; raced: {ahead.raced() or 'nothing'}")
     libraries: Dict[str, ctypes.CDLL] = {"built": built, **{v: variant(v) for v in args.variants}}
     libraries.update({f"ahead {a}": built for a in args.aheads})
     libraries.update({f"bridge {b}": built for b in args.bridges})
