@@ -46,16 +46,13 @@ def candidates(library: ctypes.CDLL, fmt: int) -> Tuple[int, ...]:
     return (DEFAULT, NONE, L2) if fmt == F32 and library.skinny_simd() == 512 else (DEFAULT, NONE)
 
 
-_BUILT_FEW: Dict[str, Tuple[int, ...]] = {}  # library's file -> its f32_few as built (kernels/f32_few.h)
-
-
 def apply(library: ctypes.CDLL, fmt: int, ahead: int) -> None:
     """Set ``library``'s tiles of format ``fmt`` to prefetch ``ahead`` bytes on (0: none; L2: float32's one position on
     the few-row loop, prefetched into L2, decoding's distance left as it is; else that loop as built)."""
     if fmt == F32:
         few, c = library.skinny_set_few32, ctypes.c_int64
         few.restype = c
-        built = _BUILT_FEW.setdefault(getattr(library, "_name", str(id(library))), tuple(few(c(-1), c(-1), c(-1), c(-1), c(i)) for i in range(4)))
+        built = tuple(few(c(-1), c(-1), c(-1), c(-1), c(4 + i)) for i in range(4))  # the loop as built
         few(*(c(v) for v in (FEW_L2 if ahead == L2 else built)), c(0))
         if ahead == L2:
             return  # decoding's loop (past 12 rows) keeps the distance it had
@@ -122,7 +119,7 @@ def words(library: ctypes.CDLL, fmt: int) -> str:
 
 def _phrase(found: Measured) -> str:
     if found.pick == L2:
-        return f"one position on the few-row loop, weights prefetched {DEFAULT // 1024} KB ahead into L2 {found.how}"
+        return f"weights prefetched {DEFAULT // 1024} KB ahead into L2 on the few-row loop {found.how}"
     if found.pick == NONE:
         return f"weights streamed without software prefetch {found.how}"
     return f"weights prefetched {found.pick // 1024} KB ahead {found.how}"

@@ -32,13 +32,15 @@
 #define F32_FEW_ON 1 /* 0: skinny_gemm.c's own loop at every width (the loop before); 2: one position's too */
 #endif
 int64_t f32_few[4] = {F32_FEW_ON, F32_FEW_SHAPE, F32_FEW_AHEAD, F32_FEW_ROWS}; /* on, shape, bytes ahead, from rows */
+static const int64_t f32_few_built[4] = {F32_FEW_ON, F32_FEW_SHAPE, F32_FEW_AHEAD, F32_FEW_ROWS};
 
-/* f32_few's values set (each negative: left as it is); returns f32_few[which] after. Speed only, the same bits */
+/* f32_few's values set (each negative: left as it is); returns f32_few[which] after (which 4..7: f32_few[which - 4]
+ * as built, whatever was set since). Speed only, the same bits */
 int64_t skinny_set_few32(int64_t on, int64_t shape, int64_t ahead, int64_t rows, int64_t which) {
     const int64_t to[4] = {on, shape, ahead, rows};
     for (int i = 0; i < 4; i++)
         if (to[i] >= 0) f32_few[i] = to[i];
-    return f32_few[which & 3];
+    return which >= 4 ? f32_few_built[which & 3] : f32_few[which & 3];
 }
 
 #if defined(__AVX512F__)

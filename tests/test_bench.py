@@ -327,5 +327,5 @@ def test_the_title_names_the_prefetch_distance_the_runs_ran_with(tiny_models, tm
     report = (out / "results.md").read_text()
     title = report.split("\n")[0]
     assert ahead.raced() and "untimed" not in title, title
-    assert re.search(r"weights (prefetched \d+ KB ahead|streamed without software prefetch|prefetched \d+ KB ahead into L2) by measurement", title), title
+    assert re.search(r"weights (prefetched \d+ KB ahead|streamed without software prefetch|prefetched \d+ KB ahead into L2 on the few-row loop) by measurement", title), title
     assert f"Prefetch: {ahead.raced()}" in report
