@@ -121,7 +121,7 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t K
 #endif
 }
 
-#include "f32_few.h" /* 2..8 rows' own loop (AVX-512): wider tiles, prefetched into L2 */
+#include "f32_few.h" /* 2..12 rows' own loop, one position's too where raced (AVX-512): wider tiles, prefetched into L2 */
 
 /* one register block: mb rows (1..MB) against gb blocks (1..GB); each case a copy of tile with its
  * row and block counts constant, so that its accumulators stay in registers */

@@ -21,8 +21,7 @@ from typing import Dict, List, Tuple
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-# kernels/f32_few.h's f32_few (on, shape, bytes ahead into L2, from rows): off, as built, one position on it too
-VARIANTS = {"before": (0, 1, 4096, 4), "few": (1, 1, 4096, 4), "one too": (2, 1, 4096, 4), "one too, L2": (2, 1, 4096, 1)}
+from f32_widths import VARIANTS  # noqa: E402  kernels/f32_few.h's f32_few by name (on, shape, bytes ahead into L2, from rows)
 
 
 def main(argv: List[str] | None = None) -> None:
