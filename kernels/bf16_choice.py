@@ -3,7 +3,11 @@
 
 A linear of the model's shape (its gate/up, blocked in bfloat16) is timed on each path built over one
 position (and, racing on the weighed run, over ``ROWS`` rows on its default many-row variant), then over ``ROWS`` rows on each
-many-row variant of the path kept: interleaved rounds after ``WARMUP`` untimed ones, medians. Speed is
+many-row variant of the path kept: interleaved rounds after ``WARMUP`` untimed ones, each key by its least sample
+(``least``: the keys differ in speed only, and another process only ever adds time to a sample; on the busy 2-core
+Zen 4, medians over 7 rounds took the widening load in plain C in one start, where most of the dot path's samples
+had lost a time slice, and the AVX-512 widening load in another: its prompt pass costs float32's CPU time, the dot
+path's 0.54x it, ~0.8 ms more a bfloat16 token of ``scripts/bf16_step.py``, noisy: docs/runners.md). Speed is
 all that depends on it: a process takes one path for every pass of every row (so a position's logits
 never depend on the pass's width), and every variant of a path gives a row the same bits.
 
@@ -93,13 +97,13 @@ def fastest(seconds: Dict[int, float], default: int) -> int:
 
 def weighed(one: float, verify: float, many: float) -> float:
     """Seconds of the run a path is chosen on: ``DECODED`` linears of one position, ``VERIFIED`` of
-    ``VERIFY_ROWS`` rows, and ``PROMPT / ROWS`` of ``ROWS`` rows (``one``, ``verify``, ``many``: the medians of each)."""
+    ``VERIFY_ROWS`` rows, and ``PROMPT / ROWS`` of ``ROWS`` rows (``one``, ``verify``, ``many``: the least samples of each)."""
     return DECODED * one + VERIFIED * verify + PROMPT / ROWS * many
 
 
 def choose_path(built: Sequence[int], timer: Timer, default: Optional[int] = None,
                 tiles: Optional[Dict[int, int]] = None, rounding: Sequence[int] = ()) -> Measured:
-    """The path ``built`` runs: each timed at one position; the fastest of the widening ones (not in
+    """The path ``built`` runs: each timed at one position (every time below: its least sample, ``least``); the fastest of the widening ones (not in
     ``rounding``: they give the same bits, and rank alike at any width), ``default`` (None: the first)
     unless another is clearly faster; then, where ``rounding`` paths are built, those and that one timed
     over ``VERIFY_ROWS`` rows (decoding's variant 0, which runs a verification pass) and over ``ROWS`` rows
@@ -107,25 +111,25 @@ def choose_path(built: Sequence[int], timer: Timer, default: Optional[int] = Non
     unless another is clearly faster."""
     if len(built) == 1:
         return Measured(built[0], ONLY)
-    one = medians(built, lambda path: timer(path, 0, 1))
+    one = least(built, lambda path: timer(path, 0, 1))
     widening = [p for p in built if p not in rounding]
     best = fastest({p: one[p] for p in widening}, default if default in widening else widening[0]) if widening else None
     racing = [p for p in built if p in rounding or p == best]
     if len(racing) == 1:  # nothing rounds apart: the one-position race decides, as it did
         return Measured(best, MEASURED, tuple(one.items()))
     tiles = tiles or {}
-    verify = medians(racing, lambda path: timer(path, 0, VERIFY_ROWS))
-    many = medians(racing, lambda path: timer(path, tiles.get(path, 1), ROWS))
+    verify = least(racing, lambda path: timer(path, 0, VERIFY_ROWS))
+    many = least(racing, lambda path: timer(path, tiles.get(path, 1), ROWS))
     seconds = {p: weighed(one[p], verify[p], many[p]) for p in racing}
     parts = tuple((p, one[p], verify.get(p, float("nan")), many.get(p, float("nan"))) for p in built)
     return Measured(fastest(seconds, racing[0] if best is None else best), MEASURED, tuple(seconds.items()), parts)
 
 
 def choose_tile(path: int, variants: Sequence[int], default: int, timer: Timer) -> Measured:
-    """The many-row variant of ``path`` (of ``variants``; ``default`` the build's) fastest over ``ROWS`` rows."""
+    """The many-row variant of ``path`` (of ``variants``; ``default`` the build's) fastest over ``ROWS`` rows (least samples)."""
     if len(variants) == 1:
         return Measured(variants[0], ONLY)
-    seconds = medians(variants, lambda tile: timer(path, tile, ROWS))
+    seconds = least(variants, lambda tile: timer(path, tile, ROWS))
     return Measured(fastest(seconds, default), MEASURED, tuple(seconds.items()))
 
 

@@ -93,6 +93,28 @@ def test_a_path_slower_at_one_row_wins_where_its_prompt_pass_pays_for_it():
     assert choice.choose_path([dot, widening], dot_runs, widening, rounding=bf16.ROUNDING).pick == widening
 
 
+def test_a_path_whose_samples_lost_time_slices_still_wins_by_its_least_samples():
+    """Another process only ever adds time to a sample: the dot path faster on the weighed run, but with all its
+    one-position samples but one disturbed (3x), is still chosen (each path by its least sample), where the
+    medians of the same samples would take the widening load; the many-row variant likewise."""
+    clean = {(bf16.DOT, 1): 1.0e-4, (bf16.AVX512, 1): 1.0e-4, (bf16.DOT, choice.VERIFY_ROWS): 1.2e-4,
+             (bf16.AVX512, choice.VERIFY_ROWS): 1.6e-4, (bf16.DOT, choice.ROWS): 0.5e-3, (bf16.AVX512, choice.ROWS): 1.0e-3}
+    count = {}
+
+    def run(path, tile, rows):
+        n = count[path, rows] = count.get((path, rows), -1) + 1
+        slow = path == bf16.DOT and rows == 1 and n != choice.WARMUP + 1  # one clean timed sample of the dot's one position
+        return clean[path, rows] * (3 if slow else 1)
+
+    found = choice.choose_path([bf16.DOT, bf16.AVX512], run, bf16.AVX512, rounding=bf16.ROUNDING)
+    assert found.pick == bf16.DOT and dict(found.seconds)[bf16.DOT] == choice.weighed(1.0e-4, 1.2e-4, 0.5e-3), found
+    count.clear()
+    one = choice.medians([bf16.DOT, bf16.AVX512], lambda path: run(path, 0, 1))  # the rule before: medians
+    assert choice.weighed(one[bf16.DOT], 1.2e-4, 0.5e-3) > choice.weighed(one[bf16.AVX512], 1.6e-4, 1.0e-3)
+    tiles = iter([5e-3, 2e-3] * choice.WARMUP + [1e-3, 2e-3] + [5e-3, 2e-3] * (choice.REPEATS - 1))  # variant 1: least 1e-3, median 5e-3
+    assert choice.choose_tile(bf16.DOT, [1, 2], 2, lambda path, tile, rows: next(tiles)).pick == 1
+
+
 def test_a_process_measures_once_and_the_header_names_the_measurement(fresh, monkeypatch):
     """The first bfloat16 model's step measures its gate/up shape; the path and many-row variant the given
     seconds make fastest run its passes and are named with their figures; a second model, and the
