@@ -14,6 +14,7 @@ not add up to the total's). Noisy on a shared machine: a rough A/B, never a resu
 
     .venv/bin/python scripts/bf16_split.py                              # 6 prompts x 5 rounds, 64 tokens
     .venv/bin/python scripts/bf16_split.py --rounds 1 --prompts 2 --tokens 8   # a smoke run
+    .venv/bin/python scripts/bf16_split.py --path dot avx512      # two bfloat16 copies, each on a path forced
 """
 import argparse
 import copy
@@ -29,6 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+NAMED = {"amx": "AMX", "dot": "DOT", "avx512": "AVX512", "avx2": "AVX2", "scalar": "SCALAR"}  # --path: kernels.bf16's names
 PARTS = ("total", "prompt pass", "one-position passes", "C call made ready", "host")
 CALLS: List[tuple] = []  # (kind, seconds) of the generation under way: "runner" with the pass's width, or "one"
 
@@ -70,47 +72,51 @@ def main(argv: List[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=64, help="greedy tokens a generation")
     parser.add_argument("--prompts", type=int, default=6, help="prompts of bench_prompts.jsonl")
     parser.add_argument("--threads", type=int, default=None, help="torch's threads (default: its own count)")
-    parser.add_argument("--path", choices=["amx", "dot", "avx512", "avx2", "scalar"], default=None,
-                        help="the bfloat16 path forced (default: the one measured here)")
+    parser.add_argument("--path", nargs="*", choices=sorted(NAMED), default=[],
+                        help="bfloat16 paths forced, a copy of the model each (default: the one measured here)")
     args = parser.parse_args(argv)
     import kernels.bf16 as bf16
 
-    bf16.FORCED = {"amx": bf16.AMX, "dot": bf16.DOT, "avx512": bf16.AVX512, "avx2": bf16.AVX2, "scalar": bf16.SCALAR}.get(args.path)
     if args.threads:
         torch.set_num_threads(args.threads)
+    from kernels import c_step
     from sampling import autoregressive_generate
     from utils.models import end_tokens, load_embedded
 
     torch.set_grad_enabled(False)
     clocked()
     model32, tokenizer = load_embedded()
-    models = {"float32": model32, "bfloat16": copy.deepcopy(model32).to(torch.bfloat16)}
+    forced = {f"bf16 {p}": getattr(bf16, NAMED[p]) for p in args.path} or {"bfloat16": None}
+    models = {"float32": model32, **{name: copy.deepcopy(model32).to(torch.bfloat16) for name in forced}}
     rows = [json.loads(line) for line in open(ROOT / "bench_prompts.jsonl") if line.strip()][: args.prompts]
     prompts = [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": r["turns"][0]}], add_generation_prompt=True,
                                                       tokenize=False), add_special_tokens=False).input_ids for r in rows]
     common = dict(max_gen_len=args.tokens, eos_tokens_id=end_tokens(model32, tokenizer), use_cache=True)
-    for model in models.values():  # warm: each dtype's step built, its kernels measured
+    for name, model in models.items():  # warm: each model's step built on its path (forced, or measured), kernels measured
+        bf16.FORCED = forced.get(name)
         autoregressive_generate(prompts[0][:8], model, **dict(common, max_gen_len=2))
+        print(f"{name}: {c_step.short_label(model)}")
+    bf16.FORCED = None  # each step keeps the path it was built on
     cells: Dict[str, List[Dict[str, float]]] = {name: [] for name in models}
     per_position: Dict[str, List[float]] = {name: [] for name in models}
     for round_ in range(args.rounds):
         for i, prompt in enumerate(prompts):
-            for name, model in (models.items() if (round_ + i) % 2 == 0 else reversed(list(models.items()))):
+            turn = (round_ * len(prompts) + i) % len(models)  # each model first in turn
+            for name, model in list(models.items())[turn:] + list(models.items())[:turn]:
                 CALLS.clear()
                 start = time.perf_counter()
                 out = autoregressive_generate(prompt, model, **common)
                 cells[name].append(split(time.perf_counter() - start, len(out)))
                 per_position[name].append(1e3 * CALLS[0][1] / len(prompt) if CALLS and CALLS[0][0][0] == "runner" else float("nan"))
-    from kernels import c_step
-
-    print(f"bfloat16 path: {c_step.short_label(models['bfloat16'])}")
     print(f"embedded SmolLM2-135M · {torch.get_num_threads()} threads · {len(prompts)} prompts "
           f"({min(map(len, prompts))}-{max(map(len, prompts))} positions) x {args.rounds} rounds, {args.tokens} tokens · "
           "ms a token, medians (noisy)")
-    print(f"{'part':<22}" + "".join(f"{name:>10}" for name in models) + f"{'bf16/f32':>10}")
+    print(f"{'part':<22}" + "".join(f"{name:>13}" for name in models))
     for part in PARTS:
         value = {name: statistics.median(c[part] for c in cells[name]) for name in models}
-        print(f"{part:<22}" + "".join(f"{value[n]:>10.2f}" for n in models) + f"{value['bfloat16'] / max(value['float32'], 1e-9):>10.2f}")
+        print(f"{part:<22}" + "".join(f"{value[n]:>13.2f}" for n in models))
+    total = {name: statistics.median(c["total"] for c in cells[name]) for name in models}
+    print("float32 / bfloat16 token (medians): " + ", ".join(f"{n} {total['float32'] / total[n]:.2f}x" for n in forced))
     print("prompt pass, ms a prompt position: " + ", ".join(f"{n} {statistics.median(v):.3f}" for n, v in per_position.items()))
 
 
