@@ -8,6 +8,7 @@
     plans.py                   a model's kernel plan as a whole: switched for a block, its unused copies freed, named
     holding.py                 one option's copy of the weights at a time (the start-up's kernel measurement)
     compile_cache.py           inductor's on-disk caches in the project's cache folder
+    row_topk.py / row_topk.c   a logits row's few largest values in one C read (NASD's filler top-k), a small library of its own
 
 ``runners`` re-exports what callers use of them (``runners.kernels``, ``set_prepack``...).
 """

@@ -76,6 +76,7 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
     processor, policy, stats = config.processor, config.policy, config.stats
     greedy = isinstance(processor, GreedyProcessor)
     drafting = not config.first_target
+    host = ids.numpy() if ids.device.type == "cpu" else None  # a view of ids' memory
     while len(tokens) < end:
         cur = len(tokens)
         k = max(0, min(policy.length(policy.bound()), end - cur - 1, drafter.max_drafts(cur))) if drafting else 0
@@ -102,14 +103,17 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
         logits = first_rows(target(ids[:, : cur + rows - 1], rows), k + 1)  # with the rows' tops where the pass read them
         if config.vocab_size is not None:
             logits = logits[:, : config.vocab_size]
-        read = _greedy_read(ids[0, cur : cur + k], logits, drafter, processor) if greedy else None
+        read = _greedy_read(ids, cur, k, logits, drafter, processor) if greedy else None
         draft_list, match_list, own_list, wanted, rest = read or _verified(ids[0, cur : cur + k], logits, q, drafter, config)
         n = match_list.index(0) if 0 in match_list else k
         emitted = draft_list[:n] + [own_list[n]]
         stop_at = next((i for i, t in enumerate(emitted) if t in config.stop_tokens), None)
         if stop_at is not None:
             emitted = emitted[: stop_at + 1]
-        ids[0, cur + n] = own_list[n]
+        if host is not None:  # the token written into memory, no tensor indexed (target AR's own write, its host cost halved)
+            host[0, cur + n] = own_list[n]
+        else:
+            ids[0, cur + n] = own_list[n]
         tokens.extend(emitted)
         target.rollback(cur + n)
         policy.update(k, n, rows)
@@ -121,7 +125,8 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
             stats.first_step_seconds = verified_at - clock
         else:  # the first pass also runs the prompt: not what a step of its width costs
             policy.measured(rows, verified_at - drafted_at, drafted_at - clock, asked, made)  # what this step paid, for the next ones
-        config.observe(Step(tokens, cur, len(prompt), draft_list, n, own_list[n], stop_at is not None, rows=rows))
+        if config.observers:  # the step's record is made only for someone to see it (as target AR's loop)
+            config.observe(Step(tokens, cur, len(prompt), draft_list, n, own_list[n], stop_at is not None, rows=rows))
         if stop_at is not None:
             break
         drafter.accept(tokens, cur, n, _on_host(wanted, iter(rest)))
@@ -131,11 +136,12 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
     return tokens[len(prompt) :]
 
 
-def _greedy_read(drafts: Tensor, logits: Tensor, drafter: Drafter, processor: GreedyProcessor) -> tuple | None:
+def _greedy_read(ids: Tensor, cur: int, k: int, logits: Tensor, drafter: Drafter, processor: GreedyProcessor) -> tuple | None:
     """Greedy verification as target AR reads its token: the target's tokens as ints from the row tops the pass kept on
     ``logits`` ``[k + 1, V]`` (``clear_tokens``), and what the drafter fetches read from the logits (``fetch_logits``):
-    no softmax, no tensor made, only the drafts ``[k]`` (none in a plain step) read back. ``_verified``'s tuple, the same
-    values; None where the tops are missing or unclear, or the drafter's fetch needs the distributions."""
+    no softmax, no tensor made, only the drafts ``ids[0, cur : cur + k]`` (none in a plain step) read back.
+    ``_verified``'s tuple, the same values; None where the tops are missing or unclear, or the drafter's fetch needs the
+    distributions."""
     own = processor.clear_tokens(logits)
     if own is None:
         return None
@@ -143,8 +149,11 @@ def _greedy_read(drafts: Tensor, logits: Tensor, drafter: Drafter, processor: Gr
     if wanted is UNREAD:
         return None
     tensors = _tensors(wanted)
-    draft_list = drafts.tolist() if drafts.numel() else []
-    rest = torch.cat([t.reshape(-1) for t in tensors]).tolist() if tensors else []
+    draft_list = ids[0, cur : cur + k].tolist() if k else []
+    if len(tensors) == 1:  # NASD's one tensor of fillers: read back as it is, nothing concatenated
+        rest = tensors[0].reshape(-1).tolist()
+    else:
+        rest = torch.cat([t.reshape(-1) for t in tensors]).tolist() if tensors else []
     return draft_list, [int(d == t) for d, t in zip(draft_list, own)], own, wanted, rest
 
 

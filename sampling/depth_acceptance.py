@@ -19,6 +19,7 @@ DECAY = 0.9  # per step: about the last ten steps weigh, and a depth no longer r
 PRIOR = 2.0  # pseudo-observations of the parent's rate each cell starts from
 BUCKETS = 6  # evidence 1, 2-3, 4-7, 8-15, 16-31, 32+ (0: none)
 ANY = -1  # the bucket of a depth's cell over every evidence
+MEMO = 64  # ``expected``'s answers kept at most (a long stretch without drafts asks for new evidence now and then)
 
 
 def bucket(evidence: int) -> int:
@@ -33,6 +34,9 @@ class DepthAcceptance:
 
     def __init__(self) -> None:
         self._cells: Dict[Tuple[int, int], List[float]] = {}  # (bucket or ANY, depth) -> [hits, trials]
+        # ``expected``'s answers since the cells last changed, by its arguments: a gated drafter's policy asks the same
+        # ones step after step while its drafts are cut to none (issue 71: the policy's host work a plain step)
+        self._answers: Dict[tuple, List[float]] = {}
 
     def __len__(self) -> int:
         return len(self._cells)
@@ -47,17 +51,26 @@ class DepthAcceptance:
 
     def expected(self, drafts: int, prior: float, evidence: Optional[Sequence[int]] = None) -> List[float]:
         """Expected tokens of a step drafting ``k`` tokens, for every ``k`` in ``0..drafts`` (the
-        accepted run plus the target's own token: ``1 + sum_d prod_{j <= d} rate(j)``)."""
+        accepted run plus the target's own token: ``1 + sum_d prod_{j <= d} rate(j)``). The list is shared with later
+        calls of the same arguments until ``observe``: read it, do not change it."""
+        key = (drafts, prior, None if evidence is None else tuple(evidence[:drafts]))
+        known = self._answers.get(key)
+        if known is not None:
+            return known
+        if len(self._answers) >= MEMO:
+            self._answers.clear()
         out, chain, rate = [1.0], 1.0, prior
         for depth in range(1, drafts + 1):
             rate = self._shrunk((ANY, depth), rate)  # the depth's own, toward the one before it
             chain *= rate if evidence is None else self._shrunk((bucket(evidence[depth - 1]), depth), rate)
             out.append(out[-1] + chain)
+        self._answers[key] = out
         return out
 
     def observe(self, drafted: int, accepted: int, evidence: Optional[Sequence[int]] = None) -> None:
         """Learn from a step that verified ``drafted`` drafts and accepted the first ``accepted``
         (``evidence``: each draft's, or None): depths past the first rejection were not tried."""
+        self._answers.clear()
         for cell in self._cells.values():
             cell[0] *= DECAY
             cell[1] *= DECAY

@@ -138,7 +138,7 @@ class DraftPolicy:
         self.gamma = gamma
         self.limit = min(self.max_gamma, max(gamma, self.bound() or 0))  # the most drafts a step may ask for
         self.per_draft = 0.0 if cheap else float(self.draft_cost if step_cost is None else step_cost)
-        self._step_costs = {}
+        self._step_costs, self._bests = {}, {}  # a count's cost, and ``_best``'s last answers: both until the costs move
         self.gated = self.gate and cheap and evidence and self.by_depth and self.row_costs is not None
         self.live_costs = LiveCosts(self.row_costs, self.per_draft) if self.live and self.row_costs is not None else None
         self.steps = self.drafted_steps = self.drafted_total = 0  # what it chose, for ``chosen``
@@ -223,10 +223,15 @@ class DraftPolicy:
         """The count in ``least..most`` with the most expected tokens per unit of cost (the shorter on a tie)."""
         rate = self.rate()
         if self.by_depth:
-            expected = self.depths.expected(most, rate, evidence)
+            expected = self.depths.expected(most, rate, evidence)  # the same list while its arguments and cells hold
+            known = self._bests.get(least)  # (that list, the count): asked again step after step while the gate cuts to none
+            if known is not None and known[0] is expected:
+                return known[1]
         else:
             expected = [self.expected_tokens(k, rate) for k in range(most + 1)]
-        return max(range(least, most + 1), key=lambda k: (expected[k] / self._cost_of(k), -k))
+        best = max(range(least, most + 1), key=lambda k: (expected[k] / self._cost_of(k), -k))
+        self._bests[least] = (expected, best)
+        return best
 
     def rate(self) -> float:
         """The pooled per-draft acceptance of recent steps; a gated drafter's shrunk toward 1/2 by
@@ -342,7 +347,7 @@ class DraftPolicy:
     def measured(self, rows: int, verify_seconds: float, draft_seconds: float, asked: bool, drafts: int = 0) -> None:
         """The loop's clock readings of a step (``LiveCosts.observe``; ``drafts``: those the drafter made); with ``live`` only."""
         if self.live_costs is not None and self.live_costs.observe(rows, verify_seconds, draft_seconds, asked, drafts):
-            self._step_costs.clear()  # the relative costs moved: lengths are weighed on the new ones
+            self._step_costs, self._bests = {}, {}  # the relative costs moved: lengths are weighed on the new ones
 
     def chosen(self) -> str:
         """What the policy chose in its last generation and from what: drafts per drafting step, the

@@ -2,7 +2,8 @@
 with its passes replaced by target AR's recorded logits (each row's tops kept on them, as the C step keeps them),
 and a fake clock that charges each pass its start-up relative cost times ``--unit`` ms, so that the live policy
 decides as in a real run. What is timed is this thread's CPU time (``time.thread_time``, one torch thread): the
-loop, the policy, the drafter, the statistics, the tensors around the pass; not the pass. Less sensitive to a busy
+loop, the policy, the drafter, the statistics, the tensors around the pass; not the pass (nor the replay's own gathering
+of a wide pass's rows, which the C step writes in place: subtracted). Less sensitive to a busy
 machine than a wall clock, never a result: read it as shares, interleaved, and say NOISY.
 
     .venv/bin/python scripts/loop_host.py --categories qa --runs 10 [--profile pld]
@@ -22,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 CHARGED = [0.0]  # seconds the fake clock adds: each replayed pass's cost
+REPLAYED = [0.0]  # this thread's CPU seconds in the replayed passes themselves (rows gathered, tops kept): not counted
 
 
 class RecordedRunner:
@@ -37,12 +39,15 @@ class RecordedRunner:
     def __call__(self, ids: torch.Tensor, n_last: int = 1) -> torch.Tensor:
         from utils.logits_processor import with_tops
 
+        started = time.thread_time()  # a wide pass's rows gathered cost the replay more than the C step's own write
         first = ids.shape[1] - n_last + 1 - self.prompt_length
         at = [min(max(first + r, 0), len(self.rows) - 1) for r in range(n_last)]
         logits = self.rows[at[0] : at[0] + 1] if n_last == 1 else self.rows[at]
         self.cached, self.forward_passes = ids.shape[1], self.forward_passes + 1
         CHARGED[0] += self.unit * self.costs[min(n_last, len(self.costs)) - 1]
-        return with_tops(logits, [self.tops[i] for i in at])
+        logits = with_tops(logits, [self.tops[i] for i in at])
+        REPLAYED[0] += time.thread_time() - started
+        return logits
 
     def rollback(self, length: int) -> None:
         self.cached = min(self.cached, length)
@@ -91,22 +96,24 @@ def main(argv: List[str] | None = None) -> None:
     runners.make_runner = lambda model, *a, **k: RecordedRunner(model, len(prompt), rows, tops, bench.row_costs, args.unit / 1e3)
     clock = types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + CHARGED[0])
     chain_decoding.time = base_decoding.time = clock  # the loops' clock readings: what the live policy weighs
-    cpu, steps, seen = collections.Counter(), collections.Counter(), {}
+    cpu, steps, emitted, seen = collections.Counter(), collections.Counter(), collections.Counter(), {}
     for _ in range(args.runs):
         for config in configs:
             recorder = PassRecorder()
-            start = time.thread_time()
+            start, replayed = time.thread_time(), REPLAYED[0]
             result = bench.run(config, prompt, recorder)
-            cpu[config.label] += time.thread_time() - start
+            cpu[config.label] += time.thread_time() - start - (REPLAYED[0] - replayed)
             steps[config.label] += len(recorder.passes)
+            emitted[config.label] += len(result.tokens)
             seen.setdefault(config.label, (result.tokens, recorder.passes))
     reference = seen[configs[0].label][0]
-    print(f"NOISY: one thread's CPU time a step, {args.runs} runs each, passes replayed ({args.categories}, {len(prompt)}-token prompt)")
+    print(f"NOISY: one thread's CPU time a step and a token (the replayed passes' own not counted), {args.runs} runs each, "
+          f"passes replayed ({args.categories}, {len(prompt)}-token prompt)")
     for config in configs:
         tokens, passes = seen[config.label]
         widths = dict(sorted(collections.Counter(p[1] for p in passes).items()))
-        print(f"{config.label}: {1e6 * cpu[config.label] / steps[config.label]:.0f} us, target AR's tokens: {tokens == reference}, "
-              f"pass widths {widths}")
+        print(f"{config.label}: {1e6 * cpu[config.label] / steps[config.label]:.0f} us a step, "
+              f"{1e6 * cpu[config.label] / emitted[config.label]:.0f} a token, target AR's tokens: {tokens == reference}, pass widths {widths}")
     for start in args.profile:
         config = next(c for c in configs if c.label.startswith(start))
         profile = cProfile.Profile()

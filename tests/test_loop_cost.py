@@ -172,3 +172,31 @@ def test_largest_is_the_top_k_wherever_the_values_are_distinct(width):
                         assert indices[row].tolist() == expected.indices[row].tolist()
                         assert logits[row, indices[row]].tolist() == values[row].tolist()
     assert distinct > 10
+
+
+class Wrong(Drafter):
+    """A cheap drafter without evidence (not gated) whose drafts are never accepted; it records where it was asked."""
+
+    def __init__(self):
+        self.asked: List[int] = []
+
+    def propose(self, ids, tokens, k):
+        self.asked.append(len(tokens))
+        ids[0, len(tokens) : len(tokens) + k] = 1  # id 1 is never the reference's (its ids start at 3)
+        return k, None
+
+
+def test_a_paused_step_asks_no_drafter_and_is_target_ars_one_position_pass(softmaxes):
+    """Property: while the policy pauses a drafter whose drafts do not pay, a step neither asks it (its calls counted)
+    nor passes more than target AR's one position, and the output is target AR's."""
+    prompt, ref, fillers = _case(seed=3)
+    runner, stats, drafter = TopsRunner(prompt, ref, VOCAB, fillers), GenerationStats(), Wrong()
+    policy = DraftPolicy(row_costs=(1.0, 1.02, 1.05, 1.08), min_gain=1.0)
+    out = draft_and_verify(prompt, runner, drafter, GenerationConfig(max_gen_len=len(ref), gamma=3, stats=stats, policy=policy))
+    assert out == ref and stats.paused_steps > len(ref) // 2 and softmaxes == []
+    starts = [len(prompt)]  # each step's sequence length: one token a step (no draft is ever accepted)
+    for _ in runner.passes[1:]:
+        starts.append(starts[-1] + 1)
+    plain = [(start, fed) for start, fed in zip(starts, runner.passes) if start not in drafter.asked]
+    assert len(plain) >= stats.paused_steps and all(fed == (1, 1) for _, fed in plain[1:])  # the prompt's pass aside
+    assert all(runner.passes[starts.index(start)][1] > 1 for start in drafter.asked)  # an asked step verified its drafts
