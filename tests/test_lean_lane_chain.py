@@ -124,8 +124,12 @@ def _cast(model, runner):  # a bfloat16 model's step reads float32 weights again
     model.to(torch.float32)
 
 
+HELD: list = []  # a step let go but kept alive elsewhere (the pool's other runner): the lane must not run it
+
+
 def _let_go(model, runner):  # a kernel measurement switching away (``kernels.holding.drop_step``)
     from kernels.holding import drop_step
+    HELD.append(runner.step)
     drop_step(runner)
 
 
@@ -143,6 +147,7 @@ def test_a_change_sends_the_next_chain_pass_to_the_full_pass_with_its_result(eve
     widths = [4, 3, 6, 5, 4, 2, 5]  # the change before the pass of 5 positions (``at`` 3)
     make = MODELS["tied bfloat16"] if event == "cast" else MODELS["untied float32"]
     (on, _, runner, marks), (off, _, _, _) = run_both(make, widths, EVENTS[event])
+    HELD.clear()
     assert same(on, off)
     assert marks[2] == marks[1] + 1 and marks[3] == marks[2] + 1  # on the lane before the change
     assert marks[4] == marks[3]  # the pass after it: in full
@@ -152,6 +157,29 @@ def test_a_change_sends_the_next_chain_pass_to_the_full_pass_with_its_result(eve
         assert marks[5] == marks[4] == marks[3] and runner.lane.passes == marks[6] == marks[5] + 1
     else:  # decided again by the full pass, then on the lane again
         assert runner.lane.passes == marks[3] + 3
+
+
+def test_a_chain_past_the_rope_rows_a_regrown_cache_left_runs_on_rows_grown_for_it():
+    """The cache regrown between passes (``_reserve``: its RoPE table keeps the old capacity's rows), a long pass up to
+    two slots before the old capacity, then a 6-position chain across it: the lane grows the table to the chain's
+    end (``RopeTable.row``'s ``count``), the full pass's bits."""
+    found = {}
+    for on in (True, False):
+        lean_lane.ON = on
+        try:
+            runner = LeanRunner(MODELS["untied float32"]())
+            runner(IDS, 1)
+            old = runner.capacity
+            ids = torch.tensor([[(5 * i + 3) % VOCAB for i in range(old + 4)]])
+            runner(ids[:, : len(PROMPT) + 1], 1)
+            runner._reserve(old + 1)
+            runner(ids[:, : old - 2], 1)  # within the table's rows: not grown
+            passes = runner.lane.passes
+            found[on] = (runner(ids, 6).clone(), runner.lane.passes - passes, runner.ropes.length)
+        finally:
+            lean_lane.ON = True
+    (logits, passes, rows), (logits_off, passes_off, _) = found[True], found[False]
+    assert torch.equal(logits, logits_off) and (passes, passes_off) == (1, 0) and rows >= logits.shape[0] + old - 2
 
 
 def test_greedy_drafting_rows_emit_target_ar_tokens_with_their_verification_on_the_lane():
