@@ -1,29 +1,37 @@
-"""The lean runner's one-position chain pass on its C step, decided once (``Lane``): a token of target AR (and
-a drafter's or a plain step's one-position pass) re-decided at every pass which forward runs it (the hooks,
-``step_for``'s plan and dtype, the step), and made a dozen small tensors around the C call (the position, the
-embedding row and its float32 copy, the RoPE rows' views, their casts): about half a millisecond a pass on a
-cold cache, a fifteenth of a bfloat16 pass.
+"""The lean runner's chain pass of 1..12 positions on its C step, decided once (``Lane``): a token of target AR (and
+a drafter's or a plain step's one-position pass), and since 2026-12-01 a drafting row's verification pass (the last
+token and up to 11 drafts, ``sampling.chain_decoding.draft_and_verify``), re-decided at every pass which forward runs
+it (the hooks, ``step_for``'s plan and dtype, the step), and made a dozen small tensors around the C call (the
+positions, the embedding rows and their float32 copy, the RoPE rows' views, their casts): about half a millisecond
+a pass on a cold cache, a fifteenth of a bfloat16 pass, 3-5% of a verification pass.
 
-A pass takes the lane only where the last pass that decided it all (``LeanRunner._run``) ran the step over one
-position of a chain, and nothing it decided on has moved since, each by a counter or an identity read per pass:
+A pass takes the lane only where the last pass that decided it all (``LeanRunner._run``) ran the step over a chain
+(any width: one position, a verification pass, a prompt; a lane pass records nothing, so passes of changing widths
+run on one record), and nothing it decided on has moved since, each by a counter or an identity read per pass:
 
 * hooks: no global forward hook; no hook registered anywhere since (``RemovableHandle.next_id``: every
   registration takes an id), no layers swapped (``kernels.prepacking.SWAPS``), and the hook dicts that held
   hooks then (none of them the user's: transformers' own, the pass clock's) hold as many (``HookWatch``'s test);
 * the plan and the dtype (``step_for``): the first ``PrepackedLinear``'s route, the same object (a
-  ``set_prepack`` swaps and counts; an assigned route is another tuple); no cast, move or load of a
+  ``set_prepack`` swaps and counts; an assigned route is another tuple), and the pass's width one that route
+  sends to the step (``step_widths``, read at ``record``: a width on "own" or "prepacked" takes the full pass,
+  and with it the torch forward); no cast, move or load of a
   prepacked layer since (``kernels.prepacking.changes``: the step's decoder layers are released,
   ``CStep.released``, so a cast of the model reaches them and counts);
 * the step itself: ``CStep.current`` and ``bind`` at every pass, as ever (``kernels.step_one``);
 * the embedding: read from the model's module at every pass (an ``nn.Embedding`` without ``max_norm`` or a
-  released one, ``kernels.one_head``; else the full pass), its row gathered in C into a float32 row of the
-  lane's own (``kernels/step_embed.c``): the values ``LlamaForward.embed`` gives, cast as ``CStep`` casts them
-  (bfloat16 to float32 is exact);
-* the RoPE rows: ``RopeTable.row`` (its tables' currency as ``at``'s), where the model has one table.
+  released one, ``kernels.one_head``; else the full pass), its rows gathered in C from the int64 ids where they
+  lie into float32 rows of the lane's own (``kernels/step_embed.c``, each token checked against the table's
+  rows): the values ``LlamaForward.embed`` gives, cast as ``CStep`` casts them (bfloat16 to float32 is exact);
+* the RoPE rows: ``RopeTable.row`` (its tables' currency as ``at``'s, grown to the chain's end), where the model
+  has one table.
 
-A learned head's row keeps its hidden states from the same call (``OnePass.one``'s ``layers``), as the full pass
-does: a paused head's step then costs target AR's pass. Anything else (a tree pass, a drafter's rows, a hooked or cast model, a cache to grow)
-takes the full pass, which decides again. Same C call, same arguments: the same bits as the full pass."""
+A learned head's row keeps its hidden states ``[rows, n H]`` from the same call (``OnePass.one``'s ``layers``), as the
+full pass does: a paused head's step then costs target AR's pass. The logits of the last ``n_last`` rows come back
+with each row's top read in the same call (``with_tops``), as the full pass returns them. Anything else (a tree
+pass, a drafter's rows, a hooked or cast model, a cache to grow, more than 12 positions) takes the full pass, which
+decides again. Same C call, same arguments (one chunk, decoding's loop: ``tile`` 0 up to 12 rows): the same bits as
+the full pass (``tests/test_lean_lane_chain.py``)."""
 import ctypes
 import weakref
 from typing import Optional
