@@ -30,12 +30,12 @@ ARGTYPES = [_P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _I, _P, _P, _P, _I, _P, _I, 
 
 
 class OnePass:
-    """``one(h, cos, sin, cache, start, layers, hidden, rows, asked)``: logits ``[asked, V]`` (each row's greedy token
+    """``one(h, rope, cache, start, layers, hidden, rows, asked)``: logits ``[asked, V]`` (each row's greedy token
     kept on them, ``with_tops``) of the last ``asked`` of ``rows`` positions (1..``MANY_ROWS``) whose float32
-    embeddings lie at address ``h`` (``[rows, H]``, overwritten) and their RoPE rows at ``cos``, ``sin`` (``[T, rows,
-    R]`` float32, contiguous), their keys and values written at slots ``start..start + rows - 1`` of ``cache``; with
-    ``layers`` (int64 ``[n]``, ``CStep.__call__``'s ``at``) and ``hidden`` (float32 ``[rows, n * H]``), the residual
-    stream entering those layers written into ``hidden``, as the full pass writes it. Positional arguments only:
+    embeddings lie at address ``h`` (``[rows, H]``, overwritten) and their RoPE rows at ``rope``'s two addresses, cos
+    and sin (``[T, rows, R]`` float32, contiguous), their keys and values written at slots ``start..start + rows -
+    1`` of ``cache``; with ``layers`` (int64 ``[n]``, ``CStep.__call__``'s ``at``) and ``hidden`` (float32 ``[rows, n
+    * H]``), the residual stream entering those layers written into ``hidden``, as the full pass writes it. Positional arguments only:
     tests count its calls through a wrapper that passes ``*args``."""
 
     def __init__(self, step):
@@ -62,7 +62,7 @@ class OnePass:
         self.hidden_at = torch.empty(0, dtype=torch.int64)  # read by no one (count 0)
         self.sized = (-1, -1)
 
-    def one(self, h: int, cos: int, sin: int, cache, start: int, layers: Optional[Tensor] = None,
+    def one(self, h: int, rope: Tuple[int, int], cache, start: int, layers: Optional[Tensor] = None,
             hidden: Optional[Tensor] = None, rows: int = 1, asked: int = 1) -> Tensor:
         if not 1 <= asked <= rows <= MANY_ROWS:  # more rows: a chunk plan, a many-row variant (``CStep.__call__``)
             raise ValueError(f"a decided pass runs 1..{MANY_ROWS} positions and asks 1..rows logits, not {asked} of {rows}")
@@ -83,7 +83,7 @@ class OnePass:
         logits = torch.empty((asked, vocab))  # returned: the caller may keep it past the next pass
         d.tile, d.kept, d.tops = 0, 0 if state is None else state.upto, self.tops_at
         at = self.hidden_at if hidden is None else layers
-        self.call(self.structs, self.dims, h, cos, sin, rows, start, None, None, at.data_ptr(), at.numel(),
+        self.call(self.structs, self.dims, h, rope[0], rope[1], rows, start, None, None, at.data_ptr(), at.numel(),
                   None if hidden is None else hidden.data_ptr(), final_norm, head, vocab, logits.data_ptr(), asked,
                   step.scratch.data_ptr(), threads)
         d.tops = None

@@ -111,12 +111,12 @@ class Lane:
             return None
         layers = runner.hidden_layers
         if not layers:
-            logits = one_pass(step).one(self.h.data_ptr(), rope[0], rope[1], runner.cache, start, None, None, rows, asked)
+            logits = one_pass(step).one(self.h.data_ptr(), rope, runner.cache, start, None, None, rows, asked)
         else:  # a learned head's row: its hidden states in the same call, as the full pass keeps them (``_passed``)
             if self.layers[0] != layers:
                 self.layers = (layers, torch.tensor(list(layers), dtype=torch.int64))
             hidden = torch.empty((rows, len(layers) * self.h.shape[1]))  # kept by the runner past this pass (the head reads it)
-            logits = one_pass(step).one(self.h.data_ptr(), rope[0], rope[1], runner.cache, start, self.layers[1], hidden, rows, asked)
+            logits = one_pass(step).one(self.h.data_ptr(), rope, runner.cache, start, self.layers[1], hidden, rows, asked)
             runner.hidden, runner.hidden_start = hidden, start
         self.passes += 1
         return logits
