@@ -1,8 +1,10 @@
-/* A token's embedding row as the C step reads it, float32 [H], gathered in one call (runners/lean_lane.py: decoding's
- * one-position pass): from a released output layer's blocks (kernels/one_head.py: row n is block n / 16, lane n % 16;
- * float32 [ceil(V/16), H, 16], or bfloat16 [ceil(V/16), H/2, 16, 2] in memory, a row's features in pairs) or from a
- * row-major table [V, H] (float32 or bfloat16). Exact: a float32 copied, a bfloat16 widened (its bits, shifted), the
- * values torch's gather and cast give. The caller checks the token against the table's rows. */
+/* The fed tokens' embedding rows as the C step reads them, float32 [n, H], gathered in one call (runners/lean_lane.py:
+ * a decided chain pass of 1..12 positions, the tokens read where the ids lie): from a released output layer's blocks
+ * (kernels/one_head.py: row n is block n / 16, lane n % 16; float32 [ceil(V/16), H, 16], or bfloat16
+ * [ceil(V/16), H/2, 16, 2] in memory, a row's features in pairs) or from a row-major table [V, H] (float32 or
+ * bfloat16). Exact: a float32 copied, a bfloat16 widened (its bits, shifted), the values torch's gather and cast
+ * give. Every token is checked against the table's V rows first: one outside, and nothing is gathered (the caller
+ * runs the model's own forward, which says what is wrong). */
 #include <stdint.h>
 #include <string.h>
 
@@ -18,7 +20,7 @@ static inline float widened(uint16_t bits) {
 }
 
 /* out [H] float32: the row of `token` in `table` of `kind` (above). */
-void c_step_embed(const void *table, int64_t kind, int64_t token, int64_t H, float *out) {
+static void embed_row(const void *table, int64_t kind, int64_t token, int64_t H, float *out) {
     const int64_t block = token / EMBED_BLOCK, lane = token % EMBED_BLOCK;
     if (kind == ROWS_F32) {
         memcpy(out, (const float *)table + token * H, (size_t)H * sizeof(float));
@@ -35,4 +37,14 @@ void c_step_embed(const void *table, int64_t kind, int64_t token, int64_t H, flo
             out[2 * q + 1] = widened(b[q * 2 * EMBED_BLOCK + 1]);
         }
     }
+}
+
+/* out [n, H] float32: the rows of tokens[0..n-1] in `table` of `kind` and V rows. Returns 0, or the count of tokens
+ * outside 0..V-1 (then out is untouched). */
+int64_t c_step_embed_rows(const void *table, int64_t kind, const int64_t *tokens, int64_t n, int64_t V, int64_t H, float *out) {
+    int64_t outside = 0;
+    for (int64_t i = 0; i < n; i++) outside += tokens[i] < 0 || tokens[i] >= V;
+    if (outside) return outside;
+    for (int64_t i = 0; i < n; i++) embed_row(table, kind, tokens[i], H, out + i * H);
+    return 0;
 }

@@ -1,10 +1,13 @@
-"""A C step's one-position chain pass with its call made ready once (``OnePass``): decoding's pass, the one a
-token of target AR pays, where the host side of ``CStep.__call__`` (tensor casts and slices, a chunk plan, a
-scratch size, nineteen ctypes objects built) was about as long as a tenth of a bfloat16 pass on a cold cache.
+"""A C step's chain pass of 1..``MANY_ROWS`` positions with its call made ready once (``OnePass``): decoding's
+pass, the one a token of target AR pays, and a drafting row's verification pass (2..12 positions, since
+2026-12-01), where the host side of ``CStep.__call__`` (tensor casts and slices, a chunk plan, a scratch size,
+nineteen ctypes objects built) was about as long as a tenth of a bfloat16 pass on a cold cache.
 
-The same C call with the same arguments as ``CStep.__call__`` over one position without a mask or a drafter's
-rows, with the hidden states a learned head reads where asked (``layers``: an EAGLE row's every pass keeps them) (``tile`` 0: one row runs decoding's loop, ``kernels.bf16.decoding_rows`` >= 1), so the
-same bits. Never stale: each pass asks the step for its currency first (``CStep.current``: a changed model
+The same C call with the same arguments as ``CStep.__call__`` over ``rows`` <= ``MANY_ROWS`` positions without a mask
+or a drafter's rows (one chunk: a prompt plan's chunks are longer than ``MANY_ROWS``; ``tile`` 0: up to
+``kernels.bf16.decoding_rows`` >= ``MANY_ROWS`` rows run decoding's loop), the logits of the last ``asked`` rows with
+their tops, and the hidden states a learned head reads where asked (``layers``: an EAGLE row's every pass keeps
+them), so the same bits. Never stale: each pass asks the step for its currency first (``CStep.current``: a changed model
 remakes it, and then this call's pointers are taken again), binds the cache as every pass does
 (``CStep.bind``: a regrown or another cache, the kept key blocks), and sizes the scratch by the cache's
 capacity and the thread count it runs with."""
@@ -16,6 +19,7 @@ import torch
 from torch import Tensor
 
 from kernels.kept_keys import passed
+from kernels.prompt_gemm import MANY_ROWS
 from kernels.step_structs import Top
 from utils.logits_processor import with_tops
 
@@ -26,11 +30,13 @@ ARGTYPES = [_P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _I, _P, _P, _P, _I, _P, _I, 
 
 
 class OnePass:
-    """``one(h, cos, sin, cache, start)``: logits ``[1, V]`` (each row's greedy token kept on them, ``with_tops``) of
-    one position whose float32 embedding lies at address ``h`` (``[H]``, overwritten) and its RoPE rows at ``cos``,
-    ``sin`` (``[T, 1, R]`` float32, contiguous), its key and value written at slot ``start`` of ``cache``; with
-    ``layers`` (int64 ``[n]``, ``CStep.__call__``'s ``at``) and ``hidden`` (float32 ``[1, n * H]``), the residual
-    stream entering those layers written into ``hidden``, as the full pass writes it."""
+    """``one(h, rope, cache, start, layers, hidden, rows, asked)``: logits ``[asked, V]`` (each row's greedy token
+    kept on them, ``with_tops``) of the last ``asked`` of ``rows`` positions (1..``MANY_ROWS``) whose float32
+    embeddings lie at address ``h`` (``[rows, H]``, overwritten) and their RoPE rows at ``rope``'s two addresses, cos
+    and sin (``[T, rows, R]`` float32, contiguous), their keys and values written at slots ``start..start + rows -
+    1`` of ``cache``; with ``layers`` (int64 ``[n]``, ``CStep.__call__``'s ``at``) and ``hidden`` (float32 ``[rows, n
+    * H]``), the residual stream entering those layers written into ``hidden``, as the full pass writes it. Positional arguments only:
+    tests count its calls through a wrapper that passes ``*args``."""
 
     def __init__(self, step):
         # weakly: this object is kept on the step (``one_pass``), and a cycle would keep the step's blocked weights
@@ -38,7 +44,8 @@ class OnePass:
         self._step = weakref.ref(step)
         self.structs = None  # the step's structs this call was made ready for (a remade step has new ones)
         self.sized: Tuple[int, int] = (-1, -1)  # (capacity, threads) the scratch was sized for
-        self.tops = (Top * 1)()
+        self.rows = 0  # and the most rows (``c_step_scratch`` grows with them)
+        self.tops = (Top * MANY_ROWS)()
         self.tops_at = ctypes.addressof(self.tops)
 
     @property
@@ -55,30 +62,34 @@ class OnePass:
         self.hidden_at = torch.empty(0, dtype=torch.int64)  # read by no one (count 0)
         self.sized = (-1, -1)
 
-    def one(self, h: int, cos: int, sin: int, cache, start: int, layers: Optional[Tensor] = None,
-            hidden: Optional[Tensor] = None) -> Tensor:
+    def one(self, h: int, rope: Tuple[int, int], cache, start: int, layers: Optional[Tensor] = None,
+            hidden: Optional[Tensor] = None, rows: int = 1, asked: int = 1) -> Tensor:
+        if not 1 <= asked <= rows <= MANY_ROWS:  # more rows: a chunk plan, a many-row variant (``CStep.__call__``)
+            raise ValueError(f"a decided pass runs 1..{MANY_ROWS} positions and asks 1..rows logits, not {asked} of {rows}")
         step = self.step  # alive: the caller holds it
         step.current()
         if step.structs is not self.structs:
             self._ready()
         state = step.bind(cache)
         d, threads = step.dims, torch.get_num_threads()
-        if self.sized != (d.cap, threads):  # the scratch a pass of one position needs at this capacity
-            needed = step.library.c_step_scratch(self.dims, _I(1), _I(threads))
+        if self.sized != (d.cap, threads):
+            self.sized, self.rows = (d.cap, threads), 0
+        if rows > self.rows:  # the scratch this many positions need at this capacity
+            needed = step.library.c_step_scratch(self.dims, _I(rows), _I(threads))
             if step.scratch.numel() < needed:
                 step.scratch = torch.empty(needed)
-            self.sized = (d.cap, threads)
+            self.rows = rows
         final_norm, head, vocab = self.fixed
-        logits = torch.empty((1, vocab))  # returned: the caller may keep it past the next pass
+        logits = torch.empty((asked, vocab))  # returned: the caller may keep it past the next pass
         d.tile, d.kept, d.tops = 0, 0 if state is None else state.upto, self.tops_at
         at = self.hidden_at if hidden is None else layers
-        self.call(self.structs, self.dims, h, cos, sin, 1, start, None, None, at.data_ptr(), at.numel(),
-                  None if hidden is None else hidden.data_ptr(), final_norm, head, vocab, logits.data_ptr(), 1,
+        self.call(self.structs, self.dims, h, rope[0], rope[1], rows, start, None, None, at.data_ptr(), at.numel(),
+                  None if hidden is None else hidden.data_ptr(), final_norm, head, vocab, logits.data_ptr(), asked,
                   step.scratch.data_ptr(), threads)
         d.tops = None
-        passed(cache, state, start + 1)
-        top = self.tops[0]
-        return with_tops(logits, [(top.at, top.top, top.others)])
+        passed(cache, state, start + rows)
+        tops = self.tops
+        return with_tops(logits, [(tops[i].at, tops[i].top, tops[i].others) for i in range(asked)])
 
 
 def one_pass(step) -> Optional[OnePass]:

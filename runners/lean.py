@@ -20,6 +20,7 @@ from torch.nn import Module
 from kernels.c_step import CStep, StepRefused, step_for
 from kernels import huge_pages
 from kernels.head_rows import HeadRows, kept_rows, wide_buffer
+from kernels.prompt_gemm import MANY_ROWS
 from kernels.step_pool import taken_step
 from models.llama import KVCache, LlamaForward, lean_unsupported, new_cache, window_seen
 from runners.config import lean_label
@@ -64,12 +65,14 @@ class LeanRunner(TreePasses):
         self.head_count = 0  # a drafter's: its C step passes compute this many output rows and its tokens' (``output_rows``)
         self.fed_tokens: set = set()  # every token fed while ``head_count`` is set (the rows it adds)
         self.wide: Optional[Tensor] = None  # with ``head_count``: the [n, V] logits a pass returns, reused (``wide_buffer``)
-        self.lane = Lane()  # a one-position chain pass on the step, decided once (``runners.lean_lane``)
+        self.lane = Lane()  # a chain pass of 1..12 positions on the step, decided once (``runners.lean_lane``)
 
     def __call__(self, ids: Tensor, n_last: int = 1) -> Tensor:
         length, start = ids.shape[1], self.cached
-        if length == start + 1 and n_last == 1 and length <= self.capacity:  # decoding's pass: decided once (``Lane``)
-            logits = self.lane.run(self, ids, start)
+        rows = length - start
+        # decoding's pass and a verification pass of a chain (2..12 positions): decided once (``Lane``)
+        if 1 <= n_last <= rows <= MANY_ROWS and length <= self.capacity:
+            logits = self.lane.run(self, ids, start, rows, n_last)
             if logits is not None:
                 self.cached, self.step_passes, self.forward_passes = length, self.step_passes + 1, self.forward_passes + 1
                 return logits
@@ -78,7 +81,7 @@ class LeanRunner(TreePasses):
         passes = self.step_passes
         logits = self._run(new, positions, start, n_last, None)
         self.cached = length
-        if length == start + 1 and self.step_passes > passes:  # the step ran one position: the lane may run the next
+        if self.step_passes > passes:  # the step ran a chain (a prompt's too): the lane may run the next
             self.lane.record(self)
         return logits
 

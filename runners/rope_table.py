@@ -70,11 +70,11 @@ class RopeTable:
             return self.cos[:, start:end], self.sin[:, start:end]
         return self.cos.index_select(1, positions), self.sin.index_select(1, positions)
 
-    def row(self, position: int, capacity: int = 0) -> Optional[Tuple[int, int]]:
-        """The addresses of cos and sin ``[1, 1, R]`` at ``position`` where the model has one table (``T`` 1: that
-        row is contiguous in it), read as ``at`` reads them (made again where changed, grown): no tensor made.
-        None where it has more tables (their rows at a position lie ``N R`` apart)."""
-        self._fresh(position + 1, capacity)
+    def row(self, position: int, capacity: int = 0, count: int = 1) -> Optional[Tuple[int, int]]:
+        """The addresses of cos and sin ``[1, count, R]`` from ``position`` where the model has one table (``T`` 1: those
+        rows are contiguous in it), read as ``at`` reads them (made again where changed, grown to ``position +
+        count``): no tensor made. None where it has more tables (their rows at a position lie ``N R`` apart)."""
+        self._fresh(position + count, capacity)
         if self.bases is None:
             return None
         cos, sin, step = self.bases

@@ -23,6 +23,7 @@ from kernels.step_one import OnePass
 from kernels.prompt_gemm import MANY_ROWS
 from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
 from runners import EAGER, LeanRunner
+import runners.lean_lane as lean_lane
 from sampling import autoregressive_generate, generate, speculative_generate
 from test_lean_runner import MODELS, ids_for
 from utils.models import truncated_drafter
@@ -203,6 +204,7 @@ def test_a_long_pass_takes_the_paths_many_row_variant(path, monkeypatch):
         return real(self, *args)
 
     monkeypatch.setattr(CStep, "_run", recording)
+    monkeypatch.setattr(lean_lane, "ON", False)  # the 10 positions through ``CStep.__call__`` too, not the decided lane
     model, ids = bfloat16("llama"), ids_for(56)
     runner = LeanRunner(model)
     runner(ids[:, :30], 1)
