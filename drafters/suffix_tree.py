@@ -10,7 +10,7 @@ the tokens added for a fixed depth; a path-compressed suffix tree, as the author
 memory, not the order of time).
 """
 import heapq
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 ROOT = 0
 TIE = 1e-9  # scores closer than this are equal: a float sum of path probabilities may round an exact tie either way
@@ -204,13 +204,14 @@ def continued(trie: SuffixTrie, matches: Sequence[int]) -> int:
 
 
 def best_match_path(trie: SuffixTrie, matches: Sequence[int], max_spec_tokens: int, factor: float, offset: float,
-                    min_prob: float) -> Tuple[List[int], float, int]:
+                    min_prob: float, longest: Optional[int] = None) -> Tuple[List[int], float, int]:
     """The best draft over the match lengths: ``matches[j]`` is the node of the context's last ``j``
     tokens (``matches[0]`` the root, unused). Each length drafts within its own budget; the highest
     score wins, ties (within ``TIE``) to the longer match (as the authors' ``speculate``, whose float32 sums
-    may break an exact tie either way). Returns (tokens, score, match length)."""
+    may break an exact tie either way). ``longest``: the longest length asked (None: ``continued``'s; a longer one
+    asks childless nodes, which draft nothing). Returns (tokens, score, match length)."""
     best: Tuple[List[int], float, int] = ([], 0.0, 0)
-    for j in range(continued(trie, matches), 0, -1):  # longest first: a shorter match must score strictly more
+    for j in range(continued(trie, matches) if longest is None else longest, 0, -1):  # longest first: a shorter match must score strictly more
         budget = budget_for(j, max_spec_tokens, factor, offset)
         if budget <= best[1] + TIE:  # a score never exceeds its budget, and budgets shrink with the match
             break
@@ -223,10 +224,10 @@ def best_match_path(trie: SuffixTrie, matches: Sequence[int], max_spec_tokens: i
 
 
 def best_match_tree(trie: SuffixTrie, matches: Sequence[int], max_spec_tokens: int, factor: float, offset: float,
-                    min_prob: float) -> Tuple[List[int], List[int], float, int]:
+                    min_prob: float, longest: Optional[int] = None) -> Tuple[List[int], List[int], float, int]:
     """``best_match_path`` in tree mode: (tokens, parents, score, match length)."""
     best: Tuple[List[int], List[int], float, int] = ([], [], 0.0, 0)
-    for j in range(continued(trie, matches), 0, -1):  # a childless node drafts nothing
+    for j in range(continued(trie, matches) if longest is None else longest, 0, -1):  # a childless node drafts nothing
         budget = budget_for(j, max_spec_tokens, factor, offset)
         if budget <= best[2] + TIE:
             break

@@ -5,24 +5,9 @@
  * blocks are scanned, the rest read once: a few microseconds where numpy's partition took a hundred. Exact:
  * comparisons only. The values are torch.topk's (the m largest, descending); among equal values the lower index
  * comes first. A row holding a NaN is answered by the caller's other path (torch's topk treats NaN as the largest). */
-#include <math.h>
-#include <stdint.h>
+#include "logits_top.h" /* block_max: a block's largest value and whether it holds a NaN */
 
 #define TOPK_BLOCK 64
-
-/* the largest of row[a..b) and whether it holds a NaN (|= into *nan) */
-static float topk_block_max(const float *row, int64_t a, int64_t b, int *nan) {
-    float m = -INFINITY;
-    int found = 0;
-#pragma omp simd reduction(max : m) reduction(| : found)
-    for (int64_t k = a; k < b; k++) {
-        float v = row[k];
-        found |= v != v;
-        m = v > m ? v : m;
-    }
-    *nan |= found;
-    return m;
-}
 
 /* insert (v, at) into values/indices [m], descending, where v beats the last kept value (strictly: an equal value
  * found later stays behind the earlier one) */
@@ -52,7 +37,7 @@ int64_t row_topk(const float *logits, int64_t n, int64_t V, int64_t m, float *va
         int nan = 0;
         for (int64_t a = 0; a < V; a += TOPK_BLOCK) {
             int64_t b = a + TOPK_BLOCK < V ? a + TOPK_BLOCK : V;
-            if (!(topk_block_max(row, a, b, &nan) > vals[m - 1])) continue;
+            if (!(block_max(row, a, b, &nan) > vals[m - 1])) continue;
             for (int64_t k = a; k < b; k++)
                 if (row[k] > vals[m - 1]) topk_insert(vals, idx, m, row[k], k);
         }

@@ -1,45 +1,15 @@
 """The suffix drafter's match lengths asked by bisection (``suffix_tree.continued``, issue 71: a step's lookup no longer
 asks each of the depth's lengths). Property: the lengths whose node has a child are exactly ``1..continued``, and the
 draft (path or tree) is the one asking every length gives, on the trie's own suffixes and on a global memory's."""
-from typing import List, Sequence
+from typing import List
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import examples
-from drafters.suffix_tree import TIE, SuffixTrie, best_match_path, best_match_tree, budget_for, continued
+from drafters.suffix_tree import SuffixTrie, best_match_path, best_match_tree, continued
 
 texts = st.lists(st.integers(0, 5), min_size=1, max_size=80)  # a small alphabet: many repeats
-
-
-def every_length_path(trie: SuffixTrie, matches: Sequence[int], most: int, factor: float, offset: float, cut: float):
-    """``best_match_path`` asking every match length, longest first (its rules before the bisection)."""
-    best = ([], 0.0, 0)
-    for j in range(len(matches) - 1, 0, -1):
-        budget = budget_for(j, most, factor, offset)
-        if budget <= best[1] + TIE:
-            break
-        if trie.bound(matches[j], min(budget, trie.max_depth - j)) <= best[1] + TIE:
-            continue
-        tokens, score = trie.path(matches[j], budget, cut)
-        if tokens and score > best[1] + TIE:
-            best = (tokens, score, j)
-    return best
-
-
-def every_length_tree(trie: SuffixTrie, matches: Sequence[int], most: int, factor: float, offset: float, cut: float):
-    """``best_match_tree`` asking every match length, longest first."""
-    best = ([], [], 0.0, 0)
-    for j in range(len(matches) - 1, 0, -1):
-        budget = budget_for(j, most, factor, offset)
-        if budget <= best[2] + TIE:
-            break
-        if min(trie.bound(matches[j], budget), trie.max_depth - j) <= best[2] + TIE:
-            continue
-        tokens, parents, score = trie.tree(matches[j], budget, cut)
-        if tokens and score > best[2] + TIE:
-            best = (tokens, parents, score, j)
-    return best
 
 
 def memory_matches(memory: SuffixTrie, context: List[int]) -> List[int]:
@@ -61,8 +31,9 @@ def test_bisected_match_lengths_draft_what_every_length_drafts(text, other, dept
     for tried, matches in ((trie, trie.active), (memory, memory_matches(memory, text))):
         top = continued(tried, matches)
         assert [tried.best[matches[j]] >= 0 for j in range(1, len(matches))] == [j <= top for j in range(1, len(matches))]
-        assert best_match_path(tried, matches, most, factor, offset, cut) == every_length_path(tried, matches, most, factor, offset, cut)
-        assert best_match_tree(tried, matches, most, factor, offset, cut) == every_length_tree(tried, matches, most, factor, offset, cut)
+        every = len(matches) - 1  # the rule before the bisection: every length asked, longest first
+        assert best_match_path(tried, matches, most, factor, offset, cut) == best_match_path(tried, matches, most, factor, offset, cut, every)
+        assert best_match_tree(tried, matches, most, factor, offset, cut) == best_match_tree(tried, matches, most, factor, offset, cut, every)
 
 
 def test_open_text_asks_few_lengths():
