@@ -8,6 +8,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from measure.kernels import KernelChoice
 from runners.config import RunnerConfig
+from utils.load import Meter, start_up_meter
 
 Say = Callable[[str], None]  # one line (an announcement, a saved file ignored or not written)
 Clock = Callable[[], float]  # seconds
@@ -33,13 +34,15 @@ class Options:
     say: Say = silent  # a line as each measurement starts
     progress: Optional[Progress] = None  # between passes (a terminal's progress bar); None: nothing drawn
     clock: Clock = time.perf_counter  # what budgets are counted in (tests: a fake one)
+    # a new meter for each measurement's window: the other processes' cores over it (above utils.load.BUSY: saved noisy)
+    meter: Callable[[], Meter] = start_up_meter
 
 
 @dataclass(frozen=True)
 class Finding:
     """One start-up figure or choice: ``value``, the ``line`` said about it, its ``source``, ``when``
-    it was measured (remembered ones: "YYYY-MM-DD HH:MM"), and ``noisy`` (measured on a busy machine
-    or cut short by its budget; the line names the budget's fallback or what it cut)."""
+    it was measured (remembered ones: "YYYY-MM-DD HH:MM"), and ``noisy`` (measured on a busy machine, beside
+    other processes' work, or cut short by its budget; the line names the load, the budget's fallback or what it cut)."""
 
     value: Any
     line: str = ""

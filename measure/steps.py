@@ -9,7 +9,7 @@ made from here.
 Only speed depends on them (kernels, cache kind, the policy's costs): never a generated token."""
 import hashlib
 from pathlib import Path
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional, Tuple, TypeVar
 
 from torch.nn import Module
 
@@ -28,14 +28,34 @@ from measure.budgets import parameter_count
 from runners.cache_kind import runner_cache
 from runners.config import RunnerConfig
 from runners.device import model_device
+from utils.load import BUSY
 
 MAX_ROWS = 12  # positions the verification costs are measured for (1..12)
+T = TypeVar("T")
+
+
+def under_load(run: Callable[[], T], options: Options) -> Tuple[T, str]:
+    """``run()`` inside a window of ``options.meter``, and "" or, where the other processes used more than
+    ``BUSY`` cores over it, the words for it (said, and kept with the result): "measured under load: other
+    processes used 1.50 cores". The load average read before loading (``Options.busy``) lags a minute: a start
+    that begins as other work begins would save every measurement as quiet without this window."""
+    meter = options.meter()
+    meter.start()
+    value = run()
+    cores = meter.stop().others_cores
+    if cores <= BUSY:
+        return value, ""
+    note = f"measured under load: other processes used {cores:.2f} cores"
+    options.say(f"{note}; saved as noisy, a quiet start measures it again")
+    return value, note
 
 
 def remembered(kind: str, key: dict, measure: Callable[[], Tuple[dict, bool]], options: Options) -> Tuple[dict, str, bool]:
     """``(result, when, noisy)``: the result saved for ``kind`` and ``key`` (``when`` its date) unless
     ``options.remeasure``, or unless it was noisy and the machine is quiet now (a better measurement is
-    possible); else ``measure()`` (the result and whether its budget stopped it), saved, ``when`` ""."""
+    possible); else ``measure()`` (the result and whether its budget stopped it) in a load window
+    (``under_load``: its words kept as the result's "load"), saved, ``when`` "". Noisy: a busy start, a budget
+    that stopped it, or other processes' work over it."""
     found = None
     if not options.remeasure:
         found, problem = saved.recall(kind, key)
@@ -43,8 +63,9 @@ def remembered(kind: str, key: dict, measure: Callable[[], Tuple[dict, bool]], o
             options.say(f"ignoring unreadable measurement {saved.saved_path(kind, key)}: {problem}; measuring again")
     if found is not None and not (found.noisy and not options.busy):
         return found.result, found.when, found.noisy
-    result, stopped = measure()
-    noisy = bool(options.busy) or stopped
+    (result, stopped), load = under_load(measure, options)
+    result = {**result, "load": load} if load else result
+    noisy = bool(options.busy) or stopped or bool(load)
     try:
         saved.save(kind, key, result, noisy=noisy)
     except OSError as error:  # a read-only cache: measured, not saved
@@ -66,6 +87,12 @@ def _found(value, line: str, when: str, noisy: bool) -> Finding:
 
 def _reused(when: str) -> str:
     return f"reused from {when}" if when else ""
+
+
+def _source(result: dict, when: str) -> str:
+    """Where ``result`` came from, for its line: the load it was measured under (``under_load``), and its date if reused."""
+    load = result.get("load")
+    return "; ".join(part for part in (load if isinstance(load, str) else "", _reused(when)) if part)
 
 
 def _with_source(line: str, source: str) -> str:
@@ -111,7 +138,7 @@ def kernels_step(model: Module, role: str, runner: RunnerConfig, options: Option
         choice = KernelChoice({o: tuple(float(t) for t in times) for o, times in result["seconds"].items()})
     if when:  # reused: give the model what the saved measurement chose
         kernels.reuse(model, choice)
-    return _found(choice, _with_source(result["line"], _reused(when)), when, noisy)
+    return _found(choice, _with_source(result["line"], _source(result, when)), when, noisy)
 
 
 def cache_step(model: Module, role: str, options: Options) -> Finding:
@@ -128,7 +155,7 @@ def cache_step(model: Module, role: str, options: Options) -> Finding:
         return {"cache": cache, "line": line}, budget.stopped
 
     result, when, noisy = remembered("cache", key, measure, options)
-    return _found(result["cache"], _with_source(result["line"], _reused(when)), when, noisy)
+    return _found(result["cache"], _with_source(result["line"], _source(result, when)), when, noisy)
 
 
 def prompt_step(model: Module, role: str, runner: RunnerConfig, options: Options) -> Optional[Finding]:
@@ -156,7 +183,7 @@ def prompt_step(model: Module, role: str, runner: RunnerConfig, options: Options
     result, when, noisy = remembered("prompt", key, measure, options)
     plan = DEFAULT if result["tiles"] is None else prompt.PromptChoice.from_result(result).plan()
     set_plan(model, plan)
-    return _found({"tile": plan.tile, "chunk": plan.chunk or prompt.DEFAULT_CHUNK}, _with_source(result["line"], _reused(when)),
+    return _found({"tile": plan.tile, "chunk": plan.chunk or prompt.DEFAULT_CHUNK}, _with_source(result["line"], _source(result, when)),
                   when, noisy)
 
 
@@ -205,10 +232,10 @@ def verification_step(target: Module, runner: RunnerConfig, options: Options) ->
         return {"costs": list(costs) if plausible else [], "note": note}, budget.stopped or not plausible
 
     result, when, noisy = remembered("verification", key, measure, options)
-    costs = tuple(float(c) for c in result["costs"])
+    costs, source = tuple(float(c) for c in result["costs"]), _source(result, when)
     if not costs:
-        return _found((), result["note"] + (f" ({_reused(when)})" if when else ""), when, noisy)
-    return _found(costs, costs_line(costs, "; ".join(part for part in (result["note"], _reused(when)) if part)), when, noisy)
+        return _found((), result["note"] + (f" ({source})" if source else ""), when, noisy)
+    return _found(costs, costs_line(costs, "; ".join(part for part in (result["note"], source) if part)), when, noisy)
 
 
 def row_costs_step(target: Module, runner: RunnerConfig, choice: Finding, options: Options) -> Finding:
@@ -243,7 +270,7 @@ def drafter_step(drafter: Module, target: Module, runner: RunnerConfig, drafter_
         return {"cost": cost, "note": f"{budget.note}: {budget.reason}" if budget.stopped and budget.note else "", "rows": rows}, budget.stopped
 
     result, when, noisy = remembered("drafter", key, measure, options)
-    cost, note = float(result["cost"]), "; ".join(part for part in (result["note"], _reused(when)) if part)
+    cost, note = float(result["cost"]), "; ".join(part for part in (result["note"], _source(result, when)) if part)
     return _found(cost, draft_cost_line(cost, result.get("rows"), note), when, noisy)
 
 
@@ -266,7 +293,7 @@ def saved_dtype(folder, options: Options) -> Optional[Finding]:
         options.say(f"ignoring unreadable measurement {saved.saved_path('pass-dtype', key)}: {problem}; measuring again")
     if found is None or (found.noisy and not options.busy):
         return None
-    return _found(found.result["dtype"], f"{found.result['line']} ({_reused(found.when)})", found.when, found.noisy)
+    return _found(found.result["dtype"], f"{found.result['line']} ({_source(found.result, found.when)})", found.when, found.noisy)
 
 
 def dtype_step(folder, float32_model: Module, bfloat16_model: Module, role: str, options: Options) -> Finding:
@@ -275,13 +302,15 @@ def dtype_step(folder, float32_model: Module, bfloat16_model: Module, role: str,
     weights = sum(p.numel() * p.element_size() for m in (float32_model, bfloat16_model) for p in m.parameters())
     budget = _budget("dtype", f"the {role}'s dtype (one-position passes in float32 and bfloat16, "
                      f"{pass_dtype.ROUNDS} alternating rounds", options, float32_model)
-    found = pass_dtype.race(*timing.dtype_race((float32_model, bfloat16_model), budget, pass_dtype.ROUNDS))
+    found, load = under_load(lambda: pass_dtype.race(*timing.dtype_race((float32_model, bfloat16_model), budget,
+                                                                       pass_dtype.ROUNDS)), options)
     budget.finish()
     chosen, line = pass_dtype.choose(found, budget, pass_dtype.where_read(weights))
+    result = {"dtype": chosen, "line": line, **({"load": load} if load else {})}  # as ``remembered`` keeps it
     kernels.as_loaded(float32_model if chosen == "float32" else bfloat16_model)  # the other one is the caller's to free
-    noisy = bool(options.busy) or budget.stopped
+    noisy = bool(options.busy) or budget.stopped or bool(load)
     try:
-        saved.save("pass-dtype", _dtype_key(folder), {"dtype": chosen, "line": line}, noisy=noisy)
+        saved.save("pass-dtype", _dtype_key(folder), result, noisy=noisy)
     except OSError as error:  # a read-only cache: measured, not saved
         options.say(f"could not save the measurement in {saved.measurements_dir()}: {error.strerror}")
-    return _found(chosen, line, "", noisy)
+    return _found(chosen, f"{line} ({load})" if load else line, "", noisy)

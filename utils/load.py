@@ -14,10 +14,13 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Protocol, Set, Tuple
 
 PROC = Path("/proc")
 BUSY = 0.3  # cores: the quiet tool's default; above it a timing is noisy
+# every start-up measurement's window reports this many other cores instead of reading /proc (``start_up_meter``):
+# the test suite sets "0", since its second worker would make each of its measurements noisy, measured again
+OTHERS_ENV = "SPECDEC_OTHERS_CORES"
 Table = Dict[int, Tuple[int, float]]  # pid -> (parent pid, CPU seconds: user + system)
 
 
@@ -130,6 +133,34 @@ class LoadMeter:
         except (OSError, AttributeError):
             average = None
         return Window(elapsed, others / elapsed, average)
+
+
+class Meter(Protocol):
+    """What a timed run is measured in: ``start()`` before it, ``stop()`` after it gives its ``Window``."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> Window: ...
+
+
+@dataclass(frozen=True)
+class FixedMeter:
+    """A meter whose every window says the other processes used ``cores`` (``OTHERS_ENV``; tests)."""
+
+    cores: float
+
+    def start(self) -> None:
+        """Nothing to read."""
+
+    def stop(self) -> Window:
+        return Window(0.0, self.cores, None)
+
+
+def start_up_meter() -> Meter:
+    """The meter a start-up measurement is taken in (``measure.record.Options.meter``): a ``LoadMeter`` of this
+    process, or a ``FixedMeter`` where ``$SPECDEC_OTHERS_CORES`` names the cores (the one place it is read)."""
+    fixed = os.environ.get(OTHERS_ENV)
+    return FixedMeter(float(fixed)) if fixed else LoadMeter()
 
 
 @dataclass(frozen=True)
