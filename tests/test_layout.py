@@ -254,6 +254,7 @@ ENVIRONMENT_READERS = {
     "utils.toolchain": "CC: the C compiler, as make reads it",
     "eagle.parallel": "WORLD_SIZE, RANK, LOCAL_RANK: torchrun's protocol",
     "peers_openvino": "SPECDEC_OPENVINO_VENV: the OpenVINO peer's own virtual environment, and its subprocess's",
+    "utils.load": "SPECDEC_OTHERS_CORES: the cores every start-up measurement's load window reports (the suite: 0)",
 }
 PROGRAMS = ("app", "scripts", "infer", "bench")
 
