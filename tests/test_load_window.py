@@ -117,6 +117,6 @@ def test_the_start_up_meter_is_the_real_one_unless_the_environment_fixes_the_cor
     assert start_up_meter().stop().others_cores == 1.5
 
 
-def test_a_saved_result_with_a_load_that_is_not_words_reads_as_none(cache):
+def test_a_saved_load_that_is_not_words_is_left_out_of_the_line(cache):
     saved.save("probe", KEY, {"value": 1, "load": 7}, noisy=False)
     assert steps._source(saved.recall("probe", KEY)[0].result, "2026-12-01 04:00") == "reused from 2026-12-01 04:00"
