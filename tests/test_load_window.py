@@ -120,3 +120,10 @@ def test_the_start_up_meter_is_the_real_one_unless_the_environment_fixes_the_cor
 def test_a_saved_load_that_is_not_words_is_left_out_of_the_line(cache):
     saved.save("probe", KEY, {"value": 1, "load": 7}, noisy=False)
     assert steps._source(saved.recall("probe", KEY)[0].result, "2026-12-01 04:00") == "reused from 2026-12-01 04:00"
+
+
+@pytest.mark.parametrize("text", ["lots", "-1", "nan"])
+def test_a_start_up_meter_variable_that_is_not_a_count_of_cores_is_refused_by_name(monkeypatch, text):
+    monkeypatch.setenv(OTHERS_ENV, text)
+    with pytest.raises(ValueError, match=OTHERS_ENV):
+        start_up_meter()

@@ -160,7 +160,15 @@ def start_up_meter() -> Meter:
     """The meter a start-up measurement is taken in (``measure.record.Options.meter``): a ``LoadMeter`` of this
     process, or a ``FixedMeter`` where ``$SPECDEC_OTHERS_CORES`` names the cores (the one place it is read)."""
     fixed = os.environ.get(OTHERS_ENV)
-    return FixedMeter(float(fixed)) if fixed else LoadMeter()
+    if not fixed:
+        return LoadMeter()
+    try:
+        cores = float(fixed)
+    except ValueError:
+        cores = -1.0
+    if not cores >= 0:  # NaN and negatives too: a window's cores are a count
+        raise ValueError(f"${OTHERS_ENV} must be a number of cores >= 0 (it is {fixed!r})")
+    return FixedMeter(cores)
 
 
 @dataclass(frozen=True)
