@@ -11,7 +11,7 @@ from app.heads import head_flag, head_path, load_for
 from app.steps import head_layers, start_widths
 from app.pair import LoadOptions, cross_preset, load_pair, pair_preset
 from app.session import SetupError, add_shared_flags, build_settings, drafter_head_words, read_processor
-from utils.load import LoadMeter
+from utils.load import start_up_meter
 from utils.parsing import MAX_LINE, UsageError, flag_type, sanitize_text
 from utils.printing import console
 from utils.versions import check_torch
@@ -149,7 +149,7 @@ def main(argv: Optional[List[str]] = None) -> None:
             console.print(Text("--prompt: " + replaced_line(replaced), style="bold blue"))
 
     console.print(Text("Speculative Decoding", style="bold red"), Text(" REPL ", style="white on red"))
-    meter = LoadMeter()  # what else ran during the start-up measurements
+    meter = start_up_meter()  # what else ran during the start-up measurements (as each measurement's own window)
     meter.start()
     from runners.compiled import set_cpu_gemm
 
