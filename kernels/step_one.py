@@ -3,8 +3,8 @@ pass, the one a token of target AR pays, and a drafting row's verification pass 
 2026-12-01), where the host side of ``CStep.__call__`` (tensor casts and slices, a chunk plan, a scratch size,
 nineteen ctypes objects built) was about as long as a tenth of a bfloat16 pass on a cold cache.
 
-The same C call with the same arguments as ``CStep.__call__`` over ``rows`` <= ``MANY_ROWS`` positions without a mask
-or a drafter's rows (one chunk: a prompt plan's chunks are longer than ``MANY_ROWS``; ``tile`` 0: up to
+The same C call with the same arguments as ``CStep.__call__`` over ``rows`` <= ``MANY_ROWS`` positions without a mask,
+a drafter's rows too since 2026-12-01 (one chunk: a prompt plan's chunks are longer than ``MANY_ROWS``; ``tile`` 0: up to
 ``kernels.bf16.decoding_rows`` >= ``MANY_ROWS`` rows run decoding's loop), the logits of the last ``asked`` rows with
 their tops, and the hidden states a learned head reads where asked (``layers``: an EAGLE row's every pass keeps
 them), so the same bits. Never stale: each pass asks the step for its currency first (``CStep.current``: a changed model
@@ -30,8 +30,8 @@ ARGTYPES = [_P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _I, _P, _P, _P, _I, _P, _I, 
 
 
 class OnePass:
-    """``one(h, rope, cache, start, layers, hidden, rows, asked)``: logits ``[asked, V]`` (each row's greedy token
-    kept on them, ``with_tops``) of the last ``asked`` of ``rows`` positions (1..``MANY_ROWS``) whose float32
+    """``one(h, rope, cache, start, layers, hidden, rows, asked, head)``: logits ``[asked, V]`` (each row's greedy token
+    kept on them, ``with_tops``; with ``head``, a drafter's ``kernels.head_rows.HeadRows``: ``[asked, head.rows]``, none kept) of the last ``asked`` of ``rows`` positions (1..``MANY_ROWS``) whose float32
     embeddings lie at address ``h`` (``[rows, H]``, overwritten) and their RoPE rows at ``rope``'s two addresses, cos
     and sin (``[T, rows, R]`` float32, contiguous), their keys and values written at slots ``start..start + rows -
     1`` of ``cache``; with ``layers`` (int64 ``[n]``, ``CStep.__call__``'s ``at``) and ``hidden`` (float32 ``[rows, n
@@ -63,7 +63,7 @@ class OnePass:
         self.sized = (-1, -1)
 
     def one(self, h: int, rope: Tuple[int, int], cache, start: int, layers: Optional[Tensor] = None,
-            hidden: Optional[Tensor] = None, rows: int = 1, asked: int = 1) -> Tensor:
+            hidden: Optional[Tensor] = None, rows: int = 1, asked: int = 1, head=None) -> Tensor:
         if not 1 <= asked <= rows <= MANY_ROWS:  # more rows: a chunk plan, a many-row variant (``CStep.__call__``)
             raise ValueError(f"a decided pass runs 1..{MANY_ROWS} positions and asks 1..rows logits, not {asked} of {rows}")
         step = self.step  # alive: the caller holds it
@@ -79,15 +79,19 @@ class OnePass:
             if step.scratch.numel() < needed:
                 step.scratch = torch.empty(needed)
             self.rows = rows
-        final_norm, head, vocab = self.fixed
+        final_norm, output, vocab = self.fixed
+        if head is not None:  # a drafter's rows (``kernels.head_rows``): the first blocks of their copy, no tops kept, as ``CStep.__call__``
+            output, vocab = head.blocks.data_ptr(), head.rows
         logits = torch.empty((asked, vocab))  # returned: the caller may keep it past the next pass
-        d.tile, d.kept, d.tops = 0, 0 if state is None else state.upto, self.tops_at
+        d.tile, d.kept, d.tops = 0, 0 if state is None else state.upto, self.tops_at if head is None else None
         at = self.hidden_at if hidden is None else layers
         self.call(self.structs, self.dims, h, rope[0], rope[1], rows, start, None, None, at.data_ptr(), at.numel(),
-                  None if hidden is None else hidden.data_ptr(), final_norm, head, vocab, logits.data_ptr(), asked,
+                  None if hidden is None else hidden.data_ptr(), final_norm, output, vocab, logits.data_ptr(), asked,
                   step.scratch.data_ptr(), threads)
         d.tops = None
         passed(cache, state, start + rows)
+        if head is not None:
+            return logits
         tops = self.tops
         return with_tops(logits, [(tops[i].at, tops[i].top, tops[i].others) for i in range(asked)])
 
