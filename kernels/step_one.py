@@ -30,9 +30,9 @@ ARGTYPES = [_P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _I, _P, _P, _P, _I, _P, _I, 
 
 
 class OnePass:
-    """``one(h, rope, cache, start, layers, hidden, rows, asked, head)``: logits ``[asked, V]`` (each row's greedy token
-    kept on them, ``with_tops``; with ``head``, a drafter's ``kernels.head_rows.HeadRows``: ``[asked, head.rows]``, none kept) of the last ``asked`` of ``rows`` positions (1..``MANY_ROWS``) whose float32
-    embeddings lie at address ``h`` (``[rows, H]``, overwritten) and their RoPE rows at ``rope``'s two addresses, cos
+    """``one(h, rope, cache, start, layers, hidden, rows, asked)``: logits ``[asked, V]`` (each row's greedy token
+    kept on them, ``with_tops``; ``drafted``: a drafter's rows', none kept) of the last ``asked`` of ``rows``
+    positions (1..``MANY_ROWS``) whose float32 embeddings lie at address ``h`` (``[rows, H]``, overwritten) and their RoPE rows at ``rope``'s two addresses, cos
     and sin (``[T, rows, R]`` float32, contiguous), their keys and values written at slots ``start..start + rows -
     1`` of ``cache``; with ``layers`` (int64 ``[n]``, ``CStep.__call__``'s ``at``) and ``hidden`` (float32 ``[rows, n
     * H]``), the residual stream entering those layers written into ``hidden``, as the full pass writes it. Positional arguments only:
@@ -63,9 +63,21 @@ class OnePass:
         self.sized = (-1, -1)
 
     def one(self, h: int, rope: Tuple[int, int], cache, start: int, layers: Optional[Tensor] = None,
-            hidden: Optional[Tensor] = None, rows: int = 1, asked: int = 1, head=None) -> Tensor:
+            hidden: Optional[Tensor] = None, rows: int = 1, asked: int = 1) -> Tensor:
+        logits = self._pass(h, rope, cache, start, (layers, hidden), rows, asked, None)
+        tops = self.tops
+        return with_tops(logits, [(tops[i].at, tops[i].top, tops[i].others) for i in range(asked)])
+
+    def drafted(self, h: int, rope: Tuple[int, int], cache, start: int, rows: int, asked: int, head) -> Tensor:
+        """``one``'s pass over a drafter's rows ``head`` (``kernels.head_rows.HeadRows``, the first blocks of their
+        copy, as ``CStep.__call__`` reads them): their logits ``[asked, head.rows]``, no tops kept."""
+        return self._pass(h, rope, cache, start, (None, None), rows, asked, head)
+
+    def _pass(self, h: int, rope: Tuple[int, int], cache, start: int, states: tuple, rows: int, asked: int, head) -> Tensor:
+        """The C call of ``one`` (``states``: its ``layers`` and ``hidden``) or of ``drafted`` (``head``); the logits."""
         if not 1 <= asked <= rows <= MANY_ROWS:  # more rows: a chunk plan, a many-row variant (``CStep.__call__``)
             raise ValueError(f"a decided pass runs 1..{MANY_ROWS} positions and asks 1..rows logits, not {asked} of {rows}")
+        layers, hidden = states
         step = self.step  # alive: the caller holds it
         step.current()
         if step.structs is not self.structs:
@@ -80,7 +92,7 @@ class OnePass:
                 step.scratch = torch.empty(needed)
             self.rows = rows
         final_norm, output, vocab = self.fixed
-        if head is not None:  # a drafter's rows (``kernels.head_rows``): the first blocks of their copy, no tops kept, as ``CStep.__call__``
+        if head is not None:
             output, vocab = head.blocks.data_ptr(), head.rows
         logits = torch.empty((asked, vocab))  # returned: the caller may keep it past the next pass
         d.tile, d.kept, d.tops = 0, 0 if state is None else state.upto, self.tops_at if head is None else None
@@ -90,10 +102,7 @@ class OnePass:
                   step.scratch.data_ptr(), threads)
         d.tops = None
         passed(cache, state, start + rows)
-        if head is not None:
-            return logits
-        tops = self.tops
-        return with_tops(logits, [(tops[i].at, tops[i].top, tops[i].others) for i in range(asked)])
+        return logits
 
 
 def one_pass(step) -> Optional[OnePass]:

@@ -119,7 +119,7 @@ class Lane:
         head = runner.head_for(ids[0, start:start + rows]) if runner.head_count else None
         layers = runner.hidden_layers
         if head is not None:
-            logits = one_pass(step).one(self.h.data_ptr(), rope, runner.cache, start, None, None, rows, asked, head)
+            logits = one_pass(step).drafted(self.h.data_ptr(), rope, runner.cache, start, rows, asked, head)
             runner.wide = wide_buffer(runner.wide, asked, head.vocab, logits.dtype)
             logits = head.full(logits, runner.wide[:asked])
         elif not layers:
