@@ -32,11 +32,12 @@ ARGTYPES = [_P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _I, _P, _P, _P, _I, _P, _I, 
 class OnePass:
     """``one(h, rope, cache, start, layers, hidden, rows, asked)``: logits ``[asked, V]`` (each row's greedy token
     kept on them, ``with_tops``; ``drafted``: a drafter's rows', none kept) of the last ``asked`` of ``rows``
-    positions (1..``MANY_ROWS``) whose float32 embeddings lie at address ``h`` (``[rows, H]``, overwritten) and their RoPE rows at ``rope``'s two addresses, cos
-    and sin (``[T, rows, R]`` float32, contiguous), their keys and values written at slots ``start..start + rows -
-    1`` of ``cache``; with ``layers`` (int64 ``[n]``, ``CStep.__call__``'s ``at``) and ``hidden`` (float32 ``[rows, n
-    * H]``), the residual stream entering those layers written into ``hidden``, as the full pass writes it. Positional arguments only:
-    tests count its calls through a wrapper that passes ``*args``."""
+    positions (1..``MANY_ROWS``) whose float32 embeddings lie at address ``h`` (``[rows, H]``, overwritten) and
+    their RoPE rows at ``rope``'s two addresses, cos and sin (``[T, rows, R]`` float32, contiguous), their keys and
+    values written at slots ``start..start + rows - 1`` of ``cache``; with ``layers`` (int64 ``[n]``,
+    ``CStep.__call__``'s ``at``) and ``hidden`` (float32 ``[rows, n * H]``), the residual stream entering those
+    layers written into ``hidden``, as the full pass writes it. Positional arguments only: tests count its calls
+    through a wrapper that passes ``*args``."""
 
     def __init__(self, step):
         # weakly: this object is kept on the step (``one_pass``), and a cycle would keep the step's blocked weights

@@ -31,9 +31,9 @@ full pass does: a paused head's step then costs target AR's pass. The logits of 
 with each row's top read in the same call (``with_tops``), as the full pass returns them. A drafter's cut output
 layer (``kernels.head_rows``, ``--drafter-head``) since 2026-12-01 too: its rows' logits, no tops, spread over the
 vocabulary in the runner's buffer, as the full pass does (they had taken the full pass: a drafter pass's host
-work 1.00 against 0.78 ms on the lane, medians, one thread on a busy machine, noisy; docs/results.md). Anything else (a tree pass, a drafter's rows with a learned
-head's states, a hooked or cast model, a cache to grow, more than 12 positions) takes the full pass, which
-decides again. Same C call, same arguments (one chunk, decoding's loop: ``tile`` 0 up to 12 rows): the same bits as
+work 1.00 against 0.78 ms on the lane, medians, one thread on a busy machine, noisy; docs/results.md). Anything
+else (a tree pass, a drafter's rows with a learned head's states, a hooked or cast model, a cache to grow, more
+than 12 positions) takes the full pass, which decides again. Same C call, same arguments (one chunk, decoding's loop: ``tile`` 0 up to 12 rows): the same bits as
 the full pass (``tests/test_lean_lane_chain.py``)."""
 import ctypes
 import weakref
