@@ -3,8 +3,8 @@ pass, the one a token of target AR pays, and a drafting row's verification pass 
 2026-12-01), where the host side of ``CStep.__call__`` (tensor casts and slices, a chunk plan, a scratch size,
 nineteen ctypes objects built) was about as long as a tenth of a bfloat16 pass on a cold cache.
 
-The same C call with the same arguments as ``CStep.__call__`` over ``rows`` <= ``MANY_ROWS`` positions without a mask
-or a drafter's rows (one chunk: a prompt plan's chunks are longer than ``MANY_ROWS``; ``tile`` 0: up to
+The same C call with the same arguments as ``CStep.__call__`` over ``rows`` <= ``MANY_ROWS`` positions without a mask,
+a drafter's rows too since 2026-12-01 (one chunk: a prompt plan's chunks are longer than ``MANY_ROWS``; ``tile`` 0: up to
 ``kernels.bf16.decoding_rows`` >= ``MANY_ROWS`` rows run decoding's loop), the logits of the last ``asked`` rows with
 their tops, and the hidden states a learned head reads where asked (``layers``: an EAGLE row's every pass keeps
 them), so the same bits. Never stale: each pass asks the step for its currency first (``CStep.current``: a changed model
@@ -31,12 +31,13 @@ ARGTYPES = [_P, _P, _P, _P, _P, _I, _I, _P, _P, _P, _I, _P, _P, _P, _I, _P, _I, 
 
 class OnePass:
     """``one(h, rope, cache, start, layers, hidden, rows, asked)``: logits ``[asked, V]`` (each row's greedy token
-    kept on them, ``with_tops``) of the last ``asked`` of ``rows`` positions (1..``MANY_ROWS``) whose float32
-    embeddings lie at address ``h`` (``[rows, H]``, overwritten) and their RoPE rows at ``rope``'s two addresses, cos
-    and sin (``[T, rows, R]`` float32, contiguous), their keys and values written at slots ``start..start + rows -
-    1`` of ``cache``; with ``layers`` (int64 ``[n]``, ``CStep.__call__``'s ``at``) and ``hidden`` (float32 ``[rows, n
-    * H]``), the residual stream entering those layers written into ``hidden``, as the full pass writes it. Positional arguments only:
-    tests count its calls through a wrapper that passes ``*args``."""
+    kept on them, ``with_tops``; ``drafted``: a drafter's rows', none kept) of the last ``asked`` of ``rows``
+    positions (1..``MANY_ROWS``) whose float32 embeddings lie at address ``h`` (``[rows, H]``, overwritten) and
+    their RoPE rows at ``rope``'s two addresses, cos and sin (``[T, rows, R]`` float32, contiguous), their keys and
+    values written at slots ``start..start + rows - 1`` of ``cache``; with ``layers`` (int64 ``[n]``,
+    ``CStep.__call__``'s ``at``) and ``hidden`` (float32 ``[rows, n * H]``), the residual stream entering those
+    layers written into ``hidden``, as the full pass writes it. Positional arguments only: tests count its calls
+    through a wrapper that passes ``*args``."""
 
     def __init__(self, step):
         # weakly: this object is kept on the step (``one_pass``), and a cycle would keep the step's blocked weights
@@ -64,8 +65,20 @@ class OnePass:
 
     def one(self, h: int, rope: Tuple[int, int], cache, start: int, layers: Optional[Tensor] = None,
             hidden: Optional[Tensor] = None, rows: int = 1, asked: int = 1) -> Tensor:
+        logits = self._pass(h, rope, cache, start, (layers, hidden), rows, asked, None)
+        tops = self.tops
+        return with_tops(logits, [(tops[i].at, tops[i].top, tops[i].others) for i in range(asked)])
+
+    def drafted(self, h: int, rope: Tuple[int, int], cache, start: int, rows: int, asked: int, head) -> Tensor:
+        """``one``'s pass over a drafter's rows ``head`` (``kernels.head_rows.HeadRows``, the first blocks of their
+        copy, as ``CStep.__call__`` reads them): their logits ``[asked, head.rows]``, no tops kept."""
+        return self._pass(h, rope, cache, start, (None, None), rows, asked, head)
+
+    def _pass(self, h: int, rope: Tuple[int, int], cache, start: int, states: tuple, rows: int, asked: int, head) -> Tensor:
+        """The C call of ``one`` (``states``: its ``layers`` and ``hidden``) or of ``drafted`` (``head``); the logits."""
         if not 1 <= asked <= rows <= MANY_ROWS:  # more rows: a chunk plan, a many-row variant (``CStep.__call__``)
             raise ValueError(f"a decided pass runs 1..{MANY_ROWS} positions and asks 1..rows logits, not {asked} of {rows}")
+        layers, hidden = states
         step = self.step  # alive: the caller holds it
         step.current()
         if step.structs is not self.structs:
@@ -79,17 +92,18 @@ class OnePass:
             if step.scratch.numel() < needed:
                 step.scratch = torch.empty(needed)
             self.rows = rows
-        final_norm, head, vocab = self.fixed
+        final_norm, output, vocab = self.fixed
+        if head is not None:
+            output, vocab = head.blocks.data_ptr(), head.rows
         logits = torch.empty((asked, vocab))  # returned: the caller may keep it past the next pass
-        d.tile, d.kept, d.tops = 0, 0 if state is None else state.upto, self.tops_at
+        d.tile, d.kept, d.tops = 0, 0 if state is None else state.upto, self.tops_at if head is None else None
         at = self.hidden_at if hidden is None else layers
         self.call(self.structs, self.dims, h, rope[0], rope[1], rows, start, None, None, at.data_ptr(), at.numel(),
-                  None if hidden is None else hidden.data_ptr(), final_norm, head, vocab, logits.data_ptr(), asked,
+                  None if hidden is None else hidden.data_ptr(), final_norm, output, vocab, logits.data_ptr(), asked,
                   step.scratch.data_ptr(), threads)
         d.tops = None
         passed(cache, state, start + rows)
-        tops = self.tops
-        return with_tops(logits, [(tops[i].at, tops[i].top, tops[i].others) for i in range(asked)])
+        return logits
 
 
 def one_pass(step) -> Optional[OnePass]:

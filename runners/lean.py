@@ -159,6 +159,10 @@ class LeanRunner(TreePasses):
         self.fed_tokens |= new
         return new
 
+    def head_for(self, ids: Tensor) -> Optional[HeadRows]:
+        """The output rows a C step pass over ``ids`` ``[r]`` computes (None: all), those tokens counted as fed (the lane's pass)."""
+        return self._head_rows(self._fed(ids))
+
     def _head_rows(self, new: set) -> Optional[HeadRows]:
         """The output rows this C step pass computes (None: all), holding every token fed (``new``: those not yet added)."""
         if not self.head_count:

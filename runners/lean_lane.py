@@ -28,9 +28,12 @@ run on one record), and nothing it decided on has moved since, each by a counter
 
 A learned head's row keeps its hidden states ``[rows, n H]`` from the same call (``OnePass.one``'s ``layers``), as the
 full pass does: a paused head's step then costs target AR's pass. The logits of the last ``n_last`` rows come back
-with each row's top read in the same call (``with_tops``), as the full pass returns them. Anything else (a tree
-pass, a drafter's rows, a hooked or cast model, a cache to grow, more than 12 positions) takes the full pass, which
-decides again. Same C call, same arguments (one chunk, decoding's loop: ``tile`` 0 up to 12 rows): the same bits as
+with each row's top read in the same call (``with_tops``), as the full pass returns them. A drafter's cut output
+layer (``kernels.head_rows``, ``--drafter-head``) since 2026-12-01 too: its rows' logits, no tops, spread over the
+vocabulary in the runner's buffer, as the full pass does (they had taken the full pass: a drafter pass's host
+work 1.00 against 0.78 ms on the lane, medians, one thread on a busy machine, noisy; docs/results.md). Anything
+else (a tree pass, a drafter's rows with a learned head's states, a hooked or cast model, a cache to grow, more
+than 12 positions) takes the full pass, which decides again. Same C call, same arguments (one chunk, decoding's loop: ``tile`` 0 up to 12 rows): the same bits as
 the full pass (``tests/test_lean_lane_chain.py``)."""
 import ctypes
 import weakref
@@ -42,6 +45,7 @@ import torch.nn.modules.module as torch_module
 from torch.utils.hooks import RemovableHandle
 
 import kernels.prepacking as prepacking
+from kernels.head_rows import wide_buffer
 from kernels.one_head import ReleasedEmbedding
 from kernels.prepacking import SKINNY
 from kernels.prompt_gemm import MANY_ROWS
@@ -101,7 +105,8 @@ class Lane:
         step, stamp, changes, planned, route = key
         step, planned = step(), planned and planned()
         if step is None or runner.step is not step or stamp != (prepacking.SWAPS[0], RemovableHandle.next_id) or changes != prepacking.changes() \
-                or runner.head_count or (key[3] is not None and (planned is None or planned.route is not route)):
+                or (key[3] is not None and (planned is None or planned.route is not route)) \
+                or (runner.head_count and runner.hidden_layers):  # a drafter's rows and a head's states: the full pass
             return None
         hooks = runner.hooks  # dicts that held hooks none of which counts (transformers' own, the pass clock's): one removed?
         if hooks.busy and [len(h) for h in hooks.busy] != hooks.lengths:
@@ -109,8 +114,15 @@ class Lane:
         rope = runner.ropes.row(start, runner.capacity, rows)
         if rope is None or not self._embed(runner.model, ids, start, rows):
             return None
+        # a drafter's rows, every fed token's among them (counted here, past every refusal: a refused pass's full
+        # pass counts them itself), spread over the vocabulary as the full pass spreads them
+        head = runner.head_for(ids[0, start:start + rows]) if runner.head_count else None
         layers = runner.hidden_layers
-        if not layers:
+        if head is not None:
+            logits = one_pass(step).drafted(self.h.data_ptr(), rope, runner.cache, start, rows, asked, head)
+            runner.wide = wide_buffer(runner.wide, asked, head.vocab, logits.dtype)
+            logits = head.full(logits, runner.wide[:asked])
+        elif not layers:
             logits = one_pass(step).one(self.h.data_ptr(), rope, runner.cache, start, None, None, rows, asked)
         else:  # a learned head's row: its hidden states in the same call, as the full pass keeps them (``_passed``)
             if self.layers[0] != layers:

@@ -88,10 +88,34 @@ def test_chain_passes_of_2_to_12_positions_give_the_full_passs_bits_and_cache(na
         for a, b in zip(runner.cache.layers, runner_off.cache.layers))
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_a_drafters_cut_rows_ride_the_lane_with_the_full_passs_bits(name):
+    """A drafter's output layer cut to its first 32 ids and its fed tokens' (``kernels.head_rows``): its one-position
+    and chain passes take the lane and give the full pass's logits bit for bit (minus infinity past the rows, a
+    fed token's row joining on the lane as on the full pass: the drafts run over the whole vocabulary) and cache."""
+    found = {}
+    for on in (True, False):
+        lean_lane.ON = on
+        runner = LeanRunner(MODELS[name]())
+        assert runner.output_rows(32) == 32
+        try:
+            found[on] = (verify(runner, [1, 1] + WIDTHS), runner)
+        finally:
+            lean_lane.ON = True
+    (on, runner), (off, runner_off) = found[True], found[False]
+    assert same(on, off) and runner.lane.passes >= len(WIDTHS) + 2 and runner_off.lane.passes == 0
+    assert all(not torch.isfinite(x).all() for x, _ in on)  # the cut: some ids never computed
+    end = runner.cached
+    assert all(torch.equal(a.keys[:, :, :end], b.keys[:, :, :end]) for a, b in zip(runner.cache.layers, runner_off.cache.layers))
+
+
+@pytest.mark.parametrize("cut", [0, 32], ids=["every row", "a drafter's 32 rows"])
 @pytest.mark.parametrize("name", ["tied float32", "untied bfloat16"])
-def test_a_positions_logits_do_not_depend_on_the_lanes_width(name):
-    """Row invariance through the lane: a position's logits in a 6-position pass equal those of its one-position pass."""
+def test_a_positions_logits_do_not_depend_on_the_lanes_width(name, cut):
+    """Row invariance through the lane: a position's logits in a 6-position pass equal those of its one-position pass
+    (a drafter's cut rows too: the tokens of both are fed before either is compared)."""
     runner = LeanRunner(MODELS[name]())
+    runner.output_rows(cut)
     ids = torch.tensor([PROMPT + [3, 14, 15, 92 % VOCAB, 65, 35]])
     runner(ids[:, : len(PROMPT) + 1], 1)
     runner(ids[:, : len(PROMPT) + 2], 1)  # recorded
