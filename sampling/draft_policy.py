@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 from sampling.depth_acceptance import DepthAcceptance
 from sampling.live_costs import LiveCosts
 from sampling.policy_checks import checked
+from sampling.policy_words import describe
 
 if TYPE_CHECKING:
     from measure.record import Costs
@@ -175,27 +176,8 @@ class DraftPolicy:
 
     def describe(self, gamma: int | None = None) -> str:
         """One line naming what the policy does on its own, for headers and labels (with the
-        bound on drafts per step when ``gamma`` is given)."""
-        parts = []
-        if gamma is not None:
-            parts.append(f"gamma auto ({gamma} first, up to {max(gamma, self.bound())})" if self.auto else f"gamma <= {gamma}")
-        if self.row_costs is not None:
-            parts.append("cost-optimal length" + (" by draft depth and evidence" if self.by_depth else "") + ", padded passes")
-        if self.adaptive:
-            parts.append("adaptive")
-        if self.min_draft:
-            parts.append(f"min_draft {self.min_draft}")
-        if self.p_min:
-            parts.append(f"p_min {self.p_min}")
-        if self.pause_after:
-            parts.append(f"pause after {self.pause_after} for {self.pause_steps}")
-        if self.min_gain:
-            parts.append(f"pausing below {self.min_gain:g} tokens per unit of cost")
-        if self.live and self.row_costs is not None:
-            parts.append("costs measured in the loop")
-        if self.remember:
-            parts.append(f"memory on ({self.remembered} remembered)")
-        return ", ".join(parts) or "constant length"
+        bound on drafts per step when ``gamma`` is given): ``policy_words.describe``."""
+        return describe(self, gamma)
 
     def finish(self) -> None:
         """Called after a generation: remember how a drafter model fared (see ``start``)."""
