@@ -23,7 +23,8 @@ CONFIDENT = 1.25
 # a gated drafter (cheap, with evidence) is asked every step, cut to 0 drafts where they do not pay, while its host cost (in one-position steps) is below this
 GATE_COST = 0.05
 # a gated drafter's pooled rate starts from these pseudo-observations (hits, trials): one fruitless step made it 0,
-# and the gate drafted nothing until its probe, through the copies after it (scripts/nasd_replay.py)
+# and the gate drafted nothing until its probe, through the copies after it (scripts/nasd_replay.py); a drafter whose
+# drafts are passes (a head, a drafter model) drafts its first step at the length that pays best at this rate
 RATE_PRIOR = (0.5, 1.0)
 
 
@@ -77,7 +78,8 @@ class DraftPolicy:
       the cost-optimal count by their evidence, 0 included (no step is paused for it while its host
       cost is under ``GATE_COST`` of a step): a weak match drafts nothing, a verbatim copy drafts
       long, and a copy met after a fruitless stretch is not missed in a pause. Its first step's length is the
-      cost-optimal one by its prior rate (``RATE_PRIOR``), not ``gamma``.
+      cost-optimal one by its prior rate (``RATE_PRIOR``), not ``gamma``; so is a drafter's whose drafts are passes
+      (``per_draft``: a learned head's first step drafted 4 at 16% acceptance, 2026-12-01).
     * ``remember``: a policy reused across generations keeps each drafter model's record (with ``min_gain``):
       a drafter whose drafts did not pay starts its next generation paused. Off by default, so a result
       depends only on its own prompt and settings; ``forget()`` clears it, ``remembered`` counts it.
@@ -197,8 +199,11 @@ class DraftPolicy:
             # step measures what drafting is weighed against (at most one in ``STALE``'s steps; a clear gain skips it)
             self.unit_steps += 1
             return 0
-        if self.row_costs is None or self.trials == 0:
+        if self.row_costs is None or self.trials == 0 and not self.per_draft:
             return self.gamma
+        if self.trials == 0:  # drafts that are passes, nothing seen yet: priced at the prior rate, not ``gamma`` blind
+            rate = RATE_PRIOR[0] / RATE_PRIOR[1]
+            return max(range(1, self.gamma + 1), key=lambda k: (self.expected_tokens(k, rate) / self._cost_of(k), -k))
         return self._best(max(longest or 0, self.gamma))
 
     def _best(self, most: int, evidence: Optional[Sequence[int]] = None, least: int = 1) -> int:
