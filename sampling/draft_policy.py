@@ -148,6 +148,7 @@ class DraftPolicy:
         self.gate_zeros = 0  # steps in a row the gate cut to no draft
         self.zero_streak = 0
         self.paused = 0
+        self.after_pause = False  # a pause ended and no draft was verified since: the next drafting step is a probe
         self.next_pause = self.pause_steps
         self.paused_steps = 0  # steps spent paused, for the statistics
         self.unit_steps = 0  # one-position steps taken to measure the unit (``length``), for ``chosen``
@@ -160,7 +161,7 @@ class DraftPolicy:
         if remembered is not None:
             self.hits, self.trials, self.next_pause, paying = remembered
             if not paying:
-                self.paused, self.gain = self.next_pause, self.min_gain  # probe again after the pause
+                self.paused, self.gain, self.after_pause = self.next_pause, self.min_gain, True  # probe again after the pause
 
     @property
     def remembered(self) -> int:
@@ -187,11 +188,13 @@ class DraftPolicy:
             paying = self.paused == 0 and (self.gain is None or self.gain >= self.min_gain)
             self._memory[self._key] = (self.hits, self.trials, self.next_pause, paying)
 
-    def length(self, longest: int | None = None) -> int:
+    def length(self, longest: int | None = None, left: int | None = None) -> int:
         """Drafts to ask for in the coming step (0 while paused). With ``row_costs`` and some
-        outcomes seen, the cost-optimal length up to ``longest`` (default ``gamma``)."""
-        if self.paused > 0:
-            self.paused -= 1
+        outcomes seen, the cost-optimal length up to ``longest`` (default ``gamma``). ``left``: the
+        tokens the generation may still emit; a drafter whose drafts are passes takes no probe with
+        fewer than ``pause_steps`` left (its catch-up and passes cannot be repaid: the pause runs on)."""
+        if self.paused > 0 or self.after_pause and self.per_draft and left is not None and left < self.pause_steps:
+            self.paused = max(0, self.paused - 1)
             self.paused_steps += 1
             return 0
         if self.live_costs is not None and self.live_costs.stale() and self.trials > 0 and not self._expected_to_pay():
@@ -360,6 +363,7 @@ class DraftPolicy:
         self.steps += 1
         if drafted == 0:
             return
+        self.after_pause = False
         self.drafted_steps += 1
         self.drafted_total += drafted
         if self.by_depth:
@@ -375,7 +379,7 @@ class DraftPolicy:
             if self.gain >= self.min_gain:  # an expensive drafter backs off from long pauses slowly
                 self.next_pause = self.pause_steps if not self.per_draft else max(self.pause_steps, self.next_pause // 2)
             elif not self._expected_to_pay() and not self._gate_pays():
-                self.paused, self.gain = self.next_pause, self.min_gain  # probe again after the pause
+                self.paused, self.gain, self.after_pause = self.next_pause, self.min_gain, True  # probe again after the pause
                 self.next_pause = min(2 * self.next_pause, 64)
             return
         if accepted > 0:
@@ -383,5 +387,5 @@ class DraftPolicy:
             return
         self.zero_streak += 1
         if self.pause_after and self.zero_streak >= self.pause_after:
-            self.paused, self.zero_streak = self.next_pause, self.pause_after - 1
+            self.paused, self.zero_streak, self.after_pause = self.next_pause, self.pause_after - 1, True
             self.next_pause *= 2

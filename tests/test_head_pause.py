@@ -38,6 +38,23 @@ def test_a_heads_first_step_drafts_the_length_its_prior_rate_pays_for_not_gamma(
     assert policy.length() == 4
 
 
+def test_no_probe_of_a_head_with_fewer_tokens_left_than_the_shortest_pause():
+    """Property: after a pause, a probe (one drafting step that costs the head's catch-up and a wider pass) is taken
+    only while at least ``pause_steps`` tokens are left to repay it; a cheap drafter probes as before."""
+    for cheap, probed in ((False, False), (True, True)):
+        policy = pausing_policy()
+        policy.start(4, cheap=cheap, drafter_key=None, step_cost=HEAD_COST)
+        policy.update(policy.length(left=40), 0, 3)  # a fruitless step: paused for pause_steps
+        assert policy.paused == policy.pause_steps
+        assert [policy.length(left=20 - i) for i in range(policy.pause_steps)] == [0] * policy.pause_steps
+        assert (policy.length(left=policy.pause_steps - 1) > 0) == probed
+    policy = pausing_policy()
+    policy.start(4, cheap=False, drafter_key=None, step_cost=HEAD_COST)
+    policy.update(policy.length(left=40), 0, 3)
+    assert [policy.length(left=40) for _ in range(policy.pause_steps)] == [0] * policy.pause_steps
+    assert policy.length(left=policy.pause_steps) > 0  # enough left: the probe is taken
+
+
 class Spy(EagleDrafter):
     """The drafter, noting each step it was asked (the tokens, the features it held, the drafts) and its head passes."""
 
