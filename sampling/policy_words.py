@@ -1,13 +1,9 @@
 """The words naming what a ``DraftPolicy`` does on its own (``DraftPolicy.describe``): headers, labels, the REPL's /stats."""
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from sampling.draft_policy import DraftPolicy
 
 
-def describe(policy: "DraftPolicy", gamma: int | None = None) -> str:
-    """One line naming what the policy does on its own, for headers and labels (with the
-    bound on drafts per step when ``gamma`` is given)."""
+def describe(policy, gamma: int | None = None) -> str:
+    """One line naming what ``policy`` (a ``DraftPolicy``: not imported, it imports this) does on its own, for headers
+    and labels (with the bound on drafts per step when ``gamma`` is given)."""
     parts = []
     if gamma is not None:
         parts.append(f"gamma auto ({gamma} first, up to {max(gamma, policy.bound())})" if policy.auto else f"gamma <= {gamma}")
