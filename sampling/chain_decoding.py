@@ -79,7 +79,7 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
     host = ids.numpy() if ids.device.type == "cpu" else None  # a view of ids' memory
     while len(tokens) < end:
         cur = len(tokens)
-        k = max(0, min(policy.length(policy.bound()), end - cur - 1, drafter.max_drafts(cur))) if drafting else 0
+        k = max(0, min(policy.length(policy.bound(), end - cur), end - cur - 1, drafter.max_drafts(cur))) if drafting else 0
         drafting = True
         q, asked, made = None, False, 0
         clock = time.perf_counter()

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 from sampling.depth_acceptance import DepthAcceptance
 from sampling.live_costs import LiveCosts
 from sampling.policy_checks import checked
+from sampling.policy_words import describe
 
 if TYPE_CHECKING:
     from measure.record import Costs
@@ -22,7 +23,8 @@ CONFIDENT = 1.25
 # a gated drafter (cheap, with evidence) is asked every step, cut to 0 drafts where they do not pay, while its host cost (in one-position steps) is below this
 GATE_COST = 0.05
 # a gated drafter's pooled rate starts from these pseudo-observations (hits, trials): one fruitless step made it 0,
-# and the gate drafted nothing until its probe, through the copies after it (scripts/nasd_replay.py)
+# and the gate drafted nothing until its probe, through the copies after it (scripts/nasd_replay.py); a drafter whose
+# drafts are passes (a head, a drafter model) drafts its first step at the length that pays best at this rate
 RATE_PRIOR = (0.5, 1.0)
 
 
@@ -76,7 +78,8 @@ class DraftPolicy:
       the cost-optimal count by their evidence, 0 included (no step is paused for it while its host
       cost is under ``GATE_COST`` of a step): a weak match drafts nothing, a verbatim copy drafts
       long, and a copy met after a fruitless stretch is not missed in a pause. Its first step's length is the
-      cost-optimal one by its prior rate (``RATE_PRIOR``), not ``gamma``.
+      cost-optimal one by its prior rate (``RATE_PRIOR``), not ``gamma``; so is a drafter's whose drafts are passes
+      (``per_draft``: a learned head's first step drafted 4 at 16% acceptance, 2026-12-01).
     * ``remember``: a policy reused across generations keeps each drafter model's record (with ``min_gain``):
       a drafter whose drafts did not pay starts its next generation paused. Off by default, so a result
       depends only on its own prompt and settings; ``forget()`` clears it, ``remembered`` counts it.
@@ -145,6 +148,7 @@ class DraftPolicy:
         self.gate_zeros = 0  # steps in a row the gate cut to no draft
         self.zero_streak = 0
         self.paused = 0
+        self.after_pause = False  # a pause ended and no draft was verified since: the next drafting step is a probe
         self.next_pause = self.pause_steps
         self.paused_steps = 0  # steps spent paused, for the statistics
         self.unit_steps = 0  # one-position steps taken to measure the unit (``length``), for ``chosen``
@@ -157,7 +161,7 @@ class DraftPolicy:
         if remembered is not None:
             self.hits, self.trials, self.next_pause, paying = remembered
             if not paying:
-                self.paused, self.gain = self.next_pause, self.min_gain  # probe again after the pause
+                self.paused, self.gain, self.after_pause = self.next_pause, self.min_gain, True  # probe again after the pause
 
     @property
     def remembered(self) -> int:
@@ -175,27 +179,8 @@ class DraftPolicy:
 
     def describe(self, gamma: int | None = None) -> str:
         """One line naming what the policy does on its own, for headers and labels (with the
-        bound on drafts per step when ``gamma`` is given)."""
-        parts = []
-        if gamma is not None:
-            parts.append(f"gamma auto ({gamma} first, up to {max(gamma, self.bound())})" if self.auto else f"gamma <= {gamma}")
-        if self.row_costs is not None:
-            parts.append("cost-optimal length" + (" by draft depth and evidence" if self.by_depth else "") + ", padded passes")
-        if self.adaptive:
-            parts.append("adaptive")
-        if self.min_draft:
-            parts.append(f"min_draft {self.min_draft}")
-        if self.p_min:
-            parts.append(f"p_min {self.p_min}")
-        if self.pause_after:
-            parts.append(f"pause after {self.pause_after} for {self.pause_steps}")
-        if self.min_gain:
-            parts.append(f"pausing below {self.min_gain:g} tokens per unit of cost")
-        if self.live and self.row_costs is not None:
-            parts.append("costs measured in the loop")
-        if self.remember:
-            parts.append(f"memory on ({self.remembered} remembered)")
-        return ", ".join(parts) or "constant length"
+        bound on drafts per step when ``gamma`` is given): ``policy_words.describe``."""
+        return describe(self, gamma)
 
     def finish(self) -> None:
         """Called after a generation: remember how a drafter model fared (see ``start``)."""
@@ -203,11 +188,13 @@ class DraftPolicy:
             paying = self.paused == 0 and (self.gain is None or self.gain >= self.min_gain)
             self._memory[self._key] = (self.hits, self.trials, self.next_pause, paying)
 
-    def length(self, longest: int | None = None) -> int:
+    def length(self, longest: int | None = None, left: int | None = None) -> int:
         """Drafts to ask for in the coming step (0 while paused). With ``row_costs`` and some
-        outcomes seen, the cost-optimal length up to ``longest`` (default ``gamma``)."""
-        if self.paused > 0:
-            self.paused -= 1
+        outcomes seen, the cost-optimal length up to ``longest`` (default ``gamma``). ``left``: the
+        tokens the generation may still emit; a drafter whose drafts are passes takes no probe with
+        fewer than ``pause_steps`` left (its catch-up and passes cannot be repaid: the pause runs on)."""
+        if self.paused > 0 or self.after_pause and self.per_draft and left is not None and left < self.pause_steps:
+            self.paused = max(0, self.paused - 1)
             self.paused_steps += 1
             return 0
         if self.live_costs is not None and self.live_costs.stale() and self.trials > 0 and not self._expected_to_pay():
@@ -215,8 +202,11 @@ class DraftPolicy:
             # step measures what drafting is weighed against (at most one in ``STALE``'s steps; a clear gain skips it)
             self.unit_steps += 1
             return 0
-        if self.row_costs is None or self.trials == 0:
+        if self.row_costs is None or self.trials == 0 and not self.per_draft:
             return self.gamma
+        if self.trials == 0:  # drafts that are passes, nothing seen yet: priced at the prior rate, not ``gamma`` blind
+            rate = RATE_PRIOR[0] / RATE_PRIOR[1]
+            return max(range(1, self.gamma + 1), key=lambda k: (self.expected_tokens(k, rate) / self._cost_of(k), -k))
         return self._best(max(longest or 0, self.gamma))
 
     def _best(self, most: int, evidence: Optional[Sequence[int]] = None, least: int = 1) -> int:
@@ -373,6 +363,7 @@ class DraftPolicy:
         self.steps += 1
         if drafted == 0:
             return
+        self.after_pause = False
         self.drafted_steps += 1
         self.drafted_total += drafted
         if self.by_depth:
@@ -388,7 +379,7 @@ class DraftPolicy:
             if self.gain >= self.min_gain:  # an expensive drafter backs off from long pauses slowly
                 self.next_pause = self.pause_steps if not self.per_draft else max(self.pause_steps, self.next_pause // 2)
             elif not self._expected_to_pay() and not self._gate_pays():
-                self.paused, self.gain = self.next_pause, self.min_gain  # probe again after the pause
+                self.paused, self.gain, self.after_pause = self.next_pause, self.min_gain, True  # probe again after the pause
                 self.next_pause = min(2 * self.next_pause, 64)
             return
         if accepted > 0:
@@ -396,5 +387,5 @@ class DraftPolicy:
             return
         self.zero_streak += 1
         if self.pause_after and self.zero_streak >= self.pause_after:
-            self.paused, self.zero_streak = self.next_pause, self.pause_after - 1
+            self.paused, self.zero_streak, self.after_pause = self.next_pause, self.pause_after - 1, True
             self.next_pause *= 2

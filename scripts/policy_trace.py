@@ -35,9 +35,9 @@ from utils.replayed_runner import ReplayedRunner  # noqa: E402
 class Traced(DraftPolicy):
     """The policy, noting before each step what it believed: the pooled rate and the best expected tokens per unit of cost."""
 
-    def length(self, longest=None) -> int:
+    def length(self, longest=None, left=None) -> int:
         self.belief = (self.rate() if self.trials else None, self.paused)
-        return super().length(longest)
+        return super().length(longest, left)
 
 
 class Steps(Observer):
