@@ -155,3 +155,12 @@ def test_the_benchmark_runs_the_head_rows_names_the_head_and_reports_acceptance_
     assert " + head " in report.splitlines()[0] and "## acceptance by draft depth" in report
     depth_rows = report.split("## acceptance by draft depth")[1]
     assert "| eagle |" in depth_rows or "| eagle[g=4] |" in depth_rows
+
+
+def test_the_heads_step_cost_is_read_from_least_samples_so_a_loaded_target_pass_does_not_cheapen_it():
+    from eagle.cost import least_ratio
+
+    quiet = least_ratio([1.0, 1.1, 1.05], [10.0, 10.2, 10.1])
+    # another process stole time from most target passes (two threads wait on each other), not from the head's step
+    loaded = least_ratio([1.0, 1.1, 1.05], [10.0, 45.0, 50.0])
+    assert quiet == loaded == 0.1
