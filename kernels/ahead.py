@@ -23,7 +23,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from kernels.bf16_choice import MEASURED, Measured, fastest, least
+from kernels.bf16_choice import MEASURED, Measured, fastest, in_window, least
 
 F32 = 0  # the weights' format (``c_step.c``'s Dims.weights): float32; a bfloat16 path otherwise
 DEFAULT, NONE = 4096, 0  # bytes ahead: the build's default, and no software prefetch
@@ -104,7 +104,7 @@ def settle(library: ctypes.CDLL, fmt: int, shape: Tuple[int, int], weights: Opti
         apply(library, fmt, DEFAULT)
         return Measured(DEFAULT, UNTIMED)
     if found is None:
-        found = _CHOSEN[key] = choose(run or timer(library, fmt, shape, weights), candidates(library, fmt))
+        found = _CHOSEN[key] = in_window(lambda: choose(run or timer(library, fmt, shape, weights), candidates(library, fmt)))
     apply(library, fmt, found.pick)
     return found
 
@@ -118,11 +118,12 @@ def words(library: ctypes.CDLL, fmt: int) -> str:
 
 
 def _phrase(found: Measured) -> str:
+    how = f"{found.how}, {found.load}" if found.load else found.how
     if found.pick == L2:
-        return f"weights prefetched {DEFAULT // 1024} KB ahead into L2 on the few-row loop {found.how}"
+        return f"weights prefetched {DEFAULT // 1024} KB ahead into L2 on the few-row loop {how}"
     if found.pick == NONE:
-        return f"weights streamed without software prefetch {found.how}"
-    return f"weights prefetched {found.pick // 1024} KB ahead {found.how}"
+        return f"weights streamed without software prefetch {how}"
+    return f"weights prefetched {found.pick // 1024} KB ahead {how}"
 
 
 def raced() -> str:

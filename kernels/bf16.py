@@ -119,7 +119,7 @@ def chosen(library: ctypes.CDLL, shape: Optional[Tuple[int, int]] = None, weight
             # the default a path must beat clearly: a widening one (they all give the same bits, so a close
             # race between them changes no output from run to run; the dot and AMX paths round apart)
             default = next((p for p in built if p not in ROUNDING), built[0])
-            decided.path = choice.choose_path(built, _timer(library, decided, weights), default, PROMPT_TILE, ROUNDING)
+            decided.path = choice.in_window(lambda: choice.choose_path(built, _timer(library, decided, weights), default, PROMPT_TILE, ROUNDING))
         path = decided.path.pick
     _tile(library, path, shape, weights)
     return path
@@ -132,7 +132,7 @@ def _tile(library: ctypes.CDLL, path: int, shape: Optional[Tuple[int, int]] = No
     found = decided.tiles.get(path)
     if found is None:
         many = list(range(1, library.skinny_bf16_tiles(path)))
-        found = decided.tiles[path] = choice.choose_tile(path, many, PROMPT_TILE.get(path, 1), _timer(library, decided, weights))
+        found = decided.tiles[path] = choice.in_window(lambda: choice.choose_tile(path, many, PROMPT_TILE.get(path, 1), _timer(library, decided, weights)))
     return found
 
 
@@ -201,6 +201,8 @@ def _why(library: ctypes.CDLL, path: int, shape: Optional[Tuple[int, int]] = Non
         others = ", ".join(f"{parts[p]} {NAMES[p]}" for p, *_ in decided.path.parts if p != path)
         weights = f"{choice.DECODED}:{choice.VERIFIED}:{choice.PROMPT // choice.ROWS}"
         why = f"by measurement ({n}x{k} linears, 1, {choice.VERIFY_ROWS} and {choice.ROWS} rows weighed {weights}, {parts[path]} against {others})"
+    if decided.path is not None and decided.path.pick == path and decided.path.load:
+        why = f"{why}, {decided.path.load}"
     shapes = tiles(library, path)
     name = lambda t: f"{shapes[t][0]}x{shapes[t][1]}"  # noqa: E731 (register tile: rows x blocks of 16 features)
     if FORCED_TILE is not None:
@@ -209,13 +211,17 @@ def _why(library: ctypes.CDLL, path: int, shape: Optional[Tuple[int, int]] = Non
     if tile.how != choice.MEASURED:
         return f"{why}; prompt tile {name(tile.pick)}, {tile.how}"
     others = ", ".join(f"{_ms(s)} {name(t)}" for t, s in tile.others())
-    return f"{why}; prompt tile {name(tile.pick)} by measurement ({choice.ROWS} rows {_ms(tile.picked_seconds())} against {others})"
+    load = f", {tile.load}" if tile.load else ""
+    return f"{why}; prompt tile {name(tile.pick)} by measurement ({choice.ROWS} rows {_ms(tile.picked_seconds())} against {others}){load}"
 
 
 def short_words(library: ctypes.CDLL, path: int, shape: Optional[Tuple[int, int]] = None) -> str:
     """The path in a few words: "AVX-512 widening load by measurement", "AVX2 widening load, forced" (for
     a model of gate/up ``shape``, ``_shape``)."""
     why = _why(library, path, shape).split(" (", 1)[0].split(";", 1)[0]
+    measured = _decided(library, shape).path
+    if measured is not None and measured.pick == path and measured.load and forced(_shape(library, shape)) != path:
+        why += ", raced under load"  # the cores are in the full words (``describe``)
     return f"{NAMES[path]} {why}" if why.startswith("by ") else f"{NAMES[path]}, {why}"
 
 

@@ -27,10 +27,12 @@ budget counts those seconds, so a test's fixed seconds decide as a clock's would
 """
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
+
+from utils.load import BUSY, Meter, start_up_meter
 
 Timer = Callable[[int, int, int], float]  # (path, variant, rows) -> seconds of one linear
 WARMUP, REPEATS, MIN_REPEATS = 2, 7, 3  # untimed rounds, timed rounds, timed rounds before the budget may cut
@@ -53,6 +55,7 @@ class Measured:
     how: str
     seconds: Tuple[Tuple[int, float], ...] = ()
     parts: Tuple[Tuple[int, float, float, float], ...] = ()  # each path's (path, one-position, ``VERIFY_ROWS``-row, ``ROWS``-row seconds: NaN untimed)
+    load: str = ""  # "raced under load (other processes used 1.20 cores)" where its window was busy (``in_window``), else ""
 
     def others(self) -> Tuple[Tuple[int, float], ...]:
         return tuple((key, s) for key, s in self.seconds if key != self.pick)
@@ -99,6 +102,18 @@ def weighed(one: float, verify: float, many: float) -> float:
     """Seconds of the run a path is chosen on: ``DECODED`` linears of one position, ``VERIFIED`` of
     ``VERIFY_ROWS`` rows, and ``PROMPT / ROWS`` of ``ROWS`` rows (``one``, ``verify``, ``many``: the least samples of each)."""
     return DECODED * one + VERIFIED * verify + PROMPT / ROWS * many
+
+
+def in_window(race: Callable[[], Measured], meter: Optional[Callable[[], Meter]] = None) -> Measured:
+    """``race()`` inside a load window (``meter``, default ``utils.load.start_up_meter``: the one a start-up
+    measurement is taken in), its result with ``load`` set where other processes used more than ``BUSY`` cores over
+    it. Least samples resist a neighbour, not a neighbour on every sample (docs/results.md: a loaded start's bfloat16
+    path race took plain C), so the header says the race ran under load; these races are per process, never saved."""
+    window = (meter or start_up_meter)()
+    window.start()
+    found = race()
+    cores = window.stop().others_cores
+    return replace(found, load=f"raced under load (other processes used {cores:.2f} cores)") if cores > BUSY else found
 
 
 def choose_path(built: Sequence[int], timer: Timer, default: Optional[int] = None,

@@ -172,3 +172,34 @@ def test_a_forced_path_is_taken_unmeasured_and_named_forced(fresh, monkeypatch):
     model = bfloat16()
     assert CStep(model).dims.weights == built[-1] and all(rows == choice.ROWS for *_, rows in calls)
     assert short_label(model) == f"C step, {bf16.NAMES[built[-1]]}, forced"
+
+
+def test_a_race_run_beside_other_work_is_named_under_load_and_a_quiet_one_is_not():
+    """Least samples resist a neighbour on some samples, not on all: a per-process race (never saved) whose window
+    saw other processes' work past ``utils.load.BUSY`` carries the words, a quiet one none; its pick is untouched."""
+    import kernels.ahead as ahead
+    from utils.load import FixedMeter
+
+    race = lambda: choice.Measured(2, choice.MEASURED, ((2, 1e-3), (1, 2e-3)))  # noqa: E731
+    loud = choice.in_window(race, lambda: FixedMeter(1.2))
+    assert loud.pick == 2 and loud.load == "raced under load (other processes used 1.20 cores)"
+    assert choice.in_window(race, lambda: FixedMeter(0.05)).load == ""
+    none = choice.Measured(ahead.NONE, choice.MEASURED, ((ahead.NONE, 1e-3), (ahead.DEFAULT, 2e-3)))
+    assert ahead._phrase(choice.in_window(lambda: none, lambda: FixedMeter(1.2))) == (
+        "weights streamed without software prefetch by measurement, raced under load (other processes used 1.20 cores)")
+    assert ahead._phrase(none) == "weights streamed without software prefetch by measurement"
+
+
+def test_the_header_names_a_bfloat16_path_raced_under_load(fresh, monkeypatch):
+    """The path's race in a loud window: the short label and the full words say so (the suite's own windows are fixed
+    quiet by ``SPECDEC_OTHERS_CORES``, so this test gives the race its meter)."""
+    from utils.load import FixedMeter
+
+    built = fresh
+    make, _ = given({p: 0.9e-3 for p in built} | {built[1]: 0.41e-3}, {t: 1e-3 for t in range(1, 64)})
+    monkeypatch.setattr(choice, "linear_timer", make)
+    monkeypatch.setattr(choice, "start_up_meter", lambda: FixedMeter(1.5))
+    model = bfloat16()
+    LeanRunner(model)(ids_for(40)[:, :30], 1)
+    assert short_label(model) == f"C step, {bf16.NAMES[built[1]]} by measurement, raced under load"
+    assert "raced under load (other processes used 1.50 cores)" in label(model)
