@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Protocol, Set, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Protocol, Set, Tuple, TypeVar
 
 PROC = Path("/proc")
 BUSY = 0.3  # cores: the quiet tool's default; above it a timing is noisy
@@ -217,3 +217,16 @@ def cpu_flags(proc: Path = PROC) -> str:
         return ""
     flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
     return " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags)
+
+
+T = TypeVar("T")
+
+
+def loaded(run: Callable[[], T], meter: Optional[Callable[[], Meter]] = None) -> Tuple[T, Optional[float]]:
+    """``run()`` in a window of ``meter`` (default ``start_up_meter``): its value, and the other processes' cores over
+    it where they exceed ``BUSY`` (a measurement taken under load), else None."""
+    window = (meter or start_up_meter)()
+    window.start()
+    value = run()
+    cores = window.stop().others_cores
+    return value, (cores if cores > BUSY else None)
