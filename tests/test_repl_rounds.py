@@ -99,6 +99,36 @@ def test_every_round_starts_a_learning_row_from_the_storage_before_the_prompt(re
     assert repl.context.storage is own and (tmp_path / "one.json").read_bytes() == (tmp_path / "three.json").read_bytes()
 
 
+def test_every_round_starts_each_row_from_the_policy_memory_its_first_round_did(tiny_models, monkeypatch):
+    """/memory on: the speculative row's policy remembers the drafter model after each run; a later round's row
+    starts from the record its first round started from, not from what the rows before it left."""
+    import copy
+
+    import strategies
+    from infer import Repl
+    from utils.models import end_tokens, load_model
+
+    target, tokenizer, _ = load_model(tiny_models["target"], "cpu", "auto", "none", False)
+    drafter = load_model(tiny_models["drafter"], "cpu", "auto", "none", False)[0]
+    config = RunConfig(gamma=4, max_gen_len=24, eos_tokens_id=end_tokens(target, tokenizer)).with_policy(
+        remember=True, min_gain=1.0, row_costs=tuple(float(c) for c in GIVEN_COSTS.split(",")))
+    repl = Repl(config, RunContext(target=target, tokenizer=tokenizer, drafter=drafter), False, 42, rounds=3)
+    for key in repl.enabled:
+        repl.enabled[key] = key in ("speculative", "chained", "target")
+    started, spied = [], strategies.run_strategy
+
+    def memory_at_start(strategy, prompt, config, context, seed):
+        started.append((strategy.key, copy.deepcopy(context.policy_memory)))
+        return spied(strategy, prompt, config, context, seed)
+
+    monkeypatch.setattr(strategies, "run_strategy", memory_at_start)
+    repl.compare(PROMPT)
+    firsts = dict(started[:3])
+    assert firsts["chained"] and firsts["chained"] != firsts["speculative"]  # a record the speculative row left
+    assert all(memory == firsts[key] for key, memory in started[3:])
+    assert repl.context.policy_memory != firsts["speculative"]  # what the first round learned is kept
+
+
 def test_a_greedy_round_that_differs_from_the_first_is_reported(repl, runs, capsys):
     repl.rounds = 2
     runs.changed[3] = True  # round 2's first run: Target AR, reversed
