@@ -173,6 +173,17 @@ def test_the_interval_is_the_rounds_range_below_five_and_the_benchmarks_bootstra
     assert speedup(baselines[:3], baselines[:3], True) == "1.00x"
 
 
+def test_no_ratio_without_a_target_ar_round_that_took_time():
+    """A Target AR round of no time (tokens/s 0) gives no ratio, as one round's table shows "-"; the rest are medians."""
+    from app.repl.rounds import summary
+
+    row, target = SimpleNamespace(key="ngram", title="N-gram assisted"), SimpleNamespace(key="target", title="Target AR")
+    every = [[(row, fake(10, 0.5)), (target, fake(10, 1.0))], [(target, SimpleNamespace(tokens=[], seconds=0.0, tokens_per_second=0.0)),
+                                                                (row, fake(10, 0.7))]]
+    cells, legend = summary(every)
+    assert cells["ngram"] == ("0.60", "17.1", "-") and "no speedup without a timed Target AR" in legend
+
+
 def test_the_program_on_a_terminal_prints_the_rounds_table(tiny_models):
     child = pexpect.spawn(sys.executable, ["infer.py", "--device", "cpu", "--target", tiny_models["target"], "--row-costs", GIVEN_COSTS,
                                            "--rounds", "2", "--length", "8", "--prompt", "Hello there"],

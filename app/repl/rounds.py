@@ -102,6 +102,8 @@ def summary(every: List[list]) -> Tuple[Dict[str, tuple], str]:
     """Each row's (time, tokens/s, speedup) cells, medians over the rounds, and the line under the table saying so."""
     rows = by_row(every)
     baselines = next((rows[strategy.key] for strategy, _ in every[0] if strategy.key == "target"), None)
+    if baselines is not None and not all(b.tokens_per_second > 0 for b in baselines):
+        baselines = None  # a Target AR round of no tokens or no time: no ratio, as one round shows "-"
     cells = {}
     for strategy, _ in every[0]:
         results = rows[strategy.key]
@@ -111,6 +113,6 @@ def summary(every: List[list]) -> Tuple[Dict[str, tuple], str]:
     rounds = len(every)
     spread = (f"[95% bootstrap interval, {RESAMPLES} resamples]" if rounds >= BOOTSTRAP_FROM else "[lowest-highest]")
     if baselines is None:
-        return cells, f"time and tokens/s: median of {rounds} interleaved rounds (no speedup without Target AR)"
+        return cells, f"time and tokens/s: median of {rounds} interleaved rounds (no speedup without a timed Target AR)"
     return cells, (f"speedup: median of {rounds} interleaved rounds {spread}, each round's over its Target AR; "
                    f"time and tokens/s: medians; {NO_DIFFERENCE}: the interval includes 1.00x")
