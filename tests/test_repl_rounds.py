@@ -173,8 +173,9 @@ def test_the_interval_is_the_rounds_range_below_five_and_the_benchmarks_bootstra
     assert speedup(baselines[:3], baselines[:3], True) == "1.00x"
 
 
-def test_no_ratio_without_a_target_ar_round_that_took_time():
-    """A Target AR round of no time (tokens/s 0) gives no ratio, as one round's table shows "-"; the rest are medians."""
+def test_no_ratio_without_target_ar_or_with_a_round_of_it_that_took_no_time():
+    """Target AR off, or a round of it of no time (tokens/s 0): no ratio, as one round's table shows "-"; the rest
+    are medians."""
     from app.repl.rounds import summary
 
     row, target = SimpleNamespace(key="ngram", title="N-gram assisted"), SimpleNamespace(key="target", title="Target AR")
@@ -182,6 +183,8 @@ def test_no_ratio_without_a_target_ar_round_that_took_time():
                                                                 (row, fake(10, 0.7))]]
     cells, legend = summary(every)
     assert cells["ngram"] == ("0.60", "17.1", "-") and "no speedup without a timed Target AR" in legend
+    alone = [[pair for pair in found if pair[0] is row] for found in every]  # Target AR off
+    assert summary(alone)[0]["ngram"][2] == "-"
 
 
 def test_the_program_on_a_terminal_prints_the_rounds_table(tiny_models):
