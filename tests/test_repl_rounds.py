@@ -129,6 +129,28 @@ def test_every_round_starts_each_row_from_the_policy_memory_its_first_round_did(
     assert repl.context.policy_memory != firsts["speculative"]  # what the first round learned is kept
 
 
+def test_every_round_starts_a_suffix_row_from_the_global_memory_before_the_prompt(repl, monkeypatch):
+    """/suffix_global on: each suffix run adds its output to the global memory; every later round of each suffix
+    row starts from the memory as it was before the prompt, and the REPL keeps what the first round's first added."""
+    import strategies
+
+    for key in repl.enabled:
+        repl.enabled[key] = key in ("suffix", "tree_suffix", "target")
+    repl.handle("/suffix_global")
+    repl.rounds = 3
+    started, spied = [], strategies.run_strategy
+
+    def memory_at_start(strategy, prompt, config, context, seed):
+        started.append((strategy.key, context.suffix_memory.describe()))
+        return spied(strategy, prompt, config, context, seed)
+
+    monkeypatch.setattr(strategies, "run_strategy", memory_at_start)
+    repl.compare(PROMPT)
+    empty = repl.suffix_memory.__class__(repl.suffix_memory.max_depth, repl.suffix_memory.vocab_size).describe()
+    assert started and all(memory == empty for key, memory in started if key != "target")
+    assert repl.context.suffix_memory is repl.suffix_memory and repl.suffix_memory.describe().startswith("1 outputs")
+
+
 def test_a_greedy_round_that_differs_from_the_first_is_reported(repl, runs, capsys):
     repl.rounds = 2
     runs.changed[3] = True  # round 2's first run: Target AR, reversed
