@@ -38,20 +38,24 @@ def repl(tiny_models, monkeypatch):
 
 @pytest.fixture
 def runs(monkeypatch):
-    """Every run of a row, in the order run: (strategy key, result); ``changed`` alters a run's tokens."""
+    """Every run of a row, in the order run: (strategy key, result); ``changed`` alters a run's tokens; ``watch``
+    (set by a test) reads the run's context as it starts, into ``started``: (strategy key, what it read)."""
     import strategies
 
-    seen, real, changed = [], strategies.run_strategy, {}
+    seen, real, changed, started = [], strategies.run_strategy, {}, []
+    found = SimpleNamespace(seen=seen, changed=changed, started=started, watch=None)
 
-    def spy(strategy, *args, **kwargs):
-        result = real(strategy, *args, **kwargs)
+    def spy(strategy, prompt, config, context, seed):
+        if found.watch is not None:
+            started.append((strategy.key, found.watch(context)))
+        result = real(strategy, prompt, config, context, seed)
         if changed.get(len(seen)):
             result = dataclasses.replace(result, tokens=result.tokens[:-1] + [result.tokens[-1] + 1])
         seen.append((strategy.key, result))
         return result
 
     monkeypatch.setattr(strategies, "run_strategy", spy)
-    return SimpleNamespace(seen=seen, changed=changed)
+    return found
 
 
 def table_rows(text: str) -> dict:
@@ -99,12 +103,11 @@ def test_every_round_starts_a_learning_row_from_the_storage_before_the_prompt(re
     assert repl.context.storage is own and (tmp_path / "one.json").read_bytes() == (tmp_path / "three.json").read_bytes()
 
 
-def test_every_round_starts_each_row_from_the_policy_memory_its_first_round_did(tiny_models, monkeypatch):
+def test_every_round_starts_each_row_from_the_policy_memory_its_first_round_did(tiny_models, runs):
     """/memory on: the speculative row's policy remembers the drafter model after each run; a later round's row
     starts from the record its first round started from, not from what the rows before it left."""
     import copy
 
-    import strategies
     from infer import Repl
     from utils.models import end_tokens, load_model
 
@@ -115,37 +118,25 @@ def test_every_round_starts_each_row_from_the_policy_memory_its_first_round_did(
     repl = Repl(config, RunContext(target=target, tokenizer=tokenizer, drafter=drafter), False, 42, rounds=3)
     for key in repl.enabled:
         repl.enabled[key] = key in ("speculative", "chained", "target")
-    started, spied = [], strategies.run_strategy
-
-    def memory_at_start(strategy, prompt, config, context, seed):
-        started.append((strategy.key, copy.deepcopy(context.policy_memory)))
-        return spied(strategy, prompt, config, context, seed)
-
-    monkeypatch.setattr(strategies, "run_strategy", memory_at_start)
+    runs.watch = lambda context: copy.deepcopy(context.policy_memory)
     repl.compare(PROMPT)
+    started = runs.started
     firsts = dict(started[:3])
     assert firsts["chained"] and firsts["chained"] != firsts["speculative"]  # a record the speculative row left
     assert all(memory == firsts[key] for key, memory in started[3:])
     assert repl.context.policy_memory != firsts["speculative"]  # what the first round learned is kept
 
 
-def test_every_round_starts_a_suffix_row_from_the_global_memory_before_the_prompt(repl, monkeypatch):
+def test_every_round_starts_a_suffix_row_from_the_global_memory_before_the_prompt(repl, runs):
     """/suffix_global on: each suffix run adds its output to the global memory; every later round of each suffix
     row starts from the memory as it was before the prompt, and the REPL keeps what the first round's first added."""
-    import strategies
-
     for key in repl.enabled:
         repl.enabled[key] = key in ("suffix", "tree_suffix", "target")
     repl.handle("/suffix_global")
     repl.rounds = 3
-    started, spied = [], strategies.run_strategy
-
-    def memory_at_start(strategy, prompt, config, context, seed):
-        started.append((strategy.key, context.suffix_memory.describe()))
-        return spied(strategy, prompt, config, context, seed)
-
-    monkeypatch.setattr(strategies, "run_strategy", memory_at_start)
+    runs.watch = lambda context: context.suffix_memory.describe()
     repl.compare(PROMPT)
+    started = runs.started
     empty = repl.suffix_memory.__class__(repl.suffix_memory.max_depth, repl.suffix_memory.vocab_size).describe()
     assert started and all(memory == empty for key, memory in started if key != "target")
     assert repl.context.suffix_memory is repl.suffix_memory and repl.suffix_memory.describe().startswith("1 outputs")
