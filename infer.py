@@ -7,7 +7,7 @@
 Type a prompt to run every enabled strategy on it, or a /command (see /help).
 """
 # The program lives in app/repl/ (cli: flags and main; repl: the Repl; commands: the /commands;
-# state: what a command sees of the REPL); this entry point keeps `python infer.py`, the reference's
+# state: what a command sees of the REPL; rounds: a comparison in interleaved rounds); this entry point keeps `python infer.py`, the reference's
 # InferenceCLI, and the names other code reads as `infer.X`.
 import atexit
 import os

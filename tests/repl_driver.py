@@ -19,13 +19,17 @@ def _sigint_ignored():
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def spawn_env() -> dict:
+    """The environment of a REPL on a pseudo-terminal: offline, the suite's measurements, no colour."""
+    return {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(Path.home()), **MEASUREMENTS_ENV,
+            "TERM": "xterm", "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"}
+
+
 def spawn(*args):
     """The REPL on a pseudo-terminal, started with SIGINT ignored, as a script's background job (or a
     test runner started with ``&``) starts it: Ctrl-C at its terminal must interrupt all the same."""
     child = pexpect.spawn(sys.executable, ["infer.py", "--device", "cpu", *args], cwd=str(ROOT), encoding="utf-8",
-                          timeout=120, dimensions=(60, 200), preexec_fn=_sigint_ignored,
-                          env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(Path.home()), **MEASUREMENTS_ENV,
-                               "TERM": "xterm", "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"})
+                          timeout=120, dimensions=(60, 200), preexec_fn=_sigint_ignored, env=spawn_env())
     child.expect("Type a prompt")
     child.expect(PROMPT)
     return child

@@ -75,6 +75,7 @@ BAD_INPUT = [
     ("/pause 1", "usage: /pause"), ("/pause 1 0", "must be >= 1"), ("/ngram_load /nonexistent.json", "cannot read"),
     ("/ngram_load infer.py", "not a valid n-gram storage file"), ("/ngram_save", "usage: /ngram_save"),
     ("/ngram_build /nonexistent.txt", "cannot read the corpus"), ("/stream on", "usage: /stream"), ("/min_gain -1", "usage: /min_gain"), ("/min_gain x", "usage: /min_gain"),
+    ("/rounds 0", "must be >= 1"), ("/rounds x", "usage: /rounds"),
     ("/quit now", "/quit takes no argument"), ("/gamma 1e999", "gamma must be an integer"), ("/min_gain inf", "usage: /min_gain"),
     ("/length 99999999999999999999", "length must be >= 1 and <= 1000000"), ("/p_min nan", "usage: /p_min"),
 ]

@@ -33,6 +33,7 @@ LIMITS = {
     "p_min": (0.0, 1.0),  # [0, 1)
     "min_gain": (0.0, 1000.0),
     "repeats": (1, 1000),
+    "rounds": (1, 100),  # the REPL's interleaved rounds of each comparison
     "limit": (1, 1_000_000),
 }
 MAX_PATH = 4096  # characters of a file name

@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: 4, and N-gram assisted under auto where the costs are measured, named in the output)")
     parser.add_argument("--length", type=flag_type("--length", "length"), default=35, help="most new tokens (default 35)")
     parser.add_argument("--prompt", help="run one comparison on this prompt and exit")
+    parser.add_argument("--rounds", type=flag_type("--rounds", "rounds"), default=1, help="run the rows this many times, in order "
+                        "then reversed (ABBA); the table shows medians, each speedup with its interval (default 1; /rounds)")
     parser.add_argument("--verbose", action="store_true", help="print the start-up measurements in full (each model's kernels "
                         "and their costs by pass width, the verification costs, the policy); /stats shows them too")
     head_flag(parser)
@@ -190,7 +192,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     window = meter.stop()
     if window.record()["noisy"] and not pair.busy_note:
         console.print(Text("Load: ", style="bold") + Text(window.note("start-up"), style="yellow"))
-    repl = Repl(config, context, not args.no_chat, args.seed, startup=header.full)
+    repl = Repl(config, context, not args.no_chat, args.seed, startup=header.full, rounds=args.rounds)
     name_prefetch(header, repl)
     if args.prompt is not None:
         try:

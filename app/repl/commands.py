@@ -391,5 +391,7 @@ BUILT_IN: Dict[str, Command] = {command.name: command for command in [
             value=lambda repl: repl.config.policy.remember),
     Command("/stats", "", "the start-up measurements in full, and detailed statistics of the last prompt", _stats),
     toggle("/stream", "print tokens as they are accepted", REPL, "stream", "stream"),
+    number("/rounds", "<n>", "run the rows n times, in order then reversed (ABBA); the table: medians, intervals", REPL, "rounds",
+           f"n from {_range('rounds')}"),
 ]}
 COMMANDS = CommandTable(BUILT_IN, rows_after="/debug")  # /help: the strategy rows' toggles after /debug

@@ -1,12 +1,12 @@
 """The REPL: its state (the run's config and context, and toggles), one line at a time (a /command or a prompt), each
 enabled strategy run on a prompt, their results, the table, and the divergences explained."""
-import copy
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 from rich.table import Table
 from rich.text import Text
 
 from app.repl.commands import COMMANDS, on_off, suffix_memory_line
+from app.repl.rounds import divergence_lines, run_rounds, summary
 from app.session import encode, first_line
 from utils.parsing import MAX_LINE, UsageError, parse_processor, sanitize_text
 from utils.printing import console, screen  # the one screen the REPL, the debug view and the stream share
@@ -47,8 +47,9 @@ class Repl:
 
     commands = COMMANDS
 
-    def __init__(self, config, context, chat: bool, seed: int, startup: Sequence[str] = ()):
-        """``startup``: the start-up lines in full (each model's, the measurements), for /stats."""
+    def __init__(self, config, context, chat: bool, seed: int, startup: Sequence[str] = (), rounds: int = 1):
+        """``startup``: the start-up lines in full (each model's, the measurements), for /stats; ``rounds``: the
+        interleaved rounds of each comparison (``app.repl.rounds``; /rounds)."""
         from strategies import STRATEGIES
 
         self.config = config.with_(stop_if_unknown=True)  # NASD as the reference's REPL runs it
@@ -61,6 +62,7 @@ class Repl:
             eagle=context.head is not None,
         )
         self.stream = False
+        self.rounds = rounds
         self.last: list = []  # (strategy, result) of the last prompt, for /stats
         self.startup = tuple(startup)  # the start-up lines in full, for /stats
         self.passes: dict = {}  # strategy key -> the target passes of its last run (sampling.divergence)
@@ -150,26 +152,18 @@ class Repl:
         self.last = results
         enabled = [strategy for strategy in STRATEGIES if self.enabled.get(strategy.key, False)]
         self.ready(enabled, len(prompt))
-        learning = [strategy for strategy in enabled if strategy.takes_storage]
-        own = self.context.storage  # what the first strategy drafting from it learns is kept for the next prompt
-        before = copy.deepcopy(own) if len(learning) > 1 else None
-        # the same for the global suffix memory (/suffix_global), which suffix and tree_suffix both read and extend
-        suffixes = [strategy for strategy in enabled if strategy.suffix]
-        memory = self.context.suffix_memory
-        memory_before = copy.deepcopy(memory) if memory is not None and len(suffixes) > 1 else None
-        try:
-            for strategy in enabled:
-                # every strategy drafting from the storage starts from it as it was before this prompt
-                self.context.storage = copy.deepcopy(before) if strategy in learning[1:] else own
-                self.context.suffix_memory = copy.deepcopy(memory_before) if strategy in suffixes[1:] and memory is not None else memory
-                if not self.run(strategy, prompt, results):
-                    return
-        finally:
-            self.context.storage = own
-            self.context.suffix_memory = memory
+        every = run_rounds(self, enabled, prompt, results)
+        if every is None:
+            return
         if results:
-            self.print_table(results)
+            cells, legend = summary(every) if len(every) > 1 else (None, "")
+            self.print_table(results, cells)
+            if legend:
+                console.print(Text(legend, style="dim"))
             self.explain_divergences(prompt, results)
+            if self.processor_name == "greedy":
+                for line in divergence_lines(every):
+                    console.print(Text(line, style="bold red"))
         else:
             console.print(Text("every strategy is off: /help lists the toggles", style="red"))
 
@@ -187,15 +181,17 @@ class Repl:
         if seconds:
             console.print(Text(f"Compiled in {seconds:.1f} s (outside every timed run)", style="dim"))
 
-    def run(self, strategy, prompt: List[int], results: list) -> bool:
-        """Run one strategy, print its result and add it to ``results``; False when it was interrupted or refused."""
+    def run(self, strategy, prompt: List[int], results: list, quiet: bool = False) -> bool:
+        """Run one strategy, print its result and add it to ``results``; False when it was interrupted or refused.
+        ``quiet`` (a later round): nothing streamed or printed, and its passes not kept for the divergences."""
         from sampling.divergence import PassRecorder
         from strategies import run_strategy
 
-        recorder = PassRecorder()
-        self.passes[strategy.key] = recorder.passes
+        recorder = PassRecorder()  # every round records its passes: the rounds' runs cost alike
+        if not quiet:
+            self.passes[strategy.key] = recorder.passes
         self.context.streamer = recorder
-        if self.stream:
+        if self.stream and not quiet:
             console.rule(Text(self.title(strategy), style=f"bold {strategy.color}"))
             self.context.streamer = (self._streamer(), recorder)
         try:
@@ -208,7 +204,8 @@ class Repl:
             self.context.streamer = None
         screen.end_line()
         results.append((strategy, result))
-        self.print_result(strategy, result)
+        if not quiet:
+            self.print_result(strategy, result)
         return True
 
     def explain_divergences(self, prompt: List[int], results) -> None:
@@ -268,7 +265,9 @@ class Repl:
             line += " · accepted by source: " + ", ".join(f"{source} {count}" for source, count in shares)
         console.print(Text(line, style=strategy.color))
 
-    def print_table(self, results) -> None:
+    def print_table(self, results, cells: Optional[dict] = None) -> None:
+        """The comparison's table; ``cells``: strategy key -> its (time, tokens/s, speedup) over rounds
+        (``app.repl.rounds.summary``), else ``results``' own."""
         from strategies import auto_rows_line
 
         baseline = next((r.tokens_per_second for s, r in results if s.key == "target"), None)
@@ -282,9 +281,10 @@ class Repl:
             table.add_column(column, justify="left" if column == "strategy" else "right")
         for strategy, r in results:
             speedup = f"{r.tokens_per_second / baseline:.2f}x" if baseline else "-"
+            time, rate, speedup = cells[strategy.key] if cells else (f"{r.seconds:.2f}", f"{r.tokens_per_second:.1f}", speedup)
             spec = strategy.speculative
             table.add_row(
-                Text(self.title(strategy), style=strategy.color), str(len(r.tokens)), f"{r.seconds:.2f}", f"{r.tokens_per_second:.1f}",
+                Text(self.title(strategy), style=strategy.color), str(len(r.tokens)), time, rate,
                 speedup, f"{r.stats.acceptance_rate:.2f}" if spec else "-", f"{r.stats.mean_accepted_tokens:.2f}" if spec else "-",
             )
         console.print(table)

@@ -20,6 +20,7 @@ class ReplState(Protocol):
     storage_n: int
     reset_in_between: bool
     stream: bool
+    rounds: int  # interleaved rounds of each comparison (app.repl.rounds)
     last: List[Tuple[Any, Any]]  # (strategy, result) of the last prompt, for /stats
     startup: Tuple[str, ...]  # the start-up lines in full (each model's, the measurements), for /stats
     suffix_memory: "SuffixMemory"  # the global suffix memory, on or off (/suffix_global)
