@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
-from utils.load import Meter, loaded, start_up_meter
+from utils.load import Meter, over_busy, start_up_meter
 
 Timer = Callable[[int, int, int], float]  # (path, variant, rows) -> seconds of one linear
 WARMUP, REPEATS, MIN_REPEATS = 2, 7, 3  # untimed rounds, timed rounds, timed rounds before the budget may cut
@@ -107,9 +107,12 @@ def weighed(one: float, verify: float, many: float) -> float:
 def in_window(race: Callable[[], Measured], meter: Optional[Callable[[], Meter]] = None) -> Measured:
     """``race()`` inside a load window (``meter``, default ``utils.load.start_up_meter``: the one a start-up
     measurement is taken in), its result with ``load`` set where other processes used more than ``BUSY`` cores over
-    it (``utils.load.loaded``). Least samples resist a neighbour, not a neighbour on every sample (docs/results.md: a loaded start's bfloat16
+    it (``utils.load.over_busy``). Least samples resist a neighbour, not a neighbour on every sample (docs/results.md: a loaded start's bfloat16
     path race took plain C), so the header says the race ran under load; these races are per process, never saved."""
-    found, cores = loaded(race, meter or start_up_meter)
+    window = (meter or start_up_meter)()
+    window.start()
+    found = race()
+    cores = over_busy(window.stop())
     return found if cores is None else replace(found, load=f"raced under load (other processes used {cores:.2f} cores)")
 
 

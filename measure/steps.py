@@ -28,7 +28,7 @@ from measure.budgets import parameter_count
 from runners.cache_kind import runner_cache
 from runners.config import RunnerConfig
 from runners.device import model_device
-from utils.load import loaded
+from utils.load import over_busy
 
 MAX_ROWS = 12  # positions the verification costs are measured for (1..12)
 T = TypeVar("T")
@@ -39,7 +39,10 @@ def under_load(run: Callable[[], T], options: Options) -> Tuple[T, str]:
     ``BUSY`` cores over it, the words for it (said, and kept with the result): "measured under load: other
     processes used 1.50 cores". The load average read before loading (``Options.busy``) lags a minute: a start
     that begins as other work begins would save every measurement as quiet without this window."""
-    value, cores = loaded(run, options.meter)
+    meter = options.meter()
+    meter.start()
+    value = run()
+    cores = over_busy(meter.stop())
     if cores is None:
         return value, ""
     note = f"measured under load: other processes used {cores:.2f} cores"

@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Protocol, Set, Tuple, TypeVar
+from typing import Callable, Dict, Iterable, List, Optional, Protocol, Set, Tuple
 
 PROC = Path("/proc")
 BUSY = 0.3  # cores: the quiet tool's default; above it a timing is noisy
@@ -219,14 +219,8 @@ def cpu_flags(proc: Path = PROC) -> str:
     return " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags)
 
 
-T = TypeVar("T")
-
-
-def loaded(run: Callable[[], T], meter: Optional[Callable[[], Meter]] = None) -> Tuple[T, Optional[float]]:
-    """``run()`` in a window of ``meter`` (default ``start_up_meter``): its value, and the other processes' cores over
-    it where they exceed ``BUSY`` (a measurement taken under load), else None."""
-    window = (meter or start_up_meter)()
-    window.start()
-    value = run()
-    cores = window.stop().others_cores
-    return value, (cores if cores > BUSY else None)
+def over_busy(window: Window) -> Optional[float]:
+    """The other processes' cores over ``window`` where they exceed ``BUSY`` (a measurement taken under load), else
+    None. The caller starts its meter, runs and stops it itself: a callback from here would call back up a floor
+    (``tests/test_startup_trace.py``)."""
+    return window.others_cores if window.others_cores > BUSY else None
