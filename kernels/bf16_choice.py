@@ -113,7 +113,8 @@ def in_window(race: Callable[[], Measured], meter: Optional[Callable[[], Meter]]
     window.start()
     found = race()
     cores = over_busy(window.stop())
-    return found if cores is None else replace(found, load=f"raced under load (other processes used {cores:.2f} cores)")
+    # nothing raced (the only one built): no load to name
+    return found if cores is None or found.how != MEASURED else replace(found, load=f"raced under load (other processes used {cores:.2f} cores)")
 
 
 def choose_path(built: Sequence[int], timer: Timer, default: Optional[int] = None,

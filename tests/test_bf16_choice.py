@@ -184,6 +184,7 @@ def test_a_race_run_beside_other_work_is_named_under_load_and_a_quiet_one_is_not
     loud = choice.in_window(race, lambda: FixedMeter(1.2))
     assert loud.pick == 2 and loud.load == "raced under load (other processes used 1.20 cores)"
     assert choice.in_window(race, lambda: FixedMeter(0.05)).load == ""
+    assert choice.in_window(lambda: choice.Measured(1, choice.ONLY), lambda: FixedMeter(1.2)).load == ""  # nothing raced
     none = choice.Measured(ahead.NONE, choice.MEASURED, ((ahead.NONE, 1e-3), (ahead.DEFAULT, 2e-3)))
     assert ahead._phrase(choice.in_window(lambda: none, lambda: FixedMeter(1.2))) == (
         "weights streamed without software prefetch by measurement, raced under load (other processes used 1.20 cores)")
