@@ -78,6 +78,17 @@ def fail(message: str) -> None:
     sys.exit(1)
 
 
+def started_meter():
+    """The start-up's load meter (``utils.load.start_up_meter``, each measurement's own), started; one line and exit 1
+    where ``$SPECDEC_OTHERS_CORES`` is no count of cores."""
+    try:
+        meter = start_up_meter()
+    except ValueError as error:
+        fail(str(error))
+    meter.start()
+    return meter
+
+
 def say(text: str, style: str = "") -> None:
     """A start-up line, for ``session``."""
     console.print(Text(text, style=style))
@@ -151,8 +162,7 @@ def main(argv: Optional[List[str]] = None) -> None:
             console.print(Text("--prompt: " + replaced_line(replaced), style="bold blue"))
 
     console.print(Text("Speculative Decoding", style="bold red"), Text(" REPL ", style="white on red"))
-    meter = start_up_meter()  # what else ran during the start-up measurements (as each measurement's own window)
-    meter.start()
+    meter = started_meter()  # what else ran during the start-up measurements (as each measurement's own window)
     from runners.compiled import set_cpu_gemm
 
     set_cpu_gemm(args.gemm)  # read as compiled graphs are built
