@@ -90,13 +90,13 @@ static inline __attribute__((always_inline)) void tile_avx2(const float *x, int6
         __m256i a = _mm256_loadu_si256((const __m256i *)w), b = _mm256_loadu_si256((const __m256i *)(w + 16));
         __m256 a0 = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), b0 = _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
         for (int i = 0; i < MBC; i++) {
-            __m256 xv = _mm256_broadcast_ss(x + i * K + k);
+            __m256 xv = _mm256_set1_ps(x[i * K + k]);
             lo[i] = _mm256_fmadd_ps(xv, a0, lo[i]);
             hi[i] = _mm256_fmadd_ps(xv, b0, hi[i]);
         }
         __m256 a1 = _mm256_castsi256_ps(_mm256_and_si256(a, high)), b1 = _mm256_castsi256_ps(_mm256_and_si256(b, high));
         for (int i = 0; i < MBC; i++) {
-            __m256 xv = _mm256_broadcast_ss(x + i * K + k + 1);
+            __m256 xv = _mm256_set1_ps(x[i * K + k + 1]);
             lo[i] = _mm256_fmadd_ps(xv, a1, lo[i]);
             hi[i] = _mm256_fmadd_ps(xv, b1, hi[i]);
         }

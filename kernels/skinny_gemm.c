@@ -103,7 +103,7 @@ static inline __attribute__((always_inline)) void tile(const float *x, int64_t K
         __m256 a = _mm256_loadu_ps(w), b = _mm256_loadu_ps(w + 8);
         for (int i = 0; i < MB; i++) {
             if (i < mb) {
-                __m256 xv = _mm256_broadcast_ss(x + i * K + k);
+                __m256 xv = _mm256_set1_ps(x[i * K + k]);
                 lo[i] = _mm256_fmadd_ps(xv, a, lo[i]);
                 hi[i] = _mm256_fmadd_ps(xv, b, hi[i]);
             }
