@@ -75,12 +75,31 @@ def test_a_window_sees_processes_that_started_and_ended_within_it_by_the_machine
     clock.now = 10.0
     write_stat(tmp_path, 100, 1, 1500, 0, reaped_ticks=300)  # ours 15 s, a child of ours ran 3 s and was waited for
     write_machine(tmp_path, 1000 + 1500 + 300 + 600, 200, 5200, steal=400)  # others: 6 s user + 2 s system, unseen
-    assert meter.stop().others_cores == pytest.approx(0.8)
+    assert meter.stop().others_cores == pytest.approx((8.0 - 0.02) / 10)  # less two ticks: one CPU's, one our stat's
     meter.start()
     clock.now = 20.0
     write_stat(tmp_path, 100, 1, 2500, 0, reaped_ticks=300)
     write_machine(tmp_path, 3400 + 1000, 200, 6000)  # only ours: quiet, never below the per-process floor
     assert meter.stop().others_cores == pytest.approx(0.0)
+
+
+def test_a_short_quiet_window_is_not_read_as_load_from_the_ticks_the_counters_round_to(tmp_path):
+    """A 0.1 s race on two busy threads: /proc/stat counts whole ticks per CPU and our stat rounds down, so the
+    machine can show 3 ticks more than ours with nothing else running. That is 0.3 cores over 0.1 s, not load."""
+    clock = Clock()
+    write_stat(tmp_path, 100, 1, 1000, 0)
+    (tmp_path / "stat").write_text("cpu  5000 0 0 9000 0 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\ncpu1 1 2 3 4 5 6 7 8 9 10\n")
+    meter = LoadMeter(tmp_path, root=100, clock=clock, load=lambda: (1.0,), tick=TICK)
+    meter.start()
+    clock.now = 0.1
+    write_stat(tmp_path, 100, 1, 1019, 0)  # ours: 0.19 s as our stat rounds it
+    (tmp_path / "stat").write_text("cpu  5022 0 0 9000 0 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\ncpu1 1 2 3 4 5 6 7 8 9 10\n")
+    assert meter.stop().others_cores == pytest.approx(0.0)
+    meter.start()
+    clock.now = 0.2
+    write_stat(tmp_path, 100, 1, 1038, 0)
+    (tmp_path / "stat").write_text("cpu  5051 0 0 9000 0 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\ncpu1 1 2 3 4 5 6 7 8 9 10\n")
+    assert meter.stop().others_cores == pytest.approx((0.29 - 0.19 - 0.03) / 0.1)  # 10 ticks more: another ran
 
 
 def test_windows_sum_to_a_time_weighted_quiet_or_noisy_line():

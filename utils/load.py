@@ -42,16 +42,18 @@ def read_processes(proc: Path = PROC, tick: Optional[int] = None) -> Table:
     return table
 
 
-def machine_seconds(proc: Path = PROC, tick: Optional[int] = None) -> Optional[float]:
+def machine_seconds(proc: Path = PROC, tick: Optional[int] = None) -> Optional[Tuple[float, int]]:
     """The CPU seconds every process has used so far, machine-wide: ``proc/stat``'s first line's user, nice,
-    system, irq and softirq (not idle, iowait or steal: the hypervisor's other guests); None without it."""
+    system, irq and softirq (not idle, iowait or steal: the hypervisor's other guests), and how many CPUs it
+    sums (its ``cpuN`` lines); None without it."""
     tick = tick or os.sysconf("SC_CLK_TCK")
     try:
-        first = (proc / "stat").read_text().split("\n", 1)[0].split()
-        user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in first[1:8])
+        lines = (proc / "stat").read_text().split("\n")
+        user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in lines[0].split()[1:8])
     except (OSError, ValueError, IndexError):
         return None
-    return (user + nice + system + irq + softirq) / tick
+    cpus = sum(1 for line in lines[1:] if line.startswith("cpu") and line[3:4].isdigit())
+    return (user + nice + system + irq + softirq) / tick, max(cpus, 1)
 
 
 def reaped_seconds(pid: int, proc: Path = PROC, tick: Optional[int] = None) -> float:
@@ -112,22 +114,27 @@ class LoadMeter:
         self.proc, self.root, self.clock, self.load, self.tick = proc, root or os.getpid(), clock, load, tick
         self._before: Table = {}
         self._started = 0.0
-        self._machine: Optional[float] = None
+        self._machine: Optional[Tuple[float, int]] = None
         self._reaped = 0.0
 
     def start(self) -> None:
+        # the machine's count is read inside ours (ours first here, last in ``stop``), so that our threads' CPU
+        # between the readings (OpenMP's spinning workers) is never counted as another's
         self._before, self._started = read_processes(self.proc, self.tick), self.clock()
         self._machine, self._reaped = machine_seconds(self.proc, self.tick), reaped_seconds(self.root, self.proc, self.tick)
 
     def stop(self) -> Window:
-        after, now = read_processes(self.proc, self.tick), self.clock()
         machine, reaped = machine_seconds(self.proc, self.tick), reaped_seconds(self.root, self.proc, self.tick)
+        after, now = read_processes(self.proc, self.tick), self.clock()
         mine = tree(self.root, after) | tree(self.root, self._before)
         elapsed = max(now - self._started, 1e-9)
         others = others_seconds(self._before, after, mine)
         if machine is not None and self._machine is not None:  # what ran and ended within the window too
             ours = sum(max(0.0, seconds - self._before.get(pid, (0, 0.0))[1]) for pid, (_, seconds) in after.items() if pid in mine)
-            others = max(others, machine - self._machine - ours - max(0.0, reaped - self._reaped))
+            # /proc/stat counts a tick per CPU, a process's stat rounds down to a tick: over a short window (a race
+            # of 0.2 s) those ticks alone read as a third of a core, so they are taken off (a floor, like the rest)
+            slack = (machine[1] + 1) / (self.tick or os.sysconf("SC_CLK_TCK"))
+            others = max(others, machine[0] - self._machine[0] - ours - max(0.0, reaped - self._reaped) - slack)
         try:
             average = round(self.load()[0], 2)
         except (OSError, AttributeError):
