@@ -82,6 +82,7 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
         k = max(0, min(policy.length(policy.bound(), end - cur), end - cur - 1, drafter.max_drafts(cur))) if drafting else 0
         drafting = True
         q, asked, made = None, False, 0
+        cut = None  # (the first draft, its evidence) where the gate cut a step's drafts to none
         clock = time.perf_counter()
         if k > 0 and drafter.cheap and policy.auto:  # drafting is free next to verifying: fill the padded pass
             k = min(policy.rows(k, end - cur) - 1, drafter.max_drafts(cur))
@@ -95,7 +96,11 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
             if q is not None and proposed < min(k, policy.min_draft):
                 raise RuntimeError("a drafter with probabilities stopped before min_draft drafts: dropping them would bias sampling")
             if q is None and drafter.reports_evidence:  # deterministic drafts: cutting them changes nothing accepted
-                proposed = policy.trim(proposed, drafter.evidence(), k, end - cur)
+                evidence = drafter.evidence()
+                kept = policy.trim(proposed, evidence, k, end - cur)
+                if kept == 0 < proposed and evidence and evidence[0] > 0:  # the gate cut them all: the first is checked after
+                    cut = (int(host[0, cur]) if host is not None else int(ids[0, cur]), evidence[0])
+                proposed = kept
             k = policy.keep(proposed)
             q = q[:k] if q is not None else None
         drafted_at = time.perf_counter()
@@ -117,6 +122,8 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
         tokens.extend(emitted)
         target.rollback(cur + n)
         policy.update(k, n, rows)
+        if cut is not None:  # what the plain step's token says of the draft the gate cut (decided before: lossless)
+            policy.unverified(cut[0] == own_list[0], cut[1])
         stats.record_step(k, min(n, len(emitted)), len(emitted))
         verified_at = time.perf_counter()
         stats.draft_seconds += drafted_at - clock

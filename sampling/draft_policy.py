@@ -146,6 +146,7 @@ class DraftPolicy:
         self.live_costs = LiveCosts(self.row_costs, self.per_draft) if self.live and self.row_costs is not None else None
         self.steps = self.drafted_steps = self.drafted_total = 0  # what it chose, for ``chosen``
         self.gate_zeros = 0  # steps in a row the gate cut to no draft
+        self.shadowed = 0  # cut first drafts checked against the target's token (``unverified``), for ``chosen``
         self.zero_streak = 0
         self.paused = 0
         self.after_pause = False  # a pause ended and no draft was verified since: the next drafting step is a probe
@@ -339,6 +340,20 @@ class DraftPolicy:
         if self.live_costs is not None and self.live_costs.observe(rows, verify_seconds, draft_seconds, asked, drafts):
             self._step_costs, self._bests = {}, {}  # the relative costs moved: lengths are weighed on the new ones
 
+    def unverified(self, accepted: bool, evidence: int) -> None:
+        """Learn from a gated drafter's first draft that ``trim`` cut (a plain step took its place), once the target's
+        token there is known: ``accepted``, whether it equals the draft; ``evidence``, the draft's. A gate that cut to
+        none learned nothing before, so one low early rate held it at none through a copy until its probe (the pair's
+        2001 on costs measured in the loop: 40 plain steps of 55, scripts/nasd_clock.py); this is the step it
+        would have verified, counted at depth 1. Decided after the target's token, used for later steps only: lossless."""
+        if not self.gated:
+            return
+        if self.by_depth:
+            self.depths.observe(1, int(accepted), (evidence,))
+        self.hits = 0.7 * self.hits + accepted
+        self.trials = 0.7 * self.trials + 1.0
+        self.shadowed += 1
+
     def chosen(self) -> str:
         """What the policy chose in its last generation and from what: drafts per drafting step, the
         gate, and the costs it weighed (measured in the loop, or the start-up ones)."""
@@ -347,7 +362,7 @@ class DraftPolicy:
         mean = self.drafted_total / self.drafted_steps if self.drafted_steps else 0.0
         parts = [f"drafted in {self.drafted_steps} of {self.steps} steps, {mean:.1f} drafts each"]
         if self.gated:
-            parts.append("gated by evidence")
+            parts.append("gated by evidence" + (f", {self.shadowed} cut drafts checked after" if self.shadowed else ""))
         if self.unit_steps:
             parts.append(f"{self.unit_steps} plain steps to measure the unit")
         if self.live_costs is not None:

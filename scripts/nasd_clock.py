@@ -4,7 +4,7 @@ times a lognormal noise of ``--sigma`` (seeded), each drafting step ``--host`` o
 drive (draft lengths, padded widths, the gate's cuts, the plain steps that measure the unit) are counted seed by seed:
 how much of a run's passes moves with the noise of the clock alone. No model, no real clock.
 
-    .venv/bin/python scripts/nasd_clock.py /tmp/nasd.json --seeds 8 --sigma 0.1
+    .venv/bin/python scripts/nasd_clock.py /tmp/nasd.json --seeds 8 --sigma 0.1 [--scale 1.3] [--before]
 """
 import argparse
 import json
@@ -107,7 +107,10 @@ def main() -> None:
     p.add_argument("--sigma", type=float, default=0.1, help="the lognormal noise of each pass's seconds")
     p.add_argument("--host", type=float, default=0.01, help="a drafting step's host work, in one-position passes")
     p.add_argument("--scale", type=float, default=1.0, help="what a run pays for passes past one position, over the start-up costs")
+    p.add_argument("--before", action="store_true", help="the gate as before: a cut draft teaches nothing (DraftPolicy.unverified off)")
     args = p.parse_args()
+    if args.before:
+        DraftPolicy.unverified = lambda self, accepted, evidence: None
     record = json.load(open(args.record))
     costs = record["row_costs"]
     paid = [c * (args.scale if rows > 1 else 1.0) for rows, c in enumerate(costs, start=1)]

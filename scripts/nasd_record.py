@@ -51,6 +51,8 @@ def main() -> None:
     pair = load_pair(preset["target"], preset["drafter"], LoadOptions(dtype=args.dtype, calibrate=given is None, row_costs=given), say=lambda *a, **k: None)
     config, context = build_settings(pair, "greedy", 4, args.length, say=lambda *a: None)
     config = config.with_(stop_if_unknown=True, auto_rows=AUTO_ROWS)  # the REPL's NASD row when no gamma is given
+    if given is not None:  # the calibrated policy on these costs, as the REPL's with --row-costs (not measured in the loop)
+        config = config.with_policy(row_costs=given, min_gain=1.0)
     by_key = {s.key: s for s in STRATEGIES}
     rows = {r["question_id"]: r for r in map(json.loads, open(Path(__file__).resolve().parents[1] / "prompts" / "code_editing.jsonl"))}
     fillers: Dict[int, List[int]] = {}

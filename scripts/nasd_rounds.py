@@ -63,10 +63,14 @@ def main() -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--rows", default="ngram,pld")
+    p.add_argument("--row-costs", default="", help="given start-up costs by positions 1..N, comma separated: no calibration "
+                   "at load, and the loop measures them again as the programs' calibrated policy does")
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    given = tuple(float(c) for c in args.row_costs.split(",")) if args.row_costs else None
 
     import drafters.ngram as ngram
+    import sampling.chain_decoding as chain
     import drafters.prompt_lookup as lookup
     from app.pair import LoadOptions, load_pair, pair_preset
     from app.repl.repl import AUTO_ROWS, NGRAM_N
@@ -77,14 +81,18 @@ def main() -> None:
     from strategies import STRATEGIES, run_strategy
 
     preset = pair_preset()
-    pair = load_pair(preset["target"], preset["drafter"], LoadOptions(dtype=args.dtype), say=lambda *a, **k: None)
+    pair = load_pair(preset["target"], preset["drafter"], LoadOptions(dtype=args.dtype, calibrate=given is None, row_costs=given), say=lambda *a, **k: None)
     config, context = build_settings(pair, "greedy", 4, args.length, say=lambda *a: None)
     config = config.with_(stop_if_unknown=True, auto_rows=AUTO_ROWS)
+    if given is not None:
+        # as a measured start-up's policy (``DraftPolicy.calibrated``): these costs, measured again in the loop
+        config = config.with_policy(row_costs=given, live=True, min_gain=1.0)
     timed = Timed()
     for name in ("propose", "accept", "fetch_logits", "evidence"):
         timed.wrap(ngram.NGramDrafter, name)
     for name in ("length", "ask", "trim", "update", "measured"):
         timed.wrap(draft_policy.DraftPolicy, name)
+    timed.wrap(chain, "_verified")  # the tensor path: a softmax over every verified row (the fillers' ranks unclear)
     for cls in (c for c in vars(lookup).values() if isinstance(c, type) and "propose" in vars(c)):
         timed.wrap(cls, "propose")
     by_key = {s.key: s for s in STRATEGIES}
