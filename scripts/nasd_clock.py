@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sampling.chain_decoding as chain  # noqa: E402
 from app.repl.repl import NGRAM_N  # noqa: E402
 from drafters.ngram import NGramSpec  # noqa: E402
+from drafters.prompt_lookup import PromptLookupSpec  # noqa: E402
 from drafters.spec import DraftContext  # noqa: E402
 from ngram_assisted import NGramStorage  # noqa: E402
 from sampling import DraftPolicy, GenerationStats, generate  # noqa: E402
@@ -49,21 +50,23 @@ class ClockedRunner(ReplayedRunner):
         return super().__call__(ids, n_last)
 
 
-def run(entry: dict, costs: Sequence[float], paid: Sequence[float], sigma: float, seed: int, host: float, **options) -> dict:
-    """One generation under the live policy on the simulated clock: its steps, its simulated seconds, the policy's line."""
+def run(entry: dict, costs: Sequence[float], paid: Sequence[float], sigma: float, seed: int, host: float, lookup: bool = False,
+        **options) -> dict:
+    """One generation under the live policy on the simulated clock: its steps, its simulated seconds, the policy's line.
+    ``lookup``: the prompt lookup row (its defaults, gamma 4) instead of NASD's (n 8, gamma auto)."""
     clock = Clock()
     fillers = {int(k): v[:3] for k, v in entry["fillers"].items()}
     runner = ClockedRunner(entry["prompt"], entry["ref"], fillers, clock, paid, sigma, seed)
     drafter_propose = NGramDrafterPropose(clock, host * runner.unit)
-    policy = DraftPolicy(**{"min_gain": 1.0, "row_costs": tuple(costs), "live": True, "auto": True, **options})
+    policy = DraftPolicy(**{"min_gain": 1.0, "row_costs": tuple(costs), "live": True, "auto": not lookup, **options})
     seen, stats = Steps(), GenerationStats()
     values = dict(gamma=4, max_gen_len=len(entry["ref"]), eos_tokens_id=[VOCAB - 1], policy=policy, stats=stats, streamer=seen)
     saved = chain.time
     chain.time = SimpleNamespace(perf_counter=clock.perf_counter)
     try:
         with drafter_propose:
-            out, _ = generate(entry["prompt"], runner, NGramSpec(3, stop_if_unknown=True), values,
-                              DraftContext(storage=NGramStorage(NGRAM_N, VOCAB)))
+            spec = PromptLookupSpec() if lookup else NGramSpec(3, stop_if_unknown=True)
+            out, _ = generate(entry["prompt"], runner, spec, values, DraftContext(storage=NGramStorage(NGRAM_N, VOCAB)))
     finally:
         chain.time = saved
     assert out == entry["ref"], "the replay left target AR's tokens"
@@ -107,6 +110,7 @@ def main() -> None:
     p.add_argument("--sigma", type=float, default=0.1, help="the lognormal noise of each pass's seconds")
     p.add_argument("--host", type=float, default=0.01, help="a drafting step's host work, in one-position passes")
     p.add_argument("--scale", type=float, default=1.0, help="what a run pays for passes past one position, over the start-up costs")
+    p.add_argument("--lookup", action="store_true", help="the prompt lookup row instead of NASD's")
     p.add_argument("--before", action="store_true", help="the gate as before: a cut draft teaches nothing (DraftPolicy.unverified off)")
     args = p.parse_args()
     if args.before:
@@ -118,7 +122,7 @@ def main() -> None:
         print(f"{entry['question_id']}: start-up costs {' '.join(f'{c:.2f}' for c in costs)}, paid x{args.scale} past one position, "
               f"noise sigma {args.sigma}")
         for seed in range(args.seeds):
-            out = run(entry, costs, paid, args.sigma, seed, args.host)
+            out = run(entry, costs, paid, args.sigma, seed, args.host, args.lookup)
             print(f"  seed {seed}: {summary(out['steps'])}, {out['seconds']:.2f} s simulated")
             print(f"    {out['policy']}")
 
