@@ -170,8 +170,12 @@ def _verified(drafts: Tensor, logits: Tensor, q: Tensor | None, drafter: Drafter
     drafter fetched, the fetched values) on the host, read back in the step's one host-device synchronisation."""
     processor, k = config.processor, drafts.shape[0]
     greedy = isinstance(processor, GreedyProcessor)
-    # [k + 1, V]; greedy with a drafter that reads none: no softmax, the tokens from the logits (the same tokens)
-    p = processor(logits) if not greedy or drafter.fetches else None
+    # greedy on the host, a drafter that reads the distributions (NASD's fillers): read from the logits where that is
+    # the same (``fetch_logits``; rows whose pass kept no tops come here: a softmax over [k + 1, 151,936] was 5-18 ms a
+    # step of the pair's NASD beside other work, against prompt lookup's 0.5); off the host it would add a sync
+    early = drafter.fetch_logits(logits, processor.temperature) if greedy and drafter.fetches and logits.device.type == "cpu" else UNREAD
+    # [k + 1, V]; greedy with a drafter that reads none, or read already: no softmax, the tokens from the logits (the same tokens)
+    p = processor(logits) if not greedy or drafter.fetches and early is UNREAD else None
     if q is not None and k > 0 and not greedy:
         q = q.to(p.device)
         at = torch.arange(k, device=p.device)
@@ -182,7 +186,7 @@ def _verified(drafts: Tensor, logits: Tensor, q: Tensor | None, drafter: Drafter
     else:
         own = (processor.sample(p) if p is not None else processor.choose(logits))[:, 0]
         matches = own[:k] == drafts
-    wanted = drafter.fetch(p) if p is not None else None
+    wanted = early if early is not UNREAD else drafter.fetch(p) if p is not None else None
     parts = [drafts, matches.long(), own] + [t.reshape(-1).to(own.device) for t in _tensors(wanted)]
     fetched = torch.cat(parts).tolist()  # the only host-device synchronisation of the step
     return fetched[:k], fetched[k : 2 * k], fetched[2 * k : 3 * k + 1], wanted, fetched[3 * k + 1 :]
