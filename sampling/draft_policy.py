@@ -77,7 +77,8 @@ class DraftPolicy:
     * a cheap drafter that reports its evidence is *gated*: asked every step, its drafts are cut to
       the cost-optimal count by their evidence, 0 included (no step is paused for it while its host
       cost is under ``GATE_COST`` of a step): a weak match drafts nothing, a verbatim copy drafts
-      long, and a copy met after a fruitless stretch is not missed in a pause. Its first step's length is the
+      long, and a copy met after a fruitless stretch is not missed in a pause; a first draft it cut is checked against
+      the plain step's token (``unverified``), so a low rate early does not hold it at none through a copy. Its first step's length is the
       cost-optimal one by its prior rate (``RATE_PRIOR``), not ``gamma``; so is a drafter's whose drafts are passes
       (``per_draft``: a learned head's first step drafted 4 at 16% acceptance, 2026-12-01).
     * ``remember``: a policy reused across generations keeps each drafter model's record (with ``min_gain``):
