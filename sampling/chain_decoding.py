@@ -82,6 +82,7 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
         k = max(0, min(policy.length(policy.bound(), end - cur), end - cur - 1, drafter.max_drafts(cur))) if drafting else 0
         drafting = True
         q, asked, made = None, False, 0
+        cut = None  # (the first draft, its evidence) where the gate cut a step's drafts to none
         clock = time.perf_counter()
         if k > 0 and drafter.cheap and policy.auto:  # drafting is free next to verifying: fill the padded pass
             k = min(policy.rows(k, end - cur) - 1, drafter.max_drafts(cur))
@@ -95,7 +96,11 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
             if q is not None and proposed < min(k, policy.min_draft):
                 raise RuntimeError("a drafter with probabilities stopped before min_draft drafts: dropping them would bias sampling")
             if q is None and drafter.reports_evidence:  # deterministic drafts: cutting them changes nothing accepted
-                proposed = policy.trim(proposed, drafter.evidence(), k, end - cur)
+                evidence = drafter.evidence()
+                kept = policy.trim(proposed, evidence, k, end - cur)
+                if kept == 0 < proposed and evidence and evidence[0] > 0:  # the gate cut them all: the first is checked after
+                    cut = (int(host[0, cur]) if host is not None else int(ids[0, cur]), evidence[0])
+                proposed = kept
             k = policy.keep(proposed)
             q = q[:k] if q is not None else None
         drafted_at = time.perf_counter()
@@ -117,6 +122,8 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
         tokens.extend(emitted)
         target.rollback(cur + n)
         policy.update(k, n, rows)
+        if cut is not None:  # what the plain step's token says of the draft the gate cut (decided before: lossless)
+            policy.unverified(cut[0] == own_list[0], cut[1])
         stats.record_step(k, min(n, len(emitted)), len(emitted))
         verified_at = time.perf_counter()
         stats.draft_seconds += drafted_at - clock
@@ -163,8 +170,12 @@ def _verified(drafts: Tensor, logits: Tensor, q: Tensor | None, drafter: Drafter
     drafter fetched, the fetched values) on the host, read back in the step's one host-device synchronisation."""
     processor, k = config.processor, drafts.shape[0]
     greedy = isinstance(processor, GreedyProcessor)
-    # [k + 1, V]; greedy with a drafter that reads none: no softmax, the tokens from the logits (the same tokens)
-    p = processor(logits) if not greedy or drafter.fetches else None
+    # greedy on the host, a drafter that reads the distributions (NASD's fillers): read from the logits where that is
+    # the same (``fetch_logits``; rows whose pass kept no tops come here: a softmax over [k + 1, 151,936] was 5-18 ms a
+    # step of the pair's NASD beside other work, against prompt lookup's 0.5); off the host it would add a sync
+    early = drafter.fetch_logits(logits, processor.temperature) if greedy and drafter.fetches and logits.device.type == "cpu" else UNREAD
+    # [k + 1, V]; greedy with a drafter that reads none, or read already: no softmax, the tokens from the logits (the same tokens)
+    p = processor(logits) if not greedy or drafter.fetches and early is UNREAD else None
     if q is not None and k > 0 and not greedy:
         q = q.to(p.device)
         at = torch.arange(k, device=p.device)
@@ -175,7 +186,7 @@ def _verified(drafts: Tensor, logits: Tensor, q: Tensor | None, drafter: Drafter
     else:
         own = (processor.sample(p) if p is not None else processor.choose(logits))[:, 0]
         matches = own[:k] == drafts
-    wanted = drafter.fetch(p) if p is not None else None
+    wanted = early if early is not UNREAD else drafter.fetch(p) if p is not None else None
     parts = [drafts, matches.long(), own] + [t.reshape(-1).to(own.device) for t in _tensors(wanted)]
     fetched = torch.cat(parts).tolist()  # the only host-device synchronisation of the step
     return fetched[:k], fetched[k : 2 * k], fetched[2 * k : 3 * k + 1], wanted, fetched[3 * k + 1 :]

@@ -77,7 +77,8 @@ class DraftPolicy:
     * a cheap drafter that reports its evidence is *gated*: asked every step, its drafts are cut to
       the cost-optimal count by their evidence, 0 included (no step is paused for it while its host
       cost is under ``GATE_COST`` of a step): a weak match drafts nothing, a verbatim copy drafts
-      long, and a copy met after a fruitless stretch is not missed in a pause. Its first step's length is the
+      long, and a copy met after a fruitless stretch is not missed in a pause; a first draft it cut is checked against
+      the plain step's token (``unverified``), so a low rate early does not hold it at none through a copy. Its first step's length is the
       cost-optimal one by its prior rate (``RATE_PRIOR``), not ``gamma``; so is a drafter's whose drafts are passes
       (``per_draft``: a learned head's first step drafted 4 at 16% acceptance, 2026-12-01).
     * ``remember``: a policy reused across generations keeps each drafter model's record (with ``min_gain``):
@@ -146,6 +147,7 @@ class DraftPolicy:
         self.live_costs = LiveCosts(self.row_costs, self.per_draft) if self.live and self.row_costs is not None else None
         self.steps = self.drafted_steps = self.drafted_total = 0  # what it chose, for ``chosen``
         self.gate_zeros = 0  # steps in a row the gate cut to no draft
+        self.shadowed = 0  # cut first drafts checked against the target's token (``unverified``), for ``chosen``
         self.zero_streak = 0
         self.paused = 0
         self.after_pause = False  # a pause ended and no draft was verified since: the next drafting step is a probe
@@ -339,6 +341,20 @@ class DraftPolicy:
         if self.live_costs is not None and self.live_costs.observe(rows, verify_seconds, draft_seconds, asked, drafts):
             self._step_costs, self._bests = {}, {}  # the relative costs moved: lengths are weighed on the new ones
 
+    def unverified(self, accepted: bool, evidence: int) -> None:
+        """Learn from a gated drafter's first draft that ``trim`` cut (a plain step took its place), once the target's
+        token there is known: ``accepted``, whether it equals the draft; ``evidence``, the draft's. A gate that cut to
+        none learned nothing before, so one low early rate held it at none through a copy until its probe (the pair's
+        2001 on costs measured in the loop: 40 plain steps of 55, scripts/nasd_clock.py); this is the step it
+        would have verified, counted at depth 1. Decided after the target's token, used for later steps only: lossless."""
+        if not self.gated:
+            return
+        if self.by_depth:
+            self.depths.observe(1, int(accepted), (evidence,))
+        self.hits = 0.7 * self.hits + accepted
+        self.trials = 0.7 * self.trials + 1.0
+        self.shadowed += 1
+
     def chosen(self) -> str:
         """What the policy chose in its last generation and from what: drafts per drafting step, the
         gate, and the costs it weighed (measured in the loop, or the start-up ones)."""
@@ -347,7 +363,7 @@ class DraftPolicy:
         mean = self.drafted_total / self.drafted_steps if self.drafted_steps else 0.0
         parts = [f"drafted in {self.drafted_steps} of {self.steps} steps, {mean:.1f} drafts each"]
         if self.gated:
-            parts.append("gated by evidence")
+            parts.append("gated by evidence" + (f", {self.shadowed} cut drafts checked after" if self.shadowed else ""))
         if self.unit_steps:
             parts.append(f"{self.unit_steps} plain steps to measure the unit")
         if self.live_costs is not None:

@@ -34,8 +34,10 @@ def main() -> None:
     p.add_argument("--code-editing", default="2001", help="question_ids of prompts/code_editing.jsonl, comma separated")
     p.add_argument("--length", type=int, default=96)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--row-costs", default="", help="given start-up costs by positions 1..N, comma separated: no calibration at load")
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    given = tuple(float(c) for c in args.row_costs.split(",")) if args.row_costs else None
 
     import drafters.ngram as ngram
     from app.pair import LoadOptions, load_pair, pair_preset
@@ -46,9 +48,11 @@ def main() -> None:
     from strategies import STRATEGIES, run_strategy
 
     preset = pair_preset()
-    pair = load_pair(preset["target"], preset["drafter"], LoadOptions(dtype=args.dtype), say=lambda *a, **k: None)
+    pair = load_pair(preset["target"], preset["drafter"], LoadOptions(dtype=args.dtype, calibrate=given is None, row_costs=given), say=lambda *a, **k: None)
     config, context = build_settings(pair, "greedy", 4, args.length, say=lambda *a: None)
     config = config.with_(stop_if_unknown=True, auto_rows=AUTO_ROWS)  # the REPL's NASD row when no gamma is given
+    if given is not None:  # the calibrated policy on these costs, as the REPL's with --row-costs (not measured in the loop)
+        config = config.with_policy(row_costs=given, min_gain=1.0)
     by_key = {s.key: s for s in STRATEGIES}
     rows = {r["question_id"]: r for r in map(json.loads, open(Path(__file__).resolve().parents[1] / "prompts" / "code_editing.jsonl"))}
     fillers: Dict[int, List[int]] = {}
