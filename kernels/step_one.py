@@ -90,7 +90,7 @@ class OnePass:
         if rows > self.rows:  # the scratch this many positions need at this capacity
             needed = step.library.c_step_scratch(self.dims, _I(rows), _I(threads))
             if step.scratch.numel() < needed:
-                step.scratch = torch.empty(needed)
+                step.grow(needed, f"a pass of {rows} positions")
             self.rows = rows
         final_norm, output, vocab = self.fixed
         if head is not None:
