@@ -125,7 +125,8 @@ def ready(target, drafter, runners: dict, rows: Rows, first: int, last: int, say
     """Build every graph ``rows`` will replay on sequences from ``first`` to ``last`` positions
     (``runners``: role -> ``RunnerConfig``), for each model whose runner is the step; with ``head`` (a
     row drafts with it), the target's graphs also return its layers' hidden states and the head's own
-    draft step is built too (``eagle.head_step``). Returns the seconds spent."""
+    draft step is built too (``eagle.head_step``). On CPU, each model's C step scratch grown to those passes
+    (``reserve_scratch``), outside the seconds returned. Returns the seconds spent."""
     import time
 
     from runners import prepare_step
