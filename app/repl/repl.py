@@ -186,6 +186,7 @@ class Repl:
         """Run one strategy, print its result and add it to ``results``; False when it was interrupted or refused.
         ``quiet`` (a later round): nothing streamed or printed, and its passes not kept for the divergences. One-time
         work done inside the run (``kernels.once``: a race, a C step made, its scratch grown) is named in a line each."""
+        from kernels import once
         from sampling.divergence import PassRecorder
         from strategies import run_strategy
 
@@ -196,8 +197,6 @@ class Repl:
         if self.stream and not quiet:
             console.rule(Text(self.title(strategy), style=f"bold {strategy.color}"))
             self.context.streamer = (self._streamer(), recorder)
-        from kernels import once
-
         started = once.count()
         try:
             result = run_strategy(strategy, prompt, self.config, self.context, self.seed)
