@@ -155,11 +155,15 @@ def reserve_scratch(model, widest: int, last: int) -> None:
     for ``last`` plus ``widest``), so that no timed pass grows it (a one-time allocation and its pages:
     ``kernels.once``'s "scratch"). Nothing where the model runs no C step."""
     from kernels.kept_steps import kept_step
-    from runners.static import grown_capacity
 
     step = kept_step(model)
-    if step is not None and hasattr(step, "reserve"):
-        step.reserve(max(widest, last), 2 * grown_capacity(last + widest, 0))
+    if step is None or not hasattr(step, "scratch"):
+        return
+    from kernels.c_step import CHUNK_ROWS, plan_of
+    from kernels.step_scratch import reserve
+    from runners.static import grown_capacity
+
+    reserve(step, max(widest, last), 2 * grown_capacity(last + widest, 0), plan_of(model).chunk or CHUNK_ROWS)
 
 
 AUTO_GAMMA = 8  # the widths built at start-up for gamma "auto": its drafts are chosen by the costs measured up to 12 rows

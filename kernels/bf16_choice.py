@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
-from kernels import once
+import kernels.once as once
 from utils.load import Meter, over_busy, start_up_meter
 
 Timer = Callable[[int, int, int], float]  # (path, variant, rows) -> seconds of one linear

@@ -24,7 +24,8 @@ from torch.nn import Module
 import kernels.ahead as ahead
 import kernels.bf16 as bf16
 import kernels.skinny as skinny
-from kernels import once
+import kernels.once as once
+import kernels.step_scratch as step_scratch
 from kernels.blocked import DTYPES, blocked, fusable, fused, lasting
 from kernels.kept_keys import KeptKeys, kept, passed, point
 from kernels.one_copy import group_blocks, groups, release, released
@@ -315,26 +316,6 @@ class CStep:
         self.glanced = self.glance()
         once.note("C step", f"made for a {len(self.layers)}-layer model, gate/up {self.shape[0]}x{self.shape[1]}", started)
 
-    def grow(self, floats: int, why: str, touch: bool = False) -> None:
-        """The scratch grown to ``floats`` float32 (``touch``: written once, its pages taken now rather than in the next
-        pass), noted as one-time work (``kernels.once``; ``reserve`` does it before anything is timed)."""
-        started = time.perf_counter()
-        self.scratch = torch.zeros(floats) if touch else torch.empty(floats)
-        once.note("scratch", f"C step scratch grown to {floats * 4 / 2**20:.1f} MB for {why}", started)
-
-    def reserve(self, rows: int, capacity: int) -> None:
-        """Grow the scratch to what a pass of up to ``rows`` positions (a long pass: its chunks, ``plan_of``) needs
-        over a cache of ``capacity`` slots, so that no later pass grows it (``app.steps.ready``, before a timed run)."""
-        chunk = plan_of(self.model()).chunk or CHUNK_ROWS
-        cap, self.dims.cap = self.dims.cap, capacity
-        try:
-            needed = self.library.c_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(min(rows, chunk)),
-                                                 ctypes.c_int64(torch.get_num_threads()))
-        finally:
-            self.dims.cap = cap  # ``bind`` points the step at a cache by its capacity: left as it was
-        if self.scratch.numel() < needed:
-            self.grow(needed, f"passes of up to {rows} positions over {capacity} slots", touch=True)
-
     def _address(self, tensor: Optional[Tensor]) -> Optional[int]:
         if tensor is None:
             return None
@@ -383,7 +364,7 @@ class CStep:
         tile = prompt.tile if self.dims.weights == bf16.F32 else bf16.prompt_tile(self.library, self.dims.weights, MANY_ROWS + 1, self.shape)
         needed = self.library.c_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(min(r, chunk)), ctypes.c_int64(threads))
         if self.scratch.numel() < needed:
-            self.grow(needed, f"a pass of {r} positions")
+            step_scratch.grow(self, needed, f"a pass of {r} positions")
         output = self.head if head is None else head.blocks  # a part: the first blocks of its copy (one slice, read alike)
         logits = torch.empty((n_last, self.vocab if head is None else head.rows))
         at = torch.tensor(list(hidden_layers), dtype=torch.int64) if hidden_layers else _NO_LAYERS

@@ -18,7 +18,7 @@ from typing import Iterable, Optional
 import torch
 from torch import Tensor
 
-from kernels import once
+import kernels.once as once
 from kernels.blocked import BLOCK, _ByTensor, _memory, lasting
 
 NUMPY = (torch.float32, torch.float64)  # the logits' dtypes ``full`` writes with numpy (the C step's: float32)
