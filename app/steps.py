@@ -125,13 +125,16 @@ def ready(target, drafter, runners: dict, rows: Rows, first: int, last: int, say
     """Build every graph ``rows`` will replay on sequences from ``first`` to ``last`` positions
     (``runners``: role -> ``RunnerConfig``), for each model whose runner is the step; with ``head`` (a
     row drafts with it), the target's graphs also return its layers' hidden states and the head's own
-    draft step is built too (``eagle.head_step``). Returns the seconds spent."""
+    draft step is built too (``eagle.head_step``). On CPU, each model's C step scratch grown to those passes
+    (``reserve_scratch``), outside the seconds returned. Returns the seconds spent."""
     import time
 
     from runners import prepare_step
 
     seconds, layers = 0.0, tuple(head.config.aux_layers) if head is not None else ()
     for role, model, widths in (("target", target, step_widths(rows)), ("drafter", drafter, drafter_widths(rows))):
+        if model is not None and widths:
+            reserve_scratch(model, max(widths), last)
         if model is None or not widths or not runners[role].step_for(model):
             continue
         seconds += prepare_step(model, last, lambda text: say(f"{role}: {text} ..."), layers if role == "target" else (),
@@ -143,6 +146,24 @@ def ready(target, drafter, runners: dict, rows: Rows, first: int, last: int, say
         if prepare_head_step(head, first, last, lambda text: say(f"head: {text} ..."), head_widths(rows)):
             seconds += time.perf_counter() - clock
     return seconds
+
+
+def reserve_scratch(model, widest: int, last: int) -> None:
+    """The scratch of ``model``'s C step (CPU; where one is kept) grown, before a timed run, to what a run ending by
+    ``last`` positions needs: its prompt (in chunks) and passes of up to ``widest`` positions over the largest cache
+    such a run grows (``runners.static.grown_capacity``: a first reserve, then doubling; bounded by twice the first's
+    for ``last`` plus ``widest``), so that no timed pass grows it (a one-time allocation and its pages:
+    ``kernels.once``'s "scratch"). Nothing where the model runs no C step."""
+    from kernels.kept_steps import kept_step
+
+    step = kept_step(model)
+    if step is None or not hasattr(step, "scratch"):
+        return
+    from kernels.c_step import CHUNK_ROWS, plan_of
+    from kernels.step_scratch import reserve
+    from runners.static import grown_capacity
+
+    reserve(step, max(widest, last), 2 * grown_capacity(last + widest, 0), plan_of(model).chunk or CHUNK_ROWS)
 
 
 AUTO_GAMMA = 8  # the widths built at start-up for gamma "auto": its drafts are chosen by the costs measured up to 12 rows

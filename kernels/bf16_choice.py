@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
+import kernels.once as once
 from utils.load import Meter, over_busy, start_up_meter
 
 Timer = Callable[[int, int, int], float]  # (path, variant, rows) -> seconds of one linear
@@ -110,9 +111,11 @@ def in_window(race: Callable[[], Measured], meter: Optional[Callable[[], Meter]]
     it (``utils.load.over_busy``). Least samples resist a neighbour, not a neighbour on every sample (docs/results.md: a loaded start's bfloat16
     path race took plain C), so the header says the race ran under load; these races are per process, never saved."""
     window = (meter or start_up_meter)()
+    started = time.perf_counter()
     window.start()
     found = race()
     cores = over_busy(window.stop())
+    once.note("race", f"{found.how}: {found.pick} of {[key for key, _ in found.seconds] or [found.pick]}", started)
     # nothing raced (the only one built): no load to name
     return found if cores is None or found.how != MEASURED else replace(found, load=f"raced under load (other processes used {cores:.2f} cores)")
 

@@ -13,6 +13,7 @@ position's result depends only on its own row and the cache, never on the pass's
 thread count (``c_step.c``), so every pass width gives the same logits for a position, bit for bit.
 """
 import ctypes
+import time
 import weakref
 from typing import List, Optional, Sequence, Tuple
 
@@ -23,6 +24,8 @@ from torch.nn import Module
 import kernels.ahead as ahead
 import kernels.bf16 as bf16
 import kernels.skinny as skinny
+import kernels.once as once
+import kernels.step_scratch as step_scratch
 from kernels.blocked import DTYPES, blocked, fusable, fused, lasting
 from kernels.kept_keys import KeptKeys, kept, passed, point
 from kernels.one_copy import group_blocks, groups, release, released
@@ -258,6 +261,7 @@ class CStep:
 
     @lasting()  # its tensors outlive an inference_mode block it is made in (``kernels.blocked.lasting``)
     def _build(self, model: Module) -> None:
+        started = time.perf_counter()
         reason = step_unsupported(model)
         if reason is not None:
             raise ValueError(reason)
@@ -310,6 +314,7 @@ class CStep:
         # every decoder linear released: their copies change only by a restore (``changes``), not by an edit
         self.released = all(released(x) for layer in self.layers for group in groups(layer) for x in group)
         self.glanced = self.glance()
+        once.note("C step", f"made for a {len(self.layers)}-layer model, gate/up {self.shape[0]}x{self.shape[1]}", started)
 
     def _address(self, tensor: Optional[Tensor]) -> Optional[int]:
         if tensor is None:
@@ -359,7 +364,7 @@ class CStep:
         tile = prompt.tile if self.dims.weights == bf16.F32 else bf16.prompt_tile(self.library, self.dims.weights, MANY_ROWS + 1, self.shape)
         needed = self.library.c_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(min(r, chunk)), ctypes.c_int64(threads))
         if self.scratch.numel() < needed:
-            self.scratch = torch.empty(needed)
+            step_scratch.grow(self, needed, f"a pass of {r} positions")
         output = self.head if head is None else head.blocks  # a part: the first blocks of its copy (one slice, read alike)
         logits = torch.empty((n_last, self.vocab if head is None else head.rows))
         at = torch.tensor(list(hidden_layers), dtype=torch.int64) if hidden_layers else _NO_LAYERS

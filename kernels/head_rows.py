@@ -11,12 +11,14 @@ logits outside the rows are minus infinity (``full``), so its distribution is ze
 from the distribution the loop is told (speculative sampling stays exact; greedy compares tokens).
 """
 import math
+import time
 import weakref
 from typing import Iterable, Optional
 
 import torch
 from torch import Tensor
 
+import kernels.once as once
 from kernels.blocked import BLOCK, _ByTensor, _memory, lasting
 
 NUMPY = (torch.float32, torch.float64)  # the logits' dtypes ``full`` writes with numpy (the C step's: float32)
@@ -37,6 +39,7 @@ class HeadRows:
     tokens the added rows are (``take``)."""
 
     def __init__(self, source: Tensor, vocab: int, count: int):
+        started = time.perf_counter()
         # weakly: kept by ``source`` (``kept_rows``), a strong reference would keep it, and its model's output layer, forever
         self.source, self.vocab = weakref.ref(source), vocab
         self.count = min(vocab, max(BLOCK, count // BLOCK * BLOCK))  # whole blocks: the prefix is a slice of them
@@ -50,6 +53,7 @@ class HeadRows:
             self.held = torch.zeros(vocab, dtype=torch.bool)
             self.held[: self.count] = True
         self.owner: Optional["weakref.ref"] = None
+        once.note("drafter rows", f"{self.count:,} of {vocab:,} rows copied", started)
 
     @property
     def rows(self) -> int:

@@ -18,6 +18,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+import kernels.step_scratch as step_scratch
 from kernels.kept_keys import passed
 from kernels.prompt_gemm import MANY_ROWS
 from kernels.step_structs import Top
@@ -90,7 +91,7 @@ class OnePass:
         if rows > self.rows:  # the scratch this many positions need at this capacity
             needed = step.library.c_step_scratch(self.dims, _I(rows), _I(threads))
             if step.scratch.numel() < needed:
-                step.scratch = torch.empty(needed)
+                step_scratch.grow(step, needed, f"a pass of {rows} positions")
             self.rows = rows
         final_norm, output, vocab = self.fixed
         if head is not None:

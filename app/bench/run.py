@@ -121,6 +121,17 @@ class Bench:
                                   hidden_layers=head.config.aux_layers if head is not None else (), config=runners[role])
                 self.compile_seconds[role] = self.compile_seconds.get(role, 0.0) + seconds
 
+    def reserve_for(self, items: List[dict], configs: List[Config]) -> None:
+        """Each model's C step scratch grown to what the longest prompt's run needs (``app.steps.reserve_scratch``),
+        after the warm-up made the steps (a start that measured nothing makes them there): no timed run grows it."""
+        from app.steps import drafter_widths, reserve_scratch, step_widths
+
+        rows = [(c.strategy, self.run_config(c)) for c in configs]
+        last = max(len(item["prompt"]) for item in items) + self.args.max_new_tokens
+        for model, widths in ((self.target, step_widths(rows)), (self.drafter, drafter_widths(rows))):
+            if model is not None and widths:
+                reserve_scratch(model, max(widths), last)
+
     def compile_report(self) -> str:
         """The report's line on start-up compilation (never inside a timed run); empty without ``--compile``."""
         if not self.compile_seconds:

@@ -168,8 +168,9 @@ class Repl:
             console.print(Text("every strategy is off: /help lists the toggles", style="red"))
 
     def ready(self, enabled, prompt_length: int) -> None:
-        """On the compiled step (CUDA): build the graphs the enabled rows will need on this prompt before
-        any of them is timed, a line each (nothing when they are built already)."""
+        """Before any row is timed on this prompt: on the compiled step (CUDA), build the graphs the enabled rows will
+        need, a line each (nothing when they are built already); on the C step (CPU), grow each model's scratch to
+        this prompt's passes (``app.steps.reserve_scratch``: else the first row of round 1 grew it)."""
         from app.steps import drafts_with_head, ready
         from strategies import row_config
 
@@ -183,7 +184,9 @@ class Repl:
 
     def run(self, strategy, prompt: List[int], results: list, quiet: bool = False) -> bool:
         """Run one strategy, print its result and add it to ``results``; False when it was interrupted or refused.
-        ``quiet`` (a later round): nothing streamed or printed, and its passes not kept for the divergences."""
+        ``quiet`` (a later round): nothing streamed or printed, and its passes not kept for the divergences. One-time
+        work done inside the run (``kernels.once``: a race, a C step made, its scratch grown) is named in a line each."""
+        from kernels import once
         from sampling.divergence import PassRecorder
         from strategies import run_strategy
 
@@ -194,6 +197,7 @@ class Repl:
         if self.stream and not quiet:
             console.rule(Text(self.title(strategy), style=f"bold {strategy.color}"))
             self.context.streamer = (self._streamer(), recorder)
+        started = once.count()
         try:
             result = run_strategy(strategy, prompt, self.config, self.context, self.seed)
         except (KeyboardInterrupt, ValueError) as error:
@@ -206,6 +210,9 @@ class Repl:
         results.append((strategy, result))
         if not quiet:
             self.print_result(strategy, result)
+        for event in once.since(started):  # the warm-up and ``ready`` do it all: a line here is a bug to report
+            console.print(Text(f"{strategy.title}: one-time work inside its timed run: {event.kind}, {event.what} "
+                               f"({event.seconds * 1e3:.1f} ms)", style="yellow"))
         return True
 
     def explain_divergences(self, prompt: List[int], results) -> None:
