@@ -100,3 +100,24 @@ def test_a_few_positions_take_wider_tiles_and_keep_the_register_blocks_bits(path
                     assert torch.equal(linear(library, rows, threads), linear(old, rows, threads)), (ahead, threads, m)
     finally:
         library.skinny_set_few_ahead(before)
+
+
+def test_one_position_rounded_once_a_call_gives_the_bits_of_rounding_per_group(dot):
+    """One position on the dot path rounds its row once a call (kernels/bf16_few.h's one_dot), where a build with
+    -DBF16_ONE_ROUNDED=0 rounds it per 128 features of every group of 4 blocks: the same bits over K of 600 (a
+    partial 32-feature line and 128-feature panel) and of 20482 (past ONE_ROUNDED_MOST: decoding's tiles in both),
+    216 outputs (13 whole blocks, shares ending in groups of 1-3, a padded one) and 34, a bias and none, on 1, 2
+    and 3 threads."""
+    per_group = load_for("native", [s for s in skinny.SOURCES if s.name.startswith("skinny")], ("BF16_ONE_ROUNDED=0",))
+    g = torch.Generator().manual_seed(14)
+    for k in (600, 20482):
+        x = torch.randn(3, k, generator=g)
+        for n in (216, 34):
+            w = torch.randn(n, k, generator=g).bfloat16()
+            packed = pack(w)
+            for b in (torch.randn(n, generator=g), torch.zeros(n)):
+                for threads in (1, 2, 3):
+                    for i in range(3):
+                        row = x[i: i + 1].contiguous()
+                        assert torch.equal(run(skinny.library(), 0, row, packed, n, b, threads),
+                                           run(per_group, 0, row, packed, n, b, threads)), (k, n, threads, i)
