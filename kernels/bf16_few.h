@@ -51,6 +51,16 @@ static void few_tile(int64_t rows, int64_t gb, const uint32_t *xb, int64_t xs, i
     }
 }
 
+/* A pass of 2..12 positions rounds its rows once a call per thread where M K is at most FEW_ROUNDED_FEATURES (on the
+ * stack: 48 KB, SmolLM2's 12 x 1536), not per FEW_KC features of every group (one_dot's reason, below); -DBF16_FEW_ROUNDED=0
+ * builds the rounding per group for every width (to compare: the same bits, a panel's sums stored and loaded back) */
+#ifndef BF16_FEW_ROUNDED
+#define BF16_FEW_ROUNDED 1
+#endif
+#ifndef FEW_ROUNDED_FEATURES
+#define FEW_ROUNDED_FEATURES 24576
+#endif
+
 /* rows x[0..M) (M <= FEW_MOST, row stride K) against gb (<= few_blocks(M)) blocks at p over the whole of k into
  * out (row stride ys), from +0 */
 static void few_group(const float *x, int64_t M, int64_t K, int64_t gb, const uint16_t *p, float *out, int64_t ys) {
@@ -71,6 +81,11 @@ static void few_group(const float *x, int64_t M, int64_t K, int64_t gb, const ui
 static void few_dot(const float *x, const uint16_t *p, const float *b, float *y, int64_t M, int64_t N, int64_t K, Deal *deal) {
     const int64_t GB = few_blocks(M), blocks = (N + BW - 1) / BW;
     float spill[FEW_MOST * 4 * BW];
+    /* the rows rounded once a call where they fit (FEW_ROUNDED_FEATURES), each group's tile then over the whole of k */
+    uint32_t xr[FEW_ROUNDED_FEATURES / 2];
+    const int rounded = BF16_FEW_ROUNDED && M * K <= FEW_ROUNDED_FEATURES;
+    if (rounded) round_rows(x, K, 0, K, M, xr, K / 2);
+    const int stream = M >= FEW_AHEAD_ROWS ? 2 : 1;
     Share dealt = share_begin(blocks, GB, deal);
     int64_t first, last;
     while (share_next(&dealt, &first, &last))
@@ -78,11 +93,46 @@ static void few_dot(const float *x, const uint16_t *p, const float *b, float *y,
             int64_t gb = last - b0 < GB ? last - b0 : GB, n0 = b0 * BW, width = gb * BW;
             const uint16_t *pg = p + b0 * K * BW;
             const int spilled = n0 + width > N;
-            if (!spilled)
-                few_group(x, M, K, gb, pg, y + n0, N);
+            if (rounded)
+                few_tile(M, gb, xr, K / 2, K, K / 2, pg, spilled ? spill : y + n0, spilled ? width : N, 0, stream);
             else
-                few_group(x, M, K, gb, pg, spill, width);
+                few_group(x, M, K, gb, pg, spilled ? spill : y + n0, spilled ? width : N);
             group_out(spill, spilled, b, y, M, N, n0, width);
         }
 }
+
+/* One position on the dot path (decoding's loop at M 1, ONE_ROUNDED): the row rounded to bfloat16 pairs once a call
+ * per thread, not once per 128 features of every group of 4 blocks (on SmolLM2's one-position pass, 3,200 groups of
+ * 5-12 roundings and as many panels' sums stored and loaded back), then per group one 1 x gb tile over the whole of k
+ * (one chain per output from +0, pairs in order: the sum skinny_bf16.c states, the bits of every other tile), each
+ * thread an even share of the blocks in groups of 4 from its first, its end stolen as decoding's (deal.h). K at most
+ * ONE_ROUNDED_MOST (the rounded row on the stack); past it, decoding's tiles (skinny_bf16_rows.c). */
+#ifndef ONE_ROUNDED_MOST
+#define ONE_ROUNDED_MOST 20480 /* 40 KB of pairs: a 7B model's intermediate size of 18944 fits */
+#endif
+#define ONE_T(G) tile_dot(xb, 0, K, K / 2, 1, G, pg, out, 0, 0, 1)
+
+static void one_dot(const float *x, const uint16_t *p, const float *b, float *y, int64_t N, int64_t K, Deal *deal) {
+    uint32_t xb[ONE_ROUNDED_MOST / 2];
+    const int64_t blocks = (N + BW - 1) / BW;
+    float spill[4 * BW];
+    round_rows(x, K, 0, K, 1, xb, K / 2);
+    Share dealt = share_begin(blocks, 4, deal);
+    int64_t first, last;
+    while (share_next(&dealt, &first, &last))
+        for (int64_t b0 = first; b0 < last; b0 += 4) {
+            const int64_t gb = last - b0 < 4 ? last - b0 : 4, n0 = b0 * BW, width = gb * BW;
+            const uint16_t *pg = p + b0 * K * BW;
+            const int spilled = n0 + width > N;
+            float *out = spilled ? spill : y + n0;
+            switch (gb) {
+            case 1: ONE_T(1); break;
+            case 2: ONE_T(2); break;
+            case 3: ONE_T(3); break;
+            default: ONE_T(4); break;
+            }
+            group_out(spill, spilled, b, y, 1, N, n0, width);
+        }
+}
+#undef ONE_T
 #endif

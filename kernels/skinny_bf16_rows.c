@@ -15,7 +15,7 @@
 #include "bf16_tiles.h"
 #include "linears.h"
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
-#include "bf16_few.h" /* the dot path's loop over 2..12 rows */
+#include "bf16_few.h" /* the dot path's loops over one position and over 2..12 rows */
 #endif
 /* Passes of 2..12 rows on the dot path take bf16_few.h's loop, on the AVX-512 widening path groups as wide as
  * the sums fit (bf16_few_wide): on Zen 4 (one thread, the pair target's linears, noisy) the widening path's
@@ -88,6 +88,12 @@ static void add_bias(const float *b, float *y, int64_t M, int64_t N, int64_t n0,
 #define BF16_ONE_ROW_BLOCKS 4
 #endif
 
+/* One position on the dot path rounds its row once a call (bf16_few.h's one_dot), where decoding's 1 x 4 tiles
+ * rounded it per 128 features of every group; -DBF16_ONE_ROUNDED=0 builds those instead (to compare: the same bits) */
+#ifndef BF16_ONE_ROUNDED
+#define BF16_ONE_ROUNDED 1
+#endif
+
 /* variant 0: groups of the register block's blocks, dealt contiguously; at one position (ONE_ROW_BLOCKS),
  * each thread an even share of the blocks, in groups from its first (its last group shorter): whole groups
  * of 4 dealt left one thread a group more on SmolLM2's o and down (9 groups: 5 against 4), 11% of their time
@@ -128,6 +134,10 @@ static void decoding(int64_t path, const float *x, const uint16_t *p, const floa
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
     if (BF16_FEW && path == BF16_DOT && M >= 2 && M <= FEW_MOST) {
         few_dot(x, p, b, y, M, N, K, deal);
+        return;
+    }
+    if (BF16_ONE_ROUNDED && BF16_ONE_ROW_BLOCKS == 4 && path == BF16_DOT && M == 1 && K <= ONE_ROUNDED_MOST) {
+        one_dot(x, p, b, y, N, K, deal);
         return;
     }
 #endif

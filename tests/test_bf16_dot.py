@@ -100,3 +100,25 @@ def test_a_few_positions_take_wider_tiles_and_keep_the_register_blocks_bits(path
                     assert torch.equal(linear(library, rows, threads), linear(old, rows, threads)), (ahead, threads, m)
     finally:
         library.skinny_set_few_ahead(before)
+
+
+def test_rows_rounded_once_a_call_give_the_bits_of_rounding_per_group(dot):
+    """One position on the dot path rounds its row once a call (kernels/bf16_few.h's one_dot), and so do 2..12
+    positions where M K fits (FEW_ROUNDED_FEATURES), where a build with -DBF16_ONE_ROUNDED=0 -DBF16_FEW_ROUNDED=0
+    rounds them per 128 features of every group: the same bits over K of 600 (a partial 32-feature line and
+    128-feature panel), of 2100 (12 rows past FEW_ROUNDED_FEATURES, 11 within) and of 20482 (one row past
+    ONE_ROUNDED_MOST: decoding's tiles in both), 216 outputs (13 whole blocks, shares ending in shorter groups, a
+    padded one) and 34, a bias and none, on 1, 2 and 3 threads."""
+    per_group = load_for("native", [s for s in skinny.SOURCES if s.name.startswith("skinny")],
+                         ("BF16_ONE_ROUNDED=0", "BF16_FEW_ROUNDED=0"))
+    g = torch.Generator().manual_seed(14)
+    for k, widths in ((600, (1, 2, 3, 5, 8, 12)), (2100, (1, 11, 12)), (20482, (1,))):
+        x = torch.randn(12, k, generator=g)
+        for n in (216, 34):
+            packed = pack(torch.randn(n, k, generator=g).bfloat16())
+            for b in (torch.randn(n, generator=g), torch.zeros(n)):
+                for threads in (1, 2, 3):
+                    for m in widths:
+                        rows = x[12 - m:].contiguous()
+                        assert torch.equal(run(skinny.library(), 0, rows, packed, n, b, threads),
+                                           run(per_group, 0, rows, packed, n, b, threads)), (k, n, threads, m)
