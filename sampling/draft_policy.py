@@ -77,8 +77,8 @@ class DraftPolicy:
     * a cheap drafter that reports its evidence is *gated*: asked every step, its drafts are cut to
       the cost-optimal count by their evidence, 0 included (no step is paused for it while its host
       cost is under ``GATE_COST`` of a step): a weak match drafts nothing, a verbatim copy drafts
-      long, and a copy met after a fruitless stretch is not missed in a pause; a first draft it cut is checked against
-      the plain step's token (``unverified``), so a low rate early does not hold it at none through a copy. Its first step's length is the
+      long, and a copy met after a fruitless stretch is not missed in a pause; a cut first draft is checked against
+      the plain step's token (``unverified``). Its first step's length is the
       cost-optimal one by its prior rate (``RATE_PRIOR``), not ``gamma``; so is a drafter's whose drafts are passes
       (``per_draft``: a learned head's first step drafted 4 at 16% acceptance, 2026-12-01).
     * ``remember``: a policy reused across generations keeps each drafter model's record (with ``min_gain``):
@@ -342,18 +342,11 @@ class DraftPolicy:
             self._step_costs, self._bests = {}, {}  # the relative costs moved: lengths are weighed on the new ones
 
     def unverified(self, accepted: bool, evidence: int) -> None:
-        """Learn from a gated drafter's first draft that ``trim`` cut (a plain step took its place), once the target's
-        token there is known: ``accepted``, whether it equals the draft; ``evidence``, the draft's. A gate that cut to
-        none learned nothing before, so one low early rate held it at none through a copy until its probe (the pair's
-        2001 on costs measured in the loop: 40 plain steps of 55, scripts/nasd_clock.py); this is the step it
-        would have verified, counted at depth 1. Decided after the target's token, used for later steps only: lossless."""
-        if not self.gated:
-            return
-        if self.by_depth:
-            self.depths.observe(1, int(accepted), (evidence,))
-        self.hits = 0.7 * self.hits + accepted
-        self.trials = 0.7 * self.trials + 1.0
-        self.shadowed += 1
+        """Learn at depth 1 from a gated first draft that ``trim`` cut, once the target's token is known (docs/pair.md)."""
+        if self.gated:  # used for later steps only: lossless
+            if self.by_depth:
+                self.depths.observe(1, int(accepted), (evidence,))
+            self.hits, self.trials, self.shadowed = 0.7 * self.hits + accepted, 0.7 * self.trials + 1.0, self.shadowed + 1
 
     def chosen(self) -> str:
         """What the policy chose in its last generation and from what: drafts per drafting step, the
