@@ -29,6 +29,22 @@ class Steps(Observer):
         self.steps.append([step.start - step.prompt_length, list(step.proposed), step.accepted, step.rows])
 
 
+def load(dtype: str, length: int, given, live: bool):
+    """The pair as the REPL loads it (``given``: start-up costs by positions 1..N, no calibration at load; ``live``:
+    measured again in the loop, as the calibrated policy does) with the REPL's greedy settings: (pair, config, context)."""
+    from app.pair import LoadOptions, load_pair, pair_preset
+    from app.repl.repl import AUTO_ROWS
+    from app.session import build_settings
+
+    preset = pair_preset()
+    pair = load_pair(preset["target"], preset["drafter"], LoadOptions(dtype=dtype, calibrate=given is None, row_costs=given), say=lambda *a, **k: None)
+    config, context = build_settings(pair, "greedy", 4, length, say=lambda *a: None)
+    config = config.with_(stop_if_unknown=True, auto_rows=AUTO_ROWS)  # the REPL's NASD row when no gamma is given
+    if given is not None:  # the calibrated policy on these costs (the REPL's with --row-costs unless ``live``)
+        config = config.with_policy(row_costs=given, live=live, min_gain=1.0)
+    return pair, config, context
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--code-editing", default="2001", help="question_ids of prompts/code_editing.jsonl, comma separated")
@@ -40,19 +56,13 @@ def main() -> None:
     given = tuple(float(c) for c in args.row_costs.split(",")) if args.row_costs else None
 
     import drafters.ngram as ngram
-    from app.pair import LoadOptions, load_pair, pair_preset
-    from app.session import build_settings, encode
-    from app.repl.repl import AUTO_ROWS, NGRAM_N
+    from app.session import encode
+    from app.repl.repl import NGRAM_N
     from ngram_assisted import NGramStorage
     from runners.limits import output_vocab_size
     from strategies import STRATEGIES, run_strategy
 
-    preset = pair_preset()
-    pair = load_pair(preset["target"], preset["drafter"], LoadOptions(dtype=args.dtype, calibrate=given is None, row_costs=given), say=lambda *a, **k: None)
-    config, context = build_settings(pair, "greedy", 4, args.length, say=lambda *a: None)
-    config = config.with_(stop_if_unknown=True, auto_rows=AUTO_ROWS)  # the REPL's NASD row when no gamma is given
-    if given is not None:  # the calibrated policy on these costs, as the REPL's with --row-costs (not measured in the loop)
-        config = config.with_policy(row_costs=given, min_gain=1.0)
+    pair, config, context = load(args.dtype, args.length, given, live=False)
     by_key = {s.key: s for s in STRATEGIES}
     rows = {r["question_id"]: r for r in map(json.loads, open(Path(__file__).resolve().parents[1] / "prompts" / "code_editing.jsonl"))}
     fillers: Dict[int, List[int]] = {}

@@ -72,21 +72,16 @@ def main() -> None:
     import drafters.ngram as ngram
     import sampling.chain_decoding as chain
     import drafters.prompt_lookup as lookup
-    from app.pair import LoadOptions, load_pair, pair_preset
-    from app.repl.repl import AUTO_ROWS, NGRAM_N
-    from app.session import build_settings, encode
+    from app.repl.repl import NGRAM_N
+    from app.session import encode
+    from nasd_record import load
     from ngram_assisted import NGramStorage
     from runners.limits import output_vocab_size
     from sampling import draft_policy
     from strategies import STRATEGIES, run_strategy
 
-    preset = pair_preset()
-    pair = load_pair(preset["target"], preset["drafter"], LoadOptions(dtype=args.dtype, calibrate=given is None, row_costs=given), say=lambda *a, **k: None)
-    config, context = build_settings(pair, "greedy", 4, args.length, say=lambda *a: None)
-    config = config.with_(stop_if_unknown=True, auto_rows=AUTO_ROWS)
-    if given is not None:
-        # as a measured start-up's policy (``DraftPolicy.calibrated``): these costs, measured again in the loop
-        config = config.with_policy(row_costs=given, live=True, min_gain=1.0)
+    # as a measured start-up's policy (``DraftPolicy.calibrated``): given costs are measured again in the loop
+    pair, config, context = load(args.dtype, args.length, given, live=True)
     timed = Timed()
     for name in ("propose", "accept", "fetch_logits", "evidence"):
         timed.wrap(ngram.NGramDrafter, name)
