@@ -4,6 +4,7 @@ warm-up and ``reserve_for`` before its timed runs, do it all. Before, the first 
 the warm-up's grew each C step's scratch (the REPL: the first row of round 1; the benchmark: a prompt past the
 warm-up's 32 positions). On the tiny models, in bfloat16 and float32, with a drafter's cut output layer; counts
 only, no clock."""
+import time
 from typing import List, Tuple
 
 import pytest
@@ -73,3 +74,26 @@ def test_the_benchmark_times_no_one_time_work_after_its_warm_up(tiny_models, dty
                 "--max-new-tokens", "16", "--out", str(tmp_path), "--no-calibrate"])
     assert {label.split("[")[0] for label, _ in runs} == {"target", "speculative", "ngram", "pld"}, runs  # ngram: two storages
     assert during(runs) == []
+
+
+def test_the_benchmark_names_one_time_work_inside_a_timed_run_in_its_record_and_a_line(tiny_models, tmp_path, monkeypatch, capsys):
+    """What the REPL says in yellow, the benchmark says too: a timed run that did one-time work (here a race noted
+    inside it, as a lazy choice would) carries it in its ``runs.jsonl`` record and one line on stderr; the others none."""
+    import json
+
+    real_attempt = bench_run.attempt
+
+    def lazy(bench_, config, *args, **kwargs):
+        started = time.perf_counter()
+        result = real_attempt(bench_, config, *args, **kwargs)
+        if config.label.startswith("pld"):
+            once.note("race", "a choice made lazily", started)
+        return result
+
+    monkeypatch.setattr(bench_run, "attempt", lazy)
+    bench.main(["--target", tiny_models["target"], "--device", "cpu", "--limit", "1", "--categories", "summarization",
+                "--strategies", "pld", "--max-new-tokens", "8", "--out", str(tmp_path), "--no-calibrate"])
+    records = [json.loads(line) for line in (tmp_path / "runs.jsonl").read_text().splitlines()]
+    timed = {r["config"].split("[")[0]: r.get("one_time") for r in records}
+    assert timed["target"] is None and "race: a choice made lazily" in timed["pld"][0], timed
+    assert "one-time work inside a timed run: pld" in capsys.readouterr().err

@@ -274,6 +274,7 @@ def timed_runs(bench: Bench, configs: List[Config], items: List[dict], out: Path
     after ``failed`` (the warm-up's). A run that fails is a record with its reason (``failed``); the others go on."""
     from tqdm import tqdm
 
+    from kernels import once
     from sampling.divergence import PassRecorder
     from measure import run_environment
     from utils.load import LoadMeter
@@ -290,19 +291,23 @@ def timed_runs(bench: Bench, configs: List[Config], items: List[dict], out: Path
             for config in configs[shift:] + configs[:shift]:
                 recorder = PassRecorder()  # one append per step: classifying waits until the timed runs are over
                 meter.start()  # /proc is read between timed runs, never inside one
+                started = once.count()
                 result = attempt(bench, config, item["prompt"], recorder, repeat)
-                results.append((config, result, recorder, meter.stop()))
+                results.append((config, result, recorder, meter.stop(), once.since(started)))
                 bar.update(1)
-            reference, reference_kernels = next(((result.tokens, result.kernels) for config, result, _, _ in results
+            reference, reference_kernels = next(((result.tokens, result.kernels) for config, result, *_ in results
                                                  if config.strategy.baseline and not isinstance(result, str)), (None, ""))
-            for config, result, recorder, window in sorted(results, key=lambda run: configs.index(run[0])):
+            for config, result, recorder, window, done_once in sorted(results, key=lambda run: configs.index(run[0])):
+                for event in done_once:  # the warm-up and ``reserve_for`` do it all: a line here is a bug to report
+                    tqdm.write(f"one-time work inside a timed run: {config.label} on question {item['question_id']}: "
+                               f"{event.kind}, {event.what} ({event.seconds * 1e3:.1f} ms)", file=sys.stderr)
                 if isinstance(result, str):
                     tqdm.write(f"failed: {config.label} on question {item['question_id']}: {result}", file=sys.stderr)
                     records.append(failed_record(config, result, item, repeat))
                     log.write(json.dumps(records[-1]) + "\n")
                     continue
                 record = {**run_record(bench, item, repeat, config, result, reference), **window.record(bench.args.busy),
-                          "environment": environment, "measured": measured}
+                          "one_time": [event.line() for event in done_once] or None, "environment": environment, "measured": measured}
                 if record["diverged_at"] is not None:
                     record["divergence"] = bench.classify(item["prompt"], reference, result.tokens, recorder.passes,
                                                           result.kernels, reference_kernels)
