@@ -139,6 +139,7 @@ def ready(target, drafter, runners: dict, rows: Rows, first: int, last: int, say
             continue
         seconds += prepare_step(model, last, lambda text: say(f"{role}: {text} ..."), layers if role == "target" else (),
                                 widths=widths, first=first, graphs=runners[role].graphs)
+    reserve_head_scratch(head, max(head_widths(rows), default=1), last)
     if head is not None and runners["target"].step_for(target):
         from eagle.head_step import prepare_head_step
 
@@ -164,6 +165,15 @@ def reserve_scratch(model, widest: int, last: int) -> None:
     from runners.static import grown_capacity
 
     reserve(step, max(widest, last), 2 * grown_capacity(last + widest, 0), plan_of(model).chunk or CHUNK_ROWS)
+
+
+def reserve_head_scratch(head, widest: int, last: int) -> None:
+    """The C head step's scratch (where the warm-up made one) grown, before a timed run, to a run ending by ``last``
+    positions: its first step feeds the whole prompt, and its cache (``drafters.eagle``: at least 256 slots, twice the
+    prompt, then doubling) stays under twice ``last`` plus ``widest``. Nothing where the head drafts on its torch step."""
+    step = head.kept_c_step() if head is not None else None
+    if step is not None:
+        step.reserve(last, max(256, 2 * (last + widest)))
 
 
 AUTO_GAMMA = 8  # the widths built at start-up for gamma "auto": its drafts are chosen by the costs measured up to 12 rows

@@ -272,6 +272,11 @@ class Eagle3Head(nn.Module):
             watch = self.__dict__["_hook_watch"] = HookWatch(self)
         return watch.hooked()
 
+    def kept_c_step(self):
+        """The C head step made so far (by a step drafted already: the warm-up's), or None; makes none."""
+        found = _C_STEPS.get(self)
+        return found[1] if found is not None else None
+
     def _c_step(self):
         """The C head step over the current weights (remade when one changes), or None where it cannot run."""
         identity = tuple((p.data_ptr(), p._version) for p in self.parameters())

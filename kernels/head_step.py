@@ -10,6 +10,7 @@ holds the weights' addresses and runs a step. ``eagle.head.Eagle3Head.draft_step
 the head's torch step where this cannot run.
 """
 import ctypes
+import time
 from typing import Optional, Tuple
 
 import torch
@@ -17,6 +18,7 @@ from torch import Tensor
 from torch.nn import Module
 
 import kernels.bf16 as bf16
+import kernels.once as once
 import kernels.skinny as skinny
 from kernels.blocked import blocked, fusable, fused
 
@@ -111,6 +113,24 @@ class HeadStep:
                 setattr(self.weights, name, tensor.data_ptr())
         self.scratch = torch.empty(0)  # grown to the widest step yet: no allocation per step
 
+    def reserve(self, rows: int, capacity: int) -> None:
+        """The scratch grown, before a timed run, to a step of up to ``rows`` positions over a cache of ``capacity``
+        slots (``head_step_scratch`` grows with both), so that no timed step grows it (``app.steps.reserve_head_scratch``)."""
+        cap, self.dims.cap = self.dims.cap, capacity
+        try:
+            needed = self.library.head_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(rows), ctypes.c_int64(torch.get_num_threads()))
+        finally:
+            self.dims.cap = cap  # each step sets it from its cache
+        self._grow(needed, f"steps of up to {rows} positions over {capacity} slots")
+
+    def _grow(self, floats: int, why: str) -> None:
+        """The scratch grown to ``floats`` float32 where it is smaller (written once: its pages taken now), noted as
+        one-time work (``kernels.once``)."""
+        if self.scratch.numel() < floats:
+            started = time.perf_counter()
+            self.scratch = torch.zeros(floats)
+            once.note("scratch", f"head step scratch grown to {floats * 4 / 2**20:.1f} MB for {why}", started)
+
     def __call__(self, cache, embeds: Tensor, hidden: Optional[Tensor], features: Optional[Tensor], rope: Tuple[Tensor, Tensor],
                  start: int, mask: Optional[Tensor], n_last: int) -> Tuple[Tensor, Tensor]:
         """One step: ``embeds`` ``[m, H]``; ``hidden`` ``[m, H]`` (the layer's earlier outputs) or ``features``
@@ -123,9 +143,8 @@ class HeadStep:
         if keys.dtype != torch.float32:
             raise ValueError(f"the C head step writes a float32 cache, not {keys.dtype}")
         self.weights.keys, self.weights.values, self.dims.cap = keys.data_ptr(), values.data_ptr(), keys.shape[2]
-        needed = self.library.head_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(m), ctypes.c_int64(threads))
-        if self.scratch.numel() < needed:
-            self.scratch = torch.empty(needed)
+        self._grow(self.library.head_step_scratch(ctypes.byref(self.dims), ctypes.c_int64(m), ctypes.c_int64(threads)),
+                   f"a step of {m} positions")
         embeds, cos, sin = (t.to(torch.float32).contiguous() for t in (embeds, *rope))
         g = torch.empty((m, self.hidden)) if features is not None else hidden.to(torch.float32).contiguous()
         features = None if features is None else features.to(torch.float32).contiguous()

@@ -175,3 +175,26 @@ def test_the_head_line_names_the_target_pass_the_cost_was_measured_against():
     assert target_pass(llama().to(torch.float32), EAGER) == "the C step"
     assert target_pass(llama(), EAGER) == "the eager forward"  # float64: the lean forward in torch
     assert target_pass(llama().to(torch.float32), EAGER.with_(forward="transformers")) == "the eager forward"
+
+
+def test_a_reserved_head_scratch_is_not_grown_by_a_later_step_and_an_unreserved_one_is_named():
+    """``app.steps.reserve_head_scratch`` grows the C head step's scratch before the timed runs to a whole prompt's
+    step over the largest cache a run reaches, so no timed step grows it; a growth inside one is logged
+    (``kernels.once``), which is how the REPL and the benchmark name it."""
+    from app.steps import reserve_head_scratch
+    from kernels import once
+
+    head = random_head(seed=3)
+    features, ids = torch.randn(48, 3 * 48), torch.randint(60, 100, (48,))
+    head.draft_step(HeadCache(head, 256, "cpu", torch.float32), ids[:4], 0, features=features[:4])  # the warm-up's
+    assert head.kept_c_step() is not None
+    before = once.count()
+    head.draft_step(HeadCache(head, 256, "cpu", torch.float32), ids[:40], 0, features=features[:40])  # a longer prompt
+    assert [event.kind for event in once.since(before)] == ["scratch"]
+
+    head = random_head(seed=3)
+    head.draft_step(HeadCache(head, 256, "cpu", torch.float32), ids[:4], 0, features=features[:4])
+    reserve_head_scratch(head, widest=5, last=44)
+    before = once.count()
+    head.draft_step(HeadCache(head, 256, "cpu", torch.float32), ids[:40], 0, features=features[:40])
+    assert once.since(before) == ()

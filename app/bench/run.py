@@ -124,13 +124,14 @@ class Bench:
     def reserve_for(self, items: List[dict], configs: List[Config]) -> None:
         """Each model's C step scratch grown to what the longest prompt's run needs (``app.steps.reserve_scratch``),
         after the warm-up made the steps (a start that measured nothing makes them there): no timed run grows it."""
-        from app.steps import drafter_widths, reserve_scratch, step_widths
+        from app.steps import drafter_widths, head_widths, reserve_head_scratch, reserve_scratch, step_widths
 
         rows = [(c.strategy, self.run_config(c)) for c in configs]
         last = max(len(item["prompt"]) for item in items) + self.args.max_new_tokens
         for model, widths in ((self.target, step_widths(rows)), (self.drafter, drafter_widths(rows))):
             if model is not None and widths:
                 reserve_scratch(model, max(widths), last)
+        reserve_head_scratch(self.context.head, max(head_widths(rows), default=1), last)
 
     def compile_report(self) -> str:
         """The report's line on start-up compilation (never inside a timed run); empty without ``--compile``."""
