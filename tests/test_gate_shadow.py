@@ -2,28 +2,17 @@
 the plain step's token says whether the first one would have been accepted. Without it, a low rate early held NASD at
 no draft through a copy until its probe (the pair's 2001 on costs measured in the loop). Counts on a replayed runner:
 no model, no clock; greedy output stays target AR's."""
-import random
 from typing import List, Tuple
 
 from drafters.ngram import NGramSpec
 from drafters.spec import DraftContext
 from ngram_assisted import NGramStorage
 from sampling import DraftPolicy, GenerationStats, generate
+from test_nasd_row_default import VOCAB, _copy_heavy  # 240 prompt ids, three 22-token copies of them
 from utils.replayed_runner import ReplayedRunner
 
-VOCAB = 500
 # a 2-position pass costs 1.2 one-position passes: at a low early rate one draft does not pay, so the gate cuts to none
 COSTS = (1.0, 1.2, 1.34, 1.3, 1.35, 1.3, 1.35, 1.4, 1.45, 1.5, 1.55, 1.6)
-
-
-def _copy_heavy(seed: int) -> Tuple[List[int], List[int]]:
-    """240 random prompt ids; an output of three 22-token copies of the prompt, each after 3 new ids."""
-    rng = random.Random(seed)
-    prompt = [rng.randrange(3, VOCAB) for _ in range(240)]
-    ref: List[int] = []
-    for start in (20, 90, 170):
-        ref += [rng.randrange(3, VOCAB) for _ in range(3)] + prompt[start : start + 22]
-    return prompt, ref
 
 
 def _run(prompt: List[int], ref: List[int]) -> Tuple[int, DraftPolicy]:
