@@ -10,7 +10,6 @@ holds the weights' addresses and runs a step. ``eagle.head.Eagle3Head.draft_step
 the head's torch step where this cannot run.
 """
 import ctypes
-import time
 from typing import Optional, Tuple
 
 import torch
@@ -18,8 +17,8 @@ from torch import Tensor
 from torch.nn import Module
 
 import kernels.bf16 as bf16
-import kernels.once as once
 import kernels.skinny as skinny
+import kernels.step_scratch as step_scratch
 from kernels.blocked import blocked, fusable, fused
 
 LABEL = "C head step (skinny linears on blocked weights)"
@@ -124,12 +123,9 @@ class HeadStep:
         self._grow(needed, f"steps of up to {rows} positions over {capacity} slots")
 
     def _grow(self, floats: int, why: str) -> None:
-        """The scratch grown to ``floats`` float32 where it is smaller (written once: its pages taken now), noted as
-        one-time work (``kernels.once``)."""
+        """The scratch grown to ``floats`` float32 where it is smaller (``kernels.step_scratch.grow``: noted as one-time work)."""
         if self.scratch.numel() < floats:
-            started = time.perf_counter()
-            self.scratch = torch.zeros(floats)
-            once.note("scratch", f"head step scratch grown to {floats * 4 / 2**20:.1f} MB for {why}", started)
+            step_scratch.grow(self, floats, why, touch=True, whose="head step")
 
     def __call__(self, cache, embeds: Tensor, hidden: Optional[Tensor], features: Optional[Tensor], rope: Tuple[Tensor, Tensor],
                  start: int, mask: Optional[Tensor], n_last: int) -> Tuple[Tensor, Tensor]:

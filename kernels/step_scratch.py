@@ -8,12 +8,12 @@ import torch
 import kernels.once as once
 
 
-def grow(step, floats: int, why: str, touch: bool = False) -> None:
-    """``step``'s scratch grown to ``floats`` float32 (``touch``: written once, its pages taken now rather than in the
-    next pass), noted as one-time work."""
+def grow(step, floats: int, why: str, touch: bool = False, whose: str = "C step") -> None:
+    """``step``'s scratch (a C step's, or ``whose`` else: the C head step's) grown to ``floats`` float32 (``touch``:
+    written once, its pages taken now rather than in the next pass), noted as one-time work."""
     started = time.perf_counter()
     step.scratch = torch.zeros(floats) if touch else torch.empty(floats)
-    once.note("scratch", f"C step scratch grown to {floats * 4 / 2**20:.1f} MB for {why}", started)
+    once.note("scratch", f"{whose} scratch grown to {floats * 4 / 2**20:.1f} MB for {why}", started)
 
 
 def reserve(step, rows: int, capacity: int, chunk: int) -> None:

@@ -98,8 +98,9 @@ def draft_and_verify(prompt: List[int], target: Runner, drafter: Drafter, config
             if q is None and drafter.reports_evidence:  # deterministic drafts: cutting them changes nothing accepted
                 evidence = drafter.evidence()
                 kept = policy.trim(proposed, evidence, k, end - cur)
-                if kept == 0 < proposed and evidence and evidence[0] > 0:  # the gate cut them all: the first is checked after
-                    cut = (int(host[0, cur]) if host is not None else int(ids[0, cur]), evidence[0])
+                # the gate cut them all: the first is checked after (on the host's ids: off it, a second sync a step)
+                if host is not None and kept == 0 < proposed and evidence and evidence[0] > 0:
+                    cut = (int(host[0, cur]), evidence[0])
                 proposed = kept
             k = policy.keep(proposed)
             q = q[:k] if q is not None else None

@@ -342,7 +342,7 @@ class DraftPolicy:
             self._step_costs, self._bests = {}, {}  # the relative costs moved: lengths are weighed on the new ones
 
     def unverified(self, accepted: bool, evidence: int) -> None:
-        """Learn at depth 1 from a gated first draft that ``trim`` cut, once the target's token is known (docs/pair.md)."""
+        """Learn at depth 1 from a gated first draft that ``trim`` cut, once the target's token is known (ids on the host)."""
         if self.gated:  # used for later steps only: lossless
             if self.by_depth:
                 self.depths.observe(1, int(accepted), (evidence,))
