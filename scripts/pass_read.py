@@ -2,7 +2,9 @@
 step's library compared in one run (interleaved rounds, medians), on the embedded SmolLM2-135M:
 
 - each dtype's read bound: a plain float32 sum over as many bytes as the pass's weights take in that dtype
-  (every decoder linear, q/k/v and gate/up fused, and the output layer);
+  (every decoder linear, q/k/v and gate/up fused, and the output layer); and a second over those bytes and the
+  KV cache's that the pass reads (every layer's keys in blocks of 16 slots and values, the cached slots and its
+  own, in the cache's dtype): at a long context the cache is part of the pass's own bytes;
 - each dtype's cached one-position pass on the C step (its path as chosen here), on the built library and
   on one built with each ``--variants`` define (NAME or NAME=VALUE, as ``scripts/bf16_read.py``'s; several
   defines in one variant joined by commas), and the logits of each variant compared with the built one's
@@ -55,6 +57,14 @@ def variant(defines: str) -> ctypes.CDLL:
         skinny.FLAGS = flags
 
 
+def cache_bytes(runner, context: int) -> int:
+    """The bytes of the KV cache a pass after ``context`` cached positions reads: each layer's keys (in blocks of
+    16 slots, as attention reads them) and values of the slots ``[0, context]``, in the cache's dtype."""
+    keys = runner.cache.layers[0].keys  # [1, Hkv, capacity, D]
+    slots, size = context + 1, keys.element_size()
+    return len(runner.cache.layers) * keys.shape[1] * keys.shape[3] * size * (-(-slots // 16) * 16 + slots)
+
+
 def pass_bytes(step) -> int:
     """The bytes of the weights a pass reads (its linears and the output layer) in the step's format."""
     size = 2 if step.dims.weights else 4
@@ -85,7 +95,7 @@ def make_runners(base, ids: torch.Tensor, args) -> tuple:
 
     huge_pages.ON = huge_pages.ON and not args.huge  # with --huge: the models' own copies on 4 KB pages, the copies' collapsed here
 
-    runners, reads = {}, {}
+    runners, reads, whole = {}, {}, {}
     for name in args.dtypes:
         for huge in (False, True) if args.huge else (False,):
             model = copy.deepcopy(base) if huge or name != "float32" else base
@@ -94,21 +104,26 @@ def make_runners(base, ids: torch.Tensor, args) -> tuple:
             runner = runners[key] = LeanRunner(model)
             runner(ids[:, : args.context], 1)
             plain = reads[key] = torch.ones(pass_bytes(runner.step) // 4)
+            whole[key] = torch.ones((pass_bytes(runner.step) + cache_bytes(runner, args.context)) // 4)
             if huge:
                 start = time.perf_counter()
                 granted = huge_pages.collapse(spans(runner.step), on=True)
                 print(f"{name}: {granted / 1e6:.0f} of {pass_bytes(runner.step) / 1e6:.0f} MB on huge pages "
                       f"in {time.perf_counter() - start:.2f} s")
                 huge_pages.collapse([(plain.data_ptr(), plain.numel() * 4)], on=True)
-    return runners, reads
+    return runners, reads, whole
 
 
-def report(runners: dict, libraries: dict, times: dict, same: dict) -> None:
-    """Each runner's read, and each variant's pass against it (medians, and the fastest of the rounds)."""
+def report(runners: dict, libraries: dict, times: dict, same: dict, context: int) -> None:
+    """Each runner's reads, and each variant's pass against the weights' (medians, and the fastest of the rounds)
+    and against the weights' and the cache's."""
     for name, runner in runners.items():
         read, size = statistics.median(times[(name, "read")]), pass_bytes(runner.step)
+        both, cache = statistics.median(times[(name, "read + cache")]), cache_bytes(runner, context)
         built = statistics.median(times[(name, "built")])
-        print(f"{name}: read bound {size / 1e6:.0f} MB at {size / read / 1e9:.1f} GB/s = {read * 1e3:.2f} ms")
+        print(f"{name}: read bound {size / 1e6:.0f} MB at {size / read / 1e9:.1f} GB/s = {read * 1e3:.2f} ms; with the "
+              f"{str(runner.cache.layers[0].keys.dtype).removeprefix('torch.')} cache's {cache / 1e6:.1f} MB "
+              f"{both * 1e3:.2f} ms (the pass: {built / both:.3f}x that read)")
         for v in libraries:
             ms, best = statistics.median(times[(name, v)]), min(times[(name, v)])
             print(f"  {v:<40} pass {ms * 1e3:6.2f} ms = {ms / read:.3f}x the read, {ms / built:.3f}x built; fastest "
@@ -141,7 +156,7 @@ def main(argv: List[str] | None = None) -> None:
         sys.exit(f"the skinny kernel is not built here: {skinny.available()[1]}")
     base, tokenizer = load_embedded()
     ids = torch.randint(len(tokenizer), (1, args.context + 1), generator=torch.Generator().manual_seed(0))
-    runners, reads = make_runners(base, ids, args)
+    runners, reads, whole = make_runners(base, ids, args)
     built = skinny.library()
     settled = {k: built.skinny_set_ahead(-1, -1, k) for k in (0, 1)}  # as kernels.ahead chose at the steps' builds
     from kernels import ahead
@@ -167,7 +182,8 @@ def main(argv: List[str] | None = None) -> None:
     times: Dict[tuple, List[float]] = {}
     for round_ in range(args.rounds + 1):  # round 0 warms up
         for name in runners:
-            samples = {(name, "read"): lambda plain=reads[name]: plain.sum()}
+            samples = {(name, "read"): lambda plain=reads[name]: plain.sum(),
+                       (name, "read + cache"): lambda plain=whole[name]: plain.sum()}
             for v, lib in (libraries.items() if round_ % 2 else reversed(list(libraries.items()))):
                 samples[(name, v)] = lambda name=name, lib=lib, v=v: one_pass(name, lib, v)
             for key, run in samples.items():
@@ -176,7 +192,7 @@ def main(argv: List[str] | None = None) -> None:
                     times.setdefault(key, []).append(seconds)
     print(f"embedded SmolLM2-135M · {torch.get_num_threads()} threads · {args.context} cached · median of {args.rounds} · "
           f"{'CPU seconds, all threads' if args.cpu else 'wall seconds'} · kernel {skinny.identity()}")
-    report(runners, libraries, times, same)
+    report(runners, libraries, times, same, args.context)
 
 
 if __name__ == "__main__":
