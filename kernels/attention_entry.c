@@ -71,6 +71,11 @@ int c_attend_split(const float *q, const float *keys, const float *values, const
     return c_attend_split_kv(q, keys, values, seen, n, shape, scale, out, 0);
 }
 
+/* bf16_round of x [n] into out [n]: what a bfloat16 cache holds of each key and value the step writes (the tests) */
+void c_bf16_round(const float *x, int64_t n, uint16_t *out) {
+    for (int64_t i = 0; i < n; i++) out[i] = bf16_round(x[i]);
+}
+
 /* the lanes of attention's vectors in this build (attention_vec.h: 16 on AVX-512, 8 on AVX2); 1: the plain loops */
 int c_attention_lanes(void) {
 #if defined(ATTENTION_VEC)
