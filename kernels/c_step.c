@@ -224,7 +224,7 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
              * head's keys in blocks of 16 slots (attention.h), shared by all its queries: kept beside the cache,
              * only the blocks from the first slot this pass wrote or not kept on (the last block, partial,
              * included: its lanes past L are 0 again, as a fresh transposition's); else in the scratch, from the
-             * first block a chain's window reaches. The same floats either way (moves only). */
+             * first block a chain's window reaches. The same keys either way (moves only). */
             const uint8_t *mask = w->window && window_mask ? window_mask : seen_mask;
             void *blocks = w->kept_blocks ? w->kept_blocks : (void *)kt; /* the scratch's: room for float32 ones */
             const int64_t nb = blocks_of(L),
@@ -239,7 +239,8 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
 #pragma omp for schedule(static) collapse(2)
                 for (int64_t kv = 0; kv < Hkv; kv++)
                     for (int64_t b = first; b < nb; b++)
-                        key_blocks(kv_ptr(w->keys, kv * d->cap * D, bf), L, D, b, b + 1, kv_ptr(blocks, kv * blocks_of(d->cap) * BLOCK * D, bf), bf);
+                        key_blocks(kv_ptr(w->keys, kv * d->cap * D, bf), L, D, b, b + 1,
+                                   kv_ptr(blocks, kv * blocks_of(d->cap) * BLOCK * D, bf), bf);
             }
             /* attention, units of up to pp positions' query heads that share a key-value head, in groups of up
              * to qg heads each (attend_positions: the same bits as one at a time, their loads shared). Key-value
