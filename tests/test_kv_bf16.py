@@ -2,7 +2,7 @@
 and values rounded once where a pass writes them, as torch's ``.to(torch.bfloat16)`` rounds, and widened where
 attention reads them, so attention's chains take the rounded keys and values as their inputs, on every build
 (AVX-512, AVX2, plain C); a position's logits do not depend on the pass's width, the kept key blocks or a
-rollback; greedy drafting rows emit bfloat16 target AR's tokens. A float32 model's cache stays float32."""
+rollback or a regrown cache; greedy drafting rows emit bfloat16 target AR's tokens. A float32 model's cache stays float32."""
 import ctypes
 
 import numpy as np
@@ -19,6 +19,7 @@ from models.llama import new_cache
 from ngram_assisted import NGramStorage, ngram_assisted_speculative_generate
 from drafters import PromptLookupSpec
 from runners import LeanRunner
+import runners.static as static
 from sampling import autoregressive_generate, generate
 from test_attention_kernel import split_cases
 from test_c_step import built
@@ -190,6 +191,24 @@ def test_a_rollback_then_a_pass_reads_no_stale_block():
         fresh(mixed[:, :30], 1)
         expected = torch.cat([fresh(mixed[:, :31], 1), fresh(mixed[:, :35], 4), fresh(mixed[:, :36], 1)])
     assert runner.cache.kept_keys is not None and runner.cache.kept_keys.upto == 36
+    assert torch.equal(got, expected)
+
+
+def test_a_regrown_cache_holds_the_same_bfloat16_keys(monkeypatch):
+    """A cache that regrows mid-decoding (its keys and values copied, its kept blocks made again for the new
+    tensors) gives the logits of one that never did, and stays bfloat16."""
+    model, ids = llama().to(torch.bfloat16), ids_for(60, seed=27)
+    roomy = LeanRunner(model)
+    with torch.no_grad():
+        roomy(ids[:, :28], 1)
+        expected = torch.cat([roomy(ids[:, :n], 1) for n in range(29, 45)])
+        monkeypatch.setattr(static, "STATIC_SLACK", 0)
+        monkeypatch.setattr(static, "STATIC_ROUND", 16)
+        tight = LeanRunner(model)
+        tight(ids[:, :28], 1)
+        assert tight.capacity == 32
+        got = torch.cat([tight(ids[:, :n], 1) for n in range(29, 45)])
+    assert tight.capacity == 64 and tight.cache.layers[0].values.dtype == tight.cache.kept_keys.blocks.dtype == torch.bfloat16
     assert torch.equal(got, expected)
 
 
