@@ -23,13 +23,15 @@
 #define VW_OR_1 1
 #endif
 
-/* The heads a split attention takes: key-value head kv's key blocks (key_blocks) at blocks + kv bstride, its
- * values [n, D] at values + kv vstride; its query heads kv per .. kv per + per - 1, in groups of qg (<= GROUP);
- * the dimensions in `parts` parts (whole vectors each where D is a multiple of the lanes). */
+/* The heads a split attention takes: key-value head kv's key blocks (key_blocks) at element kv bstride of blocks,
+ * its values [n, D] at element kv vstride of values (both float32, or bfloat16: bf); its query heads kv per .. kv per
+ * + per - 1, in groups of qg (<= GROUP); the dimensions in `parts` parts (whole vectors each where D is a multiple
+ * of the lanes). */
 typedef struct {
-    const float *blocks, *values;
+    const void *blocks, *values;
     int64_t bstride, vstride, Hkv, per, qg, D, parts;
     float scale;
+    int bf;
 } Heads;
 
 /* positions 0..P-1 as query head `head` sees them: pos0's q and out moved on by head D */
@@ -76,29 +78,30 @@ static void split_scores(const Position *pos0, int P, const Heads *h, int64_t nb
                 int64_t n = pos[p].n - b0 * BLOCK;
                 pos[p].n = n < 0 ? 0 : (n > (b1 - b0) * BLOCK ? (b1 - b0) * BLOCK : n);
             }
-            scores(pos, P, g, h->blocks + kv * h->bstride + b0 * BLOCK * h->D, b1 - b0, h->D, h->scale,
-                   shared + (kv * h->per + c0) * P * ls + b0 * BLOCK, ls);
+            scores(pos, P, g, kv_ptr(h->blocks, kv * h->bstride + b0 * BLOCK * h->D, h->bf), b1 - b0, h->D, h->scale,
+                   shared + (kv * h->per + c0) * P * ls + b0 * BLOCK, ls, h->bf);
         }
     }
 }
 
 /* rows_tiles over NB (a count known here) vectors of dimensions, NB <= SPAN_V */
 #if defined(ATTENTION_VEC)
-static void rows_span(const float *s, int64_t ls, const float *values, int64_t j0, int64_t j1, int64_t D, int NB, int R, float *acc,
-                      float *total) {
+static inline __attribute__((always_inline)) void rows_span(const float *s, int64_t ls, const void *values, int64_t j0, int64_t j1,
+                                                            int64_t D, int NB, int R, float *acc, float *total, const int bf) {
     switch (NB) {
-    case 1: rows_tiles(s, ls, values, j0, j1, D, 1, R, acc, total); return;
-    case 2: if (2 <= SPAN_V) rows_tiles(s, ls, values, j0, j1, D, 2, R, acc, total); return;
-    case 3: if (3 <= SPAN_V) rows_tiles(s, ls, values, j0, j1, D, 3, R, acc, total); return;
-    default: if (4 <= SPAN_V) rows_tiles(s, ls, values, j0, j1, D, 4, R, acc, total); return;
+    case 1: rows_tiles(s, ls, values, j0, j1, D, 1, R, acc, total, bf); return;
+    case 2: if (2 <= SPAN_V) rows_tiles(s, ls, values, j0, j1, D, 2, R, acc, total, bf); return;
+    case 3: if (3 <= SPAN_V) rows_tiles(s, ls, values, j0, j1, D, 3, R, acc, total, bf); return;
+    default: if (4 <= SPAN_V) rows_tiles(s, ls, values, j0, j1, D, 4, R, acc, total, bf); return;
     }
 }
 #endif
 
 /* weigh's outputs for the dimensions [d0, d1) alone: out[c D + d] of each position's g rows s[(p g + c) ls + j]
  * (softened) over the slots [0, n) (values [n, D]), by weigh's chains; acc: scratch [P g D] */
-static void weigh_dims(const Position *pos, int P, int g, const float *s, int64_t ls, const float *values, int64_t n, int64_t D,
-                       int64_t d0, int64_t d1, float *acc) {
+static inline __attribute__((always_inline)) void weigh_dims_as(const Position *pos, int P, int g, const float *s, int64_t ls,
+                                                                const void *values, int64_t n, int64_t D, int64_t d0, int64_t d1,
+                                                                float *acc, const int bf) {
     float total[POSITIONS * GROUP] = {0.0f};
     const int R = P * g;
 #if defined(ATTENTION_VEC)
@@ -109,7 +112,7 @@ static void weigh_dims(const Position *pos, int P, int g, const float *s, int64_
         for (int64_t d = d0; d < d1; d += SPAN_V * VW)
             for (int64_t j0 = 0; j0 < n; j0 += CHUNK) {
                 int64_t j1 = j0 + CHUNK < n ? j0 + CHUNK : n, nv = (d1 - d) / VW < SPAN_V ? (d1 - d) / VW : SPAN_V;
-                rows_span(s, ls, values + d, j0, j1, D, (int)nv, R, acc + d, apart || d != d0 ? NULL : total);
+                rows_span(s, ls, kv_ptr(values, d, bf), j0, j1, D, (int)nv, R, acc + d, apart || d != d0 ? NULL : total, bf);
             }
     } else
 #endif
@@ -121,7 +124,7 @@ static void weigh_dims(const Position *pos, int P, int g, const float *s, int64_
                 for (int64_t j = 0; j < pos[p].n; j++)
                     if (seen_at(pos[p].seen, j)) {
                         total[p * g + c] += w[j];
-                        for (int64_t d = d0; d < d1; d++) o[d] = fmaf(w[j], values[j * D + d], o[d]);
+                        for (int64_t d = d0; d < d1; d++) o[d] = fmaf(w[j], kv_at(values, j * D + d, bf), o[d]);
                     }
             }
     (void)n, (void)R;
@@ -154,8 +157,12 @@ static void split_weigh(const Position *pos0, int P, const Heads *h, int64_t nma
             }
             softened = u / h->parts;
         }
-        weigh_dims(pos, P, g, s, ls, h->values + kv * h->vstride, nmax, h->D, nv * part / h->parts * unit,
-                   nv * (end + 1) / h->parts * unit, acc);
+        const void *values = kv_ptr(h->values, kv * h->vstride, h->bf);
+        const int64_t d0 = nv * part / h->parts * unit, d1 = nv * (end + 1) / h->parts * unit;
+        if (h->bf)
+            weigh_dims_as(pos, P, g, s, ls, values, nmax, h->D, d0, d1, acc, 1);
+        else
+            weigh_dims_as(pos, P, g, s, ls, values, nmax, h->D, d0, d1, acc, 0);
     }
 }
 

@@ -1,7 +1,9 @@
 /* The vectors attention.h's tiles compute on (included by attention.h): VW lanes of float32, AVX-512 (16) or
  * AVX2 with FMA (8), each operation one IEEE operation per lane (fused multiply-add where written: one
  * rounding, as fmaf), so a lane computes what the plain loops compute for its slot or dimension. Neither:
- * ATTENTION_VEC undefined, attention.h's plain loops alone. */
+ * ATTENTION_VEC undefined, attention.h's plain loops alone. kv_load and kv_store move the cache's elements,
+ * float32 (bf 0) or bfloat16 (bf 1: widened on load, its 16 bits a float's upper half, exact; a widened one's
+ * upper half stored back, exact), bf a constant in each inlined copy. */
 #ifndef ATTENTION_VEC_H
 #define ATTENTION_VEC_H
 
@@ -21,6 +23,20 @@ typedef __mmask16 vmask; /* a lane seen where its bit is set */
 #define v_max _mm512_max_ps
 #define v_exp fexp16
 #define v_first _mm512_cvtss_f32
+
+/* VW keys or values at element i of p: float32, or bfloat16 widened */
+static inline __attribute__((always_inline)) vec kv_load(const void *p, int64_t i, const int bf) {
+    if (!bf) return _mm512_loadu_ps((const float *)p + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+/* x at element i of p: float32, or (x widened from bfloat16) each lane's upper 16 bits */
+static inline __attribute__((always_inline)) void kv_store(void *p, int64_t i, vec x, const int bf) {
+    if (bf)
+        _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16)));
+    else
+        _mm512_storeu_ps((float *)p + i, x);
+}
 
 /* fexp16 for x <= 0 (or NaN), soften's s_j - top: the same bits, fewer operations. The upper clamp (88) is
  * a no-op there, and scalef rounds p * 2^n once, as fexp16's multiply by 2^n's exponent bits does (n an
@@ -87,6 +103,24 @@ typedef __m256 vmask; /* a lane seen where all its bits are set, unseen where no
 #define v_sub _mm256_sub_ps
 #define v_max _mm256_max_ps
 #define v_first _mm256_cvtss_f32
+
+/* VW keys or values at element i of p: float32, or bfloat16 widened */
+static inline __attribute__((always_inline)) vec kv_load(const void *p, int64_t i, const int bf) {
+    if (!bf) return _mm256_loadu_ps((const float *)p + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+/* x at element i of p: float32, or (x widened from bfloat16) each lane's upper 16 bits (packed within 128-bit
+ * halves, then the halves' low quarters joined) */
+static inline __attribute__((always_inline)) void kv_store(void *p, int64_t i, vec x, const int bf) {
+    if (!bf) {
+        _mm256_storeu_ps((float *)p + i, x);
+        return;
+    }
+    __m256i u = _mm256_srli_epi32(_mm256_castps_si256(x), 16);
+    __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(u, u), 0x08);
+    _mm_storeu_si128((__m128i *)((uint16_t *)p + i), _mm256_castsi256_si128(packed));
+}
 
 /* fexp on 8 lanes: fexp16's operations (fexp's, in its order), so the same value in each lane */
 static inline __m256 v_exp(__m256 x) {

@@ -1,6 +1,7 @@
 /* The C step: a whole pass of a Llama-family decoder (or its kin's: models/layer_spec.py) over r
  * positions (r small: decoding, verification, draft trees) in one call, float32 on CPU, inside one
- * OpenMP parallel region.
+ * OpenMP parallel region. Its KV cache is float32, or (a bfloat16 model's, Dims.kv) bfloat16: keys and values
+ * rounded once where a pass writes them, read widened (attention.h).
  *
  * Per layer, as transformers computes it (models/llama.py is the same arithmetic in torch):
  *   x = rms_norm(h) (where the layer norms its input) ; q|k|v = x . Wqkv^T (+ b) ; q/k norms (per
@@ -44,14 +45,14 @@ typedef struct {
     const float *o_bias;              /* [H] or NULL */
     const void *gate_up;              /* blocked [2 I / 16, H, 16]: the gate's blocks, then the up's */
     const void *down;                 /* blocked [H / 16, I, 16] */
-    float *keys, *values;             /* the cache [Hkv, cap, D] */
+    void *keys, *values;              /* the cache [Hkv, cap, D]: float32, or bfloat16 (Dims.kv) */
     /* the family's own (models/layer_spec.py); NULL, 0 or -1 where it has none */
     const float *attn_out_norm, *mlp_out_norm; /* [H]: on the attention's, the MLP's output, before the residual */
     const float *q_norm, *k_norm;     /* [D] (Dims.qk_norm 1: per head) or [Hq D] / [Hkv D] (2: over all heads) */
     int64_t window;                   /* attends to the last `window` positions; 0: to all */
     int64_t rope;                     /* its cos/sin table; -1: no RoPE */
-    float *kept_blocks;               /* the keys in blocks kept beside the cache [Hkv, blocks_of(cap) 16, D]
-                                         (attention.h's key_blocks; Dims.kept); NULL: made in the scratch each pass */
+    void *kept_blocks;                /* the keys in blocks kept beside the cache [Hkv, blocks_of(cap) 16, D], the cache's
+                                         element (attention.h's key_blocks; Dims.kept); NULL: made in the scratch each pass */
 } Layer;
 
 typedef struct {
@@ -68,6 +69,8 @@ typedef struct {
     int64_t kept;    /* the slots [0, kept) of every Layer.kept_blocks that hold the cache's keys as they are
                         (kernels/kept_keys.py); the pass transposes from the block of min(kept, start) on */
     void *tops;      /* Top [n_last] (logits_top.h): each logits row's argmax, its value, the largest of the rest; NULL: none */
+    int64_t kv;      /* the cache's element (keys, values, key blocks): 0 float32; 1 bfloat16, rounded once where written
+                        (attention.h: the chains read the rounded keys and values, widened) */
 } Dims;
 
 #include "step_rows.h"
@@ -157,6 +160,7 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
               const float *final_norm, const void *head, int64_t V, float *logits, int64_t n_last, float *scratch,
               int64_t threads) {
     const int64_t H = d->H, D = d->D, Hq = d->Hq, Hkv = d->Hkv, I = d->I, nqkv = (Hq + 2 * Hkv) * D, L = start + r;
+    const int bf = d->kv != 0; /* the cache's element: bfloat16 */
     float *x = scratch, *qkv = x + r * H, *att = qkv + r * nqkv, *delta = att + r * Hq * D, *gu = delta + r * H,
           *act = gu + r * 2 * I, *kt = act + r * I, *per_thread = kt + Hkv * blocks_of(d->cap) * BLOCK * D;
     int ran = 1;
@@ -220,9 +224,9 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
              * head's keys in blocks of 16 slots (attention.h), shared by all its queries: kept beside the cache,
              * only the blocks from the first slot this pass wrote or not kept on (the last block, partial,
              * included: its lanes past L are 0 again, as a fresh transposition's); else in the scratch, from the
-             * first block a chain's window reaches. The same floats either way (moves only). */
+             * first block a chain's window reaches. The same keys either way (moves only). */
             const uint8_t *mask = w->window && window_mask ? window_mask : seen_mask;
-            float *blocks = w->kept_blocks ? w->kept_blocks : kt;
+            void *blocks = w->kept_blocks ? w->kept_blocks : (void *)kt; /* the scratch's: room for float32 ones */
             const int64_t nb = blocks_of(L),
                           first = w->kept_blocks ? (d->kept < start ? d->kept : start) / BLOCK
                                   : (!mask && w->window && start + 1 > w->window ? (start + 1 - w->window) / BLOCK : 0);
@@ -235,7 +239,8 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
 #pragma omp for schedule(static) collapse(2)
                 for (int64_t kv = 0; kv < Hkv; kv++)
                     for (int64_t b = first; b < nb; b++)
-                        key_blocks(w->keys + kv * d->cap * D, L, D, b, b + 1, blocks + kv * blocks_of(d->cap) * BLOCK * D);
+                        key_blocks(kv_ptr(w->keys, kv * d->cap * D, bf), L, D, b, b + 1,
+                                   kv_ptr(blocks, kv * blocks_of(d->cap) * BLOCK * D, bf), bf);
             }
             /* attention, units of up to pp positions' query heads that share a key-value head, in groups of up
              * to qg heads each (attend_positions: the same bits as one at a time, their loads shared). Key-value
@@ -252,7 +257,8 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
             int64_t from;
             if (split) { /* few positions: every thread the same share of the bytes (attention_split.h) */
                 positions_of(&a, lo, m, 0, seen, pos, &from);
-                const Heads heads = {blocks + from * D, w->values + from * D, stride, d->cap * D, Hkv, per, split_qg, D, parts, d->scale};
+                const Heads heads = {kv_ptr(blocks, from * D, bf), kv_ptr(w->values, from * D, bf), stride, d->cap * D, Hkv, per, split_qg, D,
+                                     parts, d->scale, bf};
                 attend_split(pos, (int)m, &heads, shared, s, acc);
 #pragma omp barrier
             } else {
@@ -262,8 +268,8 @@ int c_step(const Layer *layers, const Dims *d, float *h, const float *cos, const
                     const int64_t unit = snaked(k, units, nth), kv = unit / (spans * groups), span = unit / groups % spans, u = unit % groups;
                     const int64_t i0 = lo + span_start(span, spans, m, pp), P = lo + span_start(span + 1, spans, m, pp) - i0, head = kv * per + u * qg;
                     positions_of(&a, i0, P, head, seen, pos, &from);
-                    attend_positions(pos, (int)P, (int)(per - u * qg < qg ? per - u * qg : qg), blocks + kv * stride + from * D,
-                                     w->values + (kv * d->cap + from) * D, D, d->scale, s, acc);
+                    attend_positions(pos, (int)P, (int)(per - u * qg < qg ? per - u * qg : qg), kv_ptr(blocks, kv * stride + from * D, bf),
+                                     kv_ptr(w->values, (kv * d->cap + from) * D, bf), D, d->scale, s, acc, bf);
                 }
             }
             MARK(ATTENTION);

@@ -2,9 +2,9 @@
 over the model's weights blocked once for the skinny kernel (``kernels.blocked``: q/k/v fused into
 one matrix, gate/up into another; the layers' own skinny route reads views of the same copies).
 A bfloat16 model's weights are blocked in bfloat16 and read by ``skinny_bf16.c`` on the path this
-model takes (measured here once per gate/up shape, ``kernels.bf16.chosen``: a pair's two models each
-their own; named by ``label``); the rest of its pass, its KV cache and its logits are float32; its
-decoder layers are released as a float32 model's are (``kernels.one_copy``).
+model takes (measured here once per gate/up shape, ``kernels.bf16.chosen``: a pair's two models each their own; named
+by ``label``); the rest of its pass and its logits are float32, its KV cache bfloat16 (keys and values rounded once where
+written, read widened); its decoder layers are released as a float32 model's are (``kernels.one_copy``).
 
 ``CStep(model)`` holds the weights' addresses; ``step(h, (cos, sin), cache, start, seen, n_last,
 hidden_layers, head)`` runs one pass, on the model's weights as they are then: a step whose model changed
@@ -330,7 +330,7 @@ class CStep:
         return ((s.qkv, (d.Hq + 2 * d.Hkv) * d.D, d.H), (s.o, d.H, d.Hq * d.D), (s.gate_up, 2 * d.I, d.H), (s.down, d.H, d.I))
 
     def bind(self, cache) -> Optional[KeptKeys]:
-        """Point the step at ``cache`` (``models.llama.KVCache``, float32 ``[1, Hkv, cap, D]`` a layer) and at its
+        """Point the step at ``cache`` (``models.llama.KVCache``, float32 or bfloat16 ``[1, Hkv, cap, D]`` a layer) and at its
         kept key blocks (``kernels.kept_keys``); returns them (None: none kept). Its tensors walked only where it is
         another cache than the last pass's or ``layout()`` moved (keys and values: a step shared by runners,
         ``kernels.step_pool``, may meet a cache whose keys sit where a freed cache's did, its values elsewhere)."""
@@ -340,7 +340,7 @@ class CStep:
                 for struct, layer in zip(self.structs, cache.layers):
                     struct.keys, struct.values = layer.keys.data_ptr(), layer.values.data_ptr()
                 self.dims.cap, self.cache_keys = cache.capacity, keys
-            self.bound = (weakref.ref(cache), layout())
+            self.bound, self.dims.kv = (weakref.ref(cache), layout()), {torch.float32: 0, torch.bfloat16: 1}[cache.layers[0].keys.dtype]  # Dims.kv
         state = kept(cache, self.dims.Hkv, self.dims.D, self.cache_keys)
         self.blocks_at = point(self.structs, state, self.blocks_at)
         return state

@@ -90,14 +90,14 @@ int head_step(const HeadWeights *w, const HeadDims *d, const float *emb, const f
 #pragma omp for schedule(static) collapse(2) /* the keys in blocks (attention.h), shared by the queries */
         for (int64_t kv = 0; kv < Hkv; kv++)
             for (int64_t b = 0; b < blocks_of(L); b++)
-                key_blocks(w->keys + kv * d->cap * D, L, D, b, b + 1, kt + kv * blocks_of(d->cap) * BLOCK * D);
+                key_blocks(w->keys + kv * d->cap * D, L, D, b, b + 1, kt + kv * blocks_of(d->cap) * BLOCK * D, 0); /* float32 */
 #pragma omp for schedule(static) collapse(2)
         for (int64_t i = 0; i < m; i++)
             for (int64_t head = 0; head < Hq; head++) {
                 int64_t kv = head / (Hq / Hkv), upto = start + i + 1;
                 for (int64_t j = 0; j < L; j++) seen[j] = seen_mask ? seen_mask[i * L + j] : j < upto;
                 attend_group(qkv + i * nqkv + head * D, 1, kt + kv * blocks_of(d->cap) * BLOCK * D, w->values + kv * d->cap * D,
-                             seen, seen_mask ? L : upto, D, d->scale, s, acc, att + (i * Hq + head) * D);
+                             seen, seen_mask ? L : upto, D, d->scale, s, acc, att + (i * Hq + head) * D, 0);
             }
         skinny_rows_as(d->weights, 0, att, w->o, NULL, delta, m, H, Hq * D);
 #pragma omp barrier

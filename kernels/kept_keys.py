@@ -1,7 +1,8 @@
 """The C step's keys in blocks of 16 slots (``attention.h``'s ``key_blocks``), kept beside a KV cache
 (``models.llama.KVCache.kept_keys``) so that a pass transposes only the blocks its own positions touch
 (the last, partial block and the new ones), not every block of the cache again. A layout only: the
-floats moved, never computed, so attention's bits are those of a fresh transposition.
+keys moved, never computed (float32, or a bfloat16 cache's bfloat16), so attention's bits are those of a
+fresh transposition.
 
 Never replayed stale: ``KeptKeys.upto`` counts the slots ``[0, upto)`` whose blocks hold the cache's keys
 as they are, and is lowered wherever the keys below it change:
@@ -33,6 +34,7 @@ from models.llama import layout
 
 BLOCK = 16  # slots a block holds (attention.h's BLOCK)
 KEEP = True  # False: no kept blocks, every pass transposes every block it reads into its scratch
+DTYPES = (torch.float32, torch.bfloat16)  # the caches the C step reads (``c_step.c``'s ``Dims.kv``)
 
 
 def _keys(cache) -> list:
@@ -47,7 +49,7 @@ def _shared(keys: list) -> Optional[torch.Tensor]:
 
 
 class KeptKeys:
-    """One cache's blocks ``[layers, Hkv, ceil(capacity / 16) 16, D]`` float32 (layer ``l``, head ``kv``, slot
+    """One cache's blocks ``[layers, Hkv, ceil(capacity / 16) 16, D]`` in its keys' dtype (layer ``l``, head ``kv``, slot
     ``16 b + s``, dimension ``d`` at ``blocks[l, kv, (b D + d) 16 + s]`` read flat), the slots ``[0, upto)``
     current, for the keys tensors (by weak reference), at the addresses and versions it last saw.
 
@@ -57,7 +59,8 @@ class KeptKeys:
     version counts every write to them (``seen``). Else (a layout moved, keys apart) it walks every layer."""
 
     def __init__(self, cache, shape: Tuple[int, ...], addresses: tuple):
-        self.blocks = huge_pages.empty(shape)  # pages touched only as blocks are written (2 MB ones: huge_pages.CACHE)
+        # pages touched only as blocks are written (2 MB ones: huge_pages.CACHE)
+        self.blocks = huge_pages.empty(shape, cache.layers[0].keys.dtype)
         self.upto, self.addresses = 0, addresses
         self.refs = tuple(weakref.ref(t) for t in _keys(cache))
         self.walked, self.base = -1, None
@@ -92,7 +95,7 @@ def kept(cache, heads: int, dim: int, addresses: tuple) -> Optional[KeptKeys]:
     """``cache``'s kept blocks for a step of ``heads`` key-value heads of ``dim``, its tensors' data at
     ``addresses`` now (made where it has none, or they are no longer its tensors' or no longer fit);
     ``upto`` lowered to 0 where its keys changed since (a version, an address: ``.data`` replaced); None where
-    blocks are not kept (``KEEP``; inference tensors; a cache that is not float32 on CPU). Where no cache's
+    blocks are not kept (``KEEP``; inference tensors; a cache that is not float32 or bfloat16 on CPU). Where no cache's
     tensors were assigned since its state last walked them (``KeptKeys.current``), one version read."""
     if not KEEP:  # and none kept on: the passes from now on would not lower it
         if getattr(cache, "kept_keys", None) is not None:
@@ -100,14 +103,14 @@ def kept(cache, heads: int, dim: int, addresses: tuple) -> Optional[KeptKeys]:
         return None
     state = getattr(cache, "kept_keys", None)
     if state is not None and state.current() and state.addresses == addresses and state.blocks.shape[1] == heads \
-            and state.blocks.shape[3] == dim:  # its tensors, capacity and layers as it last walked them
+            and state.blocks.shape[3] == dim:  # its tensors (and so their dtype), capacity and layers as it last walked them
         if state.seen(cache) != state.versions:
             state.upto, state.versions = 0, state.seen(cache)
         return state
     keys = _keys(cache)
     shape = (len(keys), heads, -(-cache.capacity // BLOCK) * BLOCK, dim)
-    if state is None or tuple(state.blocks.shape) != shape or not state.holds(keys):
-        if not keys or any(t.is_inference() or t.dtype != torch.float32 or t.device.type != "cpu" for t in keys):
+    if state is None or tuple(state.blocks.shape) != shape or not state.holds(keys) or state.blocks.dtype != keys[0].dtype:
+        if not keys or any(t.is_inference() or t.dtype not in DTYPES or t.dtype != keys[0].dtype or t.device.type != "cpu" for t in keys):
             return None
         state = cache.kept_keys = KeptKeys(cache, shape, addresses)
     elif state.seen(cache) != state.versions or state.addresses != addresses:

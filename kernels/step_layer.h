@@ -74,7 +74,7 @@ static void finish_logits(float *logits, int64_t V, const Dims *d) {
 }
 
 /* head `head` (q heads first, then k) of row i of qkv [r, nqkv]: its per-head norm, RoPE (cos, sin [T, r, rot]);
- * a key head's key and value written to the cache at slot start + i */
+ * a key head's key and value written to the cache at slot start + i (a bfloat16 cache's rounded: bf16_round) */
 static void rope_head(float *qkv, int64_t i, int64_t head, const Layer *w, const Dims *d, const float *cos, const float *sin,
                       int64_t r, int64_t start) {
     const int64_t D = d->D, Hq = d->Hq, Hkv = d->Hkv, nqkv = (Hq + 2 * Hkv) * D;
@@ -82,9 +82,15 @@ static void rope_head(float *qkv, int64_t i, int64_t head, const Layer *w, const
     if (d->qk_norm == 1) rms_norm(v, head < Hq ? w->q_norm : w->k_norm, d->eps, v, D);
     if (w->rope >= 0) rotate(v, cos + (w->rope * r + i) * d->rot, sin + (w->rope * r + i) * d->rot, d->rot);
     if (head >= Hq) {
-        int64_t kv = head - Hq, slot = start + i;
-        memcpy(w->keys + (kv * d->cap + slot) * D, v, D * sizeof(float));
-        memcpy(w->values + (kv * d->cap + slot) * D, qkv + i * nqkv + (Hq + Hkv + kv) * D, D * sizeof(float));
+        int64_t kv = head - Hq, at = (kv * d->cap + start + i) * D;
+        const float *value = qkv + i * nqkv + (Hq + Hkv + kv) * D;
+        if (d->kv) {
+            uint16_t *keys = (uint16_t *)w->keys + at, *values = (uint16_t *)w->values + at;
+            for (int64_t e = 0; e < D; e++) keys[e] = bf16_round(v[e]), values[e] = bf16_round(value[e]);
+        } else {
+            memcpy((float *)w->keys + at, v, D * sizeof(float));
+            memcpy((float *)w->values + at, value, D * sizeof(float));
+        }
     }
 }
 
@@ -124,8 +130,9 @@ static void own_rows(float *h, float *delta, const float *out_norm, const float 
  * before the pass's slots made again (a cache without kept blocks). Each unit's writes are its own: one barrier
  * after, where the many-row loops take two. blocks_at(kv): kv's blocks; first: the first block made. */
 static void rope_and_blocks(float *qkv, const Layer *w, const Dims *d, const float *cos, const float *sin, int64_t r, int64_t start,
-                            float *blocks, int64_t first) {
+                            void *blocks, int64_t first) {
     const int64_t Hq = d->Hq, Hkv = d->Hkv, D = d->D, L = start + r, nb = blocks_of(L), stride = blocks_of(d->cap) * BLOCK * D;
+    const int bf = d->kv != 0;
     const int64_t fresh = start / BLOCK > first ? start / BLOCK : first; /* the first block holding a slot of the pass */
     const int64_t old = fresh - first, units = r * Hq + Hkv + Hkv * old;
 #pragma omp for schedule(static)
@@ -135,10 +142,10 @@ static void rope_and_blocks(float *qkv, const Layer *w, const Dims *d, const flo
         } else if (u < r * Hq + Hkv) {
             int64_t kv = u - r * Hq;
             for (int64_t i = 0; i < r; i++) rope_head(qkv, i, Hq + kv, w, d, cos, sin, r, start);
-            key_blocks(w->keys + kv * d->cap * D, L, D, fresh, nb, blocks + kv * stride);
+            key_blocks(kv_ptr(w->keys, kv * d->cap * D, bf), L, D, fresh, nb, kv_ptr(blocks, kv * stride, bf), bf);
         } else {
             int64_t kv = (u - r * Hq - Hkv) / old, b = first + (u - r * Hq - Hkv) % old;
-            key_blocks(w->keys + kv * d->cap * D, L, D, b, b + 1, blocks + kv * stride);
+            key_blocks(kv_ptr(w->keys, kv * d->cap * D, bf), L, D, b, b + 1, kv_ptr(blocks, kv * stride, bf), bf);
         }
     }
 }

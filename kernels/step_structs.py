@@ -18,7 +18,8 @@ class Dims(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in ("layers", "H", "Hq", "Hkv", "D", "I", "cap")] + \
                [("eps", ctypes.c_float), ("scale", ctypes.c_float)] + [(name, ctypes.c_int64) for name in ("rot", "qk_norm", "act")] + \
                [(name, ctypes.c_float) for name in ("residual_scale", "logit_divisor", "softcap")] + \
-               [("weights", ctypes.c_int64), ("tile", ctypes.c_int64), ("kept", ctypes.c_int64), ("tops", ctypes.c_void_p)]
+               [("weights", ctypes.c_int64), ("tile", ctypes.c_int64), ("kept", ctypes.c_int64), ("tops", ctypes.c_void_p),
+                ("kv", ctypes.c_int64)]  # the cache's element: 0 float32, 1 bfloat16
 
 
 class Top(ctypes.Structure):
@@ -32,7 +33,7 @@ ACTS = {"silu": 0, "gelu_tanh": 1}  # Dims.act
 
 
 def dims(model: Module, spec: ModelSpec) -> Dims:
-    """A model's ``Dims`` (``cap``, ``weights``, ``tile``, ``kept``: 0, set by the step)."""
+    """A model's ``Dims`` (``cap``, ``weights``, ``tile``, ``kept``, ``kv``: 0, set by the step)."""
     config, attn = model.config, model.model.layers[0].self_attn
     return Dims(config.num_hidden_layers, config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
                  attn.head_dim, config.intermediate_size, 0, norm_eps(model.model.norm), spec.scale, spec.rotary,

@@ -6,9 +6,9 @@ behind the ``runners.base.Runner`` interface; the default eager runner of the mo
 A float32 or bfloat16 CPU pass runs the C step (``kernels.c_step``: the whole pass in one C call, on
 the skinny kernel) where the model's kernel plan runs that pass width on the skinny kernel, or where
 the model has no plan (as loaded: ``step_for``); every other pass runs ``models.llama``'s torch forward
-over the model's own modules, on their plan. The step computes in float32 and keeps its KV cache in
-float32 (a bfloat16 model's too: ``_cache_dtype``); a bfloat16 model's pass that the step does not
-take casts the cache to bfloat16 first, and the step is not taken again. A pass of a model with
+over the model's own modules, on their plan. The KV cache is in the model's own dtype, which both
+forwards read and write: the step computes in float32 and rounds a bfloat16 model's keys and values
+to bfloat16 once where it writes them (``kernels/attention.h``). A pass of a model with
 forward hooks (``runners.hooks``, checked at every pass) runs transformers' own forward into the same
 cache, so that every hook fires."""
 from typing import Optional
@@ -95,8 +95,8 @@ class LeanRunner(TreePasses):
         if length <= self.capacity:
             return
         capacity = grown_capacity(length, self.capacity)
-        if self.cache is None:
-            self.dtype = self._cache_dtype()
+        if self.cache is None:  # the model's dtype now (cast since this runner was made)
+            self.dtype = compute_dtype(self.model)
         cache = new_cache(self.model, capacity, self.dtype, self.device, huge_pages.empty)  # on 2 MB pages (huge_pages.CACHE)
         if self.cache is not None:
             for old, new in zip(self.cache.layers, cache.layers):
@@ -174,22 +174,9 @@ class LeanRunner(TreePasses):
             rows.add(new)
         return rows
 
-    def _cache_dtype(self) -> torch.dtype:
-        """The KV cache's dtype: float32 where the C step takes the model's passes (it computes in float32),
-        else the model's own (``compute_dtype``). A bfloat16 model's step is taken here, just before the first
-        pass that would take it, as that pass does (``taken_step``: a kept step still fresh without asking
-        ``step_unsupported`` again): one answer for the cache and the step. A model hooked now runs that pass
-        on transformers' forward, which ends the step for this runner (``_torch_cache``): none is made."""
-        own = compute_dtype(self.model)
-        if own == torch.float32 or self.step is False or not step_for(self.model, 1, unsupported=False):
-            return own
-        if self.step is None:
-            self.step = False if self.hooks.hooked() else taken_step(self.model) or False
-        return torch.float32 if self.step else own
-
     def _torch_cache(self) -> None:
-        """Before a torch pass: the cache in the model's own dtype (a bfloat16 model's float32 step cache
-        cast, what it holds rounded once), and from then on no C step (it reads a float32 cache)."""
+        """Before a torch pass: the cache in the model's own dtype (cast where the model was cast since it was
+        made, what it holds rounded where narrowed), and from then on no C step where it was cast."""
         own = compute_dtype(self.model)
         if self.cache is not None and self.dtype != own:
             for layer in self.cache.layers:
