@@ -7,8 +7,8 @@ turns as the project's token ids), 2 threads, eos ignored, prefill included. For
   greedy target AR (``autoregressive_generate``);
 - OpenVINO: ``scripts/openvino_worker.py`` in the anchor's venv on the anchor's float32 IR, with float32 inference
   for our float32, and for our bfloat16 its bf16 inference precision where the CPU has bf16 (its default there),
-  float32 elsewhere; its KV cache in that precision (bf16 inference refuses a float32 one; ours is float32 in
-  both dtypes, so in bfloat16 OpenVINO reads half our cache's bytes);
+  float32 elsewhere; its KV cache in that precision (bf16 inference refuses a float32 one; ours is in the model's dtype too,
+  so both read the same cache bytes: before 2026-12-02 ours was float32 in both dtypes);
 - interleaved prompt by prompt, the order flipped every round: the time to the first token (a generation of one
   token) of the five longest prompts, and whole runs of ``--tokens`` new tokens on every prompt.
 
